@@ -1,0 +1,61 @@
+"""The ``sentemb`` command line. Each module contributes its subcommands through ``register``.
+
+Heavy imports (torch, transformers, mlflow) happen inside the command functions, so ``sentemb
+--help`` is instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+from . import SentembError, __version__
+
+# Modules that define ``register(subparsers)``; each adds one or more subcommands.
+COMMAND_MODULES = [
+    "sentemb.data",
+    "sentemb.stats.cli",
+    "sentemb.train",
+    "sentemb.evaluate",
+    "sentemb.tables",
+    "sentemb.tracking",
+    "sentemb.benchmark",
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sentemb", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"sentemb {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        try:
+            mod = importlib.import_module(name)
+        except ModuleNotFoundError as e:  # a stage not built yet must not break the others
+            if e.name and e.name.startswith("sentemb"):
+                continue
+            raise
+        mod.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+    )
+    try:
+        rc = args.func(args)
+    except SentembError as e:
+        print(f"sentemb {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    return int(rc or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

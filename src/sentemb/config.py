@@ -1,0 +1,182 @@
+"""Configuration: load YAML, fill defaults from the JSON schema, validate with errors naming the key.
+
+The same schema (``workflow/schemas/config.schema.yaml``) is used by the Snakefile and the CLI.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+from . import SentembError
+
+MIRROR_ENV = "SENTEMB_MIRROR"
+
+
+def load_schema() -> dict:
+    text = resources.files("sentemb").joinpath("schemas/config.schema.yaml").read_text("utf-8")
+    return yaml.safe_load(text)
+
+
+def _extend_with_default(validator_class):
+    validate_properties = validator_class.VALIDATORS["properties"]
+
+    def set_defaults(validator, properties, instance, schema):
+        if isinstance(instance, dict):
+            for prop, sub in properties.items():
+                if isinstance(sub, dict) and "default" in sub and prop not in instance:
+                    instance[prop] = copy.deepcopy(sub["default"])
+        yield from validate_properties(validator, properties, instance, schema)
+
+    return jsonschema.validators.extend(validator_class, {"properties": set_defaults})
+
+
+_DefaultValidator = _extend_with_default(jsonschema.Draft202012Validator)
+
+
+def _key_path(error: jsonschema.ValidationError) -> str:
+    parts = [str(p) if not isinstance(p, int) else f"[{p}]" for p in error.absolute_path]
+    return ".".join(parts).replace(".[", "[") or "<top level>"
+
+
+def validate_config(config: dict, source: str = "config") -> dict:
+    """Fill defaults and validate ``config`` in place; raise SentembError naming the bad key.
+
+    Also checks what a schema cannot: that every run names a declared backbone and a registered
+    method, and that run names are unique per backbone.
+    """
+    schema = load_schema()
+    # Defaults first (a second pass validates the completed document and reports all errors).
+    errors = sorted(_DefaultValidator(schema).iter_errors(config), key=lambda e: list(e.absolute_path))
+    if errors:
+        msgs = [f"  - config key '{_key_path(e)}': {e.message}" for e in errors[:10]]
+        raise SentembError(f"invalid configuration in {source}:\n" + "\n".join(msgs))
+    for bname, b in config["backbones"].items():
+        _DefaultValidator(schema["properties"]["backbones"]["additionalProperties"]).validate(b)
+    from .methods import registry
+
+    seen = set()
+    for i, run in enumerate(config["runs"]):
+        if run["backbone"] not in config["backbones"]:
+            raise SentembError(
+                f"invalid configuration in {source}: config key 'runs[{i}].backbone': "
+                f"'{run['backbone']}' is not one of the declared backbones {sorted(config['backbones'])}"
+            )
+        if run["method"] not in registry():
+            raise SentembError(
+                f"invalid configuration in {source}: config key 'runs[{i}].method': "
+                f"unknown method '{run['method']}' (registered: {sorted(registry())})"
+            )
+        run.setdefault("name", run["method"])
+        run.setdefault("train", {})
+        run.setdefault("method_args", {})
+        key = (run["name"], run["backbone"])
+        if key in seen:
+            raise SentembError(
+                f"invalid configuration in {source}: config key 'runs[{i}].name': run "
+                f"'{run['name']}' on backbone '{run['backbone']}' appears twice; give one a distinct name"
+            )
+        seen.add(key)
+    for m in config["methods"]:
+        if m not in registry():
+            raise SentembError(
+                f"invalid configuration in {source}: config key 'methods.{m}': unknown method "
+                f"(registered: {sorted(registry())})"
+            )
+    return config
+
+
+def load_config(path: str | os.PathLike, overrides: dict | None = None) -> dict:
+    """Read a YAML config file, apply ``overrides`` (a nested dict), validate and return it."""
+    path = Path(path)
+    if not path.is_file():
+        raise SentembError(f"config file not found: {path}")
+    try:
+        config = yaml.safe_load(path.read_text("utf-8")) or {}
+    except yaml.YAMLError as e:
+        raise SentembError(f"config file {path} is not valid YAML: {e}") from None
+    if not isinstance(config, dict):
+        raise SentembError(f"config file {path} must hold a mapping at the top level")
+    if overrides:
+        _deep_update(config, overrides)
+    return validate_config(config, source=str(path))
+
+
+def _deep_update(base: dict, upd: dict) -> dict:
+    for k, v in upd.items():
+        if isinstance(v, dict) and isinstance(base.get(k), dict):
+            _deep_update(base[k], v)
+        else:
+            base[k] = v
+    return base
+
+
+def mirror_dir(config: dict) -> Path | None:
+    """The local mirror directory: ``$SENTEMB_MIRROR`` if set, else config key ``mirror``."""
+    value = os.environ.get(MIRROR_ENV) or config.get("mirror")
+    if not value:
+        return None
+    p = Path(value).expanduser()
+    if not p.is_dir():
+        src = f"${MIRROR_ENV}" if os.environ.get(MIRROR_ENV) else "config key 'mirror'"
+        raise SentembError(f"{src}: mirror directory {p} does not exist")
+    return p.resolve()
+
+
+def backbone_mirror_path(backbone: dict) -> str:
+    return backbone.get("mirror_path") or f"models/{backbone['hub_id'].rstrip('/').split('/')[-1]}"
+
+
+def find_run(config: dict, name: str, backbone: str) -> dict:
+    for run in config["runs"]:
+        if run["name"] == name and run["backbone"] == backbone:
+            return run
+    raise SentembError(f"no run named '{name}' on backbone '{backbone}' in config key 'runs'")
+
+
+def resolve_run(config: dict, name: str, backbone: str, seed: int) -> dict[str, Any]:
+    """The complete, self-contained settings of one training job (what MLflow records as params)."""
+    from .methods import get_method
+
+    run = find_run(config, name, backbone)
+    train = copy.deepcopy(config["train"])
+    train.update(run.get("train", {}))
+    method_cls = get_method(run["method"])
+    margs = copy.deepcopy(method_cls.defaults)
+    margs.update(config["methods"].get(run["method"], {}))
+    margs.update(run.get("method_args", {}))
+    unknown = set(margs) - set(method_cls.defaults)
+    if unknown:
+        raise SentembError(
+            f"config: unknown argument(s) {sorted(unknown)} for method '{run['method']}' "
+            f"(in 'methods.{run['method']}' or the run's 'method_args'); known: {sorted(method_cls.defaults)}"
+        )
+    res = config["resources_dir"]
+    return {
+        "name": name,
+        "method": run["method"],
+        "backbone": backbone,
+        "backbone_hub_id": config["backbones"][backbone]["hub_id"],
+        "seed": int(seed),
+        "train": train,
+        "method_args": margs,
+        "experiment": config["experiment"],
+        "tracking": config["tracking"],
+        "paths": {
+            "model": f"{res}/models/{backbone}",
+            "corpus": f"{res}/corpus/{config['corpus']['name']}.txt",
+            "senteval": f"{res}/data/senteval",
+            "stats": f"{config['results_dir']}/stats/{config['corpus']['name']}",
+        },
+    }
+
+
+def dumps(obj) -> str:
+    return json.dumps(obj, indent=2, sort_keys=True)

@@ -1,0 +1,99 @@
+"""Small shared helpers: atomic writes, seeding, device selection."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+
+@contextlib.contextmanager
+def atomic_path(final: str | os.PathLike, is_dir: bool = False) -> Iterator[Path]:
+    """Yield a temporary sibling of ``final``; rename it onto ``final`` only if the block succeeds.
+
+    A crash or exception inside the block leaves no (partial) ``final`` behind, so Snakemake never
+    mistakes an interrupted job for a finished one. Directories replace an existing ``final`` whole.
+    """
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    prefix = f".{final.name}.tmp-"
+    if is_dir:
+        tmp = Path(tempfile.mkdtemp(prefix=prefix, dir=final.parent))
+    else:
+        fd, name = tempfile.mkstemp(prefix=prefix, dir=final.parent)
+        os.close(fd)
+        tmp = Path(name)
+    try:
+        yield tmp
+        if is_dir:
+            old = None
+            if final.exists():
+                old = final.with_name(f".{final.name}.old-{os.getpid()}")
+                shutil.rmtree(old, ignore_errors=True)
+                final.rename(old)
+            tmp.rename(final)
+            if old is not None:
+                shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, final)
+    except BaseException:
+        if tmp.is_dir():
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+        raise
+
+
+def write_json(path: str | os.PathLike, obj) -> None:
+    """Write ``obj`` as indented JSON, atomically."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(obj, indent=2, sort_keys=False) + "\n", encoding="utf-8")
+
+
+def write_text(path: str | os.PathLike, text: str) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python, NumPy and torch (CPU and CUDA) for a deterministic run."""
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def resolve_device(device: str | None = "auto") -> "torch.device":  # noqa: F821
+    import torch
+
+    if device in (None, "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def count_lines(path: str | os.PathLike) -> int:
+    n = 0
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            n += chunk.count(b"\n")
+    return n
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
