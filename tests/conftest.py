@@ -71,3 +71,53 @@ def tiny_bert_dir(tmp_path_factory) -> Path:
     )
     BertModel(cfg).save_pretrained(d)
     return d
+
+
+def write_tiny_senteval(root: Path, n: int = 12) -> Path:
+    """A SentEval-shaped tree with ``n`` scored pairs per file from the tiny vocabulary."""
+    import random
+
+    from sentemb.senteval import STS_SUBSETS
+
+    rng = random.Random(0)
+    words = TINY_WORDS
+
+    def sent():
+        return " ".join(rng.choice(words) for _ in range(rng.randint(3, 9)))
+
+    def rows():
+        return [(sent(), sent(), f"{rng.uniform(0, 5):.2f}") for _ in range(n)]
+
+    for task, subsets in STS_SUBSETS.items():
+        d = root / "STS" / f"{task}-en-test"
+        d.mkdir(parents=True, exist_ok=True)
+        for sub in subsets:
+            r = rows()
+            (d / f"STS.input.{sub}.txt").write_text("".join(f"{a}\t{b}\n" for a, b, _ in r))
+            (d / f"STS.gs.{sub}.txt").write_text("".join(f"{g}\n" for *_, g in r))
+    d = root / "STS" / "STSBenchmark"
+    d.mkdir(parents=True, exist_ok=True)
+    for split in ("train", "dev", "test"):
+        (d / f"sts-{split}.csv").write_text(
+            "".join(f"main-captions\tMSRvid\t2012test\t{i:04d}\t{g}\t{a}\t{b}\n" for i, (a, b, g) in enumerate(rows())))
+    d = root / "SICK"
+    d.mkdir(parents=True, exist_ok=True)
+    for fname in ("SICK_train.txt", "SICK_trial.txt", "SICK_test_annotated.txt"):
+        (d / fname).write_text("pair_ID\tsentence_A\tsentence_B\trelatedness_score\tentailment_judgment\n" + "".join(
+            f"{i}\t{a}\t{b}\t{g}\tNEUTRAL\n" for i, (a, b, g) in enumerate(rows())))
+    return root
+
+
+@pytest.fixture(scope="session")
+def tiny_senteval(tmp_path_factory) -> Path:
+    return write_tiny_senteval(tmp_path_factory.mktemp("senteval"))
+
+
+@pytest.fixture
+def tiny_corpus(tmp_path) -> Path:
+    import random
+
+    rng = random.Random(1)
+    p = tmp_path / "corpus.txt"
+    p.write_text("".join(" ".join(rng.choice(TINY_WORDS) for _ in range(rng.randint(4, 12))) + "\n" for _ in range(96)))
+    return p

@@ -26,6 +26,7 @@ def atomic_path(final: str | os.PathLike, is_dir: bool = False) -> Iterator[Path
     prefix = f".{final.name}.tmp-"
     if is_dir:
         tmp = Path(tempfile.mkdtemp(prefix=prefix, dir=final.parent))
+        os.chmod(tmp, 0o755)
     else:
         fd, name = tempfile.mkstemp(prefix=prefix, dir=final.parent)
         os.close(fd)

@@ -1,0 +1,124 @@
+"""Corpus statistics computed once per corpus (workflow stage ``stats``) and only read by training.
+
+* :mod:`.frequency` — token frequency per tokenizer (SARCSE, methods.md §1).
+* :mod:`.rake` — RAKE key phrases per sentence (PaSeR, §2).
+* :mod:`.tfidf` — TF-IDF document frequencies and corpus relevance s_t (UNA, §3).
+* :mod:`.paraphrase` — sharded, resumable seq2seq paraphrasing (UNA positives, §3).
+* :mod:`.summary` — a short human-readable summary per corpus.
+
+Corpus convention shared by all readers here: a text file, one sentence per line, split on ``\\n``
+only (a trailing ``\\r`` is dropped; other Unicode line separators stay inside the line, so line
+numbers agree with ``wc -l``; a last line without ``\\n`` still counts). Every line must be UTF-8;
+otherwise :class:`sentemb.SentembError` names the file and the 1-based line. Empty (or
+whitespace-only) lines are kept, so every output stays aligned with the corpus lines: an empty line
+has no TF-IDF terms and is not a document, gets no RAKE phrases, and an empty paraphrase.
+"""
+
+from __future__ import annotations
+
+import os
+from itertools import islice
+from pathlib import Path
+from typing import Iterable, Iterator
+
+from .. import SentembError
+
+
+def iter_lines(path: str | os.PathLike) -> Iterator[str]:
+    """Yield the lines of a corpus file as ``str`` without the line terminator (see module doc)."""
+    path = Path(path)
+    if not path.is_file():
+        raise SentembError(f"corpus file not found: {path}")
+    with open(path, "rb") as f:
+        for i, raw in enumerate(f, start=1):
+            if raw.endswith(b"\n"):
+                raw = raw[:-1]
+            if raw.endswith(b"\r"):
+                raw = raw[:-1]
+            try:
+                yield raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise SentembError(
+                    f"{path}:{i}: line {i} is not valid UTF-8 (byte {raw[e.start:e.start + 1]!r} at "
+                    f"column {e.start + 1}); re-create the corpus with 'sentemb prepare-corpus'"
+                ) from None
+
+
+def read_lines(path: str | os.PathLike) -> list[str]:
+    return list(iter_lines(path))
+
+
+def count_corpus_lines(path: str | os.PathLike) -> int:
+    """Number of lines as :func:`iter_lines` sees them (a last line without ``\\n`` counts)."""
+    n, last = 0, b"\n"
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            n += chunk.count(b"\n")
+            last = chunk[-1:]
+    return n + (last != b"\n")
+
+
+def chunked(items: Iterable, size: int) -> Iterator[list]:
+    it = iter(items)
+    while chunk := list(islice(it, size)):
+        yield chunk
+
+
+def default_workers() -> int:
+    """Cores this process may use (respects CPU affinity, e.g. a Slurm allocation)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - non-Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def parallel_map(fn, items: Iterable, workers: int, initializer=None, initargs=()) -> Iterator:
+    """``map(fn, items)`` over ``workers`` processes, results in input order, bounded memory.
+
+    Unlike ``Pool.imap`` (whose feeder thread drains the whole input iterator), at most
+    ``2 * workers`` items are in flight, so a streamed corpus is never held in memory whole.
+    ``workers <= 1`` runs in this process (same results: callers merge deterministically).
+    """
+    if workers <= 1:
+        if initializer is not None:
+            initializer(*initargs)
+        yield from map(fn, items)
+        return
+    import multiprocessing as mp
+    from collections import deque
+
+    ctx = mp.get_context("forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn")
+    with ctx.Pool(workers, initializer=initializer, initargs=initargs) as pool:
+        pending: deque = deque()
+        for item in items:
+            pending.append(pool.apply_async(fn, (item,)))
+            if len(pending) >= 2 * workers:
+                yield pending.popleft().get()
+        while pending:
+            yield pending.popleft().get()
+
+
+def write_parquet(table, path: str | os.PathLike, metadata: dict | None = None) -> None:
+    """Write a pyarrow table atomically (temp sibling, then rename), with optional JSON metadata."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    from ..utils import atomic_path
+
+    if metadata:
+        meta = dict(table.schema.metadata or {})
+        meta[b"sentemb"] = json.dumps(metadata, sort_keys=True).encode()
+        table = table.replace_schema_metadata(meta)
+    with atomic_path(path) as tmp:
+        pq.write_table(table, tmp, compression="zstd")
+
+
+def read_metadata(path: str | os.PathLike) -> dict:
+    """The ``sentemb`` metadata a stats parquet file was written with (``{}`` if none)."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    meta = pq.read_schema(path).metadata or {}
+    return json.loads(meta[b"sentemb"]) if b"sentemb" in meta else {}

@@ -1,0 +1,248 @@
+"""STS evaluation under the SentEval protocol as SimCSE and the seed papers use it (methods.md §0).
+
+Score = Spearman × 100 between the cosine similarity of the two sentence embeddings and the gold
+score. STS12–16 are scored in the "all" setting (one Spearman over the concatenation of the
+task's subsets); "mean" and "wmean" (the plain and pair-weighted mean of per-subset Spearman, as
+SentEval reports them) are also computed. STS-B and SICK-R use their test split. ``avg`` is the mean
+over the evaluated tasks. Sentences are never truncated below the model's maximum length.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+from scipy.stats import pearsonr, spearmanr
+
+from . import SentembError
+from .senteval import TASKS, Pairs, load_task
+
+log = logging.getLogger(__name__)
+
+EmbedFn = Callable[[Sequence[str]], np.ndarray]
+
+
+class Embedder:
+    """Encode sentences with a Hugging Face encoder and a pooler, fast.
+
+    Unique sentences are encoded once, in batches of similar length (sorted by token count), under
+    ``torch.inference_mode`` and bf16 autocast on CUDA; results come back in input order as float32.
+    """
+
+    def __init__(self, model, tokenizer, pooler: str, *, batch_size: int = 128, max_length: int | None = None,
+                 device=None, progress: bool = False):
+        import torch
+
+        from .models import POOLERS, max_length_of
+
+        if pooler not in POOLERS:
+            raise SentembError(f"unknown pooler '{pooler}' (choose from {', '.join(POOLERS)})")
+        self.model, self.tokenizer, self.pooler = model, tokenizer, pooler
+        self.batch_size = batch_size
+        self.max_length = max_length or max_length_of(model, tokenizer)
+        self.device = device if device is not None else next(model.parameters()).device
+        self.progress = progress
+        self._torch = torch
+
+    @classmethod
+    def from_dir(cls, model_dir: str | Path, pooler: str, *, device="auto", **kw) -> "Embedder":
+        from .models import load_encoder
+        from .utils import resolve_device
+
+        dev = resolve_device(device)
+        model, tok = load_encoder(model_dir, device=dev)
+        model.eval()
+        return cls(model, tok, pooler, device=dev, **kw)
+
+    def __call__(self, sentences: Sequence[str]) -> np.ndarray:
+        torch = self._torch
+        from .models import needs_hidden_states, pool
+
+        uniq = list(dict.fromkeys(sentences))
+        enc = self.tokenizer(uniq, truncation=True, max_length=self.max_length, add_special_tokens=True)
+        ids = enc["input_ids"]
+        extra = {k: enc[k] for k in ("token_type_ids",) if k in enc}
+        order = sorted(range(len(uniq)), key=lambda i: len(ids[i]), reverse=True)
+        out = np.empty((len(uniq), self.model.config.hidden_size), dtype=np.float32)
+        was_training = self.model.training
+        self.model.eval()
+        use_bf16 = self.device.type == "cuda" and torch.cuda.is_bf16_supported()
+        batches = [order[i : i + self.batch_size] for i in range(0, len(order), self.batch_size)]
+        it = batches
+        if self.progress:
+            from tqdm import tqdm
+
+            it = tqdm(batches, desc="encode", unit="batch", file=sys.stderr, mininterval=1 if sys.stderr.isatty() else 30)
+        pad_id = self.tokenizer.pad_token_id or 0
+        hs = needs_hidden_states(self.pooler)
+        with torch.inference_mode(), torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=use_bf16):
+            for idx in it:
+                L = max(len(ids[i]) for i in idx)
+                input_ids = torch.full((len(idx), L), pad_id, dtype=torch.long)
+                mask = torch.zeros((len(idx), L), dtype=torch.long)
+                feats = {k: torch.zeros((len(idx), L), dtype=torch.long) for k in extra}
+                for r, i in enumerate(idx):
+                    n = len(ids[i])
+                    input_ids[r, :n] = torch.tensor(ids[i])
+                    mask[r, :n] = 1
+                    for k in extra:
+                        feats[k][r, :n] = torch.tensor(extra[k][i])
+                batch = {"input_ids": input_ids, "attention_mask": mask, **feats}
+                batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
+                outputs = self.model(**batch, output_hidden_states=hs, return_dict=True)
+                out[idx] = pool(self.pooler, outputs, batch["attention_mask"]).float().cpu().numpy()
+        if was_training:
+            self.model.train()
+        pos = {s: i for i, s in enumerate(uniq)}
+        return out[[pos[s] for s in sentences]]
+
+
+def cosine_pairs(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    a = a.astype(np.float64)
+    b = b.astype(np.float64)
+    na = np.linalg.norm(a, axis=1)
+    nb = np.linalg.norm(b, axis=1)
+    return np.nan_to_num((a * b).sum(1) / np.maximum(na * nb, 1e-12))
+
+
+def aggregate(subsets: list[tuple[str, np.ndarray, np.ndarray]]) -> dict:
+    """Per-subset Spearman/Pearson and the "all" / "mean" / "wmean" aggregates (SentEval's STSEval).
+
+    ``subsets`` holds (name, system scores, gold scores). Figures are raw correlations (not × 100).
+    """
+    per = {}
+    for name, sys_s, gold in subsets:
+        per[name] = {"spearman": float(spearmanr(sys_s, gold)[0]), "pearson": float(pearsonr(sys_s, gold)[0]), "n": int(len(gold))}
+    n = np.array([v["n"] for v in per.values()], dtype=float)
+    sp = np.array([v["spearman"] for v in per.values()])
+    all_sys = np.concatenate([s for _, s, _ in subsets])
+    all_gold = np.concatenate([g for _, _, g in subsets])
+    return {
+        "all": float(spearmanr(all_sys, all_gold)[0]),
+        "mean": float(np.mean(sp)),
+        "wmean": float(np.average(sp, weights=n)),
+        "n": int(n.sum()),
+        "subsets": per,
+    }
+
+
+def score_task(embed: EmbedFn, pairs: list[Pairs]) -> dict:
+    subsets = []
+    for p in pairs:
+        e1, e2 = embed(p.sent1), embed(p.sent2)
+        subsets.append((p.subset, cosine_pairs(e1, e2), np.asarray(p.gold, dtype=np.float64)))
+    return aggregate(subsets)
+
+
+def evaluate_sts(embed: EmbedFn, data_dir: str | Path, tasks: Sequence[str] = TASKS, setting: str = "all",
+                 split: str = "test") -> dict:
+    """Evaluate ``embed`` on ``tasks``; returns {task: Spearman×100, ..., "avg": ..., "details": {...}}."""
+    if setting not in ("all", "mean", "wmean"):
+        raise SentembError(f"setting must be all, mean or wmean, not '{setting}'")
+    loaded = {t: load_task(data_dir, t, split) for t in tasks}  # fail on bad data before encoding
+    # One pass over all unique sentences of all tasks: sorting by length across tasks pads less.
+    everything = [s for ps in loaded.values() for p in ps for s in (*p.sent1, *p.sent2)]
+    cache_keys = list(dict.fromkeys(everything))
+    cache = dict(zip(cache_keys, embed(cache_keys)))
+
+    def cached(sents):
+        return np.stack([cache[s] for s in sents])
+
+    result, details = {}, {}
+    for t, pairs in loaded.items():
+        agg = score_task(cached, pairs)
+        details[t] = agg
+        # STS-B and SICK-R have one split: all = mean = wmean = its Spearman.
+        result[t] = 100.0 * agg[setting]
+    result["avg"] = float(np.mean([result[t] for t in tasks]))
+    result["details"] = details
+    result["n_sentences"] = len(cache_keys)
+    return result
+
+
+def stsb_dev(embed: EmbedFn, data_dir: str | Path) -> float:
+    """STS-B dev Spearman × 100: the model-selection signal (every 125 steps, methods.md §0)."""
+    return 100.0 * score_task(embed, load_task(data_dir, "STSBenchmark", "dev"))["all"]
+
+
+# ---------------------------------------------------------------------------------------- CLI
+def _cmd_evaluate(args: argparse.Namespace) -> int:
+    import torch
+
+    from .utils import write_json
+
+    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    unknown = [t for t in tasks if t not in TASKS]
+    if unknown:
+        raise SentembError(f"--tasks: unknown task(s) {unknown} (known: {','.join(TASKS)})")
+    if not Path(args.model).is_dir():
+        raise SentembError(f"--model: model directory not found: {args.model}")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    t0 = time.time()
+    embedder = Embedder.from_dir(args.model, args.pooler, device=args.device, batch_size=args.batch_size,
+                                 max_length=args.max_length, progress=not args.quiet)
+    res = evaluate_sts(embedder, args.data_dir, tasks, args.setting)
+    secs = time.time() - t0
+    out = {t: round(res[t], 4) for t in tasks}
+    out["avg"] = round(res["avg"], 4)
+    out.update({
+        "setting": args.setting, "pooler": args.pooler, "model": str(args.model), "data_dir": str(args.data_dir),
+        "tasks": tasks, "n_sentences": res["n_sentences"], "seconds": round(secs, 2),
+        "sentences_per_second": round(res["n_sentences"] / max(secs, 1e-9), 1),
+        "details": res["details"],
+    })
+    if args.run_meta:
+        meta = dict(kv.split("=", 1) for kv in args.run_meta)
+        if "seed" in meta:
+            meta["seed"] = int(meta["seed"])
+        out["run"] = meta
+    write_json(args.output, out)
+    print(format_scores(out, tasks))
+    if args.track:
+        from .tracking import Tracker
+
+        tags = {**out.get("run", {}), **dict(kv.split("=", 1) for kv in args.tag)}
+        tags.setdefault("rule", "evaluate")
+        with Tracker(uri=args.tracking_uri, experiment=args.experiment, run_name=args.run_name or f"eval:{args.model}",
+                     tags=tags, params={"pooler": args.pooler, "setting": args.setting, "tasks": ",".join(tasks),
+                                        "model": str(args.model), "data_dir": str(args.data_dir)}) as tr:
+            tr.log_metrics({f"test/{t}": out[t] for t in tasks} | {"test/avg": out["avg"]})
+            tr.log_artifact(args.output)
+    return 0
+
+
+def format_scores(scores: dict, tasks: Sequence[str]) -> str:
+    head = " | ".join(f"{t:>15}" for t in [*tasks, "avg"])
+    vals = " | ".join(f"{scores[t]:>15.2f}" for t in [*tasks, "avg"])
+    return f"{head}\n{vals}"
+
+
+def register(sub) -> None:
+    from .models import POOLERS
+
+    p = sub.add_parser("evaluate", help="STS evaluation (SentEval protocol) of a model directory")
+    p.add_argument("--model", required=True, help="Hugging Face model directory or a sentemb checkpoint")
+    p.add_argument("--pooler", required=True, choices=POOLERS)
+    p.add_argument("--data-dir", required=True, help="SentEval data root (holds STS/ and SICK/)")
+    p.add_argument("--tasks", default=",".join(TASKS))
+    p.add_argument("--setting", default="all", choices=["all", "mean", "wmean"])
+    p.add_argument("--output", required=True, help="metrics JSON")
+    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--max-length", type=int, default=None, help="default: the model's maximum")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--run-meta", action="append", default=[], metavar="KEY=VALUE",
+                   help="run metadata stored in the JSON (name, method, backbone, seed) for the tables")
+    p.add_argument("--track", action="store_true", help="record an MLflow run")
+    p.add_argument("--experiment", default="sentemb")
+    p.add_argument("--tracking-uri", default=None)
+    p.add_argument("--run-name", default=None)
+    p.add_argument("--tag", action="append", default=[], metavar="KEY=VALUE")
+    p.set_defaults(func=_cmd_evaluate)

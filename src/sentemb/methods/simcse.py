@@ -1,0 +1,73 @@
+"""Unsupervised SimCSE (Gao et al., 2021; methods.md §0).
+
+Each sentence is encoded twice in one forward pass of 2B sequences; the two dropout masks are the
+only augmentation. With z1, z2 the two views' [CLS] vectors passed through a freshly initialised
+MLP (training only), the loss is InfoNCE (Gao et al. 2021, Eq. 1):
+
+    ℓ_i = −log  exp(cos(z1_i, z2_i)/τ) / Σ_j exp(cos(z1_i, z2_j)/τ),   τ = 0.05,
+
+i.e. cross-entropy of the B×B logit matrix S_ij = cos(z1_i, z2_j)/τ against arange(B), one
+direction. Logits and loss are computed in fp32 even under bf16 autocast.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..models import MLPHead
+from . import register_method
+from .base import Method
+
+
+def info_nce(z1: torch.Tensor, z2: torch.Tensor, temperature: float) -> torch.Tensor:
+    """InfoNCE over in-batch negatives, Eq. 1 of Gao et al. (2021); fp32 regardless of autocast."""
+    with torch.autocast(device_type=z1.device.type, enabled=False):
+        z1, z2 = z1.float(), z2.float()
+        sim = F.normalize(z1, dim=-1) @ F.normalize(z2, dim=-1).T / temperature
+        return F.cross_entropy(sim, torch.arange(z1.size(0), device=z1.device))
+
+
+@register_method
+class SimCSE(Method):
+    name = "simcse"
+    defaults = {
+        "temperature": 0.05,
+        "mlp": "train_only",  # train_only (SimCSE unsup), always, none
+    }
+    eval_pooler = "cls_before_pooler"
+
+    @classmethod
+    def pooler_for(cls, args):
+        # With the MLP kept at test time ("always"), the exported pooler slot holds it: pooler "cls".
+        return "cls" if args.get("mlp", cls.defaults["mlp"]) == "always" else "cls_before_pooler"
+
+    def __init__(self, encoder, tokenizer, args, ctx):
+        super().__init__(encoder, tokenizer, args, ctx)
+        if self.args["mlp"] not in ("train_only", "always", "none"):
+            from .. import SentembError
+
+            raise SentembError(f"simcse: 'mlp' must be train_only, always or none, not {self.args['mlp']!r}")
+        hidden = encoder.config.hidden_size
+        self.mlp = MLPHead(hidden, getattr(encoder.config, "initializer_range", 0.02)) if self.args["mlp"] != "none" else None
+
+    def build_batch(self, sentences):
+        enc = self.tokenizer(sentences, padding=True, truncation=True, max_length=self.ctx.max_len, return_tensors="pt")
+        return dict(enc)
+
+    def encode_views(self, batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Both dropout views in one forward pass: rows [x_1..x_B, x_1..x_B]; returns MLP(CLS) per view."""
+        doubled = {k: torch.cat([v, v], 0) for k, v in batch.items()}
+        cls = self.encoder(**doubled, return_dict=True).last_hidden_state[:, 0]
+        if self.mlp is not None:
+            cls = self.mlp(cls)
+        b = batch["input_ids"].size(0)
+        return cls[:b], cls[b:]
+
+    def losses(self, batch):
+        z1, z2 = self.encode_views(batch)
+        loss = info_nce(z1, z2, self.args["temperature"])
+        return {"loss": loss, "contrastive": loss.detach()}
+
+    def export_head(self):
+        return self.mlp

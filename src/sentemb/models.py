@@ -1,0 +1,151 @@
+"""Backbone loading, poolers and export in Hugging Face + sentence-transformers layout.
+
+Poolers follow SimCSE's ``Pooler`` (princeton-nlp/SimCSE, ``simcse/models.py``):
+
+* ``cls``: the model's pooler output (dense + tanh on [CLS]). For checkpoints trained here the
+  SimCSE MLP head is saved in the pooler slot, as SimCSE's ``simcse_to_huggingface.py`` does.
+* ``cls_before_pooler``: the raw last-layer [CLS] vector.
+* ``avg``: attention-masked mean of the last layer.
+* ``avg_first_last``: masked mean of (hidden_states[1] + hidden_states[-1]) / 2. As in SimCSE,
+  "first" is the output of the first Transformer layer, not the embedding layer.
+* ``avg_top2``: masked mean of the last two layers.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from . import SentembError
+
+log = logging.getLogger(__name__)
+
+POOLERS = ("cls", "cls_before_pooler", "avg", "avg_first_last", "avg_top2")
+
+
+def needs_hidden_states(pooler: str) -> bool:
+    return pooler in ("avg_first_last", "avg_top2")
+
+
+def masked_mean(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    m = mask.unsqueeze(-1).to(hidden.dtype)
+    return (hidden * m).sum(1) / m.sum(1).clamp(min=1e-9)
+
+
+def pool(pooler: str, outputs, attention_mask: torch.Tensor) -> torch.Tensor:
+    """Sentence vectors from a Hugging Face encoder output (see module docstring)."""
+    if pooler == "cls_before_pooler":
+        return outputs.last_hidden_state[:, 0]
+    if pooler == "cls":
+        if getattr(outputs, "pooler_output", None) is None:
+            raise SentembError("pooler 'cls' needs a model with a pooler layer; use 'cls_before_pooler'")
+        return outputs.pooler_output
+    if pooler == "avg":
+        return masked_mean(outputs.last_hidden_state, attention_mask)
+    if pooler == "avg_first_last":
+        hs = outputs.hidden_states
+        return masked_mean((hs[1] + hs[-1]) / 2.0, attention_mask)
+    if pooler == "avg_top2":
+        hs = outputs.hidden_states
+        return masked_mean((hs[-1] + hs[-2]) / 2.0, attention_mask)
+    raise SentembError(f"unknown pooler '{pooler}' (choose from {', '.join(POOLERS)})")
+
+
+def load_encoder(model_dir: str | Path, *, dropout: float | None = None, device=None, sdpa: bool = True):
+    """Load (model, tokenizer) from a Hugging Face directory; optionally override dropout rates."""
+    from transformers import AutoConfig, AutoModel, AutoTokenizer
+
+    model_dir = Path(model_dir)
+    if not (model_dir / "config.json").is_file():
+        raise SentembError(f"not a Hugging Face model directory (no config.json): {model_dir}")
+    cfg = AutoConfig.from_pretrained(model_dir)
+    if dropout is not None:
+        for key in ("hidden_dropout_prob", "attention_probs_dropout_prob", "dropout", "attention_dropout"):
+            if hasattr(cfg, key):
+                setattr(cfg, key, dropout)
+    kwargs = {"config": cfg}
+    if sdpa:
+        kwargs["attn_implementation"] = "sdpa"
+    try:
+        model = AutoModel.from_pretrained(model_dir, **kwargs)
+    except (ValueError, ImportError):  # architecture without SDPA support
+        kwargs.pop("attn_implementation", None)
+        model = AutoModel.from_pretrained(model_dir, **kwargs)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    if device is not None:
+        model.to(device)
+    return model, tokenizer
+
+
+def max_length_of(model, tokenizer) -> int:
+    """The longest input the model takes: no truncation beyond the model's maximum (methods.md §0)."""
+    limit = getattr(model.config, "max_position_embeddings", 512)
+    if getattr(model.config, "model_type", "") in ("roberta", "xlm-roberta", "camembert"):
+        limit -= 2  # RoBERTa positions start after the padding index
+    tl = getattr(tokenizer, "model_max_length", None)
+    if tl and tl < 100_000:
+        limit = min(limit, tl)
+    return limit
+
+
+class MLPHead(nn.Module):
+    """SimCSE's training-only projection: Linear(h, h) + Tanh on [CLS] (Gao et al. 2021, §3)."""
+
+    def __init__(self, hidden: int, init_std: float = 0.02):
+        super().__init__()
+        self.dense = nn.Linear(hidden, hidden)
+        self.activation = nn.Tanh()
+        # Same initialisation as a freshly built BERT pooler (SimCSE initialises its MLP this way).
+        nn.init.normal_(self.dense.weight, std=init_std)
+        nn.init.zeros_(self.dense.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.activation(self.dense(x))
+
+
+def export(
+    encoder,
+    tokenizer,
+    out_dir: str | Path,
+    *,
+    pooler: str,
+    max_seq_length: int,
+    head: MLPHead | None = None,
+    meta: dict | None = None,
+) -> None:
+    """Save ``encoder`` in HF format plus the sentence-transformers files for ``pooler``.
+
+    ``head`` (the SimCSE MLP) is written into the encoder's pooler slot when it has one, so the
+    ``cls`` pooler of the saved model is [CLS] + trained MLP and ``cls_before_pooler`` is raw [CLS].
+    ``out_dir`` must not be a final Snakemake output directly; callers write to a temporary dir.
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if head is not None and getattr(encoder, "pooler", None) is not None and hasattr(encoder.pooler, "dense"):
+        with torch.no_grad():
+            encoder.pooler.dense.weight.copy_(head.dense.weight)
+            encoder.pooler.dense.bias.copy_(head.dense.bias)
+    encoder.save_pretrained(out_dir, safe_serialization=True)
+    tokenizer.save_pretrained(out_dir)
+    st_mode = {"cls_before_pooler": "cls", "avg": "mean"}.get(pooler)
+    if st_mode is None:
+        log.warning("pooler %s has no sentence-transformers equivalent; writing mean pooling files", pooler)
+        st_mode = "mean"
+    hidden = encoder.config.hidden_size
+    modes = {f"pooling_mode_{m}": False for m in ("cls_token", "mean_tokens", "max_tokens", "mean_sqrt_len_tokens")}
+    modes["pooling_mode_cls_token" if st_mode == "cls" else "pooling_mode_mean_tokens"] = True
+    (out_dir / "1_Pooling").mkdir(exist_ok=True)
+    (out_dir / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": hidden, **modes}, indent=2))
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+    ]
+    (out_dir / "modules.json").write_text(json.dumps(modules, indent=2))
+    (out_dir / "sentence_bert_config.json").write_text(
+        json.dumps({"max_seq_length": max_seq_length, "do_lower_case": False}, indent=2)
+    )
+    (out_dir / "sentemb.json").write_text(json.dumps({"pooler": pooler, **(meta or {})}, indent=2, default=str))

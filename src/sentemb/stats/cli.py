@@ -1,0 +1,109 @@
+"""Subcommands of the ``stats`` stage (see :mod:`sentemb.stats`); heavy imports happen on run."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def _freq(a):
+    from .frequency import write_token_frequencies
+
+    write_token_frequencies(a.corpus, a.tokenizer, a.output, batch_size=a.batch_size)
+
+
+def _tfidf(a):
+    from .tfidf import write_tfidf
+
+    write_tfidf([a.corpus, *a.extra], a.output, workers=a.workers, chunk_size=a.chunk_size)
+
+
+def _rake(a):
+    from .rake import write_rake
+
+    write_rake(a.corpus, a.nltk_data, a.output, top_k=a.top_k, workers=a.workers,
+               chunk_size=a.chunk_size)
+
+
+def _paraphrase(a):
+    from .paraphrase import paraphrase_shard
+
+    paraphrase_shard(a.corpus, a.model, a.output, shard=a.shard, num_shards=a.num_shards,
+                           batch_size=a.batch_size, num_beams=a.num_beams,
+                           max_length=a.max_length, device=a.device,
+                           max_input_length=a.max_input_length, max_batches=a.max_batches)
+
+
+def _merge(a):
+    from .paraphrase import merge_paraphrases
+
+    merge_paraphrases(a.inputs, a.corpus, a.output)
+
+
+def _summary(a):
+    from .summary import write_summary
+
+    write_summary(a.output, title=a.title, corpus=a.corpus, freq=a.freq, tfidf=a.tfidf,
+                  rake=a.rake, paraphrases=a.paraphrases)
+
+
+def _workers(p):
+    p.add_argument("--workers", type=int, default=None,
+                   help="processes (default: the cores this process may use)")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("stats-freq", help="token frequency of a corpus under one tokenizer (SARCSE)")
+    p.add_argument("--corpus", required=True)
+    p.add_argument("--tokenizer", required=True, help="a Hugging Face model/tokenizer directory")
+    p.add_argument("--output", required=True, help="parquet: token_id, token, count, freq, special")
+    p.add_argument("--batch-size", type=int, default=4096)
+    p.set_defaults(func=_freq)
+
+    p = sub.add_parser("stats-tfidf", help="TF-IDF df/idf and relevance s_t per term (UNA)")
+    p.add_argument("--corpus", required=True)
+    p.add_argument("--extra", nargs="*", default=[],
+                   help="more documents, e.g. the paraphrases (UNA's second vocabulary)")
+    p.add_argument("--output", required=True, help="parquet: term, df, idf, s, rank")
+    p.add_argument("--chunk-size", type=int, default=5000)
+    _workers(p)
+    p.set_defaults(func=_tfidf)
+
+    p = sub.add_parser("stats-rake", help="RAKE top-k phrases per line (PaSeR)")
+    p.add_argument("--corpus", required=True)
+    p.add_argument("--nltk-data", required=True, help="NLTK data directory holding corpora/stopwords")
+    p.add_argument("--top-k", type=int, default=5)
+    p.add_argument("--output", required=True, help="parquet: line, phrases, scores")
+    p.add_argument("--chunk-size", type=int, default=2000)
+    _workers(p)
+    p.set_defaults(func=_rake)
+
+    p = sub.add_parser("paraphrase", help="paraphrase one shard of a corpus, resumably (UNA)")
+    p.add_argument("--corpus", required=True)
+    p.add_argument("--model", required=True, help="a seq2seq model directory")
+    p.add_argument("--shard", type=int, default=0, help="this shard takes lines shard, shard+N, ...")
+    p.add_argument("--num-shards", type=int, default=1)
+    p.add_argument("--output", required=True, help="shard output (JSONL line/text)")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--num-beams", type=int, default=10)
+    p.add_argument("--max-length", type=int, default=60)
+    p.add_argument("--max-input-length", type=int, default=None)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--max-batches", type=int, default=None,
+                   help="stop after this many new batches, keeping the checkpoint (resume later)")
+    p.set_defaults(func=_paraphrase)
+
+    p = sub.add_parser("paraphrase-merge", help="merge paraphrase shards into a line-aligned file")
+    p.add_argument("--inputs", nargs="+", required=True)
+    p.add_argument("--corpus", required=True)
+    p.add_argument("--output", required=True)
+    p.set_defaults(func=_merge)
+
+    p = sub.add_parser("stats-summary", help="human-readable summary of a corpus's statistics")
+    p.add_argument("--corpus")
+    p.add_argument("--freq", nargs="*", default=[], help="token_freq.*.parquet files")
+    p.add_argument("--tfidf")
+    p.add_argument("--rake")
+    p.add_argument("--paraphrases")
+    p.add_argument("--title", default="Corpus statistics")
+    p.add_argument("--output", required=True, help="Markdown file (JSON written beside it)")
+    p.set_defaults(func=_summary)

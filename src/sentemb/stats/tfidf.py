@@ -1,0 +1,116 @@
+"""TF-IDF statistics for UNA's hard negatives (methods.md §3; UNA paper eq. 2, Step 1 and 3).
+
+Each sentence is a document; its terms are NLTK word tokens (``word_tokenize(text,
+preserve_line=True)``: Treebank tokenizer, no sentence splitting, so no ``punkt`` data is needed),
+lowercased after tokenization (so a consumer can tokenize the original-case sentence and look the
+lowercased tokens up). For a document d with n tokens and n_t occurrences of term t:
+
+    tf(t, d) = log(1 + n_t / n)          idf(t) = −log(df_t / N)
+    s_t = max_d tf(t, d) · idf(t)        (the term's corpus relevance, the column max of Z)
+
+N counts documents with at least one token: empty lines are no documents (and n ≥ 1 for every
+document, so nothing divides by zero). Because idf ≥ 0 and rounding is monotone,
+s_t = idf(t) · max_d tf(t, d) exactly, so the corpus is streamed keeping only df_t and max tf per
+term (memory O(vocabulary), never an N × V matrix). Chunks are processed in parallel and merged by
+integer sums and float maxima, so results are bit-identical for any worker count.
+
+Output ``tfidf.parquet``: term, df, idf, s, rank — sorted by s descending, ties by term ascending;
+``rank`` is the 0-based row position (UNA samples replacements within radius r in this order).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from typing import Sequence
+
+from . import chunked, default_workers, iter_lines, parallel_map, write_parquet
+
+log = logging.getLogger(__name__)
+
+TOKENIZER_NAME = "nltk.word_tokenize(preserve_line=True), lowercased"
+
+
+def tokenize(text: str) -> list[str]:
+    """UNA's terms of one sentence: NLTK word tokens, lowercased (no punkt data needed)."""
+    from nltk.tokenize import word_tokenize
+
+    return [t.lower() for t in word_tokenize(text, preserve_line=True)]
+
+
+def sentence_tfidf(tokens: Sequence[str], df: dict, n_docs: int) -> dict[str, float]:
+    """tf(t,d)·idf(t) for the terms of one tokenized sentence (what UNA's step 2 scores), given df."""
+    n = len(tokens)
+    counts: dict[str, int] = {}
+    for t in tokens:
+        counts[t] = counts.get(t, 0) + 1
+    return {t: math.log1p(c / n) * (-math.log(df[t] / n_docs) + 0.0) for t, c in counts.items()}
+
+
+def _chunk_stats(lines: list[str]) -> tuple[int, dict[str, int], dict[str, float]]:
+    """(documents, df, max tf) over one chunk of sentences."""
+    n_docs, df, maxtf = 0, {}, {}
+    for line in lines:
+        tokens = tokenize(line)
+        n = len(tokens)
+        if n == 0:
+            continue
+        n_docs += 1
+        counts: dict[str, int] = {}
+        for t in tokens:
+            counts[t] = counts.get(t, 0) + 1
+        for t, c in counts.items():
+            df[t] = df.get(t, 0) + 1
+            tf = math.log1p(c / n)
+            if tf > maxtf.get(t, -1.0):
+                maxtf[t] = tf
+    return n_docs, df, maxtf
+
+
+def tfidf_stats(sources: Sequence[str | os.PathLike], workers: int | None = None,
+                chunk_size: int = 5000):
+    """Stream ``sources`` (corpus, then e.g. its paraphrases) and return (pyarrow Table, metadata)."""
+    import numpy as np
+    import pyarrow as pa
+
+    workers = default_workers() if workers is None else max(1, workers)
+    n_lines: list[int] = []
+
+    def lines():
+        for src in sources:
+            n_lines.append(0)
+            for line in iter_lines(src):
+                n_lines[-1] += 1
+                yield line
+
+    n_docs, df, maxtf = 0, {}, {}
+    for nd, cdf, ctf in parallel_map(_chunk_stats, chunked(lines(), chunk_size), workers):
+        n_docs += nd
+        for t, c in cdf.items():
+            df[t] = df.get(t, 0) + c
+        for t, v in ctf.items():
+            if v > maxtf.get(t, -1.0):
+                maxtf[t] = v
+    terms = sorted(df)  # deterministic base order, then a stable sort by s descending
+    dfa = np.fromiter((df[t] for t in terms), dtype=np.int64, count=len(terms))
+    tfa = np.fromiter((maxtf[t] for t in terms), dtype=np.float64, count=len(terms))
+    idf = np.array([-math.log(d / n_docs) + 0.0 for d in dfa.tolist()], dtype=np.float64)
+    s = tfa * idf
+    order = np.argsort(-s, kind="stable")
+    table = pa.table({
+        "term": pa.array([terms[i] for i in order], pa.string()),
+        "df": dfa[order], "idf": idf[order], "s": s[order],
+        "rank": np.arange(len(terms), dtype=np.int64),
+    })
+    meta = {"n_docs": n_docs, "n_lines": n_lines, "sources": [str(p) for p in sources],
+            "vocab_size": len(terms), "tokenizer": TOKENIZER_NAME, "statistic": "tfidf",
+            "spec": "methods.md §3: tf=log(1+n_t/n), idf=-log(df/N), s=max_d tf*idf"}
+    return table, meta
+
+
+def write_tfidf(sources, output, workers: int | None = None, chunk_size: int = 5000) -> dict:
+    table, meta = tfidf_stats(sources, workers, chunk_size)
+    write_parquet(table, output, meta)
+    log.info("tfidf: %d documents, %d terms -> %s", meta["n_docs"], meta["vocab_size"], output)
+    return meta

@@ -1,0 +1,125 @@
+"""Evaluator: poolers, SentEval aggregation, readers, and the published MiniLM figure."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import spearmanr
+from types import SimpleNamespace
+
+from sentemb import SentembError
+from sentemb.evaluate import Embedder, aggregate, cosine_pairs, evaluate_sts
+from sentemb.models import pool
+from sentemb.senteval import load_task
+
+
+def _outputs():
+    torch.manual_seed(0)
+    hs = tuple(torch.randn(2, 4, 3) for _ in range(4))  # embeddings + 3 layers
+    return SimpleNamespace(last_hidden_state=hs[-1], hidden_states=hs, pooler_output=torch.randn(2, 3)), hs
+
+
+def test_poolers_match_hand_computation():
+    out, hs = _outputs()
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]])
+    last = hs[-1]
+    assert torch.equal(pool("cls_before_pooler", out, mask), last[:, 0])
+    assert torch.equal(pool("cls", out, mask), out.pooler_output)
+    exp_avg = torch.stack([last[0, :3].mean(0), last[1, :2].mean(0)])
+    assert torch.allclose(pool("avg", out, mask), exp_avg)
+    fl = (hs[1] + hs[-1]) / 2  # SimCSE: hidden_states[1] is the first Transformer layer
+    assert torch.allclose(pool("avg_first_last", out, mask), torch.stack([fl[0, :3].mean(0), fl[1, :2].mean(0)]))
+    t2 = (hs[-1] + hs[-2]) / 2
+    assert torch.allclose(pool("avg_top2", out, mask), torch.stack([t2[0, :3].mean(0), t2[1, :2].mean(0)]))
+    with pytest.raises(SentembError, match="unknown pooler"):
+        pool("max", out, mask)
+
+
+def test_aggregation_all_mean_wmean_against_scipy():
+    rng = np.random.default_rng(0)
+    subsets = []
+    for name, n in [("a", 7), ("b", 13), ("c", 4)]:
+        gold = rng.uniform(0, 5, n)
+        subsets.append((name, gold + rng.normal(0, 1.5, n), gold))
+    agg = aggregate(subsets)
+    per = [spearmanr(s, g)[0] for _, s, g in subsets]
+    assert agg["all"] == pytest.approx(spearmanr(np.concatenate([s for _, s, _ in subsets]),
+                                                 np.concatenate([g for *_, g in subsets]))[0])
+    assert agg["mean"] == pytest.approx(np.mean(per))
+    assert agg["wmean"] == pytest.approx((7 * per[0] + 13 * per[1] + 4 * per[2]) / 24)
+    assert agg["subsets"]["b"]["n"] == 13 and agg["n"] == 24
+    # "all" differs from the mean when subsets are on different scales: the settings are distinct
+    assert agg["all"] != pytest.approx(agg["mean"])
+
+
+def test_cosine_pairs():
+    a = np.array([[1.0, 0.0], [1.0, 1.0], [0.0, 0.0]])
+    b = np.array([[2.0, 0.0], [-1.0, -1.0], [1.0, 0.0]])
+    assert np.allclose(cosine_pairs(a, b), [1.0, -1.0, 0.0])
+
+
+def test_embedder_dedupes_and_keeps_order(tiny_bert_dir):
+    emb = Embedder.from_dir(tiny_bert_dir, "avg", device="cpu", batch_size=2)
+    sents = ["a man plays guitar", "the dog", "a man plays guitar", "the sun is big and red today"]
+    out = emb(sents)
+    assert out.shape == (4, 32) and np.allclose(out[0], out[2])
+    single = emb(["the dog"])
+    assert np.allclose(single[0], out[1], atol=1e-5)  # padding in a batch does not change a vector
+
+
+def test_evaluate_end_to_end_on_tiny_tree(tiny_bert_dir, tiny_senteval):
+    emb = Embedder.from_dir(tiny_bert_dir, "cls_before_pooler", device="cpu")
+    res = evaluate_sts(emb, tiny_senteval)
+    tasks = ["STS12", "STS13", "STS14", "STS15", "STS16", "STSBenchmark", "SICKRelatedness"]
+    assert set(tasks) <= set(res)
+    assert res["avg"] == pytest.approx(np.mean([res[t] for t in tasks]))
+    assert set(res["details"]["STS12"]["subsets"]) == {"MSRpar", "MSRvid", "SMTeuroparl", "surprise.OnWN", "surprise.SMTnews"}
+
+
+def test_readers_drop_empty_gold_and_ignore_extra_columns(tmp_path):
+    d = tmp_path / "STS" / "STS16-en-test"
+    d.mkdir(parents=True)
+    subsets = ["answer-answer", "headlines", "plagiarism", "postediting", "question-question"]
+    for s in subsets:
+        (d / f"STS.input.{s}.txt").write_text("a  b\tc d\tsrc1\tsrc2\ne f\tg h\tx\ty\ni j\tk l\n")
+        (d / f"STS.gs.{s}.txt").write_text("3.0\n\n1.5\n")
+    pairs = load_task(tmp_path, "STS16")
+    assert [len(p) for p in pairs] == [2] * 5
+    assert pairs[0].sent1 == ["a b", "i j"] and pairs[0].gold == [3.0, 1.5]
+
+
+def test_missing_and_bad_data_files_name_the_file(tmp_path, tiny_senteval, tiny_bert_dir):
+    (tmp_path / "STS" / "STS12-en-test").mkdir(parents=True)
+    with pytest.raises(SentembError, match="STS.input.MSRpar.txt"):
+        load_task(tmp_path, "STS12")
+    bad = tmp_path / "bad"
+    import shutil
+
+    shutil.copytree(tiny_senteval, bad)
+    (bad / "STS" / "STSBenchmark" / "sts-test.csv").write_bytes(b"x\ty\tz\t1\t\xff\xfe\tb\n")
+    with pytest.raises(SentembError, match=r"sts-test.csv, line 1: not valid UTF-8"):
+        load_task(bad, "STSBenchmark")
+    # CLI: error names the file and no output JSON is left behind
+    from sentemb.cli import main
+
+    out = tmp_path / "eval.json"
+    rc = main(["evaluate", "--model", str(tiny_bert_dir), "--pooler", "avg", "--data-dir", str(bad),
+               "--output", str(out), "--quiet"])
+    assert rc == 2 and not out.exists()
+    assert not list(tmp_path.glob(".eval.json.tmp-*"))
+
+
+@pytest.mark.realdata
+def test_minilm_stsb_test_reproduces_mteb(shared, tmp_path):
+    """all-MiniLM-L6-v2, masked mean pooling, raw STS-B test: the published MTEB figure 82.03."""
+    from sentemb.cli import main
+
+    out = tmp_path / "minilm.json"
+    rc = main(["evaluate", "--model", str(shared / "models" / "all-MiniLM-L6-v2"), "--pooler", "avg",
+               "--data-dir", str(shared / "data" / "senteval-raw"), "--tasks", "STSBenchmark",
+               "--output", str(out), "--quiet"])
+    assert rc == 0
+    res = json.loads(out.read_text())
+    assert res["STSBenchmark"] == pytest.approx(82.03, abs=0.01)
+    assert res["details"]["STSBenchmark"]["n"] == 1379

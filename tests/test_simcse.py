@@ -1,0 +1,103 @@
+"""SimCSE: the loss against an independent computation, the MLP's role, gradient flow."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from sentemb.methods import MethodContext, get_method
+from sentemb.methods.simcse import info_nce
+from sentemb.models import load_encoder
+
+
+def reference_info_nce(z1: np.ndarray, z2: np.ndarray, tau: float) -> float:
+    """Eq. 1 of Gao et al. (2021) written out with loops in float64."""
+    B = len(z1)
+    cos = lambda a, b: float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+    total = 0.0
+    for i in range(B):
+        denom = sum(math.exp(cos(z1[i], z2[j]) / tau) for j in range(B))
+        total += -math.log(math.exp(cos(z1[i], z2[i]) / tau) / denom)
+    return total / B
+
+
+def test_info_nce_matches_reference():
+    rng = np.random.default_rng(0)
+    z1, z2 = rng.normal(size=(6, 5)), rng.normal(size=(6, 5))
+    got = info_nce(torch.tensor(z1, dtype=torch.float32), torch.tensor(z2, dtype=torch.float32), 0.05)
+    assert got.item() == pytest.approx(reference_info_nce(z1, z2, 0.05), rel=1e-4)
+    # one direction only: swapping the views changes the value
+    swapped = info_nce(torch.tensor(z2, dtype=torch.float32), torch.tensor(z1, dtype=torch.float32), 0.05)
+    assert swapped.item() == pytest.approx(reference_info_nce(z2, z1, 0.05), rel=1e-4)
+
+
+def test_info_nce_is_fp32_under_bf16_autocast():
+    z1, z2 = torch.randn(4, 8), torch.randn(4, 8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = info_nce(z1.bfloat16(), z2.bfloat16(), 0.05)
+    assert loss.dtype == torch.float32
+
+
+def _method(tiny_bert_dir, **args):
+    torch.manual_seed(0)
+    enc, tok = load_encoder(tiny_bert_dir)
+    return get_method("simcse")(enc, tok, args, MethodContext(max_len=16, seed=0))
+
+
+def test_simcse_loss_equals_reference_on_model_outputs(tiny_bert_dir):
+    m = _method(tiny_bert_dir)
+    m.eval()  # no dropout: both views identical, so the reference can recompute them
+    batch = m.build_batch(["a man plays guitar", "the dog runs in the park", "red car", "a cat sits on the mat"])
+    assert batch["input_ids"].shape[1] <= 16
+    loss = m.losses(batch)["loss"]
+    with torch.no_grad():
+        cls = m.encoder(**batch).last_hidden_state[:, 0]
+        z = m.mlp(cls).double().numpy()
+    assert loss.item() == pytest.approx(reference_info_nce(z, z, 0.05), rel=1e-4)
+
+
+def test_dropout_views_differ_and_gradients_reach_encoder_and_mlp(tiny_bert_dir):
+    m = _method(tiny_bert_dir)
+    m.train()
+    batch = m.build_batch(["a man plays guitar", "the dog runs", "red car is big"])
+    z1, z2 = m.encode_views(batch)
+    assert not torch.allclose(z1, z2)  # dropout is the augmentation
+    m.losses(batch)["loss"].backward()
+    assert m.mlp.dense.weight.grad is not None and m.mlp.dense.weight.grad.abs().sum() > 0
+    emb_grad = m.encoder.embeddings.word_embeddings.weight.grad
+    assert emb_grad is not None and emb_grad.abs().sum() > 0
+
+
+def test_mlp_used_in_training_only(tiny_bert_dir, tmp_path):
+    from sentemb.evaluate import Embedder
+    from sentemb.models import export
+
+    m = _method(tiny_bert_dir)
+    m.eval()
+    batch = m.build_batch(["a man plays guitar", "the dog runs"])
+    with torch.no_grad():
+        z_before = m.encode_views(batch)[0].clone()
+    emb = Embedder(m.encoder, m.tokenizer, get_method("simcse").pooler_for(m.args), device=torch.device("cpu"))
+    before = emb(["a man plays guitar"])
+    with torch.no_grad():
+        m.mlp.dense.weight.mul_(3.0)
+        z_after = m.encode_views(batch)[0]
+    assert not torch.allclose(z_after, z_before)  # training sees the MLP
+    assert torch.allclose(z_before, torch.tanh(m.encoder(**batch).last_hidden_state[:, 0] @ (m.mlp.dense.weight / 3).T
+                                               + m.mlp.dense.bias), atol=1e-5)
+    assert np.allclose(emb(["a man plays guitar"]), before)  # evaluation does not
+    # export: raw [CLS] is the eval pooler; the trained MLP sits in the pooler slot ("cls")
+    export(m.encoder, m.tokenizer, tmp_path / "m", pooler="cls_before_pooler", head=m.export_head(), max_seq_length=64)
+    enc2, _ = load_encoder(tmp_path / "m")
+    assert torch.equal(enc2.pooler.dense.weight, m.mlp.dense.weight)
+    from sentence_transformers import SentenceTransformer
+
+    st = SentenceTransformer(str(tmp_path / "m"), device="cpu")
+    assert np.allclose(st.encode(["a man plays guitar"]), before, atol=1e-5)
+
+
+def test_pooler_for_mlp_settings():
+    cls = get_method("simcse")
+    assert cls.pooler_for({"mlp": "train_only"}) == "cls_before_pooler"
+    assert cls.pooler_for({"mlp": "always"}) == "cls"

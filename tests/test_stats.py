@@ -1,0 +1,443 @@
+"""Corpus statistics (stage ``stats``): each statistic against an independent computation.
+
+Unit tests use hand-made corpora, the ``tiny_bert_dir`` vocabulary, a tiny stopword directory and
+a tiny random Pegasus; ``realdata`` tests use ../shared (wiki1m_head.txt, MiniLM, nltk_data).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from sentemb import SentembError
+from sentemb.stats import count_corpus_lines, iter_lines, read_metadata
+
+CORPUS = [
+    "A man plays the guitar.",
+    "The man plays the piano, and the woman plays the guitar.",
+    "",
+    "Dog",
+    "the the the",
+    "A red car runs in the city; a blue car sits by the house.",
+    "   ",
+    "Is this the new one? Yes, this is the new one!",
+    "The cat eats food: apple, apple and apple.",
+]
+
+STOPWORDS = "a an the and is are in on by this these of to was for".split()
+
+
+def write_corpus(path: Path, lines) -> Path:
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def corpus(tmp_path) -> Path:
+    return write_corpus(tmp_path / "corpus.txt", CORPUS)
+
+
+@pytest.fixture(scope="session")
+def tiny_tok_dir(tiny_bert_dir, tmp_path_factory) -> Path:
+    """The tiny WordPiece vocabulary of ``tiny_bert_dir`` as a fast tokenizer.
+
+    Built here with ``vocab=`` because transformers 5 ignores the ``vocab_file=`` argument that
+    conftest passes (its saved tokenizer then holds only the 5 special tokens).
+    """
+    from transformers import BertTokenizerFast
+
+    d = tmp_path_factory.mktemp("tiny_tok")
+    tok = BertTokenizerFast(vocab=str(tiny_bert_dir / "vocab.txt"), do_lower_case=True)
+    assert len(tok) > 100
+    tok.save_pretrained(d)
+    return d
+
+
+@pytest.fixture(scope="session")
+def tiny_nltk_data(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("nltk_data")
+    (d / "corpora" / "stopwords").mkdir(parents=True)
+    (d / "corpora" / "stopwords" / "english").write_text("\n".join(STOPWORDS) + "\n")
+    return d
+
+
+# ---------------------------------------------------------------- reading
+
+
+def test_reader_keeps_alignment_and_names_bad_line(tmp_path):
+    p = tmp_path / "c.txt"
+    p.write_bytes(b"one\r\n\ntwo\xe2\x80\xa8still two\nlast")
+    assert list(iter_lines(p)) == ["one", "", "two\u2028still two", "last"]
+    assert count_corpus_lines(p) == 4
+    p.write_bytes(b"fine\nbad \xff byte\n")
+    with pytest.raises(SentembError, match=r"c\.txt:2: line 2 is not valid UTF-8"):
+        list(iter_lines(p))
+
+
+# ---------------------------------------------------------------- token frequency
+
+
+def test_token_frequency_exact(corpus, tiny_tok_dir, tmp_path):
+    from transformers import AutoTokenizer
+
+    from sentemb.stats.frequency import write_token_frequencies
+
+    extra = write_corpus(tmp_path / "c2.txt", CORPUS + ["[CLS] a literal special token [SEP]"])
+    out = tmp_path / "token_freq.bert.parquet"
+    meta = write_token_frequencies(extra, tiny_tok_dir, out, batch_size=3)
+    t = pq.read_table(out).to_pandas()
+    tok = AutoTokenizer.from_pretrained(tiny_tok_dir)
+    # independent: one sentence at a time through the slow path tokenize() + vocab lookup
+    ref = Counter(tok.convert_tokens_to_ids(w) for s in CORPUS + ["a literal special token"]
+                  for w in tok.tokenize(s))
+    special = set(tok.all_special_ids)
+    total = sum(c for i, c in ref.items() if i not in special)
+    assert ref[tok.unk_token_id] > 0  # the tiny vocabulary leaves words unknown: [UNK] is special
+    assert list(t.token_id) == list(range(len(tok)))
+    assert meta["total_tokens"] == total == read_metadata(out)["total_tokens"]
+    for i, row in t.iterrows():
+        if i in special:
+            assert row["special"] and row["freq"] == 0.0
+            assert row["count"] == ref.get(i, 0) + (i in (tok.cls_token_id, tok.sep_token_id))
+        else:
+            assert row["count"] == ref.get(i, 0)
+            assert row["freq"] == ref.get(i, 0) / total
+    assert t["freq"].sum() == pytest.approx(1.0, abs=1e-12)
+    assert t.loc[tok.convert_tokens_to_ids("the"), "token"] == "the"
+
+
+# ---------------------------------------------------------------- TF-IDF
+
+
+def reference_tfidf(lines):
+    """Dense N×V computation straight from the formulas (methods.md §3)."""
+    from sentemb.stats.tfidf import tokenize
+
+    docs = [tokenize(s) for s in lines]
+    docs = [d for d in docs if d]
+    vocab = sorted({t for d in docs for t in d})
+    col = {t: j for j, t in enumerate(vocab)}
+    counts = np.zeros((len(docs), len(vocab)))
+    for i, d in enumerate(docs):
+        for t in d:
+            counts[i, col[t]] += 1
+    n = counts.sum(1, keepdims=True)
+    tf = np.where(counts > 0, np.log(1 + counts / n), 0.0)
+    df = (counts > 0).sum(0)
+    idf = -np.log(df / len(docs))
+    s = (tf * idf).max(0)
+    return vocab, df, idf, s
+
+
+def test_tfidf_exact_and_worker_invariant(corpus, tmp_path):
+    from sentemb.stats.tfidf import tokenize, write_tfidf
+
+    assert tokenize("The man's car, isn't it?") == ["the", "man", "'s", "car", ",", "is", "n't", "it", "?"]
+    out1, out2 = tmp_path / "t1.parquet", tmp_path / "t2.parquet"
+    meta = write_tfidf([corpus], out1, workers=1, chunk_size=4)
+    write_tfidf([corpus], out2, workers=2, chunk_size=2)
+    t1, t2 = pq.read_table(out1), pq.read_table(out2)
+    assert t1.equals(t2)  # bit-identical for any worker count / chunking
+    t = t1.to_pandas()
+    vocab, df, idf, s = reference_tfidf(CORPUS)
+    assert meta["n_docs"] == 7 and meta["n_lines"] == [len(CORPUS)]  # 2 blank lines: no documents
+    got = t.set_index("term")
+    assert sorted(got.index) == vocab
+    assert [got.loc[v, "df"] for v in vocab] == df.tolist()
+    np.testing.assert_allclose([got.loc[v, "idf"] for v in vocab], idf, rtol=1e-14, atol=0)
+    np.testing.assert_allclose([got.loc[v, "s"] for v in vocab], s, rtol=1e-14, atol=0)
+    # single-token sentence "Dog": tf = log 2, no division by zero
+    assert got.loc["dog", "s"] == pytest.approx(math.log(2) * math.log(7))
+    # ranking: s descending, ties by term; rank = row position
+    keys = list(zip(-t["s"], t["term"]))
+    assert keys == sorted(keys) and t["rank"].tolist() == list(range(len(t)))
+    assert got.loc["the", "idf"] == -math.log(6 / 7)
+
+
+def test_tfidf_with_extra_documents(corpus, tmp_path):
+    from sentemb.stats.tfidf import write_tfidf
+
+    para = write_corpus(tmp_path / "para.txt", ["A guitarist plays.", "", "Hound", "zebra crossing"])
+    both = write_corpus(tmp_path / "both.txt", CORPUS + ["A guitarist plays.", "", "Hound", "zebra crossing"])
+    m = write_tfidf([corpus, para], tmp_path / "a.parquet", workers=1)
+    write_tfidf([both], tmp_path / "b.parquet", workers=1)
+    assert pq.read_table(tmp_path / "a.parquet").equals(pq.read_table(tmp_path / "b.parquet"))
+    assert m["n_lines"] == [len(CORPUS), 4] and m["n_docs"] == 10
+
+
+def test_tfidf_bad_utf8_names_line(tmp_path):
+    from sentemb.stats.tfidf import write_tfidf
+
+    p = tmp_path / "bad.txt"
+    p.write_bytes(b"ok line\n\xc3\x28 broken\n")
+    with pytest.raises(SentembError, match="bad.txt:2"):
+        write_tfidf([p], tmp_path / "t.parquet", workers=1)
+    assert not (tmp_path / "t.parquet").exists()
+
+
+# ---------------------------------------------------------------- RAKE
+
+
+def direct_rake(text, k):
+    from rake_nltk import Rake
+
+    r = Rake(stopwords=set(STOPWORDS), sentence_tokenizer=lambda t: [t])
+    r.extract_keywords_from_text(text)
+    ranked = r.get_ranked_phrases_with_scores()[:k]
+    return [p for _, p in ranked], [s for s, _ in ranked]
+
+
+@pytest.mark.parametrize("k", [2, 5])
+def test_rake_equals_rake_nltk(corpus, tiny_nltk_data, tmp_path, k):
+    from sentemb.stats.rake import write_rake
+
+    out = tmp_path / f"rake_top{k}.parquet"
+    meta = write_rake(corpus, tiny_nltk_data, out, top_k=k, workers=2 if k == 5 else 1, chunk_size=2)
+    t = pq.read_table(out).to_pandas()
+    assert meta["n_lines"] == len(CORPUS) and t["line"].tolist() == list(range(len(CORPUS)))
+    for text, phrases, scores in zip(CORPUS, t["phrases"], t["scores"]):
+        exp_p, exp_s = direct_rake(text, k) if text.strip() else ([], [])
+        assert list(phrases) == exp_p and list(scores) == exp_s
+    assert list(t["phrases"][2]) == [] and list(t["phrases"][6]) == []  # blank lines
+    assert list(t["phrases"][3]) == ["dog"] and list(t["scores"][3]) == [1.0]  # one token
+    assert list(t["phrases"][4]) == []  # stopwords only
+    assert read_metadata(out)["top_k"] == k
+
+
+def test_rake_missing_stopwords(corpus, tmp_path):
+    from sentemb.stats.rake import write_rake
+
+    (tmp_path / "empty_nltk").mkdir(mode=0o700)
+    with pytest.raises(SentembError, match="stopwords"):
+        write_rake(corpus, tmp_path / "empty_nltk", tmp_path / "r.parquet", workers=1)
+
+
+# ---------------------------------------------------------------- paraphrases
+
+
+@pytest.fixture(scope="session")
+def tiny_pegasus(tiny_tok_dir, tmp_path_factory) -> Path:
+    from sentemb.stats.paraphrase import save_random_pegasus
+
+    return save_random_pegasus(tmp_path_factory.mktemp("tiny_pegasus"), tiny_tok_dir)
+
+
+PARA_CORPUS = [f"the {w} plays {v} in the park" for w in ("man", "woman", "dog", "cat") for v in
+               ("music", "guitar", "piano")] + ["", "sun", "a big red house by the old tree is here"]
+PARA_KW = dict(batch_size=3, num_beams=3, max_length=8, device="cpu")
+
+
+def run_all_shards(corpus, model, out_dir, n=2, **kw):
+    from sentemb.stats.paraphrase import merge_paraphrases, paraphrase_shard
+
+    shards = [out_dir / f"shard{i}of{n}.jsonl" for i in range(n)]
+    for i, s in enumerate(shards):
+        paraphrase_shard(corpus, model, s, shard=i, num_shards=n, **{**PARA_KW, **kw})
+    merge_paraphrases(shards, corpus, out_dir / "paraphrases.txt")
+    return shards, out_dir / "paraphrases.txt"
+
+
+def test_paraphrase_shards_merge_and_resume(tiny_pegasus, tmp_path):
+    from sentemb.stats.paraphrase import merge_paraphrases, paraphrase_shard
+
+    corpus = write_corpus(tmp_path / "c.txt", PARA_CORPUS)
+    (tmp_path / "ref").mkdir()
+    ref_shards, ref = run_all_shards(corpus, tiny_pegasus, tmp_path / "ref")
+    lines = ref.read_text(encoding="utf-8").split("\n")[:-1]
+    assert len(lines) == len(PARA_CORPUS) == count_corpus_lines(ref)
+    assert lines[12] == "" and all(lines[i] for i in range(12))  # empty line → empty paraphrase
+    rec = [json.loads(x) for x in ref_shards[1].read_text().splitlines()]
+    assert [r["line"] for r in rec] == list(range(1, len(PARA_CORPUS), 2))  # strided shard
+
+    # interrupted: 2 batches, then a torn record (killed mid-write); rerun resumes
+    out = tmp_path / "shard0of2.jsonl"
+    res = paraphrase_shard(corpus, tiny_pegasus, out, shard=0, num_shards=2, max_batches=2, **PARA_KW)
+    ckpt = out.with_name(out.name + ".ckpt.jsonl")
+    assert not res["finished"] and not out.exists() and ckpt.exists()
+    assert len(ckpt.read_bytes().splitlines()) == 3  # header + 2 batches
+    with open(ckpt, "ab") as f:
+        f.write(b'{"batch": 2, "lines": [0, ')
+    res = paraphrase_shard(corpus, tiny_pegasus, out, shard=0, num_shards=2, **PARA_KW)
+    assert res["finished"] and res["new_batches"] == res["batches"] - 2 and not ckpt.exists()
+    assert out.read_bytes() == ref_shards[0].read_bytes()
+
+    # a crash inside a batch (exception) leaves no output; the rerun completes identically
+    out.unlink()
+    import sentemb.stats.paraphrase as P
+
+    calls = {"n": 0}
+    orig = P.Paraphraser.__call__
+
+    def flaky(self, texts):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise RuntimeError("simulated crash")
+        return orig(self, texts)
+
+    P.Paraphraser.__call__ = flaky
+    try:
+        with pytest.raises(RuntimeError):
+            paraphrase_shard(corpus, tiny_pegasus, out, shard=0, num_shards=2, **PARA_KW)
+    finally:
+        P.Paraphraser.__call__ = orig
+    assert not out.exists()
+    paraphrase_shard(corpus, tiny_pegasus, out, shard=0, num_shards=2, **PARA_KW)
+    assert out.read_bytes() == ref_shards[0].read_bytes()
+
+    # a checkpoint from other settings is discarded, not mixed in
+    paraphrase_shard(corpus, tiny_pegasus, out, shard=0, num_shards=2, max_batches=1,
+                     **{**PARA_KW, "max_length": 6})
+    paraphrase_shard(corpus, tiny_pegasus, out, shard=0, num_shards=2, **PARA_KW)
+    assert out.read_bytes() == ref_shards[0].read_bytes()
+
+    # merge checks coverage
+    with pytest.raises(SentembError, match="miss"):
+        merge_paraphrases(ref_shards[:1], corpus, tmp_path / "x.txt")
+    with pytest.raises(SentembError, match="more than one shard"):
+        merge_paraphrases([ref_shards[0], ref_shards[0], ref_shards[1]], corpus, tmp_path / "x.txt")
+
+
+def test_paraphrase_killed_subprocess_resumes_identically(tiny_pegasus, tmp_path):
+    from sentemb.stats.paraphrase import paraphrase_shard
+
+    lines = [f"{a} {b} {c}" for a in ("the man", "a woman", "the old dog", "one cat")
+             for b in ("plays", "runs", "eats", "sits") for c in ("in the park", "on the mat",
+                                                               "by the big red house", "here")]
+    corpus = write_corpus(tmp_path / "c.txt", lines * 3)
+    kw = dict(batch_size=2, num_beams=4, max_length=24, device="cpu")
+    ref = tmp_path / "ref.jsonl"
+    paraphrase_shard(corpus, tiny_pegasus, ref, shard=1, num_shards=2, **kw)
+
+    out = tmp_path / "shard.jsonl"
+    ckpt = out.with_name(out.name + ".ckpt.jsonl")
+    cmd = [sys.executable, "-m", "sentemb.cli", "paraphrase", "--corpus", str(corpus), "--model",
+           str(tiny_pegasus), "--shard", "1", "--num-shards", "2", "--output", str(out),
+           "--batch-size", "2", "--num-beams", "4", "--max-length", "24", "--device", "cpu"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:
+        if ckpt.exists() and ckpt.read_bytes().count(b"\n") >= 4:  # header + 3 batches
+            proc.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.01)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.read().decode()[-2000:]
+    assert not out.exists()
+    done = ckpt.read_bytes().count(b"\n") - 1
+    res = paraphrase_shard(corpus, tiny_pegasus, out, shard=1, num_shards=2, **kw)
+    assert res["finished"] and res["new_batches"] <= res["batches"] - done
+    assert out.read_bytes() == ref.read_bytes()
+
+
+# ---------------------------------------------------------------- summary and CLI
+
+
+def test_cli_and_summary(corpus, tiny_tok_dir, tiny_nltk_data, tmp_path):
+    from sentemb.cli import main
+
+    d = tmp_path / "stats"
+    para = write_corpus(tmp_path / "para.txt", [s.upper() + " indeed" if s.strip() else "" for s in CORPUS])
+    assert main(["stats-freq", "--corpus", str(corpus), "--tokenizer", str(tiny_tok_dir),
+                 "--output", str(d / "token_freq.bert.parquet")]) == 0
+    assert main(["stats-tfidf", "--corpus", str(corpus), "--extra", str(para), "--workers", "1",
+                 "--output", str(d / "tfidf.parquet")]) == 0
+    assert main(["stats-rake", "--corpus", str(corpus), "--nltk-data", str(tiny_nltk_data),
+                 "--top-k", "3", "--workers", "1", "--output", str(d / "rake_top3.parquet")]) == 0
+    assert main(["stats-summary", "--corpus", str(corpus), "--freq", str(d / "token_freq.bert.parquet"),
+                 "--tfidf", str(d / "tfidf.parquet"), "--rake", str(d / "rake_top3.parquet"),
+                 "--paraphrases", str(para), "--output", str(d / "summary.md")]) == 0
+    md = (d / "summary.md").read_text()
+    for head in ("Token frequency", "TF-IDF", "RAKE", "Paraphrases"):
+        assert head in md
+    s = json.loads((d / "summary.json").read_text())
+    assert s["corpus"] == {"path": str(corpus), "lines": 9, "empty_lines": 2, "mean_words": s["corpus"]["mean_words"]}
+    assert s["rake"]["phrase_count_distribution"][0] == 3  # two blank lines + stopwords-only line
+    assert s["paraphrases"]["aligned"] and s["paraphrases"]["length_ratio_mean"] > 1
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"x\n\xff\n")
+    assert main(["stats-tfidf", "--corpus", str(bad), "--workers", "1", "--output", str(d / "x.parquet")]) == 2
+
+
+# ---------------------------------------------------------------- real data
+
+
+@pytest.fixture(scope="module")
+def wiki(shared) -> Path:
+    return shared / "data" / "wiki1m_head.txt"
+
+
+@pytest.mark.realdata
+def test_real_token_frequency(wiki, minilm_dir, tmp_path):
+    from sentemb.stats.frequency import write_token_frequencies
+
+    meta = write_token_frequencies(wiki, minilm_dir, tmp_path / "f.parquet")
+    t = pq.read_table(tmp_path / "f.parquet").to_pandas()
+    assert meta["n_lines"] == 11913 == count_corpus_lines(wiki)
+    assert len(t) == 30522 and t["freq"].sum() == pytest.approx(1.0, abs=1e-9)
+    top = t.nlargest(5, "freq")["token"].tolist()
+    assert "the" in top and "," in top
+
+
+@pytest.mark.realdata
+def test_real_tfidf_against_sklearn_and_stable(wiki, tmp_path):
+    import scipy.sparse as sp
+    from sklearn.feature_extraction.text import CountVectorizer
+
+    from sentemb.stats.tfidf import tokenize, write_tfidf
+
+    meta = write_tfidf([wiki], tmp_path / "t.parquet", workers=2)
+    t = pq.read_table(tmp_path / "t.parquet").to_pandas()
+    # independent: sklearn sparse counts, tf = log1p(n_t/n), column max
+    cv = CountVectorizer(tokenizer=tokenize, lowercase=False, token_pattern=None)
+    X = sp.csr_matrix(cv.fit_transform(iter_lines(wiki)), dtype=np.float64)
+    n = np.asarray(X.sum(1)).ravel()
+    X = X[n > 0]
+    n = n[n > 0]
+    tf = X.multiply(1.0 / n[:, None]).tocsr()
+    tf.data = np.log1p(tf.data)
+    df = np.diff(X.tocsc().indptr)
+    s = tf.max(0).toarray().ravel() * -np.log(df / X.shape[0])
+    vocab = cv.get_feature_names_out()
+    got = t.set_index("term").loc[vocab]
+    assert meta["n_docs"] == X.shape[0] and len(t) == len(vocab)
+    assert (got["df"].to_numpy() == df).all()
+    np.testing.assert_allclose(got["s"].to_numpy(), s, rtol=1e-12)
+    # stable: another worker count and chunking give the same table
+    head = write_corpus(tmp_path / "head.txt", list(iter_lines(wiki))[:3000])
+    write_tfidf([head], tmp_path / "h1.parquet", workers=1, chunk_size=3000)
+    write_tfidf([head], tmp_path / "h2.parquet", workers=2, chunk_size=257)
+    assert pq.read_table(tmp_path / "h1.parquet").equals(pq.read_table(tmp_path / "h2.parquet"))
+    assert t.nlargest(3, "df")["term"].tolist()[:1] == ["the"]
+
+
+@pytest.mark.realdata
+def test_real_rake(wiki, shared, tmp_path):
+    from rake_nltk import Rake
+
+    from sentemb.stats.rake import load_stopwords, write_rake
+
+    nltk_data = shared / "nltk_data"
+    meta = write_rake(wiki, nltk_data, tmp_path / "r.parquet", top_k=5, workers=2)
+    t = pq.read_table(tmp_path / "r.parquet").to_pandas()
+    assert meta["n_lines"] == len(t) == 11913 and t["line"].tolist() == list(range(11913))
+    stop = set(load_stopwords(nltk_data))
+    assert {"the", "of", "and"} <= stop and len(stop) > 100
+    r = Rake(stopwords=stop, sentence_tokenizer=lambda x: [x])
+    for i, text in enumerate(iter_lines(wiki)):
+        if i >= 300:
+            break
+        r.extract_keywords_from_text(text)
+        assert list(t["phrases"][i]) == r.get_ranked_phrases()[:5]
+    assert (t["phrases"].map(len) <= 5).all()

@@ -1,0 +1,102 @@
+"""The shared training loop: determinism, resume, best checkpoint, bad input."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from sentemb import SentembError
+from sentemb.train import batch_schedule, read_corpus, train
+
+
+def run_cfg(model, corpus, senteval, **train_over):
+    tc = {"epochs": 1, "max_steps": None, "batch_size": 16, "grad_accum": 1, "lr": 1e-3, "weight_decay": 0.0,
+          "warmup_ratio": 0.0, "lr_schedule": "linear", "grad_clip": 1.0, "max_len": 16, "eval_steps": 2,
+          "eval_at_end": True, "log_steps": 1, "save_steps": 100, "precision": "auto", "dropout": None,
+          "device": "cpu", "num_threads": None, "compile": False}
+    tc.update(train_over)
+    return {"name": "simcse", "method": "simcse", "backbone": "tiny", "seed": 7, "train": tc,
+            "method_args": {"temperature": 0.05, "mlp": "train_only"}, "experiment": "t",
+            "tracking": {"enabled": False, "uri": None},
+            "paths": {"model": str(model), "corpus": str(corpus), "senteval": str(senteval), "stats": None}}
+
+
+def test_batch_schedule_deterministic_no_bucketing():
+    a = batch_schedule(50, 16, 1, seed=3)
+    assert [len(x) for x in a] == [16, 16, 16, 2]  # a trailing batch of 2 is kept, of 1 dropped
+    assert sum(len(x) for x in batch_schedule(49, 16, 1, 3)) == 48
+    b = batch_schedule(50, 16, 1, seed=3)
+    assert all(np.array_equal(x, y) for x, y in zip(a, b))
+    assert not np.array_equal(np.concatenate(a), np.concatenate(batch_schedule(50, 16, 1, seed=4)))
+    two = batch_schedule(50, 16, 2, seed=3)
+    assert len(two) == 8 and not np.array_equal(two[0], two[4])  # a new permutation each epoch
+
+
+def test_train_writes_best_checkpoint_and_summary(tiny_bert_dir, tiny_corpus, tiny_senteval, tmp_path):
+    out = tmp_path / "run"
+    s = train(run_cfg(tiny_bert_dir, tiny_corpus, tiny_senteval), out, progress=False)
+    assert s["steps"] == 6 and [h["step"] for h in s["history"]] == [2, 4, 6]
+    assert s["best_dev_stsb"] == max(h["dev_stsb"] for h in s["history"])
+    meta = json.loads((out / "model" / "sentemb.json").read_text())
+    assert meta["step"] == s["best_step"] and meta["pooler"] == "cls_before_pooler"
+    assert (out / "model" / "modules.json").is_file() and not (out / ".work").exists()
+    assert json.loads((out / "train.json").read_text())["best_step"] == s["best_step"]
+
+
+def test_training_changes_weights_and_is_deterministic(tiny_bert_dir, tiny_corpus, tiny_senteval, tmp_path):
+    cfg = run_cfg(tiny_bert_dir, tiny_corpus, tiny_senteval, eval_steps=100)
+    train(cfg, tmp_path / "a", progress=False)
+    train(cfg, tmp_path / "b", progress=False)
+    wa, wb = load_file(tmp_path / "a/model/model.safetensors"), load_file(tmp_path / "b/model/model.safetensors")
+    w0 = load_file(tiny_bert_dir / "model.safetensors")
+    k = "encoder.layer.0.attention.self.query.weight"
+    k = k if k in wa else next(x for x in wa if "query.weight" in x)
+    assert torch.equal(wa[k], wb[k])
+    assert not torch.equal(wa[k], w0[k])
+
+
+def test_resume_after_kill_gives_identical_model(tiny_bert_dir, tiny_corpus, tiny_senteval, tmp_path):
+    cfg = run_cfg(tiny_bert_dir, tiny_corpus, tiny_senteval)
+    full = train(cfg, tmp_path / "full", progress=False)
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, tmp_path / "resumed", stop_after=3, progress=False)
+    assert (tmp_path / "resumed/.work/last.pt").is_file() and not (tmp_path / "resumed/model").exists()
+    res = train(cfg, tmp_path / "resumed", progress=False)
+    assert res["history"] == full["history"]
+    a = load_file(tmp_path / "full/model/model.safetensors")
+    b = load_file(tmp_path / "resumed/model/model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_nan_loss_is_a_clear_error_and_leaves_no_output(tiny_bert_dir, tiny_corpus, tiny_senteval, tmp_path, monkeypatch):
+    from sentemb.methods.simcse import SimCSE
+
+    orig = SimCSE.losses
+    calls = {"n": 0}
+
+    def bad(self, batch):
+        calls["n"] += 1
+        out = orig(self, batch)
+        if calls["n"] == 3:
+            out["loss"] = out["loss"] * float("nan")
+        return out
+
+    monkeypatch.setattr(SimCSE, "losses", bad)
+    out = tmp_path / "run"
+    with pytest.raises(SentembError, match=r"loss is nan at step 3"):
+        train(run_cfg(tiny_bert_dir, tiny_corpus, tiny_senteval), out, progress=False)
+    assert not (out / "model").exists() and not (out / "train.json").exists()
+
+
+def test_bad_corpus_lines_name_the_line(tmp_path):
+    p = tmp_path / "c.txt"
+    p.write_bytes(b"one sentence\n\xff\xfe bad\n")
+    with pytest.raises(SentembError, match=r"c.txt, line 2: not valid UTF-8"):
+        read_corpus(p)
+    p.write_text("one\n\nthree\n")
+    with pytest.raises(SentembError, match=r"c.txt, line 2: empty line"):
+        read_corpus(p)
+    with pytest.raises(SentembError, match="not found"):
+        read_corpus(tmp_path / "missing.txt")

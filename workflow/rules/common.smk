@@ -1,0 +1,57 @@
+# Config validation, shared names and input functions. Rules stay thin: they call `sentemb`.
+import json
+
+from sentemb import SentembError
+from sentemb.config import mirror_dir, resolve_run, validate_config
+from sentemb.methods import get_method
+
+try:
+    validate_config(config, source="the Snakemake config")
+    _mirror = mirror_dir(config)
+except SentembError as e:
+    raise WorkflowError(str(e))
+
+RES = config["resources_dir"]
+RESULTS = config["results_dir"]
+LOGS = "logs"
+MIRROR = str(_mirror) if _mirror else ""
+CORPUS = config["corpus"]["name"]
+SEEDS = config["seeds"]
+RUNS = [(r["name"], r["backbone"]) for r in config["runs"]]
+RUN_DIR = f"{RESULTS}/runs/{{name}}/{{backbone}}/seed{{seed}}"
+TRACKING = config["tracking"]["enabled"]
+TRACKING_MARKER = f"{RESULTS}/.tracking/{config['experiment']}.json"
+EVAL_DATA = f"{RES}/data/{config['evaluation']['data']}"
+
+
+wildcard_constraints:
+    name="|".join(sorted({n for n, _ in RUNS})),
+    backbone="|".join(sorted(config["backbones"])),
+    seed=r"\d+",
+    corpus=r"[A-Za-z0-9_.-]+",
+
+
+def res(kind, key):
+    """Snakemake resources of a rule kind (config key job_resources.<kind>)."""
+    return config["job_resources"].get(kind, {}).get(key)
+
+
+def run_of(wildcards):
+    return resolve_run(config, wildcards.name, wildcards.backbone, int(wildcards.seed))
+
+
+def stats_inputs(wildcards):
+    """Corpus statistics the run's method reads (Method.requires_stats), as stats-stage outputs."""
+    run = next(r for r in config["runs"] if r["name"] == wildcards.name and r["backbone"] == wildcards.backbone)
+    needed = get_method(run["method"]).requires_stats
+    return {k: STATS_OUTPUTS[k](wildcards) for k in needed}
+
+
+def eval_outputs():
+    return [
+        f"{RESULTS}/runs/{n}/{b}/seed{s}/eval_sts.json" for n, b in RUNS for s in SEEDS
+    ]
+
+
+# Filled by stats.smk: name -> function(wildcards) -> path of that statistic for the run.
+STATS_OUTPUTS = {}

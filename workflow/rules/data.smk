@@ -1,0 +1,115 @@
+# Data acquisition: thin wrappers around `sentemb fetch-*` / `sentemb prepare-corpus` (sentemb.data).
+# Expects RES (config["resources_dir"]), MIRROR (mirror directory or "") and LOGS from common.smk.
+
+import re
+
+from sentemb.data import shell_options
+
+
+rule fetch_corpus:
+    output:
+        f"{RES}/corpus/{{corpus}}.raw.txt",
+    log:
+        f"{LOGS}/data/fetch_corpus_{{corpus}}.log",
+    wildcard_constraints:
+        corpus=re.escape(config["corpus"]["name"]),
+    params:
+        repo=config["corpus"]["hub_repo"],
+        file=config["corpus"]["hub_file"],
+        opts=lambda wc: shell_options(
+            revision=config["corpus"]["revision"],
+            sha256=config["corpus"]["sha256"],
+            expected_lines=config["corpus"]["expected_lines"],
+            mirror=MIRROR,
+            mirror_path=config["corpus"]["mirror_path"],
+        ),
+    localrule: True
+    retries: 2
+    shell:
+        "sentemb fetch-corpus --output {output:q} --hub-repo {params.repo:q} --hub-file {params.file:q} "
+        "{params.opts} > {log:q} 2>&1"
+
+
+rule prepare_corpus:
+    input:
+        f"{RES}/corpus/{{corpus}}.raw.txt",
+    output:
+        corpus=f"{RES}/corpus/{{corpus}}.txt",
+        summary=f"{RES}/corpus/{{corpus}}.txt.json",
+    log:
+        f"{LOGS}/data/prepare_corpus_{{corpus}}.log",
+    wildcard_constraints:
+        corpus=re.escape(config["corpus"]["name"]),
+    params:
+        opts=lambda wc: shell_options(
+            max_sentences=config["corpus"]["max_sentences"], seed=config["corpus"]["sample_seed"]
+        ),
+        skip="--skip-bad-lines" if config["corpus"]["skip_bad_lines"] else "",
+    shell:
+        "sentemb prepare-corpus --input {input:q} --output {output.corpus:q} {params.opts} {params.skip} "
+        "> {log:q} 2>&1"
+
+
+rule fetch_senteval:
+    output:
+        directory(f"{RES}/data/senteval"),
+    log:
+        f"{LOGS}/data/fetch_senteval.log",
+    params:
+        opts=lambda wc: shell_options(
+            url=config["senteval"]["url"],
+            sha256=config["senteval"]["sha256"],
+            mirror=MIRROR,
+            mirror_path=config["senteval"]["mirror_path"],
+        ),
+    localrule: True
+    retries: 2
+    shell:
+        "sentemb fetch-senteval --output {output:q} {params.opts} > {log:q} 2>&1"
+
+
+rule fetch_senteval_raw:
+    output:
+        directory(f"{RES}/data/senteval-raw"),
+    log:
+        f"{LOGS}/data/fetch_senteval_raw.log",
+    params:
+        opts=lambda wc: shell_options(mirror=MIRROR, mirror_path=config["senteval"]["raw_mirror_path"]),
+    localrule: True
+    shell:
+        "sentemb fetch-senteval --raw --output {output:q} {params.opts} > {log:q} 2>&1"
+
+
+rule fetch_model:
+    output:
+        directory(f"{RES}/models/{{backbone}}"),
+    log:
+        f"{LOGS}/data/fetch_model_{{backbone}}.log",
+    wildcard_constraints:
+        backbone="|".join(map(re.escape, config["backbones"])),
+    params:
+        hub_id=lambda wc: config["backbones"][wc.backbone]["hub_id"],
+        opts=lambda wc: shell_options(
+            revision=config["backbones"][wc.backbone]["revision"],
+            sha256=config["backbones"][wc.backbone]["sha256"],
+            mirror=MIRROR,
+            mirror_path=config["backbones"][wc.backbone]["mirror_path"],
+            random_init=config["backbones"][wc.backbone]["random_init"],
+        ),
+    localrule: True
+    retries: 2
+    shell:
+        "sentemb fetch-model --output {output:q} --hub-id {params.hub_id:q} {params.opts} > {log:q} 2>&1"
+
+
+rule fetch_nltk:
+    output:
+        directory(f"{RES}/nltk_data"),
+    log:
+        f"{LOGS}/data/fetch_nltk.log",
+    params:
+        opts=lambda wc: shell_options(mirror=MIRROR),
+    localrule: True
+    retries: 2
+    shell:
+        "sentemb fetch-nltk --output {output:q} {params.opts} > {log:q} 2>&1"

@@ -1,0 +1,44 @@
+# Stage `evaluate`: STS under the SentEval protocol (methods.md §0) for every trained run.
+
+
+def eval_pooler(wildcards):
+    if config["evaluation"]["pooler"]:
+        return config["evaluation"]["pooler"]
+    run = run_of(wildcards)
+    return get_method(run["method"]).pooler_for(run["method_args"])
+
+
+rule evaluate:
+    input:
+        model=f"{RUN_DIR}/model",
+        data=EVAL_DATA,
+        tracking=TRACKING_MARKER if TRACKING else [],
+    output:
+        f"{RUN_DIR}/eval_sts.json",
+    params:
+        pooler=eval_pooler,
+        tasks=",".join(config["evaluation"]["tasks"]),
+        setting=config["evaluation"]["setting"],
+        batch_size=config["evaluation"]["batch_size"],
+        method=lambda w: run_of(w)["method"],
+        track=(
+            f"--track --experiment {config['experiment']}"
+            + (f" --tracking-uri {config['tracking']['uri']}" if config["tracking"]["uri"] else "")
+            if TRACKING
+            else ""
+        ),
+    log:
+        f"{LOGS}/evaluate/{{name}}/{{backbone}}/seed{{seed}}.log",
+    benchmark:
+        f"benchmarks/evaluate/{{name}}/{{backbone}}/seed{{seed}}.tsv"
+    threads: res("evaluate", "cpus") or 1
+    resources:
+        gpu=res("evaluate", "gpu") or 0,
+        runtime=res("evaluate", "runtime") or 60,
+        mem_mb=res("evaluate", "mem_mb") or 8000,
+    shell:
+        "sentemb evaluate --model {input.model} --pooler {params.pooler} --data-dir {input.data}"
+        " --tasks {params.tasks} --setting {params.setting} --batch-size {params.batch_size}"
+        " --output {output} --quiet --run-meta name={wildcards.name} --run-meta method={params.method}"
+        " --run-meta backbone={wildcards.backbone} --run-meta seed={wildcards.seed}"
+        " --run-name eval/{wildcards.name}/{wildcards.backbone}/seed{wildcards.seed} {params.track} > {log} 2>&1"

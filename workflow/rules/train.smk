@@ -1,0 +1,56 @@
+# Stage `train`: one job per run name x backbone x seed.
+
+
+rule init_tracking:
+    """Create the MLflow store and experiment once, before parallel jobs (a SQLite store created
+    concurrently by several jobs fails)."""
+    output:
+        TRACKING_MARKER,
+    params:
+        uri=f"--tracking-uri {config['tracking']['uri']}" if config["tracking"]["uri"] else "",
+    log:
+        f"{LOGS}/init_tracking.log",
+    localrule: True
+    shell:
+        "sentemb init-tracking --experiment {config[experiment]} {params.uri} --output {output} > {log} 2>&1"
+
+
+rule run_config:
+    """The resolved settings of one run (what `sentemb train` reads and MLflow records)."""
+    output:
+        f"{RUN_DIR}/run_config.json",
+    params:
+        run=run_of,
+    log:
+        f"{LOGS}/run_config/{{name}}/{{backbone}}/seed{{seed}}.log",
+    localrule: True
+    run:
+        from sentemb.utils import write_json
+
+        write_json(output[0], params.run)
+
+
+rule train:
+    input:
+        unpack(stats_inputs),
+        run=f"{RUN_DIR}/run_config.json",
+        model=f"{RES}/models/{{backbone}}",
+        corpus=f"{RES}/corpus/{CORPUS}.txt",
+        senteval=f"{RES}/data/senteval",
+        tracking=TRACKING_MARKER if TRACKING else [],
+    output:
+        model=directory(f"{RUN_DIR}/model"),
+        summary=f"{RUN_DIR}/train.json",
+    params:
+        outdir=RUN_DIR,
+    log:
+        f"{LOGS}/train/{{name}}/{{backbone}}/seed{{seed}}.log",
+    benchmark:
+        f"benchmarks/train/{{name}}/{{backbone}}/seed{{seed}}.tsv"
+    threads: res("train", "cpus") or 1
+    resources:
+        gpu=res("train", "gpu") or 0,
+        runtime=res("train", "runtime") or 240,
+        mem_mb=res("train", "mem_mb") or 16000,
+    shell:
+        "sentemb train --run-config {input.run} --output-dir {params.outdir} --quiet > {log} 2>&1"
