@@ -226,6 +226,17 @@ def test_rake_missing_stopwords(corpus, tmp_path):
 # ---------------------------------------------------------------- paraphrases
 
 
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """Tiny models gain nothing from threads, and on a shared CPU OpenMP spinning costs 100×."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture(scope="session")
 def tiny_pegasus(tiny_tok_dir, tmp_path_factory) -> Path:
     from sentemb.stats.paraphrase import save_random_pegasus
@@ -363,7 +374,7 @@ def test_cli_and_summary(corpus, tiny_tok_dir, tiny_nltk_data, tmp_path):
         assert head in md
     s = json.loads((d / "summary.json").read_text())
     assert s["corpus"] == {"path": str(corpus), "lines": 9, "empty_lines": 2, "mean_words": s["corpus"]["mean_words"]}
-    assert s["rake"]["phrase_count_distribution"][0] == 3  # two blank lines + stopwords-only line
+    assert s["rake"]["phrase_count_distribution"]["0"] == 3  # two blank lines + stopwords-only line
     assert s["paraphrases"]["aligned"] and s["paraphrases"]["length_ratio_mean"] > 1
     bad = tmp_path / "bad.txt"
     bad.write_bytes(b"x\n\xff\n")
@@ -415,11 +426,11 @@ def test_real_tfidf_against_sklearn_and_stable(wiki, tmp_path):
     assert (got["df"].to_numpy() == df).all()
     np.testing.assert_allclose(got["s"].to_numpy(), s, rtol=1e-12)
     # stable: another worker count and chunking give the same table
-    head = write_corpus(tmp_path / "head.txt", list(iter_lines(wiki))[:3000])
-    write_tfidf([head], tmp_path / "h1.parquet", workers=1, chunk_size=3000)
+    head = write_corpus(tmp_path / "head.txt", list(iter_lines(wiki))[:2000])
+    write_tfidf([head], tmp_path / "h1.parquet", workers=1, chunk_size=2000)
     write_tfidf([head], tmp_path / "h2.parquet", workers=2, chunk_size=257)
     assert pq.read_table(tmp_path / "h1.parquet").equals(pq.read_table(tmp_path / "h2.parquet"))
-    assert t.nlargest(3, "df")["term"].tolist()[:1] == ["the"]
+    assert {"the", ".", ","} == set(t.nlargest(3, "df")["term"])
 
 
 @pytest.mark.realdata

@@ -78,8 +78,9 @@ def init_store(uri: str | None, experiment: str) -> str:
 
 
 def git_commit() -> str | None:
+    """The commit of the sentemb source tree (not of the working directory), if it is a checkout."""
     try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
+        return subprocess.run(["git", "-C", str(Path(__file__).parent), "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
                               timeout=10).stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         return None

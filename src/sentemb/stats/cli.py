@@ -27,6 +27,10 @@ def _rake(a):
 def _paraphrase(a):
     from .paraphrase import paraphrase_shard
 
+    if a.threads:
+        import torch
+
+        torch.set_num_threads(a.threads)
     paraphrase_shard(a.corpus, a.model, a.output, shard=a.shard, num_shards=a.num_shards,
                            batch_size=a.batch_size, num_beams=a.num_beams,
                            max_length=a.max_length, device=a.device,
@@ -88,6 +92,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-length", type=int, default=60)
     p.add_argument("--max-input-length", type=int, default=None)
     p.add_argument("--device", default="auto")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--max-batches", type=int, default=None,
                    help="stop after this many new batches, keeping the checkpoint (resume later)")
     p.set_defaults(func=_paraphrase)

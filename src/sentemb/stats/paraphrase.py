@@ -106,6 +106,8 @@ class Paraphraser:
     def from_pretrained(cls, model_dir, **kw) -> "Paraphraser":
         from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
+        if not (Path(model_dir) / "config.json").is_file():
+            raise SentembError(f"paraphrase model directory {model_dir} has no config.json")
         try:
             tok = AutoTokenizer.from_pretrained(str(model_dir))
             model = AutoModelForSeq2SeqLM.from_pretrained(str(model_dir))

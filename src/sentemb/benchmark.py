@@ -1,0 +1,179 @@
+"""Throughput benchmark (a script, not a test): training and evaluation sentences/s and tokens/s,
+and MFU on CUDA, for a model directory, batch size and device. ``--compare-st`` runs the
+sentence-transformers SimCSE recipe (MultipleNegativesRankingLoss on duplicated sentences) with the
+same model, sentences, batch size, max length and optimizer, timed the same way.
+
+    sentemb benchmark --model ../shared/models/all-MiniLM-L6-v2 --corpus ../shared/data/wiki1m_head.txt \
+        --batch-size 64 --steps 20 --device cpu --compare-st
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from . import SentembError
+
+PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "L40S": 362.0, "A10": 125.0, "4090": 165.0}
+
+
+def _sync(device):
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def train_flops(config, n_tokens: int, seq_len: int) -> float:
+    """Forward+backward FLOPs: 6·N·T for the dense weights + 12·layers·hidden·L·T for attention
+    (PaLM, Chowdhery et al. 2022, App. B); N excludes the embedding tables."""
+    h, layers, inter = config.hidden_size, config.num_hidden_layers, config.intermediate_size
+    n = layers * (4 * h * h + 2 * h * inter) + h * h  # attention + FFN + MLP head
+    return 6.0 * n * n_tokens + 12.0 * layers * h * seq_len * n_tokens
+
+
+def _peak(device, override):
+    import torch
+
+    if override:
+        return override
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((v for k, v in PEAK_BF16_TFLOPS.items() if k in name), None)
+
+
+def bench_sentemb(model_dir, sentences, batch_size, steps, warmup, device, max_len, precision):
+    import torch
+
+    from .methods import MethodContext, get_method
+    from .models import load_encoder
+    from .train import _precision, build_optimizer
+
+    torch.manual_seed(0)
+    enc, tok = load_encoder(model_dir)
+    m = get_method("simcse")(enc, tok, {}, MethodContext(max_len=max_len, seed=0)).to(device)
+    m.train()
+    opt = build_optimizer(m, 3e-5, 0.0, device)
+    amp = _precision(precision, device)
+    n_tok = n_pad = 0
+    t0 = None
+    for i in range(warmup + steps):
+        if i == warmup:
+            _sync(device)
+            t0 = time.perf_counter()
+        s = sentences[(i * batch_size) % len(sentences):][:batch_size]
+        batch = {k: v.to(device, non_blocking=True) for k, v in m.build_batch(s).items()}
+        with torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
+            loss = m.losses(batch)["loss"]
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if i >= warmup:
+            n_tok += int(batch["attention_mask"].sum())
+            n_pad += batch["input_ids"].numel()
+    _sync(device)
+    return time.perf_counter() - t0, n_tok, n_pad, enc.config
+
+
+def bench_st(model_dir, sentences, batch_size, steps, warmup, device, max_len, precision):
+    import torch
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.losses import MultipleNegativesRankingLoss
+
+    from .train import _precision
+
+    torch.manual_seed(0)
+    model = SentenceTransformer(str(model_dir), device=str(device))
+    model.max_seq_length = max_len
+    model.train()
+    loss_fn = MultipleNegativesRankingLoss(model, scale=20.0)  # scale 20 = 1/τ with τ = 0.05
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-5, fused=device.type == "cuda")
+    amp = _precision(precision, device)
+    n_tok = 0
+    t0 = None
+    for i in range(warmup + steps):
+        if i == warmup:
+            _sync(device)
+            t0 = time.perf_counter()
+        s = sentences[(i * batch_size) % len(sentences):][:batch_size]
+        feats = {k: v.to(device) for k, v in model.tokenize(s).items()}
+        with torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
+            loss = loss_fn([feats, dict(feats)], None)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if i >= warmup:
+            n_tok += int(feats["attention_mask"].sum())
+    _sync(device)
+    return time.perf_counter() - t0, n_tok
+
+
+def bench_eval(model_dir, sentences, batch_size, device):
+    from .evaluate import Embedder
+
+    emb = Embedder.from_dir(model_dir, "cls_before_pooler", device=str(device), batch_size=batch_size)
+    emb(sentences[:batch_size])  # warm-up
+    _sync(device)
+    t0 = time.perf_counter()
+    emb(sentences)
+    _sync(device)
+    n_tok = sum(len(x) for x in emb.tokenizer(list(dict.fromkeys(sentences)))["input_ids"])
+    return time.perf_counter() - t0, len(set(sentences)), n_tok
+
+
+def _cmd_benchmark(args) -> int:
+    import torch
+
+    from .train import read_corpus
+    from .utils import resolve_device
+
+    device = resolve_device(args.device)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    sentences = read_corpus(args.corpus)
+    need = args.batch_size * (args.steps + args.warmup)
+    if len(sentences) < need:
+        raise SentembError(f"--corpus has {len(sentences)} sentences; {need} are needed for the steps asked")
+    rows = []
+    secs, tok, padded, cfg = bench_sentemb(args.model, sentences, args.batch_size, args.steps, args.warmup, device,
+                                           args.max_len, args.precision)
+    sents = args.batch_size * args.steps
+    peak = _peak(device, args.peak_tflops)
+    # Both views are encoded: 2 × tokens pass through the network each step.
+    mfu = (train_flops(cfg, 2 * padded, padded // sents) / secs / (peak * 1e12)) if peak else None
+    rows.append(("train sentemb simcse", sents / secs, tok / secs, 1000 * secs / args.steps, mfu))
+    if args.compare_st:
+        s2, t2 = bench_st(args.model, sentences, args.batch_size, args.steps, args.warmup, device, args.max_len,
+                          args.precision)
+        rows.append(("train sentence-transformers MNRL", sents / s2, t2 / s2, 1000 * s2 / args.steps, None))
+    es, en, et = bench_eval(args.model, sentences[: args.eval_sentences], args.eval_batch_size, device)
+    rows.append(("evaluate (encode, no truncation)", en / es, et / es, None, None))
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu x{torch.get_num_threads()} threads"
+    print(f"model {args.model} | device {name} | batch {args.batch_size} | max_len {args.max_len} | "
+          f"precision {args.precision} | {args.steps} timed steps after {args.warmup} warm-up")
+    print(f"{'what':<36} {'sentences/s':>12} {'tokens/s':>12} {'ms/step':>9} {'MFU':>7}")
+    for what, sps, tps, ms, u in rows:
+        print(f"{what:<36} {sps:>12.1f} {tps:>12.0f} {ms if ms is not None else float('nan'):>9.1f} "
+              f"{(f'{100 * u:.1f}%' if u is not None else '-'):>7}")
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("benchmark", help="training/evaluation throughput (and MFU on CUDA)")
+    p.add_argument("--model", required=True, help="HF model directory (pretrained or random-init)")
+    p.add_argument("--corpus", required=True, help="sentences, one per line")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--max-len", type=int, default=32)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--precision", default="auto", choices=["auto", "bf16", "fp16", "fp32"])
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--eval-sentences", type=int, default=2000)
+    p.add_argument("--eval-batch-size", type=int, default=128)
+    p.add_argument("--peak-tflops", type=float, default=None, help="device peak for MFU (default: by GPU name)")
+    p.add_argument("--compare-st", action="store_true", help="also time sentence-transformers' MNRL recipe")
+    p.set_defaults(func=_cmd_benchmark)

@@ -1,0 +1,70 @@
+"""Config validation: defaults filled from the schema, errors that name the key."""
+
+import pytest
+import yaml
+
+from sentemb import SentembError
+from sentemb.config import load_config, resolve_run
+
+REPO_CONFIGS = ["config/config.yaml", "config/demo.yaml", ".test/config.yaml"]
+
+
+@pytest.mark.parametrize("path", REPO_CONFIGS)
+def test_shipped_configs_validate(path, monkeypatch):
+    from conftest import REPO
+
+    monkeypatch.chdir(REPO)
+    cfg = load_config(REPO / path)
+    for run in cfg["runs"]:
+        r = resolve_run(cfg, run["name"], run["backbone"], cfg["seeds"][0])
+        assert r["train"]["batch_size"] >= 2 and r["method_args"]["temperature"] == 0.05
+
+
+def test_paper_config_follows_methods_md():
+    from conftest import REPO
+
+    cfg = load_config(REPO / "config/config.yaml")
+    bert = resolve_run(cfg, "simcse", "bert-base-uncased", 42)["train"]
+    roberta = resolve_run(cfg, "simcse", "roberta-base", 42)["train"]
+    assert (bert["batch_size"], bert["lr"], bert["max_len"], bert["eval_steps"]) == (64, 3e-5, 32, 125)
+    assert (roberta["batch_size"], roberta["lr"]) == (512, 1e-5)
+    assert bert["grad_clip"] == 1.0 and bert["warmup_ratio"] == 0 and bert["weight_decay"] == 0
+
+
+def _write(tmp_path, cfg):
+    p = tmp_path / "c.yaml"
+    p.write_text(yaml.safe_dump(cfg))
+    return p
+
+
+BASE = {"backbones": {"b": {"hub_id": "x/b"}}, "runs": [{"method": "simcse", "backbone": "b"}]}
+
+
+@pytest.mark.parametrize("patch,key", [
+    ({"train": {"lr": "fast"}}, "train.lr"),
+    ({"train": {"batch_size": 1}}, "train.batch_size"),
+    ({"evaluation": {"tasks": ["STS99"]}}, "evaluation.tasks[0]"),
+    ({"runs": [{"method": "simcse", "backbone": "nope"}]}, "runs[0].backbone"),
+    ({"runs": [{"method": "bogus", "backbone": "b"}]}, "runs[0].method"),
+    ({"trian": {}}, "<top level>"),
+    ({"runs": [{"method": "simcse", "backbone": "b", "train": {"lrr": 1}}]}, "runs[0].train"),
+])
+def test_errors_name_the_key(tmp_path, patch, key):
+    with pytest.raises(SentembError) as e:
+        load_config(_write(tmp_path, {**BASE, **patch}))
+    assert f"'{key}'" in str(e.value)
+
+
+def test_unknown_method_argument_is_rejected(tmp_path):
+    cfg = load_config(_write(tmp_path, {**BASE, "methods": {"simcse": {"temprature": 0.1}}}))
+    with pytest.raises(SentembError, match="temprature"):
+        resolve_run(cfg, "simcse", "b", 1)
+
+
+def test_not_yaml_and_missing_file(tmp_path):
+    p = tmp_path / "bad.yaml"
+    p.write_text("runs: [unclosed\n")
+    with pytest.raises(SentembError, match="not valid YAML"):
+        load_config(p)
+    with pytest.raises(SentembError, match="not found"):
+        load_config(tmp_path / "none.yaml")

@@ -1,0 +1,101 @@
+"""Integration: the Snakemake DAG end to end on the tiny config (.test/config.yaml), via the CLI.
+
+A randomly initialised 2-layer BERT with MiniLM's vocabulary, 192 real Wikipedia sentences, two
+seeds, the real SentEval STS sets from the mirror (../shared), MLflow on an embedded store.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from conftest import REPO
+
+pytestmark = [pytest.mark.integration, pytest.mark.realdata]
+SNAKEMAKE = [sys.executable, "-m", "snakemake"]
+TASKS = ["STS12", "STS13", "STS14", "STS15", "STS16", "STSBenchmark", "SICKRelatedness"]
+
+
+def smk(workdir: Path, *args, env=None, check=True):
+    cmd = [*SNAKEMAKE, "-s", str(REPO / "Snakefile"), "-d", str(workdir), "--configfile",
+           str(workdir / "config.yaml"), *args]
+    p = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=900)
+    if check and p.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} failed:\n{p.stdout[-4000:]}\n{p.stderr[-4000:]}")
+    return p
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory, shared):
+    d = tmp_path_factory.mktemp("dag")
+    shutil.copy(REPO / ".test" / "config.yaml", d / "config.yaml")
+    return d
+
+
+@pytest.fixture(scope="module")
+def env(shared):
+    return {"SENTEMB_MIRROR": str(shared), "MLFLOW_TRACKING_URI": "", "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+
+
+@pytest.fixture(scope="module")
+def ran(workdir, env):
+    smk(workdir, "--cores", "2", "results/table1.csv", env=env)
+    return workdir
+
+
+def test_lint_is_clean(workdir, env):
+    p = smk(workdir, "--lint", env=env, check=False)
+    assert p.returncode == 0, p.stdout + p.stderr
+
+
+def test_table1_from_the_dag(ran):
+    t = pd.read_csv(ran / "results" / "table1.csv")
+    assert list(t.columns) == ["name", "method", "backbone", *TASKS, "Avg", "std", "n_seeds"]
+    assert len(t) == 1 and t.loc[0, "n_seeds"] == 2 and t.loc[0, "backbone"] == "tiny-bert"
+    evals = [json.loads((ran / f"results/runs/simcse/tiny-bert/seed{s}/eval_sts.json").read_text()) for s in (1, 2)]
+    for task in TASKS:
+        assert t.loc[0, task] == pytest.approx(sum(e[task] for e in evals) / 2, abs=0.01)
+        assert -100 <= t.loc[0, task] <= 100
+    assert evals[0]["details"]["STS12"]["n"] == 3108 and evals[0]["details"]["SICKRelatedness"]["n"] == 4927
+    assert evals[0]["pooler"] == "cls_before_pooler"
+    assert (ran / "results" / "table1.md").read_text().count("| simcse |") == 1
+
+
+def test_every_job_is_an_mlflow_run(ran):
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{ran / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("sentemb-test")
+    runs = client.search_runs([exp.experiment_id])
+    rules = sorted(r.data.tags["rule"] for r in runs)
+    assert rules == ["evaluate", "evaluate", "train", "train"]
+    assert all(r.info.status == "FINISHED" for r in runs)
+    train_run = next(r for r in runs if r.data.tags["rule"] == "train")
+    assert {"method", "backbone", "seed", "name", "git_commit"} <= set(train_run.data.tags)
+    assert "dev/stsb_spearman" in train_run.data.metrics and "train/loss" in train_run.data.metrics
+    assert train_run.data.params["train.batch_size"] == "32"
+    ev = next(r for r in runs if r.data.tags["rule"] == "evaluate")
+    assert "test/avg" in ev.data.metrics
+
+
+def test_rerun_has_nothing_to_do(ran, env):
+    p = smk(ran, "-n", "results/table1.csv", env=env)
+    assert "Nothing to be done" in p.stdout + p.stderr
+
+
+def test_malformed_config_names_the_key(tmp_path, env):
+    cfg = (REPO / ".test" / "config.yaml").read_text().replace("lr: 1.0e-4", "lr: fast")
+    (tmp_path / "config.yaml").write_text(cfg)
+    p = smk(tmp_path, "-n", env=env, check=False)
+    assert p.returncode != 0 and "train.lr" in p.stdout + p.stderr
+
+
+def test_missing_mirror_is_a_clear_error(tmp_path, env):
+    shutil.copy(REPO / ".test" / "config.yaml", tmp_path / "config.yaml")
+    p = smk(tmp_path, "-n", env={**env, "SENTEMB_MIRROR": str(tmp_path / "nowhere")}, check=False)
+    assert p.returncode != 0 and "SENTEMB_MIRROR" in p.stdout + p.stderr and "does not exist" in p.stdout + p.stderr

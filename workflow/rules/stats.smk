@@ -1,0 +1,229 @@
+# Stage `stats`: corpus statistics computed once per corpus; training jobs only read them
+# (../shared/docs/methods.md §1-3). Thin rules around `sentemb stats-*` / `sentemb paraphrase*`
+# (sentemb.stats). Expects RES, RESULTS, LOGS, MIRROR, CORPUS, STATS_OUTPUTS and res() from
+# common.smk. Outputs, under results/stats/<corpus>/:
+#   token_freq.<backbone>.parquet   token frequency per backbone tokenizer (SARCSE)
+#   tfidf.parquet                   TF-IDF over the corpus (+ paraphrases if stats.tfidf_with_paraphrases)
+#   tfidf_para.parquet              TF-IDF over corpus + paraphrases (UNA's second vocabulary)
+#   rake_top<k>.parquet             RAKE top-k phrases per line (PaSeR; k = stats.rake_top_k)
+#   paraphrase/shard<i>of<n>.jsonl  paraphrase shards (GPU jobs, resumable), merged into
+#   paraphrases.txt                 one paraphrase per corpus line (UNA positives)
+#   summary.md / summary.json       human-readable summary for the report
+
+import shlex
+
+from sentemb.data import shell_options
+
+_STATS = config.get("stats", {})
+_PARA = {
+    "model": {"hub_id": "tuner007/pegasus_paraphrase"},
+    "shards": 4,
+    "batch_size": 32,
+    "num_beams": 10,
+    "max_length": 60,
+    **_STATS.get("paraphrase", {}),
+}
+PARA_MODEL = {"revision": None, "mirror_path": None, "sha256": None, "random_init": None, **_PARA["model"]}
+PARA_DIR = f"{RES}/paraphraser/{PARA_MODEL['hub_id'].rstrip('/').split('/')[-1]}"
+PARA_SHARDS = int(_PARA["shards"])
+RAKE_TOP_K = int(_STATS.get("rake_top_k", 5))
+TFIDF_WITH_PARAPHRASES = bool(_STATS.get("tfidf_with_paraphrases", False))
+STATS_DIR = f"{RESULTS}/stats/{{corpus}}"
+CORPUS_TXT = f"{RES}/corpus/{{corpus}}.txt"
+
+
+def _stats_path(corpus, name):
+    return f"{RESULTS}/stats/{corpus}/{name}"
+
+
+# What a method may list in `requires_stats`, as the path of that statistic for a training job.
+STATS_OUTPUTS.update(
+    {
+        "token_freq": lambda wc: _stats_path(CORPUS, f"token_freq.{wc.backbone}.parquet"),
+        "tfidf": lambda wc: _stats_path(CORPUS, "tfidf.parquet"),
+        "tfidf_para": lambda wc: _stats_path(CORPUS, "tfidf_para.parquet"),
+        "rake": lambda wc: _stats_path(CORPUS, f"rake_top{RAKE_TOP_K}.parquet"),
+        "paraphrases": lambda wc: _stats_path(CORPUS, "paraphrases.txt"),
+    }
+)
+
+
+def stats_targets(corpus=CORPUS, paraphrases=None):
+    """All statistics of a corpus (for `rule all` / the report). Paraphrases (GPU) are included
+    when asked for, when tfidf_with_paraphrases is set, or when a run's method needs them."""
+    from sentemb.methods import get_method
+
+    if paraphrases is None:
+        needed = {s for r in config["runs"] for s in get_method(r["method"]).requires_stats}
+        paraphrases = TFIDF_WITH_PARAPHRASES or bool(needed & {"paraphrases", "tfidf_para"})
+    out = [_stats_path(corpus, f"token_freq.{b}.parquet") for b in config["backbones"]]
+    out += [_stats_path(corpus, n) for n in ("tfidf.parquet", f"rake_top{RAKE_TOP_K}.parquet", "summary.md")]
+    if paraphrases:
+        out += [_stats_path(corpus, n) for n in ("paraphrases.txt", "tfidf_para.parquet")]
+    return out
+
+
+rule fetch_paraphraser:
+    """The seq2seq paraphrase model (default tuner007/pegasus_paraphrase), via `sentemb fetch-model`."""
+    output:
+        directory(PARA_DIR),
+    log:
+        f"{LOGS}/data/fetch_paraphraser.log",
+    params:
+        hub_id=PARA_MODEL["hub_id"],
+        opts=lambda wc: shell_options(
+            revision=PARA_MODEL["revision"],
+            sha256=PARA_MODEL["sha256"],
+            mirror=MIRROR,
+            mirror_path=PARA_MODEL["mirror_path"],
+            random_init=PARA_MODEL["random_init"],
+        ),
+    localrule: True
+    retries: 2
+    shell:
+        "sentemb fetch-model --output {output:q} --hub-id {params.hub_id:q} {params.opts} > {log:q} 2>&1"
+
+
+rule stats_token_freq:
+    input:
+        corpus=CORPUS_TXT,
+        model=f"{RES}/models/{{backbone}}",
+    output:
+        f"{STATS_DIR}/token_freq.{{backbone}}.parquet",
+    log:
+        f"{LOGS}/stats/{{corpus}}/token_freq.{{backbone}}.log",
+    benchmark:
+        f"benchmarks/stats/{{corpus}}/token_freq.{{backbone}}.tsv"
+    threads: res("stats", "cpus") or 1
+    resources:
+        runtime=res("stats", "runtime") or 60,
+        mem_mb=res("stats", "mem_mb") or 8000,
+    shell:
+        "RAYON_NUM_THREADS={threads} sentemb stats-freq --corpus {input.corpus:q} --tokenizer {input.model:q} "
+        "--output {output:q} > {log:q} 2>&1"
+
+
+rule stats_tfidf:
+    input:
+        corpus=CORPUS_TXT,
+        extra=lambda wc: [f"{RESULTS}/stats/{wc.corpus}/paraphrases.txt"] if TFIDF_WITH_PARAPHRASES else [],
+    output:
+        f"{STATS_DIR}/tfidf.parquet",
+    log:
+        f"{LOGS}/stats/{{corpus}}/tfidf.log",
+    benchmark:
+        f"benchmarks/stats/{{corpus}}/tfidf.tsv"
+    threads: res("stats", "cpus") or 1
+    resources:
+        runtime=res("stats", "runtime") or 60,
+        mem_mb=res("stats", "mem_mb") or 8000,
+    shell:
+        "sentemb stats-tfidf --corpus {input.corpus:q} --extra {input.extra:q} --workers {threads} "
+        "--output {output:q} > {log:q} 2>&1"
+
+
+rule stats_tfidf_para:
+    input:
+        corpus=CORPUS_TXT,
+        paraphrases=f"{STATS_DIR}/paraphrases.txt",
+    output:
+        f"{STATS_DIR}/tfidf_para.parquet",
+    log:
+        f"{LOGS}/stats/{{corpus}}/tfidf_para.log",
+    benchmark:
+        f"benchmarks/stats/{{corpus}}/tfidf_para.tsv"
+    threads: res("stats", "cpus") or 1
+    resources:
+        runtime=res("stats", "runtime") or 60,
+        mem_mb=res("stats", "mem_mb") or 8000,
+    shell:
+        "sentemb stats-tfidf --corpus {input.corpus:q} --extra {input.paraphrases:q} --workers {threads} "
+        "--output {output:q} > {log:q} 2>&1"
+
+
+rule stats_rake:
+    input:
+        corpus=CORPUS_TXT,
+        nltk=f"{RES}/nltk_data",
+    output:
+        f"{STATS_DIR}/rake_top{{k}}.parquet",
+    wildcard_constraints:
+        k=r"\d+",
+    log:
+        f"{LOGS}/stats/{{corpus}}/rake_top{{k}}.log",
+    benchmark:
+        f"benchmarks/stats/{{corpus}}/rake_top{{k}}.tsv"
+    threads: res("stats", "cpus") or 1
+    resources:
+        runtime=res("stats", "runtime") or 60,
+        mem_mb=res("stats", "mem_mb") or 8000,
+    shell:
+        "sentemb stats-rake --corpus {input.corpus:q} --nltk-data {input.nltk:q} --top-k {wildcards.k} "
+        "--workers {threads} --output {output:q} > {log:q} 2>&1"
+
+
+rule paraphrase_shard:
+    """One shard (lines i, i+n, ...) of the paraphrases; a killed job resumes from its checkpoint
+    (<output>.ckpt.jsonl, kept by Snakemake's cleanup since it is not a declared output)."""
+    input:
+        corpus=CORPUS_TXT,
+        model=PARA_DIR,
+    output:
+        f"{STATS_DIR}/paraphrase/shard{{shard}}of{{nshards}}.jsonl",
+    wildcard_constraints:
+        shard=r"\d+",
+        nshards=r"\d+",
+    log:
+        f"{LOGS}/stats/{{corpus}}/paraphrase_shard{{shard}}of{{nshards}}.log",
+    benchmark:
+        f"benchmarks/stats/{{corpus}}/paraphrase_shard{{shard}}of{{nshards}}.tsv"
+    params:
+        batch_size=_PARA["batch_size"],
+        num_beams=_PARA["num_beams"],
+        max_length=_PARA["max_length"],
+    threads: res("paraphrase", "cpus") or 1
+    resources:
+        gpu=res("paraphrase", "gpu") if res("paraphrase", "gpu") is not None else 1,
+        runtime=res("paraphrase", "runtime") or 480,
+        mem_mb=res("paraphrase", "mem_mb") or 16000,
+    shell:
+        "sentemb paraphrase --corpus {input.corpus:q} --model {input.model:q} --shard {wildcards.shard} "
+        "--num-shards {wildcards.nshards} --batch-size {params.batch_size} --num-beams {params.num_beams} "
+        "--max-length {params.max_length} --threads {threads} --output {output:q} >> {log:q} 2>&1"
+
+
+rule paraphrase_merge:
+    input:
+        corpus=CORPUS_TXT,
+        shards=expand(f"{STATS_DIR}/paraphrase/shard{{shard}}of{PARA_SHARDS}.jsonl",
+                      shard=range(PARA_SHARDS), allow_missing=True),
+    output:
+        f"{STATS_DIR}/paraphrases.txt",
+    log:
+        f"{LOGS}/stats/{{corpus}}/paraphrase_merge.log",
+    shell:
+        "sentemb paraphrase-merge --inputs {input.shards:q} --corpus {input.corpus:q} --output {output:q} "
+        "> {log:q} 2>&1"
+
+
+rule stats_summary:
+    input:
+        corpus=CORPUS_TXT,
+        freq=expand(f"{STATS_DIR}/token_freq.{{backbone}}.parquet", backbone=config["backbones"],
+                    allow_missing=True),
+        tfidf=f"{STATS_DIR}/tfidf.parquet",
+        rake=f"{STATS_DIR}/rake_top{RAKE_TOP_K}.parquet",
+        paraphrases=lambda wc: [f"{RESULTS}/stats/{wc.corpus}/paraphrases.txt"]
+        if any("paraphrases.txt" in p for p in stats_targets(wc.corpus))
+        else [],
+    output:
+        md=f"{STATS_DIR}/summary.md",
+        json=f"{STATS_DIR}/summary.json",
+    log:
+        f"{LOGS}/stats/{{corpus}}/summary.log",
+    params:
+        para=lambda wc, input: f"--paraphrases {shlex.quote(input.paraphrases[0])}" if input.paraphrases else "",
+        title=lambda wc: f"Corpus statistics: {wc.corpus}",
+    shell:
+        "sentemb stats-summary --corpus {input.corpus:q} --freq {input.freq:q} --tfidf {input.tfidf:q} "
+        "--rake {input.rake:q} {params.para} --title {params.title:q} --output {output.md:q} > {log:q} 2>&1"
