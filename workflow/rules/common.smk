@@ -1,5 +1,5 @@
 # Config validation, shared names and input functions. Rules stay thin: they call `sentemb`.
-import json
+import os
 
 from sentemb import SentembError
 from sentemb.config import mirror_dir, resolve_run, validate_config
@@ -45,6 +45,14 @@ def stats_inputs(wildcards):
     run = next(r for r in config["runs"] if r["name"] == wildcards.name and r["backbone"] == wildcards.backbone)
     needed = get_method(run["method"]).requires_stats
     return {k: STATS_OUTPUTS[k](wildcards) for k in needed}
+
+
+def eval_pooler(wildcards):
+    """The run's evaluation pooler: config evaluation.pooler, else what its method exports."""
+    if config["evaluation"]["pooler"]:
+        return config["evaluation"]["pooler"]
+    run = run_of(wildcards)
+    return get_method(run["method"]).pooler_for(run["method_args"])
 
 
 def eval_outputs():

@@ -25,6 +25,8 @@ rule fetch_corpus:
         ),
     localrule: True
     retries: 2
+    conda:
+        "../envs/sentemb.yaml"
     shell:
         "sentemb fetch-corpus --output {output:q} --hub-repo {params.repo:q} --hub-file {params.file:q} "
         "{params.opts} > {log:q} 2>&1"
@@ -45,6 +47,8 @@ rule prepare_corpus:
             max_sentences=config["corpus"]["max_sentences"], seed=config["corpus"]["sample_seed"]
         ),
         skip="--skip-bad-lines" if config["corpus"]["skip_bad_lines"] else "",
+    conda:
+        "../envs/sentemb.yaml"
     shell:
         "sentemb prepare-corpus --input {input:q} --output {output.corpus:q} {params.opts} {params.skip} "
         "> {log:q} 2>&1"
@@ -64,6 +68,8 @@ rule fetch_senteval:
         ),
     localrule: True
     retries: 2
+    conda:
+        "../envs/sentemb.yaml"
     shell:
         "sentemb fetch-senteval --output {output:q} {params.opts} > {log:q} 2>&1"
 
@@ -76,6 +82,8 @@ rule fetch_senteval_raw:
     params:
         opts=lambda wc: shell_options(mirror=MIRROR, mirror_path=config["senteval"]["raw_mirror_path"]),
     localrule: True
+    conda:
+        "../envs/sentemb.yaml"
     shell:
         "sentemb fetch-senteval --raw --output {output:q} {params.opts} > {log:q} 2>&1"
 
@@ -98,6 +106,8 @@ rule fetch_model:
         ),
     localrule: True
     retries: 2
+    conda:
+        "../envs/sentemb.yaml"
     shell:
         "sentemb fetch-model --output {output:q} --hub-id {params.hub_id:q} {params.opts} > {log:q} 2>&1"
 
@@ -111,5 +121,7 @@ rule fetch_nltk:
         opts=lambda wc: shell_options(mirror=MIRROR),
     localrule: True
     retries: 2
+    conda:
+        "../envs/sentemb.yaml"
     shell:
         "sentemb fetch-nltk --output {output:q} {params.opts} > {log:q} 2>&1"

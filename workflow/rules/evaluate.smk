@@ -1,13 +1,6 @@
 # Stage `evaluate`: STS under the SentEval protocol (methods.md §0) for every trained run.
 
 
-def eval_pooler(wildcards):
-    if config["evaluation"]["pooler"]:
-        return config["evaluation"]["pooler"]
-    run = run_of(wildcards)
-    return get_method(run["method"]).pooler_for(run["method_args"])
-
-
 rule evaluate:
     input:
         model=f"{RUN_DIR}/model",
@@ -36,6 +29,8 @@ rule evaluate:
         gpu=res("evaluate", "gpu") or 0,
         runtime=res("evaluate", "runtime") or 60,
         mem_mb=res("evaluate", "mem_mb") or 8000,
+    conda:
+        "../envs/sentemb.yaml"
     shell:
         "sentemb evaluate --model {input.model} --pooler {params.pooler} --data-dir {input.data}"
         " --tasks {params.tasks} --setting {params.setting} --batch-size {params.batch_size}"

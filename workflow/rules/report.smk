@@ -10,5 +10,7 @@ rule table1:
     log:
         f"{LOGS}/table1.log",
     localrule: True
+    conda:
+        "../envs/sentemb.yaml"
     shell:
         "sentemb table --inputs {input} --output {output.csv} --markdown {output.md} > {log} 2>&1"

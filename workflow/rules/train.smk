@@ -7,12 +7,15 @@ rule init_tracking:
     output:
         TRACKING_MARKER,
     params:
+        experiment=config["experiment"],
         uri=f"--tracking-uri {config['tracking']['uri']}" if config["tracking"]["uri"] else "",
     log:
         f"{LOGS}/init_tracking.log",
     localrule: True
+    conda:
+        "../envs/sentemb.yaml"
     shell:
-        "sentemb init-tracking --experiment {config[experiment]} {params.uri} --output {output} > {log} 2>&1"
+        "sentemb init-tracking --experiment {params.experiment} {params.uri} --output {output} > {log} 2>&1"
 
 
 rule run_config:
@@ -42,7 +45,7 @@ rule train:
         model=directory(f"{RUN_DIR}/model"),
         summary=f"{RUN_DIR}/train.json",
     params:
-        outdir=RUN_DIR,
+        outdir=lambda wildcards, output: os.path.dirname(output.summary),
     log:
         f"{LOGS}/train/{{name}}/{{backbone}}/seed{{seed}}.log",
     benchmark:
@@ -52,5 +55,7 @@ rule train:
         gpu=res("train", "gpu") or 0,
         runtime=res("train", "runtime") or 240,
         mem_mb=res("train", "mem_mb") or 16000,
+    conda:
+        "../envs/sentemb.yaml"
     shell:
         "sentemb train --run-config {input.run} --output-dir {params.outdir} --quiet > {log} 2>&1"
