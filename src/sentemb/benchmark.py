@@ -80,7 +80,11 @@ def bench_sentemb(model_dir, sentences, batch_size, steps, warmup, device, max_l
 def bench_st(model_dir, sentences, batch_size, steps, warmup, device, max_len, precision):
     import torch
     from sentence_transformers import SentenceTransformer
-    from sentence_transformers.losses import MultipleNegativesRankingLoss
+
+    try:  # sentence-transformers >= 6
+        from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
+    except ImportError:
+        from sentence_transformers.losses import MultipleNegativesRankingLoss
 
     from .train import _precision
 
@@ -98,7 +102,8 @@ def bench_st(model_dir, sentences, batch_size, steps, warmup, device, max_len, p
             _sync(device)
             t0 = time.perf_counter()
         s = sentences[(i * batch_size) % len(sentences):][:batch_size]
-        feats = {k: v.to(device) for k, v in model.tokenize(s).items()}
+        prep = model.preprocess if hasattr(model, "preprocess") else model.tokenize
+        feats = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in prep(s).items()}
         with torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
             loss = loss_fn([feats, dict(feats)], None)
         loss.backward()
