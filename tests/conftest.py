@@ -59,10 +59,12 @@ def tiny_bert_dir(tmp_path_factory) -> Path:
     from transformers import BertConfig, BertModel, BertTokenizerFast
 
     d = tmp_path_factory.mktemp("tiny_bert")
-    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + sorted(set(TINY_WORDS))
-    vocab += [f"##{c}" for c in "abcdefghijklmnopqrstuvwxyz"] + list("abcdefghijklmnopqrstuvwxyz.,'")
+    chars = [c for c in "abcdefghijklmnopqrstuvwxyz.,'" if c not in TINY_WORDS]
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + sorted(set(TINY_WORDS)) + chars
+    vocab += [f"##{c}" for c in "abcdefghijklmnopqrstuvwxyz"]
     (d / "vocab.txt").write_text("\n".join(vocab) + "\n")
-    tok = BertTokenizerFast(vocab_file=str(d / "vocab.txt"), do_lower_case=True)
+    tok = BertTokenizerFast(vocab=str(d / "vocab.txt"), do_lower_case=True)  # transformers 5: `vocab=`
+    assert tok("the dog")["input_ids"][1:-1] == [vocab.index("the"), vocab.index("dog")]
     tok.save_pretrained(d)
     torch.manual_seed(0)
     cfg = BertConfig(

@@ -35,7 +35,7 @@ CORPUS = [
     "The cat eats food: apple, apple and apple.",
 ]
 
-STOPWORDS = "a an the and is are in on by this these of to was for".split()
+STOPWORDS = ["a", "an", "the", "and", "is", "are", "in", "on", "by", "this", "these", "of", "to", "was", "for"]
 
 
 def write_corpus(path: Path, lines) -> Path:
@@ -352,6 +352,27 @@ def test_paraphrase_killed_subprocess_resumes_identically(tiny_pegasus, tmp_path
     assert out.read_bytes() == ref.read_bytes()
 
 
+@pytest.mark.parametrize("stat", ["freq", "tfidf", "rake", "paraphrase"])
+def test_non_utf8_line_is_named_and_leaves_no_output(stat, tiny_tok_dir, tiny_nltk_data, tiny_pegasus, tmp_path):
+    from sentemb.stats.frequency import write_token_frequencies
+    from sentemb.stats.paraphrase import paraphrase_shard
+    from sentemb.stats.rake import write_rake
+    from sentemb.stats.tfidf import write_tfidf
+
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"a man plays\n\nthe dog\ncaf\xe9 latin-1\n")
+    out = tmp_path / "out"
+    run = {
+        "freq": lambda: write_token_frequencies(bad, tiny_tok_dir, out),
+        "tfidf": lambda: write_tfidf([bad], out, workers=2, chunk_size=1),
+        "rake": lambda: write_rake(bad, tiny_nltk_data, out, workers=2, chunk_size=1),
+        "paraphrase": lambda: paraphrase_shard(bad, tiny_pegasus, out, **PARA_KW),
+    }[stat]
+    with pytest.raises(SentembError, match=r"bad\.txt:4: line 4 is not valid UTF-8"):
+        run()
+    assert not out.exists() and [p.name for p in tmp_path.iterdir()] == ["bad.txt"]
+
+
 # ---------------------------------------------------------------- summary and CLI
 
 
@@ -379,6 +400,24 @@ def test_cli_and_summary(corpus, tiny_tok_dir, tiny_nltk_data, tmp_path):
     bad = tmp_path / "bad.txt"
     bad.write_bytes(b"x\n\xff\n")
     assert main(["stats-tfidf", "--corpus", str(bad), "--workers", "1", "--output", str(d / "x.parquet")]) == 2
+
+
+def test_stats_settings_and_targets():
+    from sentemb.stats import stats_settings, stats_targets
+
+    cfg = {"results_dir": "res", "corpus": {"name": "c"}, "backbones": {"bert": {}, "roberta": {}},
+           "runs": [{"method": "simcse", "backbone": "bert"}]}
+    s = stats_settings(cfg)
+    assert s["rake_top_k"] == 5 and s["paraphrase"]["num_beams"] == 10
+    assert s["paraphrase"]["model"]["hub_id"] == "tuner007/pegasus_paraphrase"
+    assert s["paraphrase"]["model_name"] == "pegasus_paraphrase" and s["paraphrase"]["enabled"] is False
+    assert stats_targets(cfg) == ["res/stats/c/token_freq.bert.parquet", "res/stats/c/token_freq.roberta.parquet",
+                                  "res/stats/c/tfidf.parquet", "res/stats/c/rake_top5.parquet",
+                                  "res/stats/c/summary.md"]
+    cfg["stats"] = {"tfidf_with_paraphrases": True, "rake_top_k": 3}
+    assert stats_settings(cfg)["paraphrase"]["enabled"] is True
+    assert stats_targets(cfg)[-2:] == ["res/stats/c/paraphrases.txt", "res/stats/c/tfidf_para.parquet"]
+    assert "res/stats/c/rake_top3.parquet" in stats_targets(cfg)
 
 
 # ---------------------------------------------------------------- real data

@@ -22,8 +22,8 @@ TASKS = ["STS12", "STS13", "STS14", "STS15", "STS16", "STSBenchmark", "SICKRelat
 
 
 def smk(workdir: Path, *args, env=None, check=True):
-    cmd = [*SNAKEMAKE, "-s", str(REPO / "Snakefile"), "-d", str(workdir), "--configfile",
-           str(workdir / "config.yaml"), *args]
+    cmd = [*SNAKEMAKE, "-s", str(REPO / "Snakefile"), "-d", str(workdir), f"--configfile={workdir / 'config.yaml'}",
+           *args]
     p = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=900)
     if check and p.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} failed:\n{p.stdout[-4000:]}\n{p.stderr[-4000:]}")
@@ -44,7 +44,7 @@ def env(shared):
 
 @pytest.fixture(scope="module")
 def ran(workdir, env):
-    smk(workdir, "--cores", "2", "results/table1.csv", env=env)
+    smk(workdir, "--cores", "2", "results/table1.csv", "stats", env=env)
     return workdir
 
 
@@ -64,6 +64,15 @@ def test_table1_from_the_dag(ran):
     assert evals[0]["details"]["STS12"]["n"] == 3108 and evals[0]["details"]["SICKRelatedness"]["n"] == 4927
     assert evals[0]["pooler"] == "cls_before_pooler"
     assert (ran / "results" / "table1.md").read_text().count("| simcse |") == 1
+
+
+def test_stats_stage_in_the_dag(ran):
+    stats = ran / "results" / "stats" / "wiki-tiny"
+    freq = pd.read_parquet(stats / "token_freq.tiny-bert.parquet")
+    assert freq["freq"].sum() == pytest.approx(1.0)
+    assert len(pd.read_parquet(stats / "rake_top5.parquet")) == 192  # line-aligned with the corpus
+    assert len(pd.read_parquet(stats / "tfidf.parquet")) > 100
+    assert (stats / "summary.md").is_file()
 
 
 def test_every_job_is_an_mlflow_run(ran):

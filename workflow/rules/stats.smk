@@ -13,54 +13,29 @@
 import shlex
 
 from sentemb.data import shell_options
+from sentemb.stats import stats_settings, stats_targets
 
-_STATS = config.get("stats", {})
-_PARA = {
-    "model": {"hub_id": "tuner007/pegasus_paraphrase"},
-    "shards": 4,
-    "batch_size": 32,
-    "num_beams": 10,
-    "max_length": 60,
-    **_STATS.get("paraphrase", {}),
-}
-PARA_MODEL = {"revision": None, "mirror_path": None, "sha256": None, "random_init": None, **_PARA["model"]}
-PARA_DIR = f"{RES}/paraphraser/{PARA_MODEL['hub_id'].rstrip('/').split('/')[-1]}"
+STATS = stats_settings(config)  # config section `stats` with defaults (sentemb.stats.stats_settings)
+_PARA = STATS["paraphrase"]
+PARA_MODEL = _PARA["model"]
+PARA_DIR = f"{RES}/paraphraser/{_PARA['model_name']}"
 PARA_SHARDS = int(_PARA["shards"])
-RAKE_TOP_K = int(_STATS.get("rake_top_k", 5))
-TFIDF_WITH_PARAPHRASES = bool(_STATS.get("tfidf_with_paraphrases", False))
+RAKE_TOP_K = int(STATS["rake_top_k"])
 STATS_DIR = f"{RESULTS}/stats/{{corpus}}"
 CORPUS_TXT = f"{RES}/corpus/{{corpus}}.txt"
-
-
-def _stats_path(corpus, name):
-    return f"{RESULTS}/stats/{corpus}/{name}"
-
+# All statistics of the configured corpus, for `rule all` (paraphrases only if enabled).
+STATS_TARGETS = stats_targets(config)
 
 # What a method may list in `requires_stats`, as the path of that statistic for a training job.
 STATS_OUTPUTS.update(
     {
-        "token_freq": lambda wc: _stats_path(CORPUS, f"token_freq.{wc.backbone}.parquet"),
-        "tfidf": lambda wc: _stats_path(CORPUS, "tfidf.parquet"),
-        "tfidf_para": lambda wc: _stats_path(CORPUS, "tfidf_para.parquet"),
-        "rake": lambda wc: _stats_path(CORPUS, f"rake_top{RAKE_TOP_K}.parquet"),
-        "paraphrases": lambda wc: _stats_path(CORPUS, "paraphrases.txt"),
+        "token_freq": lambda wc: f"{RESULTS}/stats/{CORPUS}/token_freq.{wc.backbone}.parquet",
+        "tfidf": lambda wc: f"{RESULTS}/stats/{CORPUS}/tfidf.parquet",
+        "tfidf_para": lambda wc: f"{RESULTS}/stats/{CORPUS}/tfidf_para.parquet",
+        "rake": lambda wc: f"{RESULTS}/stats/{CORPUS}/rake_top{RAKE_TOP_K}.parquet",
+        "paraphrases": lambda wc: f"{RESULTS}/stats/{CORPUS}/paraphrases.txt",
     }
 )
-
-
-def stats_targets(corpus=CORPUS, paraphrases=None):
-    """All statistics of a corpus (for `rule all` / the report). Paraphrases (GPU) are included
-    when asked for, when tfidf_with_paraphrases is set, or when a run's method needs them."""
-    from sentemb.methods import get_method
-
-    if paraphrases is None:
-        needed = {s for r in config["runs"] for s in get_method(r["method"]).requires_stats}
-        paraphrases = TFIDF_WITH_PARAPHRASES or bool(needed & {"paraphrases", "tfidf_para"})
-    out = [_stats_path(corpus, f"token_freq.{b}.parquet") for b in config["backbones"]]
-    out += [_stats_path(corpus, n) for n in ("tfidf.parquet", f"rake_top{RAKE_TOP_K}.parquet", "summary.md")]
-    if paraphrases:
-        out += [_stats_path(corpus, n) for n in ("paraphrases.txt", "tfidf_para.parquet")]
-    return out
 
 
 rule fetch_paraphraser:
@@ -80,6 +55,8 @@ rule fetch_paraphraser:
         ),
     localrule: True
     retries: 2
+    conda:
+        "../envs/sentemb.yaml"
     shell:
         "sentemb fetch-model --output {output:q} --hub-id {params.hub_id:q} {params.opts} > {log:q} 2>&1"
 
@@ -98,6 +75,8 @@ rule stats_token_freq:
     resources:
         runtime=res("stats", "runtime") or 60,
         mem_mb=res("stats", "mem_mb") or 8000,
+    conda:
+        "../envs/sentemb.yaml"
     shell:
         "RAYON_NUM_THREADS={threads} sentemb stats-freq --corpus {input.corpus:q} --tokenizer {input.model:q} "
         "--output {output:q} > {log:q} 2>&1"
@@ -106,7 +85,7 @@ rule stats_token_freq:
 rule stats_tfidf:
     input:
         corpus=CORPUS_TXT,
-        extra=lambda wc: [f"{RESULTS}/stats/{wc.corpus}/paraphrases.txt"] if TFIDF_WITH_PARAPHRASES else [],
+        extra=lambda wc: [f"{RESULTS}/stats/{wc.corpus}/paraphrases.txt"] if STATS["tfidf_with_paraphrases"] else [],
     output:
         f"{STATS_DIR}/tfidf.parquet",
     log:
@@ -117,6 +96,8 @@ rule stats_tfidf:
     resources:
         runtime=res("stats", "runtime") or 60,
         mem_mb=res("stats", "mem_mb") or 8000,
+    conda:
+        "../envs/sentemb.yaml"
     shell:
         "sentemb stats-tfidf --corpus {input.corpus:q} --extra {input.extra:q} --workers {threads} "
         "--output {output:q} > {log:q} 2>&1"
@@ -136,6 +117,8 @@ rule stats_tfidf_para:
     resources:
         runtime=res("stats", "runtime") or 60,
         mem_mb=res("stats", "mem_mb") or 8000,
+    conda:
+        "../envs/sentemb.yaml"
     shell:
         "sentemb stats-tfidf --corpus {input.corpus:q} --extra {input.paraphrases:q} --workers {threads} "
         "--output {output:q} > {log:q} 2>&1"
@@ -157,6 +140,8 @@ rule stats_rake:
     resources:
         runtime=res("stats", "runtime") or 60,
         mem_mb=res("stats", "mem_mb") or 8000,
+    conda:
+        "../envs/sentemb.yaml"
     shell:
         "sentemb stats-rake --corpus {input.corpus:q} --nltk-data {input.nltk:q} --top-k {wildcards.k} "
         "--workers {threads} --output {output:q} > {log:q} 2>&1"
@@ -186,6 +171,8 @@ rule paraphrase_shard:
         gpu=res("paraphrase", "gpu") if res("paraphrase", "gpu") is not None else 1,
         runtime=res("paraphrase", "runtime") or 480,
         mem_mb=res("paraphrase", "mem_mb") or 16000,
+    conda:
+        "../envs/sentemb.yaml"
     shell:
         "sentemb paraphrase --corpus {input.corpus:q} --model {input.model:q} --shard {wildcards.shard} "
         "--num-shards {wildcards.nshards} --batch-size {params.batch_size} --num-beams {params.num_beams} "
@@ -201,6 +188,8 @@ rule paraphrase_merge:
         f"{STATS_DIR}/paraphrases.txt",
     log:
         f"{LOGS}/stats/{{corpus}}/paraphrase_merge.log",
+    conda:
+        "../envs/sentemb.yaml"
     shell:
         "sentemb paraphrase-merge --inputs {input.shards:q} --corpus {input.corpus:q} --output {output:q} "
         "> {log:q} 2>&1"
@@ -213,9 +202,7 @@ rule stats_summary:
                     allow_missing=True),
         tfidf=f"{STATS_DIR}/tfidf.parquet",
         rake=f"{STATS_DIR}/rake_top{RAKE_TOP_K}.parquet",
-        paraphrases=lambda wc: [f"{RESULTS}/stats/{wc.corpus}/paraphrases.txt"]
-        if any("paraphrases.txt" in p for p in stats_targets(wc.corpus))
-        else [],
+        paraphrases=lambda wc: [f"{RESULTS}/stats/{wc.corpus}/paraphrases.txt"] if _PARA["enabled"] else [],
     output:
         md=f"{STATS_DIR}/summary.md",
         json=f"{STATS_DIR}/summary.json",
@@ -224,6 +211,8 @@ rule stats_summary:
     params:
         para=lambda wc, input: f"--paraphrases {shlex.quote(input.paraphrases[0])}" if input.paraphrases else "",
         title=lambda wc: f"Corpus statistics: {wc.corpus}",
+    conda:
+        "../envs/sentemb.yaml"
     shell:
         "sentemb stats-summary --corpus {input.corpus:q} --freq {input.freq:q} --tfidf {input.tfidf:q} "
         "--rake {input.rake:q} {params.para} --title {params.title:q} --output {output.md:q} > {log:q} 2>&1"

@@ -17,9 +17,9 @@ has no TF-IDF terms and is not a document, gets no RAKE phrases, and an empty pa
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable, Iterator
 from itertools import islice
 from pathlib import Path
-from typing import Iterable, Iterator
 
 from .. import SentembError
 
@@ -87,7 +87,10 @@ def parallel_map(fn, items: Iterable, workers: int, initializer=None, initargs=(
     import multiprocessing as mp
     from collections import deque
 
-    ctx = mp.get_context("forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn")
+    # fork: workers start in milliseconds with NLTK already imported (forkserver/spawn re-import it,
+    # ~2 s each, and cannot start from a stdin script). Workers run pure-Python code only (no
+    # torch/tokenizers), so the parent's native thread pools are no hazard.
+    ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
     with ctx.Pool(workers, initializer=initializer, initargs=initargs) as pool:
         pending: deque = deque()
         for item in items:
@@ -122,3 +125,44 @@ def read_metadata(path: str | os.PathLike) -> dict:
 
     meta = pq.read_schema(path).metadata or {}
     return json.loads(meta[b"sentemb"]) if b"sentemb" in meta else {}
+
+
+# ----------------------------------------------------------------------------- workflow settings
+
+DEFAULT_PARAPHRASER = "tuner007/pegasus_paraphrase"
+
+
+def stats_settings(config: dict) -> dict:
+    """The config section ``stats`` with defaults filled in (used by workflow/rules/stats.smk).
+
+    ``paraphrase.enabled`` is resolved to a bool: if unset (null), paraphrases are made when
+    ``tfidf_with_paraphrases`` is set or a configured run's method lists "paraphrases" or
+    "tfidf_para" in ``requires_stats``. ``paraphrase.model_name`` names the model's directory.
+    """
+    s = dict(config.get("stats") or {})
+    s.setdefault("rake_top_k", 5)
+    s.setdefault("tfidf_with_paraphrases", False)
+    para = {"enabled": None, "shards": 4, "batch_size": 32, "num_beams": 10, "max_length": 60,
+            **(s.get("paraphrase") or {})}
+    para["model"] = {"hub_id": DEFAULT_PARAPHRASER, "revision": None, "mirror_path": None,
+                     "sha256": None, "random_init": None, **(para.get("model") or {})}
+    para["model_name"] = para["model"]["hub_id"].rstrip("/").split("/")[-1]
+    if para["enabled"] is None:
+        from ..methods import get_method
+
+        needed = {n for r in config.get("runs", []) for n in get_method(r["method"]).requires_stats}
+        para["enabled"] = bool(s["tfidf_with_paraphrases"] or needed & {"paraphrases", "tfidf_para"})
+    s["paraphrase"] = para
+    return s
+
+
+def stats_targets(config: dict, corpus: str | None = None, paraphrases: bool | None = None) -> list[str]:
+    """Paths of all statistics of ``corpus`` (default: the configured corpus) for ``rule all``;
+    the paraphrase outputs only if ``paraphrases`` (default: ``stats.paraphrase.enabled``)."""
+    s = stats_settings(config)
+    base = f"{config['results_dir']}/stats/{corpus or config['corpus']['name']}"
+    names = [f"token_freq.{b}.parquet" for b in config["backbones"]]
+    names += ["tfidf.parquet", f"rake_top{s['rake_top_k']}.parquet", "summary.md"]
+    if s["paraphrase"]["enabled"] if paraphrases is None else paraphrases:
+        names += ["paraphrases.txt", "tfidf_para.parquet"]
+    return [f"{base}/{n}" for n in names]

@@ -25,8 +25,8 @@ import contextlib
 import json
 import logging
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from .. import SentembError
 from . import count_corpus_lines, iter_lines
@@ -103,7 +103,7 @@ class Paraphraser:
                          if self.device.type == "cuda" else contextlib.nullcontext())
 
     @classmethod
-    def from_pretrained(cls, model_dir, **kw) -> "Paraphraser":
+    def from_pretrained(cls, model_dir, **kw) -> Paraphraser:
         from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
         if not (Path(model_dir) / "config.json").is_file():
@@ -234,8 +234,7 @@ def paraphrase_shard(corpus, model_dir, output, shard: int = 0, num_shards: int 
     for b, texts in done.items():
         result.update(zip(plan[b], texts))
     with atomic_path(output) as tmp, open(tmp, "w", encoding="utf-8") as f:
-        for i in sorted(result):
-            f.write(json.dumps({"line": i, "text": result[i]}, ensure_ascii=False) + "\n")
+        f.writelines(json.dumps({"line": i, "text": result[i]}, ensure_ascii=False) + "\n" for i in sorted(result))
     ckpt.unlink()
     return {"finished": True, "lines": len(mine), "batches": len(plan), "new_batches": new}
 

@@ -9,9 +9,9 @@ distribution (§2) and the paraphrase/original length ratio in words (§3).
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from statistics import mean, median
-from typing import Sequence
 
 from . import iter_lines, read_metadata
 

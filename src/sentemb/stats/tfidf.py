@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import math
 import os
-from typing import Sequence
+from collections.abc import Sequence
 
 from . import chunked, default_workers, iter_lines, parallel_map, write_parquet
 
