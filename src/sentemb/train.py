@@ -217,7 +217,7 @@ def train(run: dict, out_dir: str | Path, *, progress: bool = True, stop_after: 
                     terms = step_fn(batch)
                 loss = terms["loss"]
                 if not torch.isfinite(loss):
-                    shown = {key: float(v) for key, v in terms.items()}
+                    shown = {key: float(v.detach()) for key, v in terms.items()}
                     raise SentembError(f"run '{run['name']}' seed {seed}: loss is {float(loss)} at step {step + 1} "
                                        f"(terms {shown}); lower the learning rate or train in fp32")
                 scaler.scale(loss / accum).backward()
