@@ -70,7 +70,9 @@ def test_resume_after_kill_gives_identical_model(tiny_bert_dir, tiny_corpus, tin
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_nan_loss_is_a_clear_error_and_leaves_no_output(tiny_bert_dir, tiny_corpus, tiny_senteval, tmp_path, monkeypatch):
+@pytest.mark.parametrize("log_steps", [1, 4], ids=["checked-every-step", "checked-at-log-step"])
+def test_nan_loss_is_a_clear_error_and_leaves_no_output(tiny_bert_dir, tiny_corpus, tiny_senteval, tmp_path,
+                                                        monkeypatch, log_steps):
     from sentemb.methods.simcse import SimCSE
 
     orig = SimCSE.losses
@@ -86,7 +88,8 @@ def test_nan_loss_is_a_clear_error_and_leaves_no_output(tiny_bert_dir, tiny_corp
     monkeypatch.setattr(SimCSE, "losses", bad)
     out = tmp_path / "run"
     with pytest.raises(SentembError, match=r"loss is nan at step 3"):
-        train(run_cfg(tiny_bert_dir, tiny_corpus, tiny_senteval), out, progress=False)
+        train(run_cfg(tiny_bert_dir, tiny_corpus, tiny_senteval, log_steps=log_steps, eval_steps=100), out,
+              progress=False)
     assert not (out / "model").exists() and not (out / "train.json").exists()
 
 

@@ -185,6 +185,7 @@ def train(run: dict, out_dir: str | Path, *, progress: bool = True, stop_after: 
         return dev
 
     def save_state() -> None:
+        check_finite()  # never checkpoint weights that a non-finite loss has touched
         with atomic_path(state_file) as tmp:
             torch.save({"method": method.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
                         "scaler": scaler.state_dict(), "step": step, "best": best, "history": history,
@@ -195,8 +196,22 @@ def train(run: dict, out_dir: str | Path, *, progress: bool = True, stop_after: 
     tracker = Tracker(uri=trk.get("uri"), experiment=run.get("experiment", "sentemb"), enabled=trk.get("enabled", True),
                       run_name=f"train/{run['name']}/{run['backbone']}/seed{seed}", tags=tags, params=run)
     method.train()
-    sum_terms: dict[str, float] = {}
+    sum_terms: dict[str, torch.Tensor] = {}
     n_terms = n_sent = n_tok = 0
+    pending: list[tuple[int, torch.Tensor, dict]] = []  # (step, loss finite?, terms) not yet checked
+
+    def check_finite() -> None:
+        """Raise on the first non-finite loss since the last check (one device sync per check, so
+        the GPU is not stalled every step); runs before every log, evaluation and checkpoint."""
+        if not pending:
+            return
+        flags = torch.stack([f for _, f, _ in pending]).cpu()
+        if not bool(flags.all()):
+            bad_step, _, terms = pending[int((~flags).nonzero()[0])]
+            shown = {key: float(v) for key, v in terms.items()}
+            raise SentembError(f"run '{run['name']}' seed {seed}: loss is {shown['loss']} at step {bad_step} "
+                               f"(terms {shown}); lower the learning rate or train in fp32")
+        pending.clear()
     t_log = t_start = time.perf_counter()
     bar = None
     if progress:
@@ -216,13 +231,11 @@ def train(run: dict, out_dir: str | Path, *, progress: bool = True, stop_after: 
                 with torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
                     terms = step_fn(batch)
                 loss = terms["loss"]
-                if not torch.isfinite(loss):
-                    shown = {key: float(v.detach()) for key, v in terms.items()}
-                    raise SentembError(f"run '{run['name']}' seed {seed}: loss is {float(loss)} at step {step + 1} "
-                                       f"(terms {shown}); lower the learning rate or train in fp32")
                 scaler.scale(loss / accum).backward()
-                for key, v in terms.items():
-                    sum_terms[key] = sum_terms.get(key, 0.0) + float(v.detach())
+                detached = {key: v.detach() for key, v in terms.items()}
+                pending.append((step + 1, torch.isfinite(loss.detach()), detached))  # checked without a sync
+                for key, v in detached.items():
+                    sum_terms[key] = sum_terms[key] + v if key in sum_terms else v
                 n_terms += 1
             if tc.get("grad_clip"):
                 scaler.unscale_(opt)
@@ -235,9 +248,10 @@ def train(run: dict, out_dir: str | Path, *, progress: bool = True, stop_after: 
             if bar is not None:
                 bar.update(1)
             if step % tc["log_steps"] == 0 or step == total:
+                check_finite()
                 now = time.perf_counter()
                 dt = now - t_log
-                metrics = {f"train/{key}": v / n_terms for key, v in sum_terms.items()}
+                metrics = {f"train/{key}": float(v) / n_terms for key, v in sum_terms.items()}
                 metrics.update({"train/lr": sched.get_last_lr()[0], "train/sentences_per_s": n_sent / dt,
                                 "train/tokens_per_s": n_tok / dt})
                 tracker.log_metrics(metrics, step)
@@ -246,6 +260,7 @@ def train(run: dict, out_dir: str | Path, *, progress: bool = True, stop_after: 
                 sum_terms, n_terms, n_sent, n_tok = {}, 0, 0, 0
                 t_log = now
             if step % tc["eval_steps"] == 0 or (step == total and tc["eval_at_end"]):
+                check_finite()
                 t0 = time.perf_counter()
                 dev = evaluate_and_keep()
                 method.train()
