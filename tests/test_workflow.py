@@ -39,7 +39,9 @@ def workdir(tmp_path_factory, shared):
 
 @pytest.fixture(scope="module")
 def env(shared):
-    return {"SENTEMB_MIRROR": str(shared), "MLFLOW_TRACKING_URI": "", "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    # PATH without the virtual environment's bin: the rules must find `sentemb` without an activated venv.
+    path = os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep) if p != str(Path(sys.executable).parent))
+    return {"SENTEMB_MIRROR": str(shared), "MLFLOW_TRACKING_URI": "", "PATH": path}
 
 
 @pytest.fixture(scope="module")

@@ -98,3 +98,15 @@ def sha256_file(path: str | os.PathLike) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+def expose_cli() -> None:
+    """Put this interpreter's scripts directory (where the ``sentemb`` command is installed) on PATH,
+    so workflow rules find ``sentemb`` when Snakemake runs from a virtual environment that is not
+    activated (``.venv/bin/snakemake ...``). Child processes inherit it."""
+    import sysconfig
+
+    scripts = sysconfig.get_path("scripts")
+    path = os.environ.get("PATH", "")
+    if scripts not in path.split(os.pathsep):
+        os.environ["PATH"] = os.pathsep.join([scripts, path]) if path else scripts

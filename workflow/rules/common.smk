@@ -3,6 +3,7 @@ import os
 
 from sentemb import SentembError
 from sentemb.config import mirror_dir, resolve_run, validate_config
+from sentemb.utils import expose_cli
 from sentemb.methods import get_method
 
 try:
@@ -10,6 +11,10 @@ try:
     _mirror = mirror_dir(config)
 except SentembError as e:
     raise WorkflowError(str(e))
+
+# Rules call the `sentemb` CLI: find the one installed with this Snakemake's Python even when its
+# virtual environment is not activated (a per-rule conda env, when used, still comes first).
+expose_cli()
 
 RES = config["resources_dir"]
 RESULTS = config["results_dir"]
