@@ -74,7 +74,13 @@ def test_evaluate_end_to_end_on_tiny_tree(tiny_bert_dir, tiny_senteval):
     tasks = ["STS12", "STS13", "STS14", "STS15", "STS16", "STSBenchmark", "SICKRelatedness"]
     assert set(tasks) <= set(res)
     assert res["avg"] == pytest.approx(np.mean([res[t] for t in tasks]))
-    assert set(res["details"]["STS12"]["subsets"]) == {"MSRpar", "MSRvid", "SMTeuroparl", "surprise.OnWN", "surprise.SMTnews"}
+    d = res["details"]["STS12"]
+    assert set(d["subsets"]) == {"MSRpar", "MSRvid", "SMTeuroparl", "surprise.OnWN", "surprise.SMTnews"}
+    assert res["STS12"] == d["all"]  # the "all" setting, × 100 like the per-subset figures
+    assert d["mean"] == pytest.approx(np.mean([v["spearman"] for v in d["subsets"].values()]))
+    assert res["STSBenchmark"] == res["details"]["STSBenchmark"]["all"] == res["details"]["STSBenchmark"]["mean"]
+    mean = evaluate_sts(emb, tiny_senteval, ["STS12"], setting="mean")
+    assert mean["STS12"] == pytest.approx(d["mean"])
 
 
 def test_readers_drop_empty_gold_and_ignore_extra_columns(tmp_path):

@@ -141,7 +141,10 @@ def score_task(embed: EmbedFn, pairs: list[Pairs]) -> dict:
 
 def evaluate_sts(embed: EmbedFn, data_dir: str | Path, tasks: Sequence[str] = TASKS, setting: str = "all",
                  split: str = "test") -> dict:
-    """Evaluate ``embed`` on ``tasks``; returns {task: Spearman×100, ..., "avg": ..., "details": {...}}."""
+    """Evaluate ``embed`` on ``tasks``; returns {task: Spearman×100, ..., "avg": ..., "details": {...}}.
+
+    ``details[task]`` holds "all", "mean", "wmean", "n" and per-subset Spearman/Pearson/n, all × 100.
+    """
     if setting not in ("all", "mean", "wmean"):
         raise SentembError(f"setting must be all, mean or wmean, not '{setting}'")
     loaded = {t: load_task(data_dir, t, split) for t in tasks}  # fail on bad data before encoding
@@ -156,13 +159,21 @@ def evaluate_sts(embed: EmbedFn, data_dir: str | Path, tasks: Sequence[str] = TA
     result, details = {}, {}
     for t, pairs in loaded.items():
         agg = score_task(cached, pairs)
-        details[t] = agg
+        details[t] = _times100(agg)
         # STS-B and SICK-R have one split: all = mean = wmean = its Spearman.
-        result[t] = 100.0 * agg[setting]
+        result[t] = details[t][setting]
     result["avg"] = float(np.mean([result[t] for t in tasks]))
     result["details"] = details
     result["n_sentences"] = len(cache_keys)
     return result
+
+
+def _times100(agg: dict) -> dict:
+    """The aggregate with every correlation × 100 (the unit of the task scores); counts unchanged."""
+    out = {k: (100.0 * v if k in ("all", "mean", "wmean") else v) for k, v in agg.items() if k != "subsets"}
+    out["subsets"] = {name: {"spearman": 100.0 * v["spearman"], "pearson": 100.0 * v["pearson"], "n": v["n"]}
+                      for name, v in agg["subsets"].items()}
+    return out
 
 
 def stsb_dev(embed: EmbedFn, data_dir: str | Path) -> float:
