@@ -2,6 +2,9 @@
 
 __version__ = "0.1.0"
 
+#: sentence poolers (SimCSE's names), see sentemb.models.pool
+POOLERS = ("cls", "cls_before_pooler", "avg", "avg_first_last", "avg_top2")
+
 
 class SentembError(Exception):
     """An error caused by bad input (config, data file, corpus); its message names the cause."""

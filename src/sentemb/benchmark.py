@@ -9,7 +9,6 @@ same model, sentences, batch size, max length and optimizer, timed the same way.
 
 from __future__ import annotations
 
-import argparse
 import time
 
 from . import SentembError

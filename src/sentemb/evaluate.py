@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
-from scipy.stats import pearsonr, spearmanr
 
 from . import SentembError
 from .senteval import TASKS, Pairs, load_task
@@ -115,6 +114,8 @@ def aggregate(subsets: list[tuple[str, np.ndarray, np.ndarray]]) -> dict:
 
     ``subsets`` holds (name, system scores, gold scores). Figures are raw correlations (not × 100).
     """
+    from scipy.stats import pearsonr, spearmanr
+
     per = {}
     for name, sys_s, gold in subsets:
         per[name] = {"spearman": float(spearmanr(sys_s, gold)[0]), "pearson": float(pearsonr(sys_s, gold)[0]), "n": int(len(gold))}
@@ -235,7 +236,7 @@ def format_scores(scores: dict, tasks: Sequence[str]) -> str:
 
 
 def register(sub) -> None:
-    from .models import POOLERS
+    from . import POOLERS
 
     p = sub.add_parser("evaluate", help="STS evaluation (SentEval protocol) of a model directory")
     p.add_argument("--model", required=True, help="Hugging Face model directory or a sentemb checkpoint")

@@ -20,11 +20,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from . import SentembError
+from . import POOLERS, SentembError
 
 log = logging.getLogger(__name__)
-
-POOLERS = ("cls", "cls_before_pooler", "avg", "avg_first_last", "avg_top2")
 
 
 def needs_hidden_states(pooler: str) -> bool:

@@ -6,15 +6,20 @@ import argparse
 import json
 from pathlib import Path
 
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from . import SentembError
 from .senteval import TASKS
 from .utils import atomic_path
 
+if TYPE_CHECKING:
+    import pandas as pd
+
 
 def collect(paths: list[str | Path]) -> pd.DataFrame:
     """One row per evaluation JSON (written by ``sentemb evaluate`` into a run directory)."""
+    import pandas as pd
+
     rows = []
     for p in paths:
         p = Path(p)

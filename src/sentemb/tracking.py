@@ -115,7 +115,7 @@ class Tracker:
     def __enter__(self) -> "Tracker":
         if not self.enabled:
             return self
-        from mlflow.entities import Param, RunTag
+        from mlflow.entities import Param
         from mlflow.tracking import MlflowClient
 
         exp_id = init_store(self.uri, self.experiment)

@@ -23,11 +23,14 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-import torch
+from typing import TYPE_CHECKING
 
 from . import SentembError
 from .utils import atomic_path, write_json
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +58,7 @@ def batch_schedule(n: int, batch_size: int, epochs: float, seed: int) -> list[np
     """Micro-batches of corpus indices: a fresh seeded permutation per epoch, no length bucketing
     (bucketing would change which sentences are each other's in-batch negatives). A trailing
     batch of one sentence is dropped (no negatives)."""
+    import numpy as np
     per_epoch = n // batch_size + (1 if n % batch_size >= 2 else 0)
     total = max(1, int(round(epochs * per_epoch)))
     out: list[np.ndarray] = []
@@ -68,12 +72,17 @@ def batch_schedule(n: int, batch_size: int, epochs: float, seed: int) -> list[np
 
 
 def _precision(name: str, device: torch.device) -> torch.dtype | None:
+    import torch
+
     if name == "auto":
         return torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported() else None
     return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}[name]
 
 
 def _rng_state() -> dict:
+    import numpy as np
+    import torch
+
     st = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         st["cuda"] = torch.cuda.get_rng_state_all()
@@ -81,6 +90,9 @@ def _rng_state() -> dict:
 
 
 def _set_rng_state(st: dict) -> None:
+    import numpy as np
+    import torch
+
     random.setstate(st["python"])
     np.random.set_state(st["numpy"])
     torch.set_rng_state(st["torch"])
@@ -90,6 +102,8 @@ def _set_rng_state(st: dict) -> None:
 
 def build_optimizer(module: torch.nn.Module, lr: float, weight_decay: float, device: torch.device):
     """AdamW; biases and LayerNorm weights are not decayed (the HF Trainer's convention)."""
+    import torch
+
     decay, no_decay = [], []
     for n, p in module.named_parameters():
         if not p.requires_grad:
@@ -115,6 +129,8 @@ def train(run: dict, out_dir: str | Path, *, progress: bool = True, stop_after: 
 
     ``stop_after`` ends the process-equivalent of a kill after that many optimizer steps (tests).
     """
+    import torch
+
     from .evaluate import Embedder, stsb_dev
     from .methods import MethodContext, get_method
     from .models import export, load_encoder, max_length_of

@@ -74,7 +74,7 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def resolve_device(device: str | None = "auto") -> "torch.device":  # noqa: F821
+def resolve_device(device: str | None = "auto"):
     import torch
 
     if device in (None, "auto"):
