@@ -22,6 +22,12 @@ SKIP_REASON = (
 )
 
 
+def pytest_configure(config):
+    # realdata tests skip where ../shared is absent, but must always run in CI.
+    if os.environ.get("CI") and SHARED is None:
+        raise pytest.UsageError(f"CI is set but the real data is missing: {SKIP_REASON}")
+
+
 def pytest_collection_modifyitems(config, items):
     if SHARED is not None:
         return

@@ -101,3 +101,29 @@ def test_pooler_for_mlp_settings():
     cls = get_method("simcse")
     assert cls.pooler_for({"mlp": "train_only"}) == "cls_before_pooler"
     assert cls.pooler_for({"mlp": "always"}) == "cls"
+
+
+@pytest.mark.parametrize("pooler", ["cls", "cls_before_pooler", "avg"])
+def test_export_loads_in_sentence_transformers_with_the_same_pooling(tiny_bert_dir, tmp_path, pooler):
+    from sentence_transformers import SentenceTransformer
+
+    from sentemb.evaluate import Embedder
+    from sentemb.models import export
+
+    m = _method(tiny_bert_dir, mlp="always")
+    with torch.no_grad():
+        m.mlp.dense.weight.normal_(std=0.5)  # make the head matter
+    export(m.encoder, m.tokenizer, tmp_path / "m", pooler=pooler, head=m.export_head(), max_seq_length=64)
+    sents = ["a man plays guitar", "the dog runs in the park"]
+    ours = Embedder.from_dir(tmp_path / "m", pooler, device="cpu")(sents)
+    st = SentenceTransformer(str(tmp_path / "m"), device="cpu").encode(sents)
+    assert np.allclose(st, ours, atol=1e-5)
+
+
+def test_export_refuses_a_pooler_sentence_transformers_cannot_express(tiny_bert_dir, tmp_path):
+    from sentemb import SentembError
+    from sentemb.models import export
+
+    m = _method(tiny_bert_dir)
+    with pytest.raises(SentembError, match="avg_top2"):
+        export(m.encoder, m.tokenizer, tmp_path / "m", pooler="avg_top2", max_seq_length=64)

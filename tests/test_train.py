@@ -103,3 +103,40 @@ def test_bad_corpus_lines_name_the_line(tmp_path):
         read_corpus(p)
     with pytest.raises(SentembError, match="not found"):
         read_corpus(tmp_path / "missing.txt")
+
+
+def test_kill_between_checkpoints_resumes_to_the_same_result(tiny_bert_dir, tiny_corpus, tiny_senteval, tmp_path,
+                                                              monkeypatch):
+    """A crash after the best export but before the next state save (no stop hook: a real exception)."""
+    from sentemb.methods.simcse import SimCSE
+
+    cfg = run_cfg(tiny_bert_dir, tiny_corpus, tiny_senteval, eval_steps=2, save_steps=3)
+    full = train(cfg, tmp_path / "full", progress=False)
+    orig, calls = SimCSE.losses, {"n": 0}
+
+    def crash_at_5(self, batch):
+        calls["n"] += 1
+        if calls["n"] == 5:
+            raise RuntimeError("node lost")
+        return orig(self, batch)
+
+    monkeypatch.setattr(SimCSE, "losses", crash_at_5)
+    with pytest.raises(RuntimeError):
+        train(cfg, tmp_path / "run", progress=False)
+    monkeypatch.setattr(SimCSE, "losses", orig)
+    assert (tmp_path / "run/.work/last.pt").is_file() and (tmp_path / "run/.work/best").is_dir()
+    res = train(cfg, tmp_path / "run", progress=False)
+    assert (res["best_step"], res["best_dev_stsb"]) == (full["best_step"], full["best_dev_stsb"])
+    a = load_file(tmp_path / "full/model/model.safetensors")
+    b = load_file(tmp_path / "run/model/model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_state_from_other_settings_is_not_resumed(tiny_bert_dir, tiny_corpus, tiny_senteval, tmp_path):
+    cfg = run_cfg(tiny_bert_dir, tiny_corpus, tiny_senteval)
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, tmp_path / "run", stop_after=3, progress=False)
+    changed = run_cfg(tiny_bert_dir, tiny_corpus, tiny_senteval, lr=5e-4)
+    res = train(changed, tmp_path / "run", progress=False)
+    fresh = train(changed, tmp_path / "fresh", progress=False)
+    assert res["history"] == fresh["history"]  # a fresh start, not a resume with the old lr

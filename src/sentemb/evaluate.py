@@ -10,6 +10,7 @@ over the evaluated tasks. Sentences are never truncated below the model's maximu
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 import time
@@ -34,7 +35,7 @@ class Embedder:
     """
 
     def __init__(self, model, tokenizer, pooler: str, *, batch_size: int = 128, max_length: int | None = None,
-                 device=None, progress: bool = False):
+                 device=None, progress: bool = False, precision: str = "auto"):
         import torch
 
         from .models import POOLERS, max_length_of
@@ -46,6 +47,9 @@ class Embedder:
         self.max_length = max_length or max_length_of(model, tokenizer)
         self.device = device if device is not None else next(model.parameters()).device
         self.progress = progress
+        if precision not in ("auto", "bf16", "fp32"):
+            raise SentembError(f"precision must be auto, bf16 or fp32, not '{precision}'")
+        self.precision = precision
         self._torch = torch
 
     @classmethod
@@ -70,7 +74,9 @@ class Embedder:
         out = np.empty((len(uniq), self.model.config.hidden_size), dtype=np.float32)
         was_training = self.model.training
         self.model.eval()
-        use_bf16 = self.device.type == "cuda" and torch.cuda.is_bf16_supported()
+        # "auto": bf16 autocast on CUDA (fast), fp32 elsewhere; "fp32" everywhere for exact figures.
+        use_bf16 = self.precision == "bf16" or (
+            self.precision == "auto" and self.device.type == "cuda" and torch.cuda.is_bf16_supported())
         batches = [order[i : i + self.batch_size] for i in range(0, len(order), self.batch_size)]
         it = batches
         if self.progress:
@@ -198,7 +204,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     t0 = time.time()
     embedder = Embedder.from_dir(args.model, args.pooler, device=args.device, batch_size=args.batch_size,
-                                 max_length=args.max_length, progress=not args.quiet)
+                                 max_length=args.max_length, progress=not args.quiet, precision=args.precision)
     res = evaluate_sts(embedder, args.data_dir, tasks, args.setting)
     secs = time.time() - t0
     out = {t: round(res[t], 4) for t in tasks}
@@ -214,9 +220,12 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
         if "seed" in meta:
             meta["seed"] = int(meta["seed"])
         out["run"] = meta
-    write_json(args.output, out)
     print(format_scores(out, tasks))
+    # The JSON is the job's real output: it appears (atomically) only once everything, tracking
+    # included, has succeeded; MLflow gets a copy as artifact.
     if args.track:
+        import tempfile
+
         from .tracking import Tracker
 
         tags = {**out.get("run", {}), **dict(kv.split("=", 1) for kv in args.tag)}
@@ -225,7 +234,11 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
                      tags=tags, params={"pooler": args.pooler, "setting": args.setting, "tasks": ",".join(tasks),
                                         "model": str(args.model), "data_dir": str(args.data_dir)}) as tr:
             tr.log_metrics({f"test/{t}": out[t] for t in tasks} | {"test/avg": out["avg"]})
-            tr.log_artifact(args.output)
+            with tempfile.TemporaryDirectory() as d:
+                art = Path(d) / Path(args.output).name
+                art.write_text(json.dumps(out, indent=2) + "\n", encoding="utf-8")
+                tr.log_artifact(art)
+    write_json(args.output, out)
     return 0
 
 
@@ -248,6 +261,8 @@ def register(sub) -> None:
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--max-length", type=int, default=None, help="default: the model's maximum")
     p.add_argument("--device", default="auto")
+    p.add_argument("--precision", default="auto", choices=["auto", "bf16", "fp32"],
+                   help="auto: bf16 autocast on CUDA, fp32 on CPU")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--run-meta", action="append", default=[], metavar="KEY=VALUE",

@@ -129,10 +129,12 @@ def export(
             encoder.pooler.dense.bias.copy_(head.dense.bias)
     encoder.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
-    st_mode = {"cls_before_pooler": "cls", "avg": "mean"}.get(pooler)
+    # sentence-transformers modules reproducing ``pooler``: Transformer -> Pooling (-> Dense+Tanh for
+    # "cls", i.e. the pooler layer), so SentenceTransformer(out_dir) embeds as `sentemb evaluate` does.
+    st_mode = {"cls_before_pooler": "cls", "cls": "cls", "avg": "mean"}.get(pooler)
     if st_mode is None:
-        log.warning("pooler %s has no sentence-transformers equivalent; writing mean pooling files", pooler)
-        st_mode = "mean"
+        raise SentembError(f"pooler '{pooler}' has no sentence-transformers equivalent; export with "
+                           "cls, cls_before_pooler or avg")
     hidden = encoder.config.hidden_size
     modes = {f"pooling_mode_{m}": False for m in ("cls_token", "mean_tokens", "max_tokens", "mean_sqrt_len_tokens")}
     modes["pooling_mode_cls_token" if st_mode == "cls" else "pooling_mode_mean_tokens"] = True
@@ -142,6 +144,19 @@ def export(
         {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
         {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
     ]
+    if pooler == "cls":
+        dense = getattr(getattr(encoder, "pooler", None), "dense", None)
+        if dense is None:
+            raise SentembError("pooler 'cls' needs a model with a pooler layer")
+        from safetensors.torch import save_file
+
+        (out_dir / "2_Dense").mkdir(exist_ok=True)
+        (out_dir / "2_Dense" / "config.json").write_text(json.dumps({
+            "in_features": hidden, "out_features": hidden, "bias": True,
+            "activation_function": "torch.nn.modules.activation.Tanh"}, indent=2))
+        save_file({"linear.weight": dense.weight.detach().cpu().contiguous(),
+                   "linear.bias": dense.bias.detach().cpu().contiguous()}, str(out_dir / "2_Dense" / "model.safetensors"))
+        modules.append({"idx": 2, "name": "2", "path": "2_Dense", "type": "sentence_transformers.models.Dense"})
     (out_dir / "modules.json").write_text(json.dumps(modules, indent=2))
     (out_dir / "sentence_bert_config.json").write_text(
         json.dumps({"max_seq_length": max_seq_length, "do_lower_case": False}, indent=2)

@@ -131,9 +131,9 @@ def train(run: dict, out_dir: str | Path, *, progress: bool = True, stop_after: 
     """
     import torch
 
-    from .evaluate import Embedder, stsb_dev
+    from .evaluate import stsb_dev
     from .methods import MethodContext, get_method
-    from .models import export, load_encoder, max_length_of
+    from .models import load_encoder
     from .tracking import Tracker
     from .utils import resolve_device, seed_everything
 
@@ -145,8 +145,11 @@ def train(run: dict, out_dir: str | Path, *, progress: bool = True, stop_after: 
         torch.set_num_threads(tc["num_threads"])
     amp = _precision(tc["precision"], device)
     if device.type == "cuda":
-        torch.backends.cuda.matmul.fp32_precision = "tf32"
-        torch.backends.cudnn.conv.fp32_precision = "tf32"
+        if hasattr(torch.backends.cuda.matmul, "fp32_precision"):  # torch >= 2.9
+            torch.backends.cuda.matmul.fp32_precision = "tf32"
+            torch.backends.cudnn.conv.fp32_precision = "tf32"
+        else:
+            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
 
     sentences = read_corpus(paths["corpus"])
     if not Path(paths["senteval"]).is_dir():
@@ -177,17 +180,30 @@ def train(run: dict, out_dir: str | Path, *, progress: bool = True, stop_after: 
 
     step, best, history = 0, {"dev": -math.inf, "step": 0}, []
     state_file = work / "last.pt"
-    if state_file.is_file():
-        st = torch.load(state_file, map_location=device, weights_only=False)
+    # Resume only the same run: settings changed since the kill mean a fresh start (stale .work removed).
+    fingerprint = json.dumps({k: run[k] for k in ("method", "backbone", "seed", "train", "method_args", "paths")},
+                             sort_keys=True, default=str)
+    st = torch.load(state_file, map_location=device, weights_only=False) if state_file.is_file() else None
+    if st is not None and st.get("fingerprint") != fingerprint:
+        log.warning("%s was saved by a run with other settings: starting afresh", state_file)
+        st = None
+    if st is None:
+        shutil.rmtree(work, ignore_errors=True)
+    else:
         method.load_state_dict(st["method"])
         opt.load_state_dict(st["optimizer"])
         sched.load_state_dict(st["scheduler"])
         scaler.load_state_dict(st["scaler"])
         step, best, history = st["step"], st["best"], st["history"]
         _set_rng_state(st["rng"])
+        kept = work / "best" / "sentemb.json"  # the best export can be newer than the last state save
+        if kept.is_file():
+            meta_best = json.loads(kept.read_text("utf-8"))
+            if meta_best["dev_stsb"] > best["dev"]:
+                best = {"dev": meta_best["dev_stsb"], "step": meta_best["step"]}
         log.info("resumed from %s at step %d/%d", state_file, step, total)
 
-    embedder = Embedder(method.encoder, tokenizer, pooler, batch_size=128, device=device)
+    embedder = method.embedder(pooler, device)
     meta = {"method": run["method"], "name": run["name"], "backbone": run["backbone"], "seed": seed}
 
     def evaluate_and_keep() -> float:
@@ -196,14 +212,13 @@ def train(run: dict, out_dir: str | Path, *, progress: bool = True, stop_after: 
         if dev > best["dev"]:
             best.update(dev=dev, step=step)
             with atomic_path(work / "best", is_dir=True) as tmp:
-                export(method.encoder, tokenizer, tmp, pooler=pooler, head=method.export_head(),
-                       max_seq_length=max_length_of(method.encoder, tokenizer), meta={**meta, "step": step, "dev_stsb": dev})
+                method.export(tmp, pooler, meta={**meta, "step": step, "dev_stsb": dev})
         return dev
 
     def save_state() -> None:
         check_finite()  # never checkpoint weights that a non-finite loss has touched
         with atomic_path(state_file) as tmp:
-            torch.save({"method": method.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
+            torch.save({"fingerprint": fingerprint, "method": method.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
                         "scaler": scaler.state_dict(), "step": step, "best": best, "history": history,
                         "rng": _rng_state()}, tmp)
 
@@ -239,7 +254,7 @@ def train(run: dict, out_dir: str | Path, *, progress: bool = True, stop_after: 
         while step < total:
             for k in range(accum):
                 idx = micro[step * accum + k]
-                batch = method.build_batch([sentences[i] for i in idx])
+                batch = method.build_batch([sentences[i] for i in idx], step=step)
                 n_sent += len(idx)
                 if "attention_mask" in batch:
                     n_tok += int(batch["attention_mask"].sum())

@@ -13,6 +13,7 @@ rule evaluate:
         tasks=",".join(config["evaluation"]["tasks"]),
         setting=config["evaluation"]["setting"],
         batch_size=config["evaluation"]["batch_size"],
+        precision=config["evaluation"]["precision"],
         method=lambda w: run_of(w)["method"],
         track=(
             f"--track --experiment {config['experiment']}"
@@ -34,6 +35,7 @@ rule evaluate:
     shell:
         "sentemb evaluate --model {input.model} --pooler {params.pooler} --data-dir {input.data}"
         " --tasks {params.tasks} --setting {params.setting} --batch-size {params.batch_size}"
+        " --precision {params.precision}"
         " --output {output} --quiet --run-meta name={wildcards.name} --run-meta method={params.method}"
         " --run-meta backbone={wildcards.backbone} --run-meta seed={wildcards.seed}"
         " --run-name eval/{wildcards.name}/{wildcards.backbone}/seed{wildcards.seed} {params.track} > {log} 2>&1"

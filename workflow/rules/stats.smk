@@ -204,7 +204,7 @@ rule stats_summary:
         rake=f"{STATS_DIR}/rake_top{RAKE_TOP_K}.parquet",
         paraphrases=lambda wc: [f"{RESULTS}/stats/{wc.corpus}/paraphrases.txt"] if _PARA["enabled"] else [],
     output:
-        md=f"{STATS_DIR}/summary.md",
+        md=report(f"{STATS_DIR}/summary.md", caption="../report/stats_summary.rst", category="Corpus statistics"),
         json=f"{STATS_DIR}/summary.json",
     log:
         f"{LOGS}/stats/{{corpus}}/summary.log",

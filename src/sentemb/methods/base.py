@@ -47,8 +47,11 @@ class Method(nn.Module):
         """The evaluation pooler of a model trained with ``args`` (known before training)."""
         return cls.eval_pooler
 
-    def build_batch(self, sentences: list[str]) -> dict[str, torch.Tensor]:
-        """Turn corpus sentences into CPU tensors (dynamic padding, truncation to ``ctx.max_len``)."""
+    def build_batch(self, sentences: list[str], step: int = 0) -> dict[str, torch.Tensor]:
+        """Turn corpus sentences into CPU tensors (dynamic padding, truncation to ``ctx.max_len``).
+
+        ``step`` is the number of optimizer steps done so far (for schedules such as UNA's "every
+        α batches"); it is restored on resume, so batches are the same after a restart."""
         raise NotImplementedError
 
     def losses(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -58,3 +61,19 @@ class Method(nn.Module):
     def export_head(self) -> nn.Module | None:
         """A Linear+Tanh head to store in the encoder's pooler slot on export (or None)."""
         return None
+
+    def embedder(self, pooler: str, device: torch.device):
+        """What the loop's STS-B dev evaluation encodes sentences with (a callable list[str] ->
+        array). Default: the encoder + ``pooler``; a method whose sentence embedding is not a pooled
+        encoder output (e.g. SARCSE's TextCNN code) overrides this and ``export``."""
+        from ..evaluate import Embedder
+
+        # fp32 even on CUDA: model selection should not hinge on bf16 rounding (3,000 sentences: cheap).
+        return Embedder(self.encoder, self.tokenizer, pooler, batch_size=128, device=device, precision="fp32")
+
+    def export(self, out_dir: Path, pooler: str, meta: dict[str, Any]) -> None:
+        """Write the trained sentence encoder to ``out_dir`` (HF + sentence-transformers layout)."""
+        from ..models import export, max_length_of
+
+        export(self.encoder, self.tokenizer, out_dir, pooler=pooler, head=self.export_head(),
+               max_seq_length=max_length_of(self.encoder, self.tokenizer), meta=meta)

@@ -51,7 +51,7 @@ class SimCSE(Method):
         hidden = encoder.config.hidden_size
         self.mlp = MLPHead(hidden, getattr(encoder.config, "initializer_range", 0.02)) if self.args["mlp"] != "none" else None
 
-    def build_batch(self, sentences):
+    def build_batch(self, sentences, step=0):
         enc = self.tokenizer(sentences, padding=True, truncation=True, max_length=self.ctx.max_len, return_tensors="pt")
         return dict(enc)
 
