@@ -75,6 +75,11 @@ def test_stats_stage_in_the_dag(ran):
     assert len(pd.read_parquet(stats / "rake_top5.parquet")) == 192  # line-aligned with the corpus
     assert len(pd.read_parquet(stats / "tfidf.parquet")) > 100
     assert (stats / "summary.md").is_file()
+    corpus = (ran / "resources" / "corpus" / "wiki-tiny.txt").read_text().splitlines()
+    paraphrases = (stats / "paraphrases.txt").read_text().split("\n")[: len(corpus)]
+    assert len((stats / "paraphrases.txt").read_text().splitlines()) == len(corpus) == 192
+    assert len(pd.read_parquet(stats / "tfidf_para.parquet")) >= len(pd.read_parquet(stats / "tfidf.parquet"))
+    assert any(p.strip() for p in paraphrases)
 
 
 def test_every_job_is_an_mlflow_run(ran):
