@@ -3,7 +3,7 @@ and MFU on CUDA, for a model directory, batch size and device. ``--compare-st`` 
 sentence-transformers SimCSE recipe (MultipleNegativesRankingLoss on duplicated sentences) with the
 same model, sentences, batch size, max length and optimizer, timed the same way.
 
-    sentemb benchmark --model ../shared/models/all-MiniLM-L6-v2 --corpus ../shared/data/wiki1m_head.txt \
+    sentemb benchmark --model $SHARED/models/all-MiniLM-L6-v2 --corpus $SHARED/data/wiki1m_head.txt \
         --batch-size 64 --steps 20 --device cpu --compare-st
 """
 
@@ -42,18 +42,13 @@ def _peak(device, override):
     return next((v for k, v in PEAK_BF16_TFLOPS.items() if k in name), None)
 
 
-def bench_sentemb(model_dir, sentences, batch_size, steps, warmup, device, max_len, precision):
+def _timed_training(module, opt, make_batch, loss_of, sentences, batch_size, steps, warmup, device, precision):
+    """Run warmup + steps optimizer steps (forward, backward, clip 1.0, AdamW) on consecutive corpus
+    slices; time the last ``steps``. Returns (seconds, real tokens, padded tokens)."""
     import torch
 
-    from .methods import MethodContext, get_method
-    from .models import load_encoder
-    from .train import _precision, build_optimizer
+    from .train import _precision
 
-    torch.manual_seed(0)
-    enc, tok = load_encoder(model_dir)
-    m = get_method("simcse")(enc, tok, {}, MethodContext(max_len=max_len, seed=0)).to(device)
-    m.train()
-    opt = build_optimizer(m, 3e-5, 0.0, device)
     amp = _precision(precision, device)
     n_tok = n_pad = 0
     t0 = None
@@ -61,22 +56,44 @@ def bench_sentemb(model_dir, sentences, batch_size, steps, warmup, device, max_l
         if i == warmup:
             _sync(device)
             t0 = time.perf_counter()
-        s = sentences[(i * batch_size) % len(sentences):][:batch_size]
-        batch = {k: v.to(device, non_blocking=True) for k, v in m.build_batch(s).items()}
+        batch = make_batch(sentences[(i * batch_size) % len(sentences):][:batch_size])
         with torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
-            loss = m.losses(batch)["loss"]
+            loss = loss_of(batch)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(module.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
         if i >= warmup:
             n_tok += int(batch["attention_mask"].sum())
             n_pad += batch["input_ids"].numel()
     _sync(device)
-    return time.perf_counter() - t0, n_tok, n_pad, enc.config
+    return time.perf_counter() - t0, n_tok, n_pad
+
+
+def bench_sentemb(model_dir, sentences, batch_size, steps, warmup, device, max_len, precision):
+    """sentemb's SimCSE: both dropout views in one forward pass of 2B rows."""
+    import torch
+
+    from .methods import MethodContext, get_method
+    from .models import load_encoder
+    from .train import build_optimizer
+
+    torch.manual_seed(0)
+    enc, tok = load_encoder(model_dir)
+    m = get_method("simcse")(enc, tok, {}, MethodContext(max_len=max_len, seed=0)).to(device)
+    m.train()
+    opt = build_optimizer(m, 3e-5, 0.0, device)
+
+    def make_batch(s):
+        return {k: v.to(device, non_blocking=True) for k, v in m.build_batch(s).items()}
+
+    secs, n_tok, n_pad = _timed_training(m, opt, make_batch, lambda b: m.losses(b)["loss"], sentences,
+                                         batch_size, steps, warmup, device, precision)
+    return secs, n_tok, n_pad, enc.config
 
 
 def bench_st(model_dir, sentences, batch_size, steps, warmup, device, max_len, precision):
+    """sentence-transformers' SimCSE recipe: MultipleNegativesRankingLoss on (s, s) pairs."""
     import torch
     from sentence_transformers import SentenceTransformer
 
@@ -85,34 +102,20 @@ def bench_st(model_dir, sentences, batch_size, steps, warmup, device, max_len, p
     except ImportError:
         from sentence_transformers.losses import MultipleNegativesRankingLoss
 
-    from .train import _precision
-
     torch.manual_seed(0)
     model = SentenceTransformer(str(model_dir), device=str(device))
     model.max_seq_length = max_len
     model.train()
     loss_fn = MultipleNegativesRankingLoss(model, scale=20.0)  # scale 20 = 1/τ with τ = 0.05
     opt = torch.optim.AdamW(model.parameters(), lr=3e-5, fused=device.type == "cuda")
-    amp = _precision(precision, device)
-    n_tok = 0
-    t0 = None
-    for i in range(warmup + steps):
-        if i == warmup:
-            _sync(device)
-            t0 = time.perf_counter()
-        s = sentences[(i * batch_size) % len(sentences):][:batch_size]
-        prep = model.preprocess if hasattr(model, "preprocess") else model.tokenize
-        feats = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in prep(s).items()}
-        with torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
-            loss = loss_fn([feats, dict(feats)], None)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        if i >= warmup:
-            n_tok += int(feats["attention_mask"].sum())
-    _sync(device)
-    return time.perf_counter() - t0, n_tok
+    prep = model.preprocess if hasattr(model, "preprocess") else model.tokenize
+
+    def make_batch(s):
+        return {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in prep(s).items()}
+
+    secs, n_tok, _ = _timed_training(model, opt, make_batch, lambda f: loss_fn([f, dict(f)], None), sentences,
+                                     batch_size, steps, warmup, device, precision)
+    return secs, n_tok
 
 
 def bench_eval(model_dir, sentences, batch_size, device):

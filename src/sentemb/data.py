@@ -1,7 +1,7 @@
 """Data acquisition: fetch, verify and cache every external input of the pipeline.
 
 Each input comes either from its real source (the Hugging Face hub, an HTTP archive, the NLTK
-downloader) or from a local *mirror* directory laid out like ``../shared`` (``data/senteval``,
+downloader) or from a local *mirror* directory laid out like the project's ``shared/`` data folder (``data/senteval``,
 ``data/senteval-raw``, ``data/wiki1m_*.txt``, ``models/<name>``, ``nltk_data``). Everything is
 verified before it is renamed into place (:func:`sentemb.utils.atomic_path`), so a failed fetch
 never leaves a partial output. Bad input raises :class:`sentemb.SentembError` naming the file,
@@ -487,7 +487,7 @@ def register(subparsers) -> None:
         return p
 
     def mirror_opts(p):
-        p.add_argument("--mirror", help=f"local mirror directory laid out like ../shared (default ${MIRROR_ENV})")
+        p.add_argument("--mirror", help=f"local mirror directory laid out like the shared/ data folder (default ${MIRROR_ENV})")
         p.add_argument("--mirror-path", help="path of the input inside the mirror")
 
     p = command("fetch-corpus", _cmd_fetch_corpus, "Fetch the raw training corpus and verify it.",

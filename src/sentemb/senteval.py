@@ -29,7 +29,7 @@ STS_SUBSETS: dict[str, list[str]] = {
 }
 TASKS = ["STS12", "STS13", "STS14", "STS15", "STS16", "STSBenchmark", "SICKRelatedness"]
 
-# Pairs with a gold score in each evaluated split (../shared/README.md); used to verify downloads.
+# Pairs with a gold score in each evaluated split (shared/README.md); used to verify downloads.
 EXPECTED_PAIRS: dict[str, int] = {
     "STS12": 3108,
     "STS13": 1500,

@@ -1,5 +1,5 @@
 # Stage `stats`: corpus statistics computed once per corpus; training jobs only read them
-# (../shared/docs/methods.md §1-3). Thin rules around `sentemb stats-*` / `sentemb paraphrase*`
+# (shared/docs/methods.md §1-3). Thin rules around `sentemb stats-*` / `sentemb paraphrase*`
 # (sentemb.stats). Expects RES, RESULTS, LOGS, MIRROR, CORPUS, STATS_OUTPUTS and res() from
 # common.smk. Outputs, under results/stats/<corpus>/:
 #   token_freq.<backbone>.parquet   token frequency per backbone tokenizer (SARCSE)
