@@ -96,10 +96,10 @@ def test_nan_loss_is_a_clear_error_and_leaves_no_output(tiny_bert_dir, tiny_corp
 def test_bad_corpus_lines_name_the_line(tmp_path):
     p = tmp_path / "c.txt"
     p.write_bytes(b"one sentence\n\xff\xfe bad\n")
-    with pytest.raises(SentembError, match=r"c.txt, line 2: not valid UTF-8"):
+    with pytest.raises(SentembError, match=r"c.txt:2: line 2 is not valid UTF-8"):
         read_corpus(p)
     p.write_text("one\n\nthree\n")
-    with pytest.raises(SentembError, match=r"c.txt, line 2: empty line"):
+    with pytest.raises(SentembError, match=r"c.txt:2: line 2 is empty"):
         read_corpus(p)
     with pytest.raises(SentembError, match="not found"):
         read_corpus(tmp_path / "missing.txt")

@@ -63,6 +63,8 @@ def test_table1_from_the_dag(ran):
     for task in TASKS:
         assert t.loc[0, task] == pytest.approx(sum(e[task] for e in evals) / 2, abs=0.01)
         assert -100 <= t.loc[0, task] <= 100
+    avgs = [sum(e[t] for t in TASKS) / len(TASKS) for e in evals]
+    assert t.loc[0, "std"] == pytest.approx(abs(avgs[0] - avgs[1]) / 2 ** 0.5, abs=0.01)  # sample std, 2 seeds
     assert evals[0]["details"]["STS12"]["n"] == 3108 and evals[0]["details"]["SICKRelatedness"]["n"] == 4927
     assert evals[0]["pooler"] == "cls_before_pooler"
     assert (ran / "results" / "table1.md").read_text().count("| simcse |") == 1

@@ -58,8 +58,6 @@ def validate_config(config: dict, source: str = "config") -> dict:
     if errors:
         msgs = [f"  - config key '{_key_path(e)}': {e.message}" for e in errors[:10]]
         raise SentembError(f"invalid configuration in {source}:\n" + "\n".join(msgs))
-    for bname, b in config["backbones"].items():
-        _DefaultValidator(schema["properties"]["backbones"]["additionalProperties"]).validate(b)
     from .methods import registry
 
     seen = set()

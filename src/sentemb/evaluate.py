@@ -69,7 +69,6 @@ class Embedder:
         uniq = list(dict.fromkeys(sentences))
         enc = self.tokenizer(uniq, truncation=True, max_length=self.max_length, add_special_tokens=True)
         ids = enc["input_ids"]
-        extra = {k: enc[k] for k in ("token_type_ids",) if k in enc}
         order = sorted(range(len(uniq)), key=lambda i: len(ids[i]), reverse=True)
         out = np.empty((len(uniq), self.model.config.hidden_size), dtype=np.float32)
         was_training = self.model.training
@@ -83,21 +82,11 @@ class Embedder:
             from tqdm import tqdm
 
             it = tqdm(batches, desc="encode", unit="batch", file=sys.stderr, mininterval=1 if sys.stderr.isatty() else 30)
-        pad_id = self.tokenizer.pad_token_id or 0
         hs = needs_hidden_states(self.pooler)
         with torch.inference_mode(), torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=use_bf16):
             for idx in it:
-                L = max(len(ids[i]) for i in idx)
-                input_ids = torch.full((len(idx), L), pad_id, dtype=torch.long)
-                mask = torch.zeros((len(idx), L), dtype=torch.long)
-                feats = {k: torch.zeros((len(idx), L), dtype=torch.long) for k in extra}
-                for r, i in enumerate(idx):
-                    n = len(ids[i])
-                    input_ids[r, :n] = torch.tensor(ids[i])
-                    mask[r, :n] = 1
-                    for k in extra:
-                        feats[k][r, :n] = torch.tensor(extra[k][i])
-                batch = {"input_ids": input_ids, "attention_mask": mask, **feats}
+                # pad this length-sorted batch to its own longest sentence only
+                batch = self.tokenizer.pad({k: [enc[k][i] for i in idx] for k in enc.keys()}, return_tensors="pt")
                 batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
                 outputs = self.model(**batch, output_hidden_states=hs, return_dict=True)
                 out[idx] = pool(self.pooler, outputs, batch["attention_mask"]).float().cpu().numpy()
@@ -183,9 +172,10 @@ def _times100(agg: dict) -> dict:
     return out
 
 
-def stsb_dev(embed: EmbedFn, data_dir: str | Path) -> float:
-    """STS-B dev Spearman × 100: the model-selection signal (every 125 steps, methods.md §0)."""
-    return 100.0 * score_task(embed, load_task(data_dir, "STSBenchmark", "dev"))["all"]
+def stsb_dev(embed: EmbedFn, dev: list[Pairs]) -> float:
+    """STS-B dev Spearman × 100 (``dev`` from ``load_task(root, "STSBenchmark", "dev")``, loaded once
+    by the caller): the model-selection signal, every 125 steps (methods.md §0)."""
+    return 100.0 * score_task(embed, dev)["all"]
 
 
 # ---------------------------------------------------------------------------------------- CLI

@@ -36,19 +36,14 @@ log = logging.getLogger(__name__)
 
 
 def read_corpus(path: str | Path) -> list[str]:
-    path = Path(path)
-    if not path.is_file():
-        raise SentembError(f"training corpus not found: {path}")
+    """The training sentences: every line UTF-8 (``sentemb.utils.iter_lines``) and not blank."""
+    from .utils import iter_lines
+
     sents = []
-    with open(path, "rb") as f:
-        for i, raw in enumerate(f, start=1):
-            try:
-                line = raw.decode("utf-8").rstrip("\r\n")
-            except UnicodeDecodeError as e:
-                raise SentembError(f"{path}, line {i}: not valid UTF-8 ({e.reason})") from None
-            if not line.strip():
-                raise SentembError(f"{path}, line {i}: empty line (prepare the corpus with `sentemb prepare-corpus`)")
-            sents.append(line)
+    for i, line in enumerate(iter_lines(path), start=1):
+        if not line.strip():
+            raise SentembError(f"{path}:{i}: line {i} is empty (prepare the corpus with `sentemb prepare-corpus`)")
+        sents.append(line)
     if len(sents) < 2:
         raise SentembError(f"{path}: a training corpus needs at least 2 sentences, found {len(sents)}")
     return sents
@@ -132,6 +127,7 @@ def train(run: dict, out_dir: str | Path, *, progress: bool = True, stop_after: 
     import torch
 
     from .evaluate import stsb_dev
+    from .senteval import load_task
     from .methods import MethodContext, get_method
     from .models import load_encoder
     from .tracking import Tracker
@@ -152,8 +148,7 @@ def train(run: dict, out_dir: str | Path, *, progress: bool = True, stop_after: 
             torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
 
     sentences = read_corpus(paths["corpus"])
-    if not Path(paths["senteval"]).is_dir():
-        raise SentembError(f"SentEval data directory not found: {paths['senteval']}")
+    dev_pairs = load_task(paths["senteval"], "STSBenchmark", "dev")  # read once; bad data fails before step 1
     seed_everything(seed)
     encoder, tokenizer = load_encoder(paths["model"], dropout=tc.get("dropout"))
     method_cls = get_method(run["method"])
@@ -207,7 +202,7 @@ def train(run: dict, out_dir: str | Path, *, progress: bool = True, stop_after: 
     meta = {"method": run["method"], "name": run["name"], "backbone": run["backbone"], "seed": seed}
 
     def evaluate_and_keep() -> float:
-        dev = stsb_dev(embedder, paths["senteval"])
+        dev = stsb_dev(embedder, dev_pairs)
         history.append({"step": step, "dev_stsb": dev})
         if dev > best["dev"]:
             best.update(dev=dev, step=step)

@@ -19,29 +19,10 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Iterator
 from itertools import islice
-from pathlib import Path
 
-from .. import SentembError
+from ..utils import iter_lines  # the one corpus line reader (training uses it too)
 
-
-def iter_lines(path: str | os.PathLike) -> Iterator[str]:
-    """Yield the lines of a corpus file as ``str`` without the line terminator (see module doc)."""
-    path = Path(path)
-    if not path.is_file():
-        raise SentembError(f"corpus file not found: {path}")
-    with open(path, "rb") as f:
-        for i, raw in enumerate(f, start=1):
-            if raw.endswith(b"\n"):
-                raw = raw[:-1]
-            if raw.endswith(b"\r"):
-                raw = raw[:-1]
-            try:
-                yield raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise SentembError(
-                    f"{path}:{i}: line {i} is not valid UTF-8 (byte {raw[e.start:e.start + 1]!r} at "
-                    f"column {e.start + 1}); re-create the corpus with 'sentemb prepare-corpus'"
-                ) from None
+__all__ = ["iter_lines"]
 
 
 def read_lines(path: str | os.PathLike) -> list[str]:

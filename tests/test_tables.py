@@ -1,0 +1,39 @@
+"""Table 1: mean over seeds per run name × backbone, sample std of Avg, n_seeds."""
+
+import json
+import statistics
+
+import pytest
+
+from sentemb import SentembError
+from sentemb.senteval import TASKS
+from sentemb.tables import collect, table1
+
+
+def _eval_json(path, name, backbone, seed, base):
+    scores = {t: base + i for i, t in enumerate(TASKS)}  # Avg = base + 3
+    path.write_text(json.dumps({**scores, "avg": base + 3,
+                                "run": {"name": name, "method": "simcse", "backbone": backbone, "seed": seed}}))
+    return path
+
+
+def test_table1_means_std_and_groups(tmp_path):
+    paths = [_eval_json(tmp_path / f"{n}{b}{s}.json", n, b, s, base)
+             for n, b, s, base in [("simcse", "bert", 1, 70.0), ("simcse", "bert", 2, 74.0),
+                                   ("simcse", "bert", 3, 75.0), ("simcse", "roberta", 1, 60.0)]]
+    t = table1(collect(paths)).set_index(["name", "backbone"])
+    bert = t.loc[("simcse", "bert")]
+    assert bert["STS12"] == pytest.approx(round(statistics.mean([70, 74, 75]), 2))
+    assert bert["SICKRelatedness"] == pytest.approx(round(statistics.mean([76, 80, 81]), 2))
+    assert bert["Avg"] == pytest.approx(round(statistics.mean([73, 77, 78]), 2))
+    assert bert["std"] == pytest.approx(round(statistics.stdev([73, 77, 78]), 2))  # sample std over seeds
+    assert bert["n_seeds"] == 3
+    rob = t.loc[("simcse", "roberta")]
+    assert (rob["Avg"], rob["std"], rob["n_seeds"]) == (63.0, 0.0, 1)
+
+
+def test_results_without_run_metadata_are_rejected(tmp_path):
+    p = tmp_path / "e.json"
+    p.write_text(json.dumps({"STS12": 1.0}))
+    with pytest.raises(SentembError, match="run metadata"):
+        collect([p])
