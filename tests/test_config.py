@@ -56,9 +56,32 @@ def test_errors_name_the_key(tmp_path, patch, key):
 
 
 def test_unknown_method_argument_is_rejected(tmp_path):
-    cfg = load_config(_write(tmp_path, {**BASE, "methods": {"simcse": {"temprature": 0.1}}}))
-    with pytest.raises(SentembError, match="temprature"):
-        resolve_run(cfg, "simcse", "b", 1)
+    with pytest.raises(SentembError, match=r"methods\.simcse\.temprature: unknown argument of method 'simcse'"):
+        load_config(_write(tmp_path, {**BASE, "methods": {"simcse": {"temprature": 0.1}}}))
+
+
+@pytest.mark.parametrize("block, msg", [
+    ({"methods": {"simcse": {"temperature": "0.05"}}}, r"methods\.simcse\.temperature: '0\.05' is not a number"),
+    ({"methods": {"simcse": {"mlp": "sometimes"}}}, r"methods\.simcse\.mlp: 'sometimes' is not one of"),
+    ({"runs": [{"method": "simcse", "backbone": "b", "method_args": {"tmperature": 1.0}}]},
+     r"runs\[0\]\.method_args\.tmperature: unknown argument of method 'simcse'"),
+    ({"runs": [{"method": "simcse", "backbone": "b", "method_args": {"temperature": True}}]},
+     r"runs\[0\]\.method_args\.temperature: True is not a number"),
+])
+def test_typed_method_arguments_name_the_key(tmp_path, block, msg):
+    with pytest.raises(SentembError, match=msg):
+        load_config(_write(tmp_path, {**BASE, **block}))
+
+
+def test_method_defaults_then_methods_block_then_run_args(tmp_path):
+    from sentemb.methods import get_method
+
+    cfg = load_config(_write(tmp_path, {**BASE, "methods": {"simcse": {"temperature": 0.1}},
+                                        "runs": [{"method": "simcse", "backbone": "b", "method_args": {"mlp": "none"}}]}))
+    run = resolve_run(cfg, "simcse", "b", 1)
+    assert run["method_args"] == {"temperature": 0.1, "mlp": "none"}
+    assert get_method("simcse").arg_defaults() == {"temperature": 0.05, "mlp": "train_only"}
+    assert run["paths"]["inputs"] == {}
 
 
 def test_not_yaml_and_missing_file(tmp_path):

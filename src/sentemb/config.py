@@ -88,6 +88,14 @@ def validate_config(config: dict, source: str = "config") -> dict:
                 f"invalid configuration in {source}: config key 'methods.{m}': unknown method "
                 f"(registered: {sorted(registry())})"
             )
+    # Method arguments against each method's declared Args (errors name the key).
+    try:
+        for m, margs in config["methods"].items():
+            registry()[m].validate_args(margs, f"methods.{m}")
+        for i, run in enumerate(config["runs"]):
+            registry()[run["method"]].validate_args(run["method_args"], f"runs[{i}].method_args")
+    except SentembError as e:
+        raise SentembError(f"invalid configuration in {source}: config key {e}") from None
     return config
 
 
@@ -139,24 +147,65 @@ def find_run(config: dict, name: str, backbone: str) -> dict:
     raise SentembError(f"no run named '{name}' on backbone '{backbone}' in config key 'runs'")
 
 
-def resolve_run(config: dict, name: str, backbone: str, seed: int) -> dict[str, Any]:
-    """The complete, self-contained settings of one training job (what MLflow records as params)."""
+def corpus_of(config: dict, run: dict) -> str:
+    """The name of the corpus a run trains on (``runs[].corpus``, default ``corpus.name``)."""
+    return run.get("corpus") or config["corpus"]["name"]
+
+
+def method_args_of(config: dict, run: dict) -> dict[str, Any]:
+    """A run's method arguments: the method's declared defaults, then ``methods.<method>``, then
+    the run's ``method_args`` (each layer validated, errors naming the key)."""
+    from .methods import get_method
+
+    cls = get_method(run["method"])
+    i = next((k for k, r in enumerate(config["runs"]) if r is run), None)
+    where = f"runs[{i}].method_args" if i is not None else "method_args"
+    base = cls.resolve_args(config["methods"].get(run["method"], {}), where=f"methods.{run['method']}")
+    cls.validate_args(run.get("method_args") or {}, where)
+    return {**base, **(run.get("method_args") or {})}
+
+
+def input_path(config: dict, name: str, *, corpus: str, backbone: str, method: str) -> str:
+    """Where the workflow puts input ``name`` (one of ``sentemb.methods.base.INPUT_NAMES``)."""
+    stats = f"{config['results_dir']}/stats/{corpus}"
+    res = config["resources_dir"]
+    if name == "token_freq":
+        return f"{stats}/token_freq.{backbone}.parquet"
+    files = {"tfidf": "tfidf.parquet", "tfidf_para": "tfidf_para.parquet", "paraphrases": "paraphrases.txt"}
+    if name in files:
+        return f"{stats}/{files[name]}"
+    if name == "rake":
+        from .stats import stats_settings
+
+        return f"{stats}/rake_top{int(stats_settings(config)['rake_top_k'])}.parquet"
+    if name == "nltk":
+        return f"{res}/nltk_data"
+    if name == "pretrained":
+        return f"{config['results_dir']}/pretrain/{method}/{backbone}/model"
+    raise SentembError(f"method '{method}' requires unknown input '{name}'")
+
+
+def run_inputs(config: dict, name: str, backbone: str) -> dict[str, str]:
+    """Every input the method of run ``name`` on ``backbone`` declares (``Method.requires(args)``),
+    name -> path. The train rule's ``input:`` and ``resolve_run``'s ``paths.inputs`` both come from
+    here, so the DAG and the run cannot disagree."""
     from .methods import get_method
 
     run = find_run(config, name, backbone)
+    cls = get_method(run["method"])
+    needed = cls.requires(method_args_of(config, run))
+    corpus = corpus_of(config, run)
+    return {n: input_path(config, n, corpus=corpus, backbone=backbone, method=run["method"]) for n in needed}
+
+
+def resolve_run(config: dict, name: str, backbone: str, seed: int) -> dict[str, Any]:
+    """The complete, self-contained settings of one training job (what MLflow records as params)."""
+    run = find_run(config, name, backbone)
     train = copy.deepcopy(config["train"])
     train.update(run.get("train", {}))
-    method_cls = get_method(run["method"])
-    margs = copy.deepcopy(method_cls.defaults)
-    margs.update(config["methods"].get(run["method"], {}))
-    margs.update(run.get("method_args", {}))
-    unknown = set(margs) - set(method_cls.defaults)
-    if unknown:
-        raise SentembError(
-            f"config: unknown argument(s) {sorted(unknown)} for method '{run['method']}' "
-            f"(in 'methods.{run['method']}' or the run's 'method_args'); known: {sorted(method_cls.defaults)}"
-        )
+    margs = method_args_of(config, run)
     res = config["resources_dir"]
+    corpus = corpus_of(config, run)
     return {
         "name": name,
         "method": run["method"],
@@ -167,11 +216,13 @@ def resolve_run(config: dict, name: str, backbone: str, seed: int) -> dict[str, 
         "method_args": margs,
         "experiment": config["experiment"],
         "tracking": config["tracking"],
+        "corpus": corpus,
         "paths": {
             "model": f"{res}/models/{backbone}",
-            "corpus": f"{res}/corpus/{config['corpus']['name']}.txt",
+            "corpus": f"{res}/corpus/{corpus}.txt",
             "senteval": f"{res}/data/senteval",
-            "stats": f"{config['results_dir']}/stats/{config['corpus']['name']}",
+            "stats": f"{config['results_dir']}/stats/{corpus}",
+            "inputs": run_inputs(config, name, backbone),
         },
     }
 

@@ -35,7 +35,7 @@ class Embedder:
     """
 
     def __init__(self, model, tokenizer, pooler: str, *, batch_size: int = 128, max_length: int | None = None,
-                 device=None, progress: bool = False, precision: str = "auto"):
+                 device=None, progress: bool = False, precision: str = "auto", head=None):
         import torch
 
         from .models import POOLERS, max_length_of
@@ -43,6 +43,7 @@ class Embedder:
         if pooler not in POOLERS:
             raise SentembError(f"unknown pooler '{pooler}' (choose from {', '.join(POOLERS)})")
         self.model, self.tokenizer, self.pooler = model, tokenizer, pooler
+        self.head = head  # optional module applied after pooling (a method's current head, e.g. SimCSE's MLP)
         self.batch_size = batch_size
         self.max_length = max_length or max_length_of(model, tokenizer)
         self.device = device if device is not None else next(model.parameters()).device
@@ -70,9 +71,12 @@ class Embedder:
         enc = self.tokenizer(uniq, truncation=True, max_length=self.max_length, add_special_tokens=True)
         ids = enc["input_ids"]
         order = sorted(range(len(uniq)), key=lambda i: len(ids[i]), reverse=True)
-        out = np.empty((len(uniq), self.model.config.hidden_size), dtype=np.float32)
+        out: np.ndarray | None = None  # width from the first batch (a head may change it)
         was_training = self.model.training
+        head_training = self.head is not None and self.head.training
         self.model.eval()
+        if self.head is not None:
+            self.head.eval()
         # "auto": bf16 autocast on CUDA (fast), fp32 elsewhere; "fp32" everywhere for exact figures.
         use_bf16 = self.precision == "bf16" or (
             self.precision == "auto" and self.device.type == "cuda" and torch.cuda.is_bf16_supported())
@@ -89,9 +93,18 @@ class Embedder:
                 batch = self.tokenizer.pad({k: [enc[k][i] for i in idx] for k in enc.keys()}, return_tensors="pt")
                 batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
                 outputs = self.model(**batch, output_hidden_states=hs, return_dict=True)
-                out[idx] = pool(self.pooler, outputs, batch["attention_mask"]).float().cpu().numpy()
+                vec = pool(self.pooler, outputs, batch["attention_mask"])
+                if self.head is not None:
+                    vec = self.head(vec)
+                if out is None:
+                    out = np.empty((len(uniq), vec.shape[-1]), dtype=np.float32)
+                out[idx] = vec.float().cpu().numpy()
         if was_training:
             self.model.train()
+        if head_training:
+            self.head.train()
+        if out is None:
+            out = np.empty((0, self.model.config.hidden_size), dtype=np.float32)
         pos = {s: i for i, s in enumerate(uniq)}
         return out[[pos[s] for s in sentences]]
 

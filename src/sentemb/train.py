@@ -152,8 +152,8 @@ def train(run: dict, out_dir: str | Path, *, progress: bool = True, stop_after: 
     seed_everything(seed)
     encoder, tokenizer = load_encoder(paths["model"], dropout=tc.get("dropout"))
     method_cls = get_method(run["method"])
-    stats = Path(paths["stats"]) if paths.get("stats") else None
-    ctx = MethodContext(max_len=tc["max_len"], seed=seed, stats_dir=stats)
+    ctx = MethodContext(max_len=tc["max_len"], seed=seed, backbone=run["backbone"], model_dir=Path(paths["model"]),
+                        inputs={k: Path(v) for k, v in paths.get("inputs", {}).items()}, corpus=Path(paths["corpus"]))
     method = method_cls(encoder, tokenizer, run["method_args"], ctx).to(device)
     pooler = method_cls.pooler_for(method.args)
     step_fn = method.losses
@@ -248,8 +248,9 @@ def train(run: dict, out_dir: str | Path, *, progress: bool = True, stop_after: 
     with tracker:
         while step < total:
             for k in range(accum):
-                idx = micro[step * accum + k]
-                batch = method.build_batch([sentences[i] for i in idx], step=step)
+                m = step * accum + k
+                idx = micro[m]
+                batch = method.build_batch([sentences[i] for i in idx], step=step, lines=idx, micro=m)
                 n_sent += len(idx)
                 if "attention_mask" in batch:
                     n_tok += int(batch["attention_mask"].sum())

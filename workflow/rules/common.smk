@@ -2,7 +2,7 @@
 import os
 
 from sentemb import SentembError
-from sentemb.config import mirror_dir, resolve_run, validate_config
+from sentemb.config import mirror_dir, resolve_run, run_inputs, validate_config
 from sentemb.utils import expose_cli
 from sentemb.methods import get_method
 
@@ -45,11 +45,10 @@ def run_of(wildcards):
     return resolve_run(config, wildcards.name, wildcards.backbone, int(wildcards.seed))
 
 
-def stats_inputs(wildcards):
-    """Corpus statistics the run's method reads (Method.requires_stats), as stats-stage outputs."""
-    run = next(r for r in config["runs"] if r["name"] == wildcards.name and r["backbone"] == wildcards.backbone)
-    needed = get_method(run["method"]).requires_stats
-    return {k: STATS_OUTPUTS[k](wildcards) for k in needed}
+def method_inputs(wildcards):
+    """Every input the run's method declares (Method.requires(args)), from the same package
+    function that writes them into the run config (sentemb.config.run_inputs)."""
+    return run_inputs(config, wildcards.name, wildcards.backbone)
 
 
 def eval_pooler(wildcards):
@@ -65,6 +64,3 @@ def eval_outputs():
         f"{RESULTS}/runs/{n}/{b}/seed{s}/eval_sts.json" for n, b in RUNS for s in SEEDS
     ]
 
-
-# Filled by stats.smk: name -> function(wildcards) -> path of that statistic for the run.
-STATS_OUTPUTS = {}

@@ -1,6 +1,6 @@
 # Stage `stats`: corpus statistics computed once per corpus; training jobs only read them
 # (shared/docs/methods.md §1-3). Thin rules around `sentemb stats-*` / `sentemb paraphrase*`
-# (sentemb.stats). Expects RES, RESULTS, LOGS, MIRROR, CORPUS, STATS_OUTPUTS and res() from
+# (sentemb.stats). Expects RES, RESULTS, LOGS, MIRROR, CORPUS and res() from
 # common.smk. Outputs, under results/stats/<corpus>/:
 #   token_freq.<backbone>.parquet   token frequency per backbone tokenizer (SARCSE)
 #   tfidf.parquet                   TF-IDF over the corpus (+ paraphrases if stats.tfidf_with_paraphrases)
@@ -25,18 +25,6 @@ STATS_DIR = f"{RESULTS}/stats/{{corpus}}"
 CORPUS_TXT = f"{RES}/corpus/{{corpus}}.txt"
 # All statistics of the configured corpus, for `rule all` (paraphrases only if enabled).
 STATS_TARGETS = stats_targets(config)
-
-# What a method may list in `requires_stats`, as the path of that statistic for a training job.
-STATS_OUTPUTS.update(
-    {
-        "token_freq": lambda wc: f"{RESULTS}/stats/{CORPUS}/token_freq.{wc.backbone}.parquet",
-        "tfidf": lambda wc: f"{RESULTS}/stats/{CORPUS}/tfidf.parquet",
-        "tfidf_para": lambda wc: f"{RESULTS}/stats/{CORPUS}/tfidf_para.parquet",
-        "rake": lambda wc: f"{RESULTS}/stats/{CORPUS}/rake_top{RAKE_TOP_K}.parquet",
-        "paraphrases": lambda wc: f"{RESULTS}/stats/{CORPUS}/paraphrases.txt",
-    }
-)
-
 
 rule fetch_paraphraser:
     """The seq2seq paraphrase model (default tuner007/pegasus_paraphrase), via `sentemb fetch-model`."""

@@ -35,10 +35,10 @@ rule run_config:
 
 rule train:
     input:
-        unpack(stats_inputs),
+        unpack(method_inputs),
         run=f"{RUN_DIR}/run_config.json",
         model=f"{RES}/models/{{backbone}}",
-        corpus=f"{RES}/corpus/{CORPUS}.txt",
+        corpus=lambda w: resolve_run(config, w.name, w.backbone, int(w.seed))["paths"]["corpus"],
         senteval=f"{RES}/data/senteval",
         tracking=TRACKING_MARKER if TRACKING else [],
     output:

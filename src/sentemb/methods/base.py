@@ -1,19 +1,57 @@
 """The interface between the shared training loop and a method.
 
-The loop owns data order, optimisation, precision, evaluation, checkpoints and tracking. A method
-owns only (1) how a list of corpus sentences becomes model inputs (``build_batch``, run on CPU)
-and (2) the named loss terms computed from those inputs (``losses``). Extra trainable modules
-(heads, decoders) are submodules of the method, so the loop optimises them too.
+The loop (``sentemb.train``) owns data order, optimisation, precision, evaluation, checkpoints and
+tracking. A method owns only
+
+1. its typed arguments (``Args``, a dataclass declared once in the method's module),
+2. the inputs it reads (``requires(args)``: names of statistics-stage or other workflow outputs,
+   handed over as paths in ``ctx.inputs``),
+3. how a list of corpus sentences becomes model inputs (``build_batch``, on CPU, deterministic for
+   a given ``(ctx.seed, micro)``), and
+4. the named loss terms computed from those inputs (``losses``).
+
+Extra trainable modules (heads, decoders) are submodules of the method, so the loop optimises them
+too; frozen ones set ``requires_grad = False`` and the optimizer leaves them out. A method whose
+sentence embedding is not a pooled encoder output declares ``eval_pooler = "method"`` and
+overrides ``embedder``, ``export`` and ``load_embedder``.
+
+Adding a method = one module in ``sentemb/methods/`` (a ``Method`` subclass decorated with
+``@register_method``, listed in ``_MODULES`` of ``sentemb/methods/__init__.py``) + its config block.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar, Sequence
 
 import torch
 from torch import nn
+
+from .. import SentembError
+
+#: Names a method may list in ``requires(args)``; ``sentemb.config.run_inputs`` maps each to a path.
+INPUT_NAMES = ("token_freq", "tfidf", "tfidf_para", "rake", "paraphrases", "nltk", "pretrained")
+
+EmbedFn = Callable[[Sequence[str]], Any]  # list of sentences -> float32 array (n, dim)
+
+
+def arg(default: Any, help: str, choices: Sequence[Any] | None = None) -> Any:
+    """Declare one method argument: ``temperature: float = arg(0.05, "τ of Eq. 1")``."""
+    return field(default=default, metadata={"help": help, "choices": tuple(choices) if choices else None})
+
+
+@dataclass(frozen=True)
+class ArgSpec:
+    """One declared argument, as ``sentemb methods`` lists it."""
+
+    name: str
+    type: str
+    default: Any
+    help: str
+    choices: tuple | None
 
 
 @dataclass
@@ -22,58 +60,194 @@ class MethodContext:
 
     max_len: int
     seed: int
-    stats_dir: Path | None = None  # results/stats/<corpus>/ (token frequencies, TF-IDF, phrases, ...)
+    backbone: str = ""  # name of the backbone in config (key of `backbones`)
+    model_dir: Path | None = None  # the pretrained backbone's directory
+    #: every input the method declared in ``requires(args)``, by name (see INPUT_NAMES)
+    inputs: dict[str, Path] = field(default_factory=dict)
+    corpus: Path | None = None  # the training corpus (one sentence per line; line i <-> index i)
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def input(self, name: str) -> Path:
+        """The path of declared input ``name``; a clear error if the run was not given it."""
+        if name not in self.inputs:
+            raise SentembError(f"input '{name}' was not provided to this run (declared inputs: {sorted(self.inputs)}); "
+                               "does the method's requires(args) list it?")
+        return Path(self.inputs[name])
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is typing.Union or (origin is not None and str(origin) == "<class 'types.UnionType'>"):
+        return " | ".join(_type_name(a) for a in typing.get_args(tp))
+    if origin is not None:
+        return getattr(origin, "__name__", str(origin))
+    return "null" if tp is type(None) else getattr(tp, "__name__", str(tp))
+
+
+def _check_value(value: Any, tp: Any) -> bool:
+    """Does ``value`` (from YAML/JSON) fit the annotation ``tp``? int is a float; bool is neither."""
+    origin = typing.get_origin(tp)
+    if origin is typing.Union or (origin is not None and str(origin) == "<class 'types.UnionType'>"):
+        return any(_check_value(value, a) for a in typing.get_args(tp))
+    if tp is type(None):
+        return value is None
+    if tp is Any:
+        return True
+    if tp is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if tp is bool:
+        return isinstance(value, bool)
+    if tp is str:
+        return isinstance(value, str)
+    if origin in (list, tuple, Sequence) or tp in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            return False
+        inner = typing.get_args(tp)
+        return not inner or all(_check_value(v, inner[0]) for v in value)
+    if origin is dict or tp is dict:
+        return isinstance(value, dict)
+    return isinstance(value, tp) if isinstance(tp, type) else True
+
+
+_KIND = {float: "a number", int: "an integer", bool: "true or false", str: "a string"}
 
 
 class Method(nn.Module):
     name: ClassVar[str]
-    defaults: ClassVar[dict[str, Any]] = {}
-    #: pooler used to evaluate the exported encoder (sentemb evaluate --pooler)
+
+    @dataclass
+    class Args:
+        """No arguments (a method's own module declares its ``Args`` dataclass with ``arg(...)``)."""
+
+    #: pooler used to evaluate the exported model (sentemb evaluate --pooler); "method" = the
+    #: method's own embedder (``load_embedder``)
     eval_pooler: ClassVar[str] = "cls_before_pooler"
-    #: corpus statistics the method reads from ``ctx.stats_dir`` (names of stats-stage outputs,
-    #: e.g. "token_freq", "tfidf", "rake", "paraphrases"); the workflow makes training depend on them
-    requires_stats: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, encoder: nn.Module, tokenizer, args: dict[str, Any], ctx: MethodContext):
         super().__init__()
         self.encoder = encoder
         self.tokenizer = tokenizer
-        self.args = {**self.defaults, **args}
+        self.args = self.resolve_args(args, where=f"method '{self.name}'")
         self.ctx = ctx
+
+    # ------------------------------------------------------------------ arguments and inputs
+    @classmethod
+    def arg_specs(cls) -> list[ArgSpec]:
+        hints = typing.get_type_hints(cls.Args)
+        out = []
+        for f in dataclasses.fields(cls.Args):
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+            out.append(ArgSpec(f.name, _type_name(hints[f.name]), default, f.metadata.get("help", ""),
+                               f.metadata.get("choices")))
+        return out
+
+    @classmethod
+    def arg_defaults(cls) -> dict[str, Any]:
+        return {s.name: s.default for s in cls.arg_specs()}
+
+    @classmethod
+    def validate_args(cls, args: dict[str, Any], where: str) -> None:
+        """Check user-given ``args`` against ``Args``; errors name the key (``where.<name>``)."""
+        if not isinstance(args, dict):
+            raise SentembError(f"{where}: must be a mapping of argument names to values, not {type(args).__name__}")
+        hints = typing.get_type_hints(cls.Args)
+        specs = {s.name: s for s in cls.arg_specs()}
+        for key, value in args.items():
+            if key not in specs:
+                raise SentembError(f"{where}.{key}: unknown argument of method '{cls.name}' (known: {', '.join(specs)})")
+            tp = hints[key]
+            if not _check_value(value, tp):
+                kind = _KIND.get(tp, f"of type {_type_name(tp)}")
+                raise SentembError(f"{where}.{key}: {value!r} is not {kind}")
+            ch = specs[key].choices
+            if ch is not None and value not in ch:
+                raise SentembError(f"{where}.{key}: {value!r} is not one of {', '.join(map(repr, ch))}")
+
+    @classmethod
+    def resolve_args(cls, *layers: dict[str, Any] | None, where: str = "method_args") -> dict[str, Any]:
+        """Defaults updated by each layer in turn (e.g. ``methods.<name>``, then ``runs[i].method_args``)."""
+        out = cls.arg_defaults()
+        for layer in layers:
+            if layer:
+                cls.validate_args(layer, where)
+                out.update(layer)
+        return out
+
+    @classmethod
+    def requires(cls, args: dict[str, Any]) -> tuple[str, ...]:
+        """Names of the inputs (``INPUT_NAMES``) a run with these (resolved) args reads."""
+        return ()
 
     @classmethod
     def pooler_for(cls, args: dict[str, Any]) -> str:
         """The evaluation pooler of a model trained with ``args`` (known before training)."""
         return cls.eval_pooler
 
-    def build_batch(self, sentences: list[str], step: int = 0) -> dict[str, torch.Tensor]:
-        """Turn corpus sentences into CPU tensors (dynamic padding, truncation to ``ctx.max_len``).
+    # ------------------------------------------------------------------ randomness
+    def np_rng(self, micro: int):
+        """numpy Generator seeded with ``(ctx.seed, micro)``: the same batch after resume/accumulation."""
+        import numpy as np
 
-        ``step`` is the number of optimizer steps done so far (for schedules such as UNA's "every
-        α batches"); it is restored on resume, so batches are the same after a restart."""
+        return np.random.default_rng([int(self.ctx.seed), int(micro)])
+
+    def torch_rng(self, micro: int) -> torch.Generator:
+        """CPU torch Generator seeded with ``(ctx.seed, micro)``."""
+        import numpy as np
+
+        g = torch.Generator()
+        g.manual_seed(int(np.random.SeedSequence([int(self.ctx.seed), int(micro)]).generate_state(1, np.uint64)[0] >> 1))
+        return g
+
+    # ------------------------------------------------------------------ training
+    def build_batch(self, sentences: list[str], step: int = 0, *, lines: Sequence[int] | None = None,
+                    micro: int = 0) -> dict[str, torch.Tensor]:
+        """Turn corpus sentences into a flat dict of CPU tensors (dynamic padding, truncation to
+        ``ctx.max_len``).
+
+        ``step``: optimizer steps done so far (schedules such as UNA's "every α steps").
+        ``lines``: the sentences' corpus line indices (paraphrases and RAKE rows are line-aligned).
+        ``micro``: the global micro-batch index; draw every random choice from ``np_rng(micro)`` /
+        ``torch_rng(micro)`` so batches are identical after a resume and under accumulation."""
         raise NotImplementedError
 
     def losses(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Named loss terms; ``"loss"`` is the total that is back-propagated."""
+        """Named loss terms; ``"loss"`` is the total that is back-propagated (fp32 scalar). Other
+        terms are logged (``train/<name>``) and must be scalars."""
         raise NotImplementedError
 
+    # ------------------------------------------------------------------ evaluation and export
     def export_head(self) -> nn.Module | None:
-        """A Linear+Tanh head to store in the encoder's pooler slot on export (or None)."""
+        """A Linear+Tanh head (``.dense``) stored in the exported checkpoint's pooler slot (or None)."""
         return None
 
-    def embedder(self, pooler: str, device: torch.device):
-        """What the loop's STS-B dev evaluation encodes sentences with (a callable list[str] ->
-        array). Default: the encoder + ``pooler``; a method whose sentence embedding is not a pooled
-        encoder output (e.g. SARCSE's TextCNN code) overrides this and ``export``."""
+    def dev_head(self, pooler: str) -> nn.Module | None:
+        """A module applied after pooling by the training-time dev embedder (default: the export
+        head when the evaluation pooler is ``cls``, i.e. the head is kept at test time)."""
+        return self.export_head() if pooler == "cls" else None
+
+    def embedder(self, pooler: str, device: torch.device) -> EmbedFn:
+        """What the loop's STS-B dev evaluation encodes sentences with (list[str] -> array), using
+        the current weights. Default: the encoder + ``pooler`` (+ ``dev_head``)."""
         from ..evaluate import Embedder
 
         # fp32 even on CUDA: model selection should not hinge on bf16 rounding (3,000 sentences: cheap).
-        return Embedder(self.encoder, self.tokenizer, pooler, batch_size=128, device=device, precision="fp32")
+        return Embedder(self.encoder, self.tokenizer, "cls_before_pooler" if pooler == "cls" else pooler,
+                        head=self.dev_head(pooler), batch_size=128, device=device, precision="fp32")
 
     def export(self, out_dir: Path, pooler: str, meta: dict[str, Any]) -> None:
-        """Write the trained sentence encoder to ``out_dir`` (HF + sentence-transformers layout)."""
+        """Write the trained sentence encoder to ``out_dir`` (HF + sentence-transformers layout).
+        ``meta`` (method, name, backbone, seed, step, dev) goes into ``sentemb.json``."""
         from ..models import export, max_length_of
 
         export(self.encoder, self.tokenizer, out_dir, pooler=pooler, head=self.export_head(),
                max_seq_length=max_length_of(self.encoder, self.tokenizer), meta=meta)
+
+    @classmethod
+    def load_embedder(cls, model_dir: str | Path, device: torch.device, batch_size: int = 128,
+                      precision: str = "auto") -> EmbedFn:
+        """The embedder of an exported model for ``sentemb evaluate --pooler method``. Only methods
+        with ``eval_pooler = "method"`` implement it."""
+        raise SentembError(f"method '{cls.name}' defines no embedder of its own; evaluate with a pooler "
+                           f"(its models use '{cls.eval_pooler}')")

@@ -15,9 +15,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from dataclasses import dataclass
+
 from ..models import MLPHead
 from . import register_method
-from .base import Method
+from .base import Method, arg
 
 
 def info_nce(z1: torch.Tensor, z2: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -31,27 +33,26 @@ def info_nce(z1: torch.Tensor, z2: torch.Tensor, temperature: float) -> torch.Te
 @register_method
 class SimCSE(Method):
     name = "simcse"
-    defaults = {
-        "temperature": 0.05,
-        "mlp": "train_only",  # train_only (SimCSE unsup), always, none
-    }
+
+    @dataclass
+    class Args:
+        temperature: float = arg(0.05, "τ of InfoNCE (Eq. 1)")
+        mlp: str = arg("train_only", "Linear+Tanh head on [CLS]: in training only (unsup. SimCSE), "
+                       "kept at test time, or none", choices=("train_only", "always", "none"))
+
     eval_pooler = "cls_before_pooler"
 
     @classmethod
     def pooler_for(cls, args):
         # With the MLP kept at test time ("always"), the exported pooler slot holds it: pooler "cls".
-        return "cls" if args.get("mlp", cls.defaults["mlp"]) == "always" else "cls_before_pooler"
+        return "cls" if cls.resolve_args(args)["mlp"] == "always" else "cls_before_pooler"
 
     def __init__(self, encoder, tokenizer, args, ctx):
         super().__init__(encoder, tokenizer, args, ctx)
-        if self.args["mlp"] not in ("train_only", "always", "none"):
-            from .. import SentembError
-
-            raise SentembError(f"simcse: 'mlp' must be train_only, always or none, not {self.args['mlp']!r}")
         hidden = encoder.config.hidden_size
         self.mlp = MLPHead(hidden, getattr(encoder.config, "initializer_range", 0.02)) if self.args["mlp"] != "none" else None
 
-    def build_batch(self, sentences, step=0):
+    def build_batch(self, sentences, step=0, *, lines=None, micro=0):
         enc = self.tokenizer(sentences, padding=True, truncation=True, max_length=self.ctx.max_len, return_tensors="pt")
         return dict(enc)
 

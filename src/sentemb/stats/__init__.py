@@ -118,7 +118,7 @@ def stats_settings(config: dict) -> dict:
 
     ``paraphrase.enabled`` is resolved to a bool: if unset (null), paraphrases are made when
     ``tfidf_with_paraphrases`` is set or a configured run's method lists "paraphrases" or
-    "tfidf_para" in ``requires_stats``. ``paraphrase.model_name`` names the model's directory.
+    "tfidf_para" in ``Method.requires(args)``. ``paraphrase.model_name`` names the model's directory.
     """
     s = dict(config.get("stats") or {})
     s.setdefault("rake_top_k", 5)
@@ -129,9 +129,10 @@ def stats_settings(config: dict) -> dict:
                      "sha256": None, "random_init": None, **(para.get("model") or {})}
     para["model_name"] = para["model"]["hub_id"].rstrip("/").split("/")[-1]
     if para["enabled"] is None:
+        from ..config import method_args_of
         from ..methods import get_method
 
-        needed = {n for r in config.get("runs", []) for n in get_method(r["method"]).requires_stats}
+        needed = {n for r in config.get("runs", []) for n in get_method(r["method"]).requires(method_args_of(config, r))}
         para["enabled"] = bool(s["tfidf_with_paraphrases"] or needed & {"paraphrases", "tfidf_para"})
     s["paraphrase"] = para
     return s
