@@ -127,3 +127,31 @@ def test_export_refuses_a_pooler_sentence_transformers_cannot_express(tiny_bert_
     m = _method(tiny_bert_dir)
     with pytest.raises(SentembError, match="avg_top2"):
         export(m.encoder, m.tokenizer, tmp_path / "m", pooler="avg_top2", max_seq_length=64)
+
+
+def test_dev_embedder_with_mlp_always_is_the_current_mlp_on_cls(tiny_bert_dir, tmp_path):
+    """Review fix (issue 6 §4): with ``mlp: always`` model selection must score MLP([CLS]) of the
+    current weights, not the encoder's pooler slot (BERT's NSP pooler or a stale copy)."""
+    from sentemb.models import load_encoder
+
+    enc, tok = load_encoder(tiny_bert_dir, pooling_layer=False)
+    assert getattr(enc, "pooler", None) is None  # the pretrained NSP pooler is not loaded in training
+    m = get_method("simcse")(enc, tok, {"mlp": "always"}, MethodContext(max_len=16, seed=0))
+    sents = ["a man plays guitar", "the dog runs in the park", "red car"]
+    pooler = get_method("simcse").pooler_for(m.args)
+    for scale in (0.3, 0.9):  # the dev embedder follows every change of the MLP
+        with torch.no_grad():
+            m.mlp.dense.weight.normal_(std=scale)
+            m.mlp.dense.bias.normal_(std=scale)
+        got = m.embedder(pooler, torch.device("cpu"))(sents)
+        m.eval()
+        with torch.no_grad():
+            b = tok(sents, padding=True, return_tensors="pt")
+            cls = enc(**b).last_hidden_state[:, 0]
+            want = torch.tanh(cls @ m.mlp.dense.weight.T + m.mlp.dense.bias).numpy()
+        np.testing.assert_allclose(got, want, atol=1e-5)
+    # and the export's `cls` pooler is that same MLP (written into the checkpoint's pooler slot)
+    from sentemb.evaluate import embedder_for
+
+    m.export(tmp_path / "m", pooler, meta={"method": "simcse"})
+    np.testing.assert_allclose(embedder_for(tmp_path / "m", pooler, device="cpu")(sents), want, atol=1e-5)

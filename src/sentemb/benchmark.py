@@ -70,26 +70,58 @@ def _timed_training(module, opt, make_batch, loss_of, sentences, batch_size, ste
     return time.perf_counter() - t0, n_tok, n_pad
 
 
-def bench_sentemb(model_dir, sentences, batch_size, steps, warmup, device, max_len, precision):
-    """sentemb's SimCSE: both dropout views in one forward pass of 2B rows."""
+def bench_method(model_dir, sentences, batch_size, steps, warmup, device, max_len, precision, method="simcse",
+                 method_args=None, inputs=None, corpus=None):
+    """A registered method through the loop's own calls: ``build_batch`` (timed separately, with the
+    sentences' corpus line indices and the micro-batch index), transfer, autocast, ``losses``,
+    backward, clip, AdamW. Returns (seconds, real tokens, padded tokens, encoder config, build seconds)."""
     import torch
+
+    from pathlib import Path
 
     from .methods import MethodContext, get_method
     from .models import load_encoder
-    from .train import build_optimizer
+    from .train import _precision, build_optimizer
 
     torch.manual_seed(0)
-    enc, tok = load_encoder(model_dir)
-    m = get_method("simcse")(enc, tok, {}, MethodContext(max_len=max_len, seed=0)).to(device)
+    enc, tok = load_encoder(model_dir, pooling_layer=False)
+    ctx = MethodContext(max_len=max_len, seed=0, backbone=Path(model_dir).name, model_dir=Path(model_dir),
+                        inputs={k: Path(v) for k, v in (inputs or {}).items()}, corpus=Path(corpus) if corpus else None)
+    m = get_method(method)(enc, tok, method_args or {}, ctx).to(device)
     m.train()
     opt = build_optimizer(m, 3e-5, 0.0, device)
+    amp = _precision(precision, device)
+    n_tok = n_pad = 0
+    t0 = None
+    t_build = 0.0
+    for i in range(warmup + steps):
+        if i == warmup:
+            _sync(device)
+            t0, t_build = time.perf_counter(), 0.0
+        start = (i * batch_size) % len(sentences)
+        lines = list(range(start, min(start + batch_size, len(sentences))))
+        tb = time.perf_counter()
+        cpu_batch = m.build_batch([sentences[j] for j in lines], step=i, lines=lines, micro=i)
+        t_build += time.perf_counter() - tb
+        batch = {k: v.to(device, non_blocking=True) for k, v in cpu_batch.items()}
+        with torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
+            loss = m.losses(batch)["loss"]
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if i >= warmup and "attention_mask" in batch:
+            n_tok += int(batch["attention_mask"].sum())
+            n_pad += batch["attention_mask"].numel()
+    _sync(device)
+    return time.perf_counter() - t0, n_tok, n_pad, enc.config, t_build
 
-    def make_batch(s):
-        return {k: v.to(device, non_blocking=True) for k, v in m.build_batch(s).items()}
 
-    secs, n_tok, n_pad = _timed_training(m, opt, make_batch, lambda b: m.losses(b)["loss"], sentences,
-                                         batch_size, steps, warmup, device, precision)
-    return secs, n_tok, n_pad, enc.config
+def bench_sentemb(model_dir, sentences, batch_size, steps, warmup, device, max_len, precision):
+    """sentemb's SimCSE: both dropout views in one forward pass of 2B rows."""
+    secs, n_tok, n_pad, cfg, _ = bench_method(model_dir, sentences, batch_size, steps, warmup, device, max_len,
+                                              precision, "simcse")
+    return secs, n_tok, n_pad, cfg
 
 
 def bench_st(model_dir, sentences, batch_size, steps, warmup, device, max_len, precision):
@@ -145,13 +177,20 @@ def _cmd_benchmark(args) -> int:
     if len(sentences) < need:
         raise SentembError(f"--corpus has {len(sentences)} sentences; {need} are needed for the steps asked")
     rows = []
-    secs, tok, padded, cfg = bench_sentemb(args.model, sentences, args.batch_size, args.steps, args.warmup, device,
-                                           args.max_len, args.precision)
+    methods = list(dict.fromkeys(["simcse", *(args.method or [])]))  # simcse first: the ratio's reference
+    margs = _method_args(args.method_args, methods)
+    inputs = dict(kv.split("=", 1) for kv in args.input)
     sents = args.batch_size * args.steps
     peak = _peak(device, args.peak_tflops)
-    # Both views are encoded: 2 × tokens pass through the network each step.
-    mfu = (train_flops(cfg, 2 * padded, padded // sents) / secs / (peak * 1e12)) if peak else None
-    rows.append(("train sentemb simcse", sents / secs, tok / secs, 1000 * secs / args.steps, mfu))
+    per_method = []
+    for name in methods:
+        secs, tok, padded, cfg, t_build = bench_method(
+            args.model, sentences, args.batch_size, args.steps, args.warmup, device, args.max_len, args.precision,
+            name, margs.get(name), inputs, args.corpus)
+        # SimCSE encodes both views: 2 × tokens pass through the network each step.
+        mfu = (train_flops(cfg, 2 * padded, padded // sents) / secs / (peak * 1e12)) if peak and name == "simcse" else None
+        rows.append((f"train sentemb {name}", sents / secs, tok / secs, 1000 * secs / args.steps, mfu))
+        per_method.append((name, sents / secs, tok / secs, t_build / secs))
     if args.compare_st:
         s2, t2 = bench_st(args.model, sentences, args.batch_size, args.steps, args.warmup, device, args.max_len,
                           args.precision)
@@ -165,7 +204,37 @@ def _cmd_benchmark(args) -> int:
     for what, sps, tps, ms, u in rows:
         print(f"{what:<36} {sps:>12.1f} {tps:>12.0f} {ms if ms is not None else float('nan'):>9.1f} "
               f"{(f'{100 * u:.1f}%' if u is not None else '-'):>7}")
+    if args.method:
+        ref = per_method[0][1]
+        print()
+        print(f"{'method':<16} {'sentences/s':>12} {'tokens/s':>12} {'build_batch share':>18} {'vs simcse':>10}")
+        for name, sps, tps, share in per_method:
+            print(f"{name:<16} {sps:>12.1f} {tps:>12.0f} {100 * share:>17.1f}% {sps / ref:>9.2f}x")
+        print("(tokens/s counts the real tokens of the batch a method builds; build_batch share = time in "
+              "build_batch / step time)")
     return 0
+
+
+def _method_args(items: list[str], methods: list[str]) -> dict[str, dict]:
+    """``--method-args`` values: ``NAME=JSON`` for one method, or plain JSON for the one non-simcse method."""
+    import json
+
+    out: dict[str, dict] = {}
+    for it in items:
+        name, _, text = it.partition("=") if not it.lstrip().startswith("{") else ("", "", it)
+        if not name:
+            others = [m for m in methods if m != "simcse"] or ["simcse"]
+            if len(others) != 1:
+                raise SentembError("--method-args: with several methods write NAME=JSON")
+            name = others[0]
+        try:
+            val = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise SentembError(f"--method-args {it!r}: not valid JSON ({e})") from None
+        if not isinstance(val, dict):
+            raise SentembError(f"--method-args {it!r}: must be a JSON object")
+        out[name] = {**out.get(name, {}), **val}
+    return out
 
 
 def register(sub) -> None:
@@ -183,4 +252,11 @@ def register(sub) -> None:
     p.add_argument("--eval-batch-size", type=int, default=128)
     p.add_argument("--peak-tflops", type=float, default=None, help="device peak for MFU (default: by GPU name)")
     p.add_argument("--compare-st", action="store_true", help="also time sentence-transformers' MNRL recipe")
+    p.add_argument("--method", action="append", default=[], metavar="NAME",
+                   help="also time this registered method (repeatable); prints a per-method table with the "
+                        "share of build_batch and the ratio to simcse measured in the same invocation")
+    p.add_argument("--method-args", action="append", default=[], metavar="[NAME=]JSON",
+                   help="method arguments, e.g. 'una={\"alpha\": 5}'")
+    p.add_argument("--input", action="append", default=[], metavar="NAME=PATH",
+                   help="an input a method declares (token_freq, tfidf, rake, paraphrases, nltk, ...)")
     p.set_defaults(func=_cmd_benchmark)

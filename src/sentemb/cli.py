@@ -17,6 +17,7 @@ from . import SentembError, __version__
 COMMAND_MODULES = [
     "sentemb.data",
     "sentemb.stats.cli",
+    "sentemb.methods.cli",
     "sentemb.train",
     "sentemb.evaluate",
     "sentemb.tables",

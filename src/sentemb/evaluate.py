@@ -109,6 +109,28 @@ class Embedder:
         return out[[pos[s] for s in sentences]]
 
 
+def embedder_for(model_dir: str | Path, pooler: str, *, device="auto", batch_size: int = 128,
+                 max_length: int | None = None, progress: bool = False, precision: str = "auto") -> EmbedFn:
+    """The embedder of a model directory: an encoder + ``pooler``, or, with ``pooler="method"``, the
+    embedder the training method defines (``Method.load_embedder``, named by the model's ``sentemb.json``)."""
+    if pooler != "method":
+        return Embedder.from_dir(model_dir, pooler, device=device, batch_size=batch_size, max_length=max_length,
+                                 progress=progress, precision=precision)
+    from .methods import get_method
+    from .utils import resolve_device
+
+    meta_file = Path(model_dir) / "sentemb.json"
+    if not meta_file.is_file():
+        raise SentembError(f"--pooler method: {meta_file} not found (only models exported by `sentemb train` "
+                           "carry their method's embedder; use an encoder pooler instead)")
+    try:
+        meta = json.loads(meta_file.read_text("utf-8"))
+        name = meta["method"]
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        raise SentembError(f"{meta_file}: no method name in it ({e!r})") from None
+    return get_method(name).load_embedder(model_dir, resolve_device(device), batch_size, precision)
+
+
 def cosine_pairs(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     a = a.astype(np.float64)
     b = b.astype(np.float64)
@@ -206,8 +228,8 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     t0 = time.time()
-    embedder = Embedder.from_dir(args.model, args.pooler, device=args.device, batch_size=args.batch_size,
-                                 max_length=args.max_length, progress=not args.quiet, precision=args.precision)
+    embedder = embedder_for(args.model, args.pooler, device=args.device, batch_size=args.batch_size,
+                            max_length=args.max_length, progress=not args.quiet, precision=args.precision)
     res = evaluate_sts(embedder, args.data_dir, tasks, args.setting)
     secs = time.time() - t0
     out = {t: round(res[t], 4) for t in tasks}
@@ -256,7 +278,9 @@ def register(sub) -> None:
 
     p = sub.add_parser("evaluate", help="STS evaluation (SentEval protocol) of a model directory")
     p.add_argument("--model", required=True, help="Hugging Face model directory or a sentemb checkpoint")
-    p.add_argument("--pooler", required=True, choices=POOLERS)
+    p.add_argument("--pooler", required=True, choices=[*POOLERS, "method"],
+                   help="how to pool the encoder's outputs; 'method': the embedder the training method defines "
+                        "(read from the model's sentemb.json)")
     p.add_argument("--data-dir", required=True, help="SentEval data root (holds STS/ and SICK/)")
     p.add_argument("--tasks", default=",".join(TASKS))
     p.add_argument("--setting", default="all", choices=["all", "mean", "wmean"])

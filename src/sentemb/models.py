@@ -53,8 +53,12 @@ def pool(pooler: str, outputs, attention_mask: torch.Tensor) -> torch.Tensor:
     raise SentembError(f"unknown pooler '{pooler}' (choose from {', '.join(POOLERS)})")
 
 
-def load_encoder(model_dir: str | Path, *, dropout: float | None = None, device=None, sdpa: bool = True):
-    """Load (model, tokenizer) from a Hugging Face directory; optionally override dropout rates."""
+def load_encoder(model_dir: str | Path, *, dropout: float | None = None, device=None, sdpa: bool = True,
+                 pooling_layer: bool = True):
+    """Load (model, tokenizer) from a Hugging Face directory; optionally override dropout rates.
+
+    ``pooling_layer=False`` (training) leaves out BERT's pretrained NSP pooler (methods.md §0: it is
+    neither loaded nor computed); models without that option load as they are."""
     from transformers import AutoConfig, AutoModel, AutoTokenizer
 
     model_dir = Path(model_dir)
@@ -66,17 +70,51 @@ def load_encoder(model_dir: str | Path, *, dropout: float | None = None, device=
             if hasattr(cfg, key):
                 setattr(cfg, key, dropout)
     kwargs = {"config": cfg}
+    if not pooling_layer:
+        kwargs["add_pooling_layer"] = False
     if sdpa:
         kwargs["attn_implementation"] = "sdpa"
     try:
-        model = AutoModel.from_pretrained(model_dir, **kwargs)
+        model = _from_pretrained(AutoModel, model_dir, kwargs)
     except (ValueError, ImportError):  # architecture without SDPA support
         kwargs.pop("attn_implementation", None)
-        model = AutoModel.from_pretrained(model_dir, **kwargs)
+        model = _from_pretrained(AutoModel, model_dir, kwargs)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     if device is not None:
         model.to(device)
     return model, tokenizer
+
+
+def _from_pretrained(auto_cls, model_dir, kwargs):
+    try:
+        return auto_cls.from_pretrained(model_dir, **kwargs)
+    except TypeError:  # an architecture without add_pooling_layer
+        if "add_pooling_layer" not in kwargs:
+            raise
+        return auto_cls.from_pretrained(model_dir, **{k: v for k, v in kwargs.items() if k != "add_pooling_layer"})
+
+
+def _write_pooler_slot(out_dir: Path, head: nn.Module) -> None:
+    """Store ``head`` (Linear ``.dense`` + Tanh) as ``pooler.dense.*`` in a saved checkpoint whose
+    encoder was trained without a pooler, so ``--pooler cls`` of the export is [CLS] + head
+    (SimCSE's ``simcse_to_huggingface.py`` layout)."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = {"pooler.dense.weight": head.dense.weight.detach().cpu().contiguous(),
+               "pooler.dense.bias": head.dense.bias.detach().cpu().contiguous()}
+    single = out_dir / "model.safetensors"
+    if single.is_file():
+        state = load_file(str(single))
+        state.update(tensors)
+        save_file(state, str(single), metadata={"format": "pt"})
+        return
+    index = out_dir / "model.safetensors.index.json"
+    if not index.is_file():
+        raise SentembError(f"{out_dir}: no model.safetensors(.index.json) written; cannot store the head")
+    idx = json.loads(index.read_text("utf-8"))
+    save_file(tensors, str(out_dir / "pooler.safetensors"), metadata={"format": "pt"})
+    idx["weight_map"].update({k: "pooler.safetensors" for k in tensors})
+    index.write_text(json.dumps(idx, indent=2))
 
 
 def max_length_of(model, tokenizer) -> int:
@@ -123,11 +161,18 @@ def export(
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    if head is not None and getattr(encoder, "pooler", None) is not None and hasattr(encoder.pooler, "dense"):
+    has_pooler = getattr(encoder, "pooler", None) is not None and hasattr(encoder.pooler, "dense")
+    if head is not None and has_pooler:
         with torch.no_grad():
             encoder.pooler.dense.weight.copy_(head.dense.weight)
             encoder.pooler.dense.bias.copy_(head.dense.bias)
     encoder.save_pretrained(out_dir, safe_serialization=True)
+    if head is not None and not has_pooler:
+        if getattr(encoder.config, "model_type", "") not in ("bert", "roberta", "xlm-roberta", "camembert", "electra"):
+            log.warning("%s: no pooler slot for the head; '--pooler cls' of this export is not [CLS]+head",
+                        getattr(encoder.config, "model_type", "?"))
+        else:
+            _write_pooler_slot(out_dir, head)
     tokenizer.save_pretrained(out_dir)
     # sentence-transformers modules reproducing ``pooler``: Transformer -> Pooling (-> Dense+Tanh for
     # "cls", i.e. the pooler layer), so SentenceTransformer(out_dir) embeds as `sentemb evaluate` does.
@@ -145,7 +190,7 @@ def export(
         {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
     ]
     if pooler == "cls":
-        dense = getattr(getattr(encoder, "pooler", None), "dense", None)
+        dense = head.dense if head is not None else getattr(getattr(encoder, "pooler", None), "dense", None)
         if dense is None:
             raise SentembError("pooler 'cls' needs a model with a pooler layer")
         from safetensors.torch import save_file

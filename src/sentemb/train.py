@@ -21,9 +21,9 @@ import random
 import shutil
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
-
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from . import SentembError
 from .utils import atomic_path, write_json
@@ -31,6 +31,9 @@ from .utils import atomic_path, write_json
 if TYPE_CHECKING:
     import numpy as np
     import torch
+
+    from .methods import Method
+    from .tracking import Tracker
 
 log = logging.getLogger(__name__)
 
@@ -119,23 +122,69 @@ def lr_lambda(schedule: str, total: int, warmup: int):
     return f
 
 
-def train(run: dict, out_dir: str | Path, *, progress: bool = True, stop_after: int | None = None) -> dict:
-    """Train one run (a resolved run config, see ``sentemb.config.resolve_run``) into ``out_dir``.
+# ----------------------------------------------------------------------------------- the loop
+# A run is a sequence of named stages over two small objects: ``Job`` (what is fixed once set up)
+# and ``State`` (what changes every step and is saved for resume). ``train`` at the bottom reads
+# top to bottom: set up, resume, then per optimizer step: one step, log, evaluate-and-keep, save.
 
-    ``stop_after`` ends the process-equivalent of a kill after that many optimizer steps (tests).
-    """
+
+@dataclass
+class Job:
+    """Everything fixed after set-up: settings, data, the method (encoder + heads), optimisation."""
+
+    run: dict
+    out_dir: Path
+    work: Path  # resume state and best export: out_dir/.work
+    tc: dict  # the run's train settings
+    seed: int
+    device: "torch.device"
+    amp: "torch.dtype | None"  # autocast dtype, None = fp32
+    sentences: list[str]
+    dev_pairs: list
+    method: "Method"
+    step_fn: Callable[[dict], dict]  # method.losses, or its torch.compile'd version
+    pooler: str
+    micro: list  # micro-batches of corpus line indices (batch_schedule)
+    accum: int
+    total: int  # optimizer steps
+    opt: "torch.optim.Optimizer"
+    sched: "torch.optim.lr_scheduler.LRScheduler"
+    scaler: "torch.amp.GradScaler"
+    fingerprint: str  # resume only a state saved under the same settings
+    meta: dict
+    embedder: Callable | None = None
+    tracker: "Tracker | None" = None
+
+
+@dataclass
+class State:
+    """What changes during training; ``step``, ``best`` and ``history`` are saved for resume."""
+
+    step: int = 0
+    best: dict = field(default_factory=lambda: {"dev": -math.inf, "step": 0})
+    history: list = field(default_factory=list)
+    # logging window (since the last log)
+    sum_terms: dict = field(default_factory=dict)
+    n_terms: int = 0
+    n_sent: int = 0
+    n_tok: int = 0
+    t_log: float = 0.0
+    # (step, isfinite(loss) on device, detached terms) not yet checked: one host sync per check
+    pending: list = field(default_factory=list)
+
+
+def setup(run: dict, out_dir: str | Path) -> Job:
+    """Stage 1, set-up: device and precision, data (bad input fails here, before step 1), the
+    method around a freshly loaded encoder, the batch schedule, optimizer and LR schedule."""
     import torch
 
-    from .evaluate import stsb_dev
-    from .senteval import load_task
     from .methods import MethodContext, get_method
     from .models import load_encoder
-    from .tracking import Tracker
+    from .senteval import load_task
     from .utils import resolve_device, seed_everything
 
     out_dir = Path(out_dir)
     tc, paths, seed = run["train"], run["paths"], int(run["seed"])
-    work = out_dir / ".work"
     device = resolve_device(tc.get("device", "auto"))
     if tc.get("num_threads"):
         torch.set_num_threads(tc["num_threads"])
@@ -148,17 +197,15 @@ def train(run: dict, out_dir: str | Path, *, progress: bool = True, stop_after: 
             torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
 
     sentences = read_corpus(paths["corpus"])
-    dev_pairs = load_task(paths["senteval"], "STSBenchmark", "dev")  # read once; bad data fails before step 1
+    dev_pairs = load_task(paths["senteval"], "STSBenchmark", "dev") if _selects_by_dev(tc) else []
     seed_everything(seed)
-    encoder, tokenizer = load_encoder(paths["model"], dropout=tc.get("dropout"))
+    # BERT's pretrained NSP pooler is neither loaded nor computed (methods.md §0).
+    encoder, tokenizer = load_encoder(paths["model"], dropout=tc.get("dropout"), pooling_layer=False)
     method_cls = get_method(run["method"])
     ctx = MethodContext(max_len=tc["max_len"], seed=seed, backbone=run["backbone"], model_dir=Path(paths["model"]),
                         inputs={k: Path(v) for k, v in paths.get("inputs", {}).items()}, corpus=Path(paths["corpus"]))
     method = method_cls(encoder, tokenizer, run["method_args"], ctx).to(device)
-    pooler = method_cls.pooler_for(method.args)
-    step_fn = method.losses
-    if tc.get("compile"):
-        step_fn = torch.compile(method.losses)
+    step_fn = torch.compile(method.losses) if tc.get("compile") else method.losses
 
     micro = batch_schedule(len(sentences), tc["batch_size"], tc["epochs"], seed)
     accum = tc["grad_accum"]
@@ -172,150 +219,236 @@ def train(run: dict, out_dir: str | Path, *, progress: bool = True, stop_after: 
     warmup = int(tc["warmup_ratio"] * total)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(tc["lr_schedule"], total, warmup))
     scaler = torch.amp.GradScaler(device.type, enabled=amp is torch.float16)
-
-    step, best, history = 0, {"dev": -math.inf, "step": 0}, []
-    state_file = work / "last.pt"
-    # Resume only the same run: settings changed since the kill mean a fresh start (stale .work removed).
     fingerprint = json.dumps({k: run[k] for k in ("method", "backbone", "seed", "train", "method_args", "paths")},
                              sort_keys=True, default=str)
-    st = torch.load(state_file, map_location=device, weights_only=False) if state_file.is_file() else None
-    if st is not None and st.get("fingerprint") != fingerprint:
+    return Job(run=run, out_dir=out_dir, work=out_dir / ".work", tc=tc, seed=seed, device=device, amp=amp,
+               sentences=sentences, dev_pairs=dev_pairs, method=method, step_fn=step_fn,
+               pooler=method_cls.pooler_for(method.args), micro=micro, accum=accum, total=total, opt=opt,
+               sched=sched, scaler=scaler, fingerprint=fingerprint,
+               meta={"method": run["method"], "name": run["name"], "backbone": run["backbone"], "seed": seed})
+
+
+def _selects_by_dev(tc: dict) -> bool:
+    return tc.get("model_selection", "best_dev") == "best_dev"
+
+
+def resume(job: Job) -> State:
+    """Stage 2, resume: continue from ``.work/last.pt`` if it was saved by this very run (same
+    settings); otherwise start afresh (a stale ``.work`` is removed)."""
+    import torch
+
+    state_file = job.work / "last.pt"
+    st = torch.load(state_file, map_location=job.device, weights_only=False) if state_file.is_file() else None
+    if st is not None and st.get("fingerprint") != job.fingerprint:
         log.warning("%s was saved by a run with other settings: starting afresh", state_file)
         st = None
     if st is None:
-        shutil.rmtree(work, ignore_errors=True)
-    else:
-        method.load_state_dict(st["method"])
-        opt.load_state_dict(st["optimizer"])
-        sched.load_state_dict(st["scheduler"])
-        scaler.load_state_dict(st["scaler"])
-        step, best, history = st["step"], st["best"], st["history"]
-        _set_rng_state(st["rng"])
-        kept = work / "best" / "sentemb.json"  # the best export can be newer than the last state save
-        if kept.is_file():
-            meta_best = json.loads(kept.read_text("utf-8"))
-            if meta_best["dev_stsb"] > best["dev"]:
-                best = {"dev": meta_best["dev_stsb"], "step": meta_best["step"]}
-        log.info("resumed from %s at step %d/%d", state_file, step, total)
+        shutil.rmtree(job.work, ignore_errors=True)
+        return State()
+    job.method.load_state_dict(st["method"])
+    job.opt.load_state_dict(st["optimizer"])
+    job.sched.load_state_dict(st["scheduler"])
+    job.scaler.load_state_dict(st["scaler"])
+    state = State(step=st["step"], best=st["best"], history=st["history"])
+    _set_rng_state(st["rng"])
+    kept = job.work / "best" / "sentemb.json"  # the best export can be newer than the last state save
+    if kept.is_file():
+        meta_best = json.loads(kept.read_text("utf-8"))
+        if meta_best.get("dev_stsb", -math.inf) > state.best["dev"]:
+            state.best = {"dev": meta_best["dev_stsb"], "step": meta_best["step"]}
+    log.info("resumed from %s at step %d/%d", state_file, state.step, job.total)
+    return state
 
-    embedder = method.embedder(pooler, device)
-    meta = {"method": run["method"], "name": run["name"], "backbone": run["backbone"], "seed": seed}
 
-    def evaluate_and_keep() -> float:
-        dev = stsb_dev(embedder, dev_pairs)
-        history.append({"step": step, "dev_stsb": dev})
-        if dev > best["dev"]:
-            best.update(dev=dev, step=step)
-            with atomic_path(work / "best", is_dir=True) as tmp:
-                method.export(tmp, pooler, meta={**meta, "step": step, "dev_stsb": dev})
-        return dev
+def micro_batches(job: Job, step: int) -> list[tuple[int, dict]]:
+    """The method-built CPU batches of optimizer step ``step``: (global micro index, batch) per
+    micro-batch. Deterministic in (seed, micro), so a resumed or re-run step sees the same data."""
+    out = []
+    for k in range(job.accum):
+        m = step * job.accum + k
+        idx = job.micro[m]
+        out.append((m, job.method.build_batch([job.sentences[i] for i in idx], step=step, lines=idx, micro=m)))
+    return out
 
-    def save_state() -> None:
-        check_finite()  # never checkpoint weights that a non-finite loss has touched
-        with atomic_path(state_file) as tmp:
-            torch.save({"fingerprint": fingerprint, "method": method.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
-                        "scaler": scaler.state_dict(), "step": step, "best": best, "history": history,
-                        "rng": _rng_state()}, tmp)
 
-    tags = {"method": run["method"], "name": run["name"], "backbone": run["backbone"], "seed": seed, "rule": "train"}
+def accumulate_gradients(job: Job, batches: list[tuple[int, dict]], state: State | None) -> None:
+    """Forward and backward over the step's micro-batches (loss / accum each). With ``state``, the
+    loss terms and throughput counts are recorded for logging and the finiteness check."""
+    import torch
+
+    for m, batch in batches:
+        if state is not None:
+            state.n_sent += len(job.micro[m])
+            if "attention_mask" in batch:
+                state.n_tok += int(batch["attention_mask"].sum())
+        batch = {key: v.to(job.device, non_blocking=True) for key, v in batch.items()}
+        with torch.autocast(job.device.type, dtype=job.amp or torch.float32, enabled=job.amp is not None):
+            terms = job.step_fn(batch)
+        loss = terms["loss"]
+        job.scaler.scale(loss / job.accum).backward()
+        if state is None:
+            continue
+        detached = {key: v.detach() for key, v in terms.items()}
+        state.pending.append((state.step + 1, torch.isfinite(loss.detach()), detached))  # checked without a sync
+        for key, v in detached.items():
+            state.sum_terms[key] = state.sum_terms[key] + v if key in state.sum_terms else v
+        state.n_terms += 1
+
+
+def apply_update(job: Job) -> None:
+    """Clip the gradient norm, step optimizer, grad scaler and LR schedule, clear gradients."""
+    import torch
+
+    if job.tc.get("grad_clip"):
+        job.scaler.unscale_(job.opt)
+        torch.nn.utils.clip_grad_norm_(job.method.parameters(), job.tc["grad_clip"])
+    job.scaler.step(job.opt)
+    job.scaler.update()
+    job.sched.step()
+    job.opt.zero_grad(set_to_none=True)
+
+
+def optimizer_step(job: Job, state: State) -> None:
+    """Stage 3, one optimizer step: build the micro-batches, accumulate gradients, update."""
+    accumulate_gradients(job, micro_batches(job, state.step), state)
+    apply_update(job)
+    state.step += 1
+
+
+def check_finite(job: Job, state: State) -> None:
+    """Raise on the first non-finite loss since the last check (one device sync per check, so the
+    GPU is not stalled every step); runs before every log, evaluation and checkpoint."""
+    import torch
+
+    if not state.pending:
+        return
+    flags = torch.stack([f for _, f, _ in state.pending]).cpu()
+    if not bool(flags.all()):
+        bad_step, _, terms = state.pending[int((~flags).nonzero()[0])]
+        shown = {key: float(v) for key, v in terms.items()}
+        raise SentembError(f"run '{job.run['name']}' seed {job.seed}: loss is {shown['loss']} at step {bad_step} "
+                           f"(terms {shown}); lower the learning rate or train in fp32")
+    state.pending.clear()
+
+
+def log_step(job: Job, state: State) -> dict:
+    """Stage 4, log: mean loss terms since the last log, learning rate, throughput -> MLflow."""
+    check_finite(job, state)
+    now = time.perf_counter()
+    dt = now - state.t_log
+    metrics = {f"train/{key}": float(v) / state.n_terms for key, v in state.sum_terms.items()}
+    metrics.update({"train/lr": job.sched.get_last_lr()[0], "train/sentences_per_s": state.n_sent / dt,
+                    "train/tokens_per_s": state.n_tok / dt})
+    job.tracker.log_metrics(metrics, state.step)
+    state.sum_terms, state.n_terms, state.n_sent, state.n_tok = {}, 0, 0, 0
+    state.t_log = now
+    return metrics
+
+
+def evaluate_and_keep(job: Job, state: State) -> float:
+    """Stage 5, evaluate and keep: STS-B dev Spearman of the current weights; a new best is
+    exported to ``.work/best`` (atomically). Evaluation time is not counted as training time."""
+    from .evaluate import stsb_dev
+
+    check_finite(job, state)
+    t0 = time.perf_counter()
+    dev = stsb_dev(job.embedder, job.dev_pairs)
+    state.history.append({"step": state.step, "dev_stsb": dev})
+    if dev > state.best["dev"]:
+        state.best.update(dev=dev, step=state.step)
+        export_to(job, job.work / "best", {"step": state.step, "dev_stsb": dev})
+    job.method.train()
+    job.tracker.log_metrics({"dev/stsb_spearman": dev, "dev/best": state.best["dev"]}, state.step)
+    log.info("step %d: STS-B dev %.2f (best %.2f at step %d)", state.step, dev, state.best["dev"], state.best["step"])
+    state.t_log += time.perf_counter() - t0
+    return dev
+
+
+def export_to(job: Job, path: Path, extra: dict) -> None:
+    with atomic_path(path, is_dir=True) as tmp:
+        job.method.export(tmp, job.pooler, meta={**job.meta, "pooler": job.pooler, **extra})
+
+
+def save_state(job: Job, state: State) -> None:
+    """Stage 6, save: everything needed to continue bit-identically (weights, optimizer, schedule,
+    scaler, step, best, history, RNG states), written atomically to ``.work/last.pt``."""
+    import torch
+
+    check_finite(job, state)  # never checkpoint weights that a non-finite loss has touched
+    with atomic_path(job.work / "last.pt") as tmp:
+        torch.save({"fingerprint": job.fingerprint, "method": job.method.state_dict(), "optimizer": job.opt.state_dict(),
+                    "scheduler": job.sched.state_dict(), "scaler": job.scaler.state_dict(), "step": state.step,
+                    "best": state.best, "history": state.history, "rng": _rng_state()}, tmp)
+
+
+def finish(job: Job, state: State, t_start: float) -> dict:
+    """Stage 7, finish: the best checkpoint (or, with ``model_selection: last``, the final weights)
+    becomes ``model/``; ``train.json`` summarises the run."""
+    check_finite(job, state)
+    if not _selects_by_dev(job.tc):
+        export_to(job, job.work / "best", {"step": state.step})
+        state.best = {"dev": None, "step": state.step}
+    if not (job.work / "best").is_dir():
+        raise SentembError(f"run '{job.run['name']}': no checkpoint was evaluated (set train.eval_at_end: true)")
+    summary = {
+        **job.meta, "steps": job.total, "best_step": state.best["step"], "best_dev_stsb": state.best["dev"],
+        "history": state.history, "train_seconds_this_process": round(time.perf_counter() - t_start, 2),
+        "pooler": job.pooler, "device": str(job.device), "precision": str(job.amp or "fp32"),
+    }
+    with atomic_path(job.out_dir / "model", is_dir=True) as tmp:
+        shutil.rmtree(tmp)
+        shutil.copytree(job.work / "best", tmp)
+    write_json(job.out_dir / "train.json", summary)
+    if state.best["dev"] is not None:
+        job.tracker.log_metrics({"dev/best": state.best["dev"]}, job.total)
+    job.tracker.log_artifact(job.out_dir / "train.json")
+    job.tracker.set_tags({"best_step": state.best["step"]})
+    return summary
+
+
+def train(run: dict, out_dir: str | Path, *, progress: bool = True, stop_after: int | None = None) -> dict:
+    """Train one run (a resolved run config, see ``sentemb.config.resolve_run``) into ``out_dir``.
+
+    ``stop_after`` ends the process-equivalent of a kill after that many optimizer steps (tests).
+    """
+    from .tracking import Tracker
+
+    job = setup(run, out_dir)
+    state = resume(job)
+    job.embedder = job.method.embedder(job.pooler, job.device) if _selects_by_dev(job.tc) else None
     trk = run.get("tracking", {})
-    tracker = Tracker(uri=trk.get("uri"), experiment=run.get("experiment", "sentemb"), enabled=trk.get("enabled", True),
-                      run_name=f"train/{run['name']}/{run['backbone']}/seed{seed}", tags=tags, params=run)
-    method.train()
-    sum_terms: dict[str, torch.Tensor] = {}
-    n_terms = n_sent = n_tok = 0
-    pending: list[tuple[int, torch.Tensor, dict]] = []  # (step, loss finite?, terms) not yet checked
-
-    def check_finite() -> None:
-        """Raise on the first non-finite loss since the last check (one device sync per check, so
-        the GPU is not stalled every step); runs before every log, evaluation and checkpoint."""
-        if not pending:
-            return
-        flags = torch.stack([f for _, f, _ in pending]).cpu()
-        if not bool(flags.all()):
-            bad_step, _, terms = pending[int((~flags).nonzero()[0])]
-            shown = {key: float(v) for key, v in terms.items()}
-            raise SentembError(f"run '{run['name']}' seed {seed}: loss is {shown['loss']} at step {bad_step} "
-                               f"(terms {shown}); lower the learning rate or train in fp32")
-        pending.clear()
-    t_log = t_start = time.perf_counter()
-    bar = None
+    job.tracker = Tracker(uri=trk.get("uri"), experiment=run.get("experiment", "sentemb"), enabled=trk.get("enabled", True),
+                          run_name=run.get("run_name") or f"train/{run['name']}/{run['backbone']}/seed{job.seed}",
+                          tags={**job.meta, "rule": run.get("rule", "train")}, params=run)
+    tc, bar = job.tc, None
     if progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=total, initial=step, desc=f"train {run['name']}", unit="step", file=sys.stderr,
+        bar = tqdm(total=job.total, initial=state.step, desc=f"train {run['name']}", unit="step", file=sys.stderr,
                    mininterval=1 if sys.stderr.isatty() else 30)
-    with tracker:
-        while step < total:
-            for k in range(accum):
-                m = step * accum + k
-                idx = micro[m]
-                batch = method.build_batch([sentences[i] for i in idx], step=step, lines=idx, micro=m)
-                n_sent += len(idx)
-                if "attention_mask" in batch:
-                    n_tok += int(batch["attention_mask"].sum())
-                batch = {key: v.to(device, non_blocking=True) for key, v in batch.items()}
-                with torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
-                    terms = step_fn(batch)
-                loss = terms["loss"]
-                scaler.scale(loss / accum).backward()
-                detached = {key: v.detach() for key, v in terms.items()}
-                pending.append((step + 1, torch.isfinite(loss.detach()), detached))  # checked without a sync
-                for key, v in detached.items():
-                    sum_terms[key] = sum_terms[key] + v if key in sum_terms else v
-                n_terms += 1
-            if tc.get("grad_clip"):
-                scaler.unscale_(opt)
-                torch.nn.utils.clip_grad_norm_(method.parameters(), tc["grad_clip"])
-            scaler.step(opt)
-            scaler.update()
-            sched.step()
-            opt.zero_grad(set_to_none=True)
-            step += 1
+    job.method.train()
+    t_start = state.t_log = time.perf_counter()
+    with job.tracker:
+        while state.step < job.total:
+            optimizer_step(job, state)
             if bar is not None:
                 bar.update(1)
-            if step % tc["log_steps"] == 0 or step == total:
-                check_finite()
-                now = time.perf_counter()
-                dt = now - t_log
-                metrics = {f"train/{key}": float(v) / n_terms for key, v in sum_terms.items()}
-                metrics.update({"train/lr": sched.get_last_lr()[0], "train/sentences_per_s": n_sent / dt,
-                                "train/tokens_per_s": n_tok / dt})
-                tracker.log_metrics(metrics, step)
+            last = state.step == job.total
+            if state.step % tc["log_steps"] == 0 or last:
+                metrics = log_step(job, state)
                 if bar is not None:
                     bar.set_postfix(loss=f"{metrics['train/loss']:.4f}")
-                sum_terms, n_terms, n_sent, n_tok = {}, 0, 0, 0
-                t_log = now
-            if step % tc["eval_steps"] == 0 or (step == total and tc["eval_at_end"]):
-                check_finite()
-                t0 = time.perf_counter()
-                dev = evaluate_and_keep()
-                method.train()
-                tracker.log_metrics({"dev/stsb_spearman": dev, "dev/best": best["dev"]}, step)
-                log.info("step %d: STS-B dev %.2f (best %.2f at step %d)", step, dev, best["dev"], best["step"])
-                t_log += time.perf_counter() - t0  # evaluation time is not training throughput
-            if step % tc["save_steps"] == 0 and step < total:
-                save_state()
-            if stop_after is not None and step >= stop_after and step < total:
-                save_state()
-                raise KeyboardInterrupt(f"stopped after {step} steps (test hook)")
+            if _selects_by_dev(tc) and (state.step % tc["eval_steps"] == 0 or (last and tc["eval_at_end"])):
+                evaluate_and_keep(job, state)
+            if state.step % tc["save_steps"] == 0 and not last:
+                save_state(job, state)
+            if stop_after is not None and state.step >= stop_after and not last:
+                save_state(job, state)
+                raise KeyboardInterrupt(f"stopped after {state.step} steps (test hook)")
         if bar is not None:
             bar.close()
-        if not (work / "best").is_dir():
-            raise SentembError(f"run '{run['name']}': no checkpoint was evaluated (set train.eval_at_end: true)")
-        summary = {
-            **meta, "steps": total, "best_step": best["step"], "best_dev_stsb": best["dev"], "history": history,
-            "train_seconds_this_process": round(time.perf_counter() - t_start, 2),
-            "pooler": pooler, "device": str(device), "precision": str(amp or "fp32"),
-        }
-        with atomic_path(out_dir / "model", is_dir=True) as tmp:
-            shutil.rmtree(tmp)
-            shutil.copytree(work / "best", tmp)
-        write_json(out_dir / "train.json", summary)
-        tracker.log_metrics({"dev/best": best["dev"]}, total)
-        tracker.log_artifact(out_dir / "train.json")
-        tracker.set_tags({"best_step": best["step"]})
-    shutil.rmtree(work, ignore_errors=True)
+        summary = finish(job, state, t_start)
+    shutil.rmtree(job.work, ignore_errors=True)
     return summary
 
 

@@ -1,0 +1,216 @@
+"""One contract every registered method obeys (issue 6), on the tiny random BERT.
+
+A new method adds only the tests of its own equations; this module runs it through the loop's
+contract: flat CPU batches deterministic in (seed, micro), a finite fp32 loss whose gradient reaches
+the encoder, scalar logged terms, export == training-time dev embedder == ``sentemb evaluate``'s
+embedder == ``SentenceTransformer(path)``, bit-identical resume, typed arguments.
+
+Per method: ``CONTRACT_ARGS`` holds argument overrides a tiny 2-layer model needs; every input a
+method declares (``Method.requires(args)``) is built on the tiny corpus by ``INPUT_BUILDERS``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from sentemb import SentembError
+from sentemb.methods import MethodContext, get_method, registry
+from sentemb.methods.base import INPUT_NAMES
+
+#: tiny-model argument overrides per method (e.g. fewer layers than the paper's backbone)
+CONTRACT_ARGS: dict[str, dict] = {
+    "simcse": {},
+}
+
+SENTS = ["a man plays the guitar", "the dog runs in the park", "red car", "a cat sits on the mat",
+         "she eats an apple in the house", "two old men are playing music in the street"]
+
+
+# ------------------------------------------------------------------------------------ inputs
+def _token_freq(d, corpus, model_dir):
+    from sentemb.stats.frequency import write_token_frequencies
+
+    out = d / "token_freq.tiny.parquet"
+    write_token_frequencies(corpus, model_dir, out)
+    return out
+
+
+def _tfidf(d, corpus, model_dir, name="tfidf.parquet", para=False):
+    from sentemb.stats.tfidf import write_tfidf
+
+    out = d / name
+    write_tfidf([corpus, _paraphrases(d, corpus, model_dir)] if para else [corpus], out, workers=1)
+    return out
+
+
+def _paraphrases(d, corpus, model_dir):
+    out = d / "paraphrases.txt"
+    if not out.is_file():  # a stand-in paraphrase per line: the words reversed
+        lines = corpus.read_text("utf-8").splitlines()
+        out.write_text("".join(" ".join(reversed(x.split())) + "\n" for x in lines), "utf-8")
+    return out
+
+
+def _nltk(d, corpus, model_dir):
+    from conftest import SHARED, SKIP_REASON
+
+    if SHARED is None:
+        pytest.skip(SKIP_REASON)
+    return SHARED / "nltk_data"
+
+
+def _rake(d, corpus, model_dir):
+    from sentemb.stats.rake import write_rake
+
+    out = d / "rake_top5.parquet"
+    write_rake(corpus, _nltk(d, corpus, model_dir), out, top_k=5, workers=1)
+    return out
+
+
+#: name -> builder(dir, corpus, model_dir) -> path, for every name in INPUT_NAMES a method may declare
+INPUT_BUILDERS = {
+    "token_freq": _token_freq,
+    "tfidf": _tfidf,
+    "tfidf_para": lambda d, c, m: _tfidf(d, c, m, "tfidf_para.parquet", para=True),
+    "paraphrases": _paraphrases,
+    "nltk": _nltk,
+    "rake": _rake,
+}
+
+
+def test_every_input_name_has_a_builder_or_a_method_that_builds_it():
+    # "pretrained" is a workflow stage output; its method's entry here builds it (see CONTRACT_ARGS).
+    assert set(INPUT_NAMES) - set(INPUT_BUILDERS) <= {"pretrained"}
+
+
+@pytest.fixture(scope="module", params=sorted(registry()))
+def name(request):
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def inputs(name, tiny_bert_dir, tmp_path_factory):
+    """The declared inputs of ``name`` (contract args), built once per method on the tiny corpus."""
+    import random
+
+    from conftest import TINY_WORDS
+
+    d = tmp_path_factory.mktemp(f"inputs_{name}")
+    rng = random.Random(1)
+    corpus = d / "corpus.txt"
+    corpus.write_text("".join(" ".join(rng.choice(TINY_WORDS) for _ in range(rng.randint(4, 30))) + "\n"
+                              for _ in range(64)), "utf-8")
+    cls = get_method(name)
+    args = cls.resolve_args(CONTRACT_ARGS.get(name, {}))
+    built = {}
+    for n in cls.requires(args):
+        if n not in INPUT_BUILDERS:
+            pytest.fail(f"method '{name}' requires input '{n}' but the contract test has no builder for it")
+        built[n] = INPUT_BUILDERS[n](d, corpus, tiny_bert_dir)
+    return {"corpus": corpus, "inputs": built, "args": CONTRACT_ARGS.get(name, {})}
+
+
+def make(name, model_dir, inputs, seed=3):
+    from sentemb.models import load_encoder
+
+    enc, tok = load_encoder(model_dir, pooling_layer=False)
+    ctx = MethodContext(max_len=16, seed=seed, backbone="tiny", model_dir=model_dir, inputs=inputs["inputs"],
+                        corpus=inputs["corpus"])
+    return get_method(name)(enc, tok, inputs["args"], ctx)
+
+
+def run_cfg(name, model_dir, inputs, senteval, **over):
+    tc = {"epochs": 1, "max_steps": 4, "batch_size": 16, "grad_accum": 1, "lr": 1e-3, "weight_decay": 0.0,
+          "warmup_ratio": 0.0, "lr_schedule": "linear", "grad_clip": 1.0, "max_len": 16, "eval_steps": 2,
+          "eval_at_end": True, "log_steps": 1, "save_steps": 100, "precision": "auto", "dropout": None,
+          "device": "cpu", "num_threads": None, "compile": False, **over}
+    cls = get_method(name)
+    return {"name": name, "method": name, "backbone": "tiny", "seed": 5, "train": tc,
+            "method_args": cls.resolve_args(inputs["args"]), "experiment": "t", "tracking": {"enabled": False, "uri": None},
+            "paths": {"model": str(model_dir), "corpus": str(inputs["corpus"]), "senteval": str(senteval), "stats": None,
+                      "inputs": {k: str(v) for k, v in inputs["inputs"].items()}}}
+
+
+# ------------------------------------------------------------------------------------ the contract
+def test_build_batch_is_a_flat_dict_of_cpu_tensors_deterministic_in_seed_and_micro(name, tiny_bert_dir, inputs):
+    m = make(name, tiny_bert_dir, inputs)
+    lines = list(range(len(SENTS)))
+    a = m.build_batch(SENTS, step=0, lines=lines, micro=7)
+    b = make(name, tiny_bert_dir, inputs).build_batch(SENTS, step=0, lines=lines, micro=7)
+    assert isinstance(a, dict) and a
+    for k, v in a.items():
+        assert isinstance(v, torch.Tensor), f"{name}: batch['{k}'] is {type(v).__name__}, not a tensor"
+        assert v.device.type == "cpu"
+        assert torch.equal(v, b[k]), f"{name}: batch['{k}'] differs for the same (seed, micro)"
+
+
+def test_losses_are_finite_fp32_scalars_and_the_gradient_reaches_the_encoder(name, tiny_bert_dir, inputs):
+    torch.manual_seed(0)
+    m = make(name, tiny_bert_dir, inputs)
+    m.train()
+    terms = m.losses(m.build_batch(SENTS, step=0, lines=list(range(len(SENTS))), micro=0))
+    loss = terms["loss"]
+    assert loss.dtype == torch.float32 and loss.ndim == 0 and torch.isfinite(loss)
+    for k, v in terms.items():
+        assert torch.as_tensor(v).numel() == 1, f"{name}: logged term '{k}' is not a scalar"
+    loss.backward()
+    grads = [p.grad for p in m.encoder.parameters() if p.requires_grad and p.grad is not None]
+    assert grads and any(float(g.abs().sum()) > 0 for g in grads), f"{name}: no gradient reaches the encoder"
+
+
+def test_export_embeds_like_the_training_time_dev_embedder(name, tiny_bert_dir, inputs, tmp_path):
+    from sentence_transformers import SentenceTransformer
+
+    from sentemb.evaluate import embedder_for
+
+    torch.manual_seed(0)
+    m = make(name, tiny_bert_dir, inputs)
+    cls = get_method(name)
+    pooler = cls.pooler_for(m.args)
+    with torch.no_grad():  # make every head matter: non-trivial weights everywhere
+        for p in m.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    dev = m.embedder(pooler, torch.device("cpu"))(SENTS)
+    m.export(tmp_path / "model", pooler, meta={"method": name, "name": name, "backbone": "tiny", "seed": 5})
+    ours = embedder_for(tmp_path / "model", pooler, device="cpu")(SENTS)
+    st = SentenceTransformer(str(tmp_path / "model"), device="cpu").encode(SENTS, convert_to_numpy=True)
+    assert dev.shape == ours.shape == st.shape
+    np.testing.assert_allclose(ours, dev, atol=1e-5, err_msg=f"{name}: `sentemb evaluate` != training-time embedder")
+    np.testing.assert_allclose(st, dev, atol=1e-5, err_msg=f"{name}: SentenceTransformer(path) != training-time embedder")
+
+
+def test_resume_after_a_kill_is_bit_identical(name, tiny_bert_dir, inputs, tiny_senteval, tmp_path):
+    from sentemb.train import train
+
+    cfg = run_cfg(name, tiny_bert_dir, inputs, tiny_senteval)
+    full = train(cfg, tmp_path / "full", progress=False)
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, tmp_path / "resumed", stop_after=1, progress=False)
+    res = train(cfg, tmp_path / "resumed", progress=False)
+    assert res["history"] == full["history"]
+    for f in sorted((tmp_path / "full/model").rglob("*.safetensors")):
+        a, b = load_file(f), load_file(tmp_path / "resumed/model" / f.relative_to(tmp_path / "full/model"))
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), f"{name}: {f.name} differs"
+
+
+def test_unknown_and_mistyped_arguments_are_refused(name):
+    cls = get_method(name)
+    with pytest.raises(SentembError, match=rf"runs\[0\]\.method_args\.no_such_arg: unknown argument of method '{name}'"):
+        cls.validate_args({"no_such_arg": 1}, "runs[0].method_args")
+    for spec in cls.arg_specs():
+        if spec.type in ("float", "int", "bool"):
+            with pytest.raises(SentembError, match=rf"methods\.{name}\.{spec.name}: "):
+                cls.validate_args({spec.name: "not a value"}, f"methods.{name}")
+            break
+
+
+def test_every_argument_is_documented_and_inputs_are_known(name):
+    cls = get_method(name)
+    for spec in cls.arg_specs():
+        assert spec.help, f"{name}.{spec.name} has no help text"
+        if spec.choices:
+            assert spec.default in spec.choices
+    assert set(cls.requires(cls.arg_defaults())) <= set(INPUT_NAMES)
