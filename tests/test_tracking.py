@@ -1,5 +1,6 @@
 """MLflow tracking: concurrent jobs against one embedded SQLite store lose and corrupt nothing."""
 
+import json
 import multiprocessing as mp
 
 import pytest
@@ -10,7 +11,7 @@ from sentemb.tracking import Tracker, init_store, resolve_uri
 def _job(uri: str, i: int) -> None:
     with Tracker(uri=uri, experiment="concurrent", run_name=f"job{i}", tags={"job": i},
                  params={"train": {"lr": 1e-5 * i, "batch_size": 64}}) as tr:
-        for step in range(1, 21):
+        for step in range(1, 201):  # 200 metric batches per writer
             tr.log_metrics({"train/loss": 1.0 / step + i, "train/lr": 0.1}, step)
         tr.log_metrics({"test/avg": 70.0 + i})
 
@@ -39,7 +40,8 @@ def test_eight_concurrent_jobs(tmp_path, pre_init):
         assert r.data.params["train.lr"] == str(1e-5 * i)
         assert r.data.metrics["test/avg"] == 70.0 + i
         hist = client.get_metric_history(r.info.run_id, "train/loss")
-        assert sorted(m.step for m in hist) == list(range(1, 21))
+        assert sorted(m.step for m in hist) == list(range(1, 201))
+        assert [m.value for m in sorted(hist, key=lambda m: m.step)] == [1.0 / st + i for st in range(1, 201)]
 
 
 def test_failed_block_marks_run_failed_and_disabled_tracker_is_noop(tmp_path):
@@ -63,3 +65,99 @@ def test_env_overrides_config_uri(monkeypatch):
     assert resolve_uri("http://x:5000") == "http://x:5000"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://server:5000")
     assert resolve_uri("http://x:5000") == "http://server:5000"
+
+
+# ----------------------------------------------------------------------- the store tells the truth
+def _runs(uri, exp="t"):
+    from mlflow.tracking import MlflowClient
+
+    c = MlflowClient(tracking_uri=uri)
+    e = c.get_experiment_by_name(exp)
+    return c, (c.search_runs([e.experiment_id]) if e else [])
+
+
+def _train_cfg(tiny_bert_dir, tiny_corpus, tiny_senteval, uri, **over):
+    from test_train import run_cfg
+
+    cfg = run_cfg(tiny_bert_dir, tiny_corpus, tiny_senteval, **over)
+    cfg["tracking"] = {"enabled": True, "uri": uri}
+    return cfg
+
+
+def test_a_resumed_job_continues_its_own_run_without_logging_a_step_twice(tiny_bert_dir, tiny_corpus, tiny_senteval,
+                                                                          tmp_path):
+    from sentemb.train import train
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cfg = _train_cfg(tiny_bert_dir, tiny_corpus, tiny_senteval, uri, save_steps=2)
+    with pytest.raises(KeyboardInterrupt):  # killed after step 3; state saved at step 3 by the test hook
+        train(cfg, tmp_path / "run", stop_after=3, progress=False)
+    c, runs = _runs(uri)
+    assert [r.info.status for r in runs] == ["KILLED"]
+    train(cfg, tmp_path / "run", progress=False)
+    c, runs = _runs(uri)
+    assert len(runs) == 1 and runs[0].info.status == "FINISHED"
+    rid = runs[0].info.run_id
+    for key in ("train/loss", "dev/stsb_spearman"):
+        steps = [m.step for m in c.get_metric_history(rid, key)]
+        assert len(steps) == len(set(steps)), f"{key} logged twice for a step: {sorted(steps)}"
+    assert sorted(m.step for m in c.get_metric_history(rid, "train/loss")) == list(range(1, 7))
+    meta = json.loads((tmp_path / "run/model/sentemb.json").read_text())
+    assert meta["mlflow_run_id"] == rid
+
+
+def test_a_fresh_restart_marks_the_crashed_run_killed_and_a_rerun_supersedes(tiny_bert_dir, tiny_corpus,
+                                                                            tiny_senteval, tmp_path):
+    import shutil
+
+    from sentemb.train import train
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cfg = _train_cfg(tiny_bert_dir, tiny_corpus, tiny_senteval, uri)
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, tmp_path / "run", stop_after=2, progress=False)
+    # a SIGKILL leaves the run RUNNING and its state possibly unsaved: simulate both
+    c, (crashed,) = _runs(uri)
+    c.update_run(crashed.info.run_id, status="RUNNING")
+    shutil.rmtree(tmp_path / "run" / ".work")
+    train(cfg, tmp_path / "run", progress=False)
+    c, runs = _runs(uri)
+    assert sorted(r.info.status for r in runs) == ["FINISHED", "KILLED"]
+    killed = next(r for r in runs if r.info.status == "KILLED")
+    assert killed.info.run_id == crashed.info.run_id and "superseded_by" in killed.data.tags
+    # the same job redone (e.g. Snakemake reruns an incomplete job): still one FINISHED run
+    train(cfg, tmp_path / "run", progress=False)
+    c, runs = _runs(uri)
+    assert [r.info.status for r in runs].count("FINISHED") == 1
+
+
+def test_a_failing_job_ends_failed_with_the_error(tiny_bert_dir, tmp_path, tiny_senteval):
+    from sentemb import SentembError
+    from sentemb.train import train
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    bad = tmp_path / "corpus.txt"
+    bad.write_text("one sentence\n\nanother\n")
+    cfg = _train_cfg(tiny_bert_dir, bad, tiny_senteval, uri)
+    with pytest.raises(SentembError, match="line 2 is empty"):
+        train(cfg, tmp_path / "run", progress=False)
+    _, (run,) = _runs(uri)
+    assert run.info.status == "FAILED" and "line 2 is empty" in run.data.tags["error"]
+
+
+def test_evaluation_is_nested_under_the_training_run_and_logs_test_scores_onto_it(tiny_bert_dir, tiny_corpus,
+                                                                                   tiny_senteval, tmp_path):
+    from sentemb.cli import main
+    from sentemb.train import train
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    train(_train_cfg(tiny_bert_dir, tiny_corpus, tiny_senteval, uri), tmp_path / "run", progress=False)
+    out = tmp_path / "run" / "eval_sts.json"
+    assert main(["evaluate", "--model", str(tmp_path / "run/model"), "--pooler", "cls_before_pooler", "--data-dir",
+                 str(tiny_senteval), "--tasks", "STSBenchmark,SICKRelatedness", "--output", str(out), "--quiet",
+                 "--track", "--experiment", "t", "--tracking-uri", uri, "--run-name", "eval"]) == 0
+    c, runs = _runs(uri)
+    tr = next(r for r in runs if r.data.tags.get("rule") == "train")
+    ev = next(r for r in runs if r.info.run_name == "eval")
+    assert ev.data.tags["mlflow.parentRunId"] == tr.info.run_id
+    assert tr.data.metrics["test/avg"] == pytest.approx(json.loads(out.read_text())["avg"])

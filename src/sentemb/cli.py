@@ -26,6 +26,10 @@ COMMAND_MODULES = [
 ]
 
 
+#: commands that may run on a GPU: they claim a GPU slot when $SENTEMB_GPU_SLOTS is set
+GPU_COMMANDS = {"train", "evaluate", "evaluate-transfer", "pretrain", "paraphrase", "benchmark"}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sentemb", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"sentemb {__version__}")
@@ -51,6 +55,10 @@ def main(argv: list[str] | None = None) -> int:
         datefmt="%H:%M:%S",
     )
     try:
+        if args.command in GPU_COMMANDS:
+            from .gpu_slots import claim_from_env
+
+            claim_from_env()  # before torch touches CUDA: one GPU per job (config local_gpus)
         rc = args.func(args)
     except SentembError as e:
         print(f"sentemb {args.command}: error: {e}", file=sys.stderr)

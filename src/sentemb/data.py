@@ -178,7 +178,8 @@ def _download(url: str, dest: Path, sha256: str | None) -> None:
 
 
 def _extract(archive: Path, dest: Path, name: str) -> None:
-    """Extract a tar (any compression) or zip archive, refusing absolute or ``..`` members."""
+    """Extract a tar (any compression) or zip archive, refusing absolute or ``..`` members, links
+    and device files (tar's "data" filter as a second line of defence)."""
     def check(member: str) -> None:
         p = PurePosixPath(member.replace("\\", "/"))
         if p.is_absolute() or ".." in p.parts:
@@ -188,6 +189,10 @@ def _extract(archive: Path, dest: Path, name: str) -> None:
         with tarfile.open(archive, "r:*") as tf:
             for m in tf.getmembers():
                 check(m.name)
+                if m.issym() or m.islnk():  # data archives need no links; a link can point anywhere
+                    raise SentembError(f"{name}: archive member {m.name!r} is a link (to {m.linkname!r}); refused")
+                if not (m.isfile() or m.isdir()):
+                    raise SentembError(f"{name}: archive member {m.name!r} is not a regular file or directory; refused")
             try:
                 tf.extractall(dest, filter="data")
             except tarfile.FilterError as e:

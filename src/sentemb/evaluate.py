@@ -255,16 +255,32 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
 
         tags = {**out.get("run", {}), **dict(kv.split("=", 1) for kv in args.tag)}
         tags.setdefault("rule", "evaluate")
+        train_run = _training_run_id(args.model)
+        out_path = Path(args.output)
+        # Nested under the training run; a rerun after a kill retires the interrupted run (marker).
         with Tracker(uri=args.tracking_uri, experiment=args.experiment, run_name=args.run_name or f"eval:{args.model}",
                      tags=tags, params={"pooler": args.pooler, "setting": args.setting, "tasks": ",".join(tasks),
-                                        "model": str(args.model), "data_dir": str(args.data_dir)}) as tr:
-            tr.log_metrics({f"test/{t}": out[t] for t in tasks} | {"test/avg": out["avg"]})
+                                        "model": str(args.model), "data_dir": str(args.data_dir)},
+                     marker=out_path.with_name(f".{out_path.name}.mlflow_run.json"), parent_run_id=train_run) as tr:
+            test = {f"test/{t}": out[t] for t in tasks} | {"test/avg": out["avg"]}
+            tr.log_metrics(test)
+            if train_run:  # the test scores next to the training run's hyperparameters, in one MLflow view
+                tr.log_metrics_to(train_run, test)
             with tempfile.TemporaryDirectory() as d:
                 art = Path(d) / Path(args.output).name
                 art.write_text(json.dumps(out, indent=2) + "\n", encoding="utf-8")
                 tr.log_artifact(art)
     write_json(args.output, out)
     return 0
+
+
+def _training_run_id(model_dir) -> str | None:
+    """The MLflow run that trained ``model_dir`` (recorded in its sentemb.json), if any."""
+    meta = Path(model_dir) / "sentemb.json"
+    try:
+        return json.loads(meta.read_text("utf-8")).get("mlflow_run_id") if meta.is_file() else None
+    except (OSError, json.JSONDecodeError):
+        return None
 
 
 def format_scores(scores: dict, tasks: Sequence[str]) -> str:

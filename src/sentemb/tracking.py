@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import logging
 import os
 import subprocess
@@ -101,16 +102,46 @@ class Tracker:
     """A context manager around one MLflow run; a no-op when ``enabled`` is False.
 
     Metrics are buffered and written with ``log_batch`` (one write per logging step, not per value).
-    The run ends FINISHED on success and FAILED when the block raises.
+    The run ends FINISHED on success and FAILED, with the error text as tag ``error``, when the
+    block raises.
+
+    ``marker`` makes the store tell the truth across kills and reruns of one job: the file holds
+    the id of the job's run (and ``key``, e.g. the settings' fingerprint). On the next start of the
+    job, with ``resume`` (the job continues from its own saved state under the same ``key``), the
+    run is continued: set RUNNING again, and metrics at steps it already holds are not logged a
+    second time (a resumed job recomputes them identically). Otherwise the earlier run is retired:
+    a RUNNING one (a killed job) is marked KILLED, a finished one whose outputs are being redone is
+    tagged ``superseded_by`` and deleted, so each finished job has exactly one FINISHED run.
     """
 
     def __init__(self, *, uri: str | None = None, experiment: str = "sentemb", run_name: str | None = None,
-                 tags: dict | None = None, params: dict | None = None, enabled: bool = True):
+                 tags: dict | None = None, params: dict | None = None, enabled: bool = True,
+                 marker: str | os.PathLike | None = None, key: str | None = None, resume: bool = False,
+                 parent_run_id: str | None = None):
         self.enabled = enabled
         self.uri, self.experiment, self.run_name = resolve_uri(uri), experiment, run_name
         self.tags = {k: str(v) for k, v in (tags or {}).items() if v is not None}
         self.params = params or {}
+        self.marker, self.key, self.resume = (Path(marker) if marker else None), key, resume
+        self.parent_run_id = parent_run_id
         self.client = self.run_id = None
+        self.continued = False
+        self.skip_until = -1  # metrics at steps <= this are already in the continued run
+
+    def _previous(self) -> dict | None:
+        if self.marker is None or not self.marker.is_file():
+            return None
+        try:
+            prev = json.loads(self.marker.read_text("utf-8"))
+            return prev if isinstance(prev, dict) and prev.get("run_id") else None
+        except (OSError, json.JSONDecodeError):
+            return None
+
+    def _run_of(self, run_id: str):
+        try:
+            return self.client.get_run(run_id)
+        except Exception:  # deleted, or from another store
+            return None
 
     def __enter__(self) -> "Tracker":
         if not self.enabled:
@@ -120,23 +151,69 @@ class Tracker:
 
         exp_id = init_store(self.uri, self.experiment)
         self.client = MlflowClient(tracking_uri=self.uri)
+        prev = self._previous()
+        old = self._run_of(prev["run_id"]) if prev else None
+        if old is not None and self.resume and prev.get("key") == self.key and old.info.lifecycle_stage == "active":
+            self.run_id, self.continued = old.info.run_id, True
+            _retry(self.client.update_run, self.run_id, status="RUNNING")
+            steps = [m.step for k in old.data.metrics for m in _retry(self.client.get_metric_history, self.run_id, k)]
+            self.skip_until = max(steps, default=-1)
+            log.info("continuing MLflow run %s (metrics up to step %d already logged)", self.run_id, self.skip_until)
+            return self
         tags = {"git_commit": git_commit(), **self.tags}
+        if self.parent_run_id and self._run_of(self.parent_run_id) is not None:
+            tags["mlflow.parentRunId"] = self.parent_run_id
         run = _retry(self.client.create_run, exp_id, run_name=self.run_name,
                      tags={k: str(v) for k, v in tags.items() if v is not None})
         self.run_id = run.info.run_id
+        if old is not None and old.info.lifecycle_stage == "active":
+            self._retire(old)
+        self._write_marker()
         params = [Param(k, v) for k, v in _flatten(self.params).items()]
         for i in range(0, len(params), 100):
             _retry(self.client.log_batch, self.run_id, params=params[i : i + 100])
         return self
 
+    def _retire(self, old) -> None:
+        from mlflow.entities import RunTag
+
+        rid = old.info.run_id
+        _retry(self.client.log_batch, rid, tags=[RunTag("superseded_by", self.run_id)])
+        if old.info.status in ("RUNNING", "SCHEDULED"):
+            _retry(self.client.set_terminated, rid, "KILLED")
+            log.info("MLflow run %s of an interrupted job marked KILLED", rid)
+        else:  # finished or failed, but the job is being redone: one run per job
+            _retry(self.client.delete_run, rid)
+            log.info("MLflow run %s (%s) superseded by %s and deleted", rid, old.info.status, self.run_id)
+
+    def _write_marker(self) -> None:
+        if self.marker is None:
+            return
+        from .utils import atomic_path
+
+        self.marker.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_path(self.marker) as tmp:
+            Path(tmp).write_text(json.dumps({"run_id": self.run_id, "key": self.key}), "utf-8")
+
     def log_metrics(self, metrics: dict[str, float], step: int = 0) -> None:
-        if not self.enabled:
+        if not self.enabled or step <= self.skip_until:
             return
         from mlflow.entities import Metric
 
         ts = int(time.time() * 1000)
         ms = [Metric(k, float(v), ts, step) for k, v in metrics.items()]
         _retry(self.client.log_batch, self.run_id, metrics=ms)
+
+    def log_metrics_to(self, run_id: str, metrics: dict[str, float], step: int = 0) -> bool:
+        """Also log ``metrics`` onto another run of this store (e.g. test scores onto the training
+        run, next to its hyperparameters); False if that run is not in this store."""
+        if not self.enabled or self._run_of(run_id) is None:
+            return False
+        from mlflow.entities import Metric
+
+        ts = int(time.time() * 1000)
+        _retry(self.client.log_batch, run_id, metrics=[Metric(k, float(v), ts, step) for k, v in metrics.items()])
+        return True
 
     def set_tags(self, tags: dict) -> None:
         if self.enabled:
@@ -149,8 +226,21 @@ class Tracker:
             _retry(self.client.log_artifact, self.run_id, str(path), artifact_path)
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        if self.enabled and self.run_id is not None:
-            _retry(self.client.set_terminated, self.run_id, "FAILED" if exc_type else "FINISHED")
+        if not (self.enabled and self.run_id is not None):
+            return
+        if exc_type is not None:
+            from mlflow.entities import RunTag
+
+            text = f"{exc_type.__name__}: {exc}"[:5000]
+            try:
+                _retry(self.client.log_batch, self.run_id, tags=[RunTag("error", text)])
+            except Exception:  # never hide the job's own error behind a tracking one
+                log.exception("could not record the error on MLflow run %s", self.run_id)
+            # A kill-like interruption (Ctrl-C, SIGTERM turned into KeyboardInterrupt) is KILLED.
+            status = "KILLED" if issubclass(exc_type, KeyboardInterrupt) else "FAILED"
+            _retry(self.client.set_terminated, self.run_id, status)
+            return
+        _retry(self.client.set_terminated, self.run_id, "FINISHED")
 
 
 def _cmd_init(args) -> int:

@@ -219,13 +219,18 @@ def setup(run: dict, out_dir: str | Path) -> Job:
     warmup = int(tc["warmup_ratio"] * total)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(tc["lr_schedule"], total, warmup))
     scaler = torch.amp.GradScaler(device.type, enabled=amp is torch.float16)
-    fingerprint = json.dumps({k: run[k] for k in ("method", "backbone", "seed", "train", "method_args", "paths")},
-                             sort_keys=True, default=str)
+    fingerprint = run_fingerprint(run)
     return Job(run=run, out_dir=out_dir, work=out_dir / ".work", tc=tc, seed=seed, device=device, amp=amp,
                sentences=sentences, dev_pairs=dev_pairs, method=method, step_fn=step_fn,
                pooler=method_cls.pooler_for(method.args), micro=micro, accum=accum, total=total, opt=opt,
                sched=sched, scaler=scaler, fingerprint=fingerprint,
                meta={"method": run["method"], "name": run["name"], "backbone": run["backbone"], "seed": seed})
+
+
+def run_fingerprint(run: dict) -> str:
+    """The settings a saved state must share to be resumed (and its MLflow run continued)."""
+    return json.dumps({k: run[k] for k in ("method", "backbone", "seed", "train", "method_args", "paths")},
+                      sort_keys=True, default=str)
 
 
 def _selects_by_dev(tc: dict) -> bool:
@@ -413,22 +418,32 @@ def train(run: dict, out_dir: str | Path, *, progress: bool = True, stop_after: 
     """
     from .tracking import Tracker
 
-    job = setup(run, out_dir)
-    state = resume(job)
-    job.embedder = job.method.embedder(job.pooler, job.device) if _selects_by_dev(job.tc) else None
+    out_dir = Path(out_dir)
     trk = run.get("tracking", {})
-    job.tracker = Tracker(uri=trk.get("uri"), experiment=run.get("experiment", "sentemb"), enabled=trk.get("enabled", True),
-                          run_name=run.get("run_name") or f"train/{run['name']}/{run['backbone']}/seed{job.seed}",
-                          tags={**job.meta, "rule": run.get("rule", "train")}, params=run)
-    tc, bar = job.tc, None
-    if progress:
-        from tqdm import tqdm
+    seed = int(run["seed"])
+    meta = {"method": run["method"], "name": run["name"], "backbone": run["backbone"], "seed": seed}
+    # The MLflow run is opened first, so that bad input also ends as a FAILED run with the error. A
+    # job that will resume its own saved state continues its own run (see Tracker's `marker`).
+    tracker = Tracker(uri=trk.get("uri"), experiment=run.get("experiment", "sentemb"), enabled=trk.get("enabled", True),
+                      run_name=run.get("run_name") or f"train/{run['name']}/{run['backbone']}/seed{seed}",
+                      tags={**meta, "rule": run.get("rule", "train")}, params=run,
+                      marker=out_dir / ".mlflow_run.json", key=run_fingerprint(run),
+                      resume=(out_dir / ".work" / "last.pt").is_file())
+    with tracker:
+        job = setup(run, out_dir)
+        job.tracker = tracker
+        if tracker.run_id:
+            job.meta["mlflow_run_id"] = tracker.run_id  # evaluation jobs log their test scores onto this run
+        state = resume(job)
+        job.embedder = job.method.embedder(job.pooler, job.device) if _selects_by_dev(job.tc) else None
+        tc, bar = job.tc, None
+        if progress:
+            from tqdm import tqdm
 
-        bar = tqdm(total=job.total, initial=state.step, desc=f"train {run['name']}", unit="step", file=sys.stderr,
-                   mininterval=1 if sys.stderr.isatty() else 30)
-    job.method.train()
-    t_start = state.t_log = time.perf_counter()
-    with job.tracker:
+            bar = tqdm(total=job.total, initial=state.step, desc=f"train {run['name']}", unit="step", file=sys.stderr,
+                       mininterval=1 if sys.stderr.isatty() else 30)
+        job.method.train()
+        t_start = state.t_log = time.perf_counter()
         while state.step < job.total:
             optimizer_step(job, state)
             if bar is not None:

@@ -27,6 +27,8 @@ RUN_DIR = f"{RESULTS}/runs/{{name}}/{{backbone}}/seed{{seed}}"
 TRACKING = config["tracking"]["enabled"]
 TRACKING_MARKER = f"{RESULTS}/.tracking/{config['experiment']}.json"
 EVAL_DATA = f"{RES}/data/{config['evaluation']['data']}"
+# Several local GPUs: GPU jobs claim one each (sentemb.gpu_slots); empty on Slurm / one GPU.
+GPU_ENV = f"SENTEMB_GPU_SLOTS={config['local_gpus']} " if config.get("local_gpus") else ""
 
 
 wildcard_constraints:

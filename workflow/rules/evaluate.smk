@@ -9,6 +9,7 @@ rule evaluate:
     output:
         f"{RUN_DIR}/eval_sts.json",
     params:
+        gpu_env=GPU_ENV,
         pooler=eval_pooler,
         tasks=",".join(config["evaluation"]["tasks"]),
         setting=config["evaluation"]["setting"],
@@ -33,7 +34,7 @@ rule evaluate:
     conda:
         "../envs/sentemb.yaml"
     shell:
-        "sentemb evaluate --model {input.model} --pooler {params.pooler} --data-dir {input.data}"
+        "{params.gpu_env}sentemb evaluate --model {input.model} --pooler {params.pooler} --data-dir {input.data}"
         " --tasks {params.tasks} --setting {params.setting} --batch-size {params.batch_size}"
         " --precision {params.precision}"
         " --output {output} --quiet --run-meta name={wildcards.name} --run-meta method={params.method}"

@@ -151,6 +151,7 @@ rule paraphrase_shard:
     benchmark:
         f"benchmarks/stats/{{corpus}}/paraphrase_shard{{shard}}of{{nshards}}.tsv"
     params:
+        gpu_env=GPU_ENV,
         batch_size=_PARA["batch_size"],
         num_beams=_PARA["num_beams"],
         max_length=_PARA["max_length"],
@@ -162,7 +163,7 @@ rule paraphrase_shard:
     conda:
         "../envs/sentemb.yaml"
     shell:
-        "sentemb paraphrase --corpus {input.corpus:q} --model {input.model:q} --shard {wildcards.shard} "
+        "{params.gpu_env}sentemb paraphrase --corpus {input.corpus:q} --model {input.model:q} --shard {wildcards.shard} "
         "--num-shards {wildcards.nshards} --batch-size {params.batch_size} --num-beams {params.num_beams} "
         "--max-length {params.max_length} --threads {threads} --output {output:q} >> {log:q} 2>&1"
 

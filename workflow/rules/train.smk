@@ -45,6 +45,7 @@ rule train:
         model=directory(f"{RUN_DIR}/model"),
         summary=f"{RUN_DIR}/train.json",
     params:
+        gpu_env=GPU_ENV,
         outdir=lambda wildcards, output: os.path.dirname(output.summary),
     log:
         f"{LOGS}/train/{{name}}/{{backbone}}/seed{{seed}}.log",
@@ -58,4 +59,4 @@ rule train:
     conda:
         "../envs/sentemb.yaml"
     shell:
-        "sentemb train --run-config {input.run} --output-dir {params.outdir} --quiet > {log} 2>&1"
+        "{params.gpu_env}sentemb train --run-config {input.run} --output-dir {params.outdir} --quiet > {log} 2>&1"
