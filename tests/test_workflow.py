@@ -24,7 +24,7 @@ TASKS = ["STS12", "STS13", "STS14", "STS15", "STS16", "STSBenchmark", "SICKRelat
 def smk(workdir: Path, *args, env=None, check=True):
     cmd = [*SNAKEMAKE, "-s", str(REPO / "Snakefile"), "-d", str(workdir), f"--configfile={workdir / 'config.yaml'}",
            *args]
-    p = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=900)
+    p = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=1800)
     if check and p.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} failed:\n{p.stdout[-4000:]}\n{p.stderr[-4000:]}")
     return p
@@ -44,6 +44,14 @@ def env(shared):
     return {"SENTEMB_MIRROR": str(shared), "MLFLOW_TRACKING_URI": "", "PATH": path}
 
 
+def jobs(workdir):
+    """(name, backbone, seed) of every training job the tiny config declares."""
+    import yaml
+
+    cfg = yaml.safe_load((workdir / "config.yaml").read_text())
+    return [(r.get("name", r["method"]), r["backbone"], s) for r in cfg["runs"] for s in (r.get("seeds") or cfg["seeds"])]
+
+
 @pytest.fixture(scope="module")
 def ran(workdir, env):
     smk(workdir, "--cores", "2", "results/table1.csv", "stats", env=env)
@@ -58,6 +66,9 @@ def test_lint_is_clean(workdir, env):
 def test_table1_from_the_dag(ran):
     t = pd.read_csv(ran / "results" / "table1.csv")
     assert list(t.columns) == ["name", "method", "backbone", *TASKS, "Avg", "std", "n_seeds"]
+    assert sorted(zip(t["name"], t["backbone"])) == sorted({(n, b) for n, b, _ in jobs(ran)})  # one row per run
+    assert t[TASKS + ["Avg"]].notna().all().all()
+    t = t[t["name"] == "simcse"].reset_index(drop=True)
     assert len(t) == 1 and t.loc[0, "n_seeds"] == 2 and t.loc[0, "backbone"] == "tiny-bert"
     evals = [json.loads((ran / f"results/runs/simcse/tiny-bert/seed{s}/eval_sts.json").read_text()) for s in (1, 2)]
     for task in TASKS:
@@ -90,10 +101,11 @@ def test_every_job_is_an_mlflow_run(ran):
     client = MlflowClient(tracking_uri=f"sqlite:///{ran / 'mlflow.db'}")
     exp = client.get_experiment_by_name("sentemb-test")
     runs = client.search_runs([exp.experiment_id])
-    rules = sorted(r.data.tags["rule"] for r in runs)
-    assert rules == ["evaluate", "evaluate", "train", "train"]
+    n = len(jobs(ran))
+    rules = sorted(r.data.tags["rule"] for r in runs if r.data.tags["rule"] in ("train", "evaluate"))
+    assert rules == ["evaluate"] * n + ["train"] * n
     assert all(r.info.status == "FINISHED" for r in runs)
-    train_run = next(r for r in runs if r.data.tags["rule"] == "train")
+    train_run = next(r for r in runs if r.data.tags["rule"] == "train" and r.data.tags["method"] == "simcse")
     assert {"method", "backbone", "seed", "name", "git_commit"} <= set(train_run.data.tags)
     assert "dev/stsb_spearman" in train_run.data.metrics and "train/loss" in train_run.data.metrics
     assert train_run.data.params["train.batch_size"] == "32"

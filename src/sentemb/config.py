@@ -160,7 +160,7 @@ def method_args_of(config: dict, run: dict) -> dict[str, Any]:
     cls = get_method(run["method"])
     i = next((k for k, r in enumerate(config["runs"]) if r is run), None)
     where = f"runs[{i}].method_args" if i is not None else "method_args"
-    base = cls.resolve_args(config["methods"].get(run["method"], {}), where=f"methods.{run['method']}")
+    base = cls.resolve_args((config.get("methods") or {}).get(run["method"], {}), where=f"methods.{run['method']}")
     cls.validate_args(run.get("method_args") or {}, where)
     return {**base, **(run.get("method_args") or {})}
 

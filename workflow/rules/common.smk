@@ -23,6 +23,8 @@ MIRROR = str(_mirror) if _mirror else ""
 CORPUS = config["corpus"]["name"]
 SEEDS = config["seeds"]
 RUNS = [(r["name"], r["backbone"]) for r in config["runs"]]
+# (name, backbone, seed) of every training job: runs[].seeds, else the global seeds
+JOBS = [(r["name"], r["backbone"], s) for r in config["runs"] for s in (r.get("seeds") or SEEDS)]
 RUN_DIR = f"{RESULTS}/runs/{{name}}/{{backbone}}/seed{{seed}}"
 TRACKING = config["tracking"]["enabled"]
 TRACKING_MARKER = f"{RESULTS}/.tracking/{config['experiment']}.json"
@@ -63,6 +65,6 @@ def eval_pooler(wildcards):
 
 def eval_outputs():
     return [
-        f"{RESULTS}/runs/{n}/{b}/seed{s}/eval_sts.json" for n, b in RUNS for s in SEEDS
+        f"{RESULTS}/runs/{n}/{b}/seed{s}/eval_sts.json" for n, b, s in JOBS
     ]
 

@@ -16,7 +16,7 @@ sentence embedding is not a pooled encoder output declares ``eval_pooler = "meth
 overrides ``embedder``, ``export`` and ``load_embedder``.
 
 Adding a method = one module in ``sentemb/methods/`` (a ``Method`` subclass decorated with
-``@register_method``, listed in ``_MODULES`` of ``sentemb/methods/__init__.py``) + its config block.
+``@register_method``; the package imports every module in it) + its config block.
 """
 
 from __future__ import annotations
