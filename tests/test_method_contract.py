@@ -23,6 +23,7 @@ from sentemb.methods.base import INPUT_NAMES
 #: tiny-model argument overrides per method (e.g. fewer layers than the paper's backbone)
 CONTRACT_ARGS: dict[str, dict] = {
     "simcse": {},
+    "arccse": {"min_words": 5},  # the contract's short sentences then form triplets too
 }
 
 SENTS = ["a man plays the guitar", "the dog runs in the park", "red car", "a cat sits on the mat",

@@ -189,6 +189,10 @@ def setup(run: dict, out_dir: str | Path) -> Job:
     if tc.get("num_threads"):
         torch.set_num_threads(tc["num_threads"])
     amp = _precision(tc["precision"], device)
+    if tc.get("sam_rho") and amp is torch.float16:
+        raise SentembError(f"run '{run['name']}': train.sam_rho ({tc['sam_rho']}) cannot be combined with "
+                           "train.precision fp16 (the gradient scaler would scale SAM's ascent step); "
+                           "use bf16, fp32 or auto, or set train.sam_rho: null")
     if device.type == "cuda":
         if hasattr(torch.backends.cuda.matmul, "fp32_precision"):  # torch >= 2.9
             torch.backends.cuda.matmul.fp32_precision = "tf32"
@@ -313,9 +317,31 @@ def apply_update(job: Job) -> None:
     job.opt.zero_grad(set_to_none=True)
 
 
+def sam_gradients(job: Job, batches: list[tuple[int, dict]], state: State) -> None:
+    """Sharpness-Aware Minimization (``train.sam_rho``; Foret et al. 2021, Eqs. 2-3, ``sentemb.sam``):
+    the gradient g at w (its loss terms are the ones logged), w ← w + ρ·g/‖g‖, the gradient again at
+    the perturbed weights on the same micro-batches with the same dropout masks (the RNG state is
+    rewound, and the batches themselves are the kept ones, built from the (seed, micro) generators),
+    then w restored exactly; ``apply_update`` clips and steps with that second gradient."""
+    from . import sam
+
+    rng = _rng_state()
+    accumulate_gradients(job, batches, state)
+    saved = sam.ascend([p for group in job.opt.param_groups for p in group["params"]], job.tc["sam_rho"])
+    job.opt.zero_grad(set_to_none=True)
+    _set_rng_state(rng)  # same dropout masks in the second pass
+    accumulate_gradients(job, batches, None)
+    sam.restore(saved)
+
+
 def optimizer_step(job: Job, state: State) -> None:
-    """Stage 3, one optimizer step: build the micro-batches, accumulate gradients, update."""
-    accumulate_gradients(job, micro_batches(job, state.step), state)
+    """Stage 3, one optimizer step: build the micro-batches, accumulate gradients (twice, at w and
+    at w + ε̂, with ``train.sam_rho``), update."""
+    batches = micro_batches(job, state.step)
+    if job.tc.get("sam_rho"):
+        sam_gradients(job, batches, state)
+    else:
+        accumulate_gradients(job, batches, state)
     apply_update(job)
     state.step += 1
 

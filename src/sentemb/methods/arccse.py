@@ -1,0 +1,296 @@
+"""ArcCSE: additive angular margin contrastive loss + entailment of masked triplets (Zhang, Zhu,
+Wang, Xu, Li, Zhao, "A Contrastive Framework for Learning Sentence Representations from Pairwise
+and Triple-wise Perspective in Angular Space", ACL 2022; seed paper 004; methods.md §5).
+
+Training, per batch of B sentences:
+
+* **ArcCon** (paper Eq. 3). h_i, h_i⁺ = MLP([CLS]) of two dropout views (as unsupervised SimCSE; raw
+  [CLS] at evaluation), θ_ij = arccos cos(h_i, h_j⁺)::
+
+      L_arc = −(1/B) Σ_i log e^{ψ(θ_ii)/τ} / (e^{ψ(θ_ii)/τ} + Σ_{j≠i} e^{cos θ_ij/τ}),
+      ψ(θ) = cos(θ + m) = cos θ·cos m − sin θ·sin m,   sin θ = √max(1 − cos²θ, ε),
+
+  m = 10°, τ = 0.05 (``arccon_loss``). ``arccon: false`` replaces it by NT-Xent (the "w/o ArcCon"
+  ablation).
+* **Triplet entailment** (Eq. 4). For every sentence s of the batch with ≥ 25 words: s′ masks
+  contiguous spans covering 20% of s, s″ enlarges that masked area to 40% (``nested_span_masks``);
+  s, s′, s″ are encoded with dropout off and ::
+
+      L_tri = (1/|T|) Σ_{s∈T} max(0, cos(h̄, h̄″) − cos(h̄, h̄′) + m′),   m′ = 0
+
+  (``triplet_loss``; L_tri = 0 when no sentence of the batch has 25 words).
+* **Total** (Eq. 5): L = L_arc + λ·L_tri, λ = 0.1. Logged terms: ``loss``, ``arccon``, ``triplet``,
+  ``triplets`` (|T|, the number of triplets in the batch).
+
+Optimisation is AdamW with Sharpness-Aware Minimization: that is the loop's ``train.sam_rho``
+(``sentemb.sam``; 0.05 in the ArcCSE runs, Foret et al.'s default, as the paper gives none).
+
+Open choices (methods.md §5 **open**), with the switch that changes each:
+
+* θ_ii + m > π (``beyond_pi``). cos(θ + m) would rise again there, rewarding a *larger* angle
+  between the positives. Default ``shift``: for θ > π − m use ψ(θ) = cos θ − (1 − cos m). It equals
+  cos(θ+m) = −1 at θ = π − m (continuous), decreases on [π − m, π], and stays below cos θ, so ψ is
+  non-increasing on all of [0, π] and ArcCon ≥ NT-Xent everywhere (strictly larger for m > 0).
+  ArcFace's fallback cos θ − m·sin m is not continuous at the switch, hence not used. ``raw`` keeps
+  the literal cos(θ + m).
+* ε = 1e-6 under the square root keeps the gradient finite at cos θ = ±1 (|dψ/dcos θ| ≤
+  cos m + sin m/√ε); ``sin_eps``.
+* Batch and update schedule ("batch size in {8, 16, 32}, parameters updated every 64 steps"): a
+  loop setting, not a method argument. The paper runs read it as 64 sentences per update
+  (``batch_size: 32, grad_accum: 2``); the literal reading is the named run ``arccse-accum64``
+  (``grad_accum: 64``). In-batch negatives are those of one micro-batch either way.
+* Maximum lengths: ArcCon truncates at ``train.max_len`` (the runs: 512 = the longest sentence of
+  the batch for base models, 32 for large, as the paper); triplets have their own
+  ``triplet_max_len`` (default 512 = the longest of the batch, capped at the model's position
+  limit), since ≥ 25-word sentences exceed 32 tokens.
+* The paper samples sentences by length; the loop does not (it never buckets: bucketing changes
+  which sentences are each other's negatives). A documented deviation.
+* ``triplet_mlp`` (default true): the triplet embeddings h̄ are MLP([CLS]) like ArcCon's, the
+  paper's "sentence representation during training"; false uses the raw [CLS].
+* ``mask_unit`` (default ``words``, as the paper's example masks whole words): the masking rate
+  counts the tokenizer's pre-tokenized words (punctuation is a word) and a masked word masks all its
+  word pieces; ``tokens`` counts and masks word pieces. [CLS]/[SEP] are never masked.
+* ``mask_replace`` (default ``mask``): each masked word piece becomes [MASK]; ``delete`` removes it.
+* Span lengths (the paper says only "contiguous segments"): SpanBERT's geometric distribution,
+  ``span_p`` = 0.2 clipped at ``max_span`` = 10; spans are added until exactly round(rate·n) units
+  are masked (the last span is cut to fit).
+* The "≥ 25 words" filter (``min_words``) counts whitespace-separated words of the raw sentence.
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .. import SentembError
+from . import register_method
+from .base import arg
+from .simcse import SimCSE, info_nce
+
+TRIPLET_KEYS = ("tri_input_ids", "tri_attention_mask")
+
+
+# ------------------------------------------------------------------------------------ the equations
+def positive_logit(cos: torch.Tensor, margin_deg: float, beyond_pi: str = "shift", sin_eps: float = 1e-6) -> torch.Tensor:
+    """ψ(θ) = cos(θ + m) from cos θ, without arccos (ArcCSE Eq. 3's numerator), safe at cos θ = ±1.
+
+    cos(θ + m) = cos θ·cos m − sin θ·sin m with sin θ = √max(1 − cos²θ, ``sin_eps``) (θ ∈ [0, π], so
+    sin θ ≥ 0). ``beyond_pi="shift"``: where θ + m > π (cos θ < −cos m) ψ = cos θ − (1 − cos m),
+    continuous at θ = π − m and decreasing, so ψ is non-increasing on [0, π]; ``"raw"``: cos(θ + m)."""
+    m = math.radians(margin_deg)
+    cos_m, sin_m = math.cos(m), math.sin(m)
+    sin = torch.sqrt(torch.clamp(1.0 - cos * cos, min=sin_eps))  # clamp: zero gradient where |cos θ| ≈ 1
+    arc = cos * cos_m - sin * sin_m
+    if beyond_pi == "raw":
+        return arc
+    if beyond_pi != "shift":
+        raise SentembError(f"beyond_pi: {beyond_pi!r} is not one of 'shift', 'raw'")
+    return torch.where(cos >= -cos_m, arc, cos - (1.0 - cos_m))
+
+
+def arccon_loss(h: torch.Tensor, h_pos: torch.Tensor, margin_deg: float = 10.0, temperature: float = 0.05, *,
+                beyond_pi: str = "shift", sin_eps: float = 1e-6) -> torch.Tensor:
+    """ArcCon loss, ArcCSE Eq. 3: cross-entropy of the B×B logits cos θ_ij / τ in which the diagonal
+    (the positive pair) is replaced by ψ(θ_ii)/τ = cos(θ_ii + m)/τ (see ``positive_logit``).
+
+    h, h_pos: (B, d) the two views' embeddings. Computed in fp32 regardless of autocast. With
+    ``margin_deg = 0`` it is NT-Xent / InfoNCE (Gao et al. 2021, Eq. 1) exactly."""
+    with torch.autocast(device_type=h.device.type, enabled=False):
+        h, h_pos = h.float(), h_pos.float()
+        cos = F.normalize(h, dim=-1) @ F.normalize(h_pos, dim=-1).T  # (B, B): cos θ_ij
+        pos = positive_logit(torch.diagonal(cos), margin_deg, beyond_pi, sin_eps)  # (B,)
+        eye = torch.eye(cos.size(0), dtype=torch.bool, device=cos.device)
+        logits = torch.where(eye, pos.unsqueeze(1).expand_as(cos), cos) / temperature
+        return F.cross_entropy(logits, torch.arange(cos.size(0), device=cos.device))
+
+
+def triplet_loss(h: torch.Tensor, h_less: torch.Tensor, h_more: torch.Tensor, margin: float = 0.0) -> torch.Tensor:
+    """ArcCSE Eq. 4, averaged over the triplets: mean max(0, cos(h̄, h̄″) − cos(h̄, h̄′) + m′) with
+    h_less = h̄′ (20% masked), h_more = h̄″ (40% masked); 0 for no triplets. fp32."""
+    with torch.autocast(device_type=h.device.type, enabled=False):
+        if h.size(0) == 0:
+            return h.float().sum() * 0.0
+        h, h_less, h_more = h.float(), h_less.float(), h_more.float()
+        return F.relu(F.cosine_similarity(h, h_more, dim=-1) - F.cosine_similarity(h, h_less, dim=-1) + margin).mean()
+
+
+def nested_span_masks(n_tokens: int, rates: Sequence[float], rng: np.random.Generator, *, span_p: float = 0.2,
+                      max_span: int = 10) -> np.ndarray:
+    """Nested masks of contiguous spans (ArcCSE §3.2): row k masks round(rates[k]·n_tokens) of the
+    ``n_tokens`` units, row k+1's masked set contains row k's (the masked area is enlarged).
+
+    Spans are added one at a time: a start drawn uniformly among the unmasked units, a length from
+    a geometric distribution (``span_p``, clipped at ``max_span``; SpanBERT's choice), extended
+    rightwards over unmasked units (it stops at the end or where it meets an earlier span, merging
+    with it) and cut so that the count is exact. ``rates`` must be non-decreasing in [0, 1].
+    Returns a bool array (len(rates), n_tokens)."""
+    rates = [float(r) for r in rates]
+    if any(not 0.0 <= r <= 1.0 for r in rates) or any(b < a for a, b in zip(rates, rates[1:])):
+        raise SentembError(f"mask rates must be non-decreasing within [0, 1], got {rates}")
+    masked = np.zeros(n_tokens, dtype=bool)
+    out = np.zeros((len(rates), n_tokens), dtype=bool)
+    for k, rate in enumerate(rates):
+        target = int(math.floor(rate * n_tokens + 0.5))
+        count = int(masked.sum())
+        while count < target:
+            free = np.flatnonzero(~masked)
+            pos = int(free[rng.integers(len(free))])
+            length = min(int(rng.geometric(span_p)), max_span, target - count)
+            while length > 0 and pos < n_tokens and not masked[pos]:
+                masked[pos] = True
+                pos += 1
+                length -= 1
+                count += 1
+        out[k] = masked
+    return out
+
+
+@contextmanager
+def dropout_off(module: torch.nn.Module):
+    """Evaluation mode (no dropout) inside, the previous train/eval mode of every submodule after;
+    gradients still flow."""
+    modes = [(m, m.training) for m in module.modules()]
+    module.eval()
+    try:
+        yield
+    finally:
+        for m, mode in modes:
+            m.train(mode)
+
+
+# ------------------------------------------------------------------------------------ the method
+@register_method
+class ArcCSE(SimCSE):
+    """ArcCSE (methods.md §5): SimCSE's two dropout views under ArcCon + λ·triplet entailment."""
+
+    name = "arccse"
+
+    @dataclass
+    class Args:
+        temperature: float = arg(0.05, "τ of ArcCon (Eq. 3)")
+        margin_deg: float = arg(10.0, "additive angular margin m of ArcCon in degrees (Eq. 3)")
+        arccon: bool = arg(True, "ArcCon loss; false = NT-Xent/InfoNCE (ablation 'w/o ArcCon')")
+        beyond_pi: str = arg("shift", "positive logit where θ+m > π: cos θ − (1 − cos m) (continuous, "
+                             "non-increasing; open choice) or the raw cos(θ+m)", choices=("shift", "raw"))
+        sin_eps: float = arg(1e-6, "ε in sin θ = √max(1 − cos²θ, ε): finite gradient at cos θ = ±1")
+        triplet: bool = arg(True, "triplet entailment loss (Eq. 4); false = ablation 'w/o triplet'")
+        triplet_weight: float = arg(0.1, "λ of L = L_arc + λ·L_tri (Eq. 5)")
+        triplet_margin: float = arg(0.0, "m′ of the triplet loss (Eq. 4)")
+        min_words: int = arg(25, "only sentences with at least this many (whitespace) words form triplets")
+        mask_rate: float = arg(0.2, "masking rate of s′ (contiguous spans)")
+        mask_rate_large: float = arg(0.4, "masking rate of s″ (s′'s masked area enlarged)")
+        mask_unit: str = arg("words", "masking unit (open): pre-tokenized words or word pieces",
+                             choices=("words", "tokens"))
+        mask_replace: str = arg("mask", "masked units become [MASK] or are deleted (open)", choices=("mask", "delete"))
+        span_p: float = arg(0.2, "geometric parameter of span lengths (SpanBERT; open)")
+        max_span: int = arg(10, "longest span in units (SpanBERT; open)")
+        triplet_max_len: int = arg(512, "truncation of triplet sentences in tokens (paper: the longest of the "
+                                        "batch; capped at the model's position limit)")
+        triplet_mlp: bool = arg(True, "triplet embeddings pass through the training MLP (open)")
+        mlp: str = arg("train_only", "Linear+Tanh head on [CLS]: in training only (paper), kept at test time, "
+                       "or none", choices=("train_only", "always", "none"))
+
+    eval_pooler = "cls_before_pooler"
+
+    def __init__(self, encoder, tokenizer, args, ctx):
+        super().__init__(encoder, tokenizer, args, ctx)
+        a = self.args
+        where = f"method '{self.name}'"
+        if not 0.0 < a["mask_rate"] <= a["mask_rate_large"] < 1.0:
+            raise SentembError(f"{where}.mask_rate/mask_rate_large: need 0 < mask_rate ({a['mask_rate']}) <= "
+                               f"mask_rate_large ({a['mask_rate_large']}) < 1")
+        for key, ok in (("temperature", a["temperature"] > 0), ("margin_deg", 0 <= a["margin_deg"] < 180),
+                        ("sin_eps", 0 < a["sin_eps"] < 1), ("span_p", 0 < a["span_p"] <= 1),
+                        ("max_span", a["max_span"] >= 1), ("triplet_max_len", a["triplet_max_len"] >= 4),
+                        ("min_words", a["min_words"] >= 1), ("triplet_weight", a["triplet_weight"] >= 0)):
+            if not ok:
+                raise SentembError(f"{where}.{key}: {a[key]!r} is out of range")
+        if a["triplet_mlp"] and self.mlp is None and a["triplet"]:
+            raise SentembError(f"{where}.triplet_mlp: true needs an MLP (mlp is 'none')")
+        if a["triplet"] and a["mask_replace"] == "mask" and tokenizer.mask_token_id is None:
+            raise SentembError(f"{where}.mask_replace: the tokenizer has no [MASK] token; use 'delete'")
+
+    # -------------------------------------------------------------------------- batches
+    def _triplet_len(self) -> int:
+        limit = getattr(self.encoder.config, "max_position_embeddings", None) or self.args["triplet_max_len"]
+        if getattr(self.encoder.config, "model_type", "") in ("roberta", "xlm-roberta", "camembert"):
+            limit -= 2  # RoBERTa's positions start at padding_idx + 1
+        return min(self.args["triplet_max_len"], limit)
+
+    def build_triplets(self, sentences: Sequence[str], rng: np.random.Generator) -> dict[str, torch.Tensor]:
+        """The rows [s_1..s_T, s′_1..s′_T, s″_1..s″_T] of the sentences with ≥ ``min_words`` words,
+        padded to the longest: ``tri_input_ids``, ``tri_attention_mask`` of shape (3T, L); (0, 1)
+        when there is no such sentence."""
+        a, tok = self.args, self.tokenizer
+        long = [s for s in sentences if len(s.split()) >= a["min_words"]]
+        if not a["triplet"] or not long:
+            empty = torch.zeros((0, 1), dtype=torch.long)
+            return {"tri_input_ids": empty, "tri_attention_mask": empty.clone()}
+        enc = tok(list(long), truncation=True, max_length=self._triplet_len(), return_special_tokens_mask=True)
+        views: list[list[list[int]]] = [[], [], []]
+        for k, ids in enumerate(enc["input_ids"]):
+            special = enc["special_tokens_mask"][k]
+            if a["mask_unit"] == "words":
+                unit = [w if not sp else None for w, sp in zip(enc.word_ids(k), special)]
+            else:
+                unit = [p if not sp else None for p, sp in enumerate(special)]
+            units = sorted({u for u in unit if u is not None})
+            masks = nested_span_masks(len(units), (a["mask_rate"], a["mask_rate_large"]), rng,
+                                      span_p=a["span_p"], max_span=a["max_span"])
+            views[0].append(list(ids))
+            for v, row in ((1, masks[0]), (2, masks[1])):
+                hidden = {units[j] for j in np.flatnonzero(row)}
+                if a["mask_replace"] == "mask":
+                    views[v].append([tok.mask_token_id if u in hidden else t for t, u in zip(ids, unit)])
+                else:
+                    views[v].append([t for t, u in zip(ids, unit) if u not in hidden])
+        rows = views[0] + views[1] + views[2]
+        width = max(len(r) for r in rows)
+        pad = tok.pad_token_id or 0
+        ids = torch.full((len(rows), width), pad, dtype=torch.long)
+        att = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, r in enumerate(rows):
+            ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
+            att[i, : len(r)] = 1
+        return {"tri_input_ids": ids, "tri_attention_mask": att}
+
+    def build_batch(self, sentences, step=0, *, lines=None, micro=0):
+        """SimCSE's batch (truncated at ``ctx.max_len``) plus the triplet rows (``build_triplets``),
+        whose masks are drawn from ``np_rng(micro)``."""
+        batch = dict(self.tokenizer(sentences, padding=True, truncation=True, max_length=self.ctx.max_len,
+                                    return_tensors="pt"))
+        batch.update(self.build_triplets(sentences, self.np_rng(micro)))
+        return batch
+
+    # -------------------------------------------------------------------------- losses
+    def encode_triplets(self, batch) -> torch.Tensor:
+        """(3T, d) embeddings of the triplet rows with dropout off (gradients flow)."""
+        with dropout_off(self.encoder):
+            cls = self.encoder(input_ids=batch["tri_input_ids"], attention_mask=batch["tri_attention_mask"],
+                               return_dict=True).last_hidden_state[:, 0]
+        if self.args["triplet_mlp"] and self.mlp is not None:
+            cls = self.mlp(cls)
+        return cls
+
+    def losses(self, batch):
+        a = self.args
+        z1, z2 = self.encode_views({k: v for k, v in batch.items() if k not in TRIPLET_KEYS})  # (B, d) each
+        if a["arccon"]:
+            arc = arccon_loss(z1, z2, a["margin_deg"], a["temperature"], beyond_pi=a["beyond_pi"], sin_eps=a["sin_eps"])
+        else:
+            arc = info_nce(z1, z2, a["temperature"])
+        n = batch["tri_input_ids"].size(0) // 3 if "tri_input_ids" in batch else 0
+        if a["triplet"] and n > 0:
+            h = self.encode_triplets(batch)  # (3T, d): [s, s′, s″]
+            tri = triplet_loss(h[:n], h[n : 2 * n], h[2 * n :], a["triplet_margin"])
+        else:
+            tri = torch.zeros((), dtype=torch.float32, device=z1.device)
+        loss = arc + a["triplet_weight"] * tri
+        return {"loss": loss, "arccon": arc.detach(), "triplet": tri.detach(),
+                "triplets": torch.tensor(float(n), device=z1.device)}
