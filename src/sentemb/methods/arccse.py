@@ -125,11 +125,12 @@ def nested_span_masks(n_tokens: int, rates: Sequence[float], rng: np.random.Gene
     """Nested masks of contiguous spans (ArcCSE §3.2): row k masks round(rates[k]·n_tokens) of the
     ``n_tokens`` units, row k+1's masked set contains row k's (the masked area is enlarged).
 
-    Spans are added one at a time: a start drawn uniformly among the unmasked units, a length from
-    a geometric distribution (``span_p``, clipped at ``max_span``; SpanBERT's choice), extended
-    rightwards over unmasked units (it stops at the end or where it meets an earlier span, merging
-    with it) and cut so that the count is exact. ``rates`` must be non-decreasing in [0, 1].
-    Returns a bool array (len(rates), n_tokens)."""
+    Spans are added one at a time: a length L from a geometric distribution (``span_p``, clipped at
+    ``max_span``; SpanBERT's choice) and at the units still to mask, a start uniform among the
+    n − L + 1 places where the span fits; the span [start, start + L) is masked, except that where
+    it overlaps earlier spans (merging with them) only its first still-needed unmasked units are
+    taken, so every count is exact and every addition is one contiguous piece of the masked area.
+    ``rates`` must be non-decreasing in [0, 1]. Returns a bool array (len(rates), n_tokens)."""
     rates = [float(r) for r in rates]
     if any(not 0.0 <= r <= 1.0 for r in rates) or any(b < a for a, b in zip(rates, rates[1:])):
         raise SentembError(f"mask rates must be non-decreasing within [0, 1], got {rates}")
@@ -139,14 +140,12 @@ def nested_span_masks(n_tokens: int, rates: Sequence[float], rng: np.random.Gene
         target = int(math.floor(rate * n_tokens + 0.5))
         count = int(masked.sum())
         while count < target:
-            free = np.flatnonzero(~masked)
-            pos = int(free[rng.integers(len(free))])
             length = min(int(rng.geometric(span_p)), max_span, target - count)
-            while length > 0 and pos < n_tokens and not masked[pos]:
-                masked[pos] = True
-                pos += 1
-                length -= 1
-                count += 1
+            start = int(rng.integers(n_tokens - length + 1))
+            new = start + np.flatnonzero(~masked[start : start + length])
+            new = new[: target - count]  # a prefix: the taken units and the spans between stay one piece
+            masked[new] = True
+            count += len(new)
         out[k] = masked
     return out
 
