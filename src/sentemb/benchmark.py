@@ -71,17 +71,20 @@ def _timed_training(module, opt, make_batch, loss_of, sentences, batch_size, ste
 
 
 def bench_method(model_dir, sentences, batch_size, steps, warmup, device, max_len, precision, method="simcse",
-                 method_args=None, inputs=None, corpus=None):
+                 method_args=None, inputs=None, corpus=None, sam_rho=None):
     """A registered method through the loop's own calls: ``build_batch`` (timed separately, with the
     sentences' corpus line indices and the micro-batch index), transfer, autocast, ``losses``,
-    backward, clip, AdamW. Returns (seconds, real tokens, padded tokens, encoder config, build seconds)."""
+    backward, (with ``sam_rho``: SAM's ascent and second forward/backward with the same dropout
+    masks, as ``train.sam_gradients``), clip, AdamW. Returns (seconds, real tokens, padded tokens,
+    encoder config, build seconds)."""
     import torch
 
     from pathlib import Path
 
+    from . import sam
     from .methods import MethodContext, get_method
     from .models import load_encoder
-    from .train import _precision, build_optimizer
+    from .train import _precision, _rng_state, _set_rng_state, build_optimizer
 
     torch.manual_seed(0)
     enc, tok = load_encoder(model_dir, pooling_layer=False)
@@ -104,9 +107,17 @@ def bench_method(model_dir, sentences, batch_size, steps, warmup, device, max_le
         cpu_batch = m.build_batch([sentences[j] for j in lines], step=i, lines=lines, micro=i)
         t_build += time.perf_counter() - tb
         batch = {k: v.to(device, non_blocking=True) for k, v in cpu_batch.items()}
+        rng = _rng_state() if sam_rho else None
         with torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
             loss = m.losses(batch)["loss"]
         loss.backward()
+        if sam_rho:
+            saved = sam.ascend([p for g in opt.param_groups for p in g["params"]], sam_rho)
+            opt.zero_grad(set_to_none=True)
+            _set_rng_state(rng)
+            with torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
+                m.losses(batch)["loss"].backward()
+            sam.restore(saved)
         torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -170,6 +181,8 @@ def _cmd_benchmark(args) -> int:
     from .utils import resolve_device
 
     device = resolve_device(args.device)
+    if args.sam_rho is not None and (args.sam_rho <= 0 or args.precision == "fp16"):
+        raise SentembError("--sam-rho: must be > 0 and cannot be combined with --precision fp16")
     if args.threads:
         torch.set_num_threads(args.threads)
     sentences = read_corpus(args.corpus)
@@ -186,7 +199,7 @@ def _cmd_benchmark(args) -> int:
     for name in methods:
         secs, tok, padded, cfg, t_build = bench_method(
             args.model, sentences, args.batch_size, args.steps, args.warmup, device, args.max_len, args.precision,
-            name, margs.get(name), inputs, args.corpus)
+            name, margs.get(name), inputs, args.corpus, args.sam_rho)
         # SimCSE encodes both views: 2 × tokens pass through the network each step.
         mfu = (train_flops(cfg, 2 * padded, padded // sents) / secs / (peak * 1e12)) if peak and name == "simcse" else None
         rows.append((f"train sentemb {name}", sents / secs, tok / secs, 1000 * secs / args.steps, mfu))
@@ -199,7 +212,8 @@ def _cmd_benchmark(args) -> int:
     rows.append(("evaluate (encode, no truncation)", en / es, et / es, None, None))
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu x{torch.get_num_threads()} threads"
     print(f"model {args.model} | device {name} | batch {args.batch_size} | max_len {args.max_len} | "
-          f"precision {args.precision} | {args.steps} timed steps after {args.warmup} warm-up")
+          f"precision {args.precision} | {args.steps} timed steps after {args.warmup} warm-up"
+          + (f" | SAM rho {args.sam_rho} (every method)" if args.sam_rho else ""))
     print(f"{'what':<36} {'sentences/s':>12} {'tokens/s':>12} {'ms/step':>9} {'MFU':>7}")
     for what, sps, tps, ms, u in rows:
         print(f"{what:<36} {sps:>12.1f} {tps:>12.0f} {ms if ms is not None else float('nan'):>9.1f} "
@@ -257,6 +271,9 @@ def register(sub) -> None:
                         "share of build_batch and the ratio to simcse measured in the same invocation")
     p.add_argument("--method-args", action="append", default=[], metavar="[NAME=]JSON",
                    help="method arguments, e.g. 'una={\"alpha\": 5}'")
+    p.add_argument("--sam-rho", type=float, default=None, metavar="RHO",
+                   help="time every method with Sharpness-Aware Minimization (train.sam_rho): two forward/backward "
+                        "passes per step")
     p.add_argument("--input", action="append", default=[], metavar="NAME=PATH",
                    help="an input a method declares (token_freq, tfidf, rake, paraphrases, nltk, ...)")
     p.set_defaults(func=_cmd_benchmark)
