@@ -484,6 +484,10 @@ def test_sam_rho_in_the_schema():
     assert validate_config(dict(base))["train"]["sam_rho"] is None
     with pytest.raises(SentembError, match=r"runs\[0\]\.train\.sam_rho"):
         validate_config({**base, "runs": [{"method": "arccse", "backbone": "b", "train": {"sam_rho": -1}}]})
+    with pytest.raises(SentembError, match=r"runs\[1\]\.train\.sam_rho': SAM cannot be combined with train\.precision fp16"):
+        validate_config({**base, "train": {"precision": "fp16"},
+                         "runs": [{"method": "simcse", "backbone": "b"},
+                                  {"method": "arccse", "backbone": "b", "train": {"sam_rho": 0.05}}]})
 
 
 def test_resume_with_sam_is_bit_identical_and_sam_changes_training(tiny_bert_dir, tiny_senteval, tmp_path):

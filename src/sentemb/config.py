@@ -82,6 +82,12 @@ def validate_config(config: dict, source: str = "config") -> dict:
                 f"'{run['name']}' on backbone '{run['backbone']}' appears twice; give one a distinct name"
             )
         seen.add(key)
+        effective = {**config["train"], **run["train"]}
+        if effective.get("sam_rho") and effective.get("precision") == "fp16":
+            raise SentembError(
+                f"invalid configuration in {source}: config key 'runs[{i}].train.sam_rho': SAM cannot be "
+                f"combined with train.precision fp16 (use bf16, fp32 or auto, or sam_rho: null)"
+            )
     for m in config["methods"]:
         if m not in registry():
             raise SentembError(

@@ -212,6 +212,8 @@ class ArcCSE(SimCSE):
                 raise SentembError(f"{where}.{key}: {a[key]!r} is out of range")
         if a["triplet_mlp"] and self.mlp is None and a["triplet"]:
             raise SentembError(f"{where}.triplet_mlp: true needs an MLP (mlp is 'none')")
+        if a["triplet"] and a["mask_unit"] == "words" and not getattr(tokenizer, "is_fast", False):
+            raise SentembError(f"{where}.mask_unit: 'words' needs a fast tokenizer (word ids); use 'tokens'")
         if a["triplet"] and a["mask_replace"] == "mask" and tokenizer.mask_token_id is None:
             raise SentembError(f"{where}.mask_replace: the tokenizer has no [MASK] token; use 'delete'")
 
