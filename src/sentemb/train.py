@@ -1,7 +1,8 @@
 """The one training loop every method shares (in the spirit of nanoGPT's ``train.py``).
 
-It owns data order, optimisation (AdamW, linear decay, grad clipping), precision (bf16 autocast
-on CUDA, fp32 on CPU; methods compute logits and losses in fp32), periodic STS-B dev evaluation
+It owns data order, optimisation (AdamW, linear decay, grad clipping, optional Sharpness-Aware
+Minimization: ``train.sam_rho``), precision (bf16 autocast on CUDA, fp32 on CPU; methods compute
+logits and losses in fp32), periodic STS-B dev evaluation
 with best-checkpoint selection (methods.md §0), resumable checkpoints, and MLflow logging. A
 method contributes only its batch construction and loss terms (``sentemb.methods.base.Method``).
 
