@@ -31,6 +31,6 @@ rule all:
 
 
 rule stats:
-    """All corpus statistics of the configured corpus (`snakemake stats`)."""
+    """All corpus statistics of every corpus some run trains on (`snakemake stats`)."""
     input:
         STATS_TARGETS,

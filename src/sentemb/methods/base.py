@@ -176,6 +176,12 @@ class Method(nn.Module):
         return out
 
     @classmethod
+    def check_config(cls, args: dict[str, Any], config: dict, where: str) -> None:
+        """Checks of a run's resolved ``args`` against the whole validated ``config`` (e.g. an
+        argument bounded by a ``stats`` setting); raise SentembError naming the keys, prefixed by
+        ``where`` (``runs[i].method_args``). Default: nothing to check."""
+
+    @classmethod
     def requires(cls, args: dict[str, Any]) -> tuple[str, ...]:
         """Names of the inputs (``INPUT_NAMES``) a run with these (resolved) args reads."""
         return ()
