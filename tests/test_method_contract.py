@@ -23,6 +23,7 @@ from sentemb.methods.base import INPUT_NAMES
 #: tiny-model argument overrides per method (e.g. fewer layers than the paper's backbone)
 CONTRACT_ARGS: dict[str, dict] = {
     "simcse": {},
+    "paser": {"decoder_layers": 1, "decoder_ffn": 64},
 }
 
 SENTS = ["a man plays the guitar", "the dog runs in the park", "red car", "a cat sits on the mat",
