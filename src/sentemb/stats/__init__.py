@@ -152,14 +152,16 @@ def run_corpora(config: dict) -> list[str]:
 
 
 def needs_paraphrases(config: dict, corpus: str) -> bool:
-    """Paraphrases of ``corpus``: ``stats.paraphrase.enabled`` when set; else when
-    ``tfidf_with_paraphrases`` is set or a run on this corpus requires them."""
+    """Paraphrases of ``corpus``: when ``tfidf_with_paraphrases`` is set or a run on this corpus
+    requires them; ``stats.paraphrase.enabled`` (true/false) decides for the configured corpus
+    (``corpus.name``) only, so a built-in corpus of one run (sts-unlabeled) is never paraphrased
+    for nothing."""
     from ..config import corpus_of, method_args_of
     from ..methods import get_method
 
     s = config.get("stats") or {}
     explicit = (s.get("paraphrase") or {}).get("enabled")
-    if explicit is not None:
+    if explicit is not None and corpus == config["corpus"]["name"]:
         return bool(explicit)
     if s.get("tfidf_with_paraphrases"):
         return True
