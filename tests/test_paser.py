@@ -465,3 +465,27 @@ def test_sts_unlabeled_count_on_real_senteval(shared, tmp_path):
     summary = prepare_sts_corpus(root, out)
     lines = out.read_text("utf-8").splitlines()
     assert lines == unique and summary["sentences"] == len(unique) == 30840  # the count in the README
+
+
+def test_mlm_head_is_loaded_from_a_checkpoint_that_has_one(tiny_bert_dir, setup, tmp_path):
+    import shutil
+
+    from transformers import BertConfig, BertForMaskedLM
+
+    d = tmp_path / "mlm_model"
+    shutil.copytree(tiny_bert_dir, d)
+    torch.manual_seed(1)
+    ref = BertForMaskedLM(BertConfig.from_pretrained(tiny_bert_dir))
+    with torch.no_grad():
+        ref.cls.predictions.bias.normal_()
+    ref.save_pretrained(d)
+    m = make(d, *setup)
+    assert m.mlm_head_pretrained
+    p = ref.cls.predictions
+    assert torch.equal(m.mlm_head.dense.weight, p.transform.dense.weight)
+    assert torch.equal(m.mlm_head.LayerNorm.weight, p.transform.LayerNorm.weight)
+    assert torch.equal(m.mlm_head.bias, p.bias)
+    h = torch.randn(3, 32)
+    ref.eval()
+    with torch.no_grad():
+        assert torch.allclose(m.mlm_head(h), p(h), atol=1e-5)  # same logits as the checkpoint's head
