@@ -351,7 +351,8 @@ class PaSeR(Method):
 
     @classmethod
     def requires(cls, args):
-        return ("rake", "nltk")
+        # WordNet and the stopword list (nltk) only for synonym replacement
+        return ("rake", "nltk") if cls.resolve_args(args)["eda"] == "sr" else ("rake",)
 
     @classmethod
     def check_config(cls, args, config, where):
