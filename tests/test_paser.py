@@ -432,12 +432,8 @@ def test_config_corpus_and_top_k_checks():
 
 
 # --------------------------------------------------------------------------------- sts-unlabeled
-@pytest.mark.realdata
-def test_sts_unlabeled_count_on_real_senteval(shared, tmp_path):
-    from sentemb.data import prepare_sts_corpus
-
-    root = shared / "data" / "senteval"
-    # independent reading: every scored pair of STS12-16 test, every row of STS-B and SICK splits
+def _reference_sts(root):
+    """Independent reading: every scored pair of STS12-16 test, every row of the STS-B and SICK splits."""
     sents = []
     for task, subs in {"STS12": ["MSRpar", "MSRvid", "SMTeuroparl", "surprise.OnWN", "surprise.SMTnews"],
                        "STS13": ["FNWN", "headlines", "OnWN"],
@@ -459,13 +455,40 @@ def test_sts_unlabeled_count_on_real_senteval(shared, tmp_path):
         for line in (root / "SICK" / f).read_text("utf-8").splitlines()[1:]:
             if line.strip():
                 sents += line.strip().split("\t")[1:3]
-    sents = [" ".join(s.split()) for s in sents]
-    unique = list(dict.fromkeys(s for s in sents if s))
+    return [s for s in (" ".join(x.split()) for x in sents) if s]
+
+
+def test_prepare_sts_corpus_on_a_tiny_tree(tiny_senteval, tmp_path):
+    import shutil
+
+    from sentemb.cli import main
+
+    root = tmp_path / "senteval"
+    shutil.copytree(tiny_senteval, root)
+    first = _reference_sts(root)[0]
+    with open(root / "SICK" / "SICK_train.txt", "a") as f:  # a repeat (with other spacing) and a new pair
+        f.write(f"99\t{'  '.join(first.split())}\tbrand new sentence\t3.0\tNEUTRAL\n")
+    ref = _reference_sts(root)
+    assert len(set(ref)) < len(ref)
+    out = tmp_path / "sts-unlabeled.txt"
+    assert main(["prepare-sts-corpus", "--senteval", str(root), "--output", str(out)]) == 0
+    assert out.read_text("utf-8").splitlines() == list(dict.fromkeys(ref))
+    assert out.read_text("utf-8").count(first + "\n") == 1 and "brand new sentence" in out.read_text("utf-8")
+    assert main(["prepare-sts-corpus", "--senteval", str(root), "--output", str(out), "--keep-duplicates"]) == 0
+    assert out.read_text("utf-8").splitlines() == ref
+
+
+@pytest.mark.realdata
+def test_sts_unlabeled_count_on_real_senteval(shared, tmp_path):
+    from sentemb.data import prepare_sts_corpus
+
+    root = shared / "data" / "senteval"
+    ref = _reference_sts(root)
+    unique = list(dict.fromkeys(ref))
     out = tmp_path / "sts-unlabeled.txt"
     summary = prepare_sts_corpus(root, out)
-    lines = out.read_text("utf-8").splitlines()
-    assert lines == unique and summary["sentences"] == len(unique) == 30840  # the count in the README
-
+    assert out.read_text("utf-8").splitlines() == unique
+    assert summary["sentences"] == len(unique) == 30840 and len(ref) == 62198  # the counts in the README
 
 def test_mlm_head_is_loaded_from_a_checkpoint_that_has_one(tiny_bert_dir, setup, tmp_path):
     import shutil
