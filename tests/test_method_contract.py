@@ -23,6 +23,7 @@ from sentemb.methods.base import INPUT_NAMES
 #: tiny-model argument overrides per method (e.g. fewer layers than the paper's backbone)
 CONTRACT_ARGS: dict[str, dict] = {
     "simcse": {},
+    "una": {"paraphrase": True, "radius": 8, "alpha": 2},  # negatives on steps 0 and 2 of the 4-step resume test
 }
 
 SENTS = ["a man plays the guitar", "the dog runs in the park", "red car", "a cat sits on the mat",
