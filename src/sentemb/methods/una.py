@@ -27,10 +27,11 @@ Open choices (documented, switchable):
 * ``redraw``: the paper guarantees each negative differs from its anchor. ``exclude_self``
   (default) removes term i itself from its window. ``code``: the authors' code — the window
   includes term i, and a negative that equals its anchor falls back to replacing one uniformly
-  chosen token by a term drawn uniformly from the vocabulary.
+  chosen token by a term drawn uniformly from the rest of the vocabulary.
 * ``write_back``: ``span`` (default) replaces each replaced token's character span in the
   original sentence (rest of the text and its case kept; a Title-case / UPPER-case token gets the
-  replacement in the same case); ``tokens``: the code's lowercased tokens joined by spaces.
+  replacement in the same case; a word replacing a token attached to a word, e.g. ")" in "(SA)",
+  is set off by spaces); ``tokens``: the code's lowercased tokens joined by spaces.
 * A *term* is a distinct lowercased token of the sentence (the TF-IDF vector's support): one draw
   per term, and all its occurrences get the same replacement. Tokens absent from the TF-IDF
   vocabulary (only possible when a sentence is not in the statistics' corpus) are neither scored
@@ -203,7 +204,11 @@ class UNAAugmenter:
         new = [repl.get(t, t) for t in tokens]
         if self.redraw == "code" and new == tokens:
             # the code's fallback: one uniformly chosen token becomes a uniformly drawn vocabulary term
-            new[int(rng.integers(len(tokens)))] = self.terms[int(rng.integers(len(self.terms)))]
+            # (other than that token itself, so the negative differs from its anchor)
+            i = int(rng.integers(len(tokens)))
+            j = int(rng.integers(max(1, len(self.terms) - 1)))
+            k = self.rank.get(tokens[i], -1)
+            new[i] = self.terms[j + 1 if 0 <= k <= j and len(self.terms) > 1 else j]
         changed = {old for old, t in zip(tokens, new) if old != t}
         return self._write(sentence, tokens, new), min(1.0, len(changed) / len(uniq))
 
@@ -217,7 +222,16 @@ class UNAAugmenter:
         parts, last = [], 0
         for (a, b), old, t in zip(spans, tokens, new):
             parts.append(sentence[last:a])
-            parts.append(sentence[a:b] if t == old else _match_case(sentence[a:b], _QUOTES.get(t, t)))
+            if t == old:
+                parts.append(sentence[a:b])
+            else:
+                t = _match_case(sentence[a:b], _QUOTES.get(t, t))
+                # a word written where an attached token stood ("(SA)", "do|n't") gets its own spaces
+                if a > 0 and sentence[a - 1].isalnum() and t[:1].isalnum():
+                    t = " " + t
+                if b < len(sentence) and sentence[b].isalnum() and t[-1:].isalnum():
+                    t = t + " "
+                parts.append(t)
             last = b
         parts.append(sentence[last:])
         return "".join(parts)
