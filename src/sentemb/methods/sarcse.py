@@ -440,8 +440,10 @@ def _st_module_class():
                                                           features["attention_mask"], self.special_ids)
             return features
 
-        def get_sentence_embedding_dimension(self) -> int:
+        def get_embedding_dimension(self) -> int:
             return self.head.dim
+
+        get_sentence_embedding_dimension = get_embedding_dimension  # sentence-transformers < 6
 
         def save(self, output_path, *args, safe_serialization: bool = True, **kwargs):
             save_head(self.head, self.special_ids, Path(output_path))
