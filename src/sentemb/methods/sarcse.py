@@ -420,7 +420,10 @@ def _st_module_class():
     global _ST_CLASS
     if _ST_CLASS is not None:
         return _ST_CLASS
-    from sentence_transformers.base.modules import Module
+    try:
+        from sentence_transformers.base.modules import Module  # sentence-transformers >= 6
+    except ImportError:  # pragma: no cover - sentence-transformers 5
+        from sentence_transformers.models import Module
     from sentence_transformers.util import load_dir_path
 
     class SarcseSTModule(Module):
