@@ -25,6 +25,7 @@ from pathlib import Path, PurePosixPath
 
 from . import SentembError
 from .config import MIRROR_ENV
+from .cache import write_manifest
 from .senteval import verify_counts
 from .utils import atomic_path, count_lines, sha256_file, write_json
 
@@ -234,6 +235,7 @@ def _fetch_sts_tree(output_dir, url, sha256, mirror, mirror_path, expected_count
             counts = verify_counts(tmp, expected_counts)
         except SentembError as e:
             raise SentembError(f"{source}: {str(e).replace(str(tmp), str(output_dir))}") from None
+        write_manifest(tmp)
     log.info("SentEval data %s -> %s: %s", source, output_dir, counts)
     return output_dir
 
@@ -338,6 +340,7 @@ def fetch_model(
             "path": str(Path(src).resolve()) if mirror else None, "weights": weights.name, "sha256": actual,
             "random_init": random_init,
         })
+        write_manifest(tmp)
     log.info("model %s from %s -> %s", hub_id, src, output_dir)
     return Path(output_dir)
 
@@ -419,6 +422,7 @@ def fetch_nltk(
                 if not ok:
                     raise SentembError(f"nltk.download('{pkg}') failed")
         _nltk_verify(tmp, packages)
+        write_manifest(tmp)
     log.info("NLTK data %s -> %s", ", ".join(packages), output_dir)
     return Path(output_dir)
 
