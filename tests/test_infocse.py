@@ -362,3 +362,32 @@ def test_pretrain_stage_is_keyed_by_method_and_backbone_and_read_from_one_block(
         resolve_pretrain(cfg, "infocse", "b")
     with pytest.raises(SentembError, match="has no pretraining stage"):
         resolve_pretrain(cfg, "simcse", "b")
+
+
+def test_pretrain_cli_resumes_bit_identically_and_logs_its_own_mlflow_run(tiny_bert_dir, pretrained, tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    from sentemb.cli import main
+    from sentemb.train import train
+
+    corpus = pretrained.parent.parent / "corpus.txt"
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    run = {**_run(tiny_bert_dir, corpus, max_steps=3), "tracking": {"enabled": True, "uri": uri}}
+    (tmp_path / "pre.json").write_text(json.dumps(run))
+    with pytest.raises(KeyboardInterrupt):  # a kill after step 1 (the shared loop's test hook)
+        train(run, tmp_path / "resumed", method_cls=InfoCSEPretrain, stop_after=1, progress=False)
+    assert (tmp_path / "resumed/.work/last.pt").is_file() and not (tmp_path / "resumed/model").exists()
+    assert main(["pretrain", "--run-config", str(tmp_path / "pre.json"), "--output-dir", str(tmp_path / "resumed"),
+                 "--quiet"]) == 0
+    assert main(["pretrain", "--run-config", str(tmp_path / "pre.json"), "--output-dir", str(tmp_path / "full"),
+                 "--quiet", "--no-track"]) == 0
+    for f in ("model.safetensors", "aux_head.safetensors"):
+        a, b = load_file(str(tmp_path / "full/model" / f)), load_file(str(tmp_path / "resumed/model" / f))
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), f
+    assert not (tmp_path / "resumed/.work").exists()
+    c = MlflowClient(tracking_uri=uri)
+    (r,) = c.search_runs([c.get_experiment_by_name("t").experiment_id])
+    assert r.info.run_name == "pretrain/infocse/tiny" and r.data.tags["rule"] == "pretrain"
+    assert r.info.status == "FINISHED"
+    assert {"train/loss", "train/aux_mlm", "train/mlm"} <= set(r.data.metrics)
+    assert sorted(m.step for m in c.get_metric_history(r.info.run_id, "train/loss")) == [1, 2, 3]
