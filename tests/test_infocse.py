@@ -391,3 +391,13 @@ def test_pretrain_cli_resumes_bit_identically_and_logs_its_own_mlflow_run(tiny_b
     assert r.info.status == "FINISHED"
     assert {"train/loss", "train/aux_mlm", "train/mlm"} <= set(r.data.metrics)
     assert sorted(m.step for m in c.get_metric_history(r.info.run_id, "train/loss")) == [1, 2, 3]
+
+
+def test_code_switches_run(stage2):
+    for args in ({"mlp": "batchnorm", "aux_inputs": "view"}, {"mlp": "none", "cls_layer": 1}):
+        m = stage2(aux_weight=1.0, **args)
+        m.train()
+        t = m.losses(m.build_batch(SENTS, micro=0))
+        assert torch.isfinite(t["loss"]) and float(t["aux_mlm"]) > 0
+        t["loss"].backward()
+        assert float(m.aux_head[0].output.dense.weight.grad.abs().sum()) > 0

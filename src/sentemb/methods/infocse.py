@@ -201,14 +201,19 @@ def _init_bert_(module: nn.Module, std: float) -> None:
             nn.init.zeros_(m.bias)
 
 
-def _extended_mask(attention_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """(B, L) 1/0 -> (B, 1, 1, L) additive mask for a BertLayer."""
-    m = attention_mask[:, None, None, :].to(dtype)
-    return (1.0 - m) * torch.finfo(dtype).min
+def _extended_mask(attention_mask: torch.Tensor, dtype: torch.dtype, sdpa: bool) -> torch.Tensor:
+    """(B, L) 1/0 -> (B, 1, 1, L) mask for a BertLayer: boolean for SDPA (any autocast dtype), else
+    additive (eager attention adds it to the scores)."""
+    m = attention_mask[:, None, None, :]
+    if sdpa:
+        return m.bool()
+    return (1.0 - m.to(dtype)) * torch.finfo(dtype).min
 
 
 def run_layers(layers, states: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
-    ext = _extended_mask(attention_mask, states.dtype) if attention_mask is not None else None
+    cfg = getattr(getattr(getattr(layers[0], "attention", None), "self", None), "config", None) if len(layers) else None
+    sdpa = getattr(cfg, "_attn_implementation", None) == "sdpa"
+    ext = _extended_mask(attention_mask, states.dtype, sdpa) if attention_mask is not None else None
     for layer in layers:
         out = layer(states, attention_mask=ext)
         states = out[0] if isinstance(out, tuple) else out
