@@ -68,6 +68,13 @@ def _ce(logits: np.ndarray, target: int) -> float:
     return -(logits[target] - (m + math.log(sum(math.exp(x - m) for x in logits))))
 
 
+def _shake(module, scale=0.3):
+    """Large random weights, so that attention (and hence the padding mask) visibly matters."""
+    with torch.no_grad():
+        for p in module.parameters():
+            p.add_(torch.randn_like(p) * scale)
+
+
 # ------------------------------------------------------------------------------------ masking
 def test_masking_is_80_10_10_at_the_rate_and_never_touches_special_or_padding():
     rng = np.random.default_rng(0)
@@ -118,6 +125,7 @@ def test_stage2_batch_masks_40_percent_of_real_tokens_deterministically(stage2):
 def test_aux_mlm_loss_equals_an_explicit_per_sentence_recomputation(stage2):
     torch.manual_seed(0)
     m = stage2().eval()
+    _shake(m.aux_head)
     b = m.build_batch(SENTS, micro=1)
     B, L, H = b["input_ids"].shape[0], b["input_ids"].shape[1], 32
     cls = torch.randn(B, H)
@@ -153,6 +161,7 @@ def test_no_masked_token_gives_zero_not_nan(stage2):
 def test_stage1_losses_equal_explicit_masked_position_cross_entropy(tiny_bert_dir):
     torch.manual_seed(0)
     m = _make(InfoCSEPretrain, tiny_bert_dir, {"skip_from": 1}).eval()
+    _shake(m.aux_head)
     b = m.build_batch(SENTS, micro=2)
     assert (b["mlm_labels"] != -100).any()
     terms = m.losses(b)
