@@ -410,3 +410,21 @@ def test_code_switches_run(stage2):
         assert torch.isfinite(t["loss"]) and float(t["aux_mlm"]) > 0
         t["loss"].backward()
         assert float(m.aux_head[0].output.dense.weight.grad.abs().sum()) > 0
+
+
+def test_aux_mlm_loss_takes_a_bare_output_matrix():
+    torch.manual_seed(0)
+    from transformers import BertConfig
+    from transformers.models.bert.modeling_bert import BertLayer
+
+    layers = torch.nn.ModuleList([BertLayer(BertConfig(hidden_size=8, num_attention_heads=2, intermediate_size=16))])
+    layers.eval()
+    W = torch.randn(11, 8)
+    cls, lower = torch.randn(2, 8), torch.randn(2, 3, 8)
+    labels = torch.tensor([[-100, 3, -100, -100], [-100, -100, -100, 7]])
+    got = aux_mlm_loss(cls, lower, labels, layers, W)
+    with torch.no_grad():
+        x = layers[0](torch.cat([cls[:, None], lower], 1))
+        x = x[0] if isinstance(x, tuple) else x
+        ref = (_ce((x[0, 1] @ W.T).numpy(), 3) + _ce((x[1, 3] @ W.T).numpy(), 7)) / 2
+    assert float(got.detach()) == pytest.approx(ref, rel=1e-5)
