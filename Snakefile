@@ -17,6 +17,7 @@ if not workflow.overwrite_configfiles:
 include: "workflow/rules/common.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/stats.smk"
+include: "workflow/rules/pretrain.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/report.smk"
@@ -31,6 +32,6 @@ rule all:
 
 
 rule stats:
-    """All corpus statistics of the configured corpus (`snakemake stats`)."""
+    """All corpus statistics of every corpus some run trains on (`snakemake stats`)."""
     input:
         STATS_TARGETS,

@@ -10,4 +10,4 @@ python -m pip install -q --upgrade pip
 # TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu picks the small CPU wheel where PyPI's default
 # would be a CUDA build (on the project's dev/CI machines the pinned wheel is already on disk).
 python -c "import torch" 2>/dev/null || python -m pip install -q "torch==2.13.0" ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}
-python -m pip install -q -e ".[test,bench]"
+python -m pip install -q -e ".[test,bench,slurm]"

@@ -17,7 +17,9 @@ def test_shipped_configs_validate(path, monkeypatch):
     cfg = load_config(REPO / path)
     for run in cfg["runs"]:
         r = resolve_run(cfg, run["name"], run["backbone"], cfg["seeds"][0])
-        assert r["train"]["batch_size"] >= 2 and r["method_args"]["temperature"] == 0.05
+        assert r["train"]["batch_size"] >= 2
+        if run["method"] == "simcse":
+            assert r["method_args"]["temperature"] == 0.05
 
 
 def test_paper_config_follows_methods_md():

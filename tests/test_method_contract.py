@@ -23,6 +23,10 @@ from sentemb.methods.base import INPUT_NAMES
 #: tiny-model argument overrides per method (e.g. fewer layers than the paper's backbone)
 CONTRACT_ARGS: dict[str, dict] = {
     "simcse": {},
+    "sarcse": {"channels": 40},  # 40 TextCNN channels on hidden 32 (paper: 500 on RoBERTa)
+    "una": {"paraphrase": True, "radius": 8, "alpha": 2},  # negatives on steps 0 and 2 of the 4-step resume test
+    "paser": {"decoder_layers": 1, "decoder_ffn": 64},
+    "infocse": {"skip_from": 1},  # 2 layers: M^{>0} after layer 1
     "arccse": {"min_words": 5},  # the contract's short sentences then form triplets too
 }
 
@@ -71,7 +75,23 @@ def _rake(d, corpus, model_dir):
     return out
 
 
+def _pretrained(d, corpus, model_dir, method):
+    """The method's own pretraining stage (``Method.pretrain``), 1 step on the tiny corpus."""
+    cls = get_method(method)
+    tc = {"epochs": 1, "max_steps": 1, "batch_size": 16, "grad_accum": 1, "lr": 1e-3, "weight_decay": 0.0,
+          "warmup_ratio": 0.0, "lr_schedule": "linear", "grad_clip": 1.0, "max_len": 16, "eval_steps": 1,
+          "eval_at_end": False, "log_steps": 1, "save_steps": 100, "precision": "auto", "dropout": None,
+          "device": "cpu", "num_threads": None, "compile": False, "model_selection": "last"}
+    run = {"name": f"{method}-pretrain", "method": method, "backbone": "tiny", "seed": 5, "train": tc,
+           "method_args": cls.resolve_args(CONTRACT_ARGS.get(method, {})), "experiment": "t",
+           "tracking": {"enabled": False, "uri": None}, "rule": "pretrain", "progress": False,
+           "paths": {"model": str(model_dir), "corpus": str(corpus), "senteval": None, "stats": None, "inputs": {}}}
+    cls.pretrain(run, d / "pretrain")
+    return d / "pretrain" / "model"
+
+
 #: name -> builder(dir, corpus, model_dir) -> path, for every name in INPUT_NAMES a method may declare
+#: ("pretrained" also gets the method's name: it runs that method's own pretraining stage)
 INPUT_BUILDERS = {
     "token_freq": _token_freq,
     "tfidf": _tfidf,
@@ -79,12 +99,13 @@ INPUT_BUILDERS = {
     "paraphrases": _paraphrases,
     "nltk": _nltk,
     "rake": _rake,
+    "pretrained": _pretrained,
 }
 
 
 def test_every_input_name_has_a_builder_or_a_method_that_builds_it():
-    # "pretrained" is a workflow stage output; its method's entry here builds it (see CONTRACT_ARGS).
-    assert set(INPUT_NAMES) - set(INPUT_BUILDERS) <= {"pretrained"}
+    # "pretrained" is a workflow stage output: its builder runs the method's own Method.pretrain.
+    assert set(INPUT_NAMES) <= set(INPUT_BUILDERS)
 
 
 @pytest.fixture(scope="module", params=sorted(registry()))
@@ -110,7 +131,8 @@ def inputs(name, tiny_bert_dir, tmp_path_factory):
     for n in cls.requires(args):
         if n not in INPUT_BUILDERS:
             pytest.fail(f"method '{name}' requires input '{n}' but the contract test has no builder for it")
-        built[n] = INPUT_BUILDERS[n](d, corpus, tiny_bert_dir)
+        extra = {"method": name} if n == "pretrained" else {}
+        built[n] = INPUT_BUILDERS[n](d, corpus, tiny_bert_dir, **extra)
     return {"corpus": corpus, "inputs": built, "args": CONTRACT_ARGS.get(name, {})}
 
 
@@ -177,7 +199,7 @@ def test_export_embeds_like_the_training_time_dev_embedder(name, tiny_bert_dir, 
     dev = m.embedder(pooler, torch.device("cpu"))(SENTS)
     m.export(tmp_path / "model", pooler, meta={"method": name, "name": name, "backbone": "tiny", "seed": 5})
     ours = embedder_for(tmp_path / "model", pooler, device="cpu")(SENTS)
-    st = SentenceTransformer(str(tmp_path / "model"), device="cpu").encode(SENTS, convert_to_numpy=True)
+    st = SentenceTransformer(str(tmp_path / "model"), device="cpu", trust_remote_code=True).encode(SENTS, convert_to_numpy=True)
     assert dev.shape == ours.shape == st.shape
     np.testing.assert_allclose(ours, dev, atol=1e-5, err_msg=f"{name}: `sentemb evaluate` != training-time embedder")
     np.testing.assert_allclose(st, dev, atol=1e-5, err_msg=f"{name}: SentenceTransformer(path) != training-time embedder")

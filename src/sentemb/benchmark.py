@@ -174,8 +174,110 @@ def bench_eval(model_dir, sentences, batch_size, device):
     return time.perf_counter() - t0, len(set(sentences)), n_tok
 
 
+def bench_overhead(model_dir, corpus, batch_size, steps, warmup, device, max_len, precision, log_steps=10,
+                   method="simcse"):
+    """The shared loop's full optimizer step (``sentemb.train.optimizer_step``: build_batch on the
+    corpus schedule, transfer, autocast, losses, backward, clip, optimizer, LR schedule, the
+    deferred finiteness check, and ``log_step`` every ``log_steps``) against a bare step on tensors
+    built beforehand (forward + loss + backward + optimizer only), same model, same batches.
+    Returns (loop seconds per step, bare seconds per step)."""
+    import torch
+
+    from .tracking import Tracker
+    from .train import State, log_step, optimizer_step, setup
+
+    tc = {"epochs": 1, "max_steps": None, "batch_size": batch_size, "grad_accum": 1, "lr": 3e-5, "weight_decay": 0.0,
+          "warmup_ratio": 0.0, "lr_schedule": "linear", "grad_clip": 1.0, "max_len": max_len, "eval_steps": 10**9,
+          "eval_at_end": False, "log_steps": log_steps, "save_steps": 10**9, "precision": precision, "dropout": None,
+          "device": str(device), "num_threads": None, "compile": False, "model_selection": "last"}
+    from .methods import get_method
+
+    run = {"name": method, "method": method, "backbone": "bench", "seed": 0, "train": tc,
+           "method_args": get_method(method).resolve_args({}), "paths": {"model": str(model_dir), "corpus": str(corpus),
+                                                                           "senteval": None, "inputs": {}}}
+    job = setup(run, "/nonexistent-benchmark-output")
+    if job.total < 2 * (warmup + steps):
+        raise SentembError(f"--corpus gives {job.total} steps of batch {batch_size}; {2 * (warmup + steps)} are needed")
+    job.tracker = Tracker(enabled=False)
+    state = State()
+    job.method.train()
+    for _ in range(warmup):
+        optimizer_step(job, state)
+    log_step(job, state)
+    _sync(device)
+    t0 = time.perf_counter()
+    state.t_log = t0
+    for i in range(steps):
+        optimizer_step(job, state)
+        if state.step % log_steps == 0:
+            log_step(job, state)
+    log_step(job, state)
+    _sync(device)
+    loop = (time.perf_counter() - t0) / steps
+
+    # bare: the next steps' batches prepared and moved to the device before the clock starts
+    batches = [{k: v.to(device) for k, v in micro[1].items()}
+               for s in range(state.step, state.step + warmup + steps) for micro in [
+                   (s, job.method.build_batch([job.sentences[i] for i in job.micro[s]], step=s, lines=job.micro[s], micro=s))]]
+    amp = job.amp
+    for i, batch in enumerate(batches):
+        if i == warmup:
+            _sync(device)
+            t0 = time.perf_counter()
+        with torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
+            loss = job.method.losses(batch)["loss"]
+        loss.backward()
+        job.opt.step()
+        job.opt.zero_grad(set_to_none=True)
+    _sync(device)
+    bare = (time.perf_counter() - t0) / steps
+    return loop, bare
+
+
+def padding_waste(model_dir, corpus, batch_size, max_len, seed=0, max_batches=2000):
+    """Fraction of padded positions per batch (dynamic padding to the batch's longest sentence,
+    truncation to ``max_len``) over the training schedule's batches: (mean, p10, p90, batches)."""
+    import numpy as np
+    from transformers import AutoTokenizer
+
+    from .train import batch_schedule, read_corpus
+
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    sentences = read_corpus(corpus)
+    lengths = np.array([len(x) for x in tok(sentences, truncation=True, max_length=max_len)["input_ids"]])
+    fr = [1 - lengths[idx].sum() / (len(idx) * lengths[idx].max())
+          for idx in batch_schedule(len(sentences), batch_size, 1, seed)[:max_batches]]
+    return float(np.mean(fr)), float(np.percentile(fr, 10)), float(np.percentile(fr, 90)), len(fr)
+
+
+def _cmd_overhead(args) -> int:
+    import torch
+
+    from .utils import resolve_device
+
+    device = resolve_device(args.device)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu x{torch.get_num_threads()} threads"
+    loop, bare = bench_overhead(args.model, args.corpus, args.batch_size, args.steps, args.warmup, device,
+                                args.max_len, args.precision)
+    waste, p10, p90, n = padding_waste(args.model, args.corpus, args.batch_size, args.max_len)
+    print(f"model {args.model} | device {name} | batch {args.batch_size} | max_len {args.max_len} | "
+          f"precision {args.precision} | {args.steps} timed steps after {args.warmup} warm-up")
+    print(f"{'step':<62} {'ms/step':>9} {'overhead':>9}")
+    print(f"{'bare (forward + loss + backward + optimizer, tensors pre-built)':<62} {1000 * bare:>9.1f} {'':>9}")
+    print(f"{'shared loop (sentemb.train.optimizer_step + log_step)':<62} {1000 * loop:>9.1f} "
+          f"{100 * (loop / bare - 1):>8.1f}%")
+    print(f"padding waste (padded share of positions per batch, {n} batches of the schedule): "
+          f"mean {100 * waste:.1f}%, p10 {100 * p10:.1f}%, p90 {100 * p90:.1f}%")
+    return 0
+
+
 def _cmd_benchmark(args) -> int:
     import torch
+
+    if args.overhead:
+        return _cmd_overhead(args)
 
     from .train import read_corpus
     from .utils import resolve_device
@@ -265,6 +367,9 @@ def register(sub) -> None:
     p.add_argument("--eval-sentences", type=int, default=2000)
     p.add_argument("--eval-batch-size", type=int, default=128)
     p.add_argument("--peak-tflops", type=float, default=None, help="device peak for MFU (default: by GPU name)")
+    p.add_argument("--overhead", action="store_true",
+                   help="compare the shared loop's full step with a bare step on pre-built tensors (use a tiny "
+                        "model) and report the padding waste of the corpus's batches")
     p.add_argument("--compare-st", action="store_true", help="also time sentence-transformers' MNRL recipe")
     p.add_argument("--method", action="append", default=[], metavar="NAME",
                    help="also time this registered method (repeatable); prints a per-method table with the "

@@ -19,6 +19,7 @@ COMMAND_MODULES = [
     "sentemb.stats.cli",
     "sentemb.methods.cli",
     "sentemb.train",
+    "sentemb.pretrain",
     "sentemb.evaluate",
     "sentemb.tables",
     "sentemb.tracking",

@@ -72,6 +72,12 @@ def validate_config(config: dict, source: str = "config") -> dict:
                 f"invalid configuration in {source}: config key 'runs[{i}].method': "
                 f"unknown method '{run['method']}' (registered: {sorted(registry())})"
             )
+        known = known_corpora(config)
+        if run.get("corpus") is not None and run["corpus"] not in known:
+            raise SentembError(
+                f"invalid configuration in {source}: config key 'runs[{i}].corpus': unknown corpus "
+                f"'{run['corpus']}' (known: {', '.join(known)}; the configured corpus is corpus.name)"
+            )
         run.setdefault("name", run["method"])
         run.setdefault("train", {})
         run.setdefault("method_args", {})
@@ -102,7 +108,20 @@ def validate_config(config: dict, source: str = "config") -> dict:
             registry()[run["method"]].validate_args(run["method_args"], f"runs[{i}].method_args")
     except SentembError as e:
         raise SentembError(f"invalid configuration in {source}: config key {e}") from None
+    # Config-level checks of a method (e.g. an argument bounded by a statistics setting).
+    try:
+        for i, run in enumerate(config["runs"]):
+            registry()[run["method"]].check_config(method_args_of(config, run), config, f"runs[{i}].method_args")
+    except SentembError as e:
+        raise SentembError(f"invalid configuration in {source}: {e}") from None
     return config
+
+
+def known_corpora(config: dict) -> list[str]:
+    """Corpus names a run may train on: the configured ``corpus.name`` and the built-in ones."""
+    from .data import BUILTIN_CORPORA
+
+    return [config["corpus"]["name"]] + [c for c in BUILTIN_CORPORA if c != config["corpus"]["name"]]
 
 
 def load_config(path: str | os.PathLike, overrides: dict | None = None) -> dict:

@@ -25,6 +25,7 @@ from pathlib import Path, PurePosixPath
 
 from . import SentembError
 from .config import MIRROR_ENV
+from .cache import write_manifest
 from .senteval import verify_counts
 from .utils import atomic_path, count_lines, sha256_file, write_json
 
@@ -234,6 +235,7 @@ def _fetch_sts_tree(output_dir, url, sha256, mirror, mirror_path, expected_count
             counts = verify_counts(tmp, expected_counts)
         except SentembError as e:
             raise SentembError(f"{source}: {str(e).replace(str(tmp), str(output_dir))}") from None
+        write_manifest(tmp)
     log.info("SentEval data %s -> %s: %s", source, output_dir, counts)
     return output_dir
 
@@ -338,6 +340,7 @@ def fetch_model(
             "path": str(Path(src).resolve()) if mirror else None, "weights": weights.name, "sha256": actual,
             "random_init": random_init,
         })
+        write_manifest(tmp)
     log.info("model %s from %s -> %s", hub_id, src, output_dir)
     return Path(output_dir)
 
@@ -419,11 +422,64 @@ def fetch_nltk(
                 if not ok:
                     raise SentembError(f"nltk.download('{pkg}') failed")
         _nltk_verify(tmp, packages)
+        write_manifest(tmp)
     log.info("NLTK data %s -> %s", ", ".join(packages), output_dir)
     return Path(output_dir)
 
 
 # ----------------------------------------------------------------------------- CLI
+
+
+# ----------------------------------------------------------------------------- built-in corpora
+
+#: Built-in corpora made by a data rule from fetched data (name -> what makes it); every other
+#: corpus name is the configured ``corpus`` (fetched + prepared).
+BUILTIN_CORPORA = {"sts-unlabeled": "sentemb prepare-sts-corpus (the STS sentences of the fetched SentEval tree)"}
+
+#: (task, split) read by ``prepare_sts_corpus``, in this order.
+STS_CORPUS_SPLITS = ([(t, "test") for t in ("STS12", "STS13", "STS14", "STS15", "STS16")]
+                     + [("STSBenchmark", s) for s in ("train", "dev", "test")]
+                     + [("SICKRelatedness", s) for s in ("train", "dev", "test")])
+
+
+def sts_sentences(senteval_dir: PathLike, keep_duplicates: bool = False) -> list[str]:
+    """The unlabeled sentences of the seven STS datasets (PaSeR's corpus, methods.md §2).
+
+    Splits (``STS_CORPUS_SPLITS``): STS12–16 test sets (every subset SentEval evaluates; only pairs
+    with a gold score, i.e. exactly the evaluated pairs), STS-B train + dev + test and SICK
+    train + trial + test. Both sentences of every pair, in file order (sentence 1 before sentence
+    2), whitespace-normalised as the evaluator reads them. Gold scores are not used. Duplicates
+    (the same string after normalisation) are dropped, the first occurrence kept, unless
+    ``keep_duplicates``. Empty sentences are dropped (a corpus line must not be blank)."""
+    from .senteval import load_task
+
+    out, seen = [], set()
+    for task, split in STS_CORPUS_SPLITS:
+        for pairs in load_task(senteval_dir, task, split):
+            for a, b in zip(pairs.sent1, pairs.sent2):
+                for s in (a, b):
+                    if not s or (not keep_duplicates and s in seen):
+                        continue
+                    seen.add(s)
+                    out.append(s)
+    return out
+
+
+def prepare_sts_corpus(senteval_dir: PathLike, output: PathLike, keep_duplicates: bool = False) -> dict:
+    """Write the ``sts-unlabeled`` corpus (``sts_sentences``), one sentence per line, and a summary
+    ``<output>.json``."""
+    sents = sts_sentences(senteval_dir, keep_duplicates)
+    if not sents:
+        raise SentembError(f"{senteval_dir}: no STS sentences found")
+    output = Path(output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(output) as tmp:
+        Path(tmp).write_text("".join(s + "\n" for s in sents), encoding="utf-8")
+    summary = {"corpus": "sts-unlabeled", "senteval": str(senteval_dir), "sentences": len(sents),
+               "keep_duplicates": keep_duplicates, "splits": [f"{t}/{s}" for t, s in STS_CORPUS_SPLITS]}
+    write_json(f"{output}.json", summary)
+    log.info("sts-unlabeled: %d sentences -> %s", len(sents), output)
+    return summary
 
 
 def shell_options(**options) -> str:
@@ -461,6 +517,10 @@ def _cmd_fetch_corpus(args) -> None:
 def _cmd_prepare_corpus(args) -> None:
     prepare_corpus(args.input, args.output, max_sentences=args.max_sentences, seed=args.seed,
                    skip_bad_lines=args.skip_bad_lines)
+
+
+def _cmd_prepare_sts_corpus(args) -> None:
+    prepare_sts_corpus(args.senteval, args.output, keep_duplicates=args.keep_duplicates)
 
 
 def _cmd_fetch_senteval(args) -> None:
@@ -507,6 +567,11 @@ def register(subparsers) -> None:
     p.add_argument("--max-sentences", type=int)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--skip-bad-lines", action="store_true", help="skip empty and non-UTF-8 lines instead of failing")
+
+    p = command("prepare-sts-corpus", _cmd_prepare_sts_corpus,
+                "Write the sts-unlabeled corpus: the sentences of STS12-16 (test), STS-B and SICK (all "
+                "splits) from a SentEval tree, deduplicated.", senteval={}, output={})
+    p.add_argument("--keep-duplicates", action="store_true", help="keep repeated sentences")
 
     p = command("fetch-senteval", _cmd_fetch_senteval, "Fetch the SentEval STS/SICK data and verify the pair counts.",
                 output={})

@@ -174,7 +174,7 @@ class State:
     pending: list = field(default_factory=list)
 
 
-def setup(run: dict, out_dir: str | Path) -> Job:
+def setup(run: dict, out_dir: str | Path, method_cls: "type[Method] | None" = None) -> Job:
     """Stage 1, set-up: device and precision, data (bad input fails here, before step 1), the
     method around a freshly loaded encoder, the batch schedule, optimizer and LR schedule."""
     import torch
@@ -206,7 +206,7 @@ def setup(run: dict, out_dir: str | Path) -> Job:
     seed_everything(seed)
     # BERT's pretrained NSP pooler is neither loaded nor computed (methods.md §0).
     encoder, tokenizer = load_encoder(paths["model"], dropout=tc.get("dropout"), pooling_layer=False)
-    method_cls = get_method(run["method"])
+    method_cls = method_cls or get_method(run["method"])  # a pretraining stage passes its own class
     ctx = MethodContext(max_len=tc["max_len"], seed=seed, backbone=run["backbone"], model_dir=Path(paths["model"]),
                         inputs={k: Path(v) for k, v in paths.get("inputs", {}).items()}, corpus=Path(paths["corpus"]))
     method = method_cls(encoder, tokenizer, run["method_args"], ctx).to(device)
@@ -438,10 +438,13 @@ def finish(job: Job, state: State, t_start: float) -> dict:
     return summary
 
 
-def train(run: dict, out_dir: str | Path, *, progress: bool = True, stop_after: int | None = None) -> dict:
+def train(run: dict, out_dir: str | Path, *, progress: bool = True, stop_after: int | None = None,
+          method_cls: "type[Method] | None" = None) -> dict:
     """Train one run (a resolved run config, see ``sentemb.config.resolve_run``) into ``out_dir``.
 
     ``stop_after`` ends the process-equivalent of a kill after that many optimizer steps (tests).
+    ``method_cls`` replaces the registered class of ``run["method"]`` (a pretraining stage,
+    ``Method.pretrain``, runs this loop with its own Method subclass and ``model_selection: last``).
     """
     from .tracking import Tracker
 
@@ -457,7 +460,7 @@ def train(run: dict, out_dir: str | Path, *, progress: bool = True, stop_after: 
                       marker=out_dir / ".mlflow_run.json", key=run_fingerprint(run),
                       resume=(out_dir / ".work" / "last.pt").is_file())
     with tracker:
-        job = setup(run, out_dir)
+        job = setup(run, out_dir, method_cls)
         job.tracker = tracker
         if tracker.run_id:
             job.meta["mlflow_run_id"] = tracker.run_id  # evaluation jobs log their test scores onto this run

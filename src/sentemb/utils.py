@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import random
@@ -47,12 +48,15 @@ def atomic_path(final: str | os.PathLike, is_dir: bool = False) -> Iterator[Path
         else:
             os.chmod(tmp, 0o644)
             os.replace(tmp, final)
-    except BaseException:
+    except BaseException as e:
         if tmp.is_dir():
             shutil.rmtree(tmp, ignore_errors=True)
         else:
             with contextlib.suppress(FileNotFoundError):
                 tmp.unlink()
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise SentembError(f"{final}: {os.strerror(e.errno).lower()} while writing it; nothing was written "
+                               f"(the partial temporary file was removed): free space and run again") from e
         raise
 
 

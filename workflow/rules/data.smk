@@ -125,3 +125,24 @@ rule fetch_nltk:
         "../envs/sentemb.yaml"
     shell:
         "sentemb fetch-nltk --output {output:q} {params.opts} > {log:q} 2>&1"
+
+
+rule prepare_sts_corpus:
+    """Built-in corpus `sts-unlabeled` (runs[].corpus): the sentences of STS12-16 (test), STS-B and
+    SICK (all splits) from the fetched SentEval tree, deduplicated (sentemb.data.sts_sentences)."""
+    input:
+        f"{RES}/data/senteval",
+    output:
+        corpus=f"{RES}/corpus/sts-unlabeled.txt",
+        summary=f"{RES}/corpus/sts-unlabeled.txt.json",
+    log:
+        f"{LOGS}/data/prepare_corpus_sts-unlabeled.log",
+    localrule: True
+    conda:
+        "../envs/sentemb.yaml"
+    shell:
+        "sentemb prepare-sts-corpus --senteval {input:q} --output {output.corpus:q} > {log:q} 2>&1"
+
+
+# A configured corpus that is itself named `sts-unlabeled` is still made from SentEval.
+ruleorder: prepare_sts_corpus > prepare_corpus

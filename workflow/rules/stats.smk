@@ -13,7 +13,7 @@
 import shlex
 
 from sentemb.data import shell_options
-from sentemb.stats import stats_settings, stats_targets
+from sentemb.stats import needs_paraphrases, stats_settings, stats_targets
 
 STATS = stats_settings(config)  # config section `stats` with defaults (sentemb.stats.stats_settings)
 _PARA = STATS["paraphrase"]
@@ -23,7 +23,8 @@ PARA_SHARDS = int(_PARA["shards"])
 RAKE_TOP_K = int(STATS["rake_top_k"])
 STATS_DIR = f"{RESULTS}/stats/{{corpus}}"
 CORPUS_TXT = f"{RES}/corpus/{{corpus}}.txt"
-# All statistics of the configured corpus, for `rule all` (paraphrases only if enabled).
+# All statistics of every corpus some run trains on (runs[].corpus), for `rule all` (paraphrases
+# only for a corpus that needs them).
 STATS_TARGETS = stats_targets(config)
 
 rule fetch_paraphraser:
@@ -191,7 +192,7 @@ rule stats_summary:
                     allow_missing=True),
         tfidf=f"{STATS_DIR}/tfidf.parquet",
         rake=f"{STATS_DIR}/rake_top{RAKE_TOP_K}.parquet",
-        paraphrases=lambda wc: [f"{RESULTS}/stats/{wc.corpus}/paraphrases.txt"] if _PARA["enabled"] else [],
+        paraphrases=lambda wc: [f"{RESULTS}/stats/{wc.corpus}/paraphrases.txt"] if needs_paraphrases(config, wc.corpus) else [],
     output:
         md=report(f"{STATS_DIR}/summary.md", caption="../report/stats_summary.rst", category="Corpus statistics"),
         json=f"{STATS_DIR}/summary.json",

@@ -121,6 +121,14 @@ class Method(nn.Module):
     class Args:
         """No arguments (a method's own module declares its ``Args`` dataclass with ``arg(...)``)."""
 
+    #: an optional stage before training, ``pretrain(run, out_dir) -> summary`` (a classmethod), run
+    #: once per method and backbone by ``sentemb pretrain`` (rule ``pretrain``, settings in
+    #: ``methods.<name>.pretrain``); a run whose ``requires(args)`` lists ``pretrained`` reads its
+    #: output directory as ``ctx.inputs["pretrained"]``. Absent (None) by default.
+    pretrain: ClassVar[Callable[..., dict] | None] = None
+    #: stage-1 ``train`` defaults of ``pretrain`` (over the config's ``train``; under the block's own keys)
+    pretrain_train_defaults: ClassVar[dict[str, Any]] = {}
+
     #: pooler used to evaluate the exported model (sentemb evaluate --pooler); "method" = the
     #: method's own embedder (``load_embedder``)
     eval_pooler: ClassVar[str] = "cls_before_pooler"
@@ -174,6 +182,12 @@ class Method(nn.Module):
                 cls.validate_args(layer, where)
                 out.update(layer)
         return out
+
+    @classmethod
+    def check_config(cls, args: dict[str, Any], config: dict, where: str) -> None:
+        """Checks of a run's resolved ``args`` against the whole validated ``config`` (e.g. an
+        argument bounded by a ``stats`` setting); raise SentembError naming the keys, prefixed by
+        ``where`` (``runs[i].method_args``). Default: nothing to check."""
 
     @classmethod
     def requires(cls, args: dict[str, Any]) -> tuple[str, ...]:

@@ -138,13 +138,49 @@ def stats_settings(config: dict) -> dict:
     return s
 
 
+def run_corpora(config: dict) -> list[str]:
+    """The corpora some run trains on (``runs[].corpus``, default ``corpus.name``), in first-use
+    order; statistics are computed once for each of them."""
+    from ..config import corpus_of
+
+    out: list[str] = []
+    for r in config.get("runs", []):
+        c = corpus_of(config, r)
+        if c not in out:
+            out.append(c)
+    return out
+
+
+def needs_paraphrases(config: dict, corpus: str) -> bool:
+    """Paraphrases of ``corpus``: when ``tfidf_with_paraphrases`` is set or a run on this corpus
+    requires them; ``stats.paraphrase.enabled`` (true/false) decides for the configured corpus
+    (``corpus.name``) only, so a built-in corpus of one run (sts-unlabeled) is never paraphrased
+    for nothing."""
+    from ..config import corpus_of, method_args_of
+    from ..methods import get_method
+
+    s = config.get("stats") or {}
+    explicit = (s.get("paraphrase") or {}).get("enabled")
+    if explicit is not None and corpus == config["corpus"]["name"]:
+        return bool(explicit)
+    if s.get("tfidf_with_paraphrases"):
+        return True
+    needed = {n for r in config.get("runs", []) if corpus_of(config, r) == corpus
+              for n in get_method(r["method"]).requires(method_args_of(config, r))}
+    return bool(needed & {"paraphrases", "tfidf_para"})
+
+
 def stats_targets(config: dict, corpus: str | None = None, paraphrases: bool | None = None) -> list[str]:
-    """Paths of all statistics of ``corpus`` (default: the configured corpus) for ``rule all``;
-    the paraphrase outputs only if ``paraphrases`` (default: ``stats.paraphrase.enabled``)."""
+    """Paths of all statistics of ``corpus`` for ``rule all``; without ``corpus``, of every corpus
+    some run uses (``run_corpora``). The paraphrase outputs only if ``paraphrases`` (default: when
+    that corpus needs them, see ``needs_paraphrases``)."""
+    if corpus is None:
+        return [t for c in run_corpora(config) or [config["corpus"]["name"]]
+                for t in stats_targets(config, c, paraphrases)]
     s = stats_settings(config)
-    base = f"{config['results_dir']}/stats/{corpus or config['corpus']['name']}"
+    base = f"{config['results_dir']}/stats/{corpus}"
     names = [f"token_freq.{b}.parquet" for b in config["backbones"]]
     names += ["tfidf.parquet", f"rake_top{s['rake_top_k']}.parquet", "summary.md"]
-    if s["paraphrase"]["enabled"] if paraphrases is None else paraphrases:
+    if needs_paraphrases(config, corpus) if paraphrases is None else paraphrases:
         names += ["paraphrases.txt", "tfidf_para.parquet"]
     return [f"{base}/{n}" for n in names]

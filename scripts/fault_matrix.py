@@ -1,0 +1,213 @@
+#!/usr/bin/env python
+"""Fault injection: kill the whole Snakemake process group at chosen points, unlock, rerun, check.
+
+For every fault point the tiny DAG (``.test/config.yaml`` made smaller: one seed, SimCSE only,
+STS-B and SICK-R, a state save every 2 steps, paraphrases in 2 shards) is started in a fresh
+working directory; when the point's condition appears on disk the process group gets SIGKILL (no
+clean-up code runs anywhere). Then ``snakemake --unlock`` and the same command again. Checked:
+
+* recovered: the rerun succeeds;
+* identical: ``results/table1.csv`` and ``.md`` equal an uninterrupted run's byte for byte;
+* no partial output taken for finished: after the kill, every output Snakemake would *not* redo
+  (its dry run) is complete, i.e. equal to the uninterrupted run's file where the file is
+  deterministic (tables, corpus, statistics) and readable otherwise (JSON, model directories);
+* MLflow: every finished job has exactly one FINISHED run, none is left RUNNING.
+
+    python scripts/fault_matrix.py --shared ../shared [--points train_after_save,evaluate] [--keep DIR]
+
+Prints a table (fault point, hit, recovered, identical, partial outputs, MLflow FINISHED/KILLED/
+RUNNING) and exits non-zero if any point failed. ``tests/test_fault_matrix.py`` runs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+TARGETS = ["results/table1.csv", "stats"]
+
+
+def _glob_any(root: Path, *patterns: str) -> bool:
+    return any(True for p in patterns for _ in root.glob(p))
+
+
+#: fault point -> condition on the working directory that triggers the kill
+POINTS = {
+    "fetch": lambda d: _glob_any(d, "logs/data/fetch_*.log"),
+    "stats": lambda d: _glob_any(d, "logs/stats/*/token_freq.*.log", "logs/stats/*/tfidf*.log", "logs/stats/*/rake*.log"),
+    "paraphrase_shard": lambda d: _glob_any(d, "results/stats/*/paraphrase/*.ckpt.jsonl"),
+    "train_before_save": lambda d: _glob_any(d, "logs/train/**/*.log") and not _glob_any(d, "results/runs/**/.work/last.pt"),
+    "train_after_save": lambda d: _glob_any(d, "results/runs/**/.work/last.pt"),
+    "evaluate": lambda d: _glob_any(d, "logs/evaluate/**/*.log"),
+    "table": lambda d: _glob_any(d, "logs/table1.log"),
+}
+
+
+def make_config(dest: Path) -> None:
+    cfg = yaml.safe_load((REPO / ".test" / "config.yaml").read_text())
+    cfg["seeds"] = [1]
+    cfg["runs"] = [{"method": "simcse", "backbone": next(iter(cfg["backbones"]))}]
+    cfg["train"]["save_steps"] = 2
+    cfg["evaluation"]["tasks"] = ["STSBenchmark", "SICKRelatedness"]
+    cfg.setdefault("stats", {}).setdefault("paraphrase", {})["enabled"] = True
+    cfg["evaluation"].pop("transfer", None)
+    (dest / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+
+
+def smk_cmd(workdir: Path, *args: str) -> list[str]:
+    return [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(workdir),
+            f"--configfile={workdir / 'config.yaml'}", *args]
+
+
+def run(workdir: Path, env: dict, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    p = subprocess.run(smk_cmd(workdir, *args), capture_output=True, text=True, env=env, timeout=1800)
+    if check and p.returncode != 0:
+        raise RuntimeError(f"snakemake {' '.join(args)} failed in {workdir}:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
+    return p
+
+
+def run_and_kill(workdir: Path, env: dict, cond, timeout: float = 900) -> bool:
+    """Start the DAG in its own process group; SIGKILL the group when ``cond`` holds. True if it did."""
+    proc = subprocess.Popen(smk_cmd(workdir, "--cores", "2", *TARGETS), env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    t0 = time.monotonic()
+    try:
+        while proc.poll() is None and time.monotonic() - t0 < timeout:
+            if cond(workdir):
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                return True
+            time.sleep(0.02)
+        return False
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def planned_outputs(workdir: Path, env: dict) -> set[str]:
+    """Outputs Snakemake would (re)create: from its dry run's ``output:`` lines."""
+    p = run(workdir, env, "-n", "--cores", "2", *TARGETS, check=False)
+    out = set()
+    for line in (p.stdout + p.stderr).splitlines():
+        line = line.strip()
+        if line.startswith("output:"):
+            out.update(x.strip() for x in line[len("output:"):].split(","))
+    return out
+
+
+DETERMINISTIC = (".csv", ".md", ".txt", ".parquet", ".jsonl")
+
+
+def partial_outputs(workdir: Path, ref: Path, planned: set[str]) -> list[str]:
+    """Files that exist, are not going to be redone, and are not complete."""
+    bad = []
+    for base in ("resources", "results"):
+        for f in sorted((workdir / base).rglob("*")):
+            rel = f.relative_to(workdir).as_posix()
+            if not f.is_file() or "/.work/" in rel or rel.startswith("results/.tracking") or ".ckpt." in rel:
+                continue
+            if any(rel == p or rel.startswith(p.rstrip("/") + "/") for p in planned):
+                continue
+            twin = ref / rel
+            if f.suffix in DETERMINISTIC and not rel.endswith("summary.md") and twin.is_file():
+                if f.read_bytes() != twin.read_bytes():
+                    bad.append(rel)
+            elif f.suffix == ".json":
+                try:
+                    json.loads(f.read_text("utf-8"))
+                except (json.JSONDecodeError, UnicodeDecodeError):
+                    bad.append(rel)
+            elif twin.is_file() and f.stat().st_size != twin.stat().st_size and f.suffix in (".safetensors", ".bin"):
+                bad.append(rel)
+    return bad
+
+
+def mlflow_statuses(workdir: Path) -> tuple[dict[str, int], list[str]]:
+    """Counts by status, and the jobs (run names) that do not have exactly one FINISHED run."""
+    from mlflow.tracking import MlflowClient
+
+    c = MlflowClient(tracking_uri=f"sqlite:///{workdir / 'mlflow.db'}")
+    exp = c.get_experiment_by_name(yaml.safe_load((workdir / "config.yaml").read_text()).get("experiment", "sentemb"))
+    runs = c.search_runs([exp.experiment_id]) if exp else []
+    counts: dict[str, int] = {}
+    finished: dict[str, int] = {}
+    for r in runs:
+        counts[r.info.status] = counts.get(r.info.status, 0) + 1
+        finished.setdefault(r.info.run_name, 0)
+        if r.info.status == "FINISHED":
+            finished[r.info.run_name] += 1
+    return counts, [name for name, n in finished.items() if n != 1]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shared", default=os.environ.get("SENTEMB_SHARED", str(REPO.parent / "shared")))
+    ap.add_argument("--points", default=",".join(POINTS), help=f"comma-separated subset of {','.join(POINTS)}")
+    ap.add_argument("--keep", default=None, help="keep the working directories here")
+    args = ap.parse_args(argv)
+    points = [p for p in args.points.split(",") if p]
+    unknown = set(points) - set(POINTS)
+    if unknown:
+        ap.error(f"unknown fault points {sorted(unknown)}")
+    env = {**os.environ, "SENTEMB_MIRROR": str(Path(args.shared).resolve()), "MLFLOW_TRACKING_URI": ""}
+    root = Path(args.keep or tempfile.mkdtemp(prefix="fault_matrix_"))
+    root.mkdir(parents=True, exist_ok=True)
+    ref = root / "reference"
+    shutil.rmtree(ref, ignore_errors=True)
+    ref.mkdir()
+    make_config(ref)
+    t0 = time.monotonic()
+    run(ref, env, "--cores", "2", *TARGETS)
+    print(f"uninterrupted reference run: {time.monotonic() - t0:.0f} s", flush=True)
+    rows, failed = [], 0
+    for point in points:
+        d = root / point
+        shutil.rmtree(d, ignore_errors=True)
+        d.mkdir()
+        make_config(d)
+        hit = run_and_kill(d, env, POINTS[point])
+        run(d, env, "--unlock")
+        partial = partial_outputs(d, ref, planned_outputs(d, env)) if hit else []
+        rerun = run(d, env, "--cores", "2", *TARGETS, check=False)
+        recovered = rerun.returncode == 0
+        identical = recovered and all((d / f).read_bytes() == (ref / f).read_bytes()
+                                      for f in ("results/table1.csv", "results/table1.md"))
+        counts, not_one = mlflow_statuses(d) if (d / "mlflow.db").exists() else ({}, [])
+        ok = recovered and identical and not partial and not not_one and counts.get("RUNNING", 0) == 0
+        failed += not ok
+        rows.append((point, hit, recovered, identical, partial, counts, not_one, ok))
+        if not recovered:
+            print(f"--- {point}: rerun failed:\n{rerun.stderr[-2000:]}", flush=True)
+    print(f"\n{'fault point':<18} {'hit':<4} {'recovered':<9} {'identical':<9} {'partial outputs':<16} "
+          f"{'MLflow FINISHED/KILLED/RUNNING':<31} {'ok':<3}")
+    for point, hit, rec, ident, partial, counts, not_one, ok in rows:
+        ml = f"{counts.get('FINISHED', 0)}/{counts.get('KILLED', 0)}/{counts.get('RUNNING', 0)}"
+        if not_one:
+            ml += f" (not one FINISHED: {','.join(not_one)})"
+        print(f"{point:<18} {'yes' if hit else 'no':<4} {'yes' if rec else 'no':<9} {'yes' if ident else 'no':<9} "
+              f"{(', '.join(partial) or 'none')[:16]:<16} {ml:<31} {'yes' if ok else 'NO':<3}")
+    hits = sum(r[1] for r in rows)
+    print(f"\n{len(rows)} fault points, {hits} hit, {sum(r[7] for r in rows)} recovered identically "
+          f"with a truthful MLflow store; total {time.monotonic() - t0:.0f} s")
+    for point, *_, partial, _c, _n, _ok in rows:
+        if partial:
+            print(f"{point}: partial outputs taken for finished: {partial}")
+    if not args.keep:
+        shutil.rmtree(root, ignore_errors=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

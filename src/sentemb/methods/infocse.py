@@ -1,0 +1,626 @@
+"""InfoCSE: information-aggregated contrastive learning (Wu et al., 2022; methods.md §4).
+
+Notation of the paper (§2-3): H = BERT's last-layer states, h = its [CLS] vector, M = the 6th
+layer's states and M^{>0} = those at every position but [CLS]; W = the MLM output matrix.
+
+Two pipeline stages.
+
+**Stage 1, auxiliary-network pretraining** (§3.1; ``sentemb pretrain``, rule ``pretrain``, class
+``InfoCSEPretrain`` run by the shared loop with ``model_selection: last``). x̂ = x with 15% of its
+tokens masked (80% [MASK] / 10% random / 10% kept). H = BERT(x̂); the auxiliary network shares
+BERT's lower ``skip_from`` layers; its ``head_layers`` extra Transformer layers read
+[h; M^{>0}] (Eq. 5's input) and predict the masked tokens through the same W as BERT's own MLM:
+
+    L_aux = Σ_{j∈masked} CE(H̃^j W, x̂^j)   (Eq. 5),   L_mlm = Σ_{j∈masked} CE(H^j W, x̂^j)   (Eq. 4),
+    L^pretrain = L_aux + L_mlm   (Eq. 6).
+
+The output (``results/pretrain/infocse/<backbone>/model``) is the encoder (HF layout) with
+``aux_head.safetensors`` holding the extra layers (``c_head.<i>.*``, Condenser's names) and the MLM
+head (``cls.predictions.*``, BERT's names), and ``infocse_aux.json``.
+
+**Stage 2, joint training** (§3.2). z1, z2 = MLP([CLS]) of two dropout views (SimCSE, Eq. 3,
+τ = 0.05, fp32). x̂ = x masked at ``mask_rate`` (0.4, Table 7). The auxiliary network no longer shares
+the lower layers: a frozen copy of the embeddings and lower ``skip_from`` layers (kept in eval mode)
+gives M^{>0} of x̂, and
+
+    C = [h; Detach(M^{>0})],   L_aux = Σ_{j∈masked} CE(Layers_2(C)^j W, x̂^j),
+    L^joint = L_cl + λ·L_aux   (Eq. 7),  λ = 1e-5 (Table 8 and the authors' code; §4.2's text: 0.005)
+
+with h the main encoder's [CLS] of the *unmasked* sentence: the only path of L_aux's gradient
+into the encoder. Both the main encoder and the auxiliary network start from stage 1 (§3.2); the
+auxiliary MLM head is the network's own trainable copy of stage 1's head (W included, so that W is
+not the main encoder's word-embedding matrix, which would be a second gradient path). Evaluation
+uses the raw last-layer [CLS] (Table 9).
+
+Choices the paper leaves **open** (switches):
+
+* ``aux_inputs``: ``sentence`` (paper §3.2: "copied twice ... the other is used to generate the
+  masked input": one masked copy per sentence, paired with the first dropout view's [CLS]) or
+  ``view`` (the authors' code, built on SimCSE's ``do_mlm``: one masked copy per view, each with its
+  own view's [CLS]).
+* ``cls_layer``: which layer's [CLS] is h. ``null`` = the last layer (the 12th on BERT-base; on
+  BERT-large the paper does not say, the last layer (24th) is taken).
+* ``skip_from`` (6) and ``head_layers`` (2) are the paper's 6 and 2 on 12-layer BERT; smaller
+  backbones (the tiny test BERT, 6-layer MiniLM) need a smaller ``skip_from`` (< the backbone's
+  number of layers; checked, the error names the key).
+* Stage 1's masking unit: single tokens (BERT's MLM, the paper's §2) by default;
+  ``pretrain.mask_unit: word`` masks whole words as Condenser does.
+* Loss reduction: the mean over masked positions (the HF/authors' code convention, with which the
+  λ of Table 8 was tuned) instead of Eq. 4/5's sum.
+* ``mlp: batchnorm``: the authors' code's ``--batchnorm`` head, taken to be DiffCSE's projection
+  (Linear → BatchNorm → ReLU → Linear → BatchNorm without affine; the code InfoCSE builds on).
+* Random replacement tokens are drawn from the whole vocabulary (BERT / HF collator convention).
+
+Presets: the paper values are the defaults; ``infocse-code`` in ``config/config.yaml`` carries the
+code's (2 epochs, lr 7e-6, ``mlp: batchnorm``, mask 0.3 on large). Ablations: ``init: backbone``
+(Table 4, no pretraining: the auxiliary network is the backbone's lower ``skip_from`` and upper
+``head_layers`` layers), ``detach: false`` (Table 6: the lower auxiliary layers are trainable), λ and
+mask-rate studies as named runs. ``aux_checkpoint`` skips stage 1 with a directory holding a BERT
+encoder, its MLM head and the head layers (this module's stage-1 output, or a Condenser checkpoint
+with head weights: ``c_head.*`` in ``model.pt``); a headless one is refused.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .. import SentembError
+from ..models import MLPHead
+from . import register_method
+from .base import Method, arg
+from .simcse import info_nce
+
+log = logging.getLogger(__name__)
+
+AUX_HEAD_FILE = "aux_head.safetensors"
+AUX_META_FILE = "infocse_aux.json"
+
+#: keys of the ``pretrain`` block besides the training settings (``train`` keys of the schema)
+PRETRAIN_OWN_KEYS = {"corpus": str, "seed": int, "mask_rate": float, "mask_unit": str}
+#: stage-1 training defaults (paper §4.1: Condenser's 8 epochs, lr 1e-4, batch 1024; Condenser's
+#: warmup 10% and weight decay 0.01); the configured corpus, not BookCorpus + Wikipedia
+PRETRAIN_TRAIN_DEFAULTS = {"epochs": 8, "batch_size": 1024, "lr": 1e-4, "warmup_ratio": 0.1, "weight_decay": 0.01,
+                           "model_selection": "last", "eval_at_end": False}
+PRETRAIN_DEFAULTS = {"seed": 42, "mask_rate": 0.15, "mask_unit": "token"}
+
+
+# ----------------------------------------------------------------------------------- masking
+def mask_tokens(input_ids: np.ndarray, maskable: np.ndarray, rate: float, rng: np.random.Generator, mask_id: int,
+                vocab_size: int, word_ids: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """BERT's MLM corruption (Devlin et al. 2019; InfoCSE §2 "BERT's MLM objective"): each maskable
+    position (or each word, with ``word_ids``: -1 = not a word) is chosen with probability ``rate``;
+    a chosen token becomes [MASK] with p 0.8, a uniformly random token with p 0.1, stays with p 0.1.
+    Returns (x̂, labels) with labels = the original id at chosen positions, -100 elsewhere."""
+    shape = input_ids.shape
+    if word_ids is None:
+        chosen = (rng.random(shape) < rate) & maskable
+    else:
+        n_words = int(word_ids.max()) + 1 if word_ids.size else 0
+        pick = rng.random((shape[0], max(n_words, 1))) < rate
+        chosen = np.zeros(shape, dtype=bool)
+        valid = (word_ids >= 0) & maskable
+        rows = np.nonzero(valid)
+        chosen[rows] = pick[rows[0], word_ids[rows]]
+    r = rng.random(shape)
+    rand_tok = rng.integers(0, vocab_size, shape)
+    out = input_ids.copy()
+    out[chosen & (r < 0.8)] = mask_id
+    rnd = chosen & (r >= 0.8) & (r < 0.9)
+    out[rnd] = rand_tok[rnd]
+    labels = np.where(chosen, input_ids, -100)
+    return out, labels
+
+
+# ----------------------------------------------------------------------------------- modules
+class MLMHead(nn.Module):
+    """BERT's MLM prediction head: dense + activation + LayerNorm, then logits = x Wᵀ + b (Eq. 4's W).
+
+    ``tied``: an embedding module whose weight is W (stage 1, as in BERT); else W is this head's own
+    parameter (stage 2's auxiliary head)."""
+
+    def __init__(self, config, tied: nn.Embedding | None = None, weight: torch.Tensor | None = None):
+        super().__init__()
+        from transformers.activations import ACT2FN
+
+        h = config.hidden_size
+        self.dense = nn.Linear(h, h)
+        self.act = ACT2FN[config.hidden_act]
+        self.LayerNorm = nn.LayerNorm(h, eps=config.layer_norm_eps)
+        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
+        self._tied = [tied] if tied is not None else None  # a list: not registered as a submodule twice
+        self.weight = None if tied is not None else nn.Parameter(
+            weight.detach().clone() if weight is not None else torch.empty(config.vocab_size, h).normal_(
+                std=config.initializer_range))
+        nn.init.normal_(self.dense.weight, std=config.initializer_range)
+        nn.init.zeros_(self.dense.bias)
+
+    @property
+    def W(self) -> torch.Tensor:
+        return self._tied[0].weight if self._tied is not None else self.weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(self.LayerNorm(self.act(self.dense(x))), self.W, self.bias)
+
+    def load_bert(self, state: dict[str, torch.Tensor], where: str) -> None:
+        """From BERT's ``cls.predictions.*`` tensors (the decoder weight, when present and untied here)."""
+        own = {"dense.weight": "transform.dense.weight", "dense.bias": "transform.dense.bias",
+               "LayerNorm.weight": "transform.LayerNorm.weight", "LayerNorm.bias": "transform.LayerNorm.bias",
+               "bias": "bias"}
+        if self.weight is not None and "decoder.weight" in state:
+            own["weight"] = "decoder.weight"
+        missing = [v for v in own.values() if v not in state]
+        if missing:
+            raise SentembError(f"{where}: MLM head tensors missing: cls.predictions.{', cls.predictions.'.join(missing)}")
+        with torch.no_grad():
+            for k, v in own.items():
+                dst = dict(self.named_parameters())[k]
+                if dst.shape != state[v].shape:
+                    raise SentembError(f"{where}: cls.predictions.{v} has shape {tuple(state[v].shape)}, "
+                                       f"expected {tuple(dst.shape)} (another hidden size or vocabulary?)")
+                dst.copy_(state[v])
+
+    def bert_state(self) -> dict[str, torch.Tensor]:
+        out = {"transform.dense.weight": self.dense.weight, "transform.dense.bias": self.dense.bias,
+               "transform.LayerNorm.weight": self.LayerNorm.weight, "transform.LayerNorm.bias": self.LayerNorm.bias,
+               "bias": self.bias, "decoder.weight": self.W}
+        return {f"cls.predictions.{k}": v.detach().cpu().contiguous() for k, v in out.items()}
+
+
+class BatchNormProjection(nn.Module):
+    """The authors' code's ``--batchnorm`` head (DiffCSE's ProjectionMLP): Linear → BN → ReLU →
+    Linear → BN (no affine), no biases."""
+
+    def __init__(self, hidden: int):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(hidden, 2 * hidden, bias=False), nn.BatchNorm1d(2 * hidden), nn.ReLU(),
+                                 nn.Linear(2 * hidden, hidden, bias=False), nn.BatchNorm1d(hidden, affine=False))
+
+    def forward(self, x):
+        return self.net(x)
+
+
+def _init_bert_(module: nn.Module, std: float) -> None:
+    """BERT's initialisation (normal(0, initializer_range) weights, zero biases, unit LayerNorm)."""
+    for m in module.modules():
+        if isinstance(m, nn.Linear):
+            nn.init.normal_(m.weight, std=std)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.LayerNorm):
+            nn.init.ones_(m.weight)
+            nn.init.zeros_(m.bias)
+
+
+def _extended_mask(attention_mask: torch.Tensor, dtype: torch.dtype, sdpa: bool) -> torch.Tensor:
+    """(B, L) 1/0 -> (B, 1, 1, L) mask for a BertLayer: boolean for SDPA (any autocast dtype), else
+    additive (eager attention adds it to the scores)."""
+    m = attention_mask[:, None, None, :]
+    if sdpa:
+        return m.bool()
+    return (1.0 - m.to(dtype)) * torch.finfo(dtype).min
+
+
+def run_layers(layers, states: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+    cfg = getattr(getattr(getattr(layers[0], "attention", None), "self", None), "config", None) if len(layers) else None
+    sdpa = getattr(cfg, "_attn_implementation", None) == "sdpa"
+    ext = _extended_mask(attention_mask, states.dtype, sdpa) if attention_mask is not None else None
+    for layer in layers:
+        out = layer(states, attention_mask=ext)
+        states = out[0] if isinstance(out, tuple) else out
+    return states
+
+
+def aux_mlm_loss(cls: torch.Tensor, lower_states: torch.Tensor, labels: torch.Tensor, head_layers,
+                 output_matrix, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """The auxiliary network's MLM loss, Eq. 5 (stage 1) / §3.2 (stage 2):
+
+        C = [h; M^{>0}],  H̃ = Layers_2(C),  L_aux = mean_{j∈masked} CE(H̃^j W, x̂^j).
+
+    ``cls`` (B, H): h. ``lower_states`` (B, L-1, H): M^{>0}, the positions after [CLS] (the caller
+    detaches it in stage 2). ``labels`` (B, L): original ids at masked positions, -100 elsewhere
+    (position 0 is [CLS], never masked). ``head_layers``: the extra Transformer layers.
+    ``output_matrix``: W, a (V, H) tensor (logits = x Wᵀ) or a module mapping states to logits (BERT's
+    MLM head). ``attention_mask`` (B, L): padding. A batch without a masked token gives 0 (not NaN),
+    still connected to the graph."""
+    states = torch.cat([cls.unsqueeze(1), lower_states], dim=1)
+    out = run_layers(head_layers, states, attention_mask)
+    sel = labels != -100
+    picked = out[sel]
+    logits = picked @ output_matrix.T if isinstance(output_matrix, torch.Tensor) else output_matrix(picked)
+    with torch.autocast(device_type=logits.device.type, enabled=False):
+        if not bool(sel.any()):
+            return logits.float().sum() * 0.0 + cls.float().sum() * 0.0
+        return F.cross_entropy(logits.float(), labels[sel])
+
+
+def mlm_loss(states: torch.Tensor, labels: torch.Tensor, head: nn.Module) -> torch.Tensor:
+    """BERT's own MLM loss, Eq. 4 (mean over masked positions, fp32; 0 when nothing is masked)."""
+    sel = labels != -100
+    logits = head(states[sel])
+    with torch.autocast(device_type=logits.device.type, enabled=False):
+        if not bool(sel.any()):
+            return logits.float().sum() * 0.0 + states.float().sum() * 0.0
+        return F.cross_entropy(logits.float(), labels[sel])
+
+
+# ----------------------------------------------------------------------------------- checkpoints
+def _read_weights(model_dir: Path) -> dict[str, torch.Tensor]:
+    """All tensors of a HF checkpoint directory (single or sharded safetensors, or pytorch_model.bin)."""
+    from safetensors.torch import load_file
+
+    model_dir = Path(model_dir)
+    if (model_dir / "model.safetensors").is_file():
+        return load_file(str(model_dir / "model.safetensors"))
+    idx = model_dir / "model.safetensors.index.json"
+    if idx.is_file():
+        out = {}
+        for f in sorted(set(json.loads(idx.read_text("utf-8"))["weight_map"].values())):
+            out.update(load_file(str(model_dir / f)))
+        return out
+    if (model_dir / "pytorch_model.bin").is_file():
+        return torch.load(model_dir / "pytorch_model.bin", map_location="cpu", weights_only=True)
+    raise SentembError(f"{model_dir}: no model.safetensors, model.safetensors.index.json or pytorch_model.bin")
+
+
+def _strip(state: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
+    return {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+
+
+def encoder_state(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The BertModel tensors of a checkpoint (BertModel or BertForMaskedLM/Condenser ``bert.*`` /
+    ``lm.bert.*`` names), without the NSP pooler."""
+    for p in ("lm.bert.", "bert."):
+        if any(k.startswith(p) for k in weights):
+            weights = _strip(weights, p)
+            break
+    return {k: v for k, v in weights.items() if not k.startswith(("cls.", "pooler.", "c_head."))}
+
+
+def mlm_head_state(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    for p in ("lm.cls.predictions.", "cls.predictions."):
+        s = _strip(weights, p)
+        if s:
+            return s
+    return {}
+
+
+def read_aux_checkpoint(path: str | Path, hidden_size: int, head_layers: int) -> dict[str, Any]:
+    """Encoder, MLM head and auxiliary head layers of a stage-1 output or ``aux_checkpoint``.
+
+    Layouts: this module's (``aux_head.safetensors``: ``c_head.<i>.*`` + ``cls.predictions.*``), or a
+    Condenser checkpoint (HF weights with ``cls.predictions.*`` + ``model.pt`` holding ``c_head.*``).
+    Errors name the path and what is missing."""
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise SentembError(f"InfoCSE auxiliary checkpoint {path}: not a model directory (no config.json)")
+    cfg = json.loads((path / "config.json").read_text("utf-8"))
+    if cfg.get("hidden_size") != hidden_size:
+        raise SentembError(f"InfoCSE auxiliary checkpoint {path}: hidden size {cfg.get('hidden_size')} differs from "
+                           f"the backbone's {hidden_size}")
+    weights = _read_weights(path)
+    head: dict[str, torch.Tensor] = {}
+    if (path / AUX_HEAD_FILE).is_file():
+        head = load_file(str(path / AUX_HEAD_FILE))
+    elif (path / "model.pt").is_file():  # Condenser: the head's state dict beside the HF weights
+        head = torch.load(path / "model.pt", map_location="cpu", weights_only=True)
+    layers = _strip(head, "c_head.")
+    if not layers:
+        raise SentembError(f"InfoCSE auxiliary checkpoint {path}: no auxiliary head layers (c_head.<i>.* in "
+                           f"{AUX_HEAD_FILE} or model.pt); a headless checkpoint cannot start stage 2 (drop "
+                           "aux_checkpoint to run the pretrain stage)")
+    n = len({k.split(".")[0] for k in layers})
+    if n != head_layers:
+        raise SentembError(f"InfoCSE auxiliary checkpoint {path}: {n} head layers, but head_layers is {head_layers}")
+    mlm = mlm_head_state(head) or mlm_head_state(weights)
+    if not mlm:
+        raise SentembError(f"InfoCSE auxiliary checkpoint {path}: no MLM head (cls.predictions.*)")
+    enc = encoder_state(weights)
+    meta = json.loads((path / AUX_META_FILE).read_text("utf-8")) if (path / AUX_META_FILE).is_file() else {}
+    return {"encoder": enc, "mlm": mlm, "layers": layers, "meta": meta}
+
+
+def _load_encoder_state(encoder: nn.Module, state: dict[str, torch.Tensor], where: str) -> None:
+    missing, unexpected = encoder.load_state_dict(state, strict=False)
+    missing = [k for k in missing if not k.startswith("pooler.")]
+    if missing:
+        raise SentembError(f"{where}: encoder tensors missing: {', '.join(missing[:5])}"
+                           f"{' ...' if len(missing) > 5 else ''}")
+
+
+def _check_layers(args: dict, n_layers: int, need_head_from_backbone: bool) -> None:
+    where = "(config key methods.infocse.{k} or runs[].method_args.{k})"
+    if not 1 <= args["skip_from"] < n_layers:
+        raise SentembError(f"infocse: skip_from = {args['skip_from']} must be between 1 and the backbone's number of "
+                           f"layers minus one ({n_layers - 1}) {where.format(k='skip_from')}")
+    if args["head_layers"] < 1 or (need_head_from_backbone and args["head_layers"] > n_layers):
+        raise SentembError(f"infocse: head_layers = {args['head_layers']} must be between 1 and the backbone's "
+                           f"{n_layers} layers {where.format(k='head_layers')}")
+    cl = args["cls_layer"]
+    if cl is not None and not 1 <= cl <= n_layers:
+        raise SentembError(f"infocse: cls_layer = {cl} must be between 1 and the backbone's {n_layers} layers "
+                           f"{where.format(k='cls_layer')}")
+
+
+# ----------------------------------------------------------------------------------- stage 2
+@register_method
+class InfoCSE(Method):
+    """Stage 2 (joint training, Eq. 7); ``pretrain`` runs stage 1 (``InfoCSEPretrain``)."""
+
+    name = "infocse"
+
+    @dataclass
+    class Args:
+        temperature: float = arg(0.05, "τ of InfoNCE (Eq. 3)")
+        aux_weight: float = arg(1e-5, "λ of Eq. 7 (Table 8 and code; §4.2's text says 0.005)")
+        mask_rate: float = arg(0.4, "share of tokens masked in x̂ for L_aux (Table 7; code: 0.3 on BERT-large)")
+        skip_from: int = arg(6, "M^{>0} = states after this many layers (the paper's 6th layer); < the backbone's layers")
+        head_layers: int = arg(2, "extra Transformer layers of the auxiliary network (paper: 2)")
+        cls_layer: int | None = arg(None, "layer whose [CLS] is h (null = the last; the paper's 12th on BERT-base)")
+        detach: bool = arg(True, "Detach(M^{>0}) with frozen lower auxiliary layers (false: Table 6's ablation, "
+                           "the lower auxiliary layers are trained)")
+        init: str = arg("pretrain", "pretrain: both networks from stage 1 (§3.2); backbone: no pretraining (Table 4, "
+                        "the auxiliary network is the backbone's lower skip_from + upper head_layers layers)",
+                        choices=("pretrain", "backbone"))
+        aux_checkpoint: str | None = arg(None, "skip stage 1: a directory with a BERT encoder, its MLM head and the "
+                                         "head layers (this stage-1 output or Condenser with c_head weights)")
+        aux_inputs: str = arg("sentence", "open: one masked copy per sentence fed with view 1's [CLS] (paper), or one "
+                              "per view with that view's [CLS] (code)", choices=("sentence", "view"))
+        mlp: str = arg("train_only", "projection on [CLS] in training: SimCSE's Linear+Tanh, the code's BatchNorm "
+                       "projection, or none", choices=("train_only", "batchnorm", "none"))
+        pretrain: dict | None = arg(None, "stage-1 settings (only in methods.infocse): train keys (epochs 8, "
+                                    "batch_size 1024, lr 1e-4, warmup_ratio 0.1, weight_decay 0.01, max_steps, ...), "
+                                    "corpus (name under resources/corpus; default the configured corpus), seed (42), "
+                                    "mask_rate (0.15), mask_unit (token|word)")
+
+    eval_pooler = "cls_before_pooler"
+    pretrain_train_defaults = PRETRAIN_TRAIN_DEFAULTS
+
+    # ------------------------------------------------------------------ config
+    @classmethod
+    def validate_args(cls, args, where):
+        super().validate_args(args, where)
+        block = args.get("pretrain") if isinstance(args, dict) else None
+        if block:
+            validate_pretrain_block(block, f"{where}.pretrain")
+
+    @classmethod
+    def requires(cls, args):
+        a = cls.resolve_args(args)
+        return ("pretrained",) if a["init"] == "pretrain" and not a["aux_checkpoint"] else ()
+
+    @classmethod
+    def pretrain(cls, run: dict, out_dir) -> dict:
+        """Stage 1 through the shared loop (``sentemb.train.train``) with ``InfoCSEPretrain``."""
+        from ..train import train
+
+        return train(run, out_dir, method_cls=InfoCSEPretrain, progress=run.get("progress", True))
+
+    # ------------------------------------------------------------------ construction
+    def __init__(self, encoder, tokenizer, args, ctx):
+        super().__init__(encoder, tokenizer, args, ctx)
+        a, cfg = self.args, encoder.config
+        n_layers = cfg.num_hidden_layers
+        if a["aux_checkpoint"] and a["init"] == "backbone":
+            raise SentembError("infocse: aux_checkpoint and init: backbone exclude each other (config key "
+                               "methods.infocse.aux_checkpoint / init)")
+        _check_layers(a, n_layers, a["init"] == "backbone")
+        std = getattr(cfg, "initializer_range", 0.02)
+        if a["mlp"] == "train_only":
+            self.mlp = MLPHead(cfg.hidden_size, std)
+        elif a["mlp"] == "batchnorm":
+            self.mlp = BatchNormProjection(cfg.hidden_size)
+        else:
+            self.mlp = None
+
+        from transformers.models.bert.modeling_bert import BertLayer
+
+        src = None
+        if a["aux_checkpoint"]:
+            src = read_aux_checkpoint(a["aux_checkpoint"], cfg.hidden_size, a["head_layers"])
+        elif a["init"] == "pretrain":
+            src = read_aux_checkpoint(ctx.input("pretrained"), cfg.hidden_size, a["head_layers"])
+        if src is not None:
+            where = a["aux_checkpoint"] or str(ctx.input("pretrained"))
+            m = src["meta"]
+            if m and m.get("skip_from") not in (None, a["skip_from"]):
+                raise SentembError(f"infocse: {where} was pretrained with skip_from {m['skip_from']}, this run uses "
+                                   f"{a['skip_from']} (config key methods.infocse.skip_from)")
+            _load_encoder_state(self.encoder, src["encoder"], where)  # main encoder from stage 1 (§3.2)
+
+        # Auxiliary network: a copy of the embeddings + lower skip_from layers (frozen unless detach is off) ...
+        self.aux_lower = copy.deepcopy(self.encoder)
+        self.aux_lower.encoder.layer = self.aux_lower.encoder.layer[: a["skip_from"]]
+        self.aux_lower.config = copy.deepcopy(cfg)
+        self.aux_lower.config.num_hidden_layers = a["skip_from"]
+        if getattr(self.aux_lower, "pooler", None) is not None:
+            self.aux_lower.pooler = None
+        self.aux_lower.requires_grad_(not a["detach"])
+        # ... + the extra layers and the MLM head (its own W, initialised from stage 1's).
+        self.aux_head = nn.ModuleList([BertLayer(cfg) for _ in range(a["head_layers"])])
+        _init_bert_(self.aux_head, std)
+        self.aux_mlm = MLMHead(cfg, weight=self.encoder.get_input_embeddings().weight)
+        if src is not None:
+            missing, _ = self.aux_head.load_state_dict(src["layers"], strict=False)
+            if missing:
+                raise SentembError(f"infocse: {where}: head layer tensors missing: {', '.join(missing[:5])}")
+            self.aux_mlm.load_bert(src["mlm"], where)
+        else:  # Table 4 "w/o pretraining": the backbone's upper layers and (if present) MLM head
+            self.aux_head.load_state_dict(copy.deepcopy(self.encoder.encoder.layer[n_layers - a["head_layers"]:]).state_dict())
+            head = mlm_head_state(_read_weights(ctx.model_dir)) if ctx.model_dir else {}
+            if head:
+                self.aux_mlm.load_bert(head, str(ctx.model_dir))
+            else:
+                log.warning("infocse: %s has no MLM head (cls.predictions.*): the auxiliary MLM head starts fresh "
+                            "with W = the word embeddings", ctx.model_dir)
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        if self.args["detach"]:
+            self.aux_lower.eval()  # the frozen copy is a feature extractor: no dropout
+        return self
+
+    # ------------------------------------------------------------------ batches
+    def _mask(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, rate: float, rng,
+              word_ids: np.ndarray | None = None):
+        ids = input_ids.numpy()
+        maskable = (attention_mask.numpy() == 1) & ~np.isin(ids, self.tokenizer.all_special_ids)
+        x, y = mask_tokens(ids, maskable, rate, rng, self.tokenizer.mask_token_id, len(self.tokenizer), word_ids)
+        return torch.from_numpy(x).to(input_ids.dtype), torch.from_numpy(y).long()
+
+    def build_batch(self, sentences, step=0, *, lines=None, micro=0):
+        enc = dict(self.tokenizer(sentences, padding=True, truncation=True, max_length=self.ctx.max_len,
+                                  return_tensors="pt"))
+        copies = 2 if self.args["aux_inputs"] == "view" else 1
+        rng = self.np_rng(micro)
+        ids = enc["input_ids"].repeat(copies, 1)
+        am = enc["attention_mask"].repeat(copies, 1)
+        enc["mlm_input_ids"], enc["mlm_labels"] = self._mask(ids, am, self.args["mask_rate"], rng)
+        return enc
+
+    # ------------------------------------------------------------------ losses
+    def encode_views(self, batch):
+        """Both dropout views in one pass (SimCSE). Returns (z1, z2, h per view stacked (2B, H))."""
+        keys = [k for k in ("input_ids", "attention_mask", "token_type_ids") if k in batch]
+        doubled = {k: torch.cat([batch[k], batch[k]], 0) for k in keys}
+        cl = self.args["cls_layer"]
+        out = self.encoder(**doubled, output_hidden_states=cl is not None, return_dict=True)
+        last = out.last_hidden_state[:, 0]
+        h = out.hidden_states[cl][:, 0] if cl is not None else last
+        z = self.mlp(last) if self.mlp is not None else last
+        b = batch["input_ids"].size(0)
+        return z[:b], z[b:], h
+
+    def aux_loss(self, h: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """L_aux of §3.2 from h (the main encoder's [CLS] of the unmasked views, (2B, H)):
+        C = [h; Detach(M^{>0})] with M^{>0} from the frozen lower copy on x̂."""
+        b = batch["input_ids"].size(0)
+        h = h[:b] if self.args["aux_inputs"] == "sentence" else h
+        am = batch["attention_mask"].repeat(h.size(0) // b, 1)
+        kw = {"token_type_ids": batch["token_type_ids"].repeat(h.size(0) // b, 1)} if "token_type_ids" in batch else {}
+        if self.args["detach"]:
+            with torch.no_grad():
+                lower = self.aux_lower(input_ids=batch["mlm_input_ids"], attention_mask=am, **kw).last_hidden_state
+            lower = lower.detach()
+        else:
+            lower = self.aux_lower(input_ids=batch["mlm_input_ids"], attention_mask=am, **kw).last_hidden_state
+        return aux_mlm_loss(h, lower[:, 1:], batch["mlm_labels"], self.aux_head, self.aux_mlm, attention_mask=am)
+
+    def losses(self, batch):
+        z1, z2, h = self.encode_views(batch)
+        l_cl = info_nce(z1, z2, self.args["temperature"])  # Eq. 3
+        l_aux = self.aux_loss(h, batch)
+        loss = l_cl + self.args["aux_weight"] * l_aux  # Eq. 7
+        return {"loss": loss, "contrastive": l_cl.detach(), "aux_mlm": l_aux.detach()}
+
+    def export_head(self):
+        return self.mlp if isinstance(self.mlp, MLPHead) else None
+
+
+# ----------------------------------------------------------------------------------- stage 1
+class InfoCSEPretrain(Method):
+    """Stage 1 (§3.1, Eq. 6): L = L_aux + L_mlm on x̂, the auxiliary network sharing BERT's lower
+    ``skip_from`` layers, W shared (tied to the word embeddings, as in BERT). Not registered: run by
+    ``InfoCSE.pretrain`` through the shared loop; its export is the stage-1 directory."""
+
+    name = "infocse"
+    Args = InfoCSE.Args
+    validate_args = InfoCSE.validate_args
+
+    def __init__(self, encoder, tokenizer, args, ctx):
+        super().__init__(encoder, tokenizer, args, ctx)
+        from transformers.models.bert.modeling_bert import BertLayer
+
+        a, cfg = self.args, encoder.config
+        _check_layers(a, cfg.num_hidden_layers, False)
+        self.stage = {**PRETRAIN_DEFAULTS, **{k: v for k, v in (a["pretrain"] or {}).items() if k in PRETRAIN_OWN_KEYS}}
+        std = getattr(cfg, "initializer_range", 0.02)
+        self.aux_head = nn.ModuleList([BertLayer(cfg) for _ in range(a["head_layers"])])  # fresh, as Condenser
+        _init_bert_(self.aux_head, std)
+        self.mlm_head = MLMHead(cfg, tied=self.encoder.get_input_embeddings())
+        head = mlm_head_state(_read_weights(ctx.model_dir)) if ctx.model_dir else {}
+        if head:
+            self.mlm_head.load_bert(head, str(ctx.model_dir))  # "the backbone's pretrained MLM output matrix"
+        else:
+            log.warning("infocse pretrain: %s has no MLM head (cls.predictions.*): its transform starts fresh, "
+                        "W = the word embeddings", ctx.model_dir)
+
+    def build_batch(self, sentences, step=0, *, lines=None, micro=0):
+        enc = self.tokenizer(sentences, padding=True, truncation=True, max_length=self.ctx.max_len, return_tensors="pt")
+        word_ids = None
+        if self.stage["mask_unit"] == "word":  # Condenser's whole-word masking
+            word_ids = np.array([[-1 if w is None else w for w in enc.word_ids(i)] for i in range(len(sentences))])
+        batch = dict(enc)
+        x, y = InfoCSE._mask(self, batch["input_ids"], batch["attention_mask"], self.stage["mask_rate"],
+                             self.np_rng(micro), word_ids)
+        batch["input_ids"], batch["mlm_labels"] = x, y
+        return batch
+
+    def losses(self, batch):
+        keys = [k for k in ("input_ids", "attention_mask", "token_type_ids") if k in batch]
+        out = self.encoder(**{k: batch[k] for k in keys}, output_hidden_states=True, return_dict=True)
+        hs, cl = out.hidden_states, self.args["cls_layer"]
+        h = (hs[cl] if cl is not None else out.last_hidden_state)[:, 0]
+        l_mlm = mlm_loss(out.last_hidden_state, batch["mlm_labels"], self.mlm_head)  # Eq. 4
+        l_aux = aux_mlm_loss(h, hs[self.args["skip_from"]][:, 1:], batch["mlm_labels"], self.aux_head, self.mlm_head,
+                             attention_mask=batch["attention_mask"])  # Eq. 5, M^{>0} shared: not detached
+        return {"loss": l_aux + l_mlm, "aux_mlm": l_aux.detach(), "mlm": l_mlm.detach()}  # Eq. 6
+
+    def embedder(self, pooler, device):
+        raise SentembError("infocse pretrain: the stage-1 model is not evaluated (train.model_selection: last)")
+
+    def export(self, out_dir, pooler, meta):
+        from safetensors.torch import save_file
+
+        out_dir = Path(out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        self.encoder.save_pretrained(out_dir, safe_serialization=True)
+        self.tokenizer.save_pretrained(out_dir)
+        tensors = {f"c_head.{k}": v.detach().cpu().contiguous() for k, v in self.aux_head.state_dict().items()}
+        tensors.update(self.mlm_head.bert_state())
+        save_file(tensors, str(out_dir / AUX_HEAD_FILE), metadata={"format": "pt"})
+        a = self.args
+        (out_dir / AUX_META_FILE).write_text(json.dumps(
+            {**meta, "skip_from": a["skip_from"], "head_layers": a["head_layers"], "cls_layer": a["cls_layer"],
+             "stage": self.stage}, indent=2, default=str))
+
+
+# ----------------------------------------------------------------------------------- the pretrain block
+def validate_pretrain_block(block: Any, where: str) -> None:
+    """``methods.infocse.pretrain``: train keys (the schema's) and PRETRAIN_OWN_KEYS; errors name the key."""
+    import jsonschema
+
+    from ..config import load_schema
+
+    if not isinstance(block, dict):
+        raise SentembError(f"{where}: must be a mapping, not {type(block).__name__}")
+    props = load_schema()["$defs"]["train_props"]
+    for k, v in block.items():
+        if k in PRETRAIN_OWN_KEYS:
+            tp = PRETRAIN_OWN_KEYS[k]
+            ok = isinstance(v, (int, float)) and not isinstance(v, bool) if tp is float else isinstance(v, tp) and not isinstance(v, bool)
+            if not ok:
+                raise SentembError(f"{where}.{k}: {v!r} is not {'a number' if tp is float else tp.__name__}")
+            if k == "mask_rate" and not 0 < v < 1:
+                raise SentembError(f"{where}.{k}: {v!r} must be between 0 and 1")
+            if k == "mask_unit" and v not in ("token", "word"):
+                raise SentembError(f"{where}.{k}: {v!r} is not one of 'token', 'word'")
+        elif k in props:
+            try:
+                jsonschema.validate(v, props[k])
+            except jsonschema.ValidationError as e:
+                raise SentembError(f"{where}.{k}: {e.message}") from None
+        else:
+            raise SentembError(f"{where}.{k}: unknown pretrain setting (known: "
+                               f"{', '.join(sorted([*PRETRAIN_OWN_KEYS, *props]))})")

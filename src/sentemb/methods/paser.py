@@ -1,0 +1,491 @@
+"""PaSeR: phrase reconstruction for sentence embeddings (seed paper 001; methods.md §2, issue 10).
+
+Per corpus sentence s (line ``l`` of the corpus; its RAKE phrases are row ``l`` of the statistics
+stage's ``rake_top<K>.parquet``, of which the top ``top_k`` are used):
+
+1. **Phrase masking.** In a duplicate s̃ every word of each chosen phrase becomes one mask token
+   (``mask_phrases``).
+2. **EDA** (Wei & Zou 2019) on s and on s̃, independently: synonym replacement with WordNet
+   (ratio 0.5, the authors' code README), or random swap / random deletion (ablations, Table 4).
+   Mask tokens are never replaced, swapped or deleted.
+3. **Decoding signal** (paper §3, "decoding signal"): with E_s = [CLS](Enc(s)) and
+   E_s̃ = [CLS](Enc(s̃)) (no MLP, also at test time),
+   ``signal = [E_s, E_s̃, m·|E_s − E_s̃|, n·|E_s ⊙ E_s̃|]`` (``decoding_signal``), a memory of 4 vectors
+   (no positions), m = n = 10. The authors' code (``paser-code`` run): no absolute values and E_s̃
+   passed through a trainable Linear(h, h) first, m = n = 1.
+4. **Generation** (paper Eq. for L_gen): a randomly initialised 6-layer transformer decoder (FFN 768,
+   16 heads; from the code, the paper is silent) cross-attends to the signal; its input and output
+   word embeddings are the encoder's (one parameter). Teacher forcing;
+   ``L_gen = −(1/T) Σ_i log P(t_i | t_<i, signal)`` over the T target tokens of the batch.
+5. **MLM** on s (15%, 80/10/10, BERT's recipe) with the backbone's pretrained MLM head
+   (``cls.predictions.*`` of the checkpoint; randomly initialised and logged as a warning when the
+   checkpoint has none, e.g. all-MiniLM-L6-v2). ``L = L_MLM + L_gen``; no contrastive term.
+
+Logged terms: ``loss``, ``mlm``, ``gen``, ``phrases`` (number T of target tokens in the batch).
+
+Open choices (the paper and code leave them open; taken here, switches where cheap):
+
+* **Order of masking and EDA:** masking first, on the original sentence (where RAKE's words align),
+  then EDA on s and on s̃ separately with independent random draws; EDA skips mask tokens, so the
+  targets are the original phrase words even where EDA changed other words.
+* **Target for k > 1 phrases:** the masked phrases in RAKE rank order (best first), each phrase's
+  subword tokens followed by the tokenizer's [SEP] (separator and end token), after a [CLS] start
+  token: ``[CLS] p1 [SEP] p2 [SEP] p3 [SEP]``; the decoder reads all but the last token and predicts
+  all but the first, so separators/end count among the T target tokens (``phrases``).
+* **A phrase that occurs twice** in the sentence: its first occurrence whose words are not yet
+  masked is masked (a phrase RAKE lists twice masks two occurrences and is a target twice).
+* **Alignment:** RAKE's phrases are lowercased ``wordpunct_tokenize`` words; the sentence is split
+  the same way (regex ``\\w+|[^\\w\\s]+``) with character spans, words are compared lowercased and
+  each matched word's characters become one mask token (surrounded by spaces). A phrase whose
+  words do not occur contiguously is skipped. Subword alignment follows from the tokenizer: the
+  mask token is a special token (one id per word); the target is the tokenization of the phrase's
+  words as written in the sentence.
+* **Cut off by ``max_len`` (32):** a phrase any of whose mask tokens falls beyond the truncated s̃
+  is dropped from the target (its surviving masks stay in s̃). The target is capped at
+  ``max_target_len`` tokens by dropping whole trailing phrases.
+* **EDA details:** words are whitespace-separated tokens of the (already tokenized) sentence, no
+  EDA character cleaning; stopwords are NLTK's English list (EDA ships a near-identical list);
+  WordNet synonyms are sorted before the random choice (deterministic across processes);
+  n = max(1, int(ratio · #unmasked words)) replacements/swaps; deletion probability = ratio.
+* **MLM input:** s after EDA, in its own forward pass (as SimCSE's auxiliary MLM), so E_s is
+  computed from the uncorrupted s.
+* **Small backbones:** the decoder's width is the encoder's hidden size h (it shares the word
+  embeddings); ``decoder_heads`` must divide h (16 does for 768, 384 and 32), otherwise a config
+  error names ``decoder_heads``.
+* Sentences without phrases keep s̃ = s (encoded, no target): they add no L_gen; a batch without
+  any target gives L_gen = 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+from typing import NamedTuple, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .. import SentembError
+from . import register_method
+from .base import Method, arg
+
+log = logging.getLogger(__name__)
+
+#: nltk.tokenize.wordpunct_tokenize's pattern (rake-nltk's default word tokenizer)
+WORD_RE = re.compile(r"\w+|[^\w\s]+")
+
+
+# ----------------------------------------------------------------------------- phrase masking
+class Masked(NamedTuple):
+    """Result of ``mask_phrases``: the masked sentence, the phrases masked (in the given order,
+    as written in the sentence) and, per masked phrase, its mask tokens' ordinals among all masks
+    of the sentence (0 = first mask from the left)."""
+
+    text: str
+    phrases: list[str]
+    mask_ordinals: list[list[int]]
+
+
+def mask_phrases(sentence: str, phrases: Sequence[str], mask_token: str) -> Masked:
+    """Replace every word of each phrase in ``phrases`` by one ``mask_token`` (methods.md §2,
+    "mask the top k phrases in a duplicate s̃"). Words are ``wordpunct_tokenize`` words compared
+    lowercased (RAKE's form); each phrase masks its first occurrence not yet masked; phrases not
+    found are skipped (see the module docstring)."""
+    spans = [(m.start(), m.end()) for m in WORD_RE.finditer(sentence)]
+    words = [sentence[a:b].lower() for a, b in spans]
+    masked = [False] * len(words)
+    chosen: list[tuple[str, list[int]]] = []
+    for phrase in phrases:
+        pw = phrase.lower().split()
+        if not pw:
+            continue
+        n = len(pw)
+        for i in range(len(words) - n + 1):
+            if words[i:i + n] == pw and not any(masked[i:i + n]):
+                for j in range(i, i + n):
+                    masked[j] = True
+                chosen.append((" ".join(sentence[a:b] for a, b in spans[i:i + n]), list(range(i, i + n))))
+                break
+    if not chosen:
+        return Masked(" ".join(sentence.split()), [], [])
+    out, prev = [], 0
+    for (a, b), m in zip(spans, masked):
+        if m:
+            out.append(sentence[prev:a])
+            out.append(f" {mask_token} ")
+            prev = b
+    out.append(sentence[prev:])
+    ordinal = {w: k for k, w in enumerate(j for j, m in enumerate(masked) if m)}
+    return Masked(" ".join("".join(out).split()), [p for p, _ in chosen],
+                  [[ordinal[j] for j in idx] for _, idx in chosen])
+
+
+# ----------------------------------------------------------------------------- EDA
+class EDA:
+    """EDA operations (Wei & Zou 2019, ``eda.py``) on whitespace words that never touch ``protect``
+    tokens (the mask token). All randomness from the numpy Generator passed in."""
+
+    def __init__(self, op: str, ratio: float, protect: str, wordnet=None, stopwords=()):
+        self.op, self.ratio, self.protect = op, ratio, protect
+        self.wordnet, self.stop = wordnet, set(stopwords)
+        self._syn: dict[str, list[str]] = {}
+
+    def synonyms(self, word: str) -> list[str]:
+        """EDA's ``get_synonyms``: WordNet lemma names, '_'/'-' → space, lowercased, letters and
+        spaces only, the word itself removed; sorted (deterministic)."""
+        if word not in self._syn:
+            out = set()
+            for syn in self.wordnet.synsets(word):
+                for lemma in syn.lemmas():
+                    s = lemma.name().replace("_", " ").replace("-", " ").lower()
+                    s = "".join(c for c in s if c in " qwertyuiopasdfghjklzxcvbnm").strip()
+                    if s:
+                        out.add(" ".join(s.split()))
+            out.discard(word)
+            self._syn[word] = sorted(out)
+        return self._syn[word]
+
+    def __call__(self, sentence: str, rng: np.random.Generator) -> str:
+        words = sentence.split()
+        free = [i for i, w in enumerate(words) if w != self.protect]
+        if self.op == "none" or not free:
+            return " ".join(words)
+        n = max(1, int(self.ratio * len(free)))
+        if self.op == "sr":
+            cands = list(dict.fromkeys(words[i] for i in free if words[i].lower() not in self.stop))
+            done = 0
+            for k in rng.permutation(len(cands)):
+                target = cands[int(k)]
+                syns = self.synonyms(target.lower())
+                if syns:
+                    syn = syns[int(rng.integers(len(syns)))]
+                    words = [syn if (w == target) else w for w in words]
+                    done += 1
+                if done >= n:
+                    break
+        elif self.op == "rs":
+            if len(free) >= 2:
+                for _ in range(n):
+                    a, b = rng.choice(len(free), size=2, replace=False)
+                    ia, ib = free[int(a)], free[int(b)]
+                    words[ia], words[ib] = words[ib], words[ia]
+        elif self.op == "rd":
+            drop = {i for i in free if rng.random() < self.ratio}
+            if len(drop) == len(words):  # keep one word (EDA: never return an empty sentence)
+                drop.discard(free[int(rng.integers(len(free)))])
+            words = [w for i, w in enumerate(words) if i not in drop]
+        else:  # pragma: no cover - validated by Args choices
+            raise SentembError(f"unknown EDA operation {self.op!r}")
+        return " ".join(" ".join(words).split())
+
+
+# ----------------------------------------------------------------------------- signal and decoder
+def decoding_signal(e_s: torch.Tensor, e_masked: torch.Tensor, m: float, n: float,
+                    absolute: bool = True) -> torch.Tensor:
+    """The decoding signal of PaSeR (paper §3): ``[E_s, E_s̃, m·|E_s − E_s̃|, n·|E_s ⊙ E_s̃|]`` as a
+    (B, 4, h) memory for the decoder's cross-attention. ``absolute=False``: the authors' code form
+    ``[E_s, E_s̃, m·(E_s − E_s̃), n·(E_s ⊙ E_s̃)]``."""
+    diff, prod = e_s - e_masked, e_s * e_masked
+    if absolute:
+        diff, prod = diff.abs(), prod.abs()
+    return torch.stack([e_s, e_masked, m * diff, n * prod], dim=1)
+
+
+class PhraseDecoder(nn.Module):
+    """BART-style decoder: shared word embeddings + learned positions + LayerNorm, ``layers``
+    post-LN transformer decoder layers (GELU, causal self-attention, cross-attention to the
+    signal), output projection tied to the same word embeddings (``embed_tokens`` *is* the
+    encoder's input embedding module)."""
+
+    def __init__(self, embed_tokens: nn.Embedding, layers: int, heads: int, ffn: int, dropout: float,
+                 max_positions: int, init_std: float = 0.02):
+        super().__init__()
+        h = embed_tokens.embedding_dim
+        self.embed_tokens = embed_tokens
+        self.embed_positions = nn.Embedding(max_positions, h)
+        self.layernorm_embedding = nn.LayerNorm(h)
+        self.dropout = nn.Dropout(dropout)
+        layer = nn.TransformerDecoderLayer(h, heads, ffn, dropout, activation="gelu", batch_first=True)
+        self.layers = nn.TransformerDecoder(layer, layers)
+        for name, p in self.named_parameters():  # BART init: N(0, 0.02) weights, zero biases
+            if name.startswith("embed_tokens"):
+                continue
+            if p.dim() > 1 or name.startswith("embed_positions"):
+                nn.init.normal_(p, std=init_std)
+            elif "norm" in name:
+                nn.init.ones_(p) if name.endswith("weight") else nn.init.zeros_(p)
+            else:
+                nn.init.zeros_(p)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, memory: torch.Tensor) -> torch.Tensor:
+        """Logits (R, T, V) over the shared vocabulary for decoder inputs (R, T)."""
+        t = input_ids.size(1)
+        pos = torch.arange(t, device=input_ids.device)
+        x = self.embed_tokens(input_ids) + self.embed_positions(pos)[None]
+        x = self.dropout(self.layernorm_embedding(x))
+        causal = torch.ones((t, t), dtype=torch.bool, device=x.device).triu(1)  # True = not attended
+        y = self.layers(x, memory.to(x.dtype), tgt_mask=causal, tgt_key_padding_mask=attention_mask == 0,
+                        tgt_is_causal=True)
+        return y @ self.embed_tokens.weight.T
+
+
+class MLMHead(nn.Module):
+    """BERT's ``cls.predictions``: dense + activation + LayerNorm, then the (tied) word embeddings
+    and a bias. Weights loaded from the backbone checkpoint when it has them."""
+
+    def __init__(self, config, embed_tokens: nn.Embedding):
+        super().__init__()
+        from transformers.activations import ACT2FN
+
+        h = config.hidden_size
+        self.dense = nn.Linear(h, h)
+        self.act = ACT2FN[getattr(config, "hidden_act", "gelu")]
+        self.LayerNorm = nn.LayerNorm(h, eps=getattr(config, "layer_norm_eps", 1e-12))
+        self.bias = nn.Parameter(torch.zeros(embed_tokens.num_embeddings))
+        self.embed_tokens = embed_tokens
+        nn.init.normal_(self.dense.weight, std=getattr(config, "initializer_range", 0.02))
+        nn.init.zeros_(self.dense.bias)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(self.act(self.dense(hidden))) @ self.embed_tokens.weight.T + self.bias
+
+    def load_pretrained(self, model_dir) -> bool:
+        """Copy ``cls.predictions.{transform.dense, transform.LayerNorm, bias}`` from the checkpoint
+        in ``model_dir``; False if it has no MLM head."""
+        from pathlib import Path
+
+        d = Path(model_dir)
+        state: dict = {}
+        if (d / "model.safetensors").is_file():
+            from safetensors import safe_open
+
+            with safe_open(str(d / "model.safetensors"), "pt") as f:
+                state = {k: f.get_tensor(k) for k in f.keys() if k.startswith("cls.predictions.")}
+        elif (d / "pytorch_model.bin").is_file():
+            full = torch.load(d / "pytorch_model.bin", map_location="cpu", weights_only=True)
+            state = {k: v for k, v in full.items() if k.startswith("cls.predictions.")}
+        names = {"dense.weight": "transform.dense.weight", "dense.bias": "transform.dense.bias",
+                 "LayerNorm.weight": "transform.LayerNorm.weight", "LayerNorm.bias": "transform.LayerNorm.bias",
+                 "bias": "bias"}
+        src = {ours: state.get(f"cls.predictions.{theirs}") for ours, theirs in names.items()}
+        if any(v is None for v in src.values()):
+            return False
+        with torch.no_grad():
+            for ours, v in src.items():
+                self.get_parameter(ours).copy_(v)
+        return True
+
+
+# ----------------------------------------------------------------------------- the method
+def read_rake(path, corpus, top_k: int) -> list[list[str]]:
+    """Top-``top_k`` phrases per corpus line from ``rake_top<K>.parquet``; errors (naming both
+    files and counts) when it is not line-aligned with ``corpus`` or keeps fewer than ``top_k``."""
+    import pyarrow.parquet as pq
+
+    from ..stats import count_corpus_lines, read_metadata
+
+    meta_k = read_metadata(path).get("top_k")
+    if meta_k is not None and int(meta_k) < top_k:
+        raise SentembError(f"{path} keeps the top {meta_k} RAKE phrases per line but PaSeR's top_k is {top_k} "
+                           "(raise stats.rake_top_k)")
+    table = pq.read_table(path, columns=["line", "phrases"])
+    if corpus is not None:
+        n = count_corpus_lines(corpus)
+        if table.num_rows != n:
+            raise SentembError(f"RAKE phrases {path} have {table.num_rows} rows but the corpus {corpus} has {n} "
+                               "lines: they must be line-aligned (recompute the statistics of this corpus)")
+    lines = table.column("line").to_numpy()
+    if not np.array_equal(lines, np.arange(len(lines))):
+        raise SentembError(f"{path}: column 'line' is not 0..{len(lines) - 1} in order")
+    return [list(p or [])[:top_k] for p in table.column("phrases").to_pylist()]
+
+
+def load_wordnet(nltk_data):
+    """A WordNet reader from the NLTK data directory ``nltk_data`` (no download, no global state)."""
+    import os
+
+    import nltk
+    from nltk.corpus.reader.wordnet import WordNetCorpusReader
+
+    nltk_data = os.path.abspath(nltk_data)
+    if nltk_data not in nltk.data.path:
+        nltk.data.path.insert(0, nltk_data)
+    try:
+        root = nltk.data.find("corpora/wordnet")
+    except LookupError:
+        raise SentembError(f"WordNet not found in NLTK data directory {nltk_data} (expected corpora/wordnet; "
+                           "the workflow's fetch_nltk rule fetches it)") from None
+    import warnings
+
+    with warnings.catch_warnings():  # "multilingual functions are not available": not used here
+        warnings.simplefilter("ignore", UserWarning)
+        return WordNetCorpusReader(root, None)
+
+
+@register_method
+class PaSeR(Method):
+    name = "paser"
+
+    @dataclass
+    class Args:
+        top_k: int = arg(3, "k: mask the top k RAKE phrases (Table 5; ≤ stats.rake_top_k)")
+        eda: str = arg("sr", "EDA on s and s̃: synonym replacement (best, Table 4), random swap, random "
+                       "deletion, or none", choices=("sr", "rs", "rd", "none"))
+        eda_ratio: float = arg(0.5, "EDA ratio α (code README): n = max(1, int(α·#words)); deletion probability")
+        signal_m: float = arg(10.0, "m, factor of the difference part of the decoding signal")
+        signal_n: float = arg(10.0, "n, factor of the product part of the decoding signal")
+        signal_abs: bool = arg(True, "absolute values of difference and product (paper); false = code")
+        masked_linear: bool = arg(False, "pass E_s̃ through a trainable Linear(h, h) before the signal (code)")
+        decoder_layers: int = arg(6, "transformer decoder layers (code)")
+        decoder_heads: int = arg(16, "decoder attention heads (code); must divide the hidden size")
+        decoder_ffn: int = arg(768, "decoder feed-forward size (code)")
+        decoder_dropout: float = arg(0.1, "decoder dropout (BART default)")
+        max_target_len: int = arg(64, "decoder target length cap (whole trailing phrases dropped)")
+        mlm_prob: float = arg(0.15, "MLM masking probability on s (80/10/10)")
+        mlm_weight: float = arg(1.0, "weight of L_MLM in L = w·L_MLM + L_gen")
+
+    eval_pooler = "cls_before_pooler"
+
+    @classmethod
+    def requires(cls, args):
+        # WordNet and the stopword list (nltk) only for synonym replacement
+        return ("rake", "nltk") if cls.resolve_args(args)["eda"] == "sr" else ("rake",)
+
+    @classmethod
+    def check_config(cls, args, config, where):
+        from ..stats import stats_settings
+
+        kmax = int(stats_settings(config)["rake_top_k"])
+        if args["top_k"] > kmax:
+            raise SentembError(f"config key '{where}.top_k': {args['top_k']} is above 'stats.rake_top_k' ({kmax}), "
+                               "the number of RAKE phrases kept per line; raise stats.rake_top_k or lower top_k")
+        if args["top_k"] < 1:
+            raise SentembError(f"config key '{where}.top_k': must be >= 1, not {args['top_k']}")
+
+    def __init__(self, encoder, tokenizer, args, ctx):
+        super().__init__(encoder, tokenizer, args, ctx)
+        a = self.args
+        cfg = encoder.config
+        h = cfg.hidden_size
+        if a["decoder_heads"] < 1 or h % a["decoder_heads"]:
+            raise SentembError(f"method 'paser': decoder_heads ({a['decoder_heads']}) must divide the backbone's "
+                               f"hidden size ({h}); set method_args.decoder_heads to a divisor of {h}")
+        if tokenizer.mask_token_id is None or tokenizer.cls_token_id is None or tokenizer.sep_token_id is None:
+            raise SentembError("method 'paser' needs a tokenizer with mask, cls and sep tokens")
+        if a["top_k"] < 1:
+            raise SentembError(f"method 'paser': top_k must be >= 1, not {a['top_k']}")
+        embed = encoder.get_input_embeddings()
+        self.decoder = PhraseDecoder(embed, a["decoder_layers"], a["decoder_heads"], a["decoder_ffn"],
+                                     a["decoder_dropout"], a["max_target_len"],
+                                     getattr(cfg, "initializer_range", 0.02))
+        self.masked_proj = nn.Linear(h, h) if a["masked_linear"] else None
+        self.mlm_head = MLMHead(cfg, embed)
+        self.mlm_head_pretrained = bool(ctx.model_dir) and self.mlm_head.load_pretrained(ctx.model_dir)
+        if not self.mlm_head_pretrained:
+            log.warning("paser: the backbone checkpoint %s has no MLM head (cls.predictions): L_MLM uses a "
+                        "randomly initialised one", ctx.model_dir)
+        self.phrases = read_rake(ctx.input("rake"), ctx.corpus, a["top_k"])
+        wordnet, stop = None, ()
+        if a["eda"] == "sr":
+            from ..stats.rake import load_stopwords
+
+            wordnet = load_wordnet(ctx.input("nltk"))
+            stop = load_stopwords(ctx.input("nltk"))
+        self.eda = EDA(a["eda"], a["eda_ratio"], tokenizer.mask_token, wordnet, stop)
+
+    # ------------------------------------------------------------------ batches
+    def targets(self, masked: Masked, surviving: int) -> list[int]:
+        """Target ids ``[CLS] p1 [SEP] p2 [SEP] …`` of the phrases whose masks all survived truncation
+        (``surviving`` = number of mask tokens in the truncated s̃); [] if none."""
+        tok = self.tokenizer
+        ids = [tok.cls_token_id]
+        for phrase, ords in zip(masked.phrases, masked.mask_ordinals):
+            if max(ords) >= surviving:
+                continue
+            piece = tok(phrase, add_special_tokens=False)["input_ids"] + [tok.sep_token_id]
+            if len(ids) + len(piece) > self.args["max_target_len"]:
+                break
+            ids += piece
+        return ids if len(ids) > 1 else []
+
+    def mlm_mask(self, input_ids: torch.Tensor, special: torch.Tensor, g: torch.Generator):
+        """BERT's MLM corruption: each non-special token chosen with p = mlm_prob; of those 80% →
+        [MASK], 10% → a random token, 10% unchanged. Returns (inputs, labels with −100 elsewhere)."""
+        p = torch.full(input_ids.shape, self.args["mlm_prob"])
+        chosen = (torch.rand(input_ids.shape, generator=g) < p) & ~special
+        labels = torch.where(chosen, input_ids, torch.full_like(input_ids, -100))
+        r = torch.rand(input_ids.shape, generator=g)
+        rand_ids = torch.randint(len(self.tokenizer), input_ids.shape, generator=g)
+        out = input_ids.clone()
+        out[chosen & (r < 0.8)] = self.tokenizer.mask_token_id
+        swap = chosen & (r >= 0.8) & (r < 0.9)
+        out[swap] = rand_ids[swap]
+        return out, labels
+
+    def build_batch(self, sentences, step=0, *, lines=None, micro=0):
+        if lines is None or len(lines) != len(sentences):
+            raise SentembError("method 'paser' needs the sentences' corpus line indices (build_batch lines=) "
+                               "to read their RAKE phrases")
+        tok, rng = self.tokenizer, self.np_rng(micro)
+        masked = [mask_phrases(s, self.phrases[int(l)], tok.mask_token) for s, l in zip(sentences, lines)]
+        # EDA after masking, on s and s̃ independently (s first for the whole batch, then s̃).
+        s_aug = [self.eda(s, rng) for s in sentences]
+        m_aug = [self.eda(m.text, rng) for m in masked]
+        b = len(sentences)
+        enc = tok(s_aug + m_aug, padding=True, truncation=True, max_length=self.ctx.max_len, return_tensors="pt")
+        ids, att = enc["input_ids"], enc["attention_mask"]
+        surviving = (ids[b:] == tok.mask_token_id).sum(1).tolist()
+        tgts = [self.targets(m, n) for m, n in zip(masked, surviving)]
+        rows = [i for i, t in enumerate(tgts) if t]
+        t_len = max((len(tgts[i]) - 1 for i in rows), default=1)
+        dec_in = torch.full((len(rows), t_len), tok.pad_token_id, dtype=torch.long)
+        dec_att = torch.zeros((len(rows), t_len), dtype=torch.long)
+        dec_lab = torch.full((len(rows), t_len), -100, dtype=torch.long)
+        for r, i in enumerate(rows):
+            t = tgts[i]
+            dec_in[r, :len(t) - 1] = torch.tensor(t[:-1])
+            dec_att[r, :len(t) - 1] = 1
+            dec_lab[r, :len(t) - 1] = torch.tensor(t[1:])
+        s_ids, s_att = ids[:b], att[:b]
+        special = torch.tensor([tok.get_special_tokens_mask(x, already_has_special_tokens=True)
+                                for x in s_ids.tolist()], dtype=torch.bool) | (s_att == 0)
+        mlm_ids, mlm_lab = self.mlm_mask(s_ids, special, self.torch_rng(micro))
+        return {"input_ids": ids, "attention_mask": att, "dec_rows": torch.tensor(rows, dtype=torch.long),
+                "dec_input_ids": dec_in, "dec_attention_mask": dec_att, "dec_labels": dec_lab,
+                "mlm_input_ids": mlm_ids, "mlm_labels": mlm_lab}
+
+    # ------------------------------------------------------------------ losses
+    def signal(self, input_ids, attention_mask) -> torch.Tensor:
+        """E_s, E_s̃ ([CLS], one forward pass over [s; s̃]) → decoding signal (B, 4, h)."""
+        b = input_ids.size(0) // 2
+        cls = self.encoder(input_ids=input_ids, attention_mask=attention_mask, return_dict=True).last_hidden_state[:, 0]
+        e_s, e_m = cls[:b], cls[b:]
+        if self.masked_proj is not None:
+            e_m = self.masked_proj(e_m)
+        return decoding_signal(e_s, e_m, self.args["signal_m"], self.args["signal_n"], self.args["signal_abs"])
+
+    def losses(self, batch):
+        ids = batch["input_ids"]
+        b = ids.size(0) // 2
+        memory = self.signal(ids, batch["attention_mask"])
+        labels = batch["dec_labels"]
+        sel = labels != -100
+        n_tok = sel.sum()
+        if batch["dec_rows"].numel() and bool(n_tok > 0):
+            logits = self.decoder(batch["dec_input_ids"], batch["dec_attention_mask"], memory[batch["dec_rows"]])
+            gen = F.cross_entropy(logits[sel].float(), labels[sel])  # mean over the T target tokens
+        else:
+            gen = memory.float().sum() * 0.0  # no phrase in the batch: L_gen = 0 (graph kept)
+        mlm_lab = batch["mlm_labels"]
+        msel = mlm_lab != -100
+        if bool(msel.any()):
+            hid = self.encoder(input_ids=batch["mlm_input_ids"], attention_mask=batch["attention_mask"][:b],
+                               return_dict=True).last_hidden_state
+            mlm = F.cross_entropy(self.mlm_head(hid[msel]).float(), mlm_lab[msel])
+        else:
+            mlm = memory.float().sum() * 0.0
+        loss = (self.args["mlm_weight"] * mlm + gen).float()
+        return {"loss": loss, "mlm": mlm.detach(), "gen": gen.detach(), "phrases": n_tok.detach().float()}

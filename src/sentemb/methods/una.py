@@ -1,0 +1,394 @@
+"""UNA: Unsupervised hard Negative Augmentation driven by TF-IDF (Shu et al.; methods.md §3).
+
+SimCSE (dropout positives, MLP on [CLS] in training only, raw [CLS] at evaluation) plus synthetic
+hard negatives, optionally with paraphrase positives:
+
+* Step 1 (statistics stage, ``sentemb.stats.tfidf``): tf(t,d) = log(1 + n_t/n),
+  idf(t) = −log(N_t/N) (UNA Eq. 2); s_t = max_d tf·idf, terms ranked by s descending (``rank``).
+* Step 2 (UNA Eq. 3–5): per sentence with TF-IDF scores z over its n_z distinct terms,
+  p_i = min(β·(z_i − min z)/C, 1), C = (1/n_z) Σ_i (z_i − min z); the arg-max term gets p = 1
+  (:func:`replacement_probabilities`).
+* Step 3: term i is replaced, with probability p_i, by a term drawn ∝ s_j among the terms whose
+  rank lies within r of term i's rank (:func:`sample_replacement`).
+* Every α batches (optimizer steps with ``step % α == 0``, counted from 0) the B negatives join
+  the batch. Layout (``loss: symmetric``, the authors' code): rows a_1, p_1, …, a_B, p_B,
+  ã_1, ã_1, …, ã_B, ã_B (p = PEGASUS paraphrase of a, or a copy of a; ã = UNA negative of a);
+  other steps: a_1, p_1, …, a_B, p_B. With u_k = MLP([CLS]) of row k and k⁺ = k xor 1 its partner,
+
+      ℓ_k = −log e^{cos(u_k,u_k⁺)/τ} / Σ_{l≠k} e^{cos(u_k,u_l)/τ},   L = (1/R) Σ_k ℓ_k
+
+  over all R rows in fp32 (:func:`symmetric_nt_xent`; the paper is silent on the loss, this is
+  its code's form). Switch ``loss: simcse``: rows a_1, p_1, …, a_B, p_B, ã_1, …, ã_B (each
+  negative once) and S = [cos(a_i, p_j) | cos(a_i, ã_j)]/τ (B × 2B), cross-entropy against
+  arange(B) (:func:`simcse_hard_negative_loss`, Gao et al. 2021 Eq. 5 with unit weights).
+
+Open choices (documented, switchable):
+
+* ``redraw``: the paper guarantees each negative differs from its anchor. ``exclude_self``
+  (default) removes term i itself from its window. ``code``: the authors' code — the window
+  includes term i, and a negative that equals its anchor falls back to replacing one uniformly
+  chosen token by a term drawn uniformly from the rest of the vocabulary.
+* ``write_back``: ``span`` (default) replaces each replaced token's character span in the
+  original sentence (rest of the text and its case kept; a Title-case / UPPER-case token gets the
+  replacement in the same case; a word replacing a token attached to a word, e.g. ")" in "(SA)",
+  is set off by spaces); ``tokens``: the code's lowercased tokens joined by spaces.
+* A *term* is a distinct lowercased token of the sentence (the TF-IDF vector's support): one draw
+  per term, and all its occurrences get the same replacement. Tokens absent from the TF-IDF
+  vocabulary (only possible when a sentence is not in the statistics' corpus) are neither scored
+  nor replaced; a sentence without any known term gives its anchor back unchanged.
+* Ablations (Table 2): ``selection: random`` replaces each term with probability β plus one
+  uniformly chosen term always (the same mean as TF-IDF selection, and ≥ 1 replacement);
+  ``replacement: random`` draws uniformly from the whole vocabulary (term itself excluded under
+  ``exclude_self``).
+* A window whose s-mass is zero (all s = 0 but the term) is sampled uniformly.
+* An empty paraphrase line means "no paraphrase": the anchor's copy is used and counted
+  (logged term ``empty_paraphrases``). The paper evaluates every 100 batches: set
+  ``train.eval_steps: 100`` in a run.
+
+Logged terms: ``loss``, ``contrastive`` (= loss), ``negatives`` (rows added this step: 2B,
+B with ``loss: simcse``, 0 on other steps), ``replaced`` (mean share of a negative's terms
+replaced; 0 on steps without negatives), ``empty_paraphrases``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .. import SentembError
+from ..models import MLPHead
+from . import register_method
+from .base import Method, arg
+
+_META_KEYS = ("negatives", "replaced", "empty_paraphrases")
+
+
+# ------------------------------------------------------------------------------ steps 2 and 3
+def replacement_probabilities(z: Sequence[float], beta: float) -> np.ndarray:
+    """p_i = min(β·(z_i − min z)/C, 1), C = (1/n_z) Σ_i (z_i − min z) (UNA Eq. 3–4, Alg. 1 line 8),
+    and p = 1 for the arg-max term (first one on ties). When C = 0 (one term, or all scores equal)
+    only the arg-max term is replaced (p = 1 there, 0 elsewhere): no NaN."""
+    z = np.asarray(z, dtype=np.float64)
+    if z.size == 0:
+        return z.copy()
+    d = z - z.min()
+    c = d.mean()
+    p = np.minimum(beta * d / c, 1.0) if c > 0 else np.zeros_like(z)
+    p[int(np.argmax(z))] = 1.0
+    return p
+
+
+def _cumsum0(s: np.ndarray) -> np.ndarray:
+    return np.concatenate([[0.0], np.cumsum(np.asarray(s, dtype=np.float64))])
+
+
+def sample_replacement(rank: int, s: np.ndarray, radius: int, rng: np.random.Generator, *,
+                       exclude_self: bool = True, cumsum: np.ndarray | None = None) -> int:
+    """The rank of a replacement for the term of rank ``rank`` (UNA Step 3, Alg. 1 lines 9–10):
+    drawn ∝ s_j over the window j ∈ [rank − r, rank + r] ∩ [0, V − 1], ``s`` in rank order
+    (s descending). ``exclude_self`` removes ``rank`` itself from the window (the paper's
+    guarantee that a negative differs from its anchor). A window with zero mass is sampled
+    uniformly; a window holding only the term itself returns it. ``cumsum`` (``[0, cumsum(s)]``)
+    may be passed to avoid recomputing it: then a draw costs O(log V)."""
+    V = len(s)
+    lo, hi = max(0, rank - radius), min(V - 1, rank + radius)
+    cs = _cumsum0(s) if cumsum is None else cumsum
+    self_mass = float(s[rank]) if exclude_self else 0.0
+    mass = float(cs[hi + 1] - cs[lo]) - self_mass
+    n_cand = hi - lo + 1 - (1 if exclude_self else 0)
+    if n_cand <= 0:
+        return int(rank)
+    if mass <= 0.0:  # no s-mass in the window: uniform over its candidates
+        j = lo + int(rng.integers(n_cand))
+        return int(j + 1 if exclude_self and j >= rank else j)
+    u = float(cs[lo]) + float(rng.random()) * mass
+    if exclude_self and u >= cs[rank]:
+        u += self_mass  # skip term `rank`'s own interval
+    j = int(np.searchsorted(cs, u, side="right")) - 1
+    j = min(max(j, lo), hi)
+    if exclude_self and j == rank:  # float rounding at an interval edge
+        j = rank + 1 if rank + 1 <= hi else rank - 1
+    return j
+
+
+def _match_case(original: str, term: str) -> str:
+    if len(original) > 1 and original.isupper():
+        return term.upper()
+    if original[:1].isupper():
+        return term[:1].upper() + term[1:]
+    return term
+
+
+_QUOTES = {"``": '"', "''": '"'}
+
+
+class UNAAugmenter:
+    """Steps 2–3 on raw sentences, against one ``tfidf*.parquet`` (term, df, idf, s, rank;
+    metadata n_docs). Tokenization is the statistics stage's own (``stats.tfidf.tokenize`` and
+    ``sentence_tfidf``)."""
+
+    def __init__(self, terms: Sequence[str], df: Sequence[int], s: Sequence[float], n_docs: int, *,
+                 beta: float = 0.5, radius: int = 4000, selection: str = "tfidf", replacement: str = "tfidf",
+                 redraw: str = "exclude_self", write_back: str = "span"):
+        self.terms = list(terms)  # rank order
+        self.s = np.asarray(s, dtype=np.float64)
+        self.cumsum = _cumsum0(self.s)
+        self.rank = {t: i for i, t in enumerate(self.terms)}
+        self.df = {t: int(d) for t, d in zip(self.terms, df)}
+        self.n_docs = int(n_docs)
+        self.beta, self.radius = float(beta), int(radius)
+        self.selection, self.replacement, self.redraw, self.write_back = selection, replacement, redraw, write_back
+
+    @classmethod
+    def from_parquet(cls, path, **kw) -> "UNAAugmenter":
+        import pyarrow.parquet as pq
+
+        from ..stats import read_metadata
+
+        t = pq.read_table(path, columns=["term", "df", "s", "rank"])
+        meta = read_metadata(path)
+        if "n_docs" not in meta:
+            raise SentembError(f"{path}: no n_docs in its metadata (write it with `sentemb stats`)")
+        rank = t.column("rank").to_numpy()
+        order = np.argsort(rank, kind="stable")
+        if not np.array_equal(rank[order], np.arange(len(rank))):
+            raise SentembError(f"{path}: column 'rank' is not 0..{len(rank) - 1}")
+        terms = t.column("term").to_pylist()
+        return cls([terms[i] for i in order], t.column("df").to_numpy()[order], t.column("s").to_numpy()[order],
+                   meta["n_docs"], **kw)
+
+    # -------------------------------------------------------------------------------------------
+    def _spans(self, sentence: str, n: int):
+        from nltk.tokenize import NLTKWordTokenizer
+
+        try:
+            spans = list(NLTKWordTokenizer().span_tokenize(sentence))
+        except (ValueError, LookupError):
+            return None
+        return spans if len(spans) == n else None
+
+    def _draw(self, term: str, rng: np.random.Generator) -> str:
+        exclude = self.redraw == "exclude_self"
+        k = self.rank[term]
+        if self.replacement == "random":
+            V = len(self.terms)
+            if V <= 1:
+                return term
+            j = int(rng.integers(V - 1 if exclude else V))
+            return self.terms[j + 1 if exclude and j >= k else j]
+        return self.terms[sample_replacement(k, self.s, self.radius, rng, exclude_self=exclude, cumsum=self.cumsum)]
+
+    def negative(self, sentence: str, rng: np.random.Generator) -> tuple[str, float]:
+        """(UNA negative of ``sentence``, share of its scored terms replaced)."""
+        from ..stats.tfidf import sentence_tfidf, tokenize
+
+        tokens = tokenize(sentence)
+        known = [t for t in tokens if t in self.df]
+        if not known:
+            return sentence, 0.0
+        if len(known) == len(tokens):
+            z_of = sentence_tfidf(tokens, self.df, self.n_docs)
+        else:  # tf over all n tokens; unknown tokens are not scored (not in the statistics' vocabulary)
+            z_of = {t: _tf_idf(tokens, t, self.df[t], self.n_docs) for t in dict.fromkeys(known)}
+        uniq = list(z_of)  # the sentence's distinct known terms, first-seen order
+        if self.selection == "random":
+            chosen = rng.random(len(uniq)) < self.beta
+            chosen[int(rng.integers(len(uniq)))] = True
+        else:
+            chosen = rng.random(len(uniq)) < replacement_probabilities([z_of[t] for t in uniq], self.beta)
+        repl = {t: self._draw(t, rng) for t, c in zip(uniq, chosen) if c}
+        new = [repl.get(t, t) for t in tokens]
+        if self.redraw == "code" and new == tokens:
+            # the code's fallback: one uniformly chosen token becomes a uniformly drawn vocabulary term
+            # (other than that token itself, so the negative differs from its anchor)
+            i = int(rng.integers(len(tokens)))
+            j = int(rng.integers(max(1, len(self.terms) - 1)))
+            k = self.rank.get(tokens[i], -1)
+            new[i] = self.terms[j + 1 if 0 <= k <= j and len(self.terms) > 1 else j]
+        changed = {old for old, t in zip(tokens, new) if old != t}
+        return self._write(sentence, tokens, new), min(1.0, len(changed) / len(uniq))
+
+    def _write(self, sentence: str, tokens: list[str], new: list[str]) -> str:
+        """The negative's text: ``new`` tokens written back (``write_back``)."""
+        if self.write_back == "tokens":
+            return " ".join(new)
+        spans = self._spans(sentence, len(tokens))
+        if spans is None:  # tokenizer spans do not align: the code's write-back for this sentence
+            return " ".join(new)
+        parts, last = [], 0
+        for (a, b), old, t in zip(spans, tokens, new):
+            parts.append(sentence[last:a])
+            if t == old:
+                parts.append(sentence[a:b])
+            else:
+                t = _match_case(sentence[a:b], _QUOTES.get(t, t))
+                # a word written where an attached token stood ("(SA)", "do|n't") gets its own spaces
+                if a > 0 and sentence[a - 1].isalnum() and t[:1].isalnum():
+                    t = " " + t
+                if b < len(sentence) and sentence[b].isalnum() and t[-1:].isalnum():
+                    t = t + " "
+                parts.append(t)
+            last = b
+        parts.append(sentence[last:])
+        return "".join(parts)
+
+
+def _tf_idf(tokens: list[str], term: str, df: int, n_docs: int) -> float:
+    """tf·idf of ``term`` with tf over all of the sentence's tokens (UNA Eq. 2)."""
+    import math
+
+    return math.log1p(tokens.count(term) / len(tokens)) * (-math.log(df / n_docs) + 0.0)
+
+
+# ------------------------------------------------------------------------------ losses
+def symmetric_nt_xent(u: torch.Tensor, temperature: float) -> torch.Tensor:
+    """NT-Xent over all R rows, each row a query, partner k⁺ = k xor 1 (rows in pairs), the
+    others (l ≠ k) in the denominator; mean over rows (the UNA authors' code). fp32."""
+    with torch.autocast(device_type=u.device.type, enabled=False):
+        u = F.normalize(u.float(), dim=-1)
+        sim = u @ u.T / temperature
+        sim = sim.masked_fill(torch.eye(len(u), dtype=torch.bool, device=u.device), float("-inf"))
+        target = torch.arange(len(u), device=u.device) ^ 1
+        return F.cross_entropy(sim, target)
+
+
+def simcse_hard_negative_loss(z1: torch.Tensor, z2: torch.Tensor, z3: torch.Tensor | None,
+                              temperature: float) -> torch.Tensor:
+    """S = [cos(z1_i, z2_j) | cos(z1_i, z3_j)]/τ (B × 2B; B × B without negatives), cross-entropy
+    against arange(B) (Gao et al. 2021, Eq. 5 with unit hard-negative weight). fp32."""
+    with torch.autocast(device_type=z1.device.type, enabled=False):
+        z1 = F.normalize(z1.float(), dim=-1)
+        cols = z2 if z3 is None else torch.cat([z2, z3], 0)
+        sim = z1 @ F.normalize(cols.float(), dim=-1).T / temperature
+        return F.cross_entropy(sim, torch.arange(len(z1), device=z1.device))
+
+
+# ------------------------------------------------------------------------------ the method
+@register_method
+class UNA(Method):
+    name = "una"
+
+    @dataclass
+    class Args:
+        temperature: float = arg(0.05, "τ of the NT-Xent loss")
+        alpha: int = arg(5, "negatives join the batch on optimizer steps with step % alpha == 0 (from step 0)")
+        beta: float = arg(0.5, "β of the replacement probabilities (UNA Eq. 3): the mean p before clipping")
+        radius: int = arg(4000, "r: replacements are drawn among terms ranked within r of the replaced term")
+        paraphrase: bool = arg(False, "positives are the corpus line's paraphrase (paraphrases.txt) and the "
+                               "statistics are tfidf_para.parquet; else a copy of the anchor and tfidf.parquet")
+        loss: str = arg("symmetric", "symmetric: NT-Xent over all rows (authors' code); simcse: negatives as "
+                        "extra columns of the B x B matrix", choices=("symmetric", "simcse"))
+        selection: str = arg("tfidf", "which terms are replaced: by p_i (Step 2) or random (Table 2 ablation)",
+                             choices=("tfidf", "random"))
+        replacement: str = arg("tfidf", "replacement term: ∝ s within radius r (Step 3) or uniform over the "
+                               "vocabulary (Table 2 ablation)", choices=("tfidf", "random"))
+        redraw: str = arg("exclude_self", "exclude_self: a term is never replaced by itself (paper); code: it "
+                          "may be, with the authors' one-random-token fallback", choices=("exclude_self", "code"))
+        write_back: str = arg("span", "span: replace character spans in the original sentence; tokens: "
+                              "lowercased tokens joined by spaces (authors' code)", choices=("span", "tokens"))
+
+    eval_pooler = "cls_before_pooler"  # raw [CLS] at evaluation (the MLP is training-only)
+
+    @classmethod
+    def requires(cls, args):
+        return ("tfidf_para", "paraphrases") if args["paraphrase"] else ("tfidf",)
+
+    @classmethod
+    def validate_args(cls, args, where):
+        super().validate_args(args, where)
+        for key, low in (("alpha", 1), ("radius", 1)):
+            if key in args and args[key] < low:
+                raise SentembError(f"{where}.{key}: {args[key]!r} must be at least {low}")
+        for key in ("beta", "temperature"):
+            if key in args and not args[key] > 0:
+                raise SentembError(f"{where}.{key}: {args[key]!r} must be positive")
+
+    def __init__(self, encoder, tokenizer, args, ctx):
+        super().__init__(encoder, tokenizer, args, ctx)
+        a = self.args
+        self.mlp = MLPHead(encoder.config.hidden_size, getattr(encoder.config, "initializer_range", 0.02))
+        stats = ctx.input("tfidf_para" if a["paraphrase"] else "tfidf")
+        self.augmenter = UNAAugmenter.from_parquet(stats, beta=a["beta"], radius=a["radius"], selection=a["selection"],
+                                                   replacement=a["replacement"], redraw=a["redraw"],
+                                                   write_back=a["write_back"])
+        self.paraphrases: list[str] | None = None
+        if a["paraphrase"]:
+            self.paraphrases = self._read_paraphrases(ctx.input("paraphrases"), ctx.corpus)
+
+    @staticmethod
+    def _read_paraphrases(path, corpus) -> list[str]:
+        """All paraphrases, one per corpus line; a line count that differs from the corpus's fails
+        here, i.e. before step 1."""
+        from ..utils import iter_lines
+
+        para = list(iter_lines(path))
+        if corpus is not None:
+            from ..stats import count_corpus_lines
+
+            n = count_corpus_lines(corpus)
+            if n != len(para):
+                raise SentembError(f"{path} has {len(para)} lines but the corpus {corpus} has {n}: "
+                                   "paraphrases must be one per corpus line (re-run the paraphrase stage)")
+        return para
+
+    # ---------------------------------------------------------------------------- batches
+    def has_negatives(self, step: int) -> bool:
+        return step % self.args["alpha"] == 0
+
+    def build_batch(self, sentences, step=0, *, lines=None, micro=0):
+        """Rows a_1, p_1, …, a_B, p_B [, ã_1, ã_1, …, ã_B, ã_B] (``loss: simcse``: ã_1, …, ã_B)
+        tokenized together, plus scalar tensors ``negatives``, ``replaced``, ``empty_paraphrases``."""
+        sentences = list(sentences)
+        n_empty = 0
+        if self.paraphrases is not None:
+            if lines is None:
+                raise SentembError("una with paraphrase: true needs the sentences' corpus line indices (lines=)")
+            positives = []
+            for s, i in zip(sentences, lines):
+                p = self.paraphrases[int(i)]
+                if not p.strip():
+                    n_empty += 1
+                    p = s
+                positives.append(p)
+        else:
+            positives = sentences
+        rows = [x for pair in zip(sentences, positives) for x in pair]
+        n_neg, share = 0, 0.0
+        if self.has_negatives(step):
+            rng = self.np_rng(micro)
+            made = [self.augmenter.negative(s, rng) for s in sentences]
+            share = float(np.mean([r for _, r in made]))
+            negs = [n for n, _ in made]
+            if self.args["loss"] == "symmetric":
+                negs = [x for n in negs for x in (n, n)]
+            rows += negs
+            n_neg = len(negs)
+        enc = self.tokenizer(rows, padding=True, truncation=True, max_length=self.ctx.max_len, return_tensors="pt")
+        out = dict(enc)
+        out.update(negatives=torch.tensor(n_neg, dtype=torch.int64), replaced=torch.tensor(share, dtype=torch.float32),
+                   empty_paraphrases=torch.tensor(n_empty, dtype=torch.int64))
+        return out
+
+    def encode(self, batch) -> torch.Tensor:
+        """u_k = MLP([CLS]) of every row."""
+        model_in = {k: v for k, v in batch.items() if k not in _META_KEYS}
+        return self.mlp(self.encoder(**model_in, return_dict=True).last_hidden_state[:, 0])
+
+    def losses(self, batch):
+        u = self.encode(batch)
+        tau = self.args["temperature"]
+        if self.args["loss"] == "symmetric":
+            loss = symmetric_nt_xent(u, tau)
+        else:
+            n_pairs = (u.size(0) - int(batch["negatives"])) // 2
+            z3 = u[2 * n_pairs:] if int(batch["negatives"]) else None
+            loss = simcse_hard_negative_loss(u[0:2 * n_pairs:2], u[1:2 * n_pairs:2], z3, tau)
+        return {"loss": loss, "contrastive": loss.detach(), "negatives": batch["negatives"].float(),
+                "replaced": batch["replaced"].float(), "empty_paraphrases": batch["empty_paraphrases"].float()}
+
+    def export_head(self):
+        return self.mlp

@@ -1,0 +1,96 @@
+"""Faults of the storage under a run (issue 14 §2): a full disk during an atomic write, and cached
+downloads damaged after they were verified (truncated weights, an edited STS file)."""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sentemb import SentembError
+from sentemb.cache import MANIFEST, check_manifest, verify_cached, write_manifest
+from sentemb.utils import atomic_path, write_json
+
+
+def _enospc(*a, **k):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def test_full_disk_during_an_atomic_write_names_the_file_and_leaves_nothing(tmp_path, monkeypatch):
+    target = tmp_path / "out" / "eval_sts.json"
+    monkeypatch.setattr(Path, "write_text", _enospc)
+    with pytest.raises(SentembError, match=r"eval_sts\.json: no space left on device while writing it"):
+        write_json(target, {"a": 1})
+    assert list((tmp_path / "out").iterdir()) == []  # neither the final name nor a temporary file
+
+
+def test_full_disk_halfway_through_a_directory_leaves_nothing(tmp_path):
+    final = tmp_path / "model"
+    with pytest.raises(SentembError, match=str(final)):
+        with atomic_path(final, is_dir=True) as tmp:
+            (tmp / "config.json").write_text("{}")
+            (tmp / "model.safetensors").write_bytes(b"x" * 100)  # half of the weights, then the disk is full
+            _enospc()
+    assert list(tmp_path.iterdir()) == []
+
+
+def _cached(tmp_path):
+    d = tmp_path / "resources" / "models" / "m"
+    d.mkdir(parents=True)
+    (d / "model.safetensors").write_bytes(os.urandom(4096))
+    (d / "sub").mkdir()
+    (d / "sub" / "sts-test.csv").write_text("a\tb\t4.0\n")
+    write_manifest(d)
+    return d
+
+
+def test_an_intact_or_merely_touched_cache_is_left_alone(tmp_path):
+    d = _cached(tmp_path)
+    assert check_manifest(d) == []
+    os.utime(d / "sub" / "sts-test.csv", ns=(1, 1))  # new mtime, same bytes: sha256 decides
+    assert check_manifest(d) == [] and verify_cached([d]) == [] and d.is_dir()
+
+
+def test_truncated_weights_and_an_edited_sts_file_are_moved_aside_naming_the_file(tmp_path):
+    d = _cached(tmp_path)
+    with open(d / "model.safetensors", "r+b") as f:
+        f.truncate(1000)
+    problems = check_manifest(d)
+    assert len(problems) == 1 and "model.safetensors: size 1000 bytes, 4096" in problems[0]
+    msgs = []
+    moved = verify_cached([d], log=msgs.append)
+    assert not d.exists() and len(moved) == 1 and moved[0].name.startswith("m.corrupt-")
+    assert "model.safetensors" in msgs[0] and "fetched again" in msgs[0]
+
+    d = _cached(tmp_path / "b")
+    (d / "sub" / "sts-test.csv").write_text("a\tb\t1.0\n")  # same size, other content
+    assert "sts-test.csv: content changed" in check_manifest(d)[0]
+
+
+@pytest.mark.realdata
+@pytest.mark.integration
+def test_the_workflow_fetches_a_damaged_model_again(shared, tmp_path):
+    """A real fetch writes the manifest; after truncating the weights the next DAG run fetches the
+    model again from the mirror, and the result is the verified original."""
+    from conftest import REPO
+
+    env = {**os.environ, "SENTEMB_MIRROR": str(shared), "MLFLOW_TRACKING_URI": ""}
+    shutil.copy(REPO / ".test" / "config.yaml", tmp_path / "config.yaml")
+    cmd = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(tmp_path),
+           f"--configfile={tmp_path / 'config.yaml'}", "--cores", "1", "resources/models/tiny-bert", "resources/data/senteval"]
+    subprocess.run(cmd, check=True, capture_output=True, env=env, timeout=600)
+    model, sts = tmp_path / "resources/models/tiny-bert", tmp_path / "resources/data/senteval"
+    assert (model / MANIFEST).is_file() and (sts / MANIFEST).is_file()
+    weights = next(model.glob("model.safetensors"))
+    good = weights.read_bytes()
+    weights.write_bytes(good[: len(good) // 2])
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "model.safetensors: size" in p.stderr and "fetched again" in p.stderr
+    assert weights.read_bytes() == good and check_manifest(model) == []
+    assert check_manifest(sts) == []

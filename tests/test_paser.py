@@ -1,0 +1,514 @@
+"""PaSeR (methods.md §2, issue 10): phrase masking, EDA, decoding signal, L_gen, L_MLM, shared
+embeddings, export, bad input; the per-run corpus `sts-unlabeled`.
+
+Every reference here is computed independently of the module (explicit loops, hand examples)."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from sentemb import SentembError
+from sentemb.methods import MethodContext, get_method
+from sentemb.methods.paser import EDA, decoding_signal, mask_phrases
+
+M = "[MASK]"
+
+SENTS = ["a man plays the guitar in the park", "the dog runs in the park", "red car",
+         "she eats an apple in the house", "the old man plays music in the street", "a cat sits on the mat"]
+# hand-chosen "RAKE" rows, line-aligned with SENTS (best first)
+PHRASES = [["man plays", "guitar", "park"], ["dog runs", "park"], [], ["eats", "apple"],
+           ["old man plays music", "street"], ["cat sits"]]
+
+
+def write_rake(path, rows, top_k=5):
+    import json
+
+    meta = {b"sentemb": json.dumps({"top_k": top_k}).encode()}
+    t = pa.table({"line": np.arange(len(rows), dtype=np.int64), "phrases": pa.array(rows, pa.list_(pa.string())),
+                  "scores": pa.array([[1.0] * len(r) for r in rows], pa.list_(pa.float64()))})
+    pq.write_table(t.replace_schema_metadata(meta), path)
+    return path
+
+
+@pytest.fixture
+def setup(tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("".join(s + "\n" for s in SENTS))
+    return corpus, write_rake(tmp_path / "rake_top5.parquet", PHRASES)
+
+
+def make(model_dir, corpus, rake, nltk=None, seed=3, **args):
+    from sentemb.models import load_encoder
+
+    enc, tok = load_encoder(model_dir, pooling_layer=False)
+    inputs = {"rake": rake, "nltk": nltk or corpus.parent}
+    ctx = MethodContext(max_len=32, seed=seed, backbone="tiny", model_dir=model_dir, inputs=inputs, corpus=corpus)
+    a = {"decoder_layers": 1, "decoder_ffn": 64, "eda": "none", **args}
+    return get_method("paser")(enc, tok, a, ctx)
+
+
+# --------------------------------------------------------------------------------- phrase masking
+def test_mask_phrases_hand_example():
+    s = "The New York Times reported a big fire in new york ."
+    out = mask_phrases(s, ["new york times", "big fire", "new york", "not there"], M)
+    assert out.text == f"The {M} {M} {M} reported a {M} {M} in {M} {M} ."
+    assert out.phrases == ["New York Times", "big fire", "new york"]
+    assert out.mask_ordinals == [[0, 1, 2], [3, 4], [5, 6]]
+
+
+def test_mask_phrases_punctuation_repeats_and_order():
+    s = "it's a dog-friendly park, a park."
+    out = mask_phrases(s, ["park", "friendly park", "park", "park"], M)
+    # first "park" takes the first occurrence; "friendly park" then does not occur unmasked; the
+    # second "park" takes the second occurrence; the third finds none left
+    assert out.text == f"it's a dog-friendly {M} , a {M} ."
+    assert out.phrases == ["park", "park"] and out.mask_ordinals == [[0], [1]]
+    out = mask_phrases(s, ["friendly park"], M)
+    assert out.text == f"it's a dog- {M} {M} , a park."
+    assert mask_phrases(s, [], M).text == s and mask_phrases(s, [], M).phrases == []
+
+
+def test_masking_covers_exactly_the_phrase_words():
+    rng = random.Random(0)
+    vocab = "alpha beta gamma delta eps zeta eta theta iota kappa".split()
+    for _ in range(200):
+        words = [rng.choice(vocab) for _ in range(rng.randint(1, 12))]
+        # phrases: random contiguous slices
+        phrases = []
+        for _ in range(rng.randint(0, 3)):
+            i = rng.randrange(len(words))
+            phrases.append(" ".join(words[i:i + rng.randint(1, 3)]))
+        out = mask_phrases(" ".join(words), phrases, M)
+        # reference: greedy first unmasked occurrence, by explicit scanning
+        masked = [False] * len(words)
+        for p in phrases:
+            pw = p.split()
+            for i in range(len(words)):
+                if words[i:i + len(pw)] == pw and not any(masked[i:i + len(pw)]):
+                    masked[i:i + len(pw)] = [True] * len(pw)
+                    break
+        assert out.text.split() == [M if m else w for w, m in zip(words, masked)]
+        assert sum(len(p.split()) for p in out.phrases) == sum(masked)
+
+
+# --------------------------------------------------------------------------------- EDA
+class _Lemma:
+    def __init__(self, n):
+        self._n = n
+
+    def name(self):
+        return self._n
+
+
+class _Syn:
+    def __init__(self, names):
+        self._l = [_Lemma(n) for n in names]
+
+    def lemmas(self):
+        return self._l
+
+
+class FakeWordNet:
+    TABLE = {"dog": ["dog", "hound", "Domestic_dog"], "park": ["park", "green"], "runs": ["runs", "sprints"]}
+
+    def synsets(self, w):
+        return [_Syn(self.TABLE[w])] if w in self.TABLE else []
+
+
+def test_eda_synonym_replacement_against_eda_rules():
+    eda = EDA("sr", 0.5, M, FakeWordNet(), stopwords={"the", "in"})
+    assert eda.synonyms("dog") == ["domestic dog", "hound"]  # '_' -> ' ', lowercased, itself removed, sorted
+    s = f"the dog runs in the park with the dog {M} {M}"
+    seen = set()
+    for seed in range(40):
+        out = eda(s, np.random.default_rng(seed)).split()
+        # n = max(1, int(0.5 * 9 unmasked words)) = 4 ≥ the 3 replaceable words: all three replaced,
+        # every occurrence of a replaced word replaced the same way, masks and stopwords untouched
+        assert out[-2:] == [M, M] and out.count(M) == 2
+        text = " ".join(out)
+        assert "dog" not in text.replace("domestic dog", "") and "runs" not in out and "park" not in out
+        assert out[0] == "the" and "in" in out and "with" in out
+        seen.add(text)
+    assert len(seen) > 1  # the random choice matters
+    one = EDA("sr", 0.1, M, FakeWordNet(), stopwords=set())  # n = max(1, int(0.1 * 3)) = 1 word replaced
+    for seed in range(20):
+        out = one("dog runs park", np.random.default_rng(seed))
+        assert sum(a != b for a, b in zip(out.split()[:3], "dog runs park".split())) >= 1
+        assert sum(w in out for w in ("dog", "runs", "park")) == 2 or "domestic dog" in out
+
+
+@pytest.mark.parametrize("op", ["rs", "rd"])
+def test_eda_swap_and_delete_never_touch_masks(op):
+    s = f"a {M} b c {M} {M} d e f g"
+    for seed in range(100):
+        out = EDA(op, 0.5, M, None).__call__(s, np.random.default_rng(seed)).split()
+        assert out.count(M) == 3
+        if op == "rs":  # masks stay in place, the other words are a permutation
+            assert [i for i, w in enumerate(out) if w == M] == [1, 4, 5]
+            assert sorted(w for w in out if w != M) == sorted("a b c d e f g".split())
+        else:  # deletion keeps the order of the survivors
+            rest = [w for w in out if w != M]
+            it = iter("a b c d e f g".split())
+            assert all(w in it for w in rest) and len(out) >= 3
+    assert EDA("rd", 1.0, M, None)(f"{M} x", np.random.default_rng(0)).split().count(M) == 1
+
+
+@pytest.mark.realdata
+def test_build_batch_with_wordnet_is_deterministic_per_seed_and_micro(tiny_bert_dir, setup, shared):
+    corpus, rake = setup
+    m = make(tiny_bert_dir, corpus, rake, nltk=shared / "nltk_data", eda="sr")
+    lines = list(range(len(SENTS)))
+    a = m.build_batch(SENTS, lines=lines, micro=5)
+    b = make(tiny_bert_dir, corpus, rake, nltk=shared / "nltk_data", eda="sr").build_batch(SENTS, lines=lines, micro=5)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    c = m.build_batch(SENTS, lines=lines, micro=6)
+    d = make(tiny_bert_dir, corpus, rake, nltk=shared / "nltk_data", eda="sr", seed=4).build_batch(SENTS, lines=lines, micro=5)
+    assert not torch.equal(a["mlm_labels"], c["mlm_labels"]) or not torch.equal(a["input_ids"], c["input_ids"])
+    assert not torch.equal(a["input_ids"], d["input_ids"]) or not torch.equal(a["mlm_labels"], d["mlm_labels"])
+    # EDA never touches the masks: as many mask tokens in s̃ as phrase words, none in s
+    mask_id = m.tokenizer.mask_token_id
+    b_ = len(SENTS)
+    n_words = [sum(len(p.split()) for p in mask_phrases(s, ph, M).phrases) for s, ph in zip(SENTS, PHRASES)]
+    assert (a["input_ids"][b_:] == mask_id).sum(1).tolist() == n_words
+    assert int((a["input_ids"][:b_] == mask_id).sum()) == 0
+
+
+# --------------------------------------------------------------------------------- the signal
+def test_decoding_signal_parts_by_explicit_loops():
+    g = torch.Generator().manual_seed(0)
+    e_s, e_m = torch.randn(3, 5, generator=g), torch.randn(3, 5, generator=g)
+    for absolute in (True, False):
+        out = decoding_signal(e_s, e_m, 10.0, 0.5, absolute=absolute).numpy()
+        assert out.shape == (3, 4, 5)
+        for i in range(3):
+            for j in range(5):
+                a, b = float(e_s[i, j]), float(e_m[i, j])
+                f = abs if absolute else (lambda x: x)
+                ref = [a, b, 10.0 * f(a - b), 0.5 * f(a * b)]
+                assert np.allclose(out[i, :, j], ref, atol=1e-6)
+
+
+# --------------------------------------------------------------------------------- model pieces
+def test_decoder_shares_the_encoder_word_embedding_as_one_parameter(tiny_bert_dir, setup):
+    m = make(tiny_bert_dir, *setup)
+    w = m.encoder.get_input_embeddings().weight
+    assert m.decoder.embed_tokens.weight is w and m.mlm_head.embed_tokens.weight is w
+    assert sum(p is w for p in m.parameters()) == 1
+    assert not m.mlm_head_pretrained  # the tiny random BertModel has no cls.predictions
+    assert len(m.decoder.layers.layers) == 1
+    assert m.decoder.layers.layers[0].linear1.out_features == 64
+
+
+def test_targets_dec_inputs_and_labels(tiny_bert_dir, setup):
+    m = make(tiny_bert_dir, *setup)
+    tok = m.tokenizer
+    batch = m.build_batch(SENTS, lines=list(range(len(SENTS))), micro=0)
+    # reference: [CLS] p1 [SEP] p2 [SEP] ... for the rows with phrases (line 2 "red car" has none)
+    rows = [i for i, p in enumerate(PHRASES) if p]
+    assert batch["dec_rows"].tolist() == rows
+    for r, i in enumerate(rows):
+        ids = [tok.cls_token_id]
+        for p in PHRASES[i]:
+            ids += tok.convert_tokens_to_ids(tok.tokenize(p)) + [tok.sep_token_id]
+        n = len(ids) - 1
+        assert batch["dec_input_ids"][r, :n].tolist() == ids[:-1]
+        assert batch["dec_labels"][r, :n].tolist() == ids[1:]
+        assert (batch["dec_labels"][r, n:] == -100).all() and (batch["dec_attention_mask"][r, n:] == 0).all()
+    # s̃ of each line: its phrase words masked
+    b = len(SENTS)
+    for i, s in enumerate(SENTS):
+        ref = " ".join(M if w in {x for p in PHRASES[i] for x in p.split()} else w for w in s.split())
+        got = tok.decode([t for t in batch["input_ids"][b + i].tolist() if t != tok.pad_token_id][1:-1])
+        assert got.split() == ref.replace(M, "[MASK]").split()
+
+
+def test_phrase_cut_off_by_max_len_is_dropped(tiny_bert_dir, tmp_path):
+    corpus = tmp_path / "c.txt"
+    long = " ".join(["the"] * 40 + ["guitar"])
+    corpus.write_text(f"{long}\nthe guitar\n")
+    rake = write_rake(tmp_path / "r.parquet", [["guitar"], ["guitar"]])
+    m = make(tiny_bert_dir, corpus, rake)
+    batch = m.build_batch([long, "the guitar"], lines=[0, 1], micro=0)
+    assert batch["dec_rows"].tolist() == [1]  # line 0's phrase lies beyond 32 tokens
+    assert int((batch["input_ids"][0] == m.tokenizer.mask_token_id).sum()) == 0
+
+
+def _hand_ce(logits, labels):
+    """Mean over labelled positions of -log softmax, one token at a time."""
+    total, n = 0.0, 0
+    lg, lb = logits.detach().double().numpy(), labels.numpy()
+    for idx in np.ndindex(lb.shape):
+        if lb[idx] == -100:
+            continue
+        row = lg[idx]
+        total += -(row[lb[idx]] - (row.max() + math.log(np.exp(row - row.max()).sum())))
+        n += 1
+    return total / n
+
+
+def test_l_gen_and_l_mlm_equal_hand_cross_entropies(tiny_bert_dir, setup):
+    torch.manual_seed(0)
+    m = make(tiny_bert_dir, *setup, mlm_prob=0.5)
+    m.eval()  # no dropout: the same logits twice
+    batch = m.build_batch(SENTS, lines=list(range(len(SENTS))), micro=1)
+    terms = m.losses(batch)
+    with torch.no_grad():
+        memory = m.signal(batch["input_ids"], batch["attention_mask"])
+        logits = m.decoder(batch["dec_input_ids"], batch["dec_attention_mask"], memory[batch["dec_rows"]])
+        b = len(SENTS)
+        hid = m.encoder(input_ids=batch["mlm_input_ids"], attention_mask=batch["attention_mask"][:b]).last_hidden_state
+        mlm_logits = m.mlm_head(hid)
+    assert float(terms["phrases"]) == int((batch["dec_labels"] != -100).sum()) > 0
+    assert abs(float(terms["gen"]) - _hand_ce(logits, batch["dec_labels"])) < 1e-4
+    assert abs(float(terms["mlm"]) - _hand_ce(mlm_logits, batch["mlm_labels"])) < 1e-4
+    assert abs(float(terms["loss"].detach()) - float(terms["gen"]) - float(terms["mlm"])) < 1e-5
+    # the decoder's prediction at position i depends on the target only through tokens < i (causal)
+    x = batch["dec_input_ids"][:1].clone()
+    with torch.no_grad():
+        a = m.decoder(x, batch["dec_attention_mask"][:1], memory[batch["dec_rows"][:1]])
+        x[0, -1] = m.tokenizer.mask_token_id
+        c = m.decoder(x, batch["dec_attention_mask"][:1], memory[batch["dec_rows"][:1]])
+    assert torch.allclose(a[0, :-1], c[0, :-1], atol=1e-5)
+
+
+def test_mlm_masks_only_non_special_positions_80_10_10(tiny_bert_dir, setup):
+    m = make(tiny_bert_dir, *setup, mlm_prob=0.3)
+    tok = m.tokenizer
+    b = len(SENTS)
+    counts = {"mask": 0, "rand_or_keep": 0, "chosen": 0, "eligible": 0}
+    for micro in range(30):
+        batch = m.build_batch(SENTS, lines=list(range(b)), micro=micro)
+        ids, lab, inp = batch["input_ids"][:b], batch["mlm_labels"], batch["mlm_input_ids"]
+        for i in range(b):
+            for j in range(ids.size(1)):
+                t = int(ids[i, j])
+                special = t in (tok.cls_token_id, tok.sep_token_id, tok.pad_token_id)
+                if special:
+                    assert lab[i, j] == -100 and inp[i, j] == t
+                    continue
+                counts["eligible"] += 1
+                if lab[i, j] == -100:
+                    assert inp[i, j] == t  # not chosen: unchanged
+                else:
+                    assert lab[i, j] == t
+                    counts["chosen"] += 1
+                    counts["mask" if inp[i, j] == tok.mask_token_id else "rand_or_keep"] += 1
+    assert 0.2 < counts["chosen"] / counts["eligible"] < 0.4
+    assert 0.65 < counts["mask"] / counts["chosen"] < 0.95
+
+
+def test_gradients_reach_encoder_decoder_and_both_signal_halves(tiny_bert_dir, setup):
+    torch.manual_seed(0)
+    m = make(tiny_bert_dir, *setup)
+    m.train()
+    batch = m.build_batch(SENTS, lines=list(range(len(SENTS))), micro=0)
+    assert not m.losses(batch)["gen"].requires_grad
+    # L_gen alone: the gradient reaches the decoder, the shared embedding and the encoder layers,
+    # not the MLM head
+    memory = m.signal(batch["input_ids"], batch["attention_mask"])
+    memory.retain_grad()
+    logits = m.decoder(batch["dec_input_ids"], batch["dec_attention_mask"], memory[batch["dec_rows"]])
+    sel = batch["dec_labels"] != -100
+    torch.nn.functional.cross_entropy(logits[sel], batch["dec_labels"][sel]).backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for n, p in m.decoder.named_parameters()
+               if "norm" not in n and "bias" not in n)
+    assert m.encoder.encoder.layer[0].attention.self.query.weight.grad.abs().sum() > 0
+    assert m.mlm_head.dense.weight.grad is None
+    # all four parts of the signal (E_s, E_s̃, difference, product) receive gradient: nothing detached
+    for part in range(4):
+        assert memory.grad[batch["dec_rows"], part].abs().sum() > 0
+    e = torch.randn(2, 4, requires_grad=True)
+    f = torch.randn(2, 4, requires_grad=True)
+    decoding_signal(e, f, 10.0, 10.0).sum().backward()
+    assert e.grad.abs().sum() > 0 and f.grad.abs().sum() > 0
+
+
+def test_code_form_has_a_trainable_linear_on_the_masked_embedding(tiny_bert_dir, setup):
+    m = make(tiny_bert_dir, *setup, masked_linear=True, signal_abs=False, signal_m=1.0, signal_n=1.0)
+    batch = m.build_batch(SENTS, lines=list(range(len(SENTS))), micro=0)
+    m.eval()
+    with torch.no_grad():
+        cls = m.encoder(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state[:, 0]
+        b = len(SENTS)
+        e_s, e_m = cls[:b], m.masked_proj(cls[b:])
+        ref = torch.stack([e_s, e_m, e_s - e_m, e_s * e_m], 1)
+        assert torch.allclose(m.signal(batch["input_ids"], batch["attention_mask"]), ref, atol=1e-5)
+    m.train()
+    m.losses(batch)["loss"].backward()
+    assert m.masked_proj.weight.grad.abs().sum() > 0
+
+
+# --------------------------------------------------------------------------------- edge cases
+def test_no_phrases_gives_zero_gen_not_nan(tiny_bert_dir, tmp_path):
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("red car\nblue sky\n")
+    rake = write_rake(tmp_path / "r.parquet", [[], ["not in it"]])
+    m = make(tiny_bert_dir, corpus, rake)
+    terms = m.losses(m.build_batch(["red car", "blue sky"], lines=[0, 1], micro=0))
+    assert float(terms["gen"]) == 0.0 and float(terms["phrases"]) == 0
+    assert torch.isfinite(terms["loss"]) and terms["loss"].requires_grad
+
+
+def test_rake_file_not_line_aligned_is_refused_naming_both_files(tiny_bert_dir, tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("".join(s + "\n" for s in SENTS))
+    rake = write_rake(tmp_path / "rake_top5.parquet", PHRASES[:4])
+    with pytest.raises(SentembError, match=r"rake_top5\.parquet have 4 rows but the corpus .*corpus\.txt has 6 lines"):
+        make(tiny_bert_dir, corpus, rake)
+    rake = write_rake(tmp_path / "rake_top2.parquet", PHRASES, top_k=2)
+    with pytest.raises(SentembError, match="top 2 RAKE phrases .* top_k is 3"):
+        make(tiny_bert_dir, corpus, rake)
+
+
+def test_rake_alignment_error_before_step_1(tiny_bert_dir, tiny_senteval, tmp_path):
+    from sentemb.train import train
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("".join(s + "\n" for s in SENTS * 4))
+    rake = write_rake(tmp_path / "rake_top5.parquet", PHRASES)
+    tc = {"epochs": 1, "max_steps": 2, "batch_size": 4, "grad_accum": 1, "lr": 1e-3, "weight_decay": 0.0,
+          "warmup_ratio": 0.0, "lr_schedule": "linear", "grad_clip": 1.0, "max_len": 16, "eval_steps": 2,
+          "eval_at_end": True, "log_steps": 1, "save_steps": 100, "precision": "auto", "dropout": None,
+          "device": "cpu", "num_threads": None, "compile": False}
+    run = {"name": "paser", "method": "paser", "backbone": "tiny", "seed": 1, "train": tc,
+           "method_args": {"eda": "none", "decoder_layers": 1}, "experiment": "t",
+           "tracking": {"enabled": False, "uri": None},
+           "paths": {"model": str(tiny_bert_dir), "corpus": str(corpus), "senteval": str(tiny_senteval), "stats": None,
+                     "inputs": {"rake": str(rake), "nltk": str(tmp_path)}}}
+    with pytest.raises(SentembError, match="6 rows but the corpus .* has 24 lines"):
+        train(run, tmp_path / "out", progress=False)
+    assert not (tmp_path / "out" / ".work" / "last.pt").exists()
+
+
+def test_heads_must_divide_hidden_size(tiny_bert_dir, setup):
+    with pytest.raises(SentembError, match=r"decoder_heads \(5\) must divide .* hidden size \(32\)"):
+        make(tiny_bert_dir, *setup, decoder_heads=5)
+
+
+def test_export_holds_no_decoder_or_mlm_head(tiny_bert_dir, setup, tmp_path):
+    from safetensors.torch import load_file
+
+    m = make(tiny_bert_dir, *setup)
+    m.export(tmp_path / "model", "cls_before_pooler", meta={"method": "paser", "name": "paser", "backbone": "tiny", "seed": 1})
+    keys = set()
+    for f in (tmp_path / "model").rglob("*.safetensors"):
+        keys |= set(load_file(f))
+    assert keys and not any(("decoder" in k) or ("mlm" in k) or ("masked_proj" in k) for k in keys)
+    assert len(keys) == len(m.encoder.state_dict())
+
+
+# --------------------------------------------------------------------------------- config
+def _config(**run):
+    return {"backbones": {"b": {"hub_id": "x/b"}},
+            "runs": [{"method": "simcse", "backbone": "b"}, {"method": "paser", "backbone": "b", **run}]}
+
+
+def test_config_corpus_and_top_k_checks():
+    from sentemb.config import resolve_run, validate_config
+    from sentemb.stats import run_corpora, stats_targets
+
+    with pytest.raises(SentembError, match=r"runs\[1\]\.corpus.*unknown corpus 'nope'.*sts-unlabeled"):
+        validate_config(_config(corpus="nope"))
+    with pytest.raises(SentembError, match=r"runs\[1\]\.method_args\.top_k.*'stats\.rake_top_k' \(5\)"):
+        validate_config(_config(method_args={"top_k": 6}))
+    cfg = _config(corpus="sts-unlabeled", method_args={"top_k": 4})
+    cfg["stats"] = {"rake_top_k": 4}
+    cfg = validate_config(cfg)
+    assert run_corpora(cfg) == ["wiki1m", "sts-unlabeled"]
+    r = resolve_run(cfg, "paser", "b", 1)
+    assert r["corpus"] == "sts-unlabeled" and r["paths"]["corpus"] == "resources/corpus/sts-unlabeled.txt"
+    assert r["paths"]["inputs"]["rake"] == "results/stats/sts-unlabeled/rake_top4.parquet"
+    assert resolve_run(cfg, "simcse", "b", 1)["paths"]["corpus"] == "resources/corpus/wiki1m.txt"
+    t = stats_targets(cfg)
+    assert "results/stats/sts-unlabeled/rake_top4.parquet" in t and "results/stats/wiki1m/tfidf.parquet" in t
+    assert not any("paraphrases" in x for x in t)
+
+
+# --------------------------------------------------------------------------------- sts-unlabeled
+def _reference_sts(root):
+    """Independent reading: every scored pair of STS12-16 test, every row of the STS-B and SICK splits."""
+    sents = []
+    for task, subs in {"STS12": ["MSRpar", "MSRvid", "SMTeuroparl", "surprise.OnWN", "surprise.SMTnews"],
+                       "STS13": ["FNWN", "headlines", "OnWN"],
+                       "STS14": ["deft-forum", "deft-news", "headlines", "images", "OnWN", "tweet-news"],
+                       "STS15": ["answers-forums", "answers-students", "belief", "headlines", "images"],
+                       "STS16": ["answer-answer", "headlines", "plagiarism", "postediting", "question-question"]}.items():
+        for sub in subs:
+            d = root / "STS" / f"{task}-en-test"
+            inp = (d / f"STS.input.{sub}.txt").read_text("utf-8").splitlines()
+            gs = (d / f"STS.gs.{sub}.txt").read_text("utf-8").splitlines()
+            for line, g in zip(inp, gs):
+                if g.strip():
+                    sents += line.split("\t")[:2]
+    for split in ("train", "dev", "test"):
+        for line in (root / "STS" / "STSBenchmark" / f"sts-{split}.csv").read_text("utf-8").splitlines():
+            if line.strip():
+                sents += line.strip().split("\t")[5:7]
+    for f in ("SICK_train.txt", "SICK_trial.txt", "SICK_test_annotated.txt"):
+        for line in (root / "SICK" / f).read_text("utf-8").splitlines()[1:]:
+            if line.strip():
+                sents += line.strip().split("\t")[1:3]
+    return [s for s in (" ".join(x.split()) for x in sents) if s]
+
+
+def test_prepare_sts_corpus_on_a_tiny_tree(tiny_senteval, tmp_path):
+    import shutil
+
+    from sentemb.cli import main
+
+    root = tmp_path / "senteval"
+    shutil.copytree(tiny_senteval, root)
+    first = _reference_sts(root)[0]
+    with open(root / "SICK" / "SICK_train.txt", "a") as f:  # a repeat (with other spacing) and a new pair
+        f.write(f"99\t{'  '.join(first.split())}\tbrand new sentence\t3.0\tNEUTRAL\n")
+    ref = _reference_sts(root)
+    assert len(set(ref)) < len(ref)
+    out = tmp_path / "sts-unlabeled.txt"
+    assert main(["prepare-sts-corpus", "--senteval", str(root), "--output", str(out)]) == 0
+    assert out.read_text("utf-8").splitlines() == list(dict.fromkeys(ref))
+    assert out.read_text("utf-8").count(first + "\n") == 1 and "brand new sentence" in out.read_text("utf-8")
+    assert main(["prepare-sts-corpus", "--senteval", str(root), "--output", str(out), "--keep-duplicates"]) == 0
+    assert out.read_text("utf-8").splitlines() == ref
+
+
+@pytest.mark.realdata
+def test_sts_unlabeled_count_on_real_senteval(shared, tmp_path):
+    from sentemb.data import prepare_sts_corpus
+
+    root = shared / "data" / "senteval"
+    ref = _reference_sts(root)
+    unique = list(dict.fromkeys(ref))
+    out = tmp_path / "sts-unlabeled.txt"
+    summary = prepare_sts_corpus(root, out)
+    assert out.read_text("utf-8").splitlines() == unique
+    assert summary["sentences"] == len(unique) == 30840 and len(ref) == 62198  # the counts in the README
+
+def test_mlm_head_is_loaded_from_a_checkpoint_that_has_one(tiny_bert_dir, setup, tmp_path):
+    import shutil
+
+    from transformers import BertConfig, BertForMaskedLM
+
+    d = tmp_path / "mlm_model"
+    shutil.copytree(tiny_bert_dir, d)
+    torch.manual_seed(1)
+    ref = BertForMaskedLM(BertConfig.from_pretrained(tiny_bert_dir))
+    with torch.no_grad():
+        ref.cls.predictions.bias.normal_()
+    ref.save_pretrained(d)
+    m = make(d, *setup)
+    assert m.mlm_head_pretrained
+    p = ref.cls.predictions
+    assert torch.equal(m.mlm_head.dense.weight, p.transform.dense.weight)
+    assert torch.equal(m.mlm_head.LayerNorm.weight, p.transform.LayerNorm.weight)
+    assert torch.equal(m.mlm_head.bias, p.bias)
+    h = torch.randn(3, 32)
+    ref.eval()
+    with torch.no_grad():
+        assert torch.allclose(m.mlm_head(h), p(h), atol=1e-5)  # same logits as the checkpoint's head

@@ -1,0 +1,410 @@
+"""UNA (methods.md §3): Steps 2-3 against hand computations, the batch layout every α steps, the
+symmetric NT-Xent against a float64 loop, gradient flow, inputs and bad input."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from sentemb import SentembError
+from sentemb.methods import MethodContext, get_method
+from sentemb.methods.una import (UNAAugmenter, replacement_probabilities, sample_replacement,
+                                 simcse_hard_negative_loss, symmetric_nt_xent)
+from sentemb.models import load_encoder
+
+from conftest import TINY_WORDS
+
+SENTS = ["a man plays the guitar", "the dog runs in the park", "red car", "a cat sits on the mat"]
+
+
+# ------------------------------------------------------------------------------ fixtures
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    d = tmp_path_factory.mktemp("una")
+    rng = random.Random(7)
+    lines = [" ".join(rng.choice(TINY_WORDS) for _ in range(rng.randint(4, 14))) for _ in range(80)]
+    lines[:len(SENTS)] = SENTS  # the test sentences are corpus lines 0..3
+    p = d / "corpus.txt"
+    p.write_text("".join(x + "\n" for x in lines), "utf-8")
+    para = d / "paraphrases.txt"  # a stand-in paraphrase per line: the words reversed
+    para.write_text("".join(" ".join(reversed(x.split())) + "\n" for x in lines), "utf-8")
+    return p
+
+
+@pytest.fixture(scope="module")
+def tfidf(corpus):
+    from sentemb.stats.tfidf import write_tfidf
+
+    out = corpus.parent / "tfidf.parquet"
+    write_tfidf([corpus], out, workers=1)
+    return out
+
+
+@pytest.fixture(scope="module")
+def tfidf_para(corpus):
+    from sentemb.stats.tfidf import write_tfidf
+
+    out = corpus.parent / "tfidf_para.parquet"
+    write_tfidf([corpus, corpus.parent / "paraphrases.txt"], out, workers=1)
+    return out
+
+
+def _method(tiny_bert_dir, corpus, tfidf, seed=0, **args):
+    torch.manual_seed(0)
+    enc, tok = load_encoder(tiny_bert_dir, pooling_layer=False)
+    inputs = {"tfidf": tfidf, "tfidf_para": corpus.parent / "tfidf_para.parquet",
+              "paraphrases": corpus.parent / "paraphrases.txt"}
+    return get_method("una")(enc, tok, args, MethodContext(max_len=32, seed=seed, inputs=inputs, corpus=corpus))
+
+
+# ------------------------------------------------------------------------------ Step 2
+def test_probabilities_on_a_hand_made_sentence():
+    # z = [0.1, 0.4, 0.2, 0.9]: min 0.1, z - min = [0, .3, .1, .8], C = 1.2 / 4 = 0.3
+    p = replacement_probabilities([0.1, 0.4, 0.2, 0.9], 0.5)
+    np.testing.assert_allclose(p, [0.0, 0.5, 0.5 * 0.1 / 0.3, 1.0], rtol=1e-12)
+    # before clipping the mean is β (Eq. 5): β·mean((z - min)/C) = β
+    raw = [0.5 * d / 0.3 for d in (0.0, 0.3, 0.1, 0.8)]
+    assert sum(raw) / 4 == pytest.approx(0.5)
+    # the arg-max term gets p = 1 even where β·(z - min)/C < 1: β = 0.1, z = [0, 1, 2] -> C = 1
+    np.testing.assert_allclose(replacement_probabilities([0.0, 1.0, 2.0], 0.1), [0.0, 0.1, 1.0])
+
+
+@pytest.mark.parametrize("z, want", [([3.0], [1.0]), ([2.0, 2.0, 2.0], [1.0, 0.0, 0.0]), ([], [])])
+def test_probabilities_without_spread_replace_only_the_top_term(z, want):
+    p = replacement_probabilities(z, 0.5)
+    assert not np.isnan(p).any()
+    np.testing.assert_array_equal(p, want)
+
+
+# ------------------------------------------------------------------------------ Step 3
+def _window_probs(k, s, r, exclude_self):
+    """P(j) for every candidate j: explicit loop over the window [k - r, k + r] clipped to the vocabulary."""
+    cand = [j for j in range(k - r, k + r + 1) if 0 <= j < len(s) and not (exclude_self and j == k)]
+    total = sum(s[j] for j in cand)
+    return {j: s[j] / total for j in cand}
+
+
+@pytest.mark.parametrize("k, exclude_self", [(3, True), (25, True), (48, True), (25, False)])
+def test_replacement_window_and_frequencies_proportional_to_s(k, exclude_self):
+    V, r, n = 50, 5, 10_000
+    s = np.sort(np.random.default_rng(1).uniform(0.1, 2.0, V))[::-1].copy()  # rank order: s descending
+    rng = np.random.default_rng(123)
+    draws = [sample_replacement(k, s, r, rng, exclude_self=exclude_self) for _ in range(n)]
+    probs = _window_probs(k, s, r, exclude_self)
+    assert set(draws) == set(probs)  # exactly the ranks [k - r, k + r] clipped (minus k itself)
+    counts = {j: draws.count(j) for j in probs}
+    chi2 = sum((counts[j] - n * p) ** 2 / (n * p) for j, p in probs.items())
+    # chi-square with len(probs) - 1 <= 10 dof: 0.999 quantile is 29.6
+    assert chi2 < 29.6, (chi2, counts)
+
+
+def test_replacement_window_with_zero_mass_is_uniform_and_a_lone_term_is_kept():
+    s = np.zeros(10)
+    draws = {sample_replacement(4, s, 2, np.random.default_rng(i)) for i in range(400)}
+    assert draws == {2, 3, 5, 6}
+    assert sample_replacement(0, np.array([1.0]), 3, np.random.default_rng(0)) == 0
+
+
+def test_precomputed_cumsum_gives_the_same_draws():
+    s = np.linspace(2.0, 0.1, 30)
+    cs = np.concatenate([[0.0], np.cumsum(s)])
+    a = [sample_replacement(10, s, 4, np.random.default_rng(5)) for _ in range(3)]
+    b = [sample_replacement(10, s, 4, np.random.default_rng(5), cumsum=cs) for _ in range(3)]
+    assert a == b
+
+
+# ------------------------------------------------------------------------------ the augmenter
+def _hand_z(sentence, corpus_lines):
+    """tf·idf per distinct term, counted by hand (tokens = whitespace words for this vocabulary)."""
+    docs = [set(x.split()) for x in corpus_lines if x.split()]
+    toks = sentence.split()
+    out = {}
+    for t in toks:
+        if t not in out:
+            n_t = sum(1 for d in docs if t in d)
+            out[t] = math.log(1 + toks.count(t) / len(toks)) * -math.log(n_t / len(docs))
+    return out
+
+
+def test_negatives_replace_the_top_term_within_the_window_with_frequencies_p(corpus, tfidf):
+    import pyarrow.parquet as pq
+
+    lines = corpus.read_text("utf-8").splitlines()
+    table = pq.read_table(tfidf).to_pydict()
+    rank = dict(zip(table["term"], table["rank"]))
+    r = 3
+    aug = UNAAugmenter.from_parquet(tfidf, beta=0.5, radius=r, write_back="tokens")
+    sent = "the dog runs in the park with the big red car"
+    z = _hand_z(sent, lines)
+    top = max(z, key=z.get)
+    zmin = min(z.values())
+    C = sum(v - zmin for v in z.values()) / len(z)
+    p_hand = {t: 1.0 if t == top else min(0.5 * (v - zmin) / C, 1.0) for t, v in z.items()}
+    rng = np.random.default_rng(0)
+    n, hits = 2000, {t: 0 for t in z}
+    toks = sent.split()
+    for _ in range(n):
+        neg, share = aug.negative(sent, rng)
+        new = neg.split()
+        assert len(new) == len(toks) and new != toks
+        changed = {}
+        for old, t in zip(toks, new):
+            if old != t:
+                assert abs(rank[t] - rank[old]) <= r  # only within the rank window
+                assert changed.setdefault(old, t) == t  # all occurrences of a term get one replacement
+        assert top in changed  # the arg-max term is always replaced
+        assert share == pytest.approx(len(changed) / len(z))
+        for t in changed:
+            hits[t] += 1
+    for t, p in p_hand.items():  # each term replaced with frequency p_i (4 sigma)
+        assert abs(hits[t] / n - p) <= 4 * math.sqrt(p * (1 - p) / n) + 1e-9, (t, hits[t] / n, p)
+
+
+def test_span_write_back_keeps_text_and_case():
+    from sentemb.stats.tfidf import tokenize
+
+    aug = UNAAugmenter(["x"], [1], [1.0], 1)
+    sent = "The Dog runs in the PARK, (SA) fast."
+    toks = tokenize(sent)
+    assert toks == ["the", "dog", "runs", "in", "the", "park", ",", "(", "sa", ")", "fast", "."]
+    new = ["the", "cat", "runs", "in", "the", "city", ",", "(", "sa", "sky", "fast", "."]
+    assert aug._write(sent, toks, new) == "The Cat runs in the CITY, (SA sky fast."
+    aug.write_back = "tokens"
+    assert aug._write(sent, toks, new) == "the cat runs in the city , ( sa sky fast ."
+
+
+def test_ablations_random_selection_and_random_replacement(corpus, tfidf):
+    import pyarrow.parquet as pq
+
+    rank = dict(zip(*pq.read_table(tfidf, columns=["term", "rank"]).to_pydict().values()))
+    sent = "the dog runs in the park with the big red car"
+    toks = sent.split()
+    far = 0
+    aug = UNAAugmenter.from_parquet(tfidf, radius=1, replacement="random", write_back="tokens")
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        new = aug.negative(sent, rng)[0].split()
+        far += sum(abs(rank[t] - rank[o]) > 1 for o, t in zip(toks, new) if o != t)
+        assert all(o != t for o, t in zip(toks, new) if o != t)
+    assert far > 0  # random replacement leaves the rank window
+    aug = UNAAugmenter.from_parquet(tfidf, beta=0.5, selection="random", write_back="tokens")
+    shares = [aug.negative(sent, rng)[1] for _ in range(2000)]
+    assert min(shares) > 0  # at least one term replaced
+    # each of the 9 distinct terms with probability β, plus one forced: E = (1 + 8β)/9
+    assert np.mean(shares) == pytest.approx((1 + 8 * 0.5) / 9, abs=0.02)
+
+
+def test_code_redraw_may_keep_a_term_but_never_returns_the_anchor(corpus, tfidf):
+    aug = UNAAugmenter.from_parquet(tfidf, radius=1, redraw="code", write_back="tokens")
+    rng = np.random.default_rng(0)
+    sent = "red car"
+    for _ in range(500):
+        neg, _ = aug.negative(sent, rng)
+        assert neg != sent
+    # the window may hold the term itself: a single draw sometimes returns it
+    s = aug.s
+    k = aug.rank["car"]
+    kept = sum(sample_replacement(k, s, 1, rng, exclude_self=False) == k for _ in range(500))
+    assert kept > 0
+
+
+# ------------------------------------------------------------------------------ losses
+def reference_symmetric(u: np.ndarray, tau: float) -> float:
+    R = len(u)
+    cos = lambda a, b: float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+    total = 0.0
+    for k in range(R):
+        partner = k + 1 if k % 2 == 0 else k - 1
+        denom = sum(math.exp(cos(u[k], u[l]) / tau) for l in range(R) if l != k)
+        total += -math.log(math.exp(cos(u[k], u[partner]) / tau) / denom)
+    return total / R
+
+
+def reference_simcse(z1, z2, z3, tau):
+    cos = lambda a, b: float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+    cols = list(z2) + (list(z3) if z3 is not None else [])
+    total = 0.0
+    for i in range(len(z1)):
+        denom = sum(math.exp(cos(z1[i], c) / tau) for c in cols)
+        total += -math.log(math.exp(cos(z1[i], z2[i]) / tau) / denom)
+    return total / len(z1)
+
+
+def test_symmetric_loss_against_a_float64_loop_over_a_4B_row_batch():
+    rng = np.random.default_rng(0)
+    B = 3
+    a, p, n = rng.normal(size=(B, 6)), rng.normal(size=(B, 6)), rng.normal(size=(B, 6))
+    rows = [x for i in range(B) for x in (a[i], p[i])] + [x for i in range(B) for x in (n[i], n[i])]
+    u = np.stack(rows)  # a1 p1 a2 p2 a3 p3 ñ1 ñ1 ñ2 ñ2 ñ3 ñ3
+    got = symmetric_nt_xent(torch.tensor(u, dtype=torch.float32), 0.05)
+    assert got.dtype == torch.float32
+    assert got.item() == pytest.approx(reference_symmetric(u, 0.05), rel=1e-4)
+    assert symmetric_nt_xent(torch.tensor(u[:2 * B], dtype=torch.float32), 0.05).item() == pytest.approx(
+        reference_symmetric(u[:2 * B], 0.05), rel=1e-4)
+    got = simcse_hard_negative_loss(*(torch.tensor(x, dtype=torch.float32) for x in (a, p, n)), 0.05)
+    assert got.item() == pytest.approx(reference_simcse(a, p, n, 0.05), rel=1e-4)
+
+
+def test_losses_are_fp32_under_bf16_autocast():
+    u = torch.randn(8, 4).bfloat16()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert symmetric_nt_xent(u, 0.05).dtype == torch.float32
+        assert simcse_hard_negative_loss(u[:2], u[2:4], u[4:6], 0.05).dtype == torch.float32
+
+
+@pytest.mark.parametrize("loss", ["symmetric", "simcse"])
+def test_method_loss_equals_reference_on_model_outputs(tiny_bert_dir, corpus, tfidf, loss):
+    m = _method(tiny_bert_dir, corpus, tfidf, loss=loss)
+    m.eval()  # no dropout, so the reference can recompute the rows
+    batch = m.build_batch(SENTS, step=0, lines=[0, 1, 2, 3], micro=0)
+    terms = m.losses(batch)
+    model_in = {k: v for k, v in batch.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
+    with torch.no_grad():
+        u = m.mlp(m.encoder(**model_in).last_hidden_state[:, 0]).double().numpy()
+    B = len(SENTS)
+    if loss == "symmetric":
+        assert len(u) == 4 * B and int(terms["negatives"]) == 2 * B
+        want = reference_symmetric(u, 0.05)
+    else:
+        assert len(u) == 3 * B and int(terms["negatives"]) == B
+        want = reference_simcse(u[0:2 * B:2], u[1:2 * B:2], u[2 * B:], 0.05)
+    assert terms["loss"].item() == pytest.approx(want, rel=1e-4)
+    assert set(terms) == {"loss", "contrastive", "negatives", "replaced", "empty_paraphrases"}
+    assert not terms["contrastive"].requires_grad
+
+
+def test_gradient_reaches_encoder_mlp_and_the_negative_rows(tiny_bert_dir, corpus, tfidf):
+    m = _method(tiny_bert_dir, corpus, tfidf)
+    m.train()
+    batch = m.build_batch(SENTS, step=0, lines=[0, 1, 2, 3], micro=0)
+    u = m.encode(batch)
+    u.retain_grad()
+    symmetric_nt_xent(u, 0.05).backward()
+    B = len(SENTS)
+    assert u.grad[2 * B:].abs().sum(-1).min() > 0  # every negative row is a query and a key
+    assert m.mlp.dense.weight.grad.abs().sum() > 0
+    assert m.encoder.embeddings.word_embeddings.weight.grad.abs().sum() > 0
+
+
+# ------------------------------------------------------------------------------ batches
+def _decode(m, batch):
+    return [m.tokenizer.decode(r, skip_special_tokens=True) for r in batch["input_ids"]]
+
+
+@pytest.mark.parametrize("paraphrase", [False, True])
+def test_batch_layout_on_alpha_steps_and_other_steps(tiny_bert_dir, corpus, tfidf, tfidf_para, paraphrase):
+    m = _method(tiny_bert_dir, corpus, tfidf, alpha=3, paraphrase=paraphrase)
+    B = len(SENTS)
+    for step in range(7):
+        batch = m.build_batch(SENTS, step=step, lines=[0, 1, 2, 3], micro=step)
+        rows = _decode(m, batch)
+        assert rows[0:2 * B:2] == SENTS
+        pos = [" ".join(reversed(s.split())) for s in SENTS] if paraphrase else SENTS
+        assert rows[1:2 * B:2] == pos
+        if step % 3 == 0:  # steps 0, 3, 6: ã_1, ã_1, ..., ã_B, ã_B
+            assert len(rows) == 4 * B and int(batch["negatives"]) == 2 * B
+            negs = rows[2 * B:]
+            assert negs[0::2] == negs[1::2]
+            assert all(n != s for n, s in zip(negs[0::2], SENTS))
+            assert 0 < float(batch["replaced"]) <= 1
+        else:
+            assert len(rows) == 2 * B and int(batch["negatives"]) == 0 and float(batch["replaced"]) == 0
+
+
+def test_batches_are_deterministic_in_seed_and_micro(tiny_bert_dir, corpus, tfidf):
+    a = _method(tiny_bert_dir, corpus, tfidf, seed=1)
+    b = _method(tiny_bert_dir, corpus, tfidf, seed=1)
+    c = _method(tiny_bert_dir, corpus, tfidf, seed=2)
+    long = [" ".join(TINY_WORDS[i:i + 12]) for i in range(0, 48, 12)]
+    x = a.build_batch(long, step=5, micro=9)
+    assert all(torch.equal(v, b.build_batch(long, step=5, micro=9)[k]) for k, v in x.items())
+    assert _decode(a, x) != _decode(a, a.build_batch(long, step=5, micro=10))
+    assert _decode(a, x) != _decode(c, c.build_batch(long, step=5, micro=9))
+
+
+def test_negatives_on_the_same_steps_after_a_resume(tiny_bert_dir, corpus, tfidf, tiny_senteval, tmp_path,
+                                                    monkeypatch):
+    from sentemb.methods.una import UNA
+    from sentemb.train import train
+
+    seen = []
+    orig = UNA.build_batch
+
+    def spy(self, sentences, step=0, *, lines=None, micro=0):
+        out = orig(self, sentences, step, lines=lines, micro=micro)
+        seen.append((step, micro, int(out["negatives"])))
+        return out
+
+    monkeypatch.setattr(UNA, "build_batch", spy)
+    tc = {"epochs": 1, "max_steps": 5, "batch_size": 8, "grad_accum": 2, "lr": 1e-3, "weight_decay": 0.0,
+          "warmup_ratio": 0.0, "lr_schedule": "constant", "grad_clip": 1.0, "max_len": 16, "eval_steps": 100,
+          "eval_at_end": True, "log_steps": 1, "save_steps": 100, "precision": "auto", "dropout": None,
+          "device": "cpu", "num_threads": None, "compile": False}
+    cfg = {"name": "una", "method": "una", "backbone": "tiny", "seed": 5, "train": tc,
+           "method_args": get_method("una").resolve_args({"alpha": 4}), "experiment": "t",
+           "tracking": {"enabled": False, "uri": None},
+           "paths": {"model": str(tiny_bert_dir), "corpus": str(corpus), "senteval": str(tiny_senteval),
+                     "stats": None, "inputs": {"tfidf": str(tfidf)}}}
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, tmp_path / "r", stop_after=2, progress=False)
+    first, seen[:] = list(seen), []
+    train(cfg, tmp_path / "r", progress=False)
+    assert first == [(0, 0, 16), (0, 1, 16), (1, 2, 0), (1, 3, 0)]  # 80 lines / 8 / 2 = 5 steps
+    assert seen == [(s, 2 * s + k, 16 if s % 4 == 0 else 0) for s in range(2, 5) for k in range(2)]
+
+
+# ------------------------------------------------------------------------------ inputs, bad input
+def test_requires_and_paraphrase_planning():
+    from sentemb.stats import stats_settings
+
+    una = get_method("una")
+    assert una.requires(una.resolve_args({})) == ("tfidf",)
+    assert una.requires(una.resolve_args({"paraphrase": True})) == ("tfidf_para", "paraphrases")
+    cfg = {"runs": [{"method": "una", "backbone": "b"}], "stats": {}}
+    assert stats_settings(cfg)["paraphrase"]["enabled"] is False  # no paraphrase job planned
+    cfg["runs"].append({"method": "una", "backbone": "b", "name": "una-para", "method_args": {"paraphrase": True}})
+    assert stats_settings(cfg)["paraphrase"]["enabled"] is True
+
+
+def test_paraphrase_line_count_mismatch_fails_before_training(tiny_bert_dir, corpus, tfidf_para, tmp_path):
+    bad = tmp_path / "paraphrases.txt"
+    bad.write_text("only one line\n", "utf-8")
+    enc, tok = load_encoder(tiny_bert_dir, pooling_layer=False)
+    ctx = MethodContext(max_len=16, seed=0, inputs={"tfidf_para": tfidf_para, "paraphrases": bad}, corpus=corpus)
+    with pytest.raises(SentembError, match=rf"{bad}.* 1 lines .*{corpus}.* 80"):
+        get_method("una")(enc, tok, {"paraphrase": True}, ctx)
+
+
+def test_empty_paraphrase_uses_the_anchor_and_is_counted(tiny_bert_dir, corpus, tfidf_para, tmp_path):
+    lines = corpus.read_text("utf-8").splitlines()
+    para = tmp_path / "paraphrases.txt"
+    para.write_text("".join(("" if i in (1, 3) else "the sun") + "\n" for i in range(len(lines))), "utf-8")
+    enc, tok = load_encoder(tiny_bert_dir, pooling_layer=False)
+    ctx = MethodContext(max_len=16, seed=0, inputs={"tfidf_para": tfidf_para, "paraphrases": para}, corpus=corpus)
+    m = get_method("una")(enc, tok, {"paraphrase": True}, ctx)
+    batch = m.build_batch(SENTS, step=1, lines=[0, 1, 2, 3], micro=0)
+    assert _decode(m, batch)[1:8:2] == ["the sun", SENTS[1], "the sun", SENTS[3]]
+    assert int(batch["empty_paraphrases"]) == 2
+    assert float(m.losses(batch)["empty_paraphrases"]) == 2
+
+
+@pytest.mark.parametrize("args, match", [
+    ({"alpha": 0}, r"methods\.una\.alpha: 0 must be at least 1"),
+    ({"radius": 0}, r"methods\.una\.radius: 0 must be at least 1"),
+    ({"beta": 0.0}, r"methods\.una\.beta: 0.0 must be positive"),
+    ({"loss": "triplet"}, r"methods\.una\.loss: 'triplet' is not one of 'symmetric', 'simcse'"),
+    ({"paraphrase": "yes"}, r"methods\.una\.paraphrase: 'yes' is not true or false"),
+])
+def test_bad_arguments_name_the_key(args, match):
+    with pytest.raises(SentembError, match=match):
+        get_method("una").validate_args(args, "methods.una")
+
+
+def test_missing_statistics_input_is_a_clear_error(tiny_bert_dir):
+    enc, tok = load_encoder(tiny_bert_dir, pooling_layer=False)
+    with pytest.raises(SentembError, match="input 'tfidf' was not provided"):
+        get_method("una")(enc, tok, {}, MethodContext(max_len=16, seed=0))

@@ -1,0 +1,53 @@
+# Stage `pretrain`: a method's pretraining stage (Method.pretrain), once per method x backbone (not
+# per seed or run). Settings: methods.<method>.pretrain. A run whose method requires `pretrained`
+# reads results/pretrain/{method}/{backbone}/model (sentemb.config.input_path), so its training jobs
+# depend on this rule.
+from sentemb.pretrain import resolve_pretrain
+
+PRETRAIN_DIR = f"{RESULTS}/pretrain/{{method}}/{{backbone}}"
+
+
+rule pretrain_config:
+    """The resolved settings of one pretraining stage (what `sentemb pretrain` reads and MLflow records)."""
+    output:
+        f"{PRETRAIN_DIR}/pretrain_config.json",
+    params:
+        run=lambda w: resolve_pretrain(config, w.method, w.backbone),
+    log:
+        f"{LOGS}/pretrain_config/{{method}}/{{backbone}}.log",
+    wildcard_constraints:
+        method=r"[A-Za-z0-9_-]+",
+    localrule: True
+    run:
+        from sentemb.utils import write_json
+
+        write_json(output[0], params.run)
+
+
+rule pretrain:
+    input:
+        run=f"{PRETRAIN_DIR}/pretrain_config.json",
+        model=f"{RES}/models/{{backbone}}",
+        corpus=lambda w: resolve_pretrain(config, w.method, w.backbone)["paths"]["corpus"],
+        tracking=TRACKING_MARKER if TRACKING else [],
+    output:
+        model=directory(f"{PRETRAIN_DIR}/model"),
+        summary=f"{PRETRAIN_DIR}/train.json",
+    params:
+        gpu_env=GPU_ENV,
+        outdir=lambda wildcards, output: os.path.dirname(output.summary),
+    wildcard_constraints:
+        method=r"[A-Za-z0-9_-]+",
+    log:
+        f"{LOGS}/pretrain/{{method}}/{{backbone}}.log",
+    benchmark:
+        f"benchmarks/pretrain/{{method}}/{{backbone}}.tsv"
+    threads: res("pretrain", "cpus") or res("train", "cpus") or 1
+    resources:
+        gpu=res("pretrain", "gpu") or 0,
+        runtime=res("pretrain", "runtime") or 1440,
+        mem_mb=res("pretrain", "mem_mb") or 32000,
+    conda:
+        "../envs/sentemb.yaml"
+    shell:
+        "{params.gpu_env}sentemb pretrain --run-config {input.run} --output-dir {params.outdir} --quiet > {log} 2>&1"
