@@ -77,3 +77,14 @@ def verify_cached(directories, log=print) -> list[Path]:
             log(f"sentemb: cached input {d} is damaged ({shown}); moved to {aside.name}, it will be fetched again")
             moved.append(aside)
     return moved
+
+
+def verify_resources(resources_dir: str | os.PathLike) -> list[Path]:
+    """:func:`verify_cached` over every fetched directory under ``resources_dir`` (models, data,
+    NLTK data), messages on stderr; what a workflow calls when it starts."""
+    import sys
+
+    root = Path(resources_dir)
+    dirs = [p for pattern in ("models/*", "data/*", "nltk_data") for p in root.glob(pattern)
+            if not p.name.startswith(".") and ".corrupt-" not in p.name]
+    return verify_cached(dirs, log=lambda msg: print(msg, file=sys.stderr))

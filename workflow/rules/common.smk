@@ -1,11 +1,9 @@
 # Config validation, shared names and input functions. Rules stay thin: they call `sentemb`.
 import os
-import sys
-from pathlib import Path
 
 from sentemb import SentembError
 from sentemb.config import mirror_dir, resolve_run, run_inputs, validate_config
-from sentemb.cache import verify_cached
+from sentemb.cache import verify_resources
 from sentemb.utils import expose_cli
 from sentemb.methods import get_method
 
@@ -16,13 +14,9 @@ except SentembError as e:
     raise WorkflowError(str(e))
 
 # Cached downloads damaged since they were verified (truncated weights, an edited STS file) are moved
-# aside here, so their fetch rule runs again (sentemb.cache). Main process only: jobs do not re-check.
+# aside here so that they are fetched again (sentemb.cache); in the main process only, not in every job.
 if workflow.is_main_process:
-    verify_cached(
-        [p for pattern in ("models/*", "data/*", "nltk_data") for p in Path(config["resources_dir"]).glob(pattern)
-         if not p.name.startswith(".") and ".corrupt-" not in p.name],
-        log=lambda msg: print(msg, file=sys.stderr),
-    )
+    verify_resources(config["resources_dir"])
 
 # Rules call the `sentemb` CLI: find the one installed with this Snakemake's Python even when its
 # virtual environment is not activated (a per-rule conda env, when used, still comes first).
