@@ -20,6 +20,7 @@ COMMAND_MODULES = [
     "sentemb.methods.cli",
     "sentemb.train",
     "sentemb.evaluate",
+    "sentemb.transfer",
     "sentemb.tables",
     "sentemb.tracking",
     "sentemb.benchmark",
