@@ -22,6 +22,7 @@ COMMAND_MODULES = [
     "sentemb.evaluate",
     "sentemb.transfer",
     "sentemb.tables",
+    "sentemb.report",
     "sentemb.tracking",
     "sentemb.benchmark",
 ]
