@@ -97,6 +97,25 @@ def test_report_end_of_the_dag(ran, env):
     assert (res / "report.html").stat().st_size > 10000
 
 
+def test_report_renders_in_a_headless_browser(ran, env):
+    """The HTML report in a real Chromium: the page is not blank (skipped where Chromium is absent)."""
+    import numpy as np
+    from PIL import Image
+
+    browser = next((b for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)), None)
+    if browser is None:
+        pytest.skip("no Chromium on PATH (install the system package `chromium`)")
+    html = ran / "results" / "report.html"
+    if not html.is_file():
+        smk(ran, "--report", "results/report.html", env=env)
+    shot = ran / "report.png"
+    subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=10000",
+                    "--window-size=1280,1600", f"--screenshot={shot}", html.as_uri()],
+                   capture_output=True, timeout=120, check=True)
+    img = np.asarray(Image.open(shot).convert("L"))
+    assert img.std() > 5  # something drawn, not a blank page
+
+
 def test_stats_stage_in_the_dag(ran):
     stats = ran / "results" / "stats" / "wiki-tiny"
     freq = pd.read_parquet(stats / "token_freq.tiny-bert.parquet")
