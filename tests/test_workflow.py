@@ -114,6 +114,10 @@ def test_report_renders_in_a_headless_browser(ran, env):
                    capture_output=True, timeout=120, check=True)
     img = np.asarray(Image.open(shot).convert("L"))
     assert img.std() > 5  # something drawn, not a blank page
+    text = html.read_text("utf-8", errors="replace")
+    for f in ("table1_bars.png", "dev_curves.png", "align_uniform.png", "cosine_buckets.png", "paper_vs_reproduced.png",
+              "table_paper.csv", "table_transfer.csv"):
+        assert f in text  # every figure and table is embedded
 
 
 def test_stats_stage_in_the_dag(ran):
