@@ -227,3 +227,25 @@ def test_geometry_comes_from_the_sts_evaluation(tiny_senteval):
     gold = np.array(p.gold)
     assert r["geometry"]["align"] == pytest.approx(alignment(e1[gold >= 4], e2[gold >= 4]))
     assert sum(v["n"] for v in r["geometry"]["cosine_buckets"].values()) == len(gold)
+
+
+def test_avg_static_last_pooler_is_embeddings_plus_last_layer(tiny_bert_dir):
+    """The papers' "first-last avg." rows: mean over real tokens of (embedding output + last layer) / 2,
+    computed here from the model's modules directly."""
+    import torch
+
+    from sentemb.evaluate import Embedder
+
+    emb = Embedder.from_dir(tiny_bert_dir, "avg_static_last", device="cpu")
+    got = emb(["the dog runs", "a cat"])
+    model, tok = emb.model, emb.tokenizer
+    want = []
+    with torch.no_grad():
+        for s in ["the dog runs", "a cat"]:
+            ids = tok(s, return_tensors="pt")
+            static = model.embeddings(input_ids=ids["input_ids"], token_type_ids=ids["token_type_ids"])[0]
+            last = model(**ids).last_hidden_state[0]
+            want.append(((static + last) / 2).mean(0).numpy())
+    np.testing.assert_allclose(got, np.stack(want), rtol=1e-4, atol=1e-5)
+    first = Embedder.from_dir(tiny_bert_dir, "avg_first_last", device="cpu")(["the dog runs"])
+    assert not np.allclose(first[0], got[0])  # the later code's variant differs
