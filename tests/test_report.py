@@ -141,3 +141,23 @@ def test_figures_are_written_and_baseline_without_history_is_omitted(tmp_path):
         assert f"{stem}.png" in names and f"{stem}.svg" in names
         img = np.asarray(Image.open(tmp_path / "figs" / f"{stem}.png").convert("L"))
         assert img.shape[0] > 200 and img.std() > 10  # not blank
+
+
+@pytest.mark.parametrize("patch, key", [
+    ({"baselines": {"gpt-9": ["avg"]}}, "baselines.gpt-9"),
+    ({"baselines": {"tiny-bert": ["mean"]}}, "baselines.tiny-bert"),
+    ({"evaluation": {"transfer_tasks": ["MR", "SST5"]}}, "evaluation.transfer_tasks"),
+    ({"evaluation": {"mrpc_features": "both"}}, "evaluation.mrpc_features"),
+    ({"evaluation": {"transfer": "yes"}}, "evaluation.transfer"),
+])
+def test_bad_report_config_names_the_key(patch, key):
+    import yaml
+
+    from conftest import REPO
+    from sentemb.config import validate_config
+
+    cfg = yaml.safe_load((REPO / ".test" / "config.yaml").read_text())
+    for k, v in patch.items():
+        cfg[k] = {**cfg.get(k, {}), **v} if isinstance(v, dict) and k == "evaluation" else v
+    with pytest.raises(SentembError, match=key.replace(".", r"\.").replace("-", r"\-")):
+        validate_config(cfg)
