@@ -161,3 +161,14 @@ def test_bad_report_config_names_the_key(patch, key):
         cfg[k] = {**cfg.get(k, {}), **v} if isinstance(v, dict) and k == "evaluation" else v
     with pytest.raises(SentembError, match=key.replace(".", r"\.").replace("-", r"\-")):
         validate_config(cfg)
+
+
+def test_published_numbers_do_not_attach_to_ablations(tmp_path):
+    pub = tmp_path / "paper.yaml"
+    pub.write_text("results:\n  - {method: simcse, backbone: bert, table: sts, source: T5, scores: {Avg: 73.0}}\n")
+    sts = [_sts(tmp_path / "a.json", "simcse", "simcse", "bert", 1, 70.0),
+           _sts(tmp_path / "b.json", "simcse-tau0.1", "simcse", "bert", 1, 60.0)]
+    t = table_paper(collect(sts, TASKS), None, load_paper_results(pub)).set_index(["name", "metric"])
+    assert t.loc[("simcse", "Avg"), "published"] == 73.0
+    assert pd.isna(t.loc[("simcse-tau0.1", "Avg"), "published"])
+    assert t.loc[("simcse-tau0.1", "Avg"), "source"] == "not reported"

@@ -94,8 +94,9 @@ def pm_markdown(t: pd.DataFrame, metrics: list[str]) -> str:
 
 # --------------------------------------------------------------------------- paper vs reproduced
 def load_paper_results(path: str | Path) -> list[dict]:
-    """``config/paper_results.yaml``: a list ``results`` of {method, backbone, [pooler], table: sts|
-    transfer, source, scores: {metric: value}}; errors name the entry and key."""
+    """``config/paper_results.yaml``: a list ``results`` of {method, backbone, [pooler], [name], table:
+    sts|transfer, source, scores: {metric: value}}; errors name the entry and key. An entry applies to
+    the run named like its method (or ``name``); baselines match by backbone and pooler."""
     import yaml
 
     try:
@@ -155,7 +156,9 @@ def table_paper(sts: pd.DataFrame, transfer: pd.DataFrame | None, published: lis
 
     pub = {}
     for e in published:
-        k = (e["method"], e["backbone"], e.get("pooler") if e["method"] == BASELINE else None, e["table"])
+        # a published row belongs to the run named like its method (or to its `name`), not to ablations
+        name = e.get("name") or (None if e["method"] == BASELINE else e["method"])
+        k = (name, e["method"], e["backbone"], e.get("pooler") if e["method"] == BASELINE else None, e["table"])
         pub[k] = e
     rows = []
     for table, df, metrics in (("sts", sts, TASKS), ("transfer", transfer, TRANSFER_TASKS)):
@@ -166,10 +169,12 @@ def table_paper(sts: pd.DataFrame, transfer: pd.DataFrame | None, published: lis
         df["Avg"] = df[metrics].mean(axis=1)
         for (name, method, backbone), g in df.groupby(["name", "method", "backbone"], sort=False):
             key = _key(g.iloc[0])
-            e = pub.get((*key, table))
+            e = pub.get((None if method == BASELINE else name, *key, table))
             ref = None
             if table == "sts" and method not in ("simcse", BASELINE):
                 s = df[(df["method"] == "simcse") & (df["backbone"] == backbone)]
+                if (s["name"] == "simcse").any():  # the main SimCSE row, not a SimCSE ablation
+                    s = s[s["name"] == "simcse"]
                 ref = s["Avg"].tolist() if len(s) else None
             for m in [*metrics, "Avg"]:
                 vals = g.sort_values("seed")[m].astype(float).tolist()
