@@ -289,7 +289,7 @@ def figures(eval_paths: list[Path], train_paths: list[Path], paper: pd.DataFrame
     for p in train_paths:
         d = _read(p)
         hist = d.get("history") or []
-        meta = d.get("run") or _meta_from_path(Path(p))
+        meta = ({k: d[k] for k in META} if all(k in d for k in META) else None) or _meta_from_path(Path(p))
         if not hist or meta is None:
             continue
         key = (meta["name"], meta["method"], meta["backbone"])
