@@ -14,7 +14,6 @@ Everything here reads the per-run JSON files (``eval_sts.json``, ``eval_transfer
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 from pathlib import Path
