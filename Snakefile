@@ -27,6 +27,7 @@ rule all:
     input:
         f"{RESULTS}/table1.csv",
         f"{RESULTS}/table1.md",
+        REPORT_TARGETS,
         STATS_TARGETS,
     default_target: True
 

@@ -54,7 +54,7 @@ def jobs(workdir):
 
 @pytest.fixture(scope="module")
 def ran(workdir, env):
-    smk(workdir, "--cores", "2", "results/table1.csv", "stats", env=env)
+    smk(workdir, "--cores", "2", "results/table1.csv", "report_all", "stats", env=env)
     return workdir
 
 
@@ -66,6 +66,8 @@ def test_lint_is_clean(workdir, env):
 def test_table1_from_the_dag(ran):
     t = pd.read_csv(ran / "results" / "table1.csv")
     assert list(t.columns) == ["name", "method", "backbone", *TASKS, "Avg", "std", "n_seeds"]
+    assert (t["method"] == "baseline").sum() == 1  # .test: baselines {tiny-bert: [avg]}, marked as such
+    t = t[t["method"] != "baseline"]
     assert sorted(zip(t["name"], t["backbone"])) == sorted({(n, b) for n, b, _ in jobs(ran)})  # one row per run
     assert t[TASKS + ["Avg"]].notna().all().all()
     t = t[t["name"] == "simcse"].reset_index(drop=True)
@@ -79,6 +81,43 @@ def test_table1_from_the_dag(ran):
     assert evals[0]["details"]["STS12"]["n"] == 3108 and evals[0]["details"]["SICKRelatedness"]["n"] == 4927
     assert evals[0]["pooler"] == "cls_before_pooler"
     assert (ran / "results" / "table1.md").read_text().count("| simcse |") == 1
+
+
+def test_report_end_of_the_dag(ran, env):
+    res = ran / "results"
+    tr = pd.read_csv(res / "table_transfer.csv")
+    assert set(tr["method"]) == {"simcse", "baseline"} and tr["TREC"].between(0, 100).all()
+    paper = pd.read_csv(res / "table_paper.csv", keep_default_na=False)
+    assert (paper[paper["backbone"] == "tiny-bert"]["published"] == "").all()  # nothing published for tiny-bert
+    ev = json.loads((res / "runs/simcse/tiny-bert/seed1/eval_sts.json").read_text())
+    assert {"align", "uniform", "cosine_buckets"} <= set(ev["geometry"])
+    for f in ("table1_bars", "dev_curves", "align_uniform", "cosine_buckets", "paper_vs_reproduced"):
+        assert (res / "figures" / f"{f}.png").stat().st_size > 5000 and (res / "figures" / f"{f}.svg").is_file()
+    smk(ran, "--report", "results/report.html", env=env)
+    assert (res / "report.html").stat().st_size > 10000
+
+
+def test_report_renders_in_a_headless_browser(ran, env):
+    """The HTML report in a real Chromium: the page is not blank (skipped where Chromium is absent)."""
+    import numpy as np
+    from PIL import Image
+
+    browser = next((b for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)), None)
+    if browser is None:
+        pytest.skip("no Chromium on PATH (install the system package `chromium`)")
+    html = ran / "results" / "report.html"
+    if not html.is_file():
+        smk(ran, "--report", "results/report.html", env=env)
+    shot = ran / "report.png"
+    subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=10000",
+                    "--window-size=1280,1600", f"--screenshot={shot}", html.as_uri()],
+                   capture_output=True, timeout=120, check=True)
+    img = np.asarray(Image.open(shot).convert("L"))
+    assert img.std() > 5  # something drawn, not a blank page
+    text = html.read_text("utf-8", errors="replace")
+    for f in ("table1_bars.png", "dev_curves.png", "align_uniform.png", "cosine_buckets.png", "paper_vs_reproduced.png",
+              "table_paper.csv", "table_transfer.csv"):
+        assert f in text  # every figure and table is embedded
 
 
 def test_stats_stage_in_the_dag(ran):
@@ -102,7 +141,7 @@ def test_every_job_is_an_mlflow_run(ran):
     exp = client.get_experiment_by_name("sentemb-test")
     runs = client.search_runs([exp.experiment_id])
     n = len(jobs(ran))
-    rules = sorted(r.data.tags["rule"] for r in runs if r.data.tags["rule"] in ("train", "evaluate"))
+    rules = sorted(r.data.tags["rule"] for r in runs if r.data.tags["rule"] in ("train", "evaluate"))  # baselines: own tag
     assert rules == ["evaluate"] * n + ["train"] * n
     assert all(r.info.status == "FINISHED" for r in runs)
     train_run = next(r for r in runs if r.data.tags["rule"] == "train" and r.data.tags["method"] == "simcse")
@@ -114,7 +153,7 @@ def test_every_job_is_an_mlflow_run(ran):
 
 
 def test_rerun_has_nothing_to_do(ran, env):
-    p = smk(ran, "-n", "results/table1.csv", env=env)
+    p = smk(ran, "-n", "results/table1.csv", "report_all", env=env)
     assert "Nothing to be done" in p.stdout + p.stderr
 
 

@@ -3,7 +3,7 @@
 __version__ = "0.1.0"
 
 #: sentence poolers (SimCSE's names), see sentemb.models.pool
-POOLERS = ("cls", "cls_before_pooler", "avg", "avg_first_last", "avg_top2")
+POOLERS = ("cls", "cls_before_pooler", "avg", "avg_first_last", "avg_top2", "avg_static_last")
 
 
 class SentembError(Exception):

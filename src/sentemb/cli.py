@@ -21,7 +21,9 @@ COMMAND_MODULES = [
     "sentemb.train",
     "sentemb.pretrain",
     "sentemb.evaluate",
+    "sentemb.transfer",
     "sentemb.tables",
+    "sentemb.report",
     "sentemb.tracking",
     "sentemb.benchmark",
 ]

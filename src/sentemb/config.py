@@ -60,6 +60,12 @@ def validate_config(config: dict, source: str = "config") -> dict:
         raise SentembError(f"invalid configuration in {source}:\n" + "\n".join(msgs))
     from .methods import registry
 
+    for backbone in config.get("baselines") or {}:
+        if backbone not in config["backbones"]:
+            raise SentembError(
+                f"invalid configuration in {source}: config key 'baselines.{backbone}': "
+                f"'{backbone}' is not one of the declared backbones {sorted(config['backbones'])}"
+            )
     seen = set()
     for i, run in enumerate(config["runs"]):
         if run["backbone"] not in config["backbones"]:

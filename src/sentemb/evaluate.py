@@ -196,7 +196,63 @@ def evaluate_sts(embed: EmbedFn, data_dir: str | Path, tasks: Sequence[str] = TA
     result["avg"] = float(np.mean([result[t] for t in tasks]))
     result["details"] = details
     result["n_sentences"] = len(cache_keys)
+    if "STSBenchmark" in loaded and split == "test":  # from the same encoding pass (issue 12 §2)
+        p = loaded["STSBenchmark"][0]
+        result["geometry"] = geometry(cached(p.sent1), cached(p.sent2), np.asarray(p.gold, dtype=np.float64),
+                                      cached(list(dict.fromkeys([*p.sent1, *p.sent2]))))
     return result
+
+
+GOLD_BUCKETS = [(0, 1), (1, 2), (2, 3), (3, 4), (4, 5)]
+
+
+def gold_bucket(gold: np.ndarray) -> np.ndarray:
+    """Bucket index of each gold score: [0, 1) -> 0, [1, 2) -> 1, ..., [4, 5] -> 4 (5.0 joins the last)."""
+    return np.clip(np.floor(np.asarray(gold, dtype=np.float64)), 0, 4).astype(int)
+
+
+def _unit(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x, dtype=np.float64)
+    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+
+
+def alignment(a: np.ndarray, b: np.ndarray) -> float:
+    """ℓ_align = E ‖f(x) − f(x⁺)‖² over positive pairs (Wang & Isola 2020, Eq. 2 with α = 2), on
+    L2-normalised embeddings (SimCSE §5 / Fig. 2)."""
+    return float(np.mean(np.sum((_unit(a) - _unit(b)) ** 2, axis=1)))
+
+
+def uniformity(x: np.ndarray, t: float = 2.0) -> float:
+    """ℓ_uniform = log E_{i<j} exp(−t ‖f(x_i) − f(x_j)‖²) over all distinct pairs (Wang & Isola 2020,
+    Eq. 3, t = 2), L2-normalised; computed stably as a log-sum-exp."""
+    from scipy.special import logsumexp
+
+    u = _unit(x)
+    n = len(u)
+    if n < 2:
+        return float("nan")
+    sq = np.maximum(2.0 - 2.0 * (u @ u.T), 0.0)[np.triu_indices(n, k=1)]
+    return float(logsumexp(-t * sq) - np.log(sq.size))
+
+
+def geometry(e1: np.ndarray, e2: np.ndarray, gold: np.ndarray, sentences: np.ndarray) -> dict:
+    """Embedding geometry on STS-B test (issue 12 §2): alignment over pairs with gold ≥ 4, uniformity
+    over all distinct pairs of its unique sentences, and the cosine similarity of every pair grouped
+    by gold bucket 0–1 … 4–5 (SARCSE App. D, PaSeR App. C) with per-bucket mean/std and the raw
+    cosines (rounded to 4 decimals) for the density figure."""
+    gold = np.asarray(gold, dtype=np.float64)
+    pos = gold >= 4.0
+    cos = cosine_pairs(e1, e2)
+    b = gold_bucket(gold)
+    buckets = {}
+    for i, (lo, hi) in enumerate(GOLD_BUCKETS):
+        c = cos[b == i]
+        buckets[f"{lo}-{hi}"] = {"n": int(c.size), "mean": float(c.mean()) if c.size else None,
+                                 "std": float(c.std(ddof=0)) if c.size else None,
+                                 "cosines": [round(float(v), 4) for v in c]}
+    return {"align": alignment(e1[pos], e2[pos]) if pos.any() else None, "n_align_pairs": int(pos.sum()),
+            "uniform": uniformity(sentences), "n_uniform_sentences": int(len(sentences)),
+            "cosine_buckets": buckets}
 
 
 def _times100(agg: dict) -> dict:
@@ -240,6 +296,8 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
         "sentences_per_second": round(res["n_sentences"] / max(secs, 1e-9), 1),
         "details": res["details"],
     })
+    if "geometry" in res:
+        out["geometry"] = res["geometry"]
     if args.run_meta:
         meta = dict(kv.split("=", 1) for kv in args.run_meta)
         if "seed" in meta:
@@ -263,6 +321,10 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
                                         "model": str(args.model), "data_dir": str(args.data_dir)},
                      marker=out_path.with_name(f".{out_path.name}.mlflow_run.json"), parent_run_id=train_run) as tr:
             test = {f"test/{t}": out[t] for t in tasks} | {"test/avg": out["avg"]}
+            geo = out.get("geometry") or {}
+            test |= {f"test/{k}": geo[k] for k in ("align", "uniform") if geo.get(k) is not None}
+            test |= {f"test/cos_mean_{k}": v["mean"] for k, v in geo.get("cosine_buckets", {}).items()
+                     if v["mean"] is not None}
             tr.log_metrics(test)
             if train_run:  # the test scores next to the training run's hyperparameters, in one MLflow view
                 tr.log_metrics_to(train_run, test)

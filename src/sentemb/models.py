@@ -9,6 +9,9 @@ Poolers follow SimCSE's ``Pooler`` (princeton-nlp/SimCSE, ``simcse/models.py``):
 * ``avg_first_last``: masked mean of (hidden_states[1] + hidden_states[-1]) / 2. As in SimCSE,
   "first" is the output of the first Transformer layer, not the embedding layer.
 * ``avg_top2``: masked mean of the last two layers.
+* ``avg_static_last``: masked mean of (hidden_states[0] + hidden_states[-1]) / 2, i.e. the (static)
+  embedding-layer output and the last layer: what SimCSE's paper rows "first-last avg." computed
+  before its code changed ``avg_first_last`` to the first Transformer layer (SimCSE issue #285).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ log = logging.getLogger(__name__)
 
 
 def needs_hidden_states(pooler: str) -> bool:
-    return pooler in ("avg_first_last", "avg_top2")
+    return pooler in ("avg_first_last", "avg_top2", "avg_static_last")
 
 
 def masked_mean(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -47,6 +50,9 @@ def pool(pooler: str, outputs, attention_mask: torch.Tensor) -> torch.Tensor:
     if pooler == "avg_first_last":
         hs = outputs.hidden_states
         return masked_mean((hs[1] + hs[-1]) / 2.0, attention_mask)
+    if pooler == "avg_static_last":
+        hs = outputs.hidden_states
+        return masked_mean((hs[0] + hs[-1]) / 2.0, attention_mask)
     if pooler == "avg_top2":
         hs = outputs.hidden_states
         return masked_mean((hs[-1] + hs[-2]) / 2.0, attention_mask)

@@ -44,6 +44,7 @@ wildcard_constraints:
     backbone="|".join(sorted(config["backbones"])),
     seed=r"\d+",
     corpus=r"[A-Za-z0-9_.-]+",
+    pooler="cls|cls_before_pooler|avg|avg_first_last|avg_top2|avg_static_last",
 
 
 def res(kind, key):
@@ -74,3 +75,41 @@ def eval_outputs():
         f"{RESULTS}/runs/{n}/{b}/seed{s}/eval_sts.json" for n, b, s in JOBS
     ]
 
+
+
+# --- report end of the DAG (issue 12): transfer tasks, untrained baselines, paper table, figures
+TRANSFER = config["evaluation"]["transfer"]
+# (backbone, pooler) of every untrained baseline (config `baselines`)
+BASELINES = [(b, p) for b, ps in (config.get("baselines") or {}).items() for p in ps]
+BASE_DIR = f"{RESULTS}/baselines/{{backbone}}/{{pooler}}"
+PAPER_RESULTS = config.get("paper_results") or os.path.join(workflow.basedir, "config", "paper_results.yaml")
+FIGURES = ["table1_bars", "dev_curves", "align_uniform", "cosine_buckets", "paper_vs_reproduced"]
+
+
+def tracking_opts():
+    if not TRACKING:
+        return ""
+    return f"--track --experiment {config['experiment']}" + (
+        f" --tracking-uri {config['tracking']['uri']}" if config["tracking"]["uri"] else "")
+
+
+def baseline_outputs(kind="sts"):
+    return [f"{RESULTS}/baselines/{b}/{p}/eval_{kind}.json" for b, p in BASELINES]
+
+
+def transfer_outputs():
+    """Transfer results of every run and baseline (empty unless evaluation.transfer)."""
+    if not TRANSFER:
+        return []
+    return [f"{RESULTS}/runs/{n}/{b}/seed{s}/eval_transfer.json" for n, b, s in JOBS] + baseline_outputs("transfer")
+
+
+def train_summaries():
+    return [f"{RESULTS}/runs/{n}/{b}/seed{s}/train.json" for n, b, s in JOBS]
+
+
+REPORT_TARGETS = (
+    [f"{RESULTS}/table_paper.csv", f"{RESULTS}/table_paper.md"]
+    + [f"{RESULTS}/figures/{f}.{ext}" for f in FIGURES for ext in ("png", "svg")]
+    + ([f"{RESULTS}/table_transfer.csv", f"{RESULTS}/table_transfer.md"] if TRANSFER else [])
+)

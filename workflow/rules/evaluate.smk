@@ -40,3 +40,105 @@ rule evaluate:
         " --output {output} --quiet --run-meta name={wildcards.name} --run-meta method={params.method}"
         " --run-meta backbone={wildcards.backbone} --run-meta seed={wildcards.seed}"
         " --run-name eval/{wildcards.name}/{wildcards.backbone}/seed{wildcards.seed} {params.track} > {log} 2>&1"
+
+
+# SentEval transfer tasks (issue 12 §1) for every run, when evaluation.transfer is set.
+rule evaluate_transfer:
+    input:
+        model=f"{RUN_DIR}/model",
+        data=f"{RES}/data/senteval",
+        tracking=TRACKING_MARKER if TRACKING else [],
+    output:
+        f"{RUN_DIR}/eval_transfer.json",
+    params:
+        gpu_env=GPU_ENV,
+        pooler=eval_pooler,
+        tasks=",".join(config["evaluation"]["transfer_tasks"]),
+        mrpc=config["evaluation"]["mrpc_features"],
+        batch_size=config["evaluation"]["batch_size"],
+        precision=config["evaluation"]["precision"],
+        method=lambda w: run_of(w)["method"],
+        track=tracking_opts(),
+    log:
+        f"{LOGS}/evaluate_transfer/{{name}}/{{backbone}}/seed{{seed}}.log",
+    benchmark:
+        f"benchmarks/evaluate_transfer/{{name}}/{{backbone}}/seed{{seed}}.tsv"
+    threads: res("evaluate", "cpus") or 1
+    resources:
+        gpu=res("evaluate", "gpu") or 0,
+        runtime=res("evaluate", "runtime") or 60,
+        mem_mb=res("evaluate", "mem_mb") or 8000,
+    conda:
+        "../envs/sentemb.yaml"
+    shell:
+        "{params.gpu_env}sentemb evaluate-transfer --model {input.model} --pooler {params.pooler} --data-dir {input.data}"
+        " --tasks {params.tasks} --mrpc-features {params.mrpc} --batch-size {params.batch_size}"
+        " --precision {params.precision} --threads {threads}"
+        " --output {output} --quiet --run-meta name={wildcards.name} --run-meta method={params.method}"
+        " --run-meta backbone={wildcards.backbone} --run-meta seed={wildcards.seed}"
+        " --run-name transfer/{wildcards.name}/{wildcards.backbone}/seed{wildcards.seed} {params.track} > {log} 2>&1"
+
+
+# Untrained backbones as they are (config `baselines`, issue 12 §3): rows method=baseline, seed 0.
+rule evaluate_baseline:
+    input:
+        model=f"{RES}/models/{{backbone}}",
+        data=EVAL_DATA,
+        tracking=TRACKING_MARKER if TRACKING else [],
+    output:
+        f"{BASE_DIR}/eval_sts.json",
+    params:
+        gpu_env=GPU_ENV,
+        tasks=",".join(config["evaluation"]["tasks"]),
+        setting=config["evaluation"]["setting"],
+        batch_size=config["evaluation"]["batch_size"],
+        precision=config["evaluation"]["precision"],
+        track=tracking_opts(),
+    log:
+        f"{LOGS}/evaluate_baseline/{{backbone}}/{{pooler}}.log",
+    threads: res("evaluate", "cpus") or 1
+    resources:
+        gpu=res("evaluate", "gpu") or 0,
+        runtime=res("evaluate", "runtime") or 60,
+        mem_mb=res("evaluate", "mem_mb") or 8000,
+    conda:
+        "../envs/sentemb.yaml"
+    shell:
+        "{params.gpu_env}sentemb evaluate --model {input.model} --pooler {wildcards.pooler} --data-dir {input.data}"
+        " --tasks {params.tasks} --setting {params.setting} --batch-size {params.batch_size}"
+        " --precision {params.precision} --output {output} --quiet"
+        " --run-meta name=untrained-{wildcards.pooler} --run-meta method=baseline"
+        " --run-meta backbone={wildcards.backbone} --run-meta seed=0 --tag rule=evaluate-baseline"
+        " --run-name baseline/{wildcards.backbone}/{wildcards.pooler} {params.track} > {log} 2>&1"
+
+
+rule evaluate_baseline_transfer:
+    input:
+        model=f"{RES}/models/{{backbone}}",
+        data=f"{RES}/data/senteval",
+        tracking=TRACKING_MARKER if TRACKING else [],
+    output:
+        f"{BASE_DIR}/eval_transfer.json",
+    params:
+        gpu_env=GPU_ENV,
+        tasks=",".join(config["evaluation"]["transfer_tasks"]),
+        mrpc=config["evaluation"]["mrpc_features"],
+        batch_size=config["evaluation"]["batch_size"],
+        precision=config["evaluation"]["precision"],
+        track=tracking_opts(),
+    log:
+        f"{LOGS}/evaluate_baseline_transfer/{{backbone}}/{{pooler}}.log",
+    threads: res("evaluate", "cpus") or 1
+    resources:
+        gpu=res("evaluate", "gpu") or 0,
+        runtime=res("evaluate", "runtime") or 60,
+        mem_mb=res("evaluate", "mem_mb") or 8000,
+    conda:
+        "../envs/sentemb.yaml"
+    shell:
+        "{params.gpu_env}sentemb evaluate-transfer --model {input.model} --pooler {wildcards.pooler} --data-dir {input.data}"
+        " --tasks {params.tasks} --mrpc-features {params.mrpc} --batch-size {params.batch_size}"
+        " --precision {params.precision} --threads {threads} --output {output} --quiet"
+        " --run-meta name=untrained-{wildcards.pooler} --run-meta method=baseline"
+        " --run-meta backbone={wildcards.backbone} --run-meta seed=0 --tag rule=evaluate-baseline-transfer"
+        " --run-name baseline-transfer/{wildcards.backbone}/{wildcards.pooler} {params.track} > {log} 2>&1"

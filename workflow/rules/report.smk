@@ -1,9 +1,11 @@
-# Stage `report`: tables (and, later, figures) from the per-run metrics JSON files.
+# Stage `report`: tables and figures from the per-run metrics JSON files (issue 12). The HTML report:
+#   snakemake --report results/report.html   (after the targets are built)
 
 
 rule table1:
     input:
         eval_outputs(),
+        baseline_outputs(),
     output:
         csv=report(f"{RESULTS}/table1.csv", caption="../report/table1.rst", category="Tables"),
         md=f"{RESULTS}/table1.md",
@@ -14,3 +16,66 @@ rule table1:
         "../envs/sentemb.yaml"
     shell:
         "sentemb table --inputs {input} --output {output.csv} --markdown {output.md} > {log} 2>&1"
+
+
+rule table_transfer:
+    input:
+        transfer_outputs(),
+    output:
+        csv=report(f"{RESULTS}/table_transfer.csv", caption="../report/table_transfer.rst", category="Tables"),
+        md=f"{RESULTS}/table_transfer.md",
+    log:
+        f"{LOGS}/table_transfer.log",
+    localrule: True
+    conda:
+        "../envs/sentemb.yaml"
+    shell:
+        "sentemb table-transfer --inputs {input} --output {output.csv} --markdown {output.md} > {log} 2>&1"
+
+
+rule table_paper:
+    input:
+        sts=eval_outputs() + baseline_outputs(),
+        transfer=transfer_outputs(),
+        published=PAPER_RESULTS,
+    output:
+        csv=report(f"{RESULTS}/table_paper.csv", caption="../report/table_paper.rst", category="Tables"),
+        md=f"{RESULTS}/table_paper.md",
+    log:
+        f"{LOGS}/table_paper.log",
+    localrule: True
+    conda:
+        "../envs/sentemb.yaml"
+    shell:
+        "sentemb table-paper --sts {input.sts} --transfer {input.transfer} --published {input.published}"
+        " --output {output.csv} --markdown {output.md} > {log} 2>&1"
+
+
+rule figures:
+    input:
+        evals=eval_outputs() + baseline_outputs(),
+        train=train_summaries(),
+        paper=f"{RESULTS}/table_paper.csv",
+    output:
+        **{
+            f"{f}_png": report(f"{RESULTS}/figures/{f}.png", caption=f"../report/fig_{f}.rst", category="Figures")
+            for f in FIGURES
+        },
+        **{f"{f}_svg": f"{RESULTS}/figures/{f}.svg" for f in FIGURES},
+    params:
+        outdir=f"{RESULTS}/figures",
+    log:
+        f"{LOGS}/figures.log",
+    localrule: True
+    conda:
+        "../envs/sentemb.yaml"
+    shell:
+        "sentemb figures --evals {input.evals} --train {input.train} --paper {input.paper}"
+        " --output-dir {params.outdir} > {log} 2>&1"
+
+
+rule report_all:
+    """Every table and figure (`snakemake report_all`, then `snakemake --report results/report.html`)."""
+    input:
+        f"{RESULTS}/table1.csv",
+        REPORT_TARGETS,

@@ -1,0 +1,473 @@
+"""The report end of the DAG (issue 12 §3–5): transfer table, paper-vs-reproduced table, figures.
+
+Everything here reads the per-run JSON files (``eval_sts.json``, ``eval_transfer.json``,
+``train.json``) and ``config/paper_results.yaml``; nothing is recomputed from models.
+
+* ``table_transfer``: accuracy × 100 per transfer task, mean ± sample std over seeds.
+* ``table_paper``: per method × backbone (and baseline pooler) and metric, the published value, the
+  reproduced mean ± std over seeds, their difference, the seeds' 95 % t-interval (n ≥ 2) and whether
+  the published value lies inside it; on each STS ``Avg`` row a Welch t-test (two-sided,
+  ``scipy.stats.ttest_ind(equal_var=False)``) of the per-seed Avg against the SimCSE row on the same
+  backbone (UNA's ten-seed comparison). A metric the papers do not report stays empty, never 0.
+* ``figures``: PNG + SVG under ``results/figures/``; one colour per method in every figure.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Iterable
+
+from . import SentembError
+from .senteval import TASKS
+from .transfer import TRANSFER_TASKS
+from .utils import atomic_path
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+META = ("name", "method", "backbone", "seed")
+BASELINE = "baseline"  # method name of an untrained backbone's rows (run meta method=baseline)
+SHORT = {"STSBenchmark": "STS-B", "SICKRelatedness": "SICK-R"}
+
+
+def _read(p: Path) -> dict:
+    try:
+        return json.loads(Path(p).read_text("utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise SentembError(f"cannot read results {p}: {e}") from None
+
+
+def collect(paths: Iterable[str | Path], metrics: list[str]) -> pd.DataFrame:
+    """One row per result JSON: run metadata (name, method, backbone, seed, pooler) + ``metrics``."""
+    import pandas as pd
+
+    rows = []
+    for p in paths:
+        d = _read(p)
+        meta = d.get("run") or {}
+        missing = [k for k in META if k not in meta]
+        if missing:
+            raise SentembError(f"{p}: results lack run metadata {missing} (pass --run-meta)")
+        rows.append({**{k: meta[k] for k in META}, "pooler": d.get("pooler"),
+                     **{m: d.get(m) for m in metrics}})
+    if not rows:
+        raise SentembError("no results given")
+    df = pd.DataFrame(rows)
+    df["seed"] = df["seed"].astype(int)
+    return df
+
+
+def mean_std_table(df: pd.DataFrame, metrics: list[str]) -> pd.DataFrame:
+    """Mean over seeds per (name, method, backbone); ``<metric>_std`` the sample std (0 for one seed)."""
+    import pandas as pd
+
+    g = df.groupby(["name", "method", "backbone"], sort=False)
+    mean = g[metrics].mean()
+    std = g[metrics].std(ddof=1).fillna(0.0).add_suffix("_std")
+    out = pd.concat([mean, std], axis=1)
+    out["n_seeds"] = g["seed"].nunique()
+    return out.reset_index().round(2)
+
+
+def table_transfer(df: pd.DataFrame) -> pd.DataFrame:
+    tasks = [t for t in TRANSFER_TASKS if t in df.columns and df[t].notna().any()]
+    df = df.copy()
+    df["Avg"] = df[tasks].mean(axis=1)
+    extra = ["MRPC_F1"] if "MRPC_F1" in df.columns and df["MRPC_F1"].notna().any() else []
+    return mean_std_table(df, tasks + extra + ["Avg"])
+
+
+def pm_markdown(t: pd.DataFrame, metrics: list[str]) -> str:
+    """Markdown with 'mean ± std' cells."""
+    cols = ["name", "method", "backbone", *metrics, "n_seeds"]
+    lines = ["| " + " | ".join(SHORT.get(c, c) for c in cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
+    for _, r in t.iterrows():
+        cells = [str(r["name"]), str(r["method"]), str(r["backbone"])]
+        cells += [f"{r[m]:.2f} ± {r[m + '_std']:.2f}" for m in metrics]
+        cells.append(str(int(r["n_seeds"])))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------- paper vs reproduced
+def load_paper_results(path: str | Path) -> list[dict]:
+    """``config/paper_results.yaml``: a list ``results`` of {method, backbone, [pooler], [name], table:
+    sts|transfer, source, scores: {metric: value}}; errors name the entry and key. An entry applies to
+    the run named like its method (or ``name``); baselines match by backbone and pooler."""
+    import yaml
+
+    try:
+        doc = yaml.safe_load(Path(path).read_text("utf-8")) or {}
+    except (OSError, yaml.YAMLError) as e:
+        raise SentembError(f"cannot read published results {path}: {e}") from None
+    entries = doc.get("results")
+    if not isinstance(entries, list):
+        raise SentembError(f"{path}: expected a list under 'results'")
+    known = {"sts": [*TASKS, "Avg"], "transfer": [*TRANSFER_TASKS, "Avg"]}
+    for i, e in enumerate(entries):
+        for k in ("method", "backbone", "table", "source", "scores"):
+            if k not in e:
+                raise SentembError(f"{path}: results[{i}] lacks '{k}'")
+        if e["table"] not in known:
+            raise SentembError(f"{path}: results[{i}].table must be sts or transfer, not {e['table']!r}")
+        bad = [m for m in e["scores"] if m not in known[e["table"]]]
+        if bad:
+            raise SentembError(f"{path}: results[{i}].scores has unknown metric(s) {bad}")
+        for m, v in e["scores"].items():
+            if not isinstance(v, (int, float)):
+                raise SentembError(f"{path}: results[{i}].scores.{m} must be a number, not {v!r}")
+    return entries
+
+
+def ci95(values) -> tuple[float, float] | tuple[None, None]:
+    """Two-sided 95 % t-interval of the mean over seeds (None with fewer than two seeds)."""
+    import numpy as np
+    from scipy import stats
+
+    v = np.asarray(values, dtype=float)
+    if v.size < 2:
+        return None, None
+    half = stats.t.ppf(0.975, v.size - 1) * v.std(ddof=1) / math.sqrt(v.size)
+    return float(v.mean() - half), float(v.mean() + half)
+
+
+def welch_p(a, b) -> float | None:
+    """Two-sided Welch t-test p-value (None unless both samples have ≥ 2 seeds)."""
+    from scipy import stats
+
+    if len(a) < 2 or len(b) < 2:
+        return None
+    p = stats.ttest_ind(list(a), list(b), equal_var=False).pvalue
+    return None if p != p else float(p)  # NaN (zero variance on both sides) -> empty
+
+
+def _key(row) -> tuple:
+    pooler = row["pooler"] if row["method"] == BASELINE else None
+    return (row["method"], row["backbone"], pooler)
+
+
+def table_paper(sts: pd.DataFrame, transfer: pd.DataFrame | None, published: list[dict]) -> pd.DataFrame:
+    """Join the reproduced per-seed results with the published numbers (see module docstring)."""
+    import numpy as np
+    import pandas as pd
+
+    pub = {}
+    for e in published:
+        # a published row belongs to the run named like its method (or to its `name`), not to ablations
+        name = e.get("name") or (None if e["method"] == BASELINE else e["method"])
+        k = (name, e["method"], e["backbone"], e.get("pooler") if e["method"] == BASELINE else None, e["table"])
+        pub[k] = e
+    rows = []
+    for table, df, metrics in (("sts", sts, TASKS), ("transfer", transfer, TRANSFER_TASKS)):
+        if df is None or df.empty:
+            continue
+        metrics = [m for m in metrics if m in df.columns and df[m].notna().any()]
+        df = df.copy()
+        df["Avg"] = df[metrics].mean(axis=1)
+        for (name, method, backbone), g in df.groupby(["name", "method", "backbone"], sort=False):
+            key = _key(g.iloc[0])
+            e = pub.get((None if method == BASELINE else name, *key, table))
+            ref = None
+            if table == "sts" and method not in ("simcse", BASELINE):
+                s = df[(df["method"] == "simcse") & (df["backbone"] == backbone)]
+                if (s["name"] == "simcse").any():  # the main SimCSE row, not a SimCSE ablation
+                    s = s[s["name"] == "simcse"]
+                ref = s["Avg"].tolist() if len(s) else None
+            for m in [*metrics, "Avg"]:
+                vals = g.sort_values("seed")[m].astype(float).tolist()
+                mean = float(np.mean(vals))
+                lo, hi = ci95(vals)
+                published_v = e["scores"].get(m) if e else None
+                row = {"table": table, "name": name, "method": method, "backbone": backbone,
+                       "pooler": key[2] or "", "metric": SHORT.get(m, m),
+                       "published": published_v, "source": (e["source"] if e and published_v is not None
+                                                             else "not reported"),
+                       "reproduced": round(mean, 2), "std": round(float(np.std(vals, ddof=1)) if len(vals) > 1 else 0.0, 2),
+                       "n_seeds": len(vals),
+                       "diff": round(mean - published_v, 2) if published_v is not None else None,
+                       "ci95_low": None if lo is None else round(lo, 2), "ci95_high": None if hi is None else round(hi, 2),
+                       "published_in_ci95": (None if lo is None or published_v is None else bool(lo <= published_v <= hi)),
+                       "p_welch_vs_simcse": None}
+                if m == "Avg" and ref is not None:
+                    p = welch_p(vals, ref)
+                    row["p_welch_vs_simcse"] = None if p is None else round(p, 4)
+                rows.append(row)
+    if not rows:
+        raise SentembError("no results for the paper table")
+    return pd.DataFrame(rows)
+
+
+def paper_markdown(t: pd.DataFrame) -> str:
+    def fmt(v, nd=2):
+        if v is None or (isinstance(v, float) and v != v):
+            return ""
+        if isinstance(v, bool):
+            return "yes" if v else "no"
+        return f"{v:.{nd}f}" if isinstance(v, float) else str(v)
+
+    cols = ["table", "name", "method", "backbone", "pooler", "metric", "published", "reproduced", "std", "n_seeds",
+            "diff", "ci95_low", "ci95_high", "published_in_ci95", "p_welch_vs_simcse", "source"]
+    out = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
+    for _, r in t.iterrows():
+        out.append("| " + " | ".join(fmt(r[c], 4 if c == "p_welch_vs_simcse" else 2) for c in cols) + " |")
+    return "\n".join(out) + "\n"
+
+
+# -------------------------------------------------------------------------------------- figures
+PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22"]
+
+
+def method_colours(methods: Iterable[str]) -> dict[str, str]:
+    """One fixed colour per method (sorted names; SimCSE first), baselines grey, in every figure."""
+    ms = sorted(set(methods) - {BASELINE}, key=lambda m: (m != "simcse", m))
+    out = {m: PALETTE[i % len(PALETTE)] for i, m in enumerate(ms)}
+    out[BASELINE] = "#7f7f7f"
+    return out
+
+
+def _label(r) -> str:
+    if r["method"] == BASELINE:
+        return f"{r['backbone']} untrained ({r.get('pooler')})"
+    return f"{r['name']} / {r['backbone']}" if r["name"] != r["method"] else f"{r['method']} / {r['backbone']}"
+
+
+def _save(fig, out_dir: Path, stem: str) -> list[Path]:
+    paths = []
+    for ext in ("png", "svg"):
+        p = out_dir / f"{stem}.{ext}"
+        with atomic_path(p) as tmp:
+            fig.savefig(tmp, format=ext, dpi=120, bbox_inches="tight")
+        paths.append(p)
+    return paths
+
+
+def figures(eval_paths: list[Path], train_paths: list[Path], paper: pd.DataFrame | None, out_dir: str | Path) -> list[Path]:
+    """Write the five figures of issue 12 §5; returns the files written."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+    import pandas as pd
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    evals = [(_read(p), p) for p in eval_paths]
+    df = collect(eval_paths, TASKS)
+    colours = method_colours(df["method"])
+    df["label"] = [_label(r) for _, r in df.iterrows()]
+    written: list[Path] = []
+
+    # 1. table1 as grouped bars per task, error bars = std over seeds
+    tasks = [t for t in TASKS if df[t].notna().any()]
+    df["Avg"] = df[tasks].mean(axis=1)
+    cols = tasks + ["Avg"]
+    g = df.groupby("label", sort=False)
+    mean, std = g[cols].mean(), g[cols].std(ddof=1).fillna(0.0)
+    meth = g["method"].first()
+    fig, ax = plt.subplots(figsize=(max(7, 1.2 * len(cols) * max(1, len(mean)) ** 0.5), 4))
+    w = 0.8 / max(1, len(mean))
+    x = np.arange(len(cols))
+    for i, lab in enumerate(mean.index):
+        hatch = "//" if meth[lab] == BASELINE else None
+        ax.bar(x + (i - (len(mean) - 1) / 2) * w, mean.loc[lab], w, yerr=std.loc[lab], capsize=2, label=lab,
+               color=colours[meth[lab]], alpha=0.9 if i % 2 == 0 else 0.65, hatch=hatch, edgecolor="black", linewidth=0.3)
+    ax.set_xticks(x, [SHORT.get(c, c) for c in cols])
+    ax.set_ylabel("Spearman ρ × 100")
+    ax.set_xlabel("STS task")
+    ax.set_title("STS results (mean over seeds, bars = ±1 std)")
+    ax.axhline(0, color="black", linewidth=0.5)
+    ax.legend(fontsize=7, loc="best")
+    written += _save(fig, out_dir, "table1_bars")
+    plt.close(fig)
+
+    # 2. STS-B dev curves from train.json (runs without history are omitted)
+    curves = {}
+    for p in train_paths:
+        d = _read(p)
+        hist = d.get("history") or []
+        meta = ({k: d[k] for k in META} if all(k in d for k in META) else None) or _meta_from_path(Path(p))
+        if not hist or meta is None:
+            continue
+        key = (meta["name"], meta["method"], meta["backbone"])
+        curves.setdefault(key, []).append(pd.Series({h["step"]: h["dev_stsb"] for h in hist}))
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for (name, method, backbone), series in curves.items():
+        m = pd.concat(series, axis=1).sort_index()
+        c = colours.get(method, "#000000")
+        ax.plot(m.index, m.mean(axis=1), color=c, marker="o", markersize=3,
+                label=f"{name} / {backbone} ({m.shape[1]} seed{'s' if m.shape[1] > 1 else ''})")
+        ax.fill_between(m.index, m.min(axis=1), m.max(axis=1), color=c, alpha=0.2)
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("STS-B dev Spearman ρ × 100")
+    ax.set_title("Model-selection signal during training (mean, min–max band over seeds)")
+    if curves:
+        ax.legend(fontsize=7)
+    else:
+        ax.text(0.5, 0.5, "no training history", ha="center", va="center", transform=ax.transAxes)
+    written += _save(fig, out_dir, "dev_curves")
+    plt.close(fig)
+
+    # 3. alignment-uniformity scatter (SimCSE Fig. 2), one point per run (mean over seeds)
+    geo = []
+    for d, p in evals:
+        gm = d.get("geometry") or {}
+        if gm.get("align") is not None and gm.get("uniform") is not None:
+            r = d["run"]
+            geo.append({"label": _label({**r, "pooler": d.get("pooler")}), "method": r["method"],
+                        "align": gm["align"], "uniform": gm["uniform"]})
+    fig, ax = plt.subplots(figsize=(5.5, 4.5))
+    if geo:
+        gdf = pd.DataFrame(geo).groupby(["label", "method"], sort=False)[["align", "uniform"]].mean().reset_index()
+        for _, r in gdf.iterrows():
+            ax.scatter(r["uniform"], r["align"], color=colours.get(r["method"], "#000"), s=50,
+                       marker="s" if r["method"] == BASELINE else "o", label=r["label"])
+            ax.annotate(r["label"], (r["uniform"], r["align"]), fontsize=7, xytext=(4, 4), textcoords="offset points")
+        ax.legend(fontsize=7)
+    else:
+        ax.text(0.5, 0.5, "no geometry (STS-B not evaluated)", ha="center", va="center", transform=ax.transAxes)
+    ax.set_xlabel("ℓ_uniform (lower = more uniform)")
+    ax.set_ylabel("ℓ_align (lower = better aligned)")
+    ax.set_title("Alignment vs uniformity on STS-B test")
+    written += _save(fig, out_dir, "align_uniform")
+    plt.close(fig)
+
+    # 4. cosine-similarity violins per gold bucket, one panel per run (seeds pooled)
+    panels: dict[tuple, dict[str, list]] = {}
+    for d, p in evals:
+        gm = d.get("geometry") or {}
+        if not gm.get("cosine_buckets"):
+            continue
+        r = d["run"]
+        k = (_label({**r, "pooler": d.get("pooler")}), r["method"])
+        for b, v in gm["cosine_buckets"].items():
+            panels.setdefault(k, {}).setdefault(b, []).extend(v.get("cosines", []))
+    n = max(1, len(panels))
+    fig, axes = plt.subplots(1, n, figsize=(3.2 * n + 0.5, 3.6), sharey=True, squeeze=False)
+    for ax, ((lab, method), buckets) in zip(axes[0], panels.items()):
+        names = list(buckets)
+        data = [buckets[b] for b in names]
+        pos = [i for i, v in enumerate(data) if len(v) > 1]
+        if pos:
+            parts = ax.violinplot([data[i] for i in pos], positions=pos, showmeans=True, widths=0.8)
+            for body in parts["bodies"]:
+                body.set_facecolor(colours.get(method, "#000"))
+                body.set_alpha(0.6)
+            for k in ("cmeans", "cmins", "cmaxes", "cbars"):
+                parts[k].set_color("black")
+                parts[k].set_linewidth(0.8)
+        ax.set_xticks(range(len(names)), names)
+        ax.set_xlabel("gold similarity bucket")
+        ax.set_title(lab, fontsize=8)
+    axes[0][0].set_ylabel("cosine similarity of the pair")
+    if not panels:
+        axes[0][0].text(0.5, 0.5, "no geometry", ha="center", va="center", transform=axes[0][0].transAxes)
+    fig.suptitle("STS-B test: cosine similarity per gold-score bucket", fontsize=10)
+    written += _save(fig, out_dir, "cosine_buckets")
+    plt.close(fig)
+
+    # 5. paper vs reproduced Avg (points with the seeds' 95 % interval)
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    rows = paper[(paper["metric"] == "Avg")] if paper is not None else pd.DataFrame()
+    if len(rows):
+        rows = rows.reset_index(drop=True)
+        for i, r in rows.iterrows():
+            c = colours.get(r["method"], "#000")
+            lo, hi = r["ci95_low"], r["ci95_high"]
+            if lo is not None and hi is not None and lo == lo:
+                ax.errorbar(i, r["reproduced"], yerr=[[r["reproduced"] - lo], [hi - r["reproduced"]]], fmt="o", color=c, capsize=3)
+            else:
+                ax.plot(i, r["reproduced"], "o", color=c)
+            if r["published"] is not None and r["published"] == r["published"]:
+                ax.plot(i, r["published"], marker="*", markersize=11, color=c, markeredgecolor="black", linestyle="none")
+        ax.set_xticks(range(len(rows)), [f"{r['table']}: {_label(r)}" for _, r in rows.iterrows()], rotation=30, ha="right", fontsize=7)
+        ax.plot([], [], "o", color="grey", label="reproduced (mean, 95% CI over seeds)")
+        ax.plot([], [], "*", color="grey", markeredgecolor="black", markersize=11, linestyle="none", label="published")
+        ax.legend(fontsize=7)
+    else:
+        ax.text(0.5, 0.5, "no paper table", ha="center", va="center", transform=ax.transAxes)
+    ax.set_ylabel("Avg score × 100 (STS: Spearman, transfer: accuracy)")
+    ax.set_title("Published vs reproduced average")
+    written += _save(fig, out_dir, "paper_vs_reproduced")
+    plt.close(fig)
+    return written
+
+
+def _meta_from_path(p: Path) -> dict | None:
+    """(name, backbone, seed) from results/runs/<name>/<backbone>/seed<seed>/train.json; method from
+    its run_config.json when present, else the name."""
+    try:
+        name, backbone, seed = p.parts[-4], p.parts[-3], int(p.parts[-2].removeprefix("seed"))
+    except (IndexError, ValueError):
+        return None
+    method = name
+    rc = p.with_name("run_config.json")
+    if rc.is_file():
+        method = _read(rc).get("method", name)
+    return {"name": name, "method": method, "backbone": backbone, "seed": seed}
+
+
+# ------------------------------------------------------------------------------------------ CLI
+def _write(df, csv, md_path, md_text, header):
+    with atomic_path(csv) as tmp:
+        df.to_csv(tmp, index=False)
+    if md_path:
+        with atomic_path(md_path) as tmp:
+            tmp.write_text(header + "\n\n" + md_text, "utf-8")
+    print(md_text)
+
+
+def _cmd_table_transfer(args) -> int:
+    t = table_transfer(collect(args.inputs, [*TRANSFER_TASKS, "MRPC_F1"]))
+    metrics = [c for c in t.columns if c not in ("name", "method", "backbone", "n_seeds") and not c.endswith("_std")]
+    _write(t, args.output, args.markdown, pm_markdown(t, metrics),
+           "Transfer tasks (SentEval protocol, logistic regression on frozen embeddings): accuracy × 100, "
+           "mean ± sample std over seeds; MRPC_F1 = F1 × 100 of the paraphrase class.")
+    return 0
+
+
+def _cmd_table_paper(args) -> int:
+    sts = collect(args.sts, TASKS)
+    tr = collect(args.transfer, [*TRANSFER_TASKS]) if args.transfer else None
+    t = table_paper(sts, tr, load_paper_results(args.published))
+    _write(t, args.output, args.markdown, paper_markdown(t),
+           "Published vs reproduced (mean ± sample std over seeds; `diff` = reproduced − published; 95% t-interval "
+           "over seeds; `p_welch_vs_simcse`: Welch t-test of the per-seed STS Avg against SimCSE on the same "
+           "backbone). Empty `published` = not reported by the papers. Baseline `avg_static_last` is the pooling "
+           "the papers' \"first-last avg.\" rows used (static embeddings + last layer); `avg_first_last` is "
+           "SimCSE's later code (first + last Transformer layer).")
+    return 0
+
+
+def _cmd_figures(args) -> int:
+    import pandas as pd
+
+    paper = pd.read_csv(args.paper) if args.paper else None
+    if paper is not None:
+        paper = paper.astype(object).where(paper.notna(), None)
+    files = figures([Path(p) for p in args.evals], [Path(p) for p in args.train], paper, args.output_dir)
+    print("\n".join(str(f) for f in files))
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("table-transfer", help="aggregate transfer JSONs into results/table_transfer.csv (+ .md)")
+    p.add_argument("--inputs", nargs="+", required=True)
+    p.add_argument("--output", required=True)
+    p.add_argument("--markdown", default=None)
+    p.set_defaults(func=_cmd_table_transfer)
+    p = sub.add_parser("table-paper", help="published vs reproduced numbers (results/table_paper.csv + .md)")
+    p.add_argument("--sts", nargs="+", required=True, help="eval_sts.json files (runs and baselines)")
+    p.add_argument("--transfer", nargs="*", default=[], help="eval_transfer.json files")
+    p.add_argument("--published", required=True, help="config/paper_results.yaml")
+    p.add_argument("--output", required=True)
+    p.add_argument("--markdown", default=None)
+    p.set_defaults(func=_cmd_table_paper)
+    p = sub.add_parser("figures", help="PNG + SVG figures from the per-run JSON files")
+    p.add_argument("--evals", nargs="+", required=True, help="eval_sts.json files")
+    p.add_argument("--train", nargs="*", default=[], help="train.json files (history -> dev curves)")
+    p.add_argument("--paper", default=None, help="table_paper.csv")
+    p.add_argument("--output-dir", required=True)
+    p.set_defaults(func=_cmd_figures)

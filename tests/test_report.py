@@ -1,0 +1,174 @@
+"""Report end of the DAG: transfer table, paper-vs-reproduced table, figures, from hand-made JSONs."""
+
+import json
+import math
+import statistics
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from sentemb import SentembError
+from sentemb.report import (ci95, collect, figures, load_paper_results, method_colours, table_paper,
+                            table_transfer, welch_p)
+from sentemb.senteval import TASKS
+from sentemb.transfer import TRANSFER_TASKS
+
+
+def _sts(path, name, method, backbone, seed, base, pooler="cls_before_pooler", geometry=True):
+    d = {t: base + i for i, t in enumerate(TASKS)}  # Avg = base + 3
+    d.update(avg=base + 3, pooler=pooler, run={"name": name, "method": method, "backbone": backbone, "seed": seed})
+    if geometry:
+        rng = np.random.default_rng(seed)
+        d["geometry"] = {"align": 0.2 + 0.01 * seed, "uniform": -2.0 - 0.1 * seed,
+                         "cosine_buckets": {f"{i}-{i + 1}": {"n": 20, "mean": 0.1 * i, "std": 0.1,
+                                                             "cosines": list(rng.normal(0.15 * i, 0.1, 20))}
+                                            for i in range(5)}}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(d))
+    return path
+
+
+def _transfer(path, name, method, backbone, seed, base):
+    d = {t: base + i for i, t in enumerate(TRANSFER_TASKS)}
+    d.update(MRPC_F1=80.0 + seed, avg=base + 3, run={"name": name, "method": method, "backbone": backbone, "seed": seed})
+    path.write_text(json.dumps(d))
+    return path
+
+
+def test_transfer_table_mean_and_std(tmp_path):
+    ps = [_transfer(tmp_path / f"t{s}.json", "simcse", "simcse", "bert", s, b) for s, b in [(1, 80.0), (2, 84.0), (3, 85.0)]]
+    t = table_transfer(collect(ps, [*TRANSFER_TASKS, "MRPC_F1"])).iloc[0]
+    assert t["MR"] == pytest.approx(round(statistics.mean([80, 84, 85]), 2))
+    assert t["MR_std"] == pytest.approx(round(statistics.stdev([80, 84, 85]), 2))
+    assert t["Avg"] == pytest.approx(round(statistics.mean([83, 87, 88]), 2))
+    assert t["MRPC_F1"] == pytest.approx(82.0) and t["n_seeds"] == 3
+
+
+def test_welch_p_against_scipy_and_ci():
+    from scipy import stats
+
+    a, b = [76.1, 76.9, 75.8, 76.4], [75.0, 75.3, 76.2]
+    assert welch_p(a, b) == pytest.approx(stats.ttest_ind(a, b, equal_var=False).pvalue)
+    # by hand: Welch t and Welch–Satterthwaite degrees of freedom
+    va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
+    t = (statistics.mean(a) - statistics.mean(b)) / math.sqrt(va + vb)
+    dof = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
+    assert welch_p(a, b) == pytest.approx(2 * stats.t.sf(abs(t), dof))
+    assert welch_p([1.0], b) is None
+    lo, hi = ci95([1.0, 2.0, 3.0])
+    assert (lo, hi) == pytest.approx((2 - 4.302652729911275 / math.sqrt(3), 2 + 4.302652729911275 / math.sqrt(3)))
+    assert ci95([5.0]) == (None, None)
+
+
+def test_paper_table_join(tmp_path):
+    pub = tmp_path / "paper.yaml"
+    pub.write_text("""results:
+  - {method: simcse, backbone: bert, table: sts, source: SimCSE T5, scores: {STS12: 70.0, Avg: 73.0}}
+  - {method: baseline, backbone: bert, pooler: avg_static_last, table: sts, source: SimCSE T5, scores: {Avg: 40.0}}
+""")
+    sts = [_sts(tmp_path / f"s{s}.json", "simcse", "simcse", "bert", s, b) for s, b in [(1, 70.0), (2, 71.0), (3, 72.0)]]
+    sts += [_sts(tmp_path / f"n{s}.json", "newm", "newm", "bert", s, b) for s, b in [(1, 73.0), (2, 74.0)]]
+    sts += [_sts(tmp_path / "b.json", "bert-avg_static_last", "baseline", "bert", 0, 37.0, pooler="avg_static_last")]
+    t = table_paper(collect(sts, TASKS), None, load_paper_results(pub))
+    row = t[(t.method == "simcse") & (t.metric == "Avg")].iloc[0]
+    assert row["published"] == 73.0 and row["reproduced"] == pytest.approx(74.0) and row["diff"] == pytest.approx(1.0)
+    lo, hi = ci95([73.0, 74.0, 75.0])
+    assert row["ci95_low"] == pytest.approx(round(lo, 2)) and row["published_in_ci95"] is True
+    assert pd.isna(row["p_welch_vs_simcse"])  # SimCSE is the reference itself
+    s12 = t[(t.method == "simcse") & (t.metric == "STS12")].iloc[0]
+    assert s12["published"] == 70.0 and s12["published_in_ci95"] is True  # seeds 70, 71, 72: CI [68.5, 73.5]
+    new_avg = t[(t.method == "newm") & (t.metric == "Avg")].iloc[0]
+    assert pd.isna(new_avg["published"]) and pd.isna(new_avg["diff"])
+    assert new_avg["source"] == "not reported"
+    assert new_avg["p_welch_vs_simcse"] == pytest.approx(round(welch_p([76.0, 77.0], [73.0, 74.0, 75.0]), 4))
+    base = t[(t.method == "baseline") & (t.metric == "Avg")].iloc[0]
+    assert base["published"] == 40.0 and base["pooler"] == "avg_static_last" and pd.isna(base["published_in_ci95"])
+    # CSV: a missing published value is an empty cell, not 0
+    out = tmp_path / "p.csv"
+    t.to_csv(out, index=False)
+    back = pd.read_csv(out, keep_default_na=False)
+    assert (back[(back.method == "newm")]["published"] == "").all()
+
+
+def test_paper_results_file_of_the_repo_is_valid():
+    from conftest import REPO
+
+    entries = load_paper_results(REPO / "config" / "paper_results.yaml")
+    simcse = next(e for e in entries if e["method"] == "simcse" and e["backbone"] == "bert-base-uncased")
+    assert simcse["scores"]["Avg"] == 76.25
+    for e in entries:  # each published Avg is the mean of its seven STS tasks (to rounding)
+        if e["table"] == "sts" and len(e["scores"]) == 8:
+            assert statistics.mean(v for k, v in e["scores"].items() if k != "Avg") == pytest.approx(e["scores"]["Avg"], abs=0.011)
+
+
+def test_bad_paper_results_name_the_key(tmp_path):
+    p = tmp_path / "p.yaml"
+    p.write_text("results:\n  - {method: x, backbone: y, table: sts, source: s, scores: {STS99: 1.0}}\n")
+    with pytest.raises(SentembError, match=r"results\[0\].scores.*STS99"):
+        load_paper_results(p)
+    p.write_text("results:\n  - {method: x, backbone: y, table: sts, scores: {}}\n")
+    with pytest.raises(SentembError, match="lacks 'source'"):
+        load_paper_results(p)
+
+
+def test_colours_fixed_per_method():
+    a = method_colours(["una", "simcse", "baseline"])
+    b = method_colours(["simcse", "una"])
+    assert a["simcse"] == b["simcse"] and a["una"] == b["una"] and a["simcse"] != a["una"]
+
+
+def test_figures_are_written_and_baseline_without_history_is_omitted(tmp_path):
+    from PIL import Image
+
+    runs = tmp_path / "results" / "runs"
+    evals, trains = [], []
+    for s in (1, 2):
+        evals.append(_sts(runs / "simcse" / "bert" / f"seed{s}" / "eval_sts.json", "simcse", "simcse", "bert", s, 70.0 + s))
+        tj = runs / "simcse" / "bert" / f"seed{s}" / "train.json"
+        tj.write_text(json.dumps({"history": [{"step": k * 10, "dev_stsb": 60 + k + s} for k in range(5)]}))
+        trains.append(tj)
+    evals.append(_sts(tmp_path / "results" / "baselines" / "bert" / "avg" / "eval_sts.json", "bert-avg", "baseline",
+                      "bert", 0, 40.0, pooler="avg"))
+    tj = tmp_path / "results" / "baselines" / "bert" / "avg" / "train.json"
+    tj.write_text(json.dumps({"history": []}))  # a run without history: omitted, no crash
+    trains.append(tj)
+    paper = pd.DataFrame([{"table": "sts", "name": "simcse", "method": "simcse", "backbone": "bert", "pooler": "",
+                           "metric": "Avg", "published": 76.25, "reproduced": 74.5, "ci95_low": 68.1, "ci95_high": 80.9}])
+    files = figures(evals, trains, paper, tmp_path / "figs")
+    names = sorted(p.name for p in files)
+    for stem in ("table1_bars", "dev_curves", "align_uniform", "cosine_buckets", "paper_vs_reproduced"):
+        assert f"{stem}.png" in names and f"{stem}.svg" in names
+        img = np.asarray(Image.open(tmp_path / "figs" / f"{stem}.png").convert("L"))
+        assert img.shape[0] > 200 and img.std() > 10  # not blank
+
+
+@pytest.mark.parametrize("patch, key", [
+    ({"baselines": {"gpt-9": ["avg"]}}, "baselines.gpt-9"),
+    ({"baselines": {"tiny-bert": ["mean"]}}, "baselines.tiny-bert"),
+    ({"evaluation": {"transfer_tasks": ["MR", "SST5"]}}, "evaluation.transfer_tasks"),
+    ({"evaluation": {"mrpc_features": "both"}}, "evaluation.mrpc_features"),
+    ({"evaluation": {"transfer": "yes"}}, "evaluation.transfer"),
+])
+def test_bad_report_config_names_the_key(patch, key):
+    import yaml
+
+    from conftest import REPO
+    from sentemb.config import validate_config
+
+    cfg = yaml.safe_load((REPO / ".test" / "config.yaml").read_text())
+    for k, v in patch.items():
+        cfg[k] = {**cfg.get(k, {}), **v} if isinstance(v, dict) and k == "evaluation" else v
+    with pytest.raises(SentembError, match=key.replace(".", r"\.").replace("-", r"\-")):
+        validate_config(cfg)
+
+
+def test_published_numbers_do_not_attach_to_ablations(tmp_path):
+    pub = tmp_path / "paper.yaml"
+    pub.write_text("results:\n  - {method: simcse, backbone: bert, table: sts, source: T5, scores: {Avg: 73.0}}\n")
+    sts = [_sts(tmp_path / "a.json", "simcse", "simcse", "bert", 1, 70.0),
+           _sts(tmp_path / "b.json", "simcse-tau0.1", "simcse", "bert", 1, 60.0)]
+    t = table_paper(collect(sts, TASKS), None, load_paper_results(pub)).set_index(["name", "metric"])
+    assert t.loc[("simcse", "Avg"), "published"] == 73.0
+    assert pd.isna(t.loc[("simcse-tau0.1", "Avg"), "published"])
+    assert t.loc[("simcse-tau0.1", "Avg"), "source"] == "not reported"

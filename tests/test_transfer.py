@@ -1,0 +1,251 @@
+"""Transfer tasks (SentEval protocol) and STS-B embedding geometry, against independent computations."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from sentemb import SentembError
+from sentemb.evaluate import GOLD_BUCKETS, alignment, evaluate_sts, geometry, gold_bucket, uniformity
+from sentemb.transfer import (REGS_INNER, REGS_KFOLD, TASK_FILES, inner_kfold, kfold, load_transfer_task,
+                              mrpc_features, split_classifier)
+
+
+# ------------------------------------------------------------------------------ classifier protocol
+def _separable(n=120, d=6, seed=0):
+    rng = np.random.default_rng(seed)
+    y = np.arange(n) % 2
+    X = rng.normal(size=(n, d))
+    X[:, 0] += np.where(y == 1, 6.0, -6.0)  # a wide margin along one axis
+    return X, y
+
+
+def _noise(n=400, d=6, seed=1):
+    rng = np.random.default_rng(seed)
+    return rng.normal(size=(n, d)), rng.permutation(np.arange(n) % 2)
+
+
+def test_grids_are_senteval_sklearn_grids():
+    assert REGS_INNER == [0.25, 0.5, 1, 2, 4, 8]
+    assert REGS_KFOLD == [0.5, 1, 2, 4, 8, 16, 32]
+
+
+def test_separable_set_is_learned_perfectly_and_noise_is_at_chance():
+    X, y = _separable()
+    r = inner_kfold(X, y)
+    assert r["acc"] == 100.0 and r["devacc"] == 100.0
+    assert len(r["C"]) == 10  # one choice per outer fold
+    Xn, yn = _noise()
+    rn = inner_kfold(Xn, yn)
+    assert 35.0 < rn["acc"] < 65.0
+    k = kfold(X[:80], y[:80], X[80:], y[80:])
+    assert k["acc"] == 100.0
+    s = split_classifier(X[:60], y[:60], X[60:90], y[60:90], X[90:], y[90:])
+    assert s["acc"] == 100.0 and s["devacc"] == 100.0
+    kn = kfold(Xn[:300], yn[:300], Xn[300:], yn[300:])
+    assert 35.0 < kn["acc"] < 65.0
+
+
+def test_inner_kfold_matches_an_explicit_reimplementation():
+    """The protocol written out differently: folds by hand from StratifiedKFold indices, C chosen
+    by comparing rounded mean accuracies in a loop (first maximum wins)."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.model_selection import StratifiedKFold
+
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(150, 4))
+    y = (X[:, 0] + 0.8 * rng.normal(size=150) > 0).astype(int)
+    folds = list(StratifiedKFold(10, shuffle=True, random_state=1111).split(X, y))
+    accs, devs = [], []
+    for tr, te in folds:
+        best_c, best = None, -1.0
+        for c in [0.25, 0.5, 1.0, 2.0, 4.0, 8.0]:
+            inner = StratifiedKFold(10, shuffle=True, random_state=1111).split(X[tr], y[tr])
+            correct = [np.mean(LogisticRegression(C=c, random_state=1111).fit(X[tr][a], y[tr][a]).predict(X[tr][b])
+                               == y[tr][b]) for a, b in inner]
+            m = round(100 * sum(correct) / len(correct), 2)
+            if m > best:
+                best_c, best = c, m
+        devs.append(best)
+        pred = LogisticRegression(C=best_c, random_state=1111).fit(X[tr], y[tr]).predict(X[te])
+        accs.append(round(100 * float(np.mean(pred == y[te])), 2))
+    r = inner_kfold(X, y)
+    assert r["acc"] == pytest.approx(round(sum(accs) / len(accs), 2))
+    assert r["devacc"] == pytest.approx(round(sum(devs) / len(devs), 2))
+
+
+def test_mrpc_features_layout():
+    u = np.array([[1.0, -2.0]])
+    v = np.array([[3.0, 5.0]])
+    assert mrpc_features(u, v, "paper").tolist() == [[1, -2, 3, 5, 2, 7, 3, -10]]
+    assert mrpc_features(u, v, "code").tolist() == [[2, 7, 3, -10]]
+    with pytest.raises(SentembError, match="mrpc_features"):
+        mrpc_features(u, v, "both")
+
+
+# ---------------------------------------------------------------------------------- data loading
+def _write_transfer_tree(root):
+    """A SentEval-shaped transfer tree: class words make every task separable."""
+    rng = np.random.default_rng(0)
+    filler = "the a of and to in is was for on".split()
+
+    def sent(word):
+        return " ".join([*rng.choice(filler, size=rng.integers(2, 6)), word])
+
+    def w(rel, lines, enc="utf-8"):
+        p = root / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text("".join(l + "\n" for l in lines), encoding=enc)
+
+    for task, (pos, neg) in {"MR": ("good", "bad"), "CR": ("good", "bad"), "SUBJ": ("dog", "cat"),
+                             "MPQA": ("yes", "no")}.items():
+        files = TASK_FILES[task]
+        w(files[0], [sent(pos) for _ in range(40)], "latin-1")
+        w(files[1], [sent(neg) for _ in range(40)], "latin-1")
+    for split, n in (("train", 60), ("dev", 20), ("test", 20)):
+        w(f"SST/binary/sentiment-{split}", [f"{sent(['bad', 'good'][i % 2])} \t{i % 2}" for i in range(n)])
+    classes = ["ABBR", "DESC", "ENTY", "HUM", "LOC", "NUM"]
+    words = ["one", "two", "three", "man", "city", "red"]
+    w("TREC/train_5500.label", [f"{classes[i % 6]}:x {sent(words[i % 6])}" for i in range(120)], "latin-1")
+    w("TREC/TREC_10.label", [f"{classes[i % 6]}:x {sent(words[i % 6])}" for i in range(30)], "latin-1")
+    for split, n in (("train", 80), ("test", 30)):
+        rows = ["\ufeffQuality\t#1 ID\t#2 ID\t#1 String\t#2 String"]
+        for i in range(n):
+            y = i % 2
+            a = sent("dog")
+            rows.append(f"{y}\t{i}\t{i + 1}\t{a}\t{a if y else sent('car')}")
+        w(f"MRPC/msr_paraphrase_{split}.txt", rows)
+    return root
+
+
+def test_loaders_follow_senteval_order_and_labels(tmp_path):
+    root = _write_transfer_tree(tmp_path)
+    t = load_transfer_task(root, "SUBJ")
+    x, y = t.splits["all"]
+    assert len(x) == 80 and sum(y) == 40
+    keys = [(len(s.split()), l) for s, l in zip(x, y)]
+    assert keys == sorted(keys)  # SentEval sorts by (tokens, label) before the folds
+    assert all(("dog" in s) == (l == 1) for s, l in zip(x, y))  # SUBJ: objective is class 1
+    trec = load_transfer_task(root, "TREC")
+    assert sorted(set(trec.splits["train"][1])) == [0, 1, 2, 3, 4, 5]
+    assert not any(s.startswith("x ") for s in trec.splits["train"][0])  # the fine label is dropped
+    mrpc = load_transfer_task(root, "MRPC")
+    (a, b), y = mrpc.splits["train"]
+    assert len(a) == len(b) == len(y) == 80  # header skipped (with its BOM)
+
+
+def test_missing_task_file_is_named(tmp_path):
+    root = _write_transfer_tree(tmp_path)
+    (root / "CR" / "custrev.neg").unlink()
+    with pytest.raises(SentembError, match=r"CR.*custrev\.neg"):
+        load_transfer_task(root, "CR")
+
+
+def test_cli_end_to_end_on_tiny_model(tmp_path, tiny_bert_dir):
+    from sentemb.cli import main
+
+    root = _write_transfer_tree(tmp_path / "se")
+    out = tmp_path / "t.json"
+    rc = main(["evaluate-transfer", "--model", str(tiny_bert_dir), "--pooler", "avg", "--data-dir", str(root),
+               "--output", str(out), "--quiet", "--device", "cpu", "--kfold", "3",
+               "--run-meta", "name=x", "--run-meta", "seed=1"])
+    assert rc == 0
+    d = json.loads(out.read_text())
+    for t in ["MR", "CR", "SUBJ", "MPQA", "SST2", "TREC", "MRPC"]:
+        assert 0.0 <= d[t] <= 100.0
+        assert d["details"][t]["seconds"] >= 0
+    assert d["avg"] == pytest.approx(np.mean([d[t] for t in ["MR", "CR", "SUBJ", "MPQA", "SST2", "TREC", "MRPC"]]))
+    assert "MRPC_F1" in d and d["details"]["SST2"]["n"] == {"train": 60, "dev": 20, "test": 20}
+    assert d["run"] == {"name": "x", "seed": 1}
+    # a missing file fails before any model is loaded, naming the file
+    (root / "TREC" / "TREC_10.label").unlink()
+    assert main(["evaluate-transfer", "--model", str(tiny_bert_dir), "--pooler", "avg", "--data-dir", str(root),
+                 "--tasks", "TREC", "--output", str(tmp_path / "u.json")]) == 2
+    assert not (tmp_path / "u.json").exists()
+
+
+@pytest.mark.realdata
+def test_real_trec_on_minilm_matches_senteval(shared, minilm_dir):
+    """all-MiniLM-L6-v2, mean pooling, TREC: 89.20, the accuracy SentEval's own code
+    (facebookresearch/SentEval, usepytorch=False, kfold=10) gives on this machine (README "Evaluation")."""
+    from sentemb.evaluate import Embedder
+    from sentemb.transfer import evaluate_transfer
+
+    emb = Embedder.from_dir(minilm_dir, "avg", device="cpu")
+    r = evaluate_transfer(emb, shared / "data" / "senteval", ["TREC"])
+    d = r["details"]["TREC"]
+    assert d["n"] == {"train": 5452, "test": 500}
+    assert r["TREC"] == pytest.approx(89.2, abs=0.01)
+    assert d["devacc"] == pytest.approx(85.45, abs=0.1)
+
+
+# --------------------------------------------------------------------------------------- geometry
+def test_alignment_and_uniformity_against_direct_numpy():
+    rng = np.random.default_rng(0)
+    a, b = rng.normal(size=(7, 5)), rng.normal(size=(7, 5))
+    na = a / np.sqrt((a**2).sum(1, keepdims=True))
+    nb = b / np.sqrt((b**2).sum(1, keepdims=True))
+    want_align = sum(float(((na[i] - nb[i]) ** 2).sum()) for i in range(7)) / 7
+    assert alignment(a, b) == pytest.approx(want_align, rel=1e-10)
+    x = rng.normal(size=(9, 5))
+    nx = x / np.linalg.norm(x, axis=1, keepdims=True)
+    terms = [math.exp(-2 * float(((nx[i] - nx[j]) ** 2).sum())) for i in range(9) for j in range(i + 1, 9)]
+    assert uniformity(x) == pytest.approx(math.log(sum(terms) / len(terms)), rel=1e-10)
+    assert uniformity(np.ones((4, 3))) == pytest.approx(0.0, abs=1e-12)  # collapsed space: log 1
+
+
+def test_gold_buckets_at_edges():
+    g = np.array([0.0, 0.999, 1.0, 1.5, 2.0, 3.999, 4.0, 4.6, 5.0])
+    assert gold_bucket(g).tolist() == [0, 0, 1, 1, 2, 3, 4, 4, 4]
+    assert [f"{lo}-{hi}" for lo, hi in GOLD_BUCKETS] == ["0-1", "1-2", "2-3", "3-4", "4-5"]
+
+
+def test_geometry_fields():
+    e1 = np.array([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0]])
+    e2 = np.array([[1.0, 0.0], [0.0, 1.0], [0.0, -1.0]])
+    g = geometry(e1, e2, np.array([4.5, 2.2, 0.1]), np.vstack([e1, e2]))
+    assert g["align"] == pytest.approx(0.0) and g["n_align_pairs"] == 1
+    assert g["cosine_buckets"]["2-3"]["cosines"] == [0.0]
+    assert g["cosine_buckets"]["0-1"]["mean"] == pytest.approx(-1.0)
+    assert g["cosine_buckets"]["1-2"] == {"n": 0, "mean": None, "std": None, "cosines": []}
+
+
+def test_geometry_comes_from_the_sts_evaluation(tiny_senteval):
+    from sentemb.senteval import load_task
+
+    calls = []
+
+    def embed(sents):
+        calls.append(len(sents))
+        return np.stack([np.array([len(s), s.count("a") + 1.0, 1.0]) for s in sents])
+
+    r = evaluate_sts(embed, tiny_senteval, ["STSBenchmark"])
+    assert len(calls) == 1  # one encoding pass for scores and geometry
+    p = load_task(tiny_senteval, "STSBenchmark")[0]
+    e1, e2 = embed(p.sent1), embed(p.sent2)
+    gold = np.array(p.gold)
+    assert r["geometry"]["align"] == pytest.approx(alignment(e1[gold >= 4], e2[gold >= 4]))
+    assert sum(v["n"] for v in r["geometry"]["cosine_buckets"].values()) == len(gold)
+
+
+def test_avg_static_last_pooler_is_embeddings_plus_last_layer(tiny_bert_dir):
+    """The papers' "first-last avg." rows: mean over real tokens of (embedding output + last layer) / 2,
+    computed here from the model's modules directly."""
+    import torch
+
+    from sentemb.evaluate import Embedder
+
+    emb = Embedder.from_dir(tiny_bert_dir, "avg_static_last", device="cpu")
+    got = emb(["the dog runs", "a cat"])
+    model, tok = emb.model, emb.tokenizer
+    want = []
+    with torch.no_grad():
+        for s in ["the dog runs", "a cat"]:
+            ids = tok(s, return_tensors="pt")
+            static = model.embeddings(input_ids=ids["input_ids"], token_type_ids=ids["token_type_ids"])[0]
+            last = model(**ids).last_hidden_state[0]
+            want.append(((static + last) / 2).mean(0).numpy())
+    np.testing.assert_allclose(got, np.stack(want), rtol=1e-4, atol=1e-5)
+    first = Embedder.from_dir(tiny_bert_dir, "avg_first_last", device="cpu")(["the dog runs"])
+    assert not np.allclose(first[0], got[0])  # the later code's variant differs
