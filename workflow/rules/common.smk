@@ -78,7 +78,9 @@ def eval_outputs():
 
 
 # --- report end of the DAG (issue 12): transfer tasks, untrained baselines, paper table, figures
-TRANSFER = config["evaluation"]["transfer"]
+# runs with transfer tasks: runs[].transfer, else evaluation.transfer
+TRANSFER_RUNS = {(r["name"], r["backbone"]) for r in config["runs"] if r.get("transfer", config["evaluation"]["transfer"])}
+TRANSFER = bool(TRANSFER_RUNS)
 # (backbone, pooler) of every untrained baseline (config `baselines`)
 BASELINES = [(b, p) for b, ps in (config.get("baselines") or {}).items() for p in ps]
 BASE_DIR = f"{RESULTS}/baselines/{{backbone}}/{{pooler}}"
@@ -98,10 +100,11 @@ def baseline_outputs(kind="sts"):
 
 
 def transfer_outputs():
-    """Transfer results of every run and baseline (empty unless evaluation.transfer)."""
+    """Transfer results of the runs that have them and of every baseline (none without any)."""
     if not TRANSFER:
         return []
-    return [f"{RESULTS}/runs/{n}/{b}/seed{s}/eval_transfer.json" for n, b, s in JOBS] + baseline_outputs("transfer")
+    return [f"{RESULTS}/runs/{n}/{b}/seed{s}/eval_transfer.json" for n, b, s in JOBS if (n, b) in TRANSFER_RUNS] + \
+        baseline_outputs("transfer")
 
 
 def train_summaries():
