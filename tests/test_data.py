@@ -104,7 +104,7 @@ def test_fetch_senteval_http(tmp_path, tiny_tar):
     url, sha = tiny_tar
     out = tmp_path / "res" / "senteval"
     fetch_senteval(out, url=url, sha256=sha, expected_counts=TINY_COUNTS)
-    assert sorted(p.name for p in out.iterdir()) == ["SICK", "STS"]
+    assert sorted(p.name for p in out.iterdir()) == [".sentemb_manifest.json", "SICK", "STS"]  # + what was verified
     assert len(load_task(out, "STSBenchmark")[0]) == 3
     assert [len(p) for p in load_task(out, "STS16")] == [2] * 5
     assert [p.name for p in out.parent.iterdir()] == ["senteval"]  # no temporary leftovers

@@ -63,7 +63,7 @@ rule figures:
         },
         **{f"{f}_svg": f"{RESULTS}/figures/{f}.svg" for f in FIGURES},
     params:
-        outdir=f"{RESULTS}/figures",
+        outdir=lambda wildcards, output: os.path.dirname(output[0]),
     log:
         f"{LOGS}/figures.log",
     localrule: True
