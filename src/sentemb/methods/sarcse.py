@@ -50,7 +50,7 @@ integrating conv) listed in ``modules.json`` as :class:`SarcseSTModule`, so
 ``SentenceTransformer(path, trust_remote_code=True)`` and ``sentemb evaluate --pooler method`` both
 give Z.
 
-Reference: the SARCSE paper (``../shared/seeds/000_*.txt``), §2, Eqs. 1–12, §3.1.
+Reference: the SARCSE paper (seed 000 in the shared data folder, ``seeds/000_*.txt``), §2, Eqs. 1–12, §3.1.
 """
 
 from __future__ import annotations
