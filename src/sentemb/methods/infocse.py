@@ -78,6 +78,7 @@ from .. import SentembError
 from ..models import MLPHead
 from . import register_method
 from .base import Method, arg
+from ..masking import mask_tokens  # noqa: F401  (public here too: BERT's MLM corruption)
 from .simcse import info_nce
 
 log = logging.getLogger(__name__)
@@ -95,32 +96,6 @@ PRETRAIN_DEFAULTS = {"seed": 42, "mask_rate": 0.15, "mask_unit": "token"}
 
 
 # ----------------------------------------------------------------------------------- masking
-def mask_tokens(input_ids: np.ndarray, maskable: np.ndarray, rate: float, rng: np.random.Generator, mask_id: int,
-                vocab_size: int, word_ids: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """BERT's MLM corruption (Devlin et al. 2019; InfoCSE §2 "BERT's MLM objective"): each maskable
-    position (or each word, with ``word_ids``: -1 = not a word) is chosen with probability ``rate``;
-    a chosen token becomes [MASK] with p 0.8, a uniformly random token with p 0.1, stays with p 0.1.
-    Returns (x̂, labels) with labels = the original id at chosen positions, -100 elsewhere."""
-    shape = input_ids.shape
-    if word_ids is None:
-        chosen = (rng.random(shape) < rate) & maskable
-    else:
-        n_words = int(word_ids.max()) + 1 if word_ids.size else 0
-        pick = rng.random((shape[0], max(n_words, 1))) < rate
-        chosen = np.zeros(shape, dtype=bool)
-        valid = (word_ids >= 0) & maskable
-        rows = np.nonzero(valid)
-        chosen[rows] = pick[rows[0], word_ids[rows]]
-    r = rng.random(shape)
-    rand_tok = rng.integers(0, vocab_size, shape)
-    out = input_ids.copy()
-    out[chosen & (r < 0.8)] = mask_id
-    rnd = chosen & (r >= 0.8) & (r < 0.9)
-    out[rnd] = rand_tok[rnd]
-    labels = np.where(chosen, input_ids, -100)
-    return out, labels
-
-
 # ----------------------------------------------------------------------------------- modules
 class MLMHead(nn.Module):
     """BERT's MLM prediction head: dense + activation + LayerNorm, then logits = x Wᵀ + b (Eq. 4's W).

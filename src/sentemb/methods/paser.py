@@ -411,19 +411,15 @@ class PaSeR(Method):
             ids += piece
         return ids if len(ids) > 1 else []
 
-    def mlm_mask(self, input_ids: torch.Tensor, special: torch.Tensor, g: torch.Generator):
-        """BERT's MLM corruption: each non-special token chosen with p = mlm_prob; of those 80% →
-        [MASK], 10% → a random token, 10% unchanged. Returns (inputs, labels with −100 elsewhere)."""
-        p = torch.full(input_ids.shape, self.args["mlm_prob"])
-        chosen = (torch.rand(input_ids.shape, generator=g) < p) & ~special
-        labels = torch.where(chosen, input_ids, torch.full_like(input_ids, -100))
-        r = torch.rand(input_ids.shape, generator=g)
-        rand_ids = torch.randint(len(self.tokenizer), input_ids.shape, generator=g)
-        out = input_ids.clone()
-        out[chosen & (r < 0.8)] = self.tokenizer.mask_token_id
-        swap = chosen & (r >= 0.8) & (r < 0.9)
-        out[swap] = rand_ids[swap]
-        return out, labels
+    def mlm_mask(self, input_ids: torch.Tensor, special: torch.Tensor, rng):
+        """BERT's MLM corruption (``sentemb.masking.mask_tokens``): each non-special token chosen with
+        p = mlm_prob; of those 80% → [MASK], 10% → a random token, 10% unchanged. Returns (inputs,
+        labels with −100 elsewhere)."""
+        from ..masking import mask_tokens
+
+        x, y = mask_tokens(input_ids.numpy(), ~special.numpy(), self.args["mlm_prob"], rng,
+                           self.tokenizer.mask_token_id, len(self.tokenizer))
+        return torch.from_numpy(x), torch.from_numpy(y)
 
     def build_batch(self, sentences, step=0, *, lines=None, micro=0):
         if lines is None or len(lines) != len(sentences):
@@ -452,7 +448,7 @@ class PaSeR(Method):
         s_ids, s_att = ids[:b], att[:b]
         special = torch.tensor([tok.get_special_tokens_mask(x, already_has_special_tokens=True)
                                 for x in s_ids.tolist()], dtype=torch.bool) | (s_att == 0)
-        mlm_ids, mlm_lab = self.mlm_mask(s_ids, special, self.torch_rng(micro))
+        mlm_ids, mlm_lab = self.mlm_mask(s_ids, special, rng)
         return {"input_ids": ids, "attention_mask": att, "dec_rows": torch.tensor(rows, dtype=torch.long),
                 "dec_input_ids": dec_in, "dec_attention_mask": dec_att, "dec_labels": dec_lab,
                 "mlm_input_ids": mlm_ids, "mlm_labels": mlm_lab}
