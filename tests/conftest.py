@@ -81,6 +81,24 @@ def tiny_bert_dir(tmp_path_factory) -> Path:
     return d
 
 
+@pytest.fixture(scope="session")
+def tiny_roberta_dir(tmp_path_factory):
+    """A random 2-layer RoBERTa (hidden 32) with a byte-level BPE of single bytes (<s> 0, <pad> 1, </s> 2)."""
+    import torch
+    from tokenizers.pre_tokenizers import ByteLevel
+    from transformers import RobertaConfig, RobertaModel, RobertaTokenizerFast
+
+    d = tmp_path_factory.mktemp("tiny_roberta")
+    vocab = {t: i for i, t in enumerate(["<s>", "<pad>", "</s>", "<unk>"] + sorted(ByteLevel.alphabet()) + ["<mask>"])}
+    tok = RobertaTokenizerFast(vocab=vocab, merges=[])
+    tok.save_pretrained(d)
+    torch.manual_seed(0)
+    RobertaModel(RobertaConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                               intermediate_size=64, max_position_embeddings=80, pad_token_id=1, bos_token_id=0,
+                               eos_token_id=2)).save_pretrained(d)
+    return d
+
+
 def write_tiny_senteval(root: Path, n: int = 12) -> Path:
     """A SentEval-shaped tree with ``n`` scored pairs per file from the tiny vocabulary."""
     import random

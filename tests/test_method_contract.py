@@ -219,6 +219,55 @@ def test_resume_after_a_kill_is_bit_identical(name, tiny_bert_dir, inputs, tiny_
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), f"{name}: {f.name} differs"
 
 
+def test_batches_from_the_token_cache_equal_batches_from_the_tokenizer(name, tiny_bert_dir, inputs):
+    """Issue 13: ``build_batch`` with the corpus's token cache in ``ctx`` (what the loop gives) and
+    without (the tokenizer on every step) returns the same tensors, for every method."""
+    from sentemb.tokens import TokenCache
+
+    lines = list(range(len(SENTS)))
+    plain = make(name, tiny_bert_dir, inputs).build_batch(SENTS, step=0, lines=lines, micro=7)
+    m = make(name, tiny_bert_dir, inputs)
+    m.ctx.tokens = TokenCache.build(SENTS, m.tokenizer)
+    cached = m.build_batch(SENTS, step=0, lines=lines, micro=7)
+    assert plain.keys() == cached.keys()
+    for k in plain:
+        assert torch.equal(plain[k], cached[k]), f"{name}: batch['{k}'] differs with the token cache"
+
+
+def test_the_optimised_loop_gives_the_same_losses_step_by_step(name, tiny_bert_dir, inputs, tiny_senteval):
+    """Issue 13's exactness test: the loop with the token cache and the prefetch thread (defaults)
+    and the loop as it was (tokenizer on every step, batches built in line) give the same loss
+    terms at every step, fp32, fixed seed, on the corpus's real line order (``inputs`` corpus)."""
+    from sentemb.tracking import Tracker
+    from sentemb.train import Prefetcher, State, optimizer_step, setup
+
+    def losses(**over):
+        cfg = run_cfg(name, tiny_bert_dir, inputs, tiny_senteval, precision="fp32", model_selection="last", **over)
+        job = setup(cfg, "/nonexistent")
+        job.tracker = Tracker(enabled=False)
+        job.prefetch = Prefetcher(job) if cfg["train"]["prefetch"] else None
+        assert (job.method.ctx.tokens is not None) == over["token_cache"]
+        state, out = State(), []
+        job.method.train()
+        try:
+            while state.step < job.total:
+                optimizer_step(job, state)
+                out.append({k: v.clone() for k, v in state.pending[-1][2].items()})
+                state.pending.clear()
+        finally:
+            if job.prefetch is not None:
+                job.prefetch.close()
+        return out
+
+    fast = losses(token_cache=True, prefetch=True)
+    before = losses(token_cache=False, prefetch=False)
+    assert len(fast) == len(before) == 4
+    for step, (a, b) in enumerate(zip(fast, before), start=1):
+        assert a.keys() == b.keys()
+        for k in a:
+            assert torch.equal(a[k], b[k]), f"{name}: step {step}: {k} {float(a[k])} != {float(b[k])}"
+
+
 def test_unknown_and_mistyped_arguments_are_refused(name):
     cls = get_method(name)
     with pytest.raises(SentembError, match=rf"runs\[0\]\.method_args\.no_such_arg: unknown argument of method '{name}'"):

@@ -123,23 +123,6 @@ def freq_table(tiny_bert_dir, tmp_path_factory):
     return out
 
 
-@pytest.fixture(scope="module")
-def tiny_roberta_dir(tmp_path_factory):
-    """A random 2-layer RoBERTa (hidden 32) with a byte-level BPE of single bytes (<s> 0, <pad> 1, </s> 2)."""
-    from tokenizers.pre_tokenizers import ByteLevel
-    from transformers import RobertaConfig, RobertaModel, RobertaTokenizerFast
-
-    d = tmp_path_factory.mktemp("tiny_roberta")
-    vocab = {t: i for i, t in enumerate(["<s>", "<pad>", "</s>", "<unk>"] + sorted(ByteLevel.alphabet()) + ["<mask>"])}
-    tok = RobertaTokenizerFast(vocab=vocab, merges=[])
-    tok.save_pretrained(d)
-    torch.manual_seed(0)
-    RobertaModel(RobertaConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                               intermediate_size=64, max_position_embeddings=80, pad_token_id=1, bos_token_id=0,
-                               eos_token_id=2)).save_pretrained(d)
-    return d
-
-
 def make(model_dir, freq=None, seed=0, **args):
     torch.manual_seed(seed)
     enc, tok = load_encoder(model_dir, pooling_layer=False)

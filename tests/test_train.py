@@ -140,3 +140,111 @@ def test_state_from_other_settings_is_not_resumed(tiny_bert_dir, tiny_corpus, ti
     res = train(changed, tmp_path / "run", progress=False)
     fresh = train(changed, tmp_path / "fresh", progress=False)
     assert res["history"] == fresh["history"]  # a fresh start, not a resume with the old lr
+
+
+# ------------------------------------------------------------------ issue 13: the fast paths
+def test_a_state_saved_with_the_fast_paths_resumes_without_them_bit_identically(tiny_bert_dir, tiny_corpus,
+                                                                                 tiny_senteval, tmp_path):
+    """token_cache/prefetch change speed, not results: a kill under one setting resumes under the
+    other (same state, same MLflow run) and ends with the weights of an uninterrupted run."""
+    from sentemb.train import run_fingerprint
+
+    fast = run_cfg(tiny_bert_dir, tiny_corpus, tiny_senteval, token_cache=True, prefetch=True)
+    slow = run_cfg(tiny_bert_dir, tiny_corpus, tiny_senteval, token_cache=False, prefetch=False)
+    assert run_fingerprint(fast) == run_fingerprint(slow)
+    full = train(fast, tmp_path / "full", progress=False)
+    with pytest.raises(KeyboardInterrupt):
+        train(fast, tmp_path / "run", stop_after=3, progress=False)
+    res = train(slow, tmp_path / "run", progress=False)
+    assert res["history"] == full["history"]
+    a, b = load_file(tmp_path / "full/model/model.safetensors"), load_file(tmp_path / "run/model/model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_the_workflows_token_cache_is_read_and_a_wrong_one_refused(tiny_bert_dir, tiny_corpus, tiny_senteval,
+                                                                   tmp_path, monkeypatch):
+    from sentemb.models import load_tokenizer
+    from sentemb.tokens import TokenCache
+
+    tok = load_tokenizer(tiny_bert_dir)
+    TokenCache.build(read_corpus(tiny_corpus), tok, corpus=tiny_corpus).save(tmp_path / "tokens.tiny")
+    cfg = run_cfg(tiny_bert_dir, tiny_corpus, tiny_senteval, eval_steps=100)
+    cfg["paths"]["tokens"] = str(tmp_path / "tokens.tiny")
+
+    def no_tokenizer_on_a_step(*a, **k):
+        raise AssertionError("the tokenizer ran during training")
+
+    monkeypatch.setattr(TokenCache, "build", no_tokenizer_on_a_step)  # it must be loaded, not rebuilt
+    with_cache = train(cfg, tmp_path / "a", progress=False)
+    monkeypatch.undo()
+    plain = train(run_cfg(tiny_bert_dir, tiny_corpus, tiny_senteval, eval_steps=100, token_cache=False),
+                  tmp_path / "b", progress=False)
+    assert with_cache["history"] == plain["history"]
+    other = tmp_path / "other.txt"
+    other.write_text(tiny_corpus.read_text().replace("the", "a"))
+    cfg["paths"]["corpus"] = str(other)
+    with pytest.raises(SentembError, match=r"tokens.tiny/meta.json: made from another corpus"):
+        train(cfg, tmp_path / "c", progress=False)
+    assert not (tmp_path / "c" / "model").exists()
+
+
+def test_a_build_error_in_the_prefetch_thread_reaches_the_loop(tiny_bert_dir, tiny_corpus, tiny_senteval, tmp_path,
+                                                                monkeypatch):
+    from sentemb.methods.simcse import SimCSE
+
+    orig = SimCSE.build_batch
+
+    def fails_at_micro_2(self, sentences, step=0, *, lines=None, micro=0):
+        if micro == 2:
+            raise SentembError("bad line in micro-batch 2")
+        return orig(self, sentences, step, lines=lines, micro=micro)
+
+    monkeypatch.setattr(SimCSE, "build_batch", fails_at_micro_2)
+    with pytest.raises(SentembError, match="bad line in micro-batch 2"):
+        train(run_cfg(tiny_bert_dir, tiny_corpus, tiny_senteval), tmp_path / "run", progress=False)
+    assert not (tmp_path / "run" / "model").exists()
+
+
+def test_the_dev_embedder_tokenizes_the_dev_set_once(tiny_bert_dir, monkeypatch):
+    from sentemb.evaluate import Embedder
+    from sentemb.models import load_encoder
+
+    enc, tok = load_encoder(tiny_bert_dir)
+    sents = ["the dog runs", "a man plays the guitar in the park", "the dog runs", "red car"]
+    kept = Embedder(enc, tok, "cls_before_pooler", batch_size=2, keep_plan=True)
+    plain = Embedder(enc, tok, "cls_before_pooler", batch_size=2)
+    first = kept(sents)
+    calls = []
+    real_plan = kept.plan
+    monkeypatch.setattr(kept, "plan", lambda uniq: calls.append(uniq) or real_plan(uniq))
+    np.testing.assert_array_equal(kept(sents), first)  # the kept plan, not a new one
+    assert calls == []
+    np.testing.assert_array_equal(plain(sents), first)
+    kept(["another sentence"])  # other sentences: a new plan
+    assert calls == [["another sentence"]]
+
+
+def test_compiled_loop_gives_the_eager_losses(tiny_bert_dir, tiny_corpus, tiny_senteval):
+    """train.compile: true gives the losses of the eager loop to fp32 tolerance, dropout included."""
+    torch._dynamo.reset()
+    from sentemb.tracking import Tracker
+    from sentemb.train import State, optimizer_step, setup
+
+    def losses(compile):
+        cfg = run_cfg(tiny_bert_dir, tiny_corpus, tiny_senteval, precision="fp32", compile=compile, max_steps=3,
+                      model_selection="last", prefetch=False)
+        job = setup(cfg, "/nonexistent")
+        job.tracker = Tracker(enabled=False)
+        state, out = State(), []
+        job.method.train()
+        for _ in range(3):
+            optimizer_step(job, state)
+            out.append(float(state.pending[-1][2]["loss"]))
+            state.pending.clear()
+        return out, job
+
+    eager, _ = losses(False)
+    compiled, job = losses(True)
+    assert job.step_fn is not job.method.losses  # the compiled function ran
+    np.testing.assert_allclose(compiled, eager, rtol=1e-5, atol=1e-6)
+    assert eager[0] != eager[1]  # different batches, so matching every step means something

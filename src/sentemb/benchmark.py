@@ -174,77 +174,175 @@ def bench_eval(model_dir, sentences, batch_size, device):
     return time.perf_counter() - t0, len(set(sentences)), n_tok
 
 
-def bench_overhead(model_dir, corpus, batch_size, steps, warmup, device, max_len, precision, log_steps=10,
-                   method="simcse"):
-    """The shared loop's full optimizer step (``sentemb.train.optimizer_step``: build_batch on the
-    corpus schedule, transfer, autocast, losses, backward, clip, optimizer, LR schedule, the
-    deferred finiteness check, and ``log_step`` every ``log_steps``) against a bare step on tensors
-    built beforehand (forward + loss + backward + optimizer only), same model, same batches.
-    Returns (loop seconds per step, bare seconds per step)."""
-    import torch
+#: the loop configurations ``--overhead`` times, name -> train settings over the defaults
+LOOP_VARIANTS = {
+    "shared loop (default: token cache + prefetch thread)": {},
+    "shared loop, token cache, no prefetch": {"prefetch": False},
+    "shared loop, tokenizer on every step, no prefetch": {"token_cache": False, "prefetch": False},
+}
 
-    from .tracking import Tracker
-    from .train import State, log_step, optimizer_step, setup
 
-    tc = {"epochs": 1, "max_steps": None, "batch_size": batch_size, "grad_accum": 1, "lr": 3e-5, "weight_decay": 0.0,
-          "warmup_ratio": 0.0, "lr_schedule": "linear", "grad_clip": 1.0, "max_len": max_len, "eval_steps": 10**9,
-          "eval_at_end": False, "log_steps": log_steps, "save_steps": 10**9, "precision": precision, "dropout": None,
-          "device": str(device), "num_threads": None, "compile": False, "model_selection": "last"}
+def _bench_run(model_dir, corpus, batch_size, device, max_len, precision, method="simcse", log_steps=10,
+               **train) -> dict:
+    """A resolved run (``sentemb.config.resolve_run``'s shape) for benchmarking the loop."""
     from .methods import get_method
 
-    run = {"name": method, "method": method, "backbone": "bench", "seed": 0, "train": tc,
-           "method_args": get_method(method).resolve_args({}), "paths": {"model": str(model_dir), "corpus": str(corpus),
-                                                                           "senteval": None, "inputs": {}}}
-    job = setup(run, "/nonexistent-benchmark-output")
-    if job.total < 2 * (warmup + steps):
-        raise SentembError(f"--corpus gives {job.total} steps of batch {batch_size}; {2 * (warmup + steps)} are needed")
-    job.tracker = Tracker(enabled=False)
-    state = State()
-    job.method.train()
-    for _ in range(warmup):
-        optimizer_step(job, state)
-    log_step(job, state)
-    _sync(device)
-    t0 = time.perf_counter()
-    state.t_log = t0
-    for i in range(steps):
-        optimizer_step(job, state)
-        if state.step % log_steps == 0:
-            log_step(job, state)
-    log_step(job, state)
-    _sync(device)
-    loop = (time.perf_counter() - t0) / steps
+    tc = {"epochs": 50, "max_steps": None, "batch_size": batch_size, "grad_accum": 1, "lr": 3e-5, "weight_decay": 0.0,
+          "warmup_ratio": 0.0, "lr_schedule": "linear", "grad_clip": 1.0, "max_len": max_len, "eval_steps": 10**9,
+          "eval_at_end": False, "log_steps": log_steps, "save_steps": 10**9, "precision": precision, "dropout": None,
+          "device": str(device), "num_threads": None, "compile": False, "model_selection": "last",
+          "token_cache": True, "prefetch": True, **train}
+    return {"name": method, "method": method, "backbone": "bench", "seed": 0, "train": tc,
+            "method_args": get_method(method).resolve_args({}),
+            "paths": {"model": str(model_dir), "corpus": str(corpus), "senteval": None, "inputs": {}}}
 
-    # bare: the next steps' batches prepared and moved to the device before the clock starts
-    batches = [{k: v.to(device) for k, v in micro[1].items()}
-               for s in range(state.step, state.step + warmup + steps) for micro in [
-                   (s, job.method.build_batch([job.sentences[i] for i in job.micro[s]], step=s, lines=job.micro[s], micro=s))]]
-    amp = job.amp
-    for i, batch in enumerate(batches):
-        if i == warmup:
+
+def _bench_job(run):
+    from .tracking import Tracker
+    from .train import Prefetcher, State, setup
+
+    job = setup(run, "/nonexistent-benchmark-output")
+    job.tracker = Tracker(enabled=False)
+    if run["train"]["prefetch"]:
+        job.prefetch = Prefetcher(job)
+    job.method.train()
+    return job, State()
+
+
+def bench_overhead(model_dir, corpus, batch_size, steps, warmup, device, max_len, precision, log_steps=10,
+                   method="simcse", rounds=3, variants=None):
+    """The shared loop's full optimizer step (``sentemb.train.optimizer_step``: batches from the
+    prefetch thread or built in line, transfer, autocast, losses, backward, clip, optimizer, LR
+    schedule, the deferred finiteness check, and ``log_step`` every ``log_steps``) in each of
+    ``variants`` (default ``LOOP_VARIANTS``), against a bare step on tensors built beforehand
+    (forward + loss + backward + optimizer only), same model and batch shapes. The variants and the
+    bare step take turns for ``rounds`` rounds of ``steps`` steps (so that a load change on the
+    machine hits all of them); each one's median round counts. Returns {name: seconds per step},
+    "bare" included."""
+    import statistics
+
+    import torch
+
+    from .train import log_step, optimizer_step
+
+    variants = LOOP_VARIANTS if variants is None else variants
+    jobs = {}
+    for name, over in variants.items():
+        job, state = _bench_job(_bench_run(model_dir, corpus, batch_size, device, max_len, precision, method,
+                                           log_steps, **over))
+        if job.total < warmup + rounds * steps + 1:
+            raise SentembError(f"--corpus gives {job.total} steps of batch {batch_size}; "
+                               f"{warmup + rounds * steps + 1} are needed")
+        for _ in range(warmup):
+            optimizer_step(job, state)
+        log_step(job, state)
+        jobs[name] = (job, state)
+    bare_job, bare_state = next(iter(jobs.values()))
+    times: dict[str, list[float]] = {name: [] for name in [*variants, "bare"]}
+    try:
+        for r in range(rounds):
+            for name, (job, state) in jobs.items():
+                _sync(device)
+                t0 = state.t_log = time.perf_counter()
+                for _ in range(steps):
+                    optimizer_step(job, state)
+                    if state.step % log_steps == 0:
+                        log_step(job, state)
+                log_step(job, state)
+                _sync(device)
+                times[name].append((time.perf_counter() - t0) / steps)
+            # bare: this round's batches (the default loop's next ones) prepared on the device beforehand
+            first = bare_state.step
+            batches = []
+            for s in range(first, first + steps):
+                idx = bare_job.micro[s]
+                cpu = bare_job.method.build_batch([bare_job.sentences[i] for i in idx], step=s, lines=idx, micro=s)
+                batches.append({k: v.to(device) for k, v in cpu.items()})
+            amp = bare_job.amp
             _sync(device)
             t0 = time.perf_counter()
-        with torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
-            loss = job.method.losses(batch)["loss"]
-        loss.backward()
-        job.opt.step()
-        job.opt.zero_grad(set_to_none=True)
-    _sync(device)
-    bare = (time.perf_counter() - t0) / steps
-    return loop, bare
+            for batch in batches:
+                with torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
+                    loss = bare_job.method.losses(batch)["loss"]
+                loss.backward()
+                bare_job.opt.step()
+                bare_job.opt.zero_grad(set_to_none=True)
+            _sync(device)
+            times["bare"].append((time.perf_counter() - t0) / steps)
+    finally:
+        for job, _ in jobs.values():
+            if job.prefetch is not None:
+                job.prefetch.close()
+    return {name: statistics.median(v) for name, v in times.items()}
+
+
+def bench_compile(model_dir, corpus, batch_size, steps, device, max_len, method="simcse"):
+    """The loop with ``train.compile`` off and on, fp32, same seed: per-step losses and seconds per
+    step after the first (compilation) step. Returns {False: (losses, first_s, s_per_step), True: …}."""
+    import torch
+
+    from .train import optimizer_step
+
+    out = {}
+    for compiled in (False, True):
+        torch._dynamo.reset()
+        job, state = _bench_job(_bench_run(model_dir, corpus, batch_size, device, max_len, "fp32", method,
+                                           compile=compiled, prefetch=False))
+        losses = []
+        t0 = time.perf_counter()
+        for s in range(steps + 1):
+            optimizer_step(job, state)
+            losses.append(float(state.pending[-1][2]["loss"]))
+            state.pending.clear()
+            if s == 0:
+                _sync(device)
+                t1 = time.perf_counter()
+        _sync(device)
+        out[compiled] = (losses, t1 - t0, (time.perf_counter() - t1) / steps)
+    return out
+
+
+def bench_dev_eval(model_dir, senteval, device, repeats=3):
+    """The loop's STS-B dev evaluation (``sentemb.train.evaluate_and_keep``: the training-time dev
+    embedder of SimCSE, fp32, the dev set tokenized and padded once and kept): seconds of the first
+    call (with tokenization) and the median of the next ``repeats``. Returns (first, then, sentences)."""
+    import statistics
+
+    import torch
+
+    from .evaluate import stsb_dev
+    from .methods import MethodContext, get_method
+    from .models import load_encoder
+    from .senteval import load_task
+
+    dev = load_task(senteval, "STSBenchmark", "dev")
+    torch.manual_seed(0)
+    enc, tok = load_encoder(model_dir, pooling_layer=False)
+    m = get_method("simcse")(enc, tok, {}, MethodContext(max_len=32, seed=0)).to(device)
+    m.train()
+    embed = m.embedder("cls_before_pooler", device)
+    times = []
+    for _ in range(repeats + 1):
+        _sync(device)
+        t0 = time.perf_counter()
+        stsb_dev(embed, dev)
+        _sync(device)
+        times.append(time.perf_counter() - t0)
+    n = len({s for p in dev for s in (*p.sent1, *p.sent2)})
+    return times[0], statistics.median(times[1:]), n
 
 
 def padding_waste(model_dir, corpus, batch_size, max_len, seed=0, max_batches=2000):
     """Fraction of padded positions per batch (dynamic padding to the batch's longest sentence,
     truncation to ``max_len``) over the training schedule's batches: (mean, p10, p90, batches)."""
     import numpy as np
-    from transformers import AutoTokenizer
 
+    from .models import load_tokenizer
+    from .tokens import TokenCache
     from .train import batch_schedule, read_corpus
 
-    tok = AutoTokenizer.from_pretrained(str(model_dir))
     sentences = read_corpus(corpus)
-    lengths = np.array([len(x) for x in tok(sentences, truncation=True, max_length=max_len)["input_ids"]])
+    lengths = TokenCache.build(sentences, load_tokenizer(model_dir)).lengths(max_len)
     fr = [1 - lengths[idx].sum() / (len(idx) * lengths[idx].max())
           for idx in batch_schedule(len(sentences), batch_size, 1, seed)[:max_batches]]
     return float(np.mean(fr)), float(np.percentile(fr, 10)), float(np.percentile(fr, 90)), len(fr)
@@ -259,17 +357,29 @@ def _cmd_overhead(args) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu x{torch.get_num_threads()} threads"
-    loop, bare = bench_overhead(args.model, args.corpus, args.batch_size, args.steps, args.warmup, device,
-                                args.max_len, args.precision)
+    res = bench_overhead(args.model, args.corpus, args.batch_size, args.steps, args.warmup, device, args.max_len,
+                         args.precision, rounds=args.rounds)
     waste, p10, p90, n = padding_waste(args.model, args.corpus, args.batch_size, args.max_len)
     print(f"model {args.model} | device {name} | batch {args.batch_size} | max_len {args.max_len} | "
-          f"precision {args.precision} | {args.steps} timed steps after {args.warmup} warm-up")
-    print(f"{'step':<62} {'ms/step':>9} {'overhead':>9}")
-    print(f"{'bare (forward + loss + backward + optimizer, tensors pre-built)':<62} {1000 * bare:>9.1f} {'':>9}")
-    print(f"{'shared loop (sentemb.train.optimizer_step + log_step)':<62} {1000 * loop:>9.1f} "
-          f"{100 * (loop / bare - 1):>8.1f}%")
+          f"precision {args.precision} | median of {args.rounds} rounds of {args.steps} steps after {args.warmup} warm-up")
+    print(f"{'step':<66} {'ms/step':>9} {'overhead':>9}")
+    bare = res["bare"]
+    print(f"{'bare (forward + loss + backward + optimizer, tensors pre-built)':<66} {1000 * bare:>9.1f} {'':>9}")
+    for what in LOOP_VARIANTS:
+        print(f"{what:<66} {1000 * res[what]:>9.1f} {100 * (res[what] / bare - 1):>8.1f}%")
+    print("(the shared loop also clips the gradient norm, steps the LR schedule, checks finiteness and logs)")
     print(f"padding waste (padded share of positions per batch, {n} batches of the schedule): "
           f"mean {100 * waste:.1f}%, p10 {100 * p10:.1f}%, p90 {100 * p90:.1f}%")
+    if args.compile:
+        comp = bench_compile(args.model, args.corpus, args.batch_size, args.compile_steps, device, args.max_len)
+        (l0, f0, s0), (l1, f1, s1) = comp[False], comp[True]
+        diff = max(abs(a - b) for a, b in zip(l0, l1))
+        print()
+        print(f"torch.compile (train.compile), fp32, {len(l0)} steps of the same run:")
+        print(f"{'':<22} {'first step s':>13} {'ms/step after':>14} {'loss, step 1':>13} {'loss, last step':>16}")
+        print(f"{'eager':<22} {f0:>13.2f} {1000 * s0:>14.1f} {l0[0]:>13.6f} {l0[-1]:>16.6f}")
+        print(f"{'compiled':<22} {f1:>13.2f} {1000 * s1:>14.1f} {l1[0]:>13.6f} {l1[-1]:>16.6f}")
+        print(f"largest per-step loss difference: {diff:.2e}")
     return 0
 
 
@@ -312,6 +422,7 @@ def _cmd_benchmark(args) -> int:
         rows.append(("train sentence-transformers MNRL", sents / s2, t2 / s2, 1000 * s2 / args.steps, None))
     es, en, et = bench_eval(args.model, sentences[: args.eval_sentences], args.eval_batch_size, device)
     rows.append(("evaluate (encode, no truncation)", en / es, et / es, None, None))
+    dev_eval = bench_dev_eval(args.model, args.senteval, device) if args.senteval else None
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu x{torch.get_num_threads()} threads"
     print(f"model {args.model} | device {name} | batch {args.batch_size} | max_len {args.max_len} | "
           f"precision {args.precision} | {args.steps} timed steps after {args.warmup} warm-up"
@@ -320,6 +431,13 @@ def _cmd_benchmark(args) -> int:
     for what, sps, tps, ms, u in rows:
         print(f"{what:<36} {sps:>12.1f} {tps:>12.0f} {ms if ms is not None else float('nan'):>9.1f} "
               f"{(f'{100 * u:.1f}%' if u is not None else '-'):>7}")
+    if dev_eval is not None:
+        step_s = args.batch_size / per_method[0][1]
+        every = args.eval_every
+        first, then, n_dev = dev_eval
+        print(f"STS-B dev evaluation in the loop ({n_dev} sentences, fp32, tokenized once): first {first:.2f} s, then "
+              f"{then:.2f} s; every {every} steps of simcse at batch {args.batch_size} "
+              f"({every * step_s:.1f} s of training) it costs {100 * then / (every * step_s + then):.1f}% of training time")
     if args.method:
         ref = per_method[0][1]
         print()
@@ -370,6 +488,14 @@ def register(sub) -> None:
     p.add_argument("--overhead", action="store_true",
                    help="compare the shared loop's full step with a bare step on pre-built tensors (use a tiny "
                         "model) and report the padding waste of the corpus's batches")
+    p.add_argument("--senteval", default=None, metavar="DIR",
+                   help="SentEval data directory: also time the loop's STS-B dev evaluation and its share of training "
+                        "time at --eval-every")
+    p.add_argument("--eval-every", type=int, default=125, help="with --senteval: steps between dev evaluations")
+    p.add_argument("--rounds", type=int, default=3, help="--overhead: rounds of --steps steps per variant (median)")
+    p.add_argument("--compile", action="store_true",
+                   help="--overhead: also run the loop with train.compile off and on (fp32) and compare losses")
+    p.add_argument("--compile-steps", type=int, default=5)
     p.add_argument("--compare-st", action="store_true", help="also time sentence-transformers' MNRL recipe")
     p.add_argument("--method", action="append", default=[], metavar="NAME",
                    help="also time this registered method (repeatable); prints a per-method table with the "

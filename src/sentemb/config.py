@@ -216,6 +216,11 @@ def input_path(config: dict, name: str, *, corpus: str, backbone: str, method: s
     raise SentembError(f"method '{method}' requires unknown input '{name}'")
 
 
+def tokens_path(config: dict, corpus: str, backbone: str) -> str:
+    """The corpus's token cache under the backbone's tokenizer (rule ``tokenize``, ``sentemb.tokens``)."""
+    return f"{config['results_dir']}/stats/{corpus}/tokens.{backbone}"
+
+
 def run_inputs(config: dict, name: str, backbone: str) -> dict[str, str]:
     """Every input the method of run ``name`` on ``backbone`` declares (``Method.requires(args)``),
     name -> path. The train rule's ``input:`` and ``resolve_run``'s ``paths.inputs`` both come from
@@ -254,6 +259,7 @@ def resolve_run(config: dict, name: str, backbone: str, seed: int) -> dict[str, 
             "senteval": f"{res}/data/senteval",
             "stats": f"{config['results_dir']}/stats/{corpus}",
             "inputs": run_inputs(config, name, backbone),
+            **({"tokens": tokens_path(config, corpus, backbone)} if train.get("token_cache", True) else {}),
         },
     }
 

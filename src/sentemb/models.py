@@ -91,6 +91,15 @@ def load_encoder(model_dir: str | Path, *, dropout: float | None = None, device=
     return model, tokenizer
 
 
+def load_tokenizer(model_dir: str | Path):
+    """The tokenizer of a Hugging Face model directory (what ``load_encoder`` returns beside the model)."""
+    from transformers import AutoTokenizer
+
+    if not Path(model_dir).is_dir():
+        raise SentembError(f"model directory not found: {model_dir}")
+    return AutoTokenizer.from_pretrained(str(model_dir))
+
+
 def _from_pretrained(auto_cls, model_dir, kwargs):
     try:
         return auto_cls.from_pretrained(model_dir, **kwargs)

@@ -32,7 +32,7 @@ def resolve_pretrain(config: dict, method: str, backbone: str) -> dict:
     """The complete settings of the pretraining stage of ``method`` on ``backbone`` (a run config
     ``sentemb.train.train`` reads): ``train`` = the config's train settings, then the method's
     ``pretrain_train_defaults``, then the train keys of ``methods.<method>.pretrain``."""
-    from .config import load_schema
+    from .config import load_schema, tokens_path
     from .methods import get_method
 
     cls = get_method(method)
@@ -73,6 +73,7 @@ def resolve_pretrain(config: dict, method: str, backbone: str) -> dict:
             "senteval": f"{res}/data/senteval",
             "stats": f"{config['results_dir']}/stats/{corpus}",
             "inputs": {},
+            **({"tokens": tokens_path(config, corpus, backbone)} if train.get("token_cache", True) else {}),
         },
     }
 

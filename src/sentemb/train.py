@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     import torch
 
     from .methods import Method
+    from .tokens import TokenCache
     from .tracking import Tracker
 
 log = logging.getLogger(__name__)
@@ -155,6 +156,8 @@ class Job:
     meta: dict
     embedder: Callable | None = None
     tracker: "Tracker | None" = None
+    tokens: "TokenCache | None" = None  # the corpus tokenized once (train.token_cache)
+    prefetch: "Prefetcher | None" = None  # next step's batches built in the background (train.prefetch)
 
 
 @dataclass
@@ -207,10 +210,23 @@ def setup(run: dict, out_dir: str | Path, method_cls: "type[Method] | None" = No
     # BERT's pretrained NSP pooler is neither loaded nor computed (methods.md §0).
     encoder, tokenizer = load_encoder(paths["model"], dropout=tc.get("dropout"), pooling_layer=False)
     method_cls = method_cls or get_method(run["method"])  # a pretraining stage passes its own class
+    tokens = None
+    if tc.get("token_cache", True):  # the workflow's cache (paths.tokens), else tokenized here, once
+        from .tokens import load_or_build
+
+        tokens = load_or_build(paths.get("tokens"), tokenizer, sentences, paths["corpus"])
     ctx = MethodContext(max_len=tc["max_len"], seed=seed, backbone=run["backbone"], model_dir=Path(paths["model"]),
-                        inputs={k: Path(v) for k, v in paths.get("inputs", {}).items()}, corpus=Path(paths["corpus"]))
+                        inputs={k: Path(v) for k, v in paths.get("inputs", {}).items()}, corpus=Path(paths["corpus"]),
+                        tokens=tokens)
     method = method_cls(encoder, tokenizer, run["method_args"], ctx).to(device)
-    step_fn = torch.compile(method.losses) if tc.get("compile") else method.losses
+    step_fn = method.losses
+    if tc.get("compile"):
+        import torch._inductor.config
+
+        # Dropout drawn by the eager kernels from the global generator, not by Inductor's own
+        # Philox: the compiled run sees the same dropout masks (and losses) as an eager one.
+        torch._inductor.config.fallback_random = True
+        step_fn = torch.compile(method.losses)
 
     micro = batch_schedule(len(sentences), tc["batch_size"], tc["epochs"], seed)
     accum = tc["grad_accum"]
@@ -228,14 +244,21 @@ def setup(run: dict, out_dir: str | Path, method_cls: "type[Method] | None" = No
     return Job(run=run, out_dir=out_dir, work=out_dir / ".work", tc=tc, seed=seed, device=device, amp=amp,
                sentences=sentences, dev_pairs=dev_pairs, method=method, step_fn=step_fn,
                pooler=method_cls.pooler_for(method.args), micro=micro, accum=accum, total=total, opt=opt,
-               sched=sched, scaler=scaler, fingerprint=fingerprint,
+               sched=sched, scaler=scaler, fingerprint=fingerprint, tokens=tokens,
                meta={"method": run["method"], "name": run["name"], "backbone": run["backbone"], "seed": seed})
+
+
+#: train settings that change how fast a run goes, never what it computes: a state saved with one
+#: value resumes under another
+SPEED_ONLY = ("token_cache", "prefetch", "num_threads")
 
 
 def run_fingerprint(run: dict) -> str:
     """The settings a saved state must share to be resumed (and its MLflow run continued)."""
-    return json.dumps({k: run[k] for k in ("method", "backbone", "seed", "train", "method_args", "paths")},
-                      sort_keys=True, default=str)
+    keep = {k: run[k] for k in ("method", "backbone", "seed", "train", "method_args", "paths")}
+    keep["train"] = {k: v for k, v in keep["train"].items() if k not in SPEED_ONLY}
+    keep["paths"] = {k: v for k, v in keep["paths"].items() if k != "tokens"}
+    return json.dumps(keep, sort_keys=True, default=str)
 
 
 def _selects_by_dev(tc: dict) -> bool:
@@ -270,15 +293,59 @@ def resume(job: Job) -> State:
     return state
 
 
-def micro_batches(job: Job, step: int) -> list[tuple[int, dict]]:
+def micro_batches(job: Job, step: int, pin: bool = False) -> list[tuple[int, dict]]:
     """The method-built CPU batches of optimizer step ``step``: (global micro index, batch) per
-    micro-batch. Deterministic in (seed, micro), so a resumed or re-run step sees the same data."""
+    micro-batch. Deterministic in (seed, micro), so a resumed or re-run step sees the same data.
+    ``pin``: in page-locked memory, so that the copy to the GPU is asynchronous."""
     out = []
     for k in range(job.accum):
         m = step * job.accum + k
         idx = job.micro[m]
-        out.append((m, job.method.build_batch([job.sentences[i] for i in idx], step=step, lines=idx, micro=m)))
+        batch = job.method.build_batch([job.sentences[i] for i in idx], step=step, lines=idx, micro=m)
+        if pin:
+            batch = {key: v.pin_memory() for key, v in batch.items()}
+        out.append((m, batch))
     return out
+
+
+class Prefetcher:
+    """Builds the next optimizer step's micro-batches (``micro_batches``) in one background thread
+    while the current step computes, so batch construction is off the critical path; pinned memory
+    on CUDA. Batches depend only on (seed, micro), never on the global RNG or the weights, so the
+    data are the same as without it (``train.prefetch: false``)."""
+
+    def __init__(self, job: Job):
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.job, self.pin = job, job.device.type == "cuda"
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="sentemb-batches")
+        self.pending = None  # (step, Future)
+
+    def get(self, step: int) -> list[tuple[int, dict]]:
+        """The batches of ``step`` (built ahead if it was the step asked for next), and start
+        building ``step + 1``."""
+        if self.pending is not None and self.pending[0] == step:
+            batches = self.pending[1].result()
+        else:
+            self.wait()
+            batches = micro_batches(self.job, step, self.pin)
+        self.pending = None
+        if step + 1 < self.job.total:
+            self.pending = (step + 1, self.pool.submit(micro_batches, self.job, step + 1, self.pin))
+        return batches
+
+    def wait(self) -> None:
+        """Let the batch in flight finish (before the main thread uses the tokenizer itself, e.g. to
+        evaluate: a fast tokenizer must not be used by two threads at once). Its error, if any, is
+        raised by the ``get`` that wants it."""
+        from concurrent.futures import wait
+
+        if self.pending is not None:
+            wait([self.pending[1]])
+
+    def close(self) -> None:
+        self.pending = None
+        self.pool.shutdown(wait=True, cancel_futures=True)
 
 
 def accumulate_gradients(job: Job, batches: list[tuple[int, dict]], state: State | None) -> None:
@@ -338,7 +405,8 @@ def sam_gradients(job: Job, batches: list[tuple[int, dict]], state: State) -> No
 def optimizer_step(job: Job, state: State) -> None:
     """Stage 3, one optimizer step: build the micro-batches, accumulate gradients (twice, at w and
     at w + ε̂, with ``train.sam_rho``), update."""
-    batches = micro_batches(job, state.step)
+    prefetch = getattr(job, "prefetch", None)
+    batches = prefetch.get(state.step) if prefetch is not None else micro_batches(job, state.step)
     if job.tc.get("sam_rho"):
         sam_gradients(job, batches, state)
     else:
@@ -384,6 +452,8 @@ def evaluate_and_keep(job: Job, state: State) -> float:
 
     check_finite(job, state)
     t0 = time.perf_counter()
+    if job.prefetch is not None:
+        job.prefetch.wait()
     dev = stsb_dev(job.embedder, job.dev_pairs)
     state.history.append({"step": state.step, "dev_stsb": dev})
     if dev > state.best["dev"]:
@@ -473,28 +543,40 @@ def train(run: dict, out_dir: str | Path, *, progress: bool = True, stop_after: 
             bar = tqdm(total=job.total, initial=state.step, desc=f"train {run['name']}", unit="step", file=sys.stderr,
                        mininterval=1 if sys.stderr.isatty() else 30)
         job.method.train()
+        if tc.get("prefetch", True):
+            job.prefetch = Prefetcher(job)
         t_start = state.t_log = time.perf_counter()
-        while state.step < job.total:
-            optimizer_step(job, state)
-            if bar is not None:
-                bar.update(1)
-            last = state.step == job.total
-            if state.step % tc["log_steps"] == 0 or last:
-                metrics = log_step(job, state)
-                if bar is not None:
-                    bar.set_postfix(loss=f"{metrics['train/loss']:.4f}")
-            if _selects_by_dev(tc) and (state.step % tc["eval_steps"] == 0 or (last and tc["eval_at_end"])):
-                evaluate_and_keep(job, state)
-            if state.step % tc["save_steps"] == 0 and not last:
-                save_state(job, state)
-            if stop_after is not None and state.step >= stop_after and not last:
-                save_state(job, state)
-                raise KeyboardInterrupt(f"stopped after {state.step} steps (test hook)")
+        try:
+            _loop(job, state, bar, stop_after)
+        finally:
+            if job.prefetch is not None:
+                job.prefetch.close()
         if bar is not None:
             bar.close()
         summary = finish(job, state, t_start)
     shutil.rmtree(job.work, ignore_errors=True)
     return summary
+
+
+def _loop(job: Job, state: State, bar, stop_after: int | None) -> None:
+    """Optimizer steps until ``job.total``: step, log, evaluate-and-keep, save (see ``train``)."""
+    tc = job.tc
+    while state.step < job.total:
+        optimizer_step(job, state)
+        if bar is not None:
+            bar.update(1)
+        last = state.step == job.total
+        if state.step % tc["log_steps"] == 0 or last:
+            metrics = log_step(job, state)
+            if bar is not None:
+                bar.set_postfix(loss=f"{metrics['train/loss']:.4f}")
+        if _selects_by_dev(tc) and (state.step % tc["eval_steps"] == 0 or (last and tc["eval_at_end"])):
+            evaluate_and_keep(job, state)
+        if state.step % tc["save_steps"] == 0 and not last:
+            save_state(job, state)
+        if stop_after is not None and state.step >= stop_after and not last:
+            save_state(job, state)
+            raise KeyboardInterrupt(f"stopped after {state.step} steps (test hook)")
 
 
 def _cmd_train(args: argparse.Namespace) -> int:

@@ -29,6 +29,7 @@ rule pretrain:
         run=f"{PRETRAIN_DIR}/pretrain_config.json",
         model=f"{RES}/models/{{backbone}}",
         corpus=lambda w: resolve_pretrain(config, w.method, w.backbone)["paths"]["corpus"],
+        tokens=lambda w: resolve_pretrain(config, w.method, w.backbone)["paths"].get("tokens", []),
         tracking=TRACKING_MARKER if TRACKING else [],
     output:
         model=directory(f"{PRETRAIN_DIR}/model"),

@@ -3,6 +3,7 @@
 # (sentemb.stats). Expects RES, RESULTS, LOGS, MIRROR, CORPUS and res() from
 # common.smk. Outputs, under results/stats/<corpus>/:
 #   token_freq.<backbone>.parquet   token frequency per backbone tokenizer (SARCSE)
+#   tokens.<backbone>/              the corpus's token ids under that tokenizer (training reads them)
 #   tfidf.parquet                   TF-IDF over the corpus (+ paraphrases if stats.tfidf_with_paraphrases)
 #   tfidf_para.parquet              TF-IDF over corpus + paraphrases (UNA's second vocabulary)
 #   rake_top<k>.parquet             RAKE top-k phrases per line (PaSeR; k = stats.rake_top_k)
@@ -68,6 +69,29 @@ rule stats_token_freq:
         "../envs/sentemb.yaml"
     shell:
         "RAYON_NUM_THREADS={threads} sentemb stats-freq --corpus {input.corpus:q} --tokenizer {input.model:q} "
+        "--output {output:q} > {log:q} 2>&1"
+
+
+rule tokenize:
+    """The corpus tokenized once per backbone tokenizer (memory-mapped ids; training steps read it
+    instead of running the tokenizer: sentemb.tokens)."""
+    input:
+        corpus=CORPUS_TXT,
+        model=f"{RES}/models/{{backbone}}",
+    output:
+        directory(f"{STATS_DIR}/tokens.{{backbone}}"),
+    log:
+        f"{LOGS}/stats/{{corpus}}/tokens.{{backbone}}.log",
+    benchmark:
+        f"benchmarks/stats/{{corpus}}/tokens.{{backbone}}.tsv"
+    threads: res("stats", "cpus") or 1
+    resources:
+        runtime=res("stats", "runtime") or 60,
+        mem_mb=res("stats", "mem_mb") or 8000,
+    conda:
+        "../envs/sentemb.yaml"
+    shell:
+        "RAYON_NUM_THREADS={threads} sentemb tokenize-corpus --corpus {input.corpus:q} --model {input.model:q} "
         "--output {output:q} > {log:q} 2>&1"
 
 

@@ -39,6 +39,7 @@ rule train:
         run=f"{RUN_DIR}/run_config.json",
         model=f"{RES}/models/{{backbone}}",
         corpus=lambda w: resolve_run(config, w.name, w.backbone, int(w.seed))["paths"]["corpus"],
+        tokens=lambda w: resolve_run(config, w.name, w.backbone, int(w.seed))["paths"].get("tokens", []),
         senteval=f"{RES}/data/senteval",
         tracking=TRACKING_MARKER if TRACKING else [],
     output:

@@ -196,6 +196,7 @@ class ArcCSE(SimCSE):
                        "or none", choices=("train_only", "always", "none"))
 
     eval_pooler = "cls_before_pooler"
+    needs_text = True  # the triplet rows are masked by word (word ids of the text); the SimCSE rows come from the cache
 
     def __init__(self, encoder, tokenizer, args, ctx):
         super().__init__(encoder, tokenizer, args, ctx)
@@ -264,8 +265,7 @@ class ArcCSE(SimCSE):
     def build_batch(self, sentences, step=0, *, lines=None, micro=0):
         """SimCSE's batch (truncated at ``ctx.max_len``) plus the triplet rows (``build_triplets``),
         whose masks are drawn from ``np_rng(micro)``."""
-        batch = dict(self.tokenizer(sentences, padding=True, truncation=True, max_length=self.ctx.max_len,
-                                    return_tensors="pt"))
+        batch = self.tokenize(sentences, lines)
         batch.update(self.build_triplets(sentences, self.np_rng(micro)))
         return batch
 

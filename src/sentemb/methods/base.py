@@ -65,6 +65,8 @@ class MethodContext:
     #: every input the method declared in ``requires(args)``, by name (see INPUT_NAMES)
     inputs: dict[str, Path] = field(default_factory=dict)
     corpus: Path | None = None  # the training corpus (one sentence per line; line i <-> index i)
+    #: the corpus tokenized once (``sentemb.tokens.TokenCache``), set by the loop; ``Method.tokenize`` reads it
+    tokens: Any = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def input(self, name: str) -> Path:
@@ -128,6 +130,11 @@ class Method(nn.Module):
     pretrain: ClassVar[Callable[..., dict] | None] = None
     #: stage-1 ``train`` defaults of ``pretrain`` (over the config's ``train``; under the block's own keys)
     pretrain_train_defaults: ClassVar[dict[str, Any]] = {}
+
+    #: True when ``build_batch`` reads the sentences' text (it rewrites them, or needs word alignment),
+    #: so the tokenizer runs there; False when every row it builds comes from ``tokenize(…, lines)``,
+    #: i.e. from the corpus's token cache (``sentemb.tokens``) without running the tokenizer.
+    needs_text: ClassVar[bool] = False
 
     #: pooler used to evaluate the exported model (sentemb evaluate --pooler); "method" = the
     #: method's own embedder (``load_embedder``)
@@ -215,10 +222,20 @@ class Method(nn.Module):
         return g
 
     # ------------------------------------------------------------------ training
+    def tokenize(self, sentences: Sequence[str], lines: Sequence[int] | None = None) -> dict[str, torch.Tensor]:
+        """``tokenizer(sentences, padding=True, truncation=True, max_length=ctx.max_len)`` as CPU
+        tensors; read from the corpus's token cache (no tokenizer call) when the loop has one and
+        ``lines`` (the sentences' corpus line indices) are given: the same tensors either way."""
+        if self.ctx.tokens is not None and lines is not None:
+            return self.ctx.tokens.batch(lines, self.ctx.max_len)
+        return dict(self.tokenizer(list(sentences), padding=True, truncation=True, max_length=self.ctx.max_len,
+                                   return_tensors="pt"))
+
     def build_batch(self, sentences: list[str], step: int = 0, *, lines: Sequence[int] | None = None,
                     micro: int = 0) -> dict[str, torch.Tensor]:
         """Turn corpus sentences into a flat dict of CPU tensors (dynamic padding, truncation to
-        ``ctx.max_len``).
+        ``ctx.max_len``); tokenize the corpus sentences with ``self.tokenize(sentences, lines)``.
+        It runs in the loop's prefetch thread, a step ahead: no global RNG, no device work.
 
         ``step``: optimizer steps done so far (schedules such as UNA's "every α steps").
         ``lines``: the sentences' corpus line indices (paraphrases and RAKE rows are line-aligned).
@@ -248,7 +265,7 @@ class Method(nn.Module):
 
         # fp32 even on CUDA: model selection should not hinge on bf16 rounding (3,000 sentences: cheap).
         return Embedder(self.encoder, self.tokenizer, "cls_before_pooler" if pooler == "cls" else pooler,
-                        head=self.dev_head(pooler), batch_size=128, device=device, precision="fp32")
+                        head=self.dev_head(pooler), batch_size=128, device=device, precision="fp32", keep_plan=True)
 
     def export(self, out_dir: Path, pooler: str, meta: dict[str, Any]) -> None:
         """Write the trained sentence encoder to ``out_dir`` (HF + sentence-transformers layout).

@@ -455,8 +455,7 @@ class InfoCSE(Method):
         return torch.from_numpy(x).to(input_ids.dtype), torch.from_numpy(y).long()
 
     def build_batch(self, sentences, step=0, *, lines=None, micro=0):
-        enc = dict(self.tokenizer(sentences, padding=True, truncation=True, max_length=self.ctx.max_len,
-                                  return_tensors="pt"))
+        enc = self.tokenize(sentences, lines)
         copies = 2 if self.args["aux_inputs"] == "view" else 1
         rng = self.np_rng(micro)
         ids = enc["input_ids"].repeat(copies, 1)
@@ -531,12 +530,17 @@ class InfoCSEPretrain(Method):
             log.warning("infocse pretrain: %s has no MLM head (cls.predictions.*): its transform starts fresh, "
                         "W = the word embeddings", ctx.model_dir)
 
+    needs_text = True  # whole-word masking (mask_unit: word) reads the word ids of the text
+
     def build_batch(self, sentences, step=0, *, lines=None, micro=0):
-        enc = self.tokenizer(sentences, padding=True, truncation=True, max_length=self.ctx.max_len, return_tensors="pt")
         word_ids = None
         if self.stage["mask_unit"] == "word":  # Condenser's whole-word masking
+            enc = self.tokenizer(sentences, padding=True, truncation=True, max_length=self.ctx.max_len,
+                                 return_tensors="pt")
             word_ids = np.array([[-1 if w is None else w for w in enc.word_ids(i)] for i in range(len(sentences))])
-        batch = dict(enc)
+            batch = dict(enc)
+        else:
+            batch = self.tokenize(sentences, lines)
         x, y = InfoCSE._mask(self, batch["input_ids"], batch["attention_mask"], self.stage["mask_rate"],
                              self.np_rng(micro), word_ids)
         batch["input_ids"], batch["mlm_labels"] = x, y

@@ -286,8 +286,7 @@ class SARCSE(Method):
 
     # -------------------------------------------------------------------------------- training
     def build_batch(self, sentences, step=0, *, lines=None, micro=0):
-        enc = self.tokenizer(sentences, padding=True, truncation=True, max_length=self.ctx.max_len, return_tensors="pt")
-        return dict(enc)
+        return self.tokenize(sentences, lines)
 
     def forward_views(self, batch):
         """Both dropout views in one pass. Returns Z (2B, dim) and, with a decoder, the compacted

@@ -53,8 +53,7 @@ class SimCSE(Method):
         self.mlp = MLPHead(hidden, getattr(encoder.config, "initializer_range", 0.02)) if self.args["mlp"] != "none" else None
 
     def build_batch(self, sentences, step=0, *, lines=None, micro=0):
-        enc = self.tokenizer(sentences, padding=True, truncation=True, max_length=self.ctx.max_len, return_tensors="pt")
-        return dict(enc)
+        return self.tokenize(sentences, lines)
 
     def encode_views(self, batch) -> tuple[torch.Tensor, torch.Tensor]:
         """Both dropout views in one forward pass: rows [x_1..x_B, x_1..x_B]; returns MLP(CLS) per view."""

@@ -1,0 +1,135 @@
+"""The corpus token cache (sentemb.tokens, issue 13): its batches are the tokenizer's batches.
+
+The reference is always the tokenizer itself, called as the methods called it before the cache:
+``tokenizer(sentences, padding=True, truncation=True, max_length=L, return_tensors="pt")``.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from sentemb import SentembError
+from sentemb.models import load_tokenizer
+from sentemb.tokens import TokenCache, tokenizer_fingerprint
+
+from conftest import TINY_WORDS
+
+EDGE = ["the dog", "", "  spaced   out  ", "Ünïcödé café — naïve", "x" * 200, "a " * 80, "the"]
+
+
+def reference(tok, sentences, max_len):
+    return dict(tok(list(sentences), padding=True, truncation=True, max_length=max_len, return_tensors="pt"))
+
+
+def assert_same(a, b):
+    assert list(a) == list(b), f"keys {list(a)} != {list(b)}"
+    for k in a:
+        assert a[k].dtype == b[k].dtype, k
+        assert torch.equal(a[k], b[k]), f"{k}:\n{a[k]}\n!=\n{b[k]}"
+
+
+def corpus_lines(n=120, seed=0):
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(TINY_WORDS) for _ in range(rng.randint(1, 40))) for _ in range(n)] + EDGE
+
+
+@pytest.mark.parametrize("which", ["bert", "roberta"])
+@pytest.mark.parametrize("max_len", [4, 9, 32, 512])
+def test_batches_equal_the_tokenizer_for_every_batch_and_length(which, max_len, tiny_bert_dir, tiny_roberta_dir):
+    tok = load_tokenizer(tiny_bert_dir if which == "bert" else tiny_roberta_dir)
+    sents = corpus_lines()
+    cache = TokenCache.build(sents, tok)
+    rng = np.random.default_rng(0)
+    for _ in range(25):
+        lines = rng.choice(len(sents), size=int(rng.integers(1, 20)), replace=False)
+        assert_same(cache.batch(lines, max_len), reference(tok, [sents[i] for i in lines], max_len))
+    lengths = cache.lengths(max_len)
+    ref = [len(x) for x in tok(sents, truncation=True, max_length=max_len)["input_ids"]]
+    assert lengths.tolist() == ref
+
+
+def test_left_padding_tokenizers_are_padded_on_the_left(tiny_bert_dir):
+    tok = load_tokenizer(tiny_bert_dir)
+    tok.padding_side = "left"
+    sents = corpus_lines(30)
+    cache = TokenCache.build(sents, tok)
+    assert_same(cache.batch([0, 5, 30, 31], 12), reference(tok, [sents[i] for i in (0, 5, 30, 31)], 12))
+
+
+def test_saved_cache_is_memory_mapped_and_gives_the_same_batches(tiny_bert_dir, tmp_path):
+    tok = load_tokenizer(tiny_bert_dir)
+    sents = corpus_lines()
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("".join(s + "\n" for s in sents), "utf-8")
+    built = TokenCache.build(sents, tok, corpus=corpus)
+    built.save(tmp_path / "cache")
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == ["ids.npy", "meta.json", "offsets.npy"]
+    loaded = TokenCache.load(tmp_path / "cache", tok, corpus=corpus, lines=len(sents))
+    assert isinstance(loaded.ids, np.memmap)
+    lines = [3, 1, 125, 0, 124]
+    assert_same(loaded.batch(lines, 16), built.batch(lines, 16))
+    assert_same(loaded.batch(lines, 16), reference(tok, [sents[i] for i in lines], 16))
+
+
+def test_a_cache_of_another_tokenizer_corpus_or_length_is_refused_by_name(tiny_bert_dir, tiny_roberta_dir, tmp_path):
+    bert, roberta = load_tokenizer(tiny_bert_dir), load_tokenizer(tiny_roberta_dir)
+    assert tokenizer_fingerprint(bert) != tokenizer_fingerprint(roberta)
+    before = tokenizer_fingerprint(bert)
+    bert(["the dog runs"] * 3, truncation=True, max_length=3, padding="max_length")  # per-call state only
+    assert tokenizer_fingerprint(bert) == before
+    sents = corpus_lines(20)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("".join(s + "\n" for s in sents), "utf-8")
+    TokenCache.build(sents, bert, corpus=corpus).save(tmp_path / "cache")
+    meta = tmp_path / "cache" / "meta.json"
+    with pytest.raises(SentembError, match=rf"{meta}: made by another tokenizer"):
+        TokenCache.load(tmp_path / "cache", roberta)
+    with pytest.raises(SentembError, match=rf"{meta}: {len(sents)} lines, but the corpus has 3"):
+        TokenCache.load(tmp_path / "cache", bert, lines=3)
+    other = tmp_path / "other.txt"
+    other.write_text("".join(s + " changed\n" for s in sents), "utf-8")
+    with pytest.raises(SentembError, match=rf"{meta}: made from another corpus than {other}"):
+        TokenCache.load(tmp_path / "cache", bert, corpus=other)
+    np.save(tmp_path / "cache" / "ids.npy", np.zeros(3, dtype=np.int32))  # damaged
+    with pytest.raises(SentembError, match="do not match meta.json"):
+        TokenCache.load(tmp_path / "cache", bert)
+    with pytest.raises(SentembError, match="not found"):
+        TokenCache.load(tmp_path / "nothing", bert)
+
+
+def test_tokenize_corpus_command_writes_the_cache(tiny_bert_dir, tmp_path):
+    sents = corpus_lines(40)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("".join(s + "\n" for s in sents if s.strip()), "utf-8")
+    out = tmp_path / "tokens.tiny"
+    r = subprocess.run([sys.executable, "-m", "sentemb", "tokenize-corpus", "--model", str(tiny_bert_dir),
+                        "--corpus", str(corpus), "--output", str(out)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    meta = json.loads((out / "meta.json").read_text())
+    kept = [s for s in sents if s.strip()]
+    assert meta["lines"] == len(kept) and meta["prefix"] == [2] and meta["suffix"] == [3]  # [CLS] … [SEP]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tokens")]  # no temporary left
+    tok = load_tokenizer(tiny_bert_dir)
+    cache = TokenCache.load(out, tok, corpus=corpus)
+    assert_same(cache.batch(range(len(kept)), 32), reference(tok, kept, 32))
+
+
+@pytest.mark.realdata
+def test_the_real_corpus_under_the_real_tokenizer_gives_the_tokenizers_batches(minilm_dir, shared):
+    """Every batch of the training schedule of the real Wikipedia sample under MiniLM's WordPiece."""
+    from sentemb.train import batch_schedule, read_corpus
+
+    corpus = shared / "data" / "wiki1m_head.txt"
+    tok = load_tokenizer(minilm_dir)
+    sents = read_corpus(corpus)
+    cache = TokenCache.build(sents, tok, corpus=corpus)
+    for max_len in (8, 32):
+        for idx in batch_schedule(len(sents), 64, 1, seed=0):
+            assert_same(cache.batch(idx, max_len), reference(tok, [sents[i] for i in idx], max_len))
