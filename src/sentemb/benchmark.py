@@ -73,7 +73,7 @@ def _timed_training(module, opt, make_batch, loss_of, sentences, batch_size, ste
 def bench_method(model_dir, sentences, batch_size, steps, warmup, device, max_len, precision, method="simcse",
                  method_args=None, inputs=None, corpus=None, sam_rho=None):
     """A registered method through the loop's own calls: ``build_batch`` (timed separately, with the
-    sentences' corpus line indices and the micro-batch index), transfer, autocast, ``losses``,
+    sentences' corpus line indices and the micro-batch index, the corpus's token cache in ``ctx``), transfer, autocast, ``losses``,
     backward, (with ``sam_rho``: SAM's ascent and second forward/backward with the same dropout
     masks, as ``train.sam_gradients``), clip, AdamW. Returns (seconds, real tokens, padded tokens,
     encoder config, build seconds)."""
@@ -90,6 +90,9 @@ def bench_method(model_dir, sentences, batch_size, steps, warmup, device, max_le
     enc, tok = load_encoder(model_dir, pooling_layer=False)
     ctx = MethodContext(max_len=max_len, seed=0, backbone=Path(model_dir).name, model_dir=Path(model_dir),
                         inputs={k: Path(v) for k, v in (inputs or {}).items()}, corpus=Path(corpus) if corpus else None)
+    from .tokens import TokenCache
+
+    ctx.tokens = TokenCache.build(sentences, tok)  # as the loop (train.token_cache): no tokenizer for corpus rows
     m = get_method(method)(enc, tok, method_args or {}, ctx).to(device)
     m.train()
     opt = build_optimizer(m, 3e-5, 0.0, device)
