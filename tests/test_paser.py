@@ -199,7 +199,7 @@ def test_decoding_signal_parts_by_explicit_loops():
 def test_decoder_shares_the_encoder_word_embedding_as_one_parameter(tiny_bert_dir, setup):
     m = make(tiny_bert_dir, *setup)
     w = m.encoder.get_input_embeddings().weight
-    assert m.decoder.embed_tokens.weight is w and m.mlm_head.embed_tokens.weight is w
+    assert m.decoder.embed_tokens.weight is w and m.mlm_head.W is w
     assert sum(p is w for p in m.parameters()) == 1
     assert not m.mlm_head_pretrained  # the tiny random BertModel has no cls.predictions
     assert len(m.decoder.layers.layers) == 1

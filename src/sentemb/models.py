@@ -21,6 +21,7 @@ import logging
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from . import POOLERS, SentembError
@@ -222,3 +223,88 @@ def export(
         json.dumps({"max_seq_length": max_seq_length, "do_lower_case": False}, indent=2)
     )
     (out_dir / "sentemb.json").write_text(json.dumps({"pooler": pooler, **(meta or {})}, indent=2, default=str))
+
+
+# ----------------------------------------------------------------------------- MLM head
+def read_weights(model_dir: str | Path) -> dict[str, torch.Tensor]:
+    """All tensors of a HF checkpoint directory (single or sharded safetensors, or pytorch_model.bin)."""
+    from safetensors.torch import load_file
+
+    model_dir = Path(model_dir)
+    if (model_dir / "model.safetensors").is_file():
+        return load_file(str(model_dir / "model.safetensors"))
+    idx = model_dir / "model.safetensors.index.json"
+    if idx.is_file():
+        out = {}
+        for f in sorted(set(json.loads(idx.read_text("utf-8"))["weight_map"].values())):
+            out.update(load_file(str(model_dir / f)))
+        return out
+    if (model_dir / "pytorch_model.bin").is_file():
+        return torch.load(model_dir / "pytorch_model.bin", map_location="cpu", weights_only=True)
+    raise SentembError(f"{model_dir}: no model.safetensors, model.safetensors.index.json or pytorch_model.bin")
+
+
+def mlm_head_state(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The ``cls.predictions.*`` tensors of a checkpoint's weights (prefix removed; Condenser's
+    ``lm.`` prefix too); {} when it has no MLM head."""
+    for p in ("lm.cls.predictions.", "cls.predictions."):
+        s = {k[len(p):]: v for k, v in weights.items() if k.startswith(p)}
+        if s:
+            return s
+    return {}
+
+
+class MLMHead(nn.Module):
+    """BERT's MLM prediction head (``cls.predictions``): dense + activation + LayerNorm, then
+    logits = x Wᵀ + b (Devlin et al. 2019; InfoCSE's Eq. 4 W, PaSeR's L_MLM).
+
+    ``tied``: an embedding module whose weight is W (as in BERT; not registered as a submodule, so
+    the word embeddings stay the encoder's); else W is this head's own parameter, copied from
+    ``weight`` (InfoCSE's stage-2 auxiliary head)."""
+
+    def __init__(self, config, tied: nn.Embedding | None = None, weight: torch.Tensor | None = None):
+        super().__init__()
+        from transformers.activations import ACT2FN
+
+        h = config.hidden_size
+        self.dense = nn.Linear(h, h)
+        self.act = ACT2FN[getattr(config, "hidden_act", "gelu")]
+        self.LayerNorm = nn.LayerNorm(h, eps=getattr(config, "layer_norm_eps", 1e-12))
+        self.bias = nn.Parameter(torch.zeros(tied.num_embeddings if tied is not None else config.vocab_size))
+        self._tied = [tied] if tied is not None else None  # a list: not registered as a submodule twice
+        self.weight = None if tied is not None else nn.Parameter(
+            weight.detach().clone() if weight is not None else torch.empty(config.vocab_size, h).normal_(
+                std=getattr(config, "initializer_range", 0.02)))
+        nn.init.normal_(self.dense.weight, std=getattr(config, "initializer_range", 0.02))
+        nn.init.zeros_(self.dense.bias)
+
+    @property
+    def W(self) -> torch.Tensor:
+        return self._tied[0].weight if self._tied is not None else self.weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(self.LayerNorm(self.act(self.dense(x))), self.W, self.bias)
+
+    def load_bert(self, state: dict[str, torch.Tensor], where: str) -> None:
+        """From BERT's ``cls.predictions.*`` tensors (the decoder weight, when present and untied here)."""
+        own = {"dense.weight": "transform.dense.weight", "dense.bias": "transform.dense.bias",
+               "LayerNorm.weight": "transform.LayerNorm.weight", "LayerNorm.bias": "transform.LayerNorm.bias",
+               "bias": "bias"}
+        if self.weight is not None and "decoder.weight" in state:
+            own["weight"] = "decoder.weight"
+        missing = [v for v in own.values() if v not in state]
+        if missing:
+            raise SentembError(f"{where}: MLM head tensors missing: cls.predictions.{', cls.predictions.'.join(missing)}")
+        with torch.no_grad():
+            for k, v in own.items():
+                dst = dict(self.named_parameters())[k]
+                if dst.shape != state[v].shape:
+                    raise SentembError(f"{where}: cls.predictions.{v} has shape {tuple(state[v].shape)}, "
+                                       f"expected {tuple(dst.shape)} (another hidden size or vocabulary?)")
+                dst.copy_(state[v])
+
+    def bert_state(self) -> dict[str, torch.Tensor]:
+        out = {"transform.dense.weight": self.dense.weight, "transform.dense.bias": self.dense.bias,
+               "transform.LayerNorm.weight": self.LayerNorm.weight, "transform.LayerNorm.bias": self.LayerNorm.bias,
+               "bias": self.bias, "decoder.weight": self.W}
+        return {f"cls.predictions.{k}": v.detach().cpu().contiguous() for k, v in out.items()}

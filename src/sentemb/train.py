@@ -6,6 +6,12 @@ logits and losses in fp32), periodic STS-B dev evaluation
 with best-checkpoint selection (methods.md §0), resumable checkpoints, and MLflow logging. A
 method contributes only its batch construction and loss terms (``sentemb.methods.base.Method``).
 
+What keeps a step's critical path to the model (issue 13): the corpus is tokenized once
+(``train.token_cache``, ``sentemb.tokens``), the next step's batches are built in a background
+thread and pinned (``train.prefetch``, ``Prefetcher``), loss finiteness is checked with one host
+sync per log/eval/save instead of per step, and the dev set is tokenized and padded once. None of
+these change what is computed: the losses are the same step by step with them off (tested).
+
 Outputs of ``train(run, out_dir)``:
     out_dir/model/       the best checkpoint by STS-B dev (HF + sentence-transformers layout)
     out_dir/train.json   summary (best dev, steps, throughput, history)

@@ -75,7 +75,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import SentembError
-from ..models import MLPHead
+from ..models import MLMHead, MLPHead, mlm_head_state, read_weights
 from . import register_method
 from .base import Method, arg
 from ..masking import mask_tokens  # noqa: F401  (public here too: BERT's MLM corruption)
@@ -97,60 +97,6 @@ PRETRAIN_DEFAULTS = {"seed": 42, "mask_rate": 0.15, "mask_unit": "token"}
 
 # ----------------------------------------------------------------------------------- masking
 # ----------------------------------------------------------------------------------- modules
-class MLMHead(nn.Module):
-    """BERT's MLM prediction head: dense + activation + LayerNorm, then logits = x Wᵀ + b (Eq. 4's W).
-
-    ``tied``: an embedding module whose weight is W (stage 1, as in BERT); else W is this head's own
-    parameter (stage 2's auxiliary head)."""
-
-    def __init__(self, config, tied: nn.Embedding | None = None, weight: torch.Tensor | None = None):
-        super().__init__()
-        from transformers.activations import ACT2FN
-
-        h = config.hidden_size
-        self.dense = nn.Linear(h, h)
-        self.act = ACT2FN[config.hidden_act]
-        self.LayerNorm = nn.LayerNorm(h, eps=config.layer_norm_eps)
-        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
-        self._tied = [tied] if tied is not None else None  # a list: not registered as a submodule twice
-        self.weight = None if tied is not None else nn.Parameter(
-            weight.detach().clone() if weight is not None else torch.empty(config.vocab_size, h).normal_(
-                std=config.initializer_range))
-        nn.init.normal_(self.dense.weight, std=config.initializer_range)
-        nn.init.zeros_(self.dense.bias)
-
-    @property
-    def W(self) -> torch.Tensor:
-        return self._tied[0].weight if self._tied is not None else self.weight
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(self.LayerNorm(self.act(self.dense(x))), self.W, self.bias)
-
-    def load_bert(self, state: dict[str, torch.Tensor], where: str) -> None:
-        """From BERT's ``cls.predictions.*`` tensors (the decoder weight, when present and untied here)."""
-        own = {"dense.weight": "transform.dense.weight", "dense.bias": "transform.dense.bias",
-               "LayerNorm.weight": "transform.LayerNorm.weight", "LayerNorm.bias": "transform.LayerNorm.bias",
-               "bias": "bias"}
-        if self.weight is not None and "decoder.weight" in state:
-            own["weight"] = "decoder.weight"
-        missing = [v for v in own.values() if v not in state]
-        if missing:
-            raise SentembError(f"{where}: MLM head tensors missing: cls.predictions.{', cls.predictions.'.join(missing)}")
-        with torch.no_grad():
-            for k, v in own.items():
-                dst = dict(self.named_parameters())[k]
-                if dst.shape != state[v].shape:
-                    raise SentembError(f"{where}: cls.predictions.{v} has shape {tuple(state[v].shape)}, "
-                                       f"expected {tuple(dst.shape)} (another hidden size or vocabulary?)")
-                dst.copy_(state[v])
-
-    def bert_state(self) -> dict[str, torch.Tensor]:
-        out = {"transform.dense.weight": self.dense.weight, "transform.dense.bias": self.dense.bias,
-               "transform.LayerNorm.weight": self.LayerNorm.weight, "transform.LayerNorm.bias": self.LayerNorm.bias,
-               "bias": self.bias, "decoder.weight": self.W}
-        return {f"cls.predictions.{k}": v.detach().cpu().contiguous() for k, v in out.items()}
-
-
 class BatchNormProjection(nn.Module):
     """The authors' code's ``--batchnorm`` head (DiffCSE's ProjectionMLP): Linear → BN → ReLU →
     Linear → BN (no affine), no biases."""
@@ -229,24 +175,6 @@ def mlm_loss(states: torch.Tensor, labels: torch.Tensor, head: nn.Module) -> tor
 
 
 # ----------------------------------------------------------------------------------- checkpoints
-def _read_weights(model_dir: Path) -> dict[str, torch.Tensor]:
-    """All tensors of a HF checkpoint directory (single or sharded safetensors, or pytorch_model.bin)."""
-    from safetensors.torch import load_file
-
-    model_dir = Path(model_dir)
-    if (model_dir / "model.safetensors").is_file():
-        return load_file(str(model_dir / "model.safetensors"))
-    idx = model_dir / "model.safetensors.index.json"
-    if idx.is_file():
-        out = {}
-        for f in sorted(set(json.loads(idx.read_text("utf-8"))["weight_map"].values())):
-            out.update(load_file(str(model_dir / f)))
-        return out
-    if (model_dir / "pytorch_model.bin").is_file():
-        return torch.load(model_dir / "pytorch_model.bin", map_location="cpu", weights_only=True)
-    raise SentembError(f"{model_dir}: no model.safetensors, model.safetensors.index.json or pytorch_model.bin")
-
-
 def _strip(state: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
     return {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
 
@@ -259,14 +187,6 @@ def encoder_state(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
             weights = _strip(weights, p)
             break
     return {k: v for k, v in weights.items() if not k.startswith(("cls.", "pooler.", "c_head."))}
-
-
-def mlm_head_state(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    for p in ("lm.cls.predictions.", "cls.predictions."):
-        s = _strip(weights, p)
-        if s:
-            return s
-    return {}
 
 
 def read_aux_checkpoint(path: str | Path, hidden_size: int, head_layers: int) -> dict[str, Any]:
@@ -284,7 +204,7 @@ def read_aux_checkpoint(path: str | Path, hidden_size: int, head_layers: int) ->
     if cfg.get("hidden_size") != hidden_size:
         raise SentembError(f"InfoCSE auxiliary checkpoint {path}: hidden size {cfg.get('hidden_size')} differs from "
                            f"the backbone's {hidden_size}")
-    weights = _read_weights(path)
+    weights = read_weights(path)
     head: dict[str, torch.Tensor] = {}
     if (path / AUX_HEAD_FILE).is_file():
         head = load_file(str(path / AUX_HEAD_FILE))
@@ -433,7 +353,7 @@ class InfoCSE(Method):
             self.aux_mlm.load_bert(src["mlm"], where)
         else:  # Table 4 "w/o pretraining": the backbone's upper layers and (if present) MLM head
             self.aux_head.load_state_dict(copy.deepcopy(self.encoder.encoder.layer[n_layers - a["head_layers"]:]).state_dict())
-            head = mlm_head_state(_read_weights(ctx.model_dir)) if ctx.model_dir else {}
+            head = mlm_head_state(read_weights(ctx.model_dir)) if ctx.model_dir else {}
             if head:
                 self.aux_mlm.load_bert(head, str(ctx.model_dir))
             else:
@@ -523,7 +443,7 @@ class InfoCSEPretrain(Method):
         self.aux_head = nn.ModuleList([BertLayer(cfg) for _ in range(a["head_layers"])])  # fresh, as Condenser
         _init_bert_(self.aux_head, std)
         self.mlm_head = MLMHead(cfg, tied=self.encoder.get_input_embeddings())
-        head = mlm_head_state(_read_weights(ctx.model_dir)) if ctx.model_dir else {}
+        head = mlm_head_state(read_weights(ctx.model_dir)) if ctx.model_dir else {}
         if head:
             self.mlm_head.load_bert(head, str(ctx.model_dir))  # "the backbone's pretrained MLM output matrix"
         else:

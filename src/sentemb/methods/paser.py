@@ -69,6 +69,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import SentembError
+from ..models import MLMHead, mlm_head_state, read_weights
 from . import register_method
 from .base import Method, arg
 
@@ -232,53 +233,6 @@ class PhraseDecoder(nn.Module):
         return y @ self.embed_tokens.weight.T
 
 
-class MLMHead(nn.Module):
-    """BERT's ``cls.predictions``: dense + activation + LayerNorm, then the (tied) word embeddings
-    and a bias. Weights loaded from the backbone checkpoint when it has them."""
-
-    def __init__(self, config, embed_tokens: nn.Embedding):
-        super().__init__()
-        from transformers.activations import ACT2FN
-
-        h = config.hidden_size
-        self.dense = nn.Linear(h, h)
-        self.act = ACT2FN[getattr(config, "hidden_act", "gelu")]
-        self.LayerNorm = nn.LayerNorm(h, eps=getattr(config, "layer_norm_eps", 1e-12))
-        self.bias = nn.Parameter(torch.zeros(embed_tokens.num_embeddings))
-        self.embed_tokens = embed_tokens
-        nn.init.normal_(self.dense.weight, std=getattr(config, "initializer_range", 0.02))
-        nn.init.zeros_(self.dense.bias)
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.LayerNorm(self.act(self.dense(hidden))) @ self.embed_tokens.weight.T + self.bias
-
-    def load_pretrained(self, model_dir) -> bool:
-        """Copy ``cls.predictions.{transform.dense, transform.LayerNorm, bias}`` from the checkpoint
-        in ``model_dir``; False if it has no MLM head."""
-        from pathlib import Path
-
-        d = Path(model_dir)
-        state: dict = {}
-        if (d / "model.safetensors").is_file():
-            from safetensors import safe_open
-
-            with safe_open(str(d / "model.safetensors"), "pt") as f:
-                state = {k: f.get_tensor(k) for k in f.keys() if k.startswith("cls.predictions.")}
-        elif (d / "pytorch_model.bin").is_file():
-            full = torch.load(d / "pytorch_model.bin", map_location="cpu", weights_only=True)
-            state = {k: v for k, v in full.items() if k.startswith("cls.predictions.")}
-        names = {"dense.weight": "transform.dense.weight", "dense.bias": "transform.dense.bias",
-                 "LayerNorm.weight": "transform.LayerNorm.weight", "LayerNorm.bias": "transform.LayerNorm.bias",
-                 "bias": "bias"}
-        src = {ours: state.get(f"cls.predictions.{theirs}") for ours, theirs in names.items()}
-        if any(v is None for v in src.values()):
-            return False
-        with torch.no_grad():
-            for ours, v in src.items():
-                self.get_parameter(ours).copy_(v)
-        return True
-
-
 # ----------------------------------------------------------------------------- the method
 def read_rake(path, corpus, top_k: int) -> list[list[str]]:
     """Top-``top_k`` phrases per corpus line from ``rake_top<K>.parquet``; errors (naming both
@@ -383,8 +337,11 @@ class PaSeR(Method):
                                      a["decoder_dropout"], a["max_target_len"],
                                      getattr(cfg, "initializer_range", 0.02))
         self.masked_proj = nn.Linear(h, h) if a["masked_linear"] else None
-        self.mlm_head = MLMHead(cfg, embed)
-        self.mlm_head_pretrained = bool(ctx.model_dir) and self.mlm_head.load_pretrained(ctx.model_dir)
+        self.mlm_head = MLMHead(cfg, tied=embed)
+        head = mlm_head_state(read_weights(ctx.model_dir)) if ctx.model_dir else {}
+        if head:
+            self.mlm_head.load_bert(head, str(ctx.model_dir))
+        self.mlm_head_pretrained = bool(head)
         if not self.mlm_head_pretrained:
             log.warning("paser: the backbone checkpoint %s has no MLM head (cls.predictions): L_MLM uses a "
                         "randomly initialised one", ctx.model_dir)
