@@ -268,6 +268,33 @@ def test_the_optimised_loop_gives_the_same_losses_step_by_step(name, tiny_bert_d
             assert torch.equal(a[k], b[k]), f"{name}: step {step}: {k} {float(a[k])} != {float(b[k])}"
 
 
+def test_padding_free_training_gives_the_padded_losses_with_dropout_off(name, tiny_bert_dir, inputs, tiny_senteval):
+    """train.unpad (sentemb.unpad) changes only which positions are computed: with dropout off, the
+    loss terms of every step equal the padded run's (fp32 tolerance; other summation order)."""
+    from sentemb.tracking import Tracker
+    from sentemb.train import State, optimizer_step, setup
+
+    def losses(unpad):
+        cfg = run_cfg(name, tiny_bert_dir, inputs, tiny_senteval, precision="fp32", model_selection="last",
+                      dropout=0.0, unpad=unpad, prefetch=False)
+        job = setup(cfg, "/nonexistent")
+        job.tracker = Tracker(enabled=False)
+        state, out = State(), []
+        job.method.train()
+        while state.step < job.total:
+            optimizer_step(job, state)
+            out.append({k: float(v) for k, v in state.pending[-1][2].items()})
+            state.pending.clear()
+        return out
+
+    padded, packed = losses(False), losses(True)
+    assert len(padded) == len(packed) == 4
+    for step, (a, b) in enumerate(zip(padded, packed), start=1):
+        assert a.keys() == b.keys()
+        for k in a:
+            assert b[k] == pytest.approx(a[k], rel=1e-4, abs=1e-5), f"{name}: step {step}: {k}"
+
+
 def test_unknown_and_mistyped_arguments_are_refused(name):
     cls = get_method(name)
     with pytest.raises(SentembError, match=rf"runs\[0\]\.method_args\.no_such_arg: unknown argument of method '{name}'"):

@@ -71,7 +71,7 @@ def _timed_training(module, opt, make_batch, loss_of, sentences, batch_size, ste
 
 
 def bench_method(model_dir, sentences, batch_size, steps, warmup, device, max_len, precision, method="simcse",
-                 method_args=None, inputs=None, corpus=None, sam_rho=None):
+                 method_args=None, inputs=None, corpus=None, sam_rho=None, unpad=False):
     """A registered method through the loop's own calls: ``build_batch`` (timed separately, with the
     sentences' corpus line indices and the micro-batch index, the corpus's token cache in ``ctx``), transfer, autocast, ``losses``,
     backward, (with ``sam_rho``: SAM's ascent and second forward/backward with the same dropout
@@ -94,6 +94,10 @@ def bench_method(model_dir, sentences, batch_size, steps, warmup, device, max_le
 
     ctx.tokens = TokenCache.build(sentences, tok)  # as the loop (train.token_cache): no tokenizer for corpus rows
     m = get_method(method)(enc, tok, method_args or {}, ctx).to(device)
+    if unpad:  # train.unpad
+        from .unpad import install
+
+        install(m.encoder, where="--unpad")
     m.train()
     opt = build_optimizer(m, 3e-5, 0.0, device)
     amp = _precision(precision, device)
@@ -419,6 +423,13 @@ def _cmd_benchmark(args) -> int:
         mfu = (train_flops(cfg, 2 * padded, padded // sents) / secs / (peak * 1e12)) if peak and name == "simcse" else None
         rows.append((f"train sentemb {name}", sents / secs, tok / secs, 1000 * secs / args.steps, mfu))
         per_method.append((name, sents / secs, tok / secs, t_build / secs))
+        if args.unpad and name == "simcse":
+            s_u, tok_u, _, _, _ = bench_method(args.model, sentences, args.batch_size, args.steps, args.warmup, device,
+                                               args.max_len, args.precision, name, margs.get(name), inputs, args.corpus,
+                                               args.sam_rho, unpad=True)
+            # MFU counts the FLOPs of the padded batch (the work the model is asked to do) in both rows
+            mfu_u = (train_flops(cfg, 2 * padded, padded // sents) / s_u / (peak * 1e12)) if peak else None
+            rows.append(("train sentemb simcse, train.unpad", sents / s_u, tok_u / s_u, 1000 * s_u / args.steps, mfu_u))
     if args.compare_st:
         s2, t2 = bench_st(args.model, sentences, args.batch_size, args.steps, args.warmup, device, args.max_len,
                           args.precision)
@@ -495,6 +506,8 @@ def register(sub) -> None:
                    help="SentEval data directory: also time the loop's STS-B dev evaluation and its share of training "
                         "time at --eval-every")
     p.add_argument("--eval-every", type=int, default=125, help="with --senteval: steps between dev evaluations")
+    p.add_argument("--unpad", action="store_true",
+                   help="also time simcse with the padding-free forward (train.unpad)")
     p.add_argument("--rounds", type=int, default=3, help="--overhead: rounds of --steps steps per variant (median)")
     p.add_argument("--compile", action="store_true",
                    help="--overhead: also run the loop with train.compile off and on (fp32) and compare losses")

@@ -225,6 +225,13 @@ def setup(run: dict, out_dir: str | Path, method_cls: "type[Method] | None" = No
                         inputs={k: Path(v) for k, v in paths.get("inputs", {}).items()}, corpus=Path(paths["corpus"]),
                         tokens=tokens)
     method = method_cls(encoder, tokenizer, run["method_args"], ctx).to(device)
+    if tc.get("unpad"):
+        if tc.get("compile"):
+            raise SentembError(f"run '{run['name']}': train.unpad and train.compile cannot be combined (the packed "
+                               "length changes every step, so the compiled graph would be rebuilt); set one to false")
+        from .unpad import install
+
+        install(method.encoder, where=f"run '{run['name']}': train.unpad")
     step_fn = method.losses
     if tc.get("compile"):
         import torch._inductor.config
