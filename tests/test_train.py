@@ -205,6 +205,27 @@ def test_a_build_error_in_the_prefetch_thread_reaches_the_loop(tiny_bert_dir, ti
     assert not (tmp_path / "run" / "model").exists()
 
 
+def test_the_loops_dev_evaluation_tokenizes_the_dev_set_once(tiny_bert_dir, tiny_senteval, monkeypatch):
+    """stsb_dev with the training-time embedder (Method.embedder): the second evaluation gives the
+    same score without tokenizing anything."""
+    from sentemb.evaluate import stsb_dev
+    from sentemb.methods import MethodContext, get_method
+    from sentemb.models import load_encoder
+    from sentemb.senteval import load_task
+
+    enc, tok = load_encoder(tiny_bert_dir, pooling_layer=False)
+    m = get_method("simcse")(enc, tok, {}, MethodContext(max_len=16, seed=0))
+    embed = m.embedder("cls_before_pooler", torch.device("cpu"))
+    dev = load_task(tiny_senteval, "STSBenchmark", "dev")
+    first = stsb_dev(embed, dev)
+
+    def no_tokenizer(*a, **k):
+        raise AssertionError("the dev set was tokenized again")
+
+    monkeypatch.setattr(type(tok), "__call__", no_tokenizer)
+    assert stsb_dev(embed, dev) == first
+
+
 def test_the_dev_embedder_tokenizes_the_dev_set_once(tiny_bert_dir, monkeypatch):
     from sentemb.evaluate import Embedder
     from sentemb.models import load_encoder

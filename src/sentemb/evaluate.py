@@ -34,6 +34,8 @@ class Embedder:
     ``torch.inference_mode`` and bf16 autocast on CUDA; results come back in input order as float32.
     """
 
+    KEPT_PLANS = 4  # with keep_plan: how many sentence lists' batches are kept
+
     def __init__(self, model, tokenizer, pooler: str, *, batch_size: int = 128, max_length: int | None = None,
                  device=None, progress: bool = False, precision: str = "auto", head=None, keep_plan: bool = False):
         import torch
@@ -52,10 +54,11 @@ class Embedder:
             raise SentembError(f"precision must be auto, bf16 or fp32, not '{precision}'")
         self.precision = precision
         self._torch = torch
-        # keep_plan: the tokenized, length-sorted, padded batches of the last sentence list are kept
-        # and reused when the same sentences come again (the loop's STS-B dev set, every eval_steps)
+        # keep_plan: the tokenized, length-sorted, padded batches of the last few sentence lists are
+        # kept and reused when the same sentences come again (the loop's STS-B dev set: its first and
+        # its second sentences, every eval_steps)
         self.keep_plan = keep_plan
-        self._plan: tuple[tuple[str, ...], list] | None = None
+        self._plans: dict[tuple[str, ...], list] = {}
 
     @classmethod
     def from_dir(cls, model_dir: str | Path, pooler: str, *, device="auto", **kw) -> "Embedder":
@@ -73,11 +76,13 @@ class Embedder:
 
         uniq = list(dict.fromkeys(sentences))
         key = tuple(uniq)
-        if self._plan is not None and self._plan[0] == key:
-            plan = self._plan[1]
-        else:
+        plan = self._plans.get(key)
+        if plan is None:
             plan = self.plan(uniq)
-            self._plan = (key, plan) if self.keep_plan else None
+            if self.keep_plan:
+                if len(self._plans) >= self.KEPT_PLANS:
+                    self._plans.pop(next(iter(self._plans)))  # the oldest
+                self._plans[key] = plan
         out: np.ndarray | None = None  # width from the first batch (a head may change it)
         was_training = self.model.training
         head_training = self.head is not None and self.head.training
