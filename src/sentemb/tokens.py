@@ -32,6 +32,7 @@ from typing import Sequence
 import numpy as np
 
 from . import SentembError
+from .utils import sha256_file
 
 log = logging.getLogger(__name__)
 
@@ -70,14 +71,6 @@ def _special_frame(tokenizer) -> tuple[list[int], list[int]]:
             return list(full[:i]), list(full[i + len(content):])
     raise SentembError(f"tokenizer {type(tokenizer).__name__}: a sentence's tokens with special tokens do not "
                        "contain its tokens without them; this tokenizer cannot be cached (train.token_cache: false)")
-
-
-def file_sha256(path: str | Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 class TokenCache:
@@ -119,7 +112,7 @@ class TokenCache:
                 "padding_side": tokenizer.padding_side, "input_names": list(tokenizer.model_input_names),
                 "lines": len(sentences), "tokens": int(len(ids)),
                 "corpus": str(corpus) if corpus else None,
-                "corpus_sha256": file_sha256(corpus) if corpus else None,
+                "corpus_sha256": sha256_file(corpus) if corpus else None,
                 "seconds": round(time.perf_counter() - t0, 2)}
         log.info("tokenized %d lines (%d tokens) in %.1f s", len(sentences), len(ids), meta["seconds"])
         return cls(ids, offsets, meta)
@@ -154,7 +147,7 @@ class TokenCache:
                                f"({meta['tokenizer']}, fingerprint {meta['fingerprint'][:12]}…); re-run `sentemb tokenize-corpus`")
         if lines is not None and meta["lines"] != lines:
             raise SentembError(f"{meta_file}: {meta['lines']} lines, but the corpus has {lines}")
-        if corpus is not None and meta.get("corpus_sha256") and meta["corpus_sha256"] != file_sha256(corpus):
+        if corpus is not None and meta.get("corpus_sha256") and meta["corpus_sha256"] != sha256_file(corpus):
             raise SentembError(f"{meta_file}: made from another corpus than {corpus} (sha256 differs); "
                                "re-run `sentemb tokenize-corpus`")
         try:

@@ -40,7 +40,6 @@ if TYPE_CHECKING:
     import torch
 
     from .methods import Method
-    from .tokens import TokenCache
     from .tracking import Tracker
 
 log = logging.getLogger(__name__)
@@ -162,7 +161,6 @@ class Job:
     meta: dict
     embedder: Callable | None = None
     tracker: "Tracker | None" = None
-    tokens: "TokenCache | None" = None  # the corpus tokenized once (train.token_cache)
     prefetch: "Prefetcher | None" = None  # next step's batches built in the background (train.prefetch)
 
 
@@ -257,7 +255,7 @@ def setup(run: dict, out_dir: str | Path, method_cls: "type[Method] | None" = No
     return Job(run=run, out_dir=out_dir, work=out_dir / ".work", tc=tc, seed=seed, device=device, amp=amp,
                sentences=sentences, dev_pairs=dev_pairs, method=method, step_fn=step_fn,
                pooler=method_cls.pooler_for(method.args), micro=micro, accum=accum, total=total, opt=opt,
-               sched=sched, scaler=scaler, fingerprint=fingerprint, tokens=tokens,
+               sched=sched, scaler=scaler, fingerprint=fingerprint,
                meta={"method": run["method"], "name": run["name"], "backbone": run["backbone"], "seed": seed})
 
 
