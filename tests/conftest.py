@@ -99,6 +99,31 @@ def tiny_roberta_dir(tmp_path_factory):
     return d
 
 
+def simcse_run(model, corpus, senteval, **train_over) -> dict:
+    """A resolved SimCSE run (``sentemb.config.resolve_run``'s shape) on the tiny model: batch 16,
+    max_len 16, dev evaluation every 2 steps, no MLflow; ``train_over`` overrides train settings."""
+    tc = {"epochs": 1, "max_steps": None, "batch_size": 16, "grad_accum": 1, "lr": 1e-3, "weight_decay": 0.0,
+          "warmup_ratio": 0.0, "lr_schedule": "linear", "grad_clip": 1.0, "max_len": 16, "eval_steps": 2,
+          "eval_at_end": True, "log_steps": 1, "save_steps": 100, "precision": "auto", "dropout": None,
+          "device": "cpu", "num_threads": None, "compile": False, **train_over}
+    return {"name": "simcse", "method": "simcse", "backbone": "tiny", "seed": 7, "train": tc,
+            "method_args": {"temperature": 0.05, "mlp": "train_only"}, "experiment": "t",
+            "tracking": {"enabled": False, "uri": None},
+            "paths": {"model": str(model), "corpus": str(corpus), "senteval": str(senteval), "stats": None}}
+
+
+def assert_same_model(a: Path, b: Path) -> None:
+    """Every tensor of the exported model in ``a`` equals the one in ``b``, bit for bit."""
+    import torch
+    from safetensors.torch import load_file
+
+    files = sorted(Path(a).rglob("*.safetensors"))
+    assert files, f"no weights in {a}"
+    for f in files:
+        x, y = load_file(f), load_file(Path(b) / f.relative_to(a))
+        assert x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x), f"{f.relative_to(a)} differs"
+
+
 def write_tiny_senteval(root: Path, n: int = 12) -> Path:
     """A SentEval-shaped tree with ``n`` scored pairs per file from the tiny vocabulary."""
     import random

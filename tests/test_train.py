@@ -10,17 +10,8 @@ from safetensors.torch import load_file
 from sentemb import SentembError
 from sentemb.train import batch_schedule, read_corpus, train
 
-
-def run_cfg(model, corpus, senteval, **train_over):
-    tc = {"epochs": 1, "max_steps": None, "batch_size": 16, "grad_accum": 1, "lr": 1e-3, "weight_decay": 0.0,
-          "warmup_ratio": 0.0, "lr_schedule": "linear", "grad_clip": 1.0, "max_len": 16, "eval_steps": 2,
-          "eval_at_end": True, "log_steps": 1, "save_steps": 100, "precision": "auto", "dropout": None,
-          "device": "cpu", "num_threads": None, "compile": False}
-    tc.update(train_over)
-    return {"name": "simcse", "method": "simcse", "backbone": "tiny", "seed": 7, "train": tc,
-            "method_args": {"temperature": 0.05, "mlp": "train_only"}, "experiment": "t",
-            "tracking": {"enabled": False, "uri": None},
-            "paths": {"model": str(model), "corpus": str(corpus), "senteval": str(senteval), "stats": None}}
+from conftest import assert_same_model
+from conftest import simcse_run as run_cfg
 
 
 def test_batch_schedule_deterministic_no_bucketing():
@@ -65,9 +56,7 @@ def test_resume_after_kill_gives_identical_model(tiny_bert_dir, tiny_corpus, tin
     assert (tmp_path / "resumed/.work/last.pt").is_file() and not (tmp_path / "resumed/model").exists()
     res = train(cfg, tmp_path / "resumed", progress=False)
     assert res["history"] == full["history"]
-    a = load_file(tmp_path / "full/model/model.safetensors")
-    b = load_file(tmp_path / "resumed/model/model.safetensors")
-    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert_same_model(tmp_path / "full/model", tmp_path / "resumed/model")
 
 
 @pytest.mark.parametrize("log_steps", [1, 4], ids=["checked-every-step", "checked-at-log-step"])
@@ -127,9 +116,7 @@ def test_kill_between_checkpoints_resumes_to_the_same_result(tiny_bert_dir, tiny
     assert (tmp_path / "run/.work/last.pt").is_file() and (tmp_path / "run/.work/best").is_dir()
     res = train(cfg, tmp_path / "run", progress=False)
     assert (res["best_step"], res["best_dev_stsb"]) == (full["best_step"], full["best_dev_stsb"])
-    a = load_file(tmp_path / "full/model/model.safetensors")
-    b = load_file(tmp_path / "run/model/model.safetensors")
-    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert_same_model(tmp_path / "full/model", tmp_path / "run/model")
 
 
 def test_state_from_other_settings_is_not_resumed(tiny_bert_dir, tiny_corpus, tiny_senteval, tmp_path):
@@ -157,8 +144,7 @@ def test_a_state_saved_with_the_fast_paths_resumes_without_them_bit_identically(
         train(fast, tmp_path / "run", stop_after=3, progress=False)
     res = train(slow, tmp_path / "run", progress=False)
     assert res["history"] == full["history"]
-    a, b = load_file(tmp_path / "full/model/model.safetensors"), load_file(tmp_path / "run/model/model.safetensors")
-    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert_same_model(tmp_path / "full/model", tmp_path / "run/model")
 
 
 def test_the_workflows_token_cache_is_read_and_a_wrong_one_refused(tiny_bert_dir, tiny_corpus, tiny_senteval,

@@ -16,6 +16,8 @@ from sentemb import SentembError
 from sentemb.models import load_encoder
 from sentemb.unpad import install, packed_forward
 
+from conftest import assert_same_model, simcse_run
+
 SENTS = ["the dog runs in the park", "a man", "she eats an apple in the house with the cat",
          "red car", "two old men are playing music in the street"]
 
@@ -23,18 +25,6 @@ SENTS = ["the dog runs in the park", "a man", "she eats an apple in the house wi
 @pytest.fixture(params=["bert", "roberta"])
 def model_dir(request, tiny_bert_dir, tiny_roberta_dir):
     return tiny_bert_dir if request.param == "bert" else tiny_roberta_dir
-
-
-def simcse_run(model, corpus, senteval, **train):
-    """A resolved SimCSE run with ``train.unpad: true`` (plus ``train`` overrides)."""
-    tc = {"epochs": 1, "max_steps": None, "batch_size": 16, "grad_accum": 1, "lr": 1e-3, "weight_decay": 0.0,
-          "warmup_ratio": 0.0, "lr_schedule": "linear", "grad_clip": 1.0, "max_len": 16, "eval_steps": 2,
-          "eval_at_end": True, "log_steps": 1, "save_steps": 100, "precision": "auto", "dropout": None,
-          "device": "cpu", "num_threads": None, "compile": False, "unpad": True, **train}
-    return {"name": "simcse", "method": "simcse", "backbone": "tiny", "seed": 7, "train": tc,
-            "method_args": {"temperature": 0.05, "mlp": "train_only"}, "experiment": "t",
-            "tracking": {"enabled": False, "uri": None},
-            "paths": {"model": str(model), "corpus": str(corpus), "senteval": str(senteval)}}
 
 
 def batch(tok):
@@ -115,22 +105,19 @@ def test_unsupported_encoders_and_settings_are_refused_by_key(tiny_bert_dir, tin
     distil = DistilBertModel(DistilBertConfig(vocab_size=50, dim=16, n_layers=1, n_heads=2, hidden_dim=32))
     with pytest.raises(SentembError, match="train.unpad: padding-free training supports .* not 'distilbert'"):
         install(distil, "train.unpad")
-    run = simcse_run(tiny_bert_dir, tiny_corpus, tiny_senteval, max_steps=2, compile=True)
+    run = simcse_run(tiny_bert_dir, tiny_corpus, tiny_senteval, max_steps=2, compile=True, unpad=True)
     with pytest.raises(SentembError, match="train.unpad and train.compile cannot be combined"):
         train(run, tmp_path / "run", progress=False)
     assert not (tmp_path / "run" / "model").exists()
 
 
 def test_unpadded_training_resumes_bit_identically(tiny_bert_dir, tiny_corpus, tiny_senteval, tmp_path):
-    from safetensors.torch import load_file
-
     from sentemb.train import train
 
-    run = simcse_run(tiny_bert_dir, tiny_corpus, tiny_senteval)
+    run = simcse_run(tiny_bert_dir, tiny_corpus, tiny_senteval, unpad=True)
     full = train(run, tmp_path / "full", progress=False)
     with pytest.raises(KeyboardInterrupt):
         train(run, tmp_path / "run", stop_after=3, progress=False)
     res = train(run, tmp_path / "run", progress=False)
     assert res["history"] == full["history"]
-    a, b = load_file(tmp_path / "full/model/model.safetensors"), load_file(tmp_path / "run/model/model.safetensors")
-    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert_same_model(tmp_path / "full/model", tmp_path / "run/model")
