@@ -389,7 +389,7 @@ def _quadratic_job(rho, accum=2, lr=0.1, wd=0.1):
                           sentences=["ab", "abc", "abcd", "a", "abcde", "ab", "abc", "abcdef", "a"],
                           method=model, device=torch.device("cpu"), amp=None, step_fn=model.losses, opt=opt,
                           sched=torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda("constant", 10, 0)),
-                          scaler=torch.amp.GradScaler("cpu", enabled=False))
+                          scaler=torch.amp.GradScaler("cpu", enabled=False), prefetch=None)
     return job, State()
 
 

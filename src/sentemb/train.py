@@ -416,8 +416,7 @@ def sam_gradients(job: Job, batches: list[tuple[int, dict]], state: State) -> No
 def optimizer_step(job: Job, state: State) -> None:
     """Stage 3, one optimizer step: build the micro-batches, accumulate gradients (twice, at w and
     at w + ε̂, with ``train.sam_rho``), update."""
-    prefetch = getattr(job, "prefetch", None)
-    batches = prefetch.get(state.step) if prefetch is not None else micro_batches(job, state.step)
+    batches = job.prefetch.get(state.step) if job.prefetch is not None else micro_batches(job, state.step)
     if job.tc.get("sam_rho"):
         sam_gradients(job, batches, state)
     else:
