@@ -129,3 +129,31 @@ def test_minilm_stsb_test_reproduces_mteb(shared, tmp_path):
     res = json.loads(out.read_text())
     assert res["STSBenchmark"] == pytest.approx(82.03, abs=0.01)
     assert res["details"]["STSBenchmark"]["n"] == 1379
+
+
+def test_test_time_encoding_is_fp32_unless_asked(tiny_bert_dir):
+    """Issue 18 §3: STS and transfer encodings run in fp32 on every device by default (SentEval and
+    the papers encode in fp32); bf16 autocast only when asked for. The reference is a plain fp32
+    forward of the same model, pooled by hand."""
+    from sentemb.config import load_schema
+
+    assert load_schema()["properties"]["evaluation"]["properties"]["precision"]["default"] == "fp32"
+    sents = ["a b c", "the cat sat on the mat", "x"]
+    emb = Embedder.from_dir(tiny_bert_dir, "avg", device="cpu")
+    assert emb.precision == "fp32"
+    tok = emb.tokenizer(sents, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        last = emb.model(**tok).last_hidden_state
+    m = tok["attention_mask"].unsqueeze(-1).float()
+    ref = ((last * m).sum(1) / m.sum(1)).numpy()
+    got = emb(sents)
+    assert np.allclose(got, ref, atol=1e-5)
+    bf16 = Embedder.from_dir(tiny_bert_dir, "avg", device="cpu", precision="bf16")(sents)
+    assert not np.allclose(bf16, ref, atol=1e-5)  # bf16 is really a different (rounded) encoding
+    # the CLI defaults follow
+    from sentemb.cli import build_parser
+
+    p = build_parser()
+    for cmd in ("evaluate", "evaluate-transfer"):
+        args = p.parse_args([cmd, "--model", "m", "--pooler", "avg", "--data-dir", "d", "--output", "o"])
+        assert args.precision == "fp32", cmd

@@ -31,13 +31,14 @@ class Embedder:
     """Encode sentences with a Hugging Face encoder and a pooler, fast.
 
     Unique sentences are encoded once, in batches of similar length (sorted by token count), under
-    ``torch.inference_mode`` and bf16 autocast on CUDA; results come back in input order as float32.
+    ``torch.inference_mode``, in fp32 as SentEval and the papers encode (``precision="bf16"``, or
+    ``"auto"`` = bf16 on CUDA only, when asked for); results come back in input order as float32.
     """
 
     KEPT_PLANS = 4  # with keep_plan: how many sentence lists' batches are kept
 
     def __init__(self, model, tokenizer, pooler: str, *, batch_size: int = 128, max_length: int | None = None,
-                 device=None, progress: bool = False, precision: str = "auto", head=None, keep_plan: bool = False):
+                 device=None, progress: bool = False, precision: str = "fp32", head=None, keep_plan: bool = False):
         import torch
 
         from .models import POOLERS, max_length_of
@@ -89,7 +90,8 @@ class Embedder:
         self.model.eval()
         if self.head is not None:
             self.head.eval()
-        # "auto": bf16 autocast on CUDA (fast), fp32 elsewhere; "fp32" everywhere for exact figures.
+        # "fp32" (default): the papers' and SentEval's test-time encoding; "bf16": autocast on any
+        # device; "auto": bf16 on CUDA, fp32 elsewhere (faster, not the published protocol).
         use_bf16 = self.precision == "bf16" or (
             self.precision == "auto" and self.device.type == "cuda" and torch.cuda.is_bf16_supported())
         it = plan
@@ -134,7 +136,7 @@ class Embedder:
 
 
 def embedder_for(model_dir: str | Path, pooler: str, *, device="auto", batch_size: int = 128,
-                 max_length: int | None = None, progress: bool = False, precision: str = "auto") -> EmbedFn:
+                 max_length: int | None = None, progress: bool = False, precision: str = "fp32") -> EmbedFn:
     """The embedder of a model directory: an encoder + ``pooler``, or, with ``pooler="method"``, the
     embedder the training method defines (``Method.load_embedder``, named by the model's ``sentemb.json``)."""
     if pooler != "method":
@@ -390,8 +392,8 @@ def register(sub) -> None:
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--max-length", type=int, default=None, help="default: the model's maximum")
     p.add_argument("--device", default="auto")
-    p.add_argument("--precision", default="auto", choices=["auto", "bf16", "fp32"],
-                   help="auto: bf16 autocast on CUDA, fp32 on CPU")
+    p.add_argument("--precision", default="fp32", choices=["auto", "bf16", "fp32"],
+                   help="fp32 (default, as SentEval and the papers); bf16: autocast; auto: bf16 on CUDA only")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--run-meta", action="append", default=[], metavar="KEY=VALUE",

@@ -403,7 +403,8 @@ def register(sub) -> None:
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--max-length", type=int, default=None)
     p.add_argument("--device", default="auto")
-    p.add_argument("--precision", default="auto", choices=["auto", "bf16", "fp32"])
+    p.add_argument("--precision", default="fp32", choices=["auto", "bf16", "fp32"],
+                   help="fp32 (default, as SentEval and the papers); bf16: autocast; auto: bf16 on CUDA only")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--quiet", action="store_true")
     p.add_argument("--run-meta", action="append", default=[], metavar="KEY=VALUE")

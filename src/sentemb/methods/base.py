@@ -277,7 +277,7 @@ class Method(nn.Module):
 
     @classmethod
     def load_embedder(cls, model_dir: str | Path, device: torch.device, batch_size: int = 128,
-                      precision: str = "auto") -> EmbedFn:
+                      precision: str = "fp32") -> EmbedFn:
         """The embedder of an exported model for ``sentemb evaluate --pooler method``. Only methods
         with ``eval_pooler = "method"`` implement it."""
         raise SentembError(f"method '{cls.name}' defines no embedder of its own; evaluate with a pooler "

@@ -342,7 +342,7 @@ class SARCSE(Method):
         (out_dir / "modules.json").write_text(json.dumps(modules, indent=2))
 
     @classmethod
-    def load_embedder(cls, model_dir, device, batch_size=128, precision="auto"):
+    def load_embedder(cls, model_dir, device, batch_size=128, precision="fp32"):
         from ..models import load_encoder
 
         model_dir = Path(model_dir)
@@ -378,7 +378,7 @@ class SarcseEmbedder:
     """list[str] -> Z (n, co_c·(co_t − 1)) float32: encoder + TextCNN head, length-sorted batches,
     no truncation below the model's maximum (methods.md §0)."""
 
-    def __init__(self, encoder, tokenizer, head, special_ids, *, device, batch_size=128, precision="auto"):
+    def __init__(self, encoder, tokenizer, head, special_ids, *, device, batch_size=128, precision="fp32"):
         from ..models import max_length_of
 
         self.encoder, self.tokenizer, self.head, self.special_ids = encoder, tokenizer, head, special_ids
