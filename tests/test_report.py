@@ -172,3 +172,116 @@ def test_published_numbers_do_not_attach_to_ablations(tmp_path):
     assert t.loc[("simcse", "Avg"), "published"] == 73.0
     assert pd.isna(t.loc[("simcse-tau0.1", "Avg"), "published"])
     assert t.loc[("simcse-tau0.1", "Avg"), "source"] == "not reported"
+
+
+def _train_json(path, name, method, backbone, seed, dev):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"name": name, "method": method, "backbone": backbone, "seed": seed,
+                                "best_dev_stsb": dev, "best_step": 250, "history": []}))
+    return path
+
+
+def test_dev_rows_compare_with_the_best_dev_score_never_a_test_score(tmp_path):
+    """Issue 18 §1: a published STS-B *dev* number (ablation tables) is compared with the run's best dev
+    Spearman from train.json; the run's STS-B test score (eval_sts.json) stays on its `sts` row."""
+    from sentemb.report import collect_dev
+
+    pub = tmp_path / "paper.yaml"
+    pub.write_text("""results:
+  - {method: m, backbone: b, table: sts, source: T1, scores: {STSBenchmark: 80.0, Avg: 77.0}}
+  - {method: m, backbone: b, table: dev, source: T4, scores: {STSBenchmark: 85.0}}
+  - {method: m, name: m-abl, backbone: b, table: dev, source: T4 ablation, scores: {STSBenchmark: 83.0}}
+""")
+    sts = [_sts(tmp_path / f"s{s}.json", "m", "m", "b", s, 70.0) for s in (1, 2)]
+    sts += [_sts(tmp_path / "a.json", "m-abl", "m", "b", 1, 60.0)]
+    train = [_train_json(tmp_path / f"t{s}/train.json", "m", "m", "b", s, d) for s, d in ((1, 84.0), (2, 86.5))]
+    train += [_train_json(tmp_path / "ta/train.json", "m-abl", "m", "b", 1, 82.25),
+              _train_json(tmp_path / "tn/train.json", "m-last", "m", "b", 1, None)]  # no dev evaluation
+    dev = collect_dev(train)
+    assert sorted(dev["name"]) == ["m", "m", "m-abl"]
+    t = table_paper(collect(sts, TASKS), None, load_paper_results(pub), dev).set_index(["table", "name", "metric"])
+    assert t.loc[("dev", "m", "STS-B"), "published"] == 85.0
+    assert t.loc[("dev", "m", "STS-B"), "reproduced"] == pytest.approx(85.25)  # mean of 84.0 and 86.5
+    assert t.loc[("dev", "m-abl", "STS-B"), "reproduced"] == pytest.approx(82.25)
+    assert t.loc[("dev", "m-abl", "STS-B"), "diff"] == pytest.approx(-0.75)
+    # the test-set row keeps the test score (70 + index of STS-B in TASKS)
+    assert t.loc[("sts", "m", "STS-B"), "reproduced"] == pytest.approx(70.0 + TASKS.index("STSBenchmark"))
+    assert t.loc[("sts", "m", "STS-B"), "published"] == 80.0
+    assert ("dev", "m", "Avg") not in t.index  # a dev table has no average
+    assert pd.isna(t.loc[("sts", "m-abl", "Avg"), "published"])  # the ablation's test Avg is not reported
+
+
+def test_also_attaches_a_published_row_to_a_variant_run(tmp_path):
+    pub = tmp_path / "paper.yaml"
+    pub.write_text("results:\n  - {method: m, name: m-x, also: [m-code], backbone: b, table: sts, source: T,"
+                   " scores: {Avg: 77.0}}\n")
+    sts = [_sts(tmp_path / "a.json", "m-x", "m", "b", 1, 70.0), _sts(tmp_path / "c.json", "m-code", "m", "b", 1, 72.0),
+           _sts(tmp_path / "d.json", "m", "m", "b", 1, 71.0)]
+    t = table_paper(collect(sts, TASKS), None, load_paper_results(pub)).set_index(["name", "metric"])
+    assert t.loc[("m-x", "Avg"), "published"] == 77.0 and t.loc[("m-code", "Avg"), "published"] == 77.0
+    assert pd.isna(t.loc[("m", "Avg"), "published"])
+    p = tmp_path / "twice.yaml"
+    p.write_text("results:\n  - {method: m, backbone: b, table: sts, source: T, scores: {Avg: 1.0}}\n"
+                 "  - {method: m, name: n, also: [m], backbone: b, table: sts, source: U, scores: {Avg: 2.0}}\n")
+    with pytest.raises(SentembError, match=r"results\[1\] gives run 'm' on 'b' a second sts row"):
+        load_paper_results(p)
+
+
+def _mini_config(runs, baselines=None):
+    from sentemb.config import validate_config
+
+    cfg = {"experiment": "x", "corpus": {"name": "c", "hub_repo": "r", "hub_file": "f"},
+           "backbones": {"bert": {"hub_id": "h"}}, "runs": runs, "baselines": baselines or {}}
+    validate_config(cfg)
+    return cfg
+
+
+def test_published_rows_are_checked_against_the_configured_runs(tmp_path):
+    """Issue 18 §1: a published row whose run/backbone no configured run has fails, as does a row whose
+    settings the named run does not have, and a configured run with the settings of a published row
+    filed under another name."""
+    from sentemb.report import check_against_config
+
+    def entries(text):
+        p = tmp_path / "p.yaml"
+        p.write_text("results:\n" + text)
+        return load_paper_results(p)
+
+    cfg = _mini_config([{"method": "una", "backbone": "bert"},
+                        {"name": "una-para", "method": "una", "backbone": "bert", "method_args": {"paraphrase": True}},
+                        {"name": "una-code", "method": "una", "backbone": "bert",
+                         "method_args": {"paraphrase": True, "redraw": "code"}}],
+                       baselines={"bert": ["avg"]})
+    good = ("  - {method: una, backbone: bert, method_args: {paraphrase: false}, table: sts, source: T1, scores: {Avg: 76.1}}\n"
+            "  - {method: una, name: una-para, also: [una-code], backbone: bert, method_args: {paraphrase: true},"
+            " table: sts, source: T1, scores: {Avg: 77.7}}\n"
+            "  - {method: baseline, backbone: bert, pooler: avg, table: sts, source: T5, scores: {Avg: 50.0}}\n")
+    check_against_config(entries(good), cfg)
+    # a row no run reproduces (name or backbone)
+    with pytest.raises(SentembError, match=r"results\[0\].*no configured run 'una-para-only' on backbone 'bert'"):
+        check_against_config(entries("  - {method: una, name: una-para-only, backbone: bert, table: sts, source: T,"
+                                     " scores: {Avg: 1.0}}\n"), cfg)
+    with pytest.raises(SentembError, match="no configured run 'una' on backbone 'roberta'"):
+        check_against_config(entries("  - {method: una, backbone: roberta, table: sts, source: T, scores: {Avg: 1.0}}\n"), cfg)
+    # the paraphrase + UNA numbers filed under `una`, which trains without paraphrases
+    with pytest.raises(SentembError, match=r"needs method_args.paraphrase = True, but run 'una'.*has False"):
+        check_against_config(entries("  - {method: una, backbone: bert, method_args: {paraphrase: true}, table: sts,"
+                                     " source: T, scores: {Avg: 77.7}}\n"), cfg)
+    # una-code has una-para's settings but is not listed: its published numbers are filed elsewhere
+    with pytest.raises(SentembError, match="run 'una-code' on 'bert' has the settings of 'una-para'"):
+        check_against_config(entries(good.replace(", also: [una-code]", "")), cfg)
+    # a baseline the config does not evaluate
+    with pytest.raises(SentembError, match="no baseline 'bert' with pooler 'avg_static_last'"):
+        check_against_config(entries("  - {method: baseline, backbone: bert, pooler: avg_static_last, table: sts,"
+                                     " source: T, scores: {Avg: 1.0}}\n"), cfg)
+
+
+def test_every_published_number_of_the_repo_is_on_a_configured_run(monkeypatch):
+    """config/paper_results.yaml against config/config.yaml (the check above, on the shipped files)."""
+    from conftest import REPO
+    from sentemb.config import load_config
+    from sentemb.report import check_against_config
+
+    monkeypatch.chdir(REPO)
+    check_against_config(load_paper_results(REPO / "config" / "paper_results.yaml"),
+                         load_config(REPO / "config" / "config.yaml"))

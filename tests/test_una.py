@@ -410,3 +410,42 @@ def test_missing_statistics_input_is_a_clear_error(tiny_bert_dir):
     enc, tok = load_encoder(tiny_bert_dir, pooling_layer=False)
     with pytest.raises(SentembError, match="input 'tfidf' was not provided"):
         get_method("una")(enc, tok, {}, MethodContext(max_len=16, seed=0))
+
+
+def test_paraphrasing_only_has_paraphrase_positives_and_no_negatives(tiny_bert_dir, corpus):
+    """UNA Table 1's "paraphrasing only" row: ``negatives: false`` with ``paraphrase: true`` — rows a_1, p_1,
+    …, a_B, p_B on every step (α steps included), no TF-IDF statistics read or required; the loss equals
+    the symmetric NT-Xent of those rows computed independently in float64."""
+    una = get_method("una")
+    args = una.resolve_args({"paraphrase": True, "negatives": False})
+    assert una.requires(args) == ("paraphrases",)
+    enc, tok = load_encoder(tiny_bert_dir, pooling_layer=False)
+    ctx = MethodContext(max_len=32, seed=0, inputs={"paraphrases": corpus.parent / "paraphrases.txt"}, corpus=corpus)
+    m = una(enc, tok, {"paraphrase": True, "negatives": False}, ctx)  # no tfidf input given: not needed
+    B = len(SENTS)
+    for step in (0, 5, 10, 3):
+        batch = m.build_batch(SENTS, step=step, lines=[0, 1, 2, 3], micro=step)
+        rows = _decode(m, batch)
+        assert rows[0::2] == SENTS and rows[1::2] == [" ".join(reversed(s.split())) for s in SENTS]
+        assert len(rows) == 2 * B and int(batch["negatives"]) == 0
+    m.eval()
+    with torch.no_grad():
+        u = m.encode(batch).double()
+        got = float(m.losses(batch)["loss"])
+    u = torch.nn.functional.normalize(u, dim=-1)
+    sim = u @ u.T / 0.05
+    ref = 0.0
+    for k in range(2 * B):
+        others = [l for l in range(2 * B) if l != k]
+        ref += -(sim[k, k ^ 1] - torch.logsumexp(sim[k, others], 0))
+    assert got == pytest.approx(float(ref) / (2 * B), rel=1e-5)
+
+
+def test_negatives_off_without_paraphrases_is_refused_naming_the_key():
+    from sentemb.config import validate_config
+
+    cfg = {"experiment": "x", "corpus": {"name": "c", "hub_repo": "r", "hub_file": "f"},
+           "backbones": {"b": {"hub_id": "h"}},
+           "runs": [{"method": "una", "backbone": "b", "method_args": {"negatives": False}}]}
+    with pytest.raises(SentembError, match=r"runs\[0\]\.method_args\.negatives: false with paraphrase: false"):
+        validate_config(cfg)

@@ -4,11 +4,15 @@ Everything here reads the per-run JSON files (``eval_sts.json``, ``eval_transfer
 ``train.json``) and ``config/paper_results.yaml``; nothing is recomputed from models.
 
 * ``table_transfer``: accuracy × 100 per transfer task, mean ± sample std over seeds.
-* ``table_paper``: per method × backbone (and baseline pooler) and metric, the published value, the
+* ``table_paper``: per run × backbone (and baseline pooler) and metric, the published value, the
   reproduced mean ± std over seeds, their difference, the seeds' 95 % t-interval (n ≥ 2) and whether
   the published value lies inside it; on each STS ``Avg`` row a Welch t-test (two-sided,
   ``scipy.stats.ttest_ind(equal_var=False)``) of the per-seed Avg against the SimCSE row on the same
   backbone (UNA's ten-seed comparison). A metric the papers do not report stays empty, never 0.
+  Three tables are compared, each with its own metric: ``sts`` (test sets, ``eval_sts.json``),
+  ``transfer`` (``eval_transfer.json``) and ``dev`` (STS-B **development** Spearman, which the
+  papers' ablation and sensitivity tables report: compared with the run's best dev score,
+  ``best_dev_stsb`` of ``train.json``, never with a test score).
 * ``figures``: PNG + SVG under ``results/figures/``; one colour per method in every figure.
 """
 
@@ -92,10 +96,21 @@ def pm_markdown(t: pd.DataFrame, metrics: list[str]) -> str:
 
 
 # --------------------------------------------------------------------------- paper vs reproduced
+#: the metrics each published table may hold
+PAPER_TABLES = {"sts": [*TASKS, "Avg"], "transfer": [*TRANSFER_TASKS, "Avg"], "dev": ["STSBenchmark"]}
+
+
 def load_paper_results(path: str | Path) -> list[dict]:
-    """``config/paper_results.yaml``: a list ``results`` of {method, backbone, [pooler], [name], table:
-    sts|transfer, source, scores: {metric: value}}; errors name the entry and key. An entry applies to
-    the run named like its method (or ``name``); baselines match by backbone and pooler."""
+    """``config/paper_results.yaml``: a list ``results`` of {method, backbone, [pooler], [name], [also],
+    [method_args], [train], table: sts|transfer|dev, source, scores: {metric: value}}; errors name the
+    entry and key.
+
+    An entry applies to the run ``name`` (default: the method's name) on ``backbone``, and to the runs
+    listed in ``also`` (runs that reproduce the same published row another way, e.g. an open choice
+    taken the authors' code's way); baselines match by backbone and pooler. ``method_args`` and
+    ``train`` state the settings that define the published row (beyond the method's paper defaults):
+    ``check_against_config`` verifies that every run the entry names has them, so a number cannot be
+    attached to a run that does not reproduce it."""
     import yaml
 
     try:
@@ -105,13 +120,31 @@ def load_paper_results(path: str | Path) -> list[dict]:
     entries = doc.get("results")
     if not isinstance(entries, list):
         raise SentembError(f"{path}: expected a list under 'results'")
-    known = {"sts": [*TASKS, "Avg"], "transfer": [*TRANSFER_TASKS, "Avg"]}
+    known = PAPER_TABLES
+    allowed = {"method", "backbone", "pooler", "name", "also", "method_args", "train", "table", "source", "scores"}
+    seen: dict[tuple, int] = {}
     for i, e in enumerate(entries):
+        if not isinstance(e, dict):
+            raise SentembError(f"{path}: results[{i}] must be a mapping")
         for k in ("method", "backbone", "table", "source", "scores"):
             if k not in e:
                 raise SentembError(f"{path}: results[{i}] lacks '{k}'")
+        extra = sorted(set(e) - allowed)
+        if extra:
+            raise SentembError(f"{path}: results[{i}] has unknown key(s) {extra} (allowed: {sorted(allowed)})")
         if e["table"] not in known:
-            raise SentembError(f"{path}: results[{i}].table must be sts or transfer, not {e['table']!r}")
+            raise SentembError(f"{path}: results[{i}].table must be one of {sorted(known)}, not {e['table']!r}")
+        for k in ("method_args", "train"):
+            if not isinstance(e.get(k, {}), dict):
+                raise SentembError(f"{path}: results[{i}].{k} must be a mapping")
+        if not isinstance(e.get("also", []), list):
+            raise SentembError(f"{path}: results[{i}].also must be a list of run names")
+        for name in [_entry_name(e), *e.get("also", [])]:
+            k = (name, e["backbone"], e.get("pooler"), e["table"])
+            if k in seen:
+                raise SentembError(f"{path}: results[{i}] gives run '{name}' on '{e['backbone']}' a second "
+                                   f"{e['table']} row (results[{seen[k]}] has one)")
+            seen[k] = i
         bad = [m for m in e["scores"] if m not in known[e["table"]]]
         if bad:
             raise SentembError(f"{path}: results[{i}].scores has unknown metric(s) {bad}")
@@ -119,6 +152,69 @@ def load_paper_results(path: str | Path) -> list[dict]:
             if not isinstance(v, (int, float)):
                 raise SentembError(f"{path}: results[{i}].scores.{m} must be a number, not {v!r}")
     return entries
+
+
+def check_against_config(entries: list[dict], config: dict, source: str = "paper_results.yaml") -> None:
+    """Refuse published numbers that no configured run reproduces (``config``: validated, e.g. by
+    ``sentemb.config.load_config``); errors name the entry.
+
+    * every run an entry names (``name`` or the method's own run, and ``also``) exists on its backbone,
+      with the method, and has the entry's ``method_args`` / ``train`` settings (a baseline: the
+      backbone's ``baselines`` list holds its pooler);
+    * no configured run has published numbers filed under another name: a run without an entry of
+      its own whose method arguments equal those of a run that has one (same method, backbone and
+      table; compared on every argument an entry of that method pins) would be reported as "not
+      reported" while the paper reports it. List it in that entry's ``also``, or tell it apart in
+      ``method_args``.
+    """
+    from .config import find_run, method_args_of
+
+    runs = {(r["name"], r["backbone"]): r for r in config["runs"]}
+
+    def resolved(r: dict) -> tuple[dict, dict]:
+        return method_args_of(config, r), {**config["train"], **(r.get("train") or {})}
+
+    covered: dict[tuple, set] = {}  # (method, backbone, table) -> run names with published numbers
+    axes: dict[str, set] = {}  # method -> the method arguments some entry pins
+    for i, e in enumerate(entries):
+        where = f"{source}: results[{i}] ({e['source']})"
+        if e["method"] == BASELINE:
+            if e.get("pooler") not in (config.get("baselines") or {}).get(e["backbone"], []):
+                raise SentembError(f"{where}: no baseline '{e['backbone']}' with pooler '{e.get('pooler')}' in "
+                                   "the config's `baselines`")
+            continue
+        axes.setdefault(e["method"], set()).update(e.get("method_args", {}))
+        for name in [_entry_name(e), *e.get("also", [])]:
+            r = runs.get((name, e["backbone"]))
+            if r is None:
+                raise SentembError(f"{where}: no configured run '{name}' on backbone '{e['backbone']}' "
+                                   "reproduces this published row (add the run, or fix the entry's name/backbone)")
+            if r["method"] != e["method"]:
+                raise SentembError(f"{where}: run '{name}' on '{e['backbone']}' trains '{r['method']}', not "
+                                   f"'{e['method']}'")
+            margs, train = resolved(find_run(config, name, e["backbone"]))
+            for kind, want, have in (("method_args", e.get("method_args", {}), margs),
+                                     ("train", e.get("train", {}), train)):
+                for k, v in want.items():
+                    if have.get(k) != v:
+                        raise SentembError(f"{where}: the published row needs {kind}.{k} = {v!r}, but run "
+                                           f"'{name}' on '{e['backbone']}' has {have.get(k)!r}: the numbers "
+                                           "belong to another run")
+            covered.setdefault((e["method"], e["backbone"], e["table"]), set()).add(name)
+    for (method, backbone, table), names in covered.items():
+        pinned = axes.get(method, set())
+        for (name, b), r in runs.items():
+            if b != backbone or r["method"] != method or name in names:
+                continue
+            mine = {k: v for k, v in resolved(r)[0].items() if k in pinned}
+            for other in sorted(names):
+                theirs = {k: v for k, v in resolved(runs[(other, backbone)])[0].items() if k in pinned}
+                if mine == theirs and pinned:
+                    raise SentembError(
+                        f"{source}: run '{name}' on '{backbone}' has the settings of '{other}' "
+                        f"({', '.join(f'{k}={v!r}' for k, v in sorted(mine.items()))}), whose published {table} "
+                        f"numbers are filed under '{other}' only: list '{name}' in that entry's `also`, or "
+                        "pin the argument that tells them apart in the entry's method_args")
 
 
 def ci95(values) -> tuple[float, float] | tuple[None, None]:
@@ -148,24 +244,58 @@ def _key(row) -> tuple:
     return (row["method"], row["backbone"], pooler)
 
 
-def table_paper(sts: pd.DataFrame, transfer: pd.DataFrame | None, published: list[dict]) -> pd.DataFrame:
-    """Join the reproduced per-seed results with the published numbers (see module docstring)."""
+def _entry_name(e: dict) -> str | None:
+    """The run a published entry belongs to: its ``name``, else the method's own run (a baseline: none)."""
+    return e.get("name") or (None if e["method"] == BASELINE else e["method"])
+
+
+def collect_dev(paths: Iterable[str | Path]) -> pd.DataFrame:
+    """One row per ``train.json``: run metadata and ``STSBenchmark`` = the best STS-B dev Spearman × 100
+    the run selected its checkpoint by (``best_dev_stsb``); runs without a dev evaluation are left out."""
+    import pandas as pd
+
+    rows = []
+    for p in paths:
+        d = _read(p)
+        missing = [k for k in META if k not in d]
+        if missing:
+            raise SentembError(f"{p}: training summary lacks run metadata {missing}")
+        if d.get("best_dev_stsb") is None:
+            continue
+        rows.append({**{k: d[k] for k in META}, "pooler": None, "STSBenchmark": float(d["best_dev_stsb"])})
+    df = pd.DataFrame(rows, columns=[*META, "pooler", "STSBenchmark"])
+    df["seed"] = df["seed"].astype(int)
+    return df
+
+
+def table_paper(sts: pd.DataFrame, transfer: pd.DataFrame | None, published: list[dict],
+                dev: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Join the reproduced per-seed results with the published numbers (see module docstring);
+    ``dev`` (``collect_dev``) holds each run's best STS-B dev score for the ``dev`` entries."""
     import numpy as np
     import pandas as pd
 
     pub = {}
     for e in published:
-        # a published row belongs to the run named like its method (or to its `name`), not to ablations
-        name = e.get("name") or (None if e["method"] == BASELINE else e["method"])
-        k = (name, e["method"], e["backbone"], e.get("pooler") if e["method"] == BASELINE else None, e["table"])
-        pub[k] = e
+        # a published row belongs to the run named like its method (or to its `name`, and to the runs
+        # in `also`), never to an ablation of that method
+        for name in [_entry_name(e), *e.get("also", [])]:
+            k = (name, e["method"], e["backbone"], e.get("pooler") if e["method"] == BASELINE else None, e["table"])
+            pub[k] = e
     rows = []
-    for table, df, metrics in (("sts", sts, TASKS), ("transfer", transfer, TRANSFER_TASKS)):
+    for table, df, metrics in (("sts", sts, TASKS), ("transfer", transfer, TRANSFER_TASKS),
+                               ("dev", dev, ["STSBenchmark"])):
         if df is None or df.empty:
             continue
+        if table == "dev":  # only the runs a paper reports a dev score for
+            has = {(k[0], k[2]) for k in pub if k[4] == "dev"}
+            df = df[[(n, b) in has for n, b in zip(df["name"], df["backbone"])]]
+            if df.empty:
+                continue
         metrics = [m for m in metrics if m in df.columns and df[m].notna().any()]
         df = df.copy()
-        df["Avg"] = df[metrics].mean(axis=1)
+        if table != "dev":
+            df["Avg"] = df[metrics].mean(axis=1)
         for (name, method, backbone), g in df.groupby(["name", "method", "backbone"], sort=False):
             key = _key(g.iloc[0])
             e = pub.get((None if method == BASELINE else name, *key, table))
@@ -175,7 +305,7 @@ def table_paper(sts: pd.DataFrame, transfer: pd.DataFrame | None, published: lis
                 if (s["name"] == "simcse").any():  # the main SimCSE row, not a SimCSE ablation
                     s = s[s["name"] == "simcse"]
                 ref = s["Avg"].tolist() if len(s) else None
-            for m in [*metrics, "Avg"]:
+            for m in ([*metrics, "Avg"] if table != "dev" else metrics):
                 vals = g.sort_values("seed")[m].astype(float).tolist()
                 mean = float(np.mean(vals))
                 lo, hi = ci95(vals)
@@ -369,8 +499,8 @@ def figures(eval_paths: list[Path], train_paths: list[Path], paper: pd.DataFrame
     plt.close(fig)
 
     # 5. paper vs reproduced Avg (points with the seeds' 95 % interval)
-    fig, ax = plt.subplots(figsize=(6.5, 4))
     rows = paper[(paper["metric"] == "Avg")] if paper is not None else pd.DataFrame()
+    fig, ax = plt.subplots(figsize=(max(6.5, 0.3 * len(rows)), 4))
     if len(rows):
         rows = rows.reset_index(drop=True)
         for i, r in rows.iterrows():
@@ -431,11 +561,14 @@ def _cmd_table_transfer(args) -> int:
 def _cmd_table_paper(args) -> int:
     sts = collect(args.sts, TASKS)
     tr = collect(args.transfer, [*TRANSFER_TASKS]) if args.transfer else None
-    t = table_paper(sts, tr, load_paper_results(args.published))
+    dev = collect_dev(args.train) if args.train else None
+    t = table_paper(sts, tr, load_paper_results(args.published), dev)
     _write(t, args.output, args.markdown, paper_markdown(t),
            "Published vs reproduced (mean ± sample std over seeds; `diff` = reproduced − published; 95% t-interval "
            "over seeds; `p_welch_vs_simcse`: Welch t-test of the per-seed STS Avg against SimCSE on the same "
-           "backbone). Empty `published` = not reported by the papers. Baseline `avg_static_last` is the pooling "
+           "backbone). `table`: `sts` = test sets, `transfer` = SentEval transfer accuracy, `dev` = STS-B "
+           "development Spearman (the run's best, by which it kept its checkpoint), as the papers' ablation "
+           "tables report it. Empty `published` = not reported by the papers. Baseline `avg_static_last` is the pooling "
            "the papers' \"first-last avg.\" rows used (static embeddings + last layer); `avg_first_last` is "
            "SimCSE's later code (first + last Transformer layer).")
     return 0
@@ -462,6 +595,8 @@ def register(sub) -> None:
     p.add_argument("--sts", nargs="+", required=True, help="eval_sts.json files (runs and baselines)")
     p.add_argument("--transfer", nargs="*", default=[], help="eval_transfer.json files")
     p.add_argument("--published", required=True, help="config/paper_results.yaml")
+    p.add_argument("--train", nargs="*", default=[],
+                   help="train.json files (best STS-B dev score, for the published `dev` rows)")
     p.add_argument("--output", required=True)
     p.add_argument("--markdown", default=None)
     p.set_defaults(func=_cmd_table_paper)

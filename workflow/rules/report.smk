@@ -37,6 +37,7 @@ rule table_paper:
     input:
         sts=eval_outputs() + baseline_outputs(),
         transfer=transfer_outputs(),
+        train=train_summaries(),
         published=PAPER_RESULTS,
     output:
         csv=report(f"{RESULTS}/table_paper.csv", caption="../report/table_paper.rst", category="Tables"),
@@ -47,7 +48,8 @@ rule table_paper:
     conda:
         "../envs/sentemb.yaml"
     shell:
-        "sentemb table-paper --sts {input.sts} --transfer {input.transfer} --published {input.published}"
+        "sentemb table-paper --sts {input.sts} --transfer {input.transfer} --train {input.train}"
+        " --published {input.published}"
         " --output {output.csv} --markdown {output.md} > {log} 2>&1"
 
 

@@ -11,7 +11,8 @@ hard negatives, optionally with paraphrase positives:
 * Step 3: term i is replaced, with probability p_i, by a term drawn ∝ s_j among the terms whose
   rank lies within r of term i's rank (:func:`sample_replacement`).
 * Every α batches (optimizer steps with ``step % α == 0``, counted from 0) the B negatives join
-  the batch. Layout (``loss: symmetric``, the authors' code): rows a_1, p_1, …, a_B, p_B,
+  the batch. ``negatives: false`` leaves them out altogether: with ``paraphrase: true`` that is
+  UNA Table 1's "paraphrasing only" row (PEGASUS positives, no TF-IDF negatives). Layout (``loss: symmetric``, the authors' code): rows a_1, p_1, …, a_B, p_B,
   ã_1, ã_1, …, ã_B, ã_B (p = PEGASUS paraphrase of a, or a copy of a; ã = UNA negative of a);
   other steps: a_1, p_1, …, a_B, p_B. With u_k = MLP([CLS]) of row k and k⁺ = k xor 1 its partner,
 
@@ -280,6 +281,8 @@ class UNA(Method):
         radius: int = arg(4000, "r: replacements are drawn among terms ranked within r of the replaced term")
         paraphrase: bool = arg(False, "positives are the corpus line's paraphrase (paraphrases.txt) and the "
                                "statistics are tfidf_para.parquet; else a copy of the anchor and tfidf.parquet")
+        negatives: bool = arg(True, "TF-IDF hard negatives every alpha steps; false (with paraphrase: true) = "
+                              "Table 1's 'paraphrasing only' row, no negatives and no TF-IDF statistics")
         loss: str = arg("symmetric", "symmetric: NT-Xent over all rows (authors' code); simcse: negatives as "
                         "extra columns of the B x B matrix", choices=("symmetric", "simcse"))
         selection: str = arg("tfidf", "which terms are replaced: by p_i (Step 2) or random (Table 2 ablation)",
@@ -296,6 +299,8 @@ class UNA(Method):
 
     @classmethod
     def requires(cls, args):
+        if not args["negatives"]:
+            return ("paraphrases",)
         return ("tfidf_para", "paraphrases") if args["paraphrase"] else ("tfidf",)
 
     @classmethod
@@ -308,14 +313,22 @@ class UNA(Method):
             if key in args and not args[key] > 0:
                 raise SentembError(f"{where}.{key}: {args[key]!r} must be positive")
 
+    @classmethod
+    def check_config(cls, args, config, where):
+        if not args["negatives"] and not args["paraphrase"]:
+            raise SentembError(f"{where}.negatives: false with paraphrase: false leaves neither of UNA's "
+                               "augmentations (that is SimCSE: use method simcse), set paraphrase: true")
+
     def __init__(self, encoder, tokenizer, args, ctx):
         super().__init__(encoder, tokenizer, args, ctx)
         a = self.args
         self.mlp = MLPHead(encoder.config.hidden_size, getattr(encoder.config, "initializer_range", 0.02))
-        stats = ctx.input("tfidf_para" if a["paraphrase"] else "tfidf")
-        self.augmenter = UNAAugmenter.from_parquet(stats, beta=a["beta"], radius=a["radius"], selection=a["selection"],
-                                                   replacement=a["replacement"], redraw=a["redraw"],
-                                                   write_back=a["write_back"])
+        self.augmenter = None
+        if a["negatives"]:
+            stats = ctx.input("tfidf_para" if a["paraphrase"] else "tfidf")
+            self.augmenter = UNAAugmenter.from_parquet(stats, beta=a["beta"], radius=a["radius"],
+                                                       selection=a["selection"], replacement=a["replacement"],
+                                                       redraw=a["redraw"], write_back=a["write_back"])
         self.paraphrases: list[str] | None = None
         if a["paraphrase"]:
             self.paraphrases = self._read_paraphrases(ctx.input("paraphrases"), ctx.corpus)
@@ -338,7 +351,7 @@ class UNA(Method):
 
     # ---------------------------------------------------------------------------- batches
     def has_negatives(self, step: int) -> bool:
-        return step % self.args["alpha"] == 0
+        return self.augmenter is not None and step % self.args["alpha"] == 0
 
     def build_batch(self, sentences, step=0, *, lines=None, micro=0):
         """Rows a_1, p_1, …, a_B, p_B [, ã_1, ã_1, …, ã_B, ã_B] (``loss: simcse``: ã_1, …, ã_B)
