@@ -441,11 +441,11 @@ def test_paraphrasing_only_has_paraphrase_positives_and_no_negatives(tiny_bert_d
     assert got == pytest.approx(float(ref) / (2 * B), rel=1e-5)
 
 
-def test_negatives_off_without_paraphrases_is_refused_naming_the_key():
-    from sentemb.config import validate_config
-
-    cfg = {"experiment": "x", "corpus": {"name": "c", "hub_repo": "r", "hub_file": "f"},
-           "backbones": {"b": {"hub_id": "h"}},
-           "runs": [{"method": "una", "backbone": "b", "method_args": {"negatives": False}}]}
-    with pytest.raises(SentembError, match=r"runs\[0\]\.method_args\.negatives: false with paraphrase: false"):
-        validate_config(cfg)
+def test_negatives_off_without_paraphrases_is_unas_simcse_row_and_needs_no_statistics(tiny_bert_dir, corpus):
+    """UNA Table 1 row 1 (SimCSE reproduced in UNA's loop): no negatives, the anchor's copy as positive."""
+    una = get_method("una")
+    assert una.requires(una.resolve_args({"negatives": False})) == ()
+    enc, tok = load_encoder(tiny_bert_dir, pooling_layer=False)
+    m = una(enc, tok, {"negatives": False}, MethodContext(max_len=32, seed=0, corpus=corpus))
+    rows = _decode(m, m.build_batch(SENTS, step=0, micro=0))
+    assert rows == [x for s in SENTS for x in (s, s)]

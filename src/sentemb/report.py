@@ -165,7 +165,7 @@ def check_against_config(entries: list[dict], config: dict, source: str = "paper
       its own whose method arguments equal those of a run that has one (same method, backbone and
       table; compared on every argument an entry of that method pins) would be reported as "not
       reported" while the paper reports it. List it in that entry's ``also``, or tell it apart in
-      ``method_args``.
+      the entry's ``method_args`` / ``train``.
     """
     from .config import find_run, method_args_of
 
@@ -175,7 +175,7 @@ def check_against_config(entries: list[dict], config: dict, source: str = "paper
         return method_args_of(config, r), {**config["train"], **(r.get("train") or {})}
 
     covered: dict[tuple, set] = {}  # (method, backbone, table) -> run names with published numbers
-    axes: dict[str, set] = {}  # method -> the method arguments some entry pins
+    axes: dict[str, tuple[set, set]] = {}  # method -> (method arguments, train keys) some entry pins
     for i, e in enumerate(entries):
         where = f"{source}: results[{i}] ({e['source']})"
         if e["method"] == BASELINE:
@@ -183,7 +183,9 @@ def check_against_config(entries: list[dict], config: dict, source: str = "paper
                 raise SentembError(f"{where}: no baseline '{e['backbone']}' with pooler '{e.get('pooler')}' in "
                                    "the config's `baselines`")
             continue
-        axes.setdefault(e["method"], set()).update(e.get("method_args", {}))
+        m_axes, t_axes = axes.setdefault(e["method"], (set(), set()))
+        m_axes.update(e.get("method_args", {}))
+        t_axes.update(e.get("train", {}))
         for name in [_entry_name(e), *e.get("also", [])]:
             r = runs.get((name, e["backbone"]))
             if r is None:
@@ -201,15 +203,19 @@ def check_against_config(entries: list[dict], config: dict, source: str = "paper
                                            f"'{name}' on '{e['backbone']}' has {have.get(k)!r}: the numbers "
                                            "belong to another run")
             covered.setdefault((e["method"], e["backbone"], e["table"]), set()).add(name)
+    def on_axes(r: dict, m_axes: set, t_axes: set) -> dict:
+        margs, train = resolved(r)
+        return {**{k: margs.get(k) for k in m_axes}, **{f"train.{k}": train.get(k) for k in t_axes}}
+
     for (method, backbone, table), names in covered.items():
-        pinned = axes.get(method, set())
+        m_axes, t_axes = axes.get(method, (set(), set()))
         for (name, b), r in runs.items():
             if b != backbone or r["method"] != method or name in names:
                 continue
-            mine = {k: v for k, v in resolved(r)[0].items() if k in pinned}
+            mine = on_axes(r, m_axes, t_axes)
             for other in sorted(names):
-                theirs = {k: v for k, v in resolved(runs[(other, backbone)])[0].items() if k in pinned}
-                if mine == theirs and pinned:
+                theirs = on_axes(runs[(other, backbone)], m_axes, t_axes)
+                if mine == theirs and mine:
                     raise SentembError(
                         f"{source}: run '{name}' on '{backbone}' has the settings of '{other}' "
                         f"({', '.join(f'{k}={v!r}' for k, v in sorted(mine.items()))}), whose published {table} "

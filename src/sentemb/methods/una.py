@@ -12,7 +12,8 @@ hard negatives, optionally with paraphrase positives:
   rank lies within r of term i's rank (:func:`sample_replacement`).
 * Every α batches (optimizer steps with ``step % α == 0``, counted from 0) the B negatives join
   the batch. ``negatives: false`` leaves them out altogether: with ``paraphrase: true`` that is
-  UNA Table 1's "paraphrasing only" row (PEGASUS positives, no TF-IDF negatives). Layout (``loss: symmetric``, the authors' code): rows a_1, p_1, …, a_B, p_B,
+  UNA Table 1's "paraphrasing only" row (PEGASUS positives, no TF-IDF negatives); without, its first
+  row, the authors' SimCSE reproduction in UNA's own loop (the symmetric loss below, over 2B rows). Layout (``loss: symmetric``, the authors' code): rows a_1, p_1, …, a_B, p_B,
   ã_1, ã_1, …, ã_B, ã_B (p = PEGASUS paraphrase of a, or a copy of a; ã = UNA negative of a);
   other steps: a_1, p_1, …, a_B, p_B. With u_k = MLP([CLS]) of row k and k⁺ = k xor 1 its partner,
 
@@ -281,8 +282,9 @@ class UNA(Method):
         radius: int = arg(4000, "r: replacements are drawn among terms ranked within r of the replaced term")
         paraphrase: bool = arg(False, "positives are the corpus line's paraphrase (paraphrases.txt) and the "
                                "statistics are tfidf_para.parquet; else a copy of the anchor and tfidf.parquet")
-        negatives: bool = arg(True, "TF-IDF hard negatives every alpha steps; false (with paraphrase: true) = "
-                              "Table 1's 'paraphrasing only' row, no negatives and no TF-IDF statistics")
+        negatives: bool = arg(True, "TF-IDF hard negatives every alpha steps; false = none (no TF-IDF "
+                              "statistics): Table 1's 'paraphrasing only' row with paraphrase: true, its "
+                              "SimCSE row (UNA's loop and loss, nothing added) without")
         loss: str = arg("symmetric", "symmetric: NT-Xent over all rows (authors' code); simcse: negatives as "
                         "extra columns of the B x B matrix", choices=("symmetric", "simcse"))
         selection: str = arg("tfidf", "which terms are replaced: by p_i (Step 2) or random (Table 2 ablation)",
@@ -300,7 +302,7 @@ class UNA(Method):
     @classmethod
     def requires(cls, args):
         if not args["negatives"]:
-            return ("paraphrases",)
+            return ("paraphrases",) if args["paraphrase"] else ()
         return ("tfidf_para", "paraphrases") if args["paraphrase"] else ("tfidf",)
 
     @classmethod
@@ -313,11 +315,6 @@ class UNA(Method):
             if key in args and not args[key] > 0:
                 raise SentembError(f"{where}.{key}: {args[key]!r} must be positive")
 
-    @classmethod
-    def check_config(cls, args, config, where):
-        if not args["negatives"] and not args["paraphrase"]:
-            raise SentembError(f"{where}.negatives: false with paraphrase: false leaves neither of UNA's "
-                               "augmentations (that is SimCSE: use method simcse), set paraphrase: true")
 
     def __init__(self, encoder, tokenizer, args, ctx):
         super().__init__(encoder, tokenizer, args, ctx)
