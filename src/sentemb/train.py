@@ -59,19 +59,54 @@ def read_corpus(path: str | Path) -> list[str]:
     return sents
 
 
-def batch_schedule(n: int, batch_size: int, epochs: float, seed: int) -> list[np.ndarray]:
-    """Micro-batches of corpus indices: a fresh seeded permutation per epoch, no length bucketing
-    (bucketing would change which sentences are each other's in-batch negatives). A trailing
-    batch of one sentence is dropped (no negatives)."""
+#: ``train.sampler`` values (see ``batch_schedule``)
+SAMPLERS = ("random", "length")
+
+
+def sentence_lengths(sentences: list[str]) -> np.ndarray:
+    """The length ``train.sampler: length`` sorts by: whitespace-separated words of the raw line.
+    Open choice (ArcCSE §4.1 says only "sampled by length"): words, not word pieces, so that the
+    schedule needs no tokenizer, is the same with ``train.token_cache`` on or off and on every
+    backbone, and counts what the paper's other length rule counts ("sentences with less than 25
+    words", ``ArcCSE.Args.min_words``)."""
     import numpy as np
+
+    return np.fromiter((len(s.split()) for s in sentences), dtype=np.int64, count=len(sentences))
+
+
+def batch_schedule(n: int, batch_size: int, epochs: float, seed: int, lengths: "np.ndarray | None" = None
+                   ) -> list[np.ndarray]:
+    """Micro-batches of corpus indices, a pure function of the arguments (resume rebuilds it).
+
+    ``lengths`` None (``train.sampler: random``, the default): a fresh seeded permutation per epoch
+    cut into consecutive batches, no length bucketing (bucketing changes which sentences are each
+    other's in-batch negatives).
+
+    ``lengths`` given (``train.sampler: length``; ArcCSE §4.1: "During training, the sentences are
+    sampled by length", with each batch padded to its longest sentence): per epoch, the corpus in
+    order of length (ties broken by the epoch's seeded permutation, so equal-length groups differ
+    between epochs) is cut into consecutive batches of ``batch_size`` neighbours, and the order of
+    those batches is shuffled by the same epoch generator. Every sentence once per epoch, as with
+    ``random``; gradient accumulation groups consecutive micro-batches of the shuffled order.
+
+    Either way a trailing batch of one sentence is dropped (no negatives)."""
+    import numpy as np
+
+    if lengths is not None and len(lengths) != n:
+        raise SentembError(f"batch_schedule: {len(lengths)} lengths for {n} sentences")
     per_epoch = n // batch_size + (1 if n % batch_size >= 2 else 0)
     total = max(1, int(round(epochs * per_epoch)))
     out: list[np.ndarray] = []
     epoch = 0
     while len(out) < total:
-        perm = np.random.default_rng([seed, epoch]).permutation(n)
-        chunks = [perm[i : i + batch_size] for i in range(0, n, batch_size)]
-        out.extend(c for c in chunks if len(c) >= 2)
+        rng = np.random.default_rng([seed, epoch])
+        perm = rng.permutation(n)
+        if lengths is not None:
+            perm = perm[np.argsort(np.asarray(lengths)[perm], kind="stable")]
+        chunks = [c for c in (perm[i : i + batch_size] for i in range(0, n, batch_size)) if len(c) >= 2]
+        if lengths is not None:
+            chunks = [chunks[int(k)] for k in rng.permutation(len(chunks))]
+        out.extend(chunks)
         epoch += 1
     return out[:total]
 
@@ -239,7 +274,11 @@ def setup(run: dict, out_dir: str | Path, method_cls: "type[Method] | None" = No
         torch._inductor.config.fallback_random = True
         step_fn = torch.compile(method.losses)
 
-    micro = batch_schedule(len(sentences), tc["batch_size"], tc["epochs"], seed)
+    sampler = tc.get("sampler", "random")
+    if sampler not in SAMPLERS:
+        raise SentembError(f"run '{run['name']}': train.sampler must be one of {', '.join(SAMPLERS)}, not {sampler!r}")
+    lengths = sentence_lengths(sentences) if sampler == "length" else None
+    micro = batch_schedule(len(sentences), tc["batch_size"], tc["epochs"], seed, lengths)
     accum = tc["grad_accum"]
     total = len(micro) // accum
     if tc.get("max_steps"):
@@ -264,10 +303,17 @@ def setup(run: dict, out_dir: str | Path, method_cls: "type[Method] | None" = No
 SPEED_ONLY = ("token_cache", "prefetch", "num_threads")
 
 
+#: train settings added after states were saved, at the value that computes what was computed
+#: before they existed: left out of the fingerprint at that value (so such a state still resumes),
+#: in it at any other (``sampler: length`` is another data order)
+ADDED_DEFAULTS = {"sampler": "random"}
+
+
 def run_fingerprint(run: dict) -> str:
     """The settings a saved state must share to be resumed (and its MLflow run continued)."""
     keep = {k: run[k] for k in ("method", "backbone", "seed", "train", "method_args", "paths")}
-    keep["train"] = {k: v for k, v in keep["train"].items() if k not in SPEED_ONLY}
+    keep["train"] = {k: v for k, v in keep["train"].items()
+                     if k not in SPEED_ONLY and not (k in ADDED_DEFAULTS and v == ADDED_DEFAULTS[k])}
     keep["paths"] = {k: v for k, v in keep["paths"].items() if k != "tokens"}
     return json.dumps(keep, sort_keys=True, default=str)
 

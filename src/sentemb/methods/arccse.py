@@ -43,8 +43,12 @@ Open choices (methods.md §5 **open**), with the switch that changes each:
   the batch for base models, 32 for large, as the paper); triplets have their own
   ``triplet_max_len`` (default 512 = the longest of the batch, capped at the model's position
   limit), since ≥ 25-word sentences exceed 32 tokens.
-* The paper samples sentences by length; the loop does not (it never buckets: bucketing changes
-  which sentences are each other's negatives). A documented deviation.
+* §4.1 "During training, the sentences are sampled by length": the loop's ``train.sampler:
+  length`` (``sentemb.train.batch_schedule``), set in the ArcCSE runs: per epoch, batches of
+  neighbours in whitespace-word-count order (ties in seeded random order), batch order shuffled.
+  Open: the paper gives neither the length unit nor how batches are ordered; words (not word
+  pieces) keep the schedule tokenizer-free. Bucketing changes which sentences are each other's
+  in-batch negatives, hence ``random`` stays the loop's default for the other methods.
 * ``triplet_mlp`` (default true): the triplet embeddings h̄ are MLP([CLS]) like ArcCon's, the
   paper's "sentence representation during training"; false uses the raw [CLS].
 * ``mask_unit`` (default ``words``, as the paper's example masks whole words): the masking rate
