@@ -1,6 +1,7 @@
 """The shared training loop: determinism, resume, best checkpoint, bad input."""
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -257,7 +258,7 @@ def test_compiled_loop_gives_the_eager_losses(tiny_bert_dir, tiny_corpus, tiny_s
     assert eager[0] != eager[1]  # different batches, so matching every step means something
 
 
-# ------------------------------------------------- issue 18 §5: ArcCSE's length sampler
+# ------------------------------------------------- issue 18 §5: length sampler, eval cadence
 def _reference_length_groups(lengths, batch_size):
     """The length multisets of the batches of one length-sampled epoch, by hand: the sorted lengths
     cut into consecutive groups of ``batch_size`` (a trailing group of one dropped)."""
@@ -330,7 +331,7 @@ def test_length_sampler_in_the_loop_resumes_bit_identically_with_or_without_the_
     assert run_fingerprint(fast) == run_fingerprint(slow) != run_fingerprint(plain)
     # a config that spells out the default resumes a state saved before the key existed
     assert run_fingerprint(run_cfg(tiny_bert_dir, tiny_corpus, tiny_senteval, grad_accum=2, epochs=2,
-                                   sampler="random")) == run_fingerprint(plain)
+                                   sampler="random", eval_unit="optimizer_steps")) == run_fingerprint(plain)
     jobs = [setup(c, tmp_path / f"setup{i}") for i, c in enumerate((fast, slow, plain))]
     sents = read_corpus(tiny_corpus)
     want = batch_schedule(len(sents), 16, 2, 7, sentence_lengths(sents))
@@ -349,14 +350,52 @@ def test_length_sampler_in_the_loop_resumes_bit_identically_with_or_without_the_
     assert other["history"] != full["history"]  # the length order trained another model
 
 
-@pytest.mark.parametrize("key,good,bad", [("sampler", "length", "sorted")])
-def test_sampler_in_the_schema(key, good, bad):
+def test_eval_cadence_in_micro_batches_follows_arccse_training_steps():
+    from sentemb.train import eval_due
+
+    tc = {"eval_steps": 125, "eval_unit": "micro_batches", "eval_at_end": False}
+    # arccse-accum64 on wiki1m: 1e6 // 32 = 31250 micro-batches, 64 per update -> 488 updates
+    steps = [s for s in range(1, 489) if eval_due(tc, s, 64, 488)]
+    assert len(steps) == 31232 // 125 == 249 and steps[:4] == [2, 4, 6, 8] and steps[-1] == 487
+    # by hand: micro-batch 125k is completed by update ceil(125k / 64)
+    assert steps == sorted({math.ceil(125 * k / 64) for k in range(1, 250)})
+    assert eval_due({**tc, "eval_at_end": True}, 488, 64, 488)
+    # counted in optimizer steps (the default) the same run has 3 checks, none in the last quarter
+    opt = {"eval_steps": 125, "eval_at_end": False}
+    assert [s for s in range(1, 489) if eval_due(opt, s, 64, 488)] == [125, 250, 375]
+    # without accumulation both units agree; more than one multiple in one update is one check
+    for s in range(1, 50):
+        assert eval_due({**opt, "eval_steps": 7}, s, 1, 49) == eval_due({**tc, "eval_steps": 7}, s, 1, 49)
+    assert [s for s in range(1, 5) if eval_due({**tc, "eval_steps": 10}, s, 64, 4)] == [1, 2, 3, 4]
+    assert not eval_due({**opt, "model_selection": "last"}, 125, 64, 488)
+
+
+def test_eval_unit_micro_batches_in_the_loop(tiny_bert_dir, tiny_corpus, tiny_senteval, tmp_path):
+    cfg = run_cfg(tiny_bert_dir, tiny_corpus, tiny_senteval, grad_accum=2, epochs=4, eval_steps=3,
+                  eval_unit="micro_batches", eval_at_end=False)
+    s = train(cfg, tmp_path / "run", progress=False)
+    # 24 micro-batches, 12 updates; checks at micro-batches 3, 6, ..., 24 -> after updates 2, 3, 5, 6, ...
+    assert s["steps"] == 12 and [h["step"] for h in s["history"]] == [2, 3, 5, 6, 8, 9, 11, 12]
+
+
+def test_no_dev_check_is_refused_before_training_naming_the_keys(tiny_bert_dir, tiny_corpus, tiny_senteval,
+                                                                 tmp_path):
+    cfg = run_cfg(tiny_bert_dir, tiny_corpus, tiny_senteval, eval_steps=100, eval_at_end=False)
+    with pytest.raises(SentembError, match=r"train\.eval_steps \(100 optimizer_steps\) is beyond the run \(6 "
+                                           r"optimizer steps.*train\.eval_at_end is false"):
+        train(cfg, tmp_path / "run", progress=False)
+    assert not (tmp_path / "run" / "model").exists()
+
+
+@pytest.mark.parametrize("key,good,bad", [("sampler", "length", "sorted"),
+                                          ("eval_unit", "micro_batches", "updates")])
+def test_sampler_and_eval_unit_in_the_schema(key, good, bad):
     from sentemb.config import load_schema, validate_config
 
     schema = load_schema()["$defs"]
     assert schema["train_props"][key]["enum"] == schema["train"]["properties"][key]["enum"]
     base = {"backbones": {"b": {"hub_id": "x/y"}}, "runs": [{"method": "arccse", "backbone": "b"}]}
-    default = {"sampler": "random"}[key]
+    default = {"sampler": "random", "eval_unit": "optimizer_steps"}[key]
     assert validate_config(dict(base))["train"][key] == default
     assert validate_config({**base, "train": {key: good}})["train"][key] == good
     with pytest.raises(SentembError, match=rf"'train\.{key}'"):

@@ -286,6 +286,12 @@ def setup(run: dict, out_dir: str | Path, method_cls: "type[Method] | None" = No
     if total < 1:
         raise SentembError(f"run '{run['name']}': the corpus gives no full optimizer step "
                            f"({len(micro)} micro-batches, grad_accum {accum})")
+    if _selects_by_dev(tc) and not any(eval_due(tc, s, accum, total) for s in range(1, total + 1)):
+        unit = tc.get("eval_unit", "optimizer_steps")
+        raise SentembError(f"run '{run['name']}': no STS-B dev evaluation would select a checkpoint: "
+                           f"train.eval_steps ({tc['eval_steps']} {unit}) is beyond the run ({total} optimizer "
+                           f"steps of {accum} micro-batches) and train.eval_at_end is false; lower "
+                           "train.eval_steps, set train.eval_at_end: true, or set train.model_selection: last")
     opt = build_optimizer(method, tc["lr"], tc["weight_decay"], device)
     warmup = int(tc["warmup_ratio"] * total)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(tc["lr_schedule"], total, warmup))
@@ -305,8 +311,8 @@ SPEED_ONLY = ("token_cache", "prefetch", "num_threads")
 
 #: train settings added after states were saved, at the value that computes what was computed
 #: before they existed: left out of the fingerprint at that value (so such a state still resumes),
-#: in it at any other (``sampler: length`` is another data order)
-ADDED_DEFAULTS = {"sampler": "random"}
+#: in it at any other (``sampler: length`` is another data order, ``eval_unit`` other checkpoints)
+ADDED_DEFAULTS = {"sampler": "random", "eval_unit": "optimizer_steps"}
 
 
 def run_fingerprint(run: dict) -> str:
@@ -320,6 +326,34 @@ def run_fingerprint(run: dict) -> str:
 
 def _selects_by_dev(tc: dict) -> bool:
     return tc.get("model_selection", "best_dev") == "best_dev"
+
+
+#: ``train.eval_unit`` values: what ``train.eval_steps`` counts (see ``eval_due``)
+EVAL_UNITS = ("optimizer_steps", "micro_batches")
+
+
+def eval_due(tc: dict, step: int, accum: int, total: int) -> bool:
+    """Whether STS-B dev is evaluated after optimizer step ``step`` (1-based) of ``total``.
+
+    ``train.eval_unit: optimizer_steps`` (default; methods.md §0, SimCSE's code: the HF Trainer's
+    ``eval_steps`` counts parameter updates): after every ``eval_steps``-th update.
+    ``micro_batches``: ``eval_steps`` counts forward/backward passes over ``batch_size`` sentences,
+    ArcCSE §4.1's "training steps" ("update the parameters every 64 steps ... We evaluate our model
+    every 125 training steps"). Weights change only at updates, so the check for micro-batch
+    k·eval_steps is made after the update that completes it: after step s when a multiple of
+    ``eval_steps`` lies in (accum·(s−1), accum·s]. Several multiples in one update give one check.
+    ``train.eval_at_end`` adds the last step either way."""
+    if not _selects_by_dev(tc):
+        return False
+    if step == total and tc["eval_at_end"]:
+        return True
+    every = tc["eval_steps"]
+    unit = tc.get("eval_unit", "optimizer_steps")
+    if unit == "micro_batches":
+        return step * accum // every > (step - 1) * accum // every
+    if unit != "optimizer_steps":
+        raise SentembError(f"train.eval_unit must be one of {', '.join(EVAL_UNITS)}, not {unit!r}")
+    return step % every == 0
 
 
 def resume(job: Job) -> State:
@@ -626,7 +660,7 @@ def _loop(job: Job, state: State, bar, stop_after: int | None) -> None:
             metrics = log_step(job, state)
             if bar is not None:
                 bar.set_postfix(loss=f"{metrics['train/loss']:.4f}")
-        if _selects_by_dev(tc) and (state.step % tc["eval_steps"] == 0 or (last and tc["eval_at_end"])):
+        if eval_due(tc, state.step, job.accum, job.total):
             evaluate_and_keep(job, state)
         if state.step % tc["save_steps"] == 0 and not last:
             save_state(job, state)

@@ -38,7 +38,10 @@ Open choices (methods.md §5 **open**), with the switch that changes each:
 * Batch and update schedule ("batch size in {8, 16, 32}, parameters updated every 64 steps"): a
   loop setting, not a method argument. The paper runs read it as 64 sentences per update
   (``batch_size: 32, grad_accum: 2``); the literal reading is the named run ``arccse-accum64``
-  (``grad_accum: 64``). In-batch negatives are those of one micro-batch either way.
+  (``grad_accum: 64``). In-batch negatives are those of one micro-batch either way. "We evaluate
+  our model every 125 training steps" counts the same steps: updates of 64 sentences in the paper
+  runs (``eval_steps: 125``), micro-batches of 32 in ``arccse-accum64`` (``train.eval_unit:
+  micro_batches``, ``sentemb.train.eval_due``: 249 checks in its 488 updates instead of 3).
 * Maximum lengths: ArcCon truncates at ``train.max_len`` (the runs: 512 = the longest sentence of
   the batch for base models, 32 for large, as the paper); triplets have their own
   ``triplet_max_len`` (default 512 = the longest of the batch, capped at the model's position
