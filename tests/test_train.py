@@ -387,6 +387,23 @@ def test_no_dev_check_is_refused_before_training_naming_the_keys(tiny_bert_dir, 
     assert not (tmp_path / "run" / "model").exists()
 
 
+def test_a_run_without_dev_evaluation_exits_0(tiny_bert_dir, tiny_corpus, tiny_senteval, tmp_path, capsys):
+    """model_selection: last, eval_steps beyond the run, eval_at_end false: the final weights, exit 0
+    (the closing line used to format best_dev_stsb = None and exit 1)."""
+    from sentemb.cli import main
+
+    cfg = run_cfg(tiny_bert_dir, tiny_corpus, tiny_senteval, eval_steps=100, eval_at_end=False,
+                  model_selection="last")
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(cfg))
+    assert main(["train", "--run-config", str(path), "--output-dir", str(tmp_path / "out"), "--quiet",
+                 "--no-track"]) == 0
+    out = capsys.readouterr().out
+    assert "final weights at step 6/6" in out and "model_selection: last" in out
+    s = json.loads((tmp_path / "out" / "train.json").read_text())
+    assert s["best_dev_stsb"] is None and s["history"] == [] and (tmp_path / "out" / "model").is_dir()
+
+
 @pytest.mark.parametrize("key,good,bad", [("sampler", "length", "sorted"),
                                           ("eval_unit", "micro_batches", "updates")])
 def test_sampler_and_eval_unit_in_the_schema(key, good, bad):

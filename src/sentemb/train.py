@@ -682,9 +682,17 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if args.no_track:
         run.setdefault("tracking", {})["enabled"] = False
     summary = train(run, args.output_dir, progress=not args.quiet)
-    print(f"best STS-B dev {summary['best_dev_stsb']:.2f} at step {summary['best_step']}/{summary['steps']} "
-          f"-> {Path(args.output_dir) / 'model'}")
+    print(f"{_summary_line(summary)} -> {Path(args.output_dir) / 'model'}")
     return 0
+
+
+def _summary_line(summary: dict) -> str:
+    """The closing line of ``sentemb train``: the selected checkpoint, by STS-B dev or (no dev
+    evaluation, ``train.model_selection: last``) the final weights."""
+    where = f"at step {summary['best_step']}/{summary['steps']}"
+    if summary["best_dev_stsb"] is None:
+        return f"final weights {where} (train.model_selection: last, no STS-B dev evaluation)"
+    return f"best STS-B dev {summary['best_dev_stsb']:.2f} {where}"
 
 
 def _cmd_run_config(args: argparse.Namespace) -> int:
