@@ -363,7 +363,7 @@ def test_rake_file_not_line_aligned_is_refused_naming_both_files(tiny_bert_dir, 
     with pytest.raises(SentembError, match=r"rake_top5\.parquet have 4 rows but the corpus .*corpus\.txt has 6 lines"):
         make(tiny_bert_dir, corpus, rake)
     rake = write_rake(tmp_path / "rake_top2.parquet", PHRASES, top_k=2)
-    with pytest.raises(SentembError, match="top 2 RAKE phrases .* top_k is 3"):
+    with pytest.raises(SentembError, match="top 2 RAKE phrases .* top_k is 5"):
         make(tiny_bert_dir, corpus, rake)
 
 
@@ -512,3 +512,9 @@ def test_mlm_head_is_loaded_from_a_checkpoint_that_has_one(tiny_bert_dir, setup,
     ref.eval()
     with torch.no_grad():
         assert torch.allclose(m.mlm_head(h), p(h), atol=1e-5)  # same logits as the checkpoint's head
+
+
+# --------------------------------------------------------------------------------- issue 18 §5
+def test_top_k_default_is_the_full_model_of_tables_4_8_9():
+    """Table 5's RAKE top-5 row (77.7 / 79.3 / 65.4) is the row of Tables 4, 8 and 9's full model."""
+    assert get_method("paser").arg_defaults()["top_k"] == 5
