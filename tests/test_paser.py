@@ -363,7 +363,7 @@ def test_rake_file_not_line_aligned_is_refused_naming_both_files(tiny_bert_dir, 
     with pytest.raises(SentembError, match=r"rake_top5\.parquet have 4 rows but the corpus .*corpus\.txt has 6 lines"):
         make(tiny_bert_dir, corpus, rake)
     rake = write_rake(tmp_path / "rake_top2.parquet", PHRASES, top_k=2)
-    with pytest.raises(SentembError, match="top 2 RAKE phrases .* top_k is 3"):
+    with pytest.raises(SentembError, match="top 2 RAKE phrases .* top_k is 5"):
         make(tiny_bert_dir, corpus, rake)
 
 
@@ -512,3 +512,142 @@ def test_mlm_head_is_loaded_from_a_checkpoint_that_has_one(tiny_bert_dir, setup,
     ref.eval()
     with torch.no_grad():
         assert torch.allclose(m.mlm_head(h), p(h), atol=1e-5)  # same logits as the checkpoint's head
+
+
+# --------------------------------------------------------------------------------- issue 18 §5
+def test_top_k_default_is_the_full_model_of_tables_4_8_9():
+    """Table 5's RAKE top-5 row (77.7 / 79.3 / 65.4) is the row of Tables 4, 8 and 9's full model."""
+    assert get_method("paser").arg_defaults()["top_k"] == 5
+    assert get_method("paser").arg_defaults()["decoder_output"] == "embeddings"
+
+
+def _mlm_checkpoint(tiny_bert_dir, tmp_path):
+    """A tiny random BertForMaskedLM saved to disk (bias made non-zero), and the model itself."""
+    import shutil
+
+    from transformers import BertConfig, BertForMaskedLM
+
+    d = tmp_path / "mlm_model"
+    shutil.copytree(tiny_bert_dir, d)
+    torch.manual_seed(1)
+    ref = BertForMaskedLM(BertConfig.from_pretrained(tiny_bert_dir))
+    with torch.no_grad():
+        ref.cls.predictions.bias.normal_()
+    ref.save_pretrained(d)
+    return d, ref.eval()
+
+
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied-code"])
+def test_decoder_through_the_pretrained_mlm_head_gives_bert_for_masked_lm_logits(tiny_bert_dir, setup, tmp_path,
+                                                                                   tied):
+    """decoder_output: mlm_head — logits = the checkpoint's cls.predictions applied to the decoder's
+    states (computed by transformers' BertForMaskedLM), and L_gen is their cross-entropy."""
+    d, ref = _mlm_checkpoint(tiny_bert_dir, tmp_path)
+    m = make(d, *setup, decoder_output="mlm_head", mlm_head_tied=tied)
+    assert m.mlm_head_pretrained
+    m.eval()
+    batch = m.build_batch(SENTS, lines=list(range(len(SENTS))), micro=1)
+    with torch.no_grad():
+        memory = m.signal(batch["input_ids"], batch["attention_mask"])[batch["dec_rows"]]
+        states = m.decoder.hidden(batch["dec_input_ids"], batch["dec_attention_mask"], memory)
+        logits = m.decoder(batch["dec_input_ids"], batch["dec_attention_mask"], memory)
+        want = ref.cls(states)
+        assert torch.allclose(logits, want, atol=1e-5)
+        # not the tied-embedding projection of the default
+        assert not torch.allclose(logits, states @ m.encoder.get_input_embeddings().weight.T, atol=1e-3)
+        terms = m.losses(batch)
+    assert abs(float(terms["gen"]) - _hand_ce(want, batch["dec_labels"])) < 1e-4
+    # the decoder does not own the head: its parameters are the method's mlm_head.*, once
+    assert not any("_head" in k for k in m.decoder.state_dict())
+    assert len({id(p) for p in m.parameters()}) == len(list(m.parameters()))
+
+
+def test_mlm_head_switches_tie_and_gradients_as_the_code(tiny_bert_dir, setup, tmp_path):
+    """Code form (decoder_output: mlm_head, mlm_head_tied: false): one trainable head serves L_gen and
+    L_MLM, its vocabulary matrix is its own copy of the pretrained one; L_gen reaches the head."""
+    d, ref = _mlm_checkpoint(tiny_bert_dir, tmp_path)
+    w = lambda m: m.encoder.get_input_embeddings().weight  # noqa: E731
+    code = make(d, *setup, decoder_output="mlm_head", mlm_head_tied=False)
+    tied = make(d, *setup, decoder_output="mlm_head")
+    paper = make(d, *setup)
+    assert code.mlm_head.W is not w(code) and torch.equal(code.mlm_head.W, ref.cls.predictions.decoder.weight)
+    assert code.mlm_head.W.requires_grad and any(p is code.mlm_head.W for p in code.parameters())
+    assert tied.mlm_head.W is w(tied) and paper.mlm_head.W is w(paper)
+    for m in (code, tied, paper):
+        m.train()
+        torch.manual_seed(0)
+        batch = m.build_batch(SENTS, lines=list(range(len(SENTS))), micro=0)
+        memory = m.signal(batch["input_ids"], batch["attention_mask"])
+        logits = m.decoder(batch["dec_input_ids"], batch["dec_attention_mask"], memory[batch["dec_rows"]])
+        sel = batch["dec_labels"] != -100
+        torch.nn.functional.cross_entropy(logits[sel], batch["dec_labels"][sel]).backward()  # L_gen alone
+        reaches_head = m.mlm_head.dense.weight.grad is not None and m.mlm_head.dense.weight.grad.abs().sum() > 0
+        assert reaches_head == (m is not paper)
+        assert w(m).grad.abs().sum() > 0  # the shared input embeddings either way
+        assert m.encoder.encoder.layer[0].attention.self.query.weight.grad.abs().sum() > 0
+    assert code.mlm_head.weight.grad.abs().sum() > 0 and code.mlm_head.bias.grad.abs().sum() > 0
+    # L_MLM uses the same head in the code form
+    code.zero_grad()
+    b = len(SENTS)
+    batch = code.build_batch(SENTS, lines=list(range(b)), micro=0)
+    hid = code.encoder(input_ids=batch["mlm_input_ids"], attention_mask=batch["attention_mask"][:b]).last_hidden_state
+    msel = batch["mlm_labels"] != -100
+    torch.nn.functional.cross_entropy(code.mlm_head(hid[msel]), batch["mlm_labels"][msel]).backward()
+    assert code.mlm_head.weight.grad.abs().sum() > 0
+
+
+def test_export_is_the_encoder_whatever_the_decoder_output(tiny_bert_dir, setup, tmp_path):
+    from safetensors.torch import load_file
+
+    d, _ = _mlm_checkpoint(tiny_bert_dir, tmp_path)
+    meta = {"method": "paser", "name": "paser", "backbone": "tiny", "seed": 1}
+    exported = {}
+    for name, args in (("paper", {}), ("code", {"decoder_output": "mlm_head", "mlm_head_tied": False})):
+        m = make(d, *setup, **args)
+        m.export(tmp_path / name, "cls_before_pooler", meta=meta)
+        exported[name] = {k: v for f in (tmp_path / name).rglob("*.safetensors") for k, v in load_file(f).items()}
+        assert len(exported[name]) == len(m.encoder.state_dict())
+        assert not any(("decoder" in k) or ("mlm" in k) or ("predictions" in k) for k in exported[name])
+    assert exported["paper"].keys() == exported["code"].keys()
+    assert all(torch.equal(exported["paper"][k], exported["code"][k]) for k in exported["paper"])
+
+
+def test_methods_command_lists_the_decoder_output_switch(capsys):
+    from sentemb.cli import main
+
+    assert main(["methods", "paser"]) == 0
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.strip().startswith("decoder_output"))
+    assert '"embeddings"' in line and "{embeddings, mlm_head}" in line and "cls.lm_head" in line
+    line = next(x for x in out.splitlines() if x.strip().startswith("mlm_head_tied"))
+    assert "true" in line and "copy" in line
+    assert next(x for x in out.splitlines() if x.strip().startswith("top_k")).split("=")[1].split()[0] == "5"
+
+
+def test_code_form_head_resumes_bit_identically(tiny_bert_dir, tiny_senteval, tmp_path):
+    """The untied head is one more trained parameter: a kill and resume end with the weights and dev
+    history of an uninterrupted run."""
+    from conftest import assert_same_model
+
+    from sentemb.train import train
+
+    d, _ = _mlm_checkpoint(tiny_bert_dir, tmp_path)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("".join(s + "\n" for s in SENTS * 4))
+    rake = write_rake(tmp_path / "rake_top5.parquet", PHRASES * 4)
+    tc = {"epochs": 1, "max_steps": 4, "batch_size": 4, "grad_accum": 1, "lr": 1e-3, "weight_decay": 0.0,
+          "warmup_ratio": 0.0, "lr_schedule": "linear", "grad_clip": 1.0, "max_len": 16, "eval_steps": 2,
+          "eval_at_end": True, "log_steps": 1, "save_steps": 100, "precision": "auto", "dropout": None,
+          "device": "cpu", "num_threads": None, "compile": False}
+    args = get_method("paser").resolve_args({"eda": "none", "decoder_layers": 1, "decoder_ffn": 64,
+                                             "decoder_output": "mlm_head", "mlm_head_tied": False})
+    run = {"name": "paser-code", "method": "paser", "backbone": "tiny", "seed": 1, "train": tc,
+           "method_args": args, "experiment": "t", "tracking": {"enabled": False, "uri": None},
+           "paths": {"model": str(d), "corpus": str(corpus), "senteval": str(tiny_senteval), "stats": None,
+                     "inputs": {"rake": str(rake), "nltk": str(tmp_path)}}}
+    full = train(run, tmp_path / "full", progress=False)
+    with pytest.raises(KeyboardInterrupt):
+        train(run, tmp_path / "resumed", stop_after=2, progress=False)
+    res = train(run, tmp_path / "resumed", progress=False)
+    assert res["history"] == full["history"] and len(full["history"]) == 2
+    assert_same_model(tmp_path / "full/model", tmp_path / "resumed/model")

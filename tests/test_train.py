@@ -1,6 +1,7 @@
 """The shared training loop: determinism, resume, best checkpoint, bad input."""
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -255,3 +256,166 @@ def test_compiled_loop_gives_the_eager_losses(tiny_bert_dir, tiny_corpus, tiny_s
     assert job.step_fn is not job.method.losses  # the compiled function ran
     np.testing.assert_allclose(compiled, eager, rtol=1e-5, atol=1e-6)
     assert eager[0] != eager[1]  # different batches, so matching every step means something
+
+
+# ------------------------------------------------- issue 18 §5: length sampler, eval cadence
+def _reference_length_groups(lengths, batch_size):
+    """The length multisets of the batches of one length-sampled epoch, by hand: the sorted lengths
+    cut into consecutive groups of ``batch_size`` (a trailing group of one dropped)."""
+    s = sorted(int(x) for x in lengths)
+    groups = [s[i:i + batch_size] for i in range(0, len(s), batch_size)]
+    return sorted(g for g in groups if len(g) >= 2)
+
+
+def test_length_sampler_batches_are_sorted_neighbours_in_shuffled_order():
+    rng = np.random.default_rng(0)
+    n, bs = 203, 8
+    lengths = rng.integers(1, 40, n)  # many ties
+    sched = batch_schedule(n, bs, 2, seed=5, lengths=lengths)
+    per_epoch = n // bs + 1  # 25 full batches + one of 3
+    assert len(sched) == 2 * per_epoch
+    for e in range(2):
+        epoch = sched[e * per_epoch:(e + 1) * per_epoch]
+        # every sentence exactly once per epoch
+        assert sorted(np.concatenate(epoch).tolist()) == list(range(n))
+        # each batch is a group of neighbours in length order (the same multisets as the reference)
+        assert sorted(sorted(lengths[b].tolist()) for b in epoch) == _reference_length_groups(lengths, bs)
+        # batches of similar length, not in length order
+        lo = [int(lengths[b].min()) for b in epoch]
+        assert lo != sorted(lo) and lo != sorted(lo, reverse=True)
+        assert max(int(np.ptp(lengths[b])) for b in epoch) <= 3  # 203 sentences over 39 lengths, batches of 8
+    assert [len(b) for b in sched].count(3) == 2
+    first, second = sched[:per_epoch], sched[per_epoch:]
+    assert any(not np.array_equal(a, b) for a, b in zip(first, second))  # a new order each epoch
+    again = batch_schedule(n, bs, 2, seed=5, lengths=lengths)
+    assert all(np.array_equal(a, b) for a, b in zip(sched, again))  # deterministic
+    other = batch_schedule(n, bs, 2, seed=6, lengths=lengths)
+    assert any(not np.array_equal(a, b) for a, b in zip(sched, other))  # seeds differ
+    # ties are broken at random: with all lengths equal the batches are not corpus order
+    flat = batch_schedule(40, 8, 1, seed=5, lengths=np.ones(40, dtype=int))
+    assert sorted(np.concatenate(flat).tolist()) == list(range(40))
+    assert not np.array_equal(np.concatenate(flat), np.arange(40))
+
+
+def test_length_sampler_drops_a_trailing_batch_of_one_and_keeps_the_random_default():
+    lengths = np.array([5, 1, 9, 3, 7, 2, 8, 4, 6])
+    sched = batch_schedule(9, 4, 1, seed=0, lengths=lengths)
+    assert sorted(len(b) for b in sched) == [4, 4]
+    assert sorted(np.concatenate(sched).tolist()) == sorted(set(range(9)) - {2})  # the longest one is left out
+    assert sorted(sorted(lengths[b].tolist()) for b in sched) == [[1, 2, 3, 4], [5, 6, 7, 8]]
+    # without lengths the schedule is the random one of before (runs keep their data order)
+    a = batch_schedule(50, 16, 1, seed=3)
+    perm = np.random.default_rng([3, 0]).permutation(50)
+    assert all(np.array_equal(x, perm[i * 16:(i + 1) * 16]) for i, x in enumerate(a))
+    with pytest.raises(SentembError, match="3 lengths for 9 sentences"):
+        batch_schedule(9, 4, 1, seed=0, lengths=lengths[:3])
+
+
+def test_sentence_lengths_are_whitespace_words():
+    from sentemb.train import sentence_lengths
+
+    assert sentence_lengths(["a b  c", "x", " one\ttwo "]).tolist() == [3, 1, 2]
+
+
+def test_length_sampler_in_the_loop_resumes_bit_identically_with_or_without_the_token_cache(
+        tiny_bert_dir, tiny_corpus, tiny_senteval, tmp_path):
+    """setup builds the length schedule from the corpus; a kill with the token cache resumes without
+    it (and the other way round) to the uninterrupted run's history and weights."""
+    from sentemb.train import run_fingerprint, sentence_lengths, setup
+
+    fast = run_cfg(tiny_bert_dir, tiny_corpus, tiny_senteval, sampler="length", token_cache=True, grad_accum=2,
+                   epochs=2)
+    slow = run_cfg(tiny_bert_dir, tiny_corpus, tiny_senteval, sampler="length", token_cache=False, grad_accum=2,
+                   epochs=2)
+    plain = run_cfg(tiny_bert_dir, tiny_corpus, tiny_senteval, grad_accum=2, epochs=2)
+    assert run_fingerprint(fast) == run_fingerprint(slow) != run_fingerprint(plain)
+    # a config that spells out the default resumes a state saved before the key existed
+    assert run_fingerprint(run_cfg(tiny_bert_dir, tiny_corpus, tiny_senteval, grad_accum=2, epochs=2,
+                                   sampler="random", eval_unit="optimizer_steps")) == run_fingerprint(plain)
+    jobs = [setup(c, tmp_path / f"setup{i}") for i, c in enumerate((fast, slow, plain))]
+    sents = read_corpus(tiny_corpus)
+    want = batch_schedule(len(sents), 16, 2, 7, sentence_lengths(sents))
+    for job in jobs[:2]:
+        assert len(job.micro) == len(want) and all(np.array_equal(a, b) for a, b in zip(job.micro, want))
+    assert any(not np.array_equal(a, b) for a, b in zip(jobs[0].micro, jobs[2].micro))
+    full = train(fast, tmp_path / "full", progress=False)
+    for a, b in ((fast, slow), (slow, fast)):
+        out = tmp_path / f"run-{a['train']['token_cache']}"
+        with pytest.raises(KeyboardInterrupt):
+            train(a, out, stop_after=3, progress=False)
+        res = train(b, out, progress=False)
+        assert res["history"] == full["history"]
+        assert_same_model(tmp_path / "full/model", out / "model")
+    other = train(plain, tmp_path / "plain", progress=False)
+    assert other["history"] != full["history"]  # the length order trained another model
+
+
+def test_eval_cadence_in_micro_batches_follows_arccse_training_steps():
+    from sentemb.train import eval_due
+
+    tc = {"eval_steps": 125, "eval_unit": "micro_batches", "eval_at_end": False}
+    # arccse-accum64 on wiki1m: 1e6 // 32 = 31250 micro-batches, 64 per update -> 488 updates
+    steps = [s for s in range(1, 489) if eval_due(tc, s, 64, 488)]
+    assert len(steps) == 31232 // 125 == 249 and steps[:4] == [2, 4, 6, 8] and steps[-1] == 487
+    # by hand: micro-batch 125k is completed by update ceil(125k / 64)
+    assert steps == sorted({math.ceil(125 * k / 64) for k in range(1, 250)})
+    assert eval_due({**tc, "eval_at_end": True}, 488, 64, 488)
+    # counted in optimizer steps (the default) the same run has 3 checks, none in the last quarter
+    opt = {"eval_steps": 125, "eval_at_end": False}
+    assert [s for s in range(1, 489) if eval_due(opt, s, 64, 488)] == [125, 250, 375]
+    # without accumulation both units agree; more than one multiple in one update is one check
+    for s in range(1, 50):
+        assert eval_due({**opt, "eval_steps": 7}, s, 1, 49) == eval_due({**tc, "eval_steps": 7}, s, 1, 49)
+    assert [s for s in range(1, 5) if eval_due({**tc, "eval_steps": 10}, s, 64, 4)] == [1, 2, 3, 4]
+    assert not eval_due({**opt, "model_selection": "last"}, 125, 64, 488)
+
+
+def test_eval_unit_micro_batches_in_the_loop(tiny_bert_dir, tiny_corpus, tiny_senteval, tmp_path):
+    cfg = run_cfg(tiny_bert_dir, tiny_corpus, tiny_senteval, grad_accum=2, epochs=4, eval_steps=3,
+                  eval_unit="micro_batches", eval_at_end=False)
+    s = train(cfg, tmp_path / "run", progress=False)
+    # 24 micro-batches, 12 updates; checks at micro-batches 3, 6, ..., 24 -> after updates 2, 3, 5, 6, ...
+    assert s["steps"] == 12 and [h["step"] for h in s["history"]] == [2, 3, 5, 6, 8, 9, 11, 12]
+
+
+def test_no_dev_check_is_refused_before_training_naming_the_keys(tiny_bert_dir, tiny_corpus, tiny_senteval,
+                                                                 tmp_path):
+    cfg = run_cfg(tiny_bert_dir, tiny_corpus, tiny_senteval, eval_steps=100, eval_at_end=False)
+    with pytest.raises(SentembError, match=r"train\.eval_steps \(100 optimizer_steps\) is beyond the run \(6 "
+                                           r"optimizer steps.*train\.eval_at_end is false"):
+        train(cfg, tmp_path / "run", progress=False)
+    assert not (tmp_path / "run" / "model").exists()
+
+
+def test_a_run_without_dev_evaluation_exits_0(tiny_bert_dir, tiny_corpus, tiny_senteval, tmp_path, capsys):
+    """model_selection: last, eval_steps beyond the run, eval_at_end false: the final weights, exit 0
+    (the closing line used to format best_dev_stsb = None and exit 1)."""
+    from sentemb.cli import main
+
+    cfg = run_cfg(tiny_bert_dir, tiny_corpus, tiny_senteval, eval_steps=100, eval_at_end=False,
+                  model_selection="last")
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(cfg))
+    assert main(["train", "--run-config", str(path), "--output-dir", str(tmp_path / "out"), "--quiet",
+                 "--no-track"]) == 0
+    out = capsys.readouterr().out
+    assert "final weights at step 6/6" in out and "model_selection: last" in out
+    s = json.loads((tmp_path / "out" / "train.json").read_text())
+    assert s["best_dev_stsb"] is None and s["history"] == [] and (tmp_path / "out" / "model").is_dir()
+
+
+@pytest.mark.parametrize("key,good,bad", [("sampler", "length", "sorted"),
+                                          ("eval_unit", "micro_batches", "updates")])
+def test_sampler_and_eval_unit_in_the_schema(key, good, bad):
+    from sentemb.config import load_schema, validate_config
+
+    schema = load_schema()["$defs"]
+    assert schema["train_props"][key]["enum"] == schema["train"]["properties"][key]["enum"]
+    base = {"backbones": {"b": {"hub_id": "x/y"}}, "runs": [{"method": "arccse", "backbone": "b"}]}
+    default = {"sampler": "random", "eval_unit": "optimizer_steps"}[key]
+    assert validate_config(dict(base))["train"][key] == default
+    assert validate_config({**base, "train": {key: good}})["train"][key] == good
+    with pytest.raises(SentembError, match=rf"'train\.{key}'"):
+        validate_config({**base, "train": {key: bad}})
+    with pytest.raises(SentembError, match=rf"'runs\[0\]\.train\.{key}'"):
+        validate_config({**base, "runs": [{"method": "arccse", "backbone": "b", "train": {key: bad}}]})

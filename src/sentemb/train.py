@@ -59,19 +59,54 @@ def read_corpus(path: str | Path) -> list[str]:
     return sents
 
 
-def batch_schedule(n: int, batch_size: int, epochs: float, seed: int) -> list[np.ndarray]:
-    """Micro-batches of corpus indices: a fresh seeded permutation per epoch, no length bucketing
-    (bucketing would change which sentences are each other's in-batch negatives). A trailing
-    batch of one sentence is dropped (no negatives)."""
+#: ``train.sampler`` values (see ``batch_schedule``)
+SAMPLERS = ("random", "length")
+
+
+def sentence_lengths(sentences: list[str]) -> np.ndarray:
+    """The length ``train.sampler: length`` sorts by: whitespace-separated words of the raw line.
+    Open choice (ArcCSE §4.1 says only "sampled by length"): words, not word pieces, so that the
+    schedule needs no tokenizer, is the same with ``train.token_cache`` on or off and on every
+    backbone, and counts what the paper's other length rule counts ("sentences with less than 25
+    words", ``ArcCSE.Args.min_words``)."""
     import numpy as np
+
+    return np.fromiter((len(s.split()) for s in sentences), dtype=np.int64, count=len(sentences))
+
+
+def batch_schedule(n: int, batch_size: int, epochs: float, seed: int, lengths: "np.ndarray | None" = None
+                   ) -> list[np.ndarray]:
+    """Micro-batches of corpus indices, a pure function of the arguments (resume rebuilds it).
+
+    ``lengths`` None (``train.sampler: random``, the default): a fresh seeded permutation per epoch
+    cut into consecutive batches, no length bucketing (bucketing changes which sentences are each
+    other's in-batch negatives).
+
+    ``lengths`` given (``train.sampler: length``; ArcCSE §4.1: "During training, the sentences are
+    sampled by length", with each batch padded to its longest sentence): per epoch, the corpus in
+    order of length (ties broken by the epoch's seeded permutation, so equal-length groups differ
+    between epochs) is cut into consecutive batches of ``batch_size`` neighbours, and the order of
+    those batches is shuffled by the same epoch generator. Every sentence once per epoch, as with
+    ``random``; gradient accumulation groups consecutive micro-batches of the shuffled order.
+
+    Either way a trailing batch of one sentence is dropped (no negatives)."""
+    import numpy as np
+
+    if lengths is not None and len(lengths) != n:
+        raise SentembError(f"batch_schedule: {len(lengths)} lengths for {n} sentences")
     per_epoch = n // batch_size + (1 if n % batch_size >= 2 else 0)
     total = max(1, int(round(epochs * per_epoch)))
     out: list[np.ndarray] = []
     epoch = 0
     while len(out) < total:
-        perm = np.random.default_rng([seed, epoch]).permutation(n)
-        chunks = [perm[i : i + batch_size] for i in range(0, n, batch_size)]
-        out.extend(c for c in chunks if len(c) >= 2)
+        rng = np.random.default_rng([seed, epoch])
+        perm = rng.permutation(n)
+        if lengths is not None:
+            perm = perm[np.argsort(np.asarray(lengths)[perm], kind="stable")]
+        chunks = [c for c in (perm[i : i + batch_size] for i in range(0, n, batch_size)) if len(c) >= 2]
+        if lengths is not None:
+            chunks = [chunks[int(k)] for k in rng.permutation(len(chunks))]
+        out.extend(chunks)
         epoch += 1
     return out[:total]
 
@@ -239,7 +274,11 @@ def setup(run: dict, out_dir: str | Path, method_cls: "type[Method] | None" = No
         torch._inductor.config.fallback_random = True
         step_fn = torch.compile(method.losses)
 
-    micro = batch_schedule(len(sentences), tc["batch_size"], tc["epochs"], seed)
+    sampler = tc.get("sampler", "random")
+    if sampler not in SAMPLERS:
+        raise SentembError(f"run '{run['name']}': train.sampler must be one of {', '.join(SAMPLERS)}, not {sampler!r}")
+    lengths = sentence_lengths(sentences) if sampler == "length" else None
+    micro = batch_schedule(len(sentences), tc["batch_size"], tc["epochs"], seed, lengths)
     accum = tc["grad_accum"]
     total = len(micro) // accum
     if tc.get("max_steps"):
@@ -247,6 +286,12 @@ def setup(run: dict, out_dir: str | Path, method_cls: "type[Method] | None" = No
     if total < 1:
         raise SentembError(f"run '{run['name']}': the corpus gives no full optimizer step "
                            f"({len(micro)} micro-batches, grad_accum {accum})")
+    if _selects_by_dev(tc) and not any(eval_due(tc, s, accum, total) for s in range(1, total + 1)):
+        unit = tc.get("eval_unit", "optimizer_steps")
+        raise SentembError(f"run '{run['name']}': no STS-B dev evaluation would select a checkpoint: "
+                           f"train.eval_steps ({tc['eval_steps']} {unit}) is beyond the run ({total} optimizer "
+                           f"steps of {accum} micro-batches) and train.eval_at_end is false; lower "
+                           "train.eval_steps, set train.eval_at_end: true, or set train.model_selection: last")
     opt = build_optimizer(method, tc["lr"], tc["weight_decay"], device)
     warmup = int(tc["warmup_ratio"] * total)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(tc["lr_schedule"], total, warmup))
@@ -264,16 +309,51 @@ def setup(run: dict, out_dir: str | Path, method_cls: "type[Method] | None" = No
 SPEED_ONLY = ("token_cache", "prefetch", "num_threads")
 
 
+#: train settings added after states were saved, at the value that computes what was computed
+#: before they existed: left out of the fingerprint at that value (so such a state still resumes),
+#: in it at any other (``sampler: length`` is another data order, ``eval_unit`` other checkpoints)
+ADDED_DEFAULTS = {"sampler": "random", "eval_unit": "optimizer_steps"}
+
+
 def run_fingerprint(run: dict) -> str:
     """The settings a saved state must share to be resumed (and its MLflow run continued)."""
     keep = {k: run[k] for k in ("method", "backbone", "seed", "train", "method_args", "paths")}
-    keep["train"] = {k: v for k, v in keep["train"].items() if k not in SPEED_ONLY}
+    keep["train"] = {k: v for k, v in keep["train"].items()
+                     if k not in SPEED_ONLY and not (k in ADDED_DEFAULTS and v == ADDED_DEFAULTS[k])}
     keep["paths"] = {k: v for k, v in keep["paths"].items() if k != "tokens"}
     return json.dumps(keep, sort_keys=True, default=str)
 
 
 def _selects_by_dev(tc: dict) -> bool:
     return tc.get("model_selection", "best_dev") == "best_dev"
+
+
+#: ``train.eval_unit`` values: what ``train.eval_steps`` counts (see ``eval_due``)
+EVAL_UNITS = ("optimizer_steps", "micro_batches")
+
+
+def eval_due(tc: dict, step: int, accum: int, total: int) -> bool:
+    """Whether STS-B dev is evaluated after optimizer step ``step`` (1-based) of ``total``.
+
+    ``train.eval_unit: optimizer_steps`` (default; methods.md §0, SimCSE's code: the HF Trainer's
+    ``eval_steps`` counts parameter updates): after every ``eval_steps``-th update.
+    ``micro_batches``: ``eval_steps`` counts forward/backward passes over ``batch_size`` sentences,
+    ArcCSE §4.1's "training steps" ("update the parameters every 64 steps ... We evaluate our model
+    every 125 training steps"). Weights change only at updates, so the check for micro-batch
+    k·eval_steps is made after the update that completes it: after step s when a multiple of
+    ``eval_steps`` lies in (accum·(s−1), accum·s]. Several multiples in one update give one check.
+    ``train.eval_at_end`` adds the last step either way."""
+    if not _selects_by_dev(tc):
+        return False
+    if step == total and tc["eval_at_end"]:
+        return True
+    every = tc["eval_steps"]
+    unit = tc.get("eval_unit", "optimizer_steps")
+    if unit == "micro_batches":
+        return step * accum // every > (step - 1) * accum // every
+    if unit != "optimizer_steps":
+        raise SentembError(f"train.eval_unit must be one of {', '.join(EVAL_UNITS)}, not {unit!r}")
+    return step % every == 0
 
 
 def resume(job: Job) -> State:
@@ -580,7 +660,7 @@ def _loop(job: Job, state: State, bar, stop_after: int | None) -> None:
             metrics = log_step(job, state)
             if bar is not None:
                 bar.set_postfix(loss=f"{metrics['train/loss']:.4f}")
-        if _selects_by_dev(tc) and (state.step % tc["eval_steps"] == 0 or (last and tc["eval_at_end"])):
+        if eval_due(tc, state.step, job.accum, job.total):
             evaluate_and_keep(job, state)
         if state.step % tc["save_steps"] == 0 and not last:
             save_state(job, state)
@@ -602,9 +682,17 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if args.no_track:
         run.setdefault("tracking", {})["enabled"] = False
     summary = train(run, args.output_dir, progress=not args.quiet)
-    print(f"best STS-B dev {summary['best_dev_stsb']:.2f} at step {summary['best_step']}/{summary['steps']} "
-          f"-> {Path(args.output_dir) / 'model'}")
+    print(f"{_summary_line(summary)} -> {Path(args.output_dir) / 'model'}")
     return 0
+
+
+def _summary_line(summary: dict) -> str:
+    """The closing line of ``sentemb train``: the selected checkpoint, by STS-B dev or (no dev
+    evaluation, ``train.model_selection: last``) the final weights."""
+    where = f"at step {summary['best_step']}/{summary['steps']}"
+    if summary["best_dev_stsb"] is None:
+        return f"final weights {where} (train.model_selection: last, no STS-B dev evaluation)"
+    return f"best STS-B dev {summary['best_dev_stsb']:.2f} {where}"
 
 
 def _cmd_run_config(args: argparse.Namespace) -> int:

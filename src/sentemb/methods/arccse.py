@@ -38,13 +38,20 @@ Open choices (methods.md §5 **open**), with the switch that changes each:
 * Batch and update schedule ("batch size in {8, 16, 32}, parameters updated every 64 steps"): a
   loop setting, not a method argument. The paper runs read it as 64 sentences per update
   (``batch_size: 32, grad_accum: 2``); the literal reading is the named run ``arccse-accum64``
-  (``grad_accum: 64``). In-batch negatives are those of one micro-batch either way.
+  (``grad_accum: 64``). In-batch negatives are those of one micro-batch either way. "We evaluate
+  our model every 125 training steps" counts the same steps: updates of 64 sentences in the paper
+  runs (``eval_steps: 125``), micro-batches of 32 in ``arccse-accum64`` (``train.eval_unit:
+  micro_batches``, ``sentemb.train.eval_due``: 249 checks in its 488 updates instead of 3).
 * Maximum lengths: ArcCon truncates at ``train.max_len`` (the runs: 512 = the longest sentence of
   the batch for base models, 32 for large, as the paper); triplets have their own
   ``triplet_max_len`` (default 512 = the longest of the batch, capped at the model's position
   limit), since ≥ 25-word sentences exceed 32 tokens.
-* The paper samples sentences by length; the loop does not (it never buckets: bucketing changes
-  which sentences are each other's negatives). A documented deviation.
+* §4.1 "During training, the sentences are sampled by length": the loop's ``train.sampler:
+  length`` (``sentemb.train.batch_schedule``), set in the ArcCSE runs: per epoch, batches of
+  neighbours in whitespace-word-count order (ties in seeded random order), batch order shuffled.
+  Open: the paper gives neither the length unit nor how batches are ordered; words (not word
+  pieces) keep the schedule tokenizer-free. Bucketing changes which sentences are each other's
+  in-batch negatives, hence ``random`` stays the loop's default for the other methods.
 * ``triplet_mlp`` (default true): the triplet embeddings h̄ are MLP([CLS]) like ArcCon's, the
   paper's "sentence representation during training"; false uses the raw [CLS].
 * ``mask_unit`` (default ``words``, as the paper's example masks whole words): the masking rate

@@ -15,11 +15,16 @@ stage's ``rake_top<K>.parquet``, of which the top ``top_k`` are used):
    passed through a trainable Linear(h, h) first, m = n = 1.
 4. **Generation** (paper Eq. for L_gen): a randomly initialised 6-layer transformer decoder (FFN 768,
    16 heads; from the code, the paper is silent) cross-attends to the signal; its input and output
-   word embeddings are the encoder's (one parameter). Teacher forcing;
+   word embeddings are the encoder's (one parameter; §4.2 "the word embedding layer is shared
+   between the sentence encoder and the generative decoder"). Teacher forcing;
    ``L_gen = −(1/T) Σ_i log P(t_i | t_<i, signal)`` over the T target tokens of the batch.
-5. **MLM** on s (15%, 80/10/10, BERT's recipe) with the backbone's pretrained MLM head
-   (``cls.predictions.*`` of the checkpoint; randomly initialised and logged as a warning when the
-   checkpoint has none, e.g. all-MiniLM-L6-v2). ``L = L_MLM + L_gen``; no contrastive term.
+   ``decoder_output: mlm_head`` (``paser-code``): the decoder's states go through the MLM head of
+   step 5 instead, as the authors' code's ``cls.lm_head(decoder_outputs[0])``.
+5. **MLM** (§3.2.4, Eq. 4) on s (15%, 80/10/10, BERT's recipe) with the backbone's pretrained MLM
+   head (``cls.predictions.*`` of the checkpoint; randomly initialised and logged as a warning when
+   the checkpoint has none, e.g. all-MiniLM-L6-v2). ``L = L_MLM + L_gen``; no contrastive term.
+   Its output matrix is the encoder's word embeddings (BERT's tying, ``mlm_head_tied: true``) or
+   its own trainable copy (``false``, the code: see below).
 
 Logged terms: ``loss``, ``mlm``, ``gen``, ``phrases`` (number T of target tokens in the batch).
 
@@ -54,6 +59,20 @@ Open choices (the paper and code leave them open; taken here, switches where che
   error names ``decoder_heads``.
 * Sentences without phrases keep s̃ = s (encoded, no target): they add no L_gen; a batch without
   any target gives L_gen = 0.
+* **k** (``top_k``, default 5): Table 5's RAKE top-5 row (77.7 / 79.3 / 65.4 on STS12–16 avg /
+  STS-B / SICK-R) is the full model of Tables 4, 8 and 9 and the closest to Table 1 (77.72 / 79.19 /
+  65.31); top 3 (77.8 / 79.4 / 64.4) is a study point (Table 5 bolds it on two columns).
+* **The decoder's vocabulary projection** (``decoder_output``): the paper shares only the word
+  embedding layer and says nothing of the output layer; ``embeddings`` (default) ties it to that
+  layer, as BART does. The authors' code (``paser/models.py``, ``cl_forward``) computes
+  ``cls.lm_head(decoder_outputs[0])`` — the same ``BertLMPredictionHead`` (transform: dense, GELU,
+  LayerNorm; then vocabulary matrix + bias) that its MLM loss uses, loaded with
+  ``--do_mlm`` from ``BertForPreTraining``'s ``cls.predictions`` (``train.py``:
+  ``model.lm_head.load_state_dict(pretrained_model.cls.predictions.state_dict())``), trainable,
+  and *not* tied to the input embeddings (``BertForCL`` defines no output embeddings, so
+  ``tie_weights`` leaves ``lm_head.decoder`` as its own Linear, a copy of the pretrained matrix).
+  ``decoder_output: mlm_head`` with ``mlm_head_tied: false`` is that form (``paser-code``); with
+  ``mlm_head_tied: true`` the head's matrix stays the word embeddings.
 """
 
 from __future__ import annotations
@@ -199,13 +218,15 @@ class PhraseDecoder(nn.Module):
     """BART-style decoder: shared word embeddings + learned positions + LayerNorm, ``layers``
     post-LN transformer decoder layers (GELU, causal self-attention, cross-attention to the
     signal), output projection tied to the same word embeddings (``embed_tokens`` *is* the
-    encoder's input embedding module)."""
+    encoder's input embedding module) or, after ``project_with(head)``, ``head`` applied to the
+    decoder's states (the method's MLM head, ``decoder_output: mlm_head``)."""
 
     def __init__(self, embed_tokens: nn.Embedding, layers: int, heads: int, ffn: int, dropout: float,
                  max_positions: int, init_std: float = 0.02):
         super().__init__()
         h = embed_tokens.embedding_dim
         self.embed_tokens = embed_tokens
+        self._head: list[nn.Module] | None = None
         self.embed_positions = nn.Embedding(max_positions, h)
         self.layernorm_embedding = nn.LayerNorm(h)
         self.dropout = nn.Dropout(dropout)
@@ -221,15 +242,26 @@ class PhraseDecoder(nn.Module):
             else:
                 nn.init.zeros_(p)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, memory: torch.Tensor) -> torch.Tensor:
-        """Logits (R, T, V) over the shared vocabulary for decoder inputs (R, T)."""
+    def project_with(self, head: nn.Module) -> None:
+        """Logits = ``head``(states) instead of states · Eᵀ. ``head`` is kept in a list, not registered
+        as a submodule: its parameters stay the owner's (the method's ``mlm_head.*``), once."""
+        self._head = [head]
+
+    def hidden(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, memory: torch.Tensor) -> torch.Tensor:
+        """The last layer's states (R, T, h) for decoder inputs (R, T)."""
         t = input_ids.size(1)
         pos = torch.arange(t, device=input_ids.device)
         x = self.embed_tokens(input_ids) + self.embed_positions(pos)[None]
         x = self.dropout(self.layernorm_embedding(x))
         causal = torch.ones((t, t), dtype=torch.bool, device=x.device).triu(1)  # True = not attended
-        y = self.layers(x, memory.to(x.dtype), tgt_mask=causal, tgt_key_padding_mask=attention_mask == 0,
-                        tgt_is_causal=True)
+        return self.layers(x, memory.to(x.dtype), tgt_mask=causal, tgt_key_padding_mask=attention_mask == 0,
+                           tgt_is_causal=True)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, memory: torch.Tensor) -> torch.Tensor:
+        """Logits (R, T, V) over the shared vocabulary for decoder inputs (R, T)."""
+        y = self.hidden(input_ids, attention_mask, memory)
+        if self._head is not None:
+            return self._head[0](y)
         return y @ self.embed_tokens.weight.T
 
 
@@ -285,7 +317,8 @@ class PaSeR(Method):
 
     @dataclass
     class Args:
-        top_k: int = arg(3, "k: mask the top k RAKE phrases (Table 5; ≤ stats.rake_top_k)")
+        top_k: int = arg(5, "k: mask the top k RAKE phrases (Table 5's top 5 = the full model of Tables 4, 8, 9; "
+                         "top 3 a study point; ≤ stats.rake_top_k)")
         eda: str = arg("sr", "EDA on s and s̃: synonym replacement (best, Table 4), random swap, random "
                        "deletion, or none", choices=("sr", "rs", "rd", "none"))
         eda_ratio: float = arg(0.5, "EDA ratio α (code README): n = max(1, int(α·#words)); deletion probability")
@@ -297,6 +330,12 @@ class PaSeR(Method):
         decoder_heads: int = arg(16, "decoder attention heads (code); must divide the hidden size")
         decoder_ffn: int = arg(768, "decoder feed-forward size (code)")
         decoder_dropout: float = arg(0.1, "decoder dropout (BART default)")
+        decoder_output: str = arg("embeddings", "the decoder's vocabulary projection: the word embeddings it "
+                                  "shares with the encoder (§4.2), or the MLM head of L_MLM, pretrained "
+                                  "cls.predictions (code: cls.lm_head(decoder_outputs))",
+                                  choices=("embeddings", "mlm_head"))
+        mlm_head_tied: bool = arg(True, "the MLM head's output matrix is the encoder's word embeddings (BERT); "
+                                  "false = its own trainable copy of the pretrained matrix (code)")
         max_target_len: int = arg(64, "decoder target length cap (whole trailing phrases dropped)")
         mlm_prob: float = arg(0.15, "MLM masking probability on s (80/10/10)")
         mlm_weight: float = arg(1.0, "weight of L_MLM in L = w·L_MLM + L_gen")
@@ -337,7 +376,11 @@ class PaSeR(Method):
                                      a["decoder_dropout"], a["max_target_len"],
                                      getattr(cfg, "initializer_range", 0.02))
         self.masked_proj = nn.Linear(h, h) if a["masked_linear"] else None
-        self.mlm_head = MLMHead(cfg, tied=embed)
+        # untied: the copy starts as the checkpoint's cls.predictions.decoder.weight when it has one
+        # (load_bert), else as the word embeddings (BERT's tied matrix, which HF checkpoints store once)
+        self.mlm_head = MLMHead(cfg, tied=embed) if a["mlm_head_tied"] else MLMHead(cfg, weight=embed.weight)
+        if a["decoder_output"] == "mlm_head":
+            self.decoder.project_with(self.mlm_head)
         head = mlm_head_state(read_weights(ctx.model_dir)) if ctx.model_dir else {}
         if head:
             self.mlm_head.load_bert(head, str(ctx.model_dir))
