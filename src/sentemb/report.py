@@ -504,28 +504,42 @@ def figures(eval_paths: list[Path], train_paths: list[Path], paper: pd.DataFrame
     written += _save(fig, out_dir, "cosine_buckets")
     plt.close(fig)
 
-    # 5. paper vs reproduced Avg (points with the seeds' 95 % interval)
+    # 5. paper vs reproduced Avg (points with the seeds' 95 % interval): one horizontal panel per table
+    # (STS, transfer), only the rows the papers report, one line per run so that 50 rows stay readable
     rows = paper[(paper["metric"] == "Avg")] if paper is not None else pd.DataFrame()
-    fig, ax = plt.subplots(figsize=(max(6.5, 0.3 * len(rows)), 4))
     if len(rows):
-        rows = rows.reset_index(drop=True)
-        for i, r in rows.iterrows():
-            c = colours.get(r["method"], "#000")
-            lo, hi = r["ci95_low"], r["ci95_high"]
-            if lo is not None and hi is not None and lo == lo:
-                ax.errorbar(i, r["reproduced"], yerr=[[r["reproduced"] - lo], [hi - r["reproduced"]]], fmt="o", color=c, capsize=3)
-            else:
-                ax.plot(i, r["reproduced"], "o", color=c)
-            if r["published"] is not None and r["published"] == r["published"]:
-                ax.plot(i, r["published"], marker="*", markersize=11, color=c, markeredgecolor="black", linestyle="none")
-        ax.set_xticks(range(len(rows)), [f"{r['table']}: {_label(r)}" for _, r in rows.iterrows()], rotation=30, ha="right", fontsize=7)
-        ax.plot([], [], "o", color="grey", label="reproduced (mean, 95% CI over seeds)")
-        ax.plot([], [], "*", color="grey", markeredgecolor="black", markersize=11, linestyle="none", label="published")
-        ax.legend(fontsize=7)
+        rows = rows[rows["published"].notna()]
+    tables = [t for t in ("sts", "transfer") if len(rows) and (rows["table"] == t).any()]
+    if tables:
+        sizes = [int((rows["table"] == t).sum()) for t in tables]
+        fig, axes = plt.subplots(len(tables), 1, figsize=(7.5, 1.2 + 0.24 * sum(sizes) + 0.6 * len(tables)),
+                                 gridspec_kw={"height_ratios": sizes}, squeeze=False)
+        for ax, table in zip(axes[:, 0], tables):
+            sub = rows[rows["table"] == table].reset_index(drop=True)
+            for i, r in sub.iterrows():
+                c = colours.get(r["method"], "#000")
+                lo, hi = r["ci95_low"], r["ci95_high"]
+                if lo is not None and hi is not None and lo == lo:
+                    ax.errorbar(r["reproduced"], i, xerr=[[r["reproduced"] - lo], [hi - r["reproduced"]]], fmt="o",
+                                color=c, capsize=3)
+                else:
+                    ax.plot(r["reproduced"], i, "o", color=c)
+                ax.plot(r["published"], i, marker="*", markersize=11, color=c, markeredgecolor="black", linestyle="none")
+            ax.set_yticks(range(len(sub)), [_label(r) for _, r in sub.iterrows()], fontsize=7)
+            ax.invert_yaxis()
+            ax.grid(axis="x", alpha=0.3)
+            ax.set_xlabel("STS Avg (Spearman × 100)" if table == "sts" else "transfer Avg (accuracy × 100)", fontsize=8)
+        axes[0, 0].plot([], [], "o", color="grey", label="reproduced (mean, 95% CI over seeds)")
+        axes[0, 0].plot([], [], "*", color="grey", markeredgecolor="black", markersize=11, linestyle="none",
+                        label="published")
+        axes[0, 0].legend(fontsize=7, loc="lower right")
+        axes[0, 0].set_title("Published vs reproduced average (rows the papers report)")
     else:
-        ax.text(0.5, 0.5, "no paper table", ha="center", va="center", transform=ax.transAxes)
-    ax.set_ylabel("Avg score × 100 (STS: Spearman, transfer: accuracy)")
-    ax.set_title("Published vs reproduced average")
+        fig, ax = plt.subplots(figsize=(6.5, 3))
+        ax.text(0.5, 0.5, "no published numbers for these runs", ha="center", va="center", transform=ax.transAxes)
+        ax.set_axis_off()
+        ax.set_title("Published vs reproduced average")
+    fig.tight_layout()
     written += _save(fig, out_dir, "paper_vs_reproduced")
     plt.close(fig)
     return written
