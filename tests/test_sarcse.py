@@ -307,7 +307,7 @@ def test_contrastive_gradient_reaches_encoder_head_and_decoder(tiny_bert_dir, fr
     m = make(tiny_bert_dir, freq_table, channels=6)
     m.train()
     terms = m.losses(m.build_batch(SENTS))
-    assert set(terms) == {"loss", "contrastive", "recon", "recon_pos"}
+    assert set(terms) == {"loss", "contrastive", "recon", "recon_pos", "weighted"}
     terms["loss"].backward()
     for mod in (m.encoder.embeddings.word_embeddings, m.head.convs[2], m.head.integrate, m.decoder.deconvs[0],
                 m.decoder.detranspose):
@@ -324,7 +324,7 @@ def test_ablations_w_o_sal_and_w_o_decoder(tiny_bert_dir, freq_table):
     no_dec = make(tiny_bert_dir, None, decoder=False, channels=6)
     assert no_dec.decoder is None and not any("decoder" in k for k in no_dec.state_dict())
     terms = no_dec.losses(no_dec.build_batch(SENTS[:3]))
-    assert set(terms) == {"loss", "contrastive"}
+    assert set(terms) == {"loss", "contrastive", "weighted"} and set(terms["weighted"]) == {"contrastive"}
     assert terms["loss"].item() == pytest.approx(terms["contrastive"].item())
 
 
@@ -379,3 +379,17 @@ def test_export_at_paper_size_gives_1497_dims_in_every_loader(tiny_roberta_dir, 
     assert dev.shape == (len(SENTS), 1497) and st.get_embedding_dimension() == 1497
     np.testing.assert_allclose(ours, dev, atol=1e-5)
     np.testing.assert_allclose(st.encode(SENTS), dev, atol=1e-5)
+
+
+# ------------------------------------------------------------------------------------ the weight of L_R (issue 18 §4)
+def test_weighted_terms_are_the_logged_terms_times_alpha_beta_gamma(tiny_bert_dir, freq_table):
+    m = make(tiny_bert_dir, freq_table, channels=6, alpha=0.7, beta=0.5, gamma=0.25)
+    m.train()
+    terms = m.losses(m.build_batch(SENTS))
+    w = terms["weighted"]
+    assert set(w) == {"contrastive", "recon", "recon_pos"} and all(v.requires_grad for v in w.values())
+    for name, weight in (("contrastive", 0.7), ("recon", 0.5), ("recon_pos", 0.25)):
+        assert float(w[name].detach()) == pytest.approx(weight * float(terms[name]), rel=1e-6)
+    params = m.grad_norm_parameters()
+    assert {id(p) for p in m.head.parameters()} <= {id(p) for p in params}  # encoder + TextCNN: Z's makers
+    assert not {id(p) for p in m.decoder.parameters()} & {id(p) for p in params}

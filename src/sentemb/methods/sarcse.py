@@ -68,7 +68,7 @@ from torch import nn
 
 from .. import SentembError
 from . import register_method
-from .base import Method, arg
+from .base import WEIGHTED, Method, arg
 from .simcse import info_nce
 
 KERNEL_SIZES = (3, 4, 5)  # the paper's TextCNN windows (Eq. 3)
@@ -312,13 +312,20 @@ class SARCSE(Method):
         z = out["z"]
         contrastive = info_nce(z[:b], z[b:], a["temperature"])  # L_I (Eq. 11), fp32
         terms = {"contrastive": contrastive.detach()}
-        loss = a["alpha"] * contrastive
+        weighted = {"contrastive": a["alpha"] * contrastive}
+        loss = weighted["contrastive"]
         if self.decoder is not None:
             rec = [reconstruction_loss(out["x"][s], out["x_rec"][s], out["weights"][s], out["mask"][s],
                                        a["mse_reduction"]) for s in (slice(0, b), slice(b, None))]
-            loss = loss + a["beta"] * rec[0] + a["gamma"] * rec[1]  # Eq. 12
+            weighted.update(recon=a["beta"] * rec[0], recon_pos=a["gamma"] * rec[1])
+            loss = loss + weighted["recon"] + weighted["recon_pos"]  # Eq. 12
             terms.update(recon=rec[0].detach(), recon_pos=rec[1].detach())
-        return {"loss": loss.float(), **terms}
+        return {"loss": loss.float(), **terms, WEIGHTED: weighted}
+
+    def grad_norm_parameters(self):
+        """The encoder's and the TextCNN encoder's (Eqs. 3–4): together they make Z, and both L_I and
+        L_R reach them (the decoder gets L_R's gradient only)."""
+        return [p for p in (*self.encoder.parameters(), *self.head.parameters()) if p.requires_grad]
 
     # -------------------------------------------------------------------------------- embedding and export
     def embedder(self, pooler, device):
