@@ -255,3 +255,12 @@ def test_compiled_loop_gives_the_eager_losses(tiny_bert_dir, tiny_corpus, tiny_s
     assert job.step_fn is not job.method.losses  # the compiled function ran
     np.testing.assert_allclose(compiled, eager, rtol=1e-5, atol=1e-6)
     assert eager[0] != eager[1]  # different batches, so matching every step means something
+
+
+def test_the_grad_norm_benchmark_times_both_variants(tiny_bert_dir, tiny_corpus):
+    """``sentemb benchmark --grad-norms`` (the cost of train.log_grad_norms) runs the loop off and on."""
+    from sentemb.benchmark import bench_grad_norms
+
+    r = bench_grad_norms(tiny_bert_dir, tiny_corpus, 16, steps=1, warmup=1, device=torch.device("cpu"), max_len=16,
+                         precision="fp32", rounds=1)
+    assert r["off"] > 0 and r["on"] > 0 and r["terms"] == ["contrastive"]

@@ -20,8 +20,11 @@ until the step's last micro-batch); with ``grad_accum: 1`` only the norms are ke
 norms are those of the first gradient (at w, the pass whose loss terms are logged). With the fp16
 gradient scaler the scaled gradient is differentiated and its norm divided by the scale.
 
-Cost: one partial backward (down to θ) per term on logged steps only, nothing on other steps;
-measured with ``sentemb benchmark --grad-norms``.
+Cost: one partial backward (down to θ) per term on logged steps only, nothing on other steps. Measured
+(``sentemb benchmark --grad-norms``, all-MiniLM-L6-v2, batch 64, max_len 32, CPU, 2 threads, every
+step logged): simcse 4.81 s/step off, 4.65 on (one term: no extra backward, the difference is
+noise); sarcse (3 terms) 11.57 s off, 24.01 on: +12.4 s = +108% per logged step, +11% of training
+time at ``log_steps: 10``.
 """
 
 from __future__ import annotations
