@@ -18,7 +18,8 @@ the step's gradient, read from ``.grad`` after the step's last backward. With ``
 each term's gradient is summed over the micro-batches (one copy of θ's gradient per term, held
 until the step's last micro-batch); with ``grad_accum: 1`` only the norms are kept. Under SAM the
 norms are those of the first gradient (at w, the pass whose loss terms are logged). With the fp16
-gradient scaler the scaled gradient is differentiated and its norm divided by the scale.
+gradient scaler the scaled gradient is differentiated and its norm divided by the scale. Under
+``train.compile`` the norms equal the eager loop's to fp32 rounding (checked on the tiny model).
 
 Cost: one partial backward (down to θ) per term on logged steps only, nothing on other steps. Measured
 (``sentemb benchmark --grad-norms``, all-MiniLM-L6-v2, batch 64, max_len 32, CPU, 2 threads, every
