@@ -190,7 +190,7 @@ def test_stage1_losses_equal_explicit_masked_position_cross_entropy(tiny_bert_di
     assert float(terms["mlm"]) == pytest.approx(np.mean(mlm), rel=1e-5)
     assert float(terms["aux_mlm"]) == pytest.approx(np.mean(aux), rel=1e-5)
     assert float(terms["loss"]) == pytest.approx(np.mean(mlm) + np.mean(aux), rel=1e-5)
-    assert set(terms) == {"loss", "aux_mlm", "mlm"}
+    assert set(terms) == {"loss", "aux_mlm", "mlm", "weighted"}
 
 
 def test_lambda_zero_is_simcse_exactly(stage2, tiny_bert_dir):
@@ -204,7 +204,7 @@ def test_lambda_zero_is_simcse_exactly(stage2, tiny_bert_dir):
     torch.manual_seed(7)
     ref = s.losses(s.build_batch(SENTS, micro=0))
     assert torch.equal(ours["loss"], ref["loss"]) and torch.equal(ours["contrastive"], ref["contrastive"])
-    assert float(ours["aux_mlm"]) > 0 and set(ours) == {"loss", "contrastive", "aux_mlm"}
+    assert float(ours["aux_mlm"]) > 0 and set(ours) == {"loss", "contrastive", "aux_mlm", "weighted"}
     m2 = stage2(aux_weight=0.5)
     m2.load_state_dict(m.state_dict())
     m2.train()

@@ -11,6 +11,8 @@ method declares (``Method.requires(args)``) is built on the tiny corpus by ``INP
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -18,7 +20,7 @@ from safetensors.torch import load_file
 
 from sentemb import SentembError
 from sentemb.methods import MethodContext, get_method, registry
-from sentemb.methods.base import INPUT_NAMES
+from sentemb.methods.base import INPUT_NAMES, WEIGHTED
 
 #: tiny-model argument overrides per method (e.g. fewer layers than the paper's backbone)
 CONTRACT_ARGS: dict[str, dict] = {
@@ -175,10 +177,15 @@ def test_losses_are_finite_fp32_scalars_and_the_gradient_reaches_the_encoder(nam
     m = make(name, tiny_bert_dir, inputs)
     m.train()
     terms = m.losses(m.build_batch(SENTS, step=0, lines=list(range(len(SENTS))), micro=0))
+    weighted = terms.pop(WEIGHTED)
     loss = terms["loss"]
     assert loss.dtype == torch.float32 and loss.ndim == 0 and torch.isfinite(loss)
     for k, v in terms.items():
         assert torch.as_tensor(v).numel() == 1, f"{name}: logged term '{k}' is not a scalar"
+    # the weighted terms (train.log_grad_norms) carry the graph, are named as logged, and sum to the loss
+    assert weighted and set(weighted) <= set(terms) - {"loss"}, f"{name}: weighted terms {sorted(weighted)}"
+    assert any(v.requires_grad for v in weighted.values())
+    assert float(sum(weighted.values()).detach()) == pytest.approx(float(loss.detach()), rel=1e-6, abs=1e-7)
     loss.backward()
     grads = [p.grad for p in m.encoder.parameters() if p.requires_grad and p.grad is not None]
     assert grads and any(float(g.abs().sum()) > 0 for g in grads), f"{name}: no gradient reaches the encoder"
@@ -217,6 +224,77 @@ def test_resume_after_a_kill_is_bit_identical(name, tiny_bert_dir, inputs, tiny_
     for f in sorted((tmp_path / "full/model").rglob("*.safetensors")):
         a, b = load_file(f), load_file(tmp_path / "resumed/model" / f.relative_to(tmp_path / "full/model"))
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), f"{name}: {f.name} differs"
+
+
+def test_log_grad_norms_equal_a_fresh_backward_of_each_term(name, tiny_bert_dir, inputs, tiny_senteval):
+    """Issue 18 §4: each ``train/grad_norm/<term>`` the loop logs (here on every step, over 2
+    accumulated micro-batches) equals the norm of ``.grad`` on ``grad_norm_parameters()`` after a
+    fresh forward and backward of that weighted term alone, at the same weights, on the same
+    micro-batches with the same dropout masks (the RNG state rewound)."""
+    import copy
+
+    from sentemb.tracking import Tracker
+    from sentemb.train import State, _rng_state, _set_rng_state, micro_batches, optimizer_step, setup
+
+    cfg = run_cfg(name, tiny_bert_dir, inputs, tiny_senteval, precision="fp32", model_selection="last", prefetch=False,
+                  grad_accum=2, max_steps=2, log_grad_norms=True)
+    job, ref = setup(cfg, "/nonexistent"), setup(cfg, "/nonexistent")
+    job.tracker = Tracker(enabled=False)
+    state = State()
+    job.method.train(), ref.method.train()
+    params = ref.method.grad_norm_parameters()
+    while state.step < job.total:
+        weights, rng = copy.deepcopy(job.method.state_dict()), _rng_state()
+        batches = micro_batches(job, state.step)
+        optimizer_step(job, state)
+        got = {k: float(v) for k, v in state.grad_norms.items()}
+        logged = set(state.pending[-1][2])
+        assert got and set(got) <= logged - {"loss"}, f"{name}: grad norms {sorted(got)} vs terms {sorted(logged)}"
+        ref.method.load_state_dict(weights)
+        for term, value in got.items():
+            ref.method.zero_grad(set_to_none=True)
+            _set_rng_state(rng)
+            for _, batch in batches:
+                t = ref.method.losses(batch)[WEIGHTED][term]
+                if t.requires_grad:
+                    (t / job.accum).backward()
+            grads = [p.grad.double().norm() for p in params if p.grad is not None]
+            want = float(torch.stack(grads).norm()) if grads else 0.0
+            assert value == pytest.approx(want, rel=1e-4, abs=1e-9), f"{name}: step {state.step}: {term}"
+        assert any(v > 0 for v in got.values())
+        state.pending.clear()
+
+
+def test_log_grad_norms_leave_the_weights_bit_identical_and_reach_history_and_tracker(
+        name, tiny_bert_dir, inputs, tiny_senteval, tmp_path, monkeypatch):
+    """With SAM, 2 accumulated micro-batches and bf16 autocast: the trained model is the same bit for
+    bit with ``train.log_grad_norms`` on or off; on, every log step's record in ``train.json``'s
+    history and the tracker's metrics carry ``train/grad_norm/<term>``; dev scores are unchanged."""
+    import json
+
+    from conftest import assert_same_model
+
+    from sentemb.train import train
+    from sentemb.tracking import Tracker
+
+    logged = []
+    monkeypatch.setattr(Tracker, "log_metrics", lambda self, metrics, step=None: logged.append((step, dict(metrics))))
+    over = dict(grad_accum=2, max_steps=2, sam_rho=0.05, precision="bf16", eval_steps=1)
+    off = train(run_cfg(name, tiny_bert_dir, inputs, tiny_senteval, **over), tmp_path / "off", progress=False)
+    logged.clear()
+    on = train(run_cfg(name, tiny_bert_dir, inputs, tiny_senteval, log_grad_norms=True, **over), tmp_path / "on",
+               progress=False)
+    assert_same_model(tmp_path / "off" / "model", tmp_path / "on" / "model")
+    assert [h["dev_stsb"] for h in on["history"]] == [h["dev_stsb"] for h in off["history"]]
+    assert json.loads((tmp_path / "on" / "train.json").read_text())["history"] == on["history"]
+    steps = [h["step"] for h in on["history"]]
+    assert steps == [1, 2]
+    for h in on["history"]:
+        norms = {k for k in h if k.startswith("train/grad_norm/")}
+        assert norms and all(math.isfinite(h[k]) and h[k] >= 0 for k in norms), h
+        metrics = [m for s, m in logged if s == h["step"] and "train/loss" in m]
+        assert len(metrics) == 1 and all(metrics[0][k] == h[k] for k in norms)
+    assert not any(k.startswith("train/grad_norm/") for h in off["history"] for k in h)
 
 
 def test_batches_from_the_token_cache_equal_batches_from_the_tokenizer(name, tiny_bert_dir, inputs):

@@ -126,7 +126,9 @@ def test_figures_are_written_and_baseline_without_history_is_omitted(tmp_path):
     for s in (1, 2):
         evals.append(_sts(runs / "simcse" / "bert" / f"seed{s}" / "eval_sts.json", "simcse", "simcse", "bert", s, 70.0 + s))
         tj = runs / "simcse" / "bert" / f"seed{s}" / "train.json"
-        tj.write_text(json.dumps({"history": [{"step": k * 10, "dev_stsb": 60 + k + s} for k in range(5)]}))
+        hist = [{"step": k * 10, "dev_stsb": 60 + k + s} for k in range(5)]
+        hist.insert(1, {"step": 5, "train/grad_norm/contrastive": 0.3})  # a log step's record (train.log_grad_norms)
+        tj.write_text(json.dumps({"history": hist}))
         trains.append(tj)
     evals.append(_sts(tmp_path / "results" / "baselines" / "bert" / "avg" / "eval_sts.json", "bert-avg", "baseline",
                       "bert", 0, 40.0, pooler="avg"))

@@ -244,7 +244,7 @@ def test_loss_equals_reference_on_model_outputs(tiny_bert_dir, freq_table):
         z.append(Z.ravel())
         Xr = ref_decode(Z, len(ids), m.decoder)
         w = [m.token_weight[i].item() for i in ids]
-        lr.append(ref_recon([X], [Xr], [w], [[True] * len(ids)]))
+        lr.append(ref_recon([X], [Xr], [w], [[True] * len(ids)], m.args["mse_reduction"]))
     z = np.stack(z)
     want_c, want_r = ref_info_nce(z, z, 0.05), sum(lr) / len(lr)
     assert terms["contrastive"].item() == pytest.approx(want_c, rel=1e-4)
@@ -307,7 +307,7 @@ def test_contrastive_gradient_reaches_encoder_head_and_decoder(tiny_bert_dir, fr
     m = make(tiny_bert_dir, freq_table, channels=6)
     m.train()
     terms = m.losses(m.build_batch(SENTS))
-    assert set(terms) == {"loss", "contrastive", "recon", "recon_pos"}
+    assert set(terms) == {"loss", "contrastive", "recon", "recon_pos", "weighted"}
     terms["loss"].backward()
     for mod in (m.encoder.embeddings.word_embeddings, m.head.convs[2], m.head.integrate, m.decoder.deconvs[0],
                 m.decoder.detranspose):
@@ -324,7 +324,7 @@ def test_ablations_w_o_sal_and_w_o_decoder(tiny_bert_dir, freq_table):
     no_dec = make(tiny_bert_dir, None, decoder=False, channels=6)
     assert no_dec.decoder is None and not any("decoder" in k for k in no_dec.state_dict())
     terms = no_dec.losses(no_dec.build_batch(SENTS[:3]))
-    assert set(terms) == {"loss", "contrastive"}
+    assert set(terms) == {"loss", "contrastive", "weighted"} and set(terms["weighted"]) == {"contrastive"}
     assert terms["loss"].item() == pytest.approx(terms["contrastive"].item())
 
 
@@ -379,3 +379,84 @@ def test_export_at_paper_size_gives_1497_dims_in_every_loader(tiny_roberta_dir, 
     assert dev.shape == (len(SENTS), 1497) and st.get_embedding_dimension() == 1497
     np.testing.assert_allclose(ours, dev, atol=1e-5)
     np.testing.assert_allclose(st.encode(SENTS), dev, atol=1e-5)
+
+
+# ------------------------------------------------------------------------------------ the weight of L_R (issue 18 §4)
+def test_weighted_terms_are_the_logged_terms_times_alpha_beta_gamma(tiny_bert_dir, freq_table):
+    m = make(tiny_bert_dir, freq_table, channels=6, alpha=0.7, beta=0.5, gamma=0.25)
+    m.train()
+    terms = m.losses(m.build_batch(SENTS))
+    w = terms["weighted"]
+    assert set(w) == {"contrastive", "recon", "recon_pos"} and all(v.requires_grad for v in w.values())
+    for name, weight in (("contrastive", 0.7), ("recon", 0.5), ("recon_pos", 0.25)):
+        assert float(w[name].detach()) == pytest.approx(weight * float(terms[name]), rel=1e-6)
+    params = m.grad_norm_parameters()
+    assert {id(p) for p in m.head.parameters()} <= {id(p) for p in params}  # encoder + TextCNN: Z's makers
+    assert not {id(p) for p in m.decoder.parameters()} & {id(p) for p in params}
+
+
+@pytest.fixture(scope="module")
+def wide_bert_dir(tiny_bert_dir, tmp_path_factory):
+    """A random 1-layer BERT of roberta-base's width (d = 768, 12 heads) on the tiny vocabulary."""
+    import shutil
+
+    from transformers import BertConfig, BertModel
+
+    d = tmp_path_factory.mktemp("wide_bert")
+    for f in tiny_bert_dir.iterdir():
+        if "token" in f.name or f.name == "vocab.txt":
+            shutil.copy(f, d / f.name)
+    n_vocab = len((tiny_bert_dir / "vocab.txt").read_text().split())
+    torch.manual_seed(0)
+    BertModel(BertConfig(vocab_size=n_vocab, hidden_size=768, num_hidden_layers=1, num_attention_heads=12,
+                         intermediate_size=256, max_position_embeddings=64)).save_pretrained(d)
+    return d
+
+
+def test_the_default_reading_gives_the_reconstruction_a_gradient_that_survives_bf16(wide_bert_dir):
+    """Issue 18 §4. With the paper's β = γ = 2.5e-4 the reconstruction must move what Z is made of
+    (Table 1: "w/o SAL" 77.15 against "w/o SAL & decoder" 75.26 — the decoder's whole effect).
+
+    Recomputed here from the forward pass's states X, X' (not from the method's loss code): per
+    token, the squared error summed over the d features (the default reading of MSE in Eq. 9) or
+    averaged over them (``mse_reduction: mean``, the literal "mean-square error"). On encoder +
+    TextCNN, ‖∇(β·L_R + γ·L_R⁺)‖ / ‖∇L_I‖ must exceed bf16's relative precision 2⁻⁸ (a component
+    below it is rounded away in the encoder's bf16 backward, the project's GPU precision); with the
+    mean it is exactly d = 768 times smaller and below it. "w/o SAL" (f ≡ 1), paper sizes
+    (500 channels), one random layer of roberta-base's width."""
+    import torch.nn.functional as F
+
+    m = make(wide_bert_dir, self_adaptive=False)
+    a = m.args
+    assert a["mse_reduction"] == "sum" and a["beta"] == a["gamma"] == 2.5e-4 and a["channels"] == 500
+    m.train()
+    batch = m.build_batch(SENTS)
+    b = len(SENTS)
+    torch.manual_seed(0)
+    out = m.forward_views(batch)
+    z = out["z"]
+    sim = F.cosine_similarity(z[:b, None, :], z[None, b:, :], dim=-1) / a["temperature"]
+    l_i = F.cross_entropy(sim, torch.arange(b))  # Eq. 11, mean over the anchors
+
+    def recon(per_token):  # Eqs. 9-10 with f ≡ 1: (1/N) Σ_i per_token((x_i − x'_i)²), mean over sentences
+        mask = out["mask"].float()
+        e = per_token((out["x"] - out["x_rec"]) ** 2) * mask  # (2B, Lc)
+        per_sentence = e.sum(1) / mask.sum(1)
+        return a["beta"] * per_sentence[:b].mean(), a["gamma"] * per_sentence[b:].mean()
+
+    r_sum, r_mean = recon(lambda sq: sq.sum(-1)), recon(lambda sq: sq.mean(-1))
+    torch.manual_seed(0)  # the same dropout masks: the method's own weighted terms are the sum reading's
+    w = m.losses(batch)["weighted"]
+    assert float(w["recon"].detach()) == pytest.approx(float(r_sum[0].detach()), rel=1e-5)
+    assert float(w["recon_pos"].detach()) == pytest.approx(float(r_sum[1].detach()), rel=1e-5)
+
+    params = [*m.encoder.parameters(), *m.head.parameters()]
+
+    def norm(t):
+        g = torch.autograd.grad(t, params, retain_graph=True, allow_unused=True)
+        return float(torch.stack([x.double().norm() for x in g if x is not None]).norm())
+
+    g_i = norm(l_i)
+    ratio_sum, ratio_mean = norm(r_sum[0] + r_sum[1]) / g_i, norm(r_mean[0] + r_mean[1]) / g_i
+    assert ratio_sum / ratio_mean == pytest.approx(768, rel=1e-3)
+    assert ratio_sum > 2**-8 > ratio_mean, (ratio_sum, ratio_mean)

@@ -419,3 +419,12 @@ def test_sampler_and_eval_unit_in_the_schema(key, good, bad):
         validate_config({**base, "train": {key: bad}})
     with pytest.raises(SentembError, match=rf"'runs\[0\]\.train\.{key}'"):
         validate_config({**base, "runs": [{"method": "arccse", "backbone": "b", "train": {key: bad}}]})
+
+
+def test_the_grad_norm_benchmark_times_both_variants(tiny_bert_dir, tiny_corpus):
+    """``sentemb benchmark --grad-norms`` (the cost of train.log_grad_norms) runs the loop off and on."""
+    from sentemb.benchmark import bench_grad_norms
+
+    r = bench_grad_norms(tiny_bert_dir, tiny_corpus, 16, steps=1, warmup=1, device=torch.device("cpu"), max_len=16,
+                         precision="fp32", rounds=1)
+    assert r["off"] > 0 and r["on"] > 0 and r["terms"] == ["contrastive"]

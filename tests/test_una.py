@@ -273,7 +273,7 @@ def test_method_loss_equals_reference_on_model_outputs(tiny_bert_dir, corpus, tf
         assert len(u) == 3 * B and int(terms["negatives"]) == B
         want = reference_simcse(u[0:2 * B:2], u[1:2 * B:2], u[2 * B:], 0.05)
     assert terms["loss"].item() == pytest.approx(want, rel=1e-4)
-    assert set(terms) == {"loss", "contrastive", "negatives", "replaced", "empty_paraphrases"}
+    assert set(terms) == {"loss", "contrastive", "negatives", "replaced", "empty_paraphrases", "weighted"}
     assert not terms["contrastive"].requires_grad
 
 

@@ -190,7 +190,7 @@ LOOP_VARIANTS = {
 
 
 def _bench_run(model_dir, corpus, batch_size, device, max_len, precision, method="simcse", log_steps=10,
-               **train) -> dict:
+               method_args=None, inputs=None, **train) -> dict:
     """A resolved run (``sentemb.config.resolve_run``'s shape) for benchmarking the loop."""
     from .methods import get_method
 
@@ -200,8 +200,8 @@ def _bench_run(model_dir, corpus, batch_size, device, max_len, precision, method
           "device": str(device), "num_threads": None, "compile": False, "model_selection": "last",
           "token_cache": True, "prefetch": True, **train}
     return {"name": method, "method": method, "backbone": "bench", "seed": 0, "train": tc,
-            "method_args": get_method(method).resolve_args({}),
-            "paths": {"model": str(model_dir), "corpus": str(corpus), "senteval": None, "inputs": {}}}
+            "method_args": get_method(method).resolve_args(method_args or {}),
+            "paths": {"model": str(model_dir), "corpus": str(corpus), "senteval": None, "inputs": dict(inputs or {})}}
 
 
 def _bench_job(run):
@@ -281,6 +281,48 @@ def bench_overhead(model_dir, corpus, batch_size, steps, warmup, device, max_len
             if job.prefetch is not None:
                 job.prefetch.close()
     return {name: statistics.median(v) for name, v in times.items()}
+
+
+def bench_grad_norms(model_dir, corpus, batch_size, steps, warmup, device, max_len, precision, method="simcse",
+                     method_args=None, inputs=None, rounds=3) -> dict:
+    """The cost of ``train.log_grad_norms`` (sentemb.grad_norms): the shared loop's optimizer step +
+    ``log_step`` on *every* step (``log_steps: 1``) with the option off and on, same model, batches
+    and seed, taking turns for ``rounds`` rounds of ``steps`` steps (median round each). The
+    difference is the cost of one logged step. Returns {"off": s/step, "on": s/step, "terms": [names]}."""
+    import statistics
+
+    from .train import log_step, optimizer_step
+
+    jobs = {}
+    for key, on in (("off", False), ("on", True)):
+        job, state = _bench_job(_bench_run(model_dir, corpus, batch_size, device, max_len, precision, method, 1,
+                                           method_args, inputs, log_grad_norms=on))
+        if job.total < warmup + rounds * steps:
+            raise SentembError(f"--corpus gives {job.total} steps of batch {batch_size}; "
+                               f"{warmup + rounds * steps} are needed")
+        for _ in range(warmup):
+            optimizer_step(job, state)
+            log_step(job, state)
+        jobs[key] = (job, state)
+    times: dict[str, list[float]] = {"off": [], "on": []}
+    terms: list[str] = []
+    try:
+        for _ in range(rounds):
+            for key, (job, state) in jobs.items():
+                _sync(device)
+                t0 = time.perf_counter()
+                for _ in range(steps):
+                    optimizer_step(job, state)
+                    metrics = log_step(job, state)
+                _sync(device)
+                times[key].append((time.perf_counter() - t0) / steps)
+                if key == "on":
+                    terms = [k.rsplit("/", 1)[1] for k in metrics if k.startswith("train/grad_norm/")]
+    finally:
+        for job, _ in jobs.values():
+            if job.prefetch is not None:
+                job.prefetch.close()
+    return {"off": statistics.median(times["off"]), "on": statistics.median(times["on"]), "terms": terms}
 
 
 def bench_compile(model_dir, corpus, batch_size, steps, device, max_len, method="simcse"):
@@ -390,11 +432,40 @@ def _cmd_overhead(args) -> int:
     return 0
 
 
+def _cmd_grad_norms(args) -> int:
+    import torch
+
+    from .utils import resolve_device
+
+    device = resolve_device(args.device)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu x{torch.get_num_threads()} threads"
+    methods = args.method or ["simcse"]
+    margs = _method_args(args.method_args, methods)
+    inputs = dict(kv.split("=", 1) for kv in args.input)
+    print(f"model {args.model} | device {name} | batch {args.batch_size} | max_len {args.max_len} | "
+          f"precision {args.precision} | median of {args.rounds} rounds of {args.steps} steps after {args.warmup} warm-up")
+    print(f"{'method':<10} {'terms':<28} {'ms/step off':>12} {'ms/step on':>11} {'ms per logged step':>19} "
+          f"{'% of a step':>12} {'at log_steps 10':>16}")
+    for m in methods:
+        r = bench_grad_norms(args.model, args.corpus, args.batch_size, args.steps, args.warmup, device, args.max_len,
+                             args.precision, m, margs.get(m), inputs, args.rounds)
+        extra = r["on"] - r["off"]
+        print(f"{m:<10} {', '.join(r['terms']):<28} {1000 * r['off']:>12.1f} {1000 * r['on']:>11.1f} "
+              f"{1000 * extra:>19.1f} {100 * extra / r['off']:>11.1f}% {10 * extra / r['off']:>15.1f}%")
+    print("(every step logged in both columns; the difference is the cost of train.log_grad_norms on a logged step, "
+          "nothing on the others; 'at log_steps 10' = that cost over 10 steps)")
+    return 0
+
+
 def _cmd_benchmark(args) -> int:
     import torch
 
     if args.overhead:
         return _cmd_overhead(args)
+    if args.grad_norms:
+        return _cmd_grad_norms(args)
 
     from .train import read_corpus
     from .utils import resolve_device
@@ -513,6 +584,9 @@ def register(sub) -> None:
                    help="--overhead: also run the loop with train.compile off and on (fp32) and compare losses")
     p.add_argument("--compile-steps", type=int, default=5)
     p.add_argument("--compare-st", action="store_true", help="also time sentence-transformers' MNRL recipe")
+    p.add_argument("--grad-norms", action="store_true",
+                   help="time the loop with train.log_grad_norms off and on, every step logged, for each --method "
+                        "(default simcse): the cost of one logged step (--steps, --rounds, --warmup)")
     p.add_argument("--method", action="append", default=[], metavar="NAME",
                    help="also time this registered method (repeatable); prints a per-method table with the "
                         "share of build_batch and the ratio to simcse measured in the same invocation")

@@ -423,7 +423,7 @@ def figures(eval_paths: list[Path], train_paths: list[Path], paper: pd.DataFrame
     curves = {}
     for p in train_paths:
         d = _read(p)
-        hist = d.get("history") or []
+        hist = [h for h in d.get("history") or [] if "dev_stsb" in h]  # (log-step records carry grad norms only)
         meta = ({k: d[k] for k in META} if all(k in d for k in META) else None) or _meta_from_path(Path(p))
         if not hist or meta is None:
             continue

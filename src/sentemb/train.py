@@ -3,8 +3,9 @@
 It owns data order, optimisation (AdamW, linear decay, grad clipping, optional Sharpness-Aware
 Minimization: ``train.sam_rho``), precision (bf16 autocast on CUDA, fp32 on CPU; methods compute
 logits and losses in fp32), periodic STS-B dev evaluation
-with best-checkpoint selection (methods.md §0), resumable checkpoints, and MLflow logging. A
-method contributes only its batch construction and loss terms (``sentemb.methods.base.Method``).
+with best-checkpoint selection (methods.md §0), resumable checkpoints, and MLflow logging (with
+``train.log_grad_norms``, each weighted loss term's gradient norm on log steps: ``sentemb.grad_norms``).
+A method contributes only its batch construction and loss terms (``sentemb.methods.base.Method``).
 
 What keeps a step's critical path to the model (issue 13): the corpus is tokenized once
 (``train.token_cache``, ``sentemb.tokens``), the next step's batches are built in a background
@@ -14,7 +15,8 @@ these change what is computed: the losses are the same step by step with them of
 
 Outputs of ``train(run, out_dir)``:
     out_dir/model/       the best checkpoint by STS-B dev (HF + sentence-transformers layout)
-    out_dir/train.json   summary (best dev, steps, throughput, history)
+    out_dir/train.json   summary (best dev, steps, throughput, history: one record per evaluated or,
+                         with train.log_grad_norms, logged step: dev_stsb, train/grad_norm/<term>)
     out_dir/.work/       resume state; removed after success
 """
 
@@ -214,6 +216,8 @@ class State:
     t_log: float = 0.0
     # (step, isfinite(loss) on device, detached terms) not yet checked: one host sync per check
     pending: list = field(default_factory=list)
+    # train.log_grad_norms: {term: ‖∇ weighted term‖} of the step to be logged (sentemb.grad_norms)
+    grad_norms: dict = field(default_factory=dict)
 
 
 def setup(run: dict, out_dir: str | Path, method_cls: "type[Method] | None" = None) -> Job:
@@ -304,9 +308,9 @@ def setup(run: dict, out_dir: str | Path, method_cls: "type[Method] | None" = No
                meta={"method": run["method"], "name": run["name"], "backbone": run["backbone"], "seed": seed})
 
 
-#: train settings that change how fast a run goes, never what it computes: a state saved with one
-#: value resumes under another
-SPEED_ONLY = ("token_cache", "prefetch", "num_threads")
+#: train settings that change how fast a run goes or what it logs, never the weights it computes: a
+#: state saved with one value resumes under another
+SPEED_ONLY = ("token_cache", "prefetch", "num_threads", "log_grad_norms")
 
 
 #: train settings added after states were saved, at the value that computes what was computed
@@ -441,9 +445,17 @@ class Prefetcher:
 
 def accumulate_gradients(job: Job, batches: list[tuple[int, dict]], state: State | None) -> None:
     """Forward and backward over the step's micro-batches (loss / accum each). With ``state``, the
-    loss terms and throughput counts are recorded for logging and the finiteness check."""
+    loss terms and throughput counts are recorded for logging and the finiteness check, and, with
+    ``train.log_grad_norms`` on a step that will be logged, each weighted term's gradient norm."""
     import torch
 
+    from .methods.base import WEIGHTED
+
+    probe = None
+    if state is not None and job.tc.get("log_grad_norms") and logs_at(job, state.step + 1):
+        from .grad_norms import TermGradNorms
+
+        probe = TermGradNorms(job.method.grad_norm_parameters(), job.accum, job.scaler)
     for m, batch in batches:
         if state is not None:
             state.n_sent += len(job.micro[m])
@@ -452,7 +464,10 @@ def accumulate_gradients(job: Job, batches: list[tuple[int, dict]], state: State
         batch = {key: v.to(job.device, non_blocking=True) for key, v in batch.items()}
         with torch.autocast(job.device.type, dtype=job.amp or torch.float32, enabled=job.amp is not None):
             terms = job.step_fn(batch)
+        weighted = terms.pop(WEIGHTED, None)  # graph-carrying weighted terms: never logged as such
         loss = terms["loss"]
+        if probe is not None:
+            probe.add(weighted or {"loss": loss})
         job.scaler.scale(loss / job.accum).backward()
         if state is None:
             continue
@@ -461,6 +476,8 @@ def accumulate_gradients(job: Job, batches: list[tuple[int, dict]], state: State
         for key, v in detached.items():
             state.sum_terms[key] = state.sum_terms[key] + v if key in state.sum_terms else v
         state.n_terms += 1
+    if probe is not None:
+        state.grad_norms = probe.norms()
 
 
 def apply_update(job: Job) -> None:
@@ -521,14 +538,32 @@ def check_finite(job: Job, state: State) -> None:
     state.pending.clear()
 
 
+def logs_at(job: Job, step: int) -> bool:
+    """Is the optimizer step that brings the count to ``step`` logged (``train.log_steps``, and the last)?"""
+    return step % job.tc["log_steps"] == 0 or step == job.total
+
+
+def history_entry(state: State) -> dict:
+    """The ``train.json`` history record of the current step (one per step: grad norms, dev score)."""
+    if not state.history or state.history[-1]["step"] != state.step:
+        state.history.append({"step": state.step})
+    return state.history[-1]
+
+
 def log_step(job: Job, state: State) -> dict:
-    """Stage 4, log: mean loss terms since the last log, learning rate, throughput -> MLflow."""
+    """Stage 4, log: mean loss terms since the last log, learning rate, throughput -> MLflow; with
+    ``train.log_grad_norms``, the step's per-term gradient norms (also into the history)."""
     check_finite(job, state)
     now = time.perf_counter()
     dt = now - state.t_log
     metrics = {f"train/{key}": float(v) / state.n_terms for key, v in state.sum_terms.items()}
     metrics.update({"train/lr": job.sched.get_last_lr()[0], "train/sentences_per_s": state.n_sent / dt,
                     "train/tokens_per_s": state.n_tok / dt})
+    if state.grad_norms:
+        norms = {f"train/grad_norm/{key}": float(v) for key, v in state.grad_norms.items()}
+        metrics.update(norms)
+        history_entry(state).update(norms)
+        state.grad_norms = {}
     job.tracker.log_metrics(metrics, state.step)
     state.sum_terms, state.n_terms, state.n_sent, state.n_tok = {}, 0, 0, 0
     state.t_log = now
@@ -545,7 +580,7 @@ def evaluate_and_keep(job: Job, state: State) -> float:
     if job.prefetch is not None:
         job.prefetch.wait()
     dev = stsb_dev(job.embedder, job.dev_pairs)
-    state.history.append({"step": state.step, "dev_stsb": dev})
+    history_entry(state)["dev_stsb"] = dev
     if dev > state.best["dev"]:
         state.best.update(dev=dev, step=state.step)
         export_to(job, job.work / "best", {"step": state.step, "dev_stsb": dev})
@@ -656,7 +691,7 @@ def _loop(job: Job, state: State, bar, stop_after: int | None) -> None:
         if bar is not None:
             bar.update(1)
         last = state.step == job.total
-        if state.step % tc["log_steps"] == 0 or last:
+        if logs_at(job, state.step):
             metrics = log_step(job, state)
             if bar is not None:
                 bar.set_postfix(loss=f"{metrics['train/loss']:.4f}")

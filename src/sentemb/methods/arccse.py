@@ -77,7 +77,7 @@ import torch.nn.functional as F
 
 from .. import SentembError
 from . import register_method
-from .base import arg
+from .base import WEIGHTED, arg
 from .simcse import SimCSE, info_nce
 
 TRIPLET_KEYS = ("tri_input_ids", "tri_attention_mask")
@@ -299,6 +299,7 @@ class ArcCSE(SimCSE):
             tri = triplet_loss(h[:n], h[n : 2 * n], h[2 * n :], a["triplet_margin"])
         else:
             tri = torch.zeros((), dtype=torch.float32, device=z1.device)
-        loss = arc + a["triplet_weight"] * tri
+        weighted_tri = a["triplet_weight"] * tri
+        loss = arc + weighted_tri
         return {"loss": loss, "arccon": arc.detach(), "triplet": tri.detach(),
-                "triplets": torch.tensor(float(n), device=z1.device)}
+                "triplets": torch.tensor(float(n), device=z1.device), WEIGHTED: {"arccon": arc, "triplet": weighted_tri}}

@@ -8,7 +8,9 @@ tracking. A method owns only
    handed over as paths in ``ctx.inputs``),
 3. how a list of corpus sentences becomes model inputs (``build_batch``, on CPU, deterministic for
    a given ``(ctx.seed, micro)``), and
-4. the named loss terms computed from those inputs (``losses``).
+4. the named loss terms computed from those inputs (``losses``), and, under the key ``"weighted"``
+   (``WEIGHTED``), each term as it enters the total loss (weight included, graph kept), so that
+   ``train.log_grad_norms`` can log every term's gradient norm (``grad_norm_parameters``).
 
 Extra trainable modules (heads, decoders) are submodules of the method, so the loop optimises them
 too; frozen ones set ``requires_grad = False`` and the optimizer leaves them out. A method whose
@@ -34,6 +36,14 @@ from .. import SentembError
 
 #: Names a method may list in ``requires(args)``; ``sentemb.config.run_inputs`` maps each to a path.
 INPUT_NAMES = ("token_freq", "tfidf", "tfidf_para", "rake", "paraphrases", "nltk", "pretrained")
+
+#: The key of ``losses(batch)``'s result holding the weighted terms: ``{name: w·L_name}``, each a
+#: scalar tensor *with* its graph, exactly as it is added into ``loss`` (so they sum to ``loss``),
+#: named as the method logs the unweighted term (``contrastive``, ``recon``, ...). The loop pops it
+#: before logging; with ``train.log_grad_norms`` it logs ‖∇ w·L_name‖ on ``grad_norm_parameters()``
+#: as ``train/grad_norm/<name>``. A method that returns no such key gets ``train/grad_norm/loss``
+#: (its total's gradient norm) for free; one line (``WEIGHTED: {"contrastive": loss}``) names it.
+WEIGHTED = "weighted"
 
 EmbedFn = Callable[[Sequence[str]], Any]  # list of sentences -> float32 array (n, dim)
 
@@ -243,10 +253,19 @@ class Method(nn.Module):
         ``torch_rng(micro)`` so batches are identical after a resume and under accumulation."""
         raise NotImplementedError
 
-    def losses(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def losses(self, batch: dict[str, torch.Tensor]) -> dict[str, Any]:
         """Named loss terms; ``"loss"`` is the total that is back-propagated (fp32 scalar). Other
-        terms are logged (``train/<name>``) and must be scalars."""
+        terms are logged (``train/<name>``) and must be scalars, detached. Optionally ``WEIGHTED``:
+        ``{name: weighted term with graph}`` summing to ``loss`` (see ``WEIGHTED``), e.g.
+        ``{"loss": a + b·r, "contrastive": a.detach(), "recon": r.detach(),
+        WEIGHTED: {"contrastive": a, "recon": b·r}}``."""
         raise NotImplementedError
+
+    def grad_norm_parameters(self) -> list[nn.Parameter]:
+        """The parameters on which ``train.log_grad_norms`` measures each weighted term's gradient:
+        the trainable parameters of the encoder (the PLM). A method whose sentence embedding is made
+        by more shared modules (SARCSE's TextCNN) adds them."""
+        return [p for p in self.encoder.parameters() if p.requires_grad]
 
     # ------------------------------------------------------------------ evaluation and export
     def export_head(self) -> nn.Module | None:

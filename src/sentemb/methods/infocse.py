@@ -77,7 +77,7 @@ from torch import nn
 from .. import SentembError
 from ..models import MLMHead, MLPHead, mlm_head_state, read_weights
 from . import register_method
-from .base import Method, arg
+from .base import WEIGHTED, Method, arg
 from ..masking import mask_tokens  # noqa: F401  (public here too: BERT's MLM corruption)
 from .simcse import info_nce
 
@@ -415,8 +415,10 @@ class InfoCSE(Method):
         z1, z2, h = self.encode_views(batch)
         l_cl = info_nce(z1, z2, self.args["temperature"])  # Eq. 3
         l_aux = self.aux_loss(h, batch)
-        loss = l_cl + self.args["aux_weight"] * l_aux  # Eq. 7
-        return {"loss": loss, "contrastive": l_cl.detach(), "aux_mlm": l_aux.detach()}
+        aux = self.args["aux_weight"] * l_aux
+        loss = l_cl + aux  # Eq. 7
+        return {"loss": loss, "contrastive": l_cl.detach(), "aux_mlm": l_aux.detach(),
+                WEIGHTED: {"contrastive": l_cl, "aux_mlm": aux}}
 
     def export_head(self):
         return self.mlp if isinstance(self.mlp, MLPHead) else None
@@ -474,7 +476,8 @@ class InfoCSEPretrain(Method):
         l_mlm = mlm_loss(out.last_hidden_state, batch["mlm_labels"], self.mlm_head)  # Eq. 4
         l_aux = aux_mlm_loss(h, hs[self.args["skip_from"]][:, 1:], batch["mlm_labels"], self.aux_head, self.mlm_head,
                              attention_mask=batch["attention_mask"])  # Eq. 5, M^{>0} shared: not detached
-        return {"loss": l_aux + l_mlm, "aux_mlm": l_aux.detach(), "mlm": l_mlm.detach()}  # Eq. 6
+        return {"loss": l_aux + l_mlm, "aux_mlm": l_aux.detach(), "mlm": l_mlm.detach(),  # Eq. 6
+                WEIGHTED: {"aux_mlm": l_aux, "mlm": l_mlm}}
 
     def embedder(self, pooler, device):
         raise SentembError("infocse pretrain: the stage-1 model is not evaluated (train.model_selection: last)")

@@ -90,7 +90,7 @@ from torch import nn
 from .. import SentembError
 from ..models import MLMHead, mlm_head_state, read_weights
 from . import register_method
-from .base import Method, arg
+from .base import WEIGHTED, Method, arg
 
 log = logging.getLogger(__name__)
 
@@ -484,5 +484,7 @@ class PaSeR(Method):
             mlm = F.cross_entropy(self.mlm_head(hid[msel]).float(), mlm_lab[msel])
         else:
             mlm = memory.float().sum() * 0.0
-        loss = (self.args["mlm_weight"] * mlm + gen).float()
-        return {"loss": loss, "mlm": mlm.detach(), "gen": gen.detach(), "phrases": n_tok.detach().float()}
+        weighted_mlm = self.args["mlm_weight"] * mlm
+        loss = (weighted_mlm + gen).float()
+        return {"loss": loss, "mlm": mlm.detach(), "gen": gen.detach(), "phrases": n_tok.detach().float(),
+                WEIGHTED: {"mlm": weighted_mlm, "gen": gen}}

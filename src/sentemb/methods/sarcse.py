@@ -16,12 +16,50 @@ What it computes, per view (X: last-layer states of the sentence's *real* tokens
   is TransposedCNN_ks); H'_ks is spread back over the conv positions (``unpool``) and
   X'_ks = ConvTranspose1d_ks(·) ∈ R^{N × d}; X' = mean(X'_3, X'_4, X'_5).
 * Self-adaptive reconstruction loss (Eqs. 8–10): f(w) = max(θ, 1 − λ·freq(w)) from the training
-  corpus' token frequencies (input ``token_freq``); L_R = (1/N) Σ_i f(w_i)·MSE(x_i, x'_i), averaged
-  over the sentences of the batch; L_R⁺ alike on the second view.
+  corpus' token frequencies (input ``token_freq``); L_R = (1/N) Σ_i f(w_i)·‖x_i − x'_i‖² (MSE over
+  the d features summed: see "The weight of L_R" below), averaged over the sentences of the batch;
+  L_R⁺ alike on the second view.
 * Total (Eqs. 11–12): L = α·L_I + β·L_R + γ·L_R⁺, L_I = InfoNCE(Z, Z⁺; τ) one direction, fp32.
 
 Logged terms: ``loss``, ``contrastive`` (L_I), ``recon`` (L_R), ``recon_pos`` (L_R⁺); without a
-decoder only ``loss`` and ``contrastive``.
+decoder only ``loss`` and ``contrastive``. Weighted (``WEIGHTED``): α·L_I, β·L_R, γ·L_R⁺ under the same
+names; ``train.log_grad_norms`` logs their gradient norms on the encoder + TextCNN (what Z is made of).
+
+The weight of L_R (``mse_reduction``, issue 18 §4). Eq. 9 writes "MSE(x_i, x'_i)", "MSE is
+mean-square error", for x_i ∈ R^d, with the 1/N over tokens written out. Read literally (``mean``:
+‖x_i − x'_i‖²/d) the reconstruction is inert at the paper's β = γ = 2.5e-4: on the parameters it
+shares with L_I its gradient is ~1e-4 of L_I's, below bf16's relative precision (2⁻⁸ = 3.9e-3,
+the loop's GPU precision), so training would be SimCSE on Z and "w/o SAL" would equal "w/o SAL &
+decoder". The paper says the opposite: Table 1, "SARCSE 78.09", "- w/o Self-Adaptive Loss (SAL)
+77.15", "- w/o SAL & Decoder 75.26", and §3.3, "The performance is even worse than SimCSE. This
+further illustrates the importance of reconstructing tokens in sentences"; App. A, "the process of
+self-adaptive reconstruction can help the model to be optimized in another direction and reduce the
+reliance on contrastive learning". A β of 2.5e-4 suits a loss of order 1e2–1e3 (β·L_R of order
+0.1 beside L_I ≈ 1–3), which a squared error summed over d = 768 features is (L_R ≈ 540 on the
+random roberta-base below) and a mean over them is not (≈ 0.7). Eqs. 9 and 11 are both per
+sentence, so the batch reduction is common to the three terms: d is the only factor Eqs. 9–12
+leave open. The default is therefore ``sum`` (‖x_i − x'_i‖²); ``mean`` keeps the literal reading
+as the switch. Measured at initialisation
+(``scripts/sarcse_recon_scale.py``: 32 sentences of wiki1m_head, max_len 32, train mode, seed 0;
+paper values; ratio = ‖∇(β·L_R + γ·L_R⁺)‖ / ‖∇(α·L_I)‖ on encoder + TextCNN, encoder alone in
+brackets):
+
+    model                          d    L_I   MSE over d   β·L_R     γ·L_R⁺    ratio
+    all-MiniLM-L6-v2 (pretrained) 384  2.847  mean         3.46e-05  3.43e-05  1.31e-04 (1.75e-04)
+                                              sum          1.33e-02  1.32e-02  5.03e-02 (6.70e-02)
+    roberta-base shape (random)   768  2.472  mean         1.74e-04  1.74e-04  1.24e-05 (1.34e-05)
+                                              sum          1.34e-01  1.34e-01  9.55e-03 (1.03e-02)
+
+Through the loop (``--train-steps 40``: MiniLM, batch 32, lr 1e-5, logged by
+``train.log_grad_norms`` every 5 steps) (‖∇β·L_R‖ + ‖∇γ·L_R⁺‖)/‖∇α·L_I‖ goes 5.0e-2 → 3.0e-2 with
+``sum`` and 1.3e-4 → 7.8e-5 with ``mean`` while ‖∇α·L_I‖ grows 4.0 → 4.7. With ``sum`` the
+reconstruction is a few percent of the update's gradient, 2–13× bf16's relative precision (mean:
+30–300× below it); ``tests/test_sarcse.py`` recomputes the ratio on a random one-layer encoder of
+width 768 (2.8e-2 with ``sum``, 3.6e-5 with ``mean``) and checks it against 2⁻⁸. Whether ``sum``
+reproduces Table 1's 1.9-point decoder effect is for the paper runs to show (``sarcse-wo-sal`` vs
+``sarcse-wo-sal-decoder``, with ``train.log_grad_norms: true``). The random roberta-base's states
+are LayerNorm outputs (‖x‖² = d); the pretrained one's scale, which sets L_R, is not in the mirror:
+``--roberta-dir`` measures it where it is.
 
 Open choices (methods.md marks them **open**, or the paper leaves them implicit), each documented
 here and switchable where cheap:
@@ -38,8 +76,8 @@ here and switchable where cheap:
   ``argmax`` (max-unpooling: each channel's value at the position where the encoder's max was).
 * Target detachment (``detach_target``): x_i is not detached by default (the paper is silent), so
   L_R also trains the encoder through the target; ``true`` stops that gradient.
-* MSE over the d features (``mse_reduction``): ``mean`` (default; β = 2.5e-4 is then tiny), or
-  ``sum`` (a factor d larger).
+* MSE over the d features (``mse_reduction``): ``sum`` (default, ‖x_i − x'_i‖²) or ``mean`` (the
+  literal "mean-square error", d times smaller): see "The weight of L_R" above.
 
 Ablations: ``self_adaptive: false`` (f ≡ 1, "w/o SAL"); ``decoder: false`` ("w/o SAL & decoder":
 PLM + TextCNN encoder, contrastive only; no token frequencies needed). The θ and batch-size studies
@@ -68,7 +106,7 @@ from torch import nn
 
 from .. import SentembError
 from . import register_method
-from .base import Method, arg
+from .base import WEIGHTED, Method, arg
 from .simcse import info_nce
 
 KERNEL_SIZES = (3, 4, 5)  # the paper's TextCNN windows (Eq. 3)
@@ -84,12 +122,13 @@ def token_weights(freq, theta: float, lam: float) -> torch.Tensor:
 
 
 def reconstruction_loss(x: torch.Tensor, x_rec: torch.Tensor, weights: torch.Tensor, mask: torch.Tensor,
-                        reduction: str = "mean") -> torch.Tensor:
+                        reduction: str = "sum") -> torch.Tensor:
     """L_R of Eq. 9 (and L_R⁺ of Eq. 10), averaged over the sentences of the batch, in fp32.
 
     x, x_rec: (B, N, d) target and reconstructed token states; weights: (B, N) f(w_i); mask: (B, N)
     true at real tokens. Per sentence (1/N) Σ_i f(w_i)·MSE(x_i, x'_i) with MSE over d reduced by
-    ``reduction`` (mean | sum); sentences with no real token are left out of the batch mean."""
+    ``reduction``: ``sum`` (‖x_i − x'_i‖², the default reading) or ``mean`` (‖x_i − x'_i‖²/d, the
+    literal one); sentences with no real token are left out of the batch mean."""
     if reduction not in ("mean", "sum"):
         raise SentembError(f"reconstruction_loss: reduction must be mean or sum, not {reduction!r}")
     with torch.autocast(device_type=x.device.type, enabled=False):
@@ -254,8 +293,11 @@ class SARCSE(Method):
         decoder: bool = arg(True, "the transposed-CNN decoder and L_R, L_R⁺; false = ablation 'w/o SAL & "
                             "decoder' (TextCNN encoder, contrastive loss only)")
         detach_target: bool = arg(False, "open: detach x_i as the reconstruction target (paper silent)")
-        mse_reduction: str = arg("mean", "open: MSE over the d features, mean or sum (a factor d against β)",
-                                 choices=("mean", "sum"))
+        mse_reduction: str = arg("sum", "open: MSE(x_i, x'_i) of Eq. 9 over the d features: sum = the squared "
+                                 "error ‖x_i − x'_i‖² (default: the reading under which β = 2.5e-4 lets L_R move the "
+                                 "encoder, as the ablations of Table 1 require; module docstring), or mean = the "
+                                 "literal 'mean-square error', d times smaller (L_R then inert)",
+                                 choices=("sum", "mean"))
         activation: str = arg("relu", "open: TextCNN non-linearity before max-over-time pooling (Kim 2014: relu)",
                               choices=("relu", "tanh", "none"))
         unpool: str = arg("repeat", "open: how H'_ks is spread over the conv positions: repeat at every "
@@ -312,13 +354,20 @@ class SARCSE(Method):
         z = out["z"]
         contrastive = info_nce(z[:b], z[b:], a["temperature"])  # L_I (Eq. 11), fp32
         terms = {"contrastive": contrastive.detach()}
-        loss = a["alpha"] * contrastive
+        weighted = {"contrastive": a["alpha"] * contrastive}
+        loss = weighted["contrastive"]
         if self.decoder is not None:
             rec = [reconstruction_loss(out["x"][s], out["x_rec"][s], out["weights"][s], out["mask"][s],
                                        a["mse_reduction"]) for s in (slice(0, b), slice(b, None))]
-            loss = loss + a["beta"] * rec[0] + a["gamma"] * rec[1]  # Eq. 12
+            weighted.update(recon=a["beta"] * rec[0], recon_pos=a["gamma"] * rec[1])
+            loss = loss + weighted["recon"] + weighted["recon_pos"]  # Eq. 12
             terms.update(recon=rec[0].detach(), recon_pos=rec[1].detach())
-        return {"loss": loss.float(), **terms}
+        return {"loss": loss.float(), **terms, WEIGHTED: weighted}
+
+    def grad_norm_parameters(self):
+        """The encoder's and the TextCNN encoder's (Eqs. 3–4): together they make Z, and both L_I and
+        L_R reach them (the decoder gets L_R's gradient only)."""
+        return [p for p in (*self.encoder.parameters(), *self.head.parameters()) if p.requires_grad]
 
     # -------------------------------------------------------------------------------- embedding and export
     def embedder(self, pooler, device):

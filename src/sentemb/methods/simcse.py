@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from ..models import MLPHead
 from . import register_method
-from .base import Method, arg
+from .base import WEIGHTED, Method, arg
 
 
 def info_nce(z1: torch.Tensor, z2: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -67,7 +67,7 @@ class SimCSE(Method):
     def losses(self, batch):
         z1, z2 = self.encode_views(batch)
         loss = info_nce(z1, z2, self.args["temperature"])
-        return {"loss": loss, "contrastive": loss.detach()}
+        return {"loss": loss, "contrastive": loss.detach(), WEIGHTED: {"contrastive": loss}}
 
     def export_head(self):
         return self.mlp

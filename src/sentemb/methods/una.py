@@ -64,7 +64,7 @@ import torch.nn.functional as F
 from .. import SentembError
 from ..models import MLPHead
 from . import register_method
-from .base import Method, arg
+from .base import WEIGHTED, Method, arg
 
 _META_KEYS = ("negatives", "replaced", "empty_paraphrases")
 
@@ -399,7 +399,8 @@ class UNA(Method):
             z3 = u[2 * n_pairs:] if int(batch["negatives"]) else None
             loss = simcse_hard_negative_loss(u[0:2 * n_pairs:2], u[1:2 * n_pairs:2], z3, tau)
         return {"loss": loss, "contrastive": loss.detach(), "negatives": batch["negatives"].float(),
-                "replaced": batch["replaced"].float(), "empty_paraphrases": batch["empty_paraphrases"].float()}
+                "replaced": batch["replaced"].float(), "empty_paraphrases": batch["empty_paraphrases"].float(),
+                WEIGHTED: {"contrastive": loss}}
 
     def export_head(self):
         return self.mlp
