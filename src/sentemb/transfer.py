@@ -17,11 +17,11 @@ and the early stopping differ:
 * ``pytorch`` (``LinearProbe``: SentEval's ``PyTorchClassifier`` + ``MLP`` with nhid 0 = one
   ``nn.Linear`` + cross-entropy, Adam with torch's defaults and ``weight_decay`` = l2reg, mini-batches
   of 64 in a fresh numpy permutation per pass, the held-out data scored every ``epoch_size`` passes,
-  the best model kept, training stopped after ``tenacity`` + 1 evaluations without improvement or
-  after ``max_epoch``): l2reg from {1e-5, 1e-4, 1e-3, 1e-2} for all three protocols below. In the CV
-  grids each fold's model early-stops on that fold's held-out part (as SentEval does); the final
-  fit of MR/CR/SUBJ/MPQA/TREC/MRPC early-stops on a random 5 % of its training data
-  (``validation_split=0.05``), SST-2's on the dev split.
+  the best model kept, training stopped at the (``tenacity`` + 1)-th evaluation without improvement,
+  counted over the whole run, or after ``max_epoch``): l2reg from {1e-5, 1e-4, 1e-3, 1e-2} for all
+  three protocols below. In the CV grids each fold's model early-stops on that fold's held-out part
+  (as SentEval does); the final fit of MR/CR/SUBJ/MPQA/TREC/MRPC early-stops on a random 5 % of
+  its training data (``validation_split=0.05``), SST-2's on the dev split.
 * ``sklearn``: the C grids below, lbfgs with scikit-learn's defaults.
 
 * MR, CR, SUBJ, MPQA (``InnerKFoldClassifier``): k = 10 stratified shuffled folds (seed 1111); in each
