@@ -45,6 +45,28 @@ def test_transfer_table_mean_and_std(tmp_path):
     assert t["MRPC_F1"] == pytest.approx(82.0) and t["n_seeds"] == 3
 
 
+def test_transfer_table_header_names_the_classifier(tmp_path):
+    from sentemb.cli import main
+    from sentemb.report import transfer_classifier
+
+    def with_protocol(p, classifier):
+        d = json.loads(p.read_text())
+        d["protocol"] = {"classifier": classifier}
+        p.write_text(json.dumps(d))
+        return p
+
+    ps = [with_protocol(_transfer(tmp_path / f"t{s}.json", "simcse", "simcse", "bert", s, 80.0 + s), "pytorch")
+          for s in (1, 2)]
+    assert main(["table-transfer", "--inputs", *map(str, ps), "--output", str(tmp_path / "t.csv"),
+                 "--markdown", str(tmp_path / "t.md")]) == 0
+    head = (tmp_path / "t.md").read_text().splitlines()[0]
+    assert "classifier `pytorch`" in head and "SentEval's PyTorch logistic regression" in head
+    old = with_protocol(_transfer(tmp_path / "old.json", "simcse", "simcse", "bert", 3, 80.0), "sklearn LogisticRegression")
+    assert transfer_classifier([old]) == "sklearn"  # files written before the switch
+    with pytest.raises(SentembError, match=r"evaluation\.transfer_classifier.*pytorch: .*t1\.json.*sklearn: .*old\.json"):
+        transfer_classifier([*ps, old])
+
+
 def test_welch_p_against_scipy_and_ci():
     from scipy import stats
 

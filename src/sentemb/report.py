@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Iterable
 
 from . import SentembError
 from .senteval import TASKS
-from .transfer import TRANSFER_TASKS
+from .transfer import CLASSIFIER_DESCRIPTIONS, TRANSFER_TASKS
 from .utils import atomic_path
 
 if TYPE_CHECKING:
@@ -73,6 +73,25 @@ def mean_std_table(df: pd.DataFrame, metrics: list[str]) -> pd.DataFrame:
     out = pd.concat([mean, std], axis=1)
     out["n_seeds"] = g["seed"].nunique()
     return out.reset_index().round(2)
+
+
+def transfer_classifier(paths: Iterable[str | Path]) -> str:
+    """The classifier every transfer JSON was computed with (``protocol.classifier``: ``pytorch`` or
+    ``sklearn``; files written before the switch say ``sklearn LogisticRegression``). Seeds of
+    different classifiers must not be averaged into one cell, so a mix is an error naming the files."""
+    seen: dict[str, list[str]] = {}
+    for p in paths:
+        c = (_read(p).get("protocol") or {}).get("classifier", "")
+        c = "sklearn" if c == "sklearn LogisticRegression" else c
+        if c not in CLASSIFIER_DESCRIPTIONS:
+            raise SentembError(f"{p}: protocol.classifier is {c!r}, not one of {sorted(CLASSIFIER_DESCRIPTIONS)}")
+        seen.setdefault(c, []).append(str(p))
+    if len(seen) > 1:
+        raise SentembError("transfer results computed with different classifiers (evaluation.transfer_classifier) "
+                           "cannot share a table: " + "; ".join(f"{c}: {', '.join(v)}" for c, v in seen.items()))
+    if not seen:
+        raise SentembError("no results given")
+    return next(iter(seen))
 
 
 def table_transfer(df: pd.DataFrame) -> pd.DataFrame:
@@ -570,11 +589,12 @@ def _write(df, csv, md_path, md_text, header):
 
 
 def _cmd_table_transfer(args) -> int:
+    clf = transfer_classifier(args.inputs)
     t = table_transfer(collect(args.inputs, [*TRANSFER_TASKS, "MRPC_F1"]))
     metrics = [c for c in t.columns if c not in ("name", "method", "backbone", "n_seeds") and not c.endswith("_std")]
     _write(t, args.output, args.markdown, pm_markdown(t, metrics),
-           "Transfer tasks (SentEval protocol, logistic regression on frozen embeddings): accuracy × 100, "
-           "mean ± sample std over seeds; MRPC_F1 = F1 × 100 of the paraphrase class.")
+           f"Transfer tasks (SentEval protocol; classifier `{clf}`: {CLASSIFIER_DESCRIPTIONS[clf]}, on frozen "
+           "embeddings): accuracy × 100, mean ± sample std over seeds; MRPC_F1 = F1 × 100 of the paraphrase class.")
     return 0
 
 

@@ -55,6 +55,7 @@ rule evaluate_transfer:
         pooler=eval_pooler,
         tasks=",".join(config["evaluation"]["transfer_tasks"]),
         mrpc=config["evaluation"]["mrpc_features"],
+        classifier=config["evaluation"]["transfer_classifier"],
         batch_size=config["evaluation"]["batch_size"],
         precision=config["evaluation"]["precision"],
         method=lambda w: run_of(w)["method"],
@@ -72,7 +73,8 @@ rule evaluate_transfer:
         "../envs/sentemb.yaml"
     shell:
         "{params.gpu_env}sentemb evaluate-transfer --model {input.model} --pooler {params.pooler} --data-dir {input.data}"
-        " --tasks {params.tasks} --mrpc-features {params.mrpc} --batch-size {params.batch_size}"
+        " --tasks {params.tasks} --mrpc-features {params.mrpc} --classifier {params.classifier}"
+        " --batch-size {params.batch_size}"
         " --precision {params.precision} --threads {threads}"
         " --output {output} --quiet --run-meta name={wildcards.name} --run-meta method={params.method}"
         " --run-meta backbone={wildcards.backbone} --run-meta seed={wildcards.seed}"
@@ -123,6 +125,7 @@ rule evaluate_baseline_transfer:
         gpu_env=GPU_ENV,
         tasks=",".join(config["evaluation"]["transfer_tasks"]),
         mrpc=config["evaluation"]["mrpc_features"],
+        classifier=config["evaluation"]["transfer_classifier"],
         batch_size=config["evaluation"]["batch_size"],
         precision=config["evaluation"]["precision"],
         track=tracking_opts(),
@@ -137,7 +140,8 @@ rule evaluate_baseline_transfer:
         "../envs/sentemb.yaml"
     shell:
         "{params.gpu_env}sentemb evaluate-transfer --model {input.model} --pooler {wildcards.pooler} --data-dir {input.data}"
-        " --tasks {params.tasks} --mrpc-features {params.mrpc} --batch-size {params.batch_size}"
+        " --tasks {params.tasks} --mrpc-features {params.mrpc} --classifier {params.classifier}"
+        " --batch-size {params.batch_size}"
         " --precision {params.precision} --threads {threads} --output {output} --quiet"
         " --run-meta name=untrained-{wildcards.pooler} --run-meta method=baseline"
         " --run-meta backbone={wildcards.backbone} --run-meta seed=0 --tag rule=evaluate-baseline-transfer"
