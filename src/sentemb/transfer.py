@@ -300,9 +300,9 @@ TORCH_PROBE = TorchProbeConfig()
 class _one_torch_thread:
     """Run the classifier on one intra-op torch thread, restoring the caller's setting afterwards
     (``--threads`` still sets the encoder's). Its products are 64 × d by d × classes, too small to
-    share: on this project's 2-core machine, with one other job running, one MR-sized fit took 2.1 s
-    on one thread and 34 s on two, with bit-identical weights (README "Evaluation"). One thread also
-    makes the numbers independent of the machine's thread count."""
+    share: on this project's shared 2-core machine two threads were 8–16× slower than one and gave
+    bit-identical weights (a CR fit; README "Evaluation"). One thread also makes the numbers
+    independent of the machine's thread count."""
 
     def __enter__(self):
         import torch
