@@ -337,9 +337,10 @@ class LinearProbe:
       accuracy on the held-out data; a better accuracy keeps a copy of the model, otherwise the
       stop fires once ``tenacity`` earlier non-improvements were counted (the count is never reset).
       The best model is restored. Two shortcuts give the same floats in ~30 % less time per step
-      (160 vs 230 µs on this project's CPU): each pass's rows are gathered once (``index_select`` by the permutation, then
-      slices) instead of per mini-batch, and the step calls what the modules' ``forward`` calls
-      (``F.linear``, ``F.cross_entropy``) and sets the gradients to None as ``zero_grad`` does.
+      (160 vs 230 µs on this project's CPU): each pass's rows are gathered once (``index_select``
+      by the permutation, then slices) instead of per mini-batch, and the step calls what the
+      modules' ``forward`` calls (``F.linear``, ``F.cross_entropy``) and sets the gradients to None
+      as ``zero_grad`` does.
     * ``score``/``predict``: the model in batches of ``batch_size``, ``max(1)[1]`` as the class.
     """
 
