@@ -300,9 +300,9 @@ TORCH_PROBE = TorchProbeConfig()
 class _one_torch_thread:
     """Run the classifier on one intra-op torch thread, restoring the caller's setting afterwards
     (``--threads`` still sets the encoder's). Its products are 64 × d by d × classes, too small to
-    share: on this project's 2-core machine, with one other job running, one MR-sized fit took 2.1 s
-    on one thread and 34 s on two, with bit-identical weights (README "Evaluation"). One thread also
-    makes the numbers independent of the machine's thread count."""
+    share: on this project's shared 2-core machine two threads were 8–16× slower than one and gave
+    bit-identical weights (a CR fit; README "Evaluation"). One thread also makes the numbers
+    independent of the machine's thread count."""
 
     def __enter__(self):
         import torch
@@ -337,9 +337,10 @@ class LinearProbe:
       accuracy on the held-out data; a better accuracy keeps a copy of the model, otherwise the
       stop fires once ``tenacity`` earlier non-improvements were counted (the count is never reset).
       The best model is restored. Two shortcuts give the same floats in ~30 % less time per step
-      (160 vs 230 µs on this project's CPU): each pass's rows are gathered once (``index_select`` by the permutation, then
-      slices) instead of per mini-batch, and the step calls what the modules' ``forward`` calls
-      (``F.linear``, ``F.cross_entropy``) and sets the gradients to None as ``zero_grad`` does.
+      (160 vs 230 µs on this project's CPU): each pass's rows are gathered once (``index_select``
+      by the permutation, then slices) instead of per mini-batch, and the step calls what the
+      modules' ``forward`` calls (``F.linear``, ``F.cross_entropy``) and sets the gradients to None
+      as ``zero_grad`` does.
     * ``score``/``predict``: the model in batches of ``batch_size``, ``max(1)[1]`` as the class.
     """
 
