@@ -491,17 +491,7 @@ def test_sts_unlabeled_count_on_real_senteval(shared, tmp_path):
     assert summary["sentences"] == len(unique) == 30840 and len(ref) == 62198  # the counts in the README
 
 def test_mlm_head_is_loaded_from_a_checkpoint_that_has_one(tiny_bert_dir, setup, tmp_path):
-    import shutil
-
-    from transformers import BertConfig, BertForMaskedLM
-
-    d = tmp_path / "mlm_model"
-    shutil.copytree(tiny_bert_dir, d)
-    torch.manual_seed(1)
-    ref = BertForMaskedLM(BertConfig.from_pretrained(tiny_bert_dir))
-    with torch.no_grad():
-        ref.cls.predictions.bias.normal_()
-    ref.save_pretrained(d)
+    d, ref = _mlm_checkpoint(tiny_bert_dir, tmp_path)
     m = make(d, *setup)
     assert m.mlm_head_pretrained
     p = ref.cls.predictions
@@ -509,7 +499,6 @@ def test_mlm_head_is_loaded_from_a_checkpoint_that_has_one(tiny_bert_dir, setup,
     assert torch.equal(m.mlm_head.LayerNorm.weight, p.transform.LayerNorm.weight)
     assert torch.equal(m.mlm_head.bias, p.bias)
     h = torch.randn(3, 32)
-    ref.eval()
     with torch.no_grad():
         assert torch.allclose(m.mlm_head(h), p(h), atol=1e-5)  # same logits as the checkpoint's head
 
