@@ -186,7 +186,7 @@ def check_against_config(entries: list[dict], config: dict, source: str = "paper
       reported" while the paper reports it. List it in that entry's ``also``, or tell it apart in
       the entry's ``method_args`` / ``train``.
     """
-    from .config import find_run, method_args_of
+    from .config import method_args_of
 
     runs = {(r["name"], r["backbone"]): r for r in config["runs"]}
 
@@ -213,7 +213,7 @@ def check_against_config(entries: list[dict], config: dict, source: str = "paper
             if r["method"] != e["method"]:
                 raise SentembError(f"{where}: run '{name}' on '{e['backbone']}' trains '{r['method']}', not "
                                    f"'{e['method']}'")
-            margs, train = resolved(find_run(config, name, e["backbone"]))
+            margs, train = resolved(r)
             for kind, want, have in (("method_args", e.get("method_args", {}), margs),
                                      ("train", e.get("train", {}), train)):
                 for k, v in want.items():
