@@ -653,8 +653,11 @@ def train(run: dict, out_dir: str | Path, *, progress: bool = True, stop_after: 
                       run_name=run.get("run_name") or f"train/{run['name']}/{run['backbone']}/seed{seed}",
                       tags={**meta, "rule": run.get("rule", "train")}, params=run,
                       marker=out_dir / ".mlflow_run.json", key=run_fingerprint(run),
-                      resume=(out_dir / ".work" / "last.pt").is_file())
+                      resume=(out_dir / ".work" / "last.pt").is_file(), wait_s=trk.get("wait_s"))
     with tracker:
+        corpus = Path(run.get("paths", {}).get("corpus") or "")
+        if corpus.is_file() and not tracker.continued:  # lineage: the Dataset column in MLflow
+            tracker.log_dataset(corpus, name=run.get("corpus") or corpus.stem)
         job = setup(run, out_dir, method_cls)
         job.tracker = tracker
         if tracker.run_id:

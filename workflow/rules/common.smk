@@ -34,6 +34,9 @@ JOBS = [(r["name"], r["backbone"], s) for r in config["runs"] for s in (r.get("s
 RUN_DIR = f"{RESULTS}/runs/{{name}}/{{backbone}}/seed{{seed}}"
 TRACKING = config["tracking"]["enabled"]
 TRACKING_MARKER = f"{RESULTS}/.tracking/{config['experiment']}.json"
+# Every job (train, evaluate) waits this long for an absent MLflow server, then queues (sentemb.tracking)
+if config["tracking"].get("wait_s") is not None:
+    os.environ["SENTEMB_TRACKING_WAIT_S"] = str(config["tracking"]["wait_s"])
 EVAL_DATA = f"{RES}/data/{config['evaluation']['data']}"
 # Several local GPUs: GPU jobs claim one each (sentemb.gpu_slots); empty on Slurm / one GPU.
 GPU_ENV = f"SENTEMB_GPU_SLOTS={config['local_gpus']} " if config.get("local_gpus") else ""
