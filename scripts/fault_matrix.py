@@ -13,6 +13,10 @@ clean-up code runs anywhere). Then ``snakemake --unlock`` and the same command a
   deterministic (tables, corpus, statistics) and readable otherwise (JSON, model directories);
 * MLflow: every finished job has exactly one FINISHED run, none is left RUNNING.
 
+The point ``tracking_server_down`` kills no part of the DAG: the MLflow server it logs to over HTTP
+is SIGKILLed while training runs and restarted after training; the DAG must finish by itself, and
+after ``sentemb sync-tracking`` the server's store must hold one FINISHED run per job.
+
     python scripts/fault_matrix.py --shared ../shared [--points train_after_save,evaluate] [--keep DIR]
 
 Prints a table (fault point, hit, recovered, identical, partial outputs, MLflow FINISHED/KILLED/
@@ -51,6 +55,9 @@ POINTS = {
     "train_after_save": lambda d: _glob_any(d, "results/runs/**/.work/last.pt"),
     "evaluate": lambda d: _glob_any(d, "logs/evaluate/**/*.log"),
     "table": lambda d: _glob_any(d, "logs/table1.log"),
+    # not a kill of Snakemake: the MLflow server tracking the DAG over HTTP is SIGKILLed once training
+    # has started and restarted after it ended; the DAG goes on, then `sentemb sync-tracking`
+    "tracking_server_down": lambda d: _glob_any(d, "results/runs/**/.mlflow_run.json"),
 }
 
 
@@ -96,6 +103,36 @@ def run_and_kill(workdir: Path, env: dict, cond, timeout: float = 900) -> bool:
             proc.wait()
 
 
+def run_with_tracking_server_down(workdir: Path, env: dict) -> tuple[bool, bool, Path]:
+    """The DAG tracked by a real ``mlflow server`` that is SIGKILLed while training runs (longer
+    than MLflow's own retries) and restarted after it; then ``sentemb sync-tracking``. Returns (hit,
+    recovered: the DAG and the sync succeeded without a rerun, the server's SQLite store)."""
+    sys.path.insert(0, str(REPO / "src"))
+    from sentemb.mlflow_server import MlflowServer
+
+    server = MlflowServer(workdir / "mlflow_server").start()
+    env = {**env, "MLFLOW_TRACKING_URI": server.uri, "SENTEMB_TRACKING_WAIT_S": "2",
+           "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1"}
+    try:
+        proc = subprocess.Popen(smk_cmd(workdir, "--cores", "2", *TARGETS), env=env, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        hit = False
+        while proc.poll() is None and not hit:
+            hit = POINTS["tracking_server_down"](workdir)
+            time.sleep(0.05)
+        if hit:
+            server.kill()
+            while proc.poll() is None and not _glob_any(workdir, "results/runs/**/train.json"):
+                time.sleep(0.2)
+            server.start()
+        ok = proc.wait() == 0
+        sync = subprocess.run([sys.executable, "-m", "sentemb", "sync-tracking", "--config", "config.yaml"],
+                              cwd=workdir, env=env, capture_output=True, text=True, timeout=600)
+        return hit, ok and sync.returncode == 0, workdir / "mlflow_server" / "mlflow.db"
+    finally:
+        server.stop()
+
+
 def planned_outputs(workdir: Path, env: dict) -> set[str]:
     """Outputs Snakemake would (re)create: from its dry run's ``output:`` lines."""
     p = run(workdir, env, "-n", "--cores", "2", *TARGETS, check=False)
@@ -134,11 +171,11 @@ def partial_outputs(workdir: Path, ref: Path, planned: set[str]) -> list[str]:
     return bad
 
 
-def mlflow_statuses(workdir: Path) -> tuple[dict[str, int], list[str]]:
+def mlflow_statuses(workdir: Path, db: Path | None = None) -> tuple[dict[str, int], list[str]]:
     """Counts by status, and the jobs (run names) that do not have exactly one FINISHED run."""
     from mlflow.tracking import MlflowClient
 
-    c = MlflowClient(tracking_uri=f"sqlite:///{workdir / 'mlflow.db'}")
+    c = MlflowClient(tracking_uri=f"sqlite:///{db or workdir / 'mlflow.db'}")
     exp = c.get_experiment_by_name(yaml.safe_load((workdir / "config.yaml").read_text()).get("experiment", "sentemb"))
     runs = c.search_runs([exp.experiment_id]) if exp else []
     counts: dict[str, int] = {}
@@ -177,19 +214,24 @@ def main(argv=None) -> int:
         shutil.rmtree(d, ignore_errors=True)
         d.mkdir()
         make_config(d)
-        hit = run_and_kill(d, env, POINTS[point])
-        run(d, env, "--unlock")
-        partial = partial_outputs(d, ref, planned_outputs(d, env)) if hit else []
-        rerun = run(d, env, "--cores", "2", *TARGETS, check=False)
-        recovered = rerun.returncode == 0
+        db = d / "mlflow.db"
+        if point == "tracking_server_down":  # the DAG is not killed: it must finish by itself
+            hit, recovered, db = run_with_tracking_server_down(d, env)
+            partial, rerun = [], None
+        else:
+            hit = run_and_kill(d, env, POINTS[point])
+            run(d, env, "--unlock")
+            partial = partial_outputs(d, ref, planned_outputs(d, env)) if hit else []
+            rerun = run(d, env, "--cores", "2", *TARGETS, check=False)
+            recovered = rerun.returncode == 0
         identical = recovered and all((d / f).read_bytes() == (ref / f).read_bytes()
                                       for f in ("results/table1.csv", "results/table1.md"))
-        counts, not_one = mlflow_statuses(d) if (d / "mlflow.db").exists() else ({}, [])
+        counts, not_one = mlflow_statuses(d, db) if db.exists() else ({}, [])
         ok = recovered and identical and not partial and not not_one and counts.get("RUNNING", 0) == 0
         failed += not ok
         rows.append((point, hit, recovered, identical, partial, counts, not_one, ok))
         if not recovered:
-            print(f"--- {point}: rerun failed:\n{rerun.stderr[-2000:]}", flush=True)
+            print(f"--- {point}: rerun failed:\n{rerun.stderr[-2000:] if rerun else ''}", flush=True)
     print(f"\n{'fault point':<18} {'hit':<4} {'recovered':<9} {'identical':<9} {'partial outputs':<16} "
           f"{'MLflow FINISHED/KILLED/RUNNING':<31} {'ok':<3}")
     for point, hit, rec, ident, partial, counts, not_one, ok in rows:

@@ -83,10 +83,33 @@ class Proxy:
                     pass
 
 
+ADMIN_PASSWORD = "sentemb-Test-pw-7"
+
+
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    with MlflowServer(tmp_path_factory.mktemp("mlflow_server")) as s:
-        yield s
+def servers(tmp_path_factory):
+    """A plain server and the README's basic-auth one, started side by side."""
+    root = tmp_path_factory.mktemp("mlflow_servers")
+    plain = MlflowServer(root / "plain")
+    auth = MlflowServer(root / "auth", app_name="basic-auth", env={
+        "MLFLOW_AUTH_ADMIN_PASSWORD": ADMIN_PASSWORD, "MLFLOW_FLASK_SERVER_SECRET_KEY": "test"})
+    try:
+        plain.launch()
+        try:
+            import flask_wtf  # noqa: F401  MLflow's basic-auth app needs mlflow[auth]
+            auth.launch()
+        except ImportError:
+            auth = None
+        yield {"plain": plain.ready(), "auth": auth.ready() if auth else None}
+    finally:
+        plain.stop()
+        if auth:
+            auth.stop()
+
+
+@pytest.fixture(scope="module")
+def server(servers):
+    return servers["plain"]
 
 
 def _client(uri):
@@ -232,31 +255,27 @@ def test_malformed_uri_and_deleted_experiment_fail_at_the_start(server, tmp_path
             pytest.fail("the block ran")
 
 
-ADMIN_PASSWORD = "sentemb-Test-pw-7"
-
-
-def test_basic_auth_recipe_logs_with_the_right_credentials_and_fails_at_start_with_wrong_ones(tmp_path, monkeypatch,
-                                                                                             capsys):
+def test_basic_auth_recipe_logs_with_the_right_credentials_and_fails_at_start_with_wrong_ones(servers, tmp_path,
+                                                                                             monkeypatch, capsys):
     """The README's recipe: ``mlflow server --app-name basic-auth``, credentials in
     ``MLFLOW_TRACKING_USERNAME``/``MLFLOW_TRACKING_PASSWORD``."""
-    pytest.importorskip("flask_wtf", reason="MLflow's basic-auth app needs mlflow[auth] (Flask-WTF)")
     from sentemb.cli import main
 
-    with MlflowServer(tmp_path / "srv", app_name="basic-auth", env={"MLFLOW_AUTH_ADMIN_PASSWORD": ADMIN_PASSWORD,
-                                                                    "MLFLOW_FLASK_SERVER_SECRET_KEY": "test"}) as srv:
-        monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "admin")
-        monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "wrong")
-        for argv in (["init-tracking", "--experiment", "auth", "--tracking-uri", srv.uri],):
-            assert main(argv) == 2
-            err = capsys.readouterr().err
-            assert srv.uri in err and "MLFLOW_TRACKING_USERNAME" in err and "401" in err
-        with pytest.raises(SentembError, match="MLFLOW_TRACKING_PASSWORD"):
-            with Tracker(uri=srv.uri, experiment="auth", marker=tmp_path / ".mlflow_run.json", wait_s=5):
-                pytest.fail("the block ran")
-        assert not (tmp_path / "tracking_queue.jsonl").exists() or not Queue(tmp_path / "tracking_queue.jsonl").pending()
-        monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", ADMIN_PASSWORD)
-        assert main(["init-tracking", "--experiment", "auth", "--tracking-uri", srv.uri]) == 0
-        with Tracker(uri=srv.uri, experiment="auth", run_name="ok", marker=tmp_path / ".mlflow_run.json") as tr:
-            tr.log_metrics({"loss": 1.0}, 1)
-        c, run = _only_run(srv.uri, "auth")
-        assert run.info.status == "FINISHED" and run.data.metrics["loss"] == 1.0
+    srv = servers["auth"]
+    if srv is None:
+        pytest.skip("MLflow's basic-auth app needs mlflow[auth] (Flask-WTF): pip install 'mlflow[auth]'")
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "admin")
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "wrong")
+    assert main(["init-tracking", "--experiment", "auth", "--tracking-uri", srv.uri]) == 2  # before any job
+    err = capsys.readouterr().err
+    assert srv.uri in err and "MLFLOW_TRACKING_USERNAME" in err and "401" in err
+    with pytest.raises(SentembError, match="MLFLOW_TRACKING_PASSWORD"):
+        with Tracker(uri=srv.uri, experiment="auth", marker=tmp_path / ".mlflow_run.json", wait_s=5):
+            pytest.fail("the block ran")
+    assert not (tmp_path / "tracking_queue.jsonl").exists() or not Queue(tmp_path / "tracking_queue.jsonl").pending()
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", ADMIN_PASSWORD)
+    assert main(["init-tracking", "--experiment", "auth", "--tracking-uri", srv.uri]) == 0
+    with Tracker(uri=srv.uri, experiment="auth", run_name="ok", marker=tmp_path / ".mlflow_run.json") as tr:
+        tr.log_metrics({"loss": 1.0}, 1)
+    c, run = _only_run(srv.uri, "auth")
+    assert run.info.status == "FINISHED" and run.data.metrics["loss"] == 1.0

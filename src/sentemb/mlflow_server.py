@@ -35,6 +35,10 @@ class MlflowServer:
         self.uri = f"http://127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 180) -> "MlflowServer":
+        return self.launch().ready(timeout)
+
+    def launch(self) -> "MlflowServer":
+        """Start the process and return at once (``ready`` waits for it to answer)."""
         self.root.mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{self.root / 'mlflow.db'}",
                "--artifacts-destination", str(self.root / "mlartifacts"), "--host", "127.0.0.1",
@@ -47,6 +51,9 @@ class MlflowServer:
         with open(self.root / "server.log", "ab") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.root,
                                          start_new_session=True)
+        return self
+
+    def ready(self, timeout: float = 180) -> "MlflowServer":
         t0 = time.monotonic()
         while time.monotonic() - t0 < timeout:
             if self.proc.poll() is not None:

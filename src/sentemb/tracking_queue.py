@@ -23,7 +23,7 @@ Idempotence, so that a replay interrupted anywhere can simply be started again:
   is found again by it, so it is never created twice, and other jobs (an evaluation nested under a
   training run that so far exists only in a queue) can point at it as ``pending-<hex>``.
 
-Only one process works on a queue at a time: its job holds ``<queue>.lock`` while it runs, and a
+Only one process works on a queue at a time: its job holds ``.<queue>.lock`` while it runs, and a
 replay skips a queue whose lock is taken.
 """
 
@@ -127,7 +127,7 @@ def call(fn, *args, wait_s: float, **kw):
 
 class Queue:
     """One job's JSON-lines queue and its companions: ``.acked`` (count), ``.files/`` (artifacts),
-    ``.lock``."""
+    ``.<name>.lock``."""
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
@@ -141,7 +141,7 @@ class Queue:
         if self._lock_fh is not None:
             return True
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fh = open(self.path.with_name(self.path.name + ".lock"), "w")
+        fh = open(self.path.with_name(f".{self.path.name}.lock"), "w")
         t0 = time.monotonic()
         while True:
             try:
