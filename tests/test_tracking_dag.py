@@ -130,8 +130,8 @@ def snapshot(uri: str, workdir: Path) -> dict:
         arts = {}
         for a in c.list_artifacts(rid):
             text = Path(c.download_artifacts(rid, a.path, str(workdir / "dl" / rid))).read_text()
-            if a.path == "train.json":  # wall-clock times apart
-                text = {k: v for k, v in json.loads(text).items() if "seconds" not in k}
+            if a.path == "train.json":  # wall-clock time and run id apart
+                text = {k: v for k, v in json.loads(text).items() if "seconds" not in k and k != "mlflow_run_id"}
             elif a.path.startswith("eval_"):
                 text = {k: v for k, v in json.loads(text).items() if k not in ("seconds", "sentences_per_second")}
             arts[a.path] = text
