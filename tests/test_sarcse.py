@@ -244,7 +244,7 @@ def test_loss_equals_reference_on_model_outputs(tiny_bert_dir, freq_table):
         z.append(Z.ravel())
         Xr = ref_decode(Z, len(ids), m.decoder)
         w = [m.token_weight[i].item() for i in ids]
-        lr.append(ref_recon([X], [Xr], [w], [[True] * len(ids)], m.args["mse_reduction"]))
+        lr.append(ref_recon([X], [Xr], [w], [[True] * len(ids)], m.args.mse_reduction))
     z = np.stack(z)
     want_c, want_r = ref_info_nce(z, z, 0.05), sum(lr) / len(lr)
     assert terms["contrastive"].item() == pytest.approx(want_c, rel=1e-4)
@@ -317,8 +317,8 @@ def test_contrastive_gradient_reaches_encoder_head_and_decoder(tiny_bert_dir, fr
 # ------------------------------------------------------------------------------------ ablations and config
 def test_ablations_w_o_sal_and_w_o_decoder(tiny_bert_dir, freq_table):
     cls = get_method("sarcse")
-    assert cls.requires({}) == ("token_freq",)
-    assert cls.requires({"self_adaptive": False}) == () and cls.requires({"decoder": False}) == ()
+    assert cls.requires(cls.make_args({})) == ("token_freq",)
+    assert cls.requires(cls.make_args({"self_adaptive": False})) == () and cls.requires(cls.make_args({"decoder": False})) == ()
     no_sal = make(tiny_bert_dir, None, self_adaptive=False, channels=6)
     assert no_sal.decoder is not None and torch.all(no_sal.token_weight == 1)
     no_dec = make(tiny_bert_dir, None, decoder=False, channels=6)
