@@ -217,7 +217,7 @@ class ArcCSE(SimCSE):
                         ("max_span", a.max_span >= 1), ("triplet_max_len", a.triplet_max_len >= 4),
                         ("min_words", a.min_words >= 1), ("triplet_weight", a.triplet_weight >= 0)):
             if not ok:
-                raise SentembError(f"{where}.{key}: {a[key]!r} is out of range")
+                raise SentembError(f"{where}.{key}: {getattr(a, key)!r} is out of range")
         if a.triplet_mlp and self.mlp is None and a.triplet:
             raise SentembError(f"{where}.triplet_mlp: true needs an MLP (mlp is 'none')")
         if a.triplet and a.mask_unit == "words" and not getattr(tokenizer, "is_fast", False):

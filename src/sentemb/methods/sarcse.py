@@ -313,8 +313,8 @@ class SARCSE(Method):
         super().__init__(encoder, tokenizer, args, ctx)
         a = self.args
         for key in ("channels", "integrate_channels"):
-            if a[key] < (2 if key == "channels" else 1):
-                raise SentembError(f"method 'sarcse'.{key}: {a[key]} is too small")
+            if getattr(a, key) < (2 if key == "channels" else 1):
+                raise SentembError(f"method 'sarcse'.{key}: {getattr(a, key)} is too small")
         hidden = encoder.config.hidden_size
         self.special_ids = structural_ids(tokenizer)
         self.head = TextCNNEncoder(hidden, a.channels, a.integrate_channels, a.activation)
