@@ -428,21 +428,21 @@ def test_the_default_reading_gives_the_reconstruction_a_gradient_that_survives_b
 
     m = make(wide_bert_dir, self_adaptive=False)
     a = m.args
-    assert a["mse_reduction"] == "sum" and a["beta"] == a["gamma"] == 2.5e-4 and a["channels"] == 500
+    assert a.mse_reduction == "sum" and a.beta == a.gamma == 2.5e-4 and a.channels == 500
     m.train()
     batch = m.build_batch(SENTS)
     b = len(SENTS)
     torch.manual_seed(0)
     out = m.forward_views(batch)
     z = out["z"]
-    sim = F.cosine_similarity(z[:b, None, :], z[None, b:, :], dim=-1) / a["temperature"]
+    sim = F.cosine_similarity(z[:b, None, :], z[None, b:, :], dim=-1) / a.temperature
     l_i = F.cross_entropy(sim, torch.arange(b))  # Eq. 11, mean over the anchors
 
     def recon(per_token):  # Eqs. 9-10 with f ≡ 1: (1/N) Σ_i per_token((x_i − x'_i)²), mean over sentences
         mask = out["mask"].float()
         e = per_token((out["x"] - out["x_rec"]) ** 2) * mask  # (2B, Lc)
         per_sentence = e.sum(1) / mask.sum(1)
-        return a["beta"] * per_sentence[:b].mean(), a["gamma"] * per_sentence[b:].mean()
+        return a.beta * per_sentence[:b].mean(), a.gamma * per_sentence[b:].mean()
 
     r_sum, r_mean = recon(lambda sq: sq.sum(-1)), recon(lambda sq: sq.mean(-1))
     torch.manual_seed(0)  # the same dropout masks: the method's own weighted terms are the sum reading's
