@@ -99,17 +99,34 @@ def tiny_roberta_dir(tmp_path_factory):
     return d
 
 
-def simcse_run(model, corpus, senteval, **train_over) -> dict:
-    """A resolved SimCSE run (``sentemb.config.resolve_run``'s shape) on the tiny model: batch 16,
-    max_len 16, dev evaluation every 2 steps, no MLflow; ``train_over`` overrides train settings."""
-    tc = {"epochs": 1, "max_steps": None, "batch_size": 16, "grad_accum": 1, "lr": 1e-3, "weight_decay": 0.0,
-          "warmup_ratio": 0.0, "lr_schedule": "linear", "grad_clip": 1.0, "max_len": 16, "eval_steps": 2,
-          "eval_at_end": True, "log_steps": 1, "save_steps": 100, "precision": "auto", "dropout": None,
-          "device": "cpu", "num_threads": None, "compile": False, **train_over}
-    return {"name": "simcse", "method": "simcse", "backbone": "tiny", "seed": 7, "train": tc,
-            "method_args": {"temperature": 0.05, "mlp": "train_only"}, "experiment": "t",
-            "tracking": {"enabled": False, "uri": None},
-            "paths": {"model": str(model), "corpus": str(corpus), "senteval": str(senteval), "stats": None}}
+def tiny_train(**over):
+    """The tests' train settings (``sentemb.settings.TrainSettings``): batch 16, max_len 16, lr 1e-3,
+    STS-B dev every 2 steps, every step logged, on CPU; ``over`` replaces any of them."""
+    import dataclasses
+
+    from sentemb.settings import TrainSettings
+
+    base = TrainSettings(batch_size=16, max_len=16, lr=1e-3, eval_steps=2, log_steps=1, save_steps=100, device="cpu")
+    return dataclasses.replace(base, **over)
+
+
+def tiny_run(model, corpus, senteval=None, method="simcse", *, seed=7, method_args=None, inputs=None, name=None,
+             **train_over):
+    """A resolved run (``sentemb.settings.Run``) of ``method`` on the tiny model (``tiny_train``
+    settings, ``train_over`` replacing some), no MLflow; ``inputs``: the method's inputs by name."""
+    from sentemb.methods import get_method
+    from sentemb.settings import Run
+
+    return Run(name=name or method, method=method, backbone="tiny", seed=seed, train=tiny_train(**train_over),
+               method_args=get_method(method).resolve_args(method_args or {}), experiment="t",
+               tracking={"enabled": False, "uri": None},
+               paths={"model": str(model), "corpus": str(corpus), "senteval": str(senteval) if senteval else None,
+                      "stats": None, "inputs": {k: str(v) for k, v in (inputs or {}).items()}})
+
+
+def simcse_run(model, corpus, senteval, **train_over):
+    """A resolved SimCSE run on the tiny model (``tiny_run``), seed 7."""
+    return tiny_run(model, corpus, senteval, "simcse", **train_over)
 
 
 def assert_same_model(a: Path, b: Path) -> None:

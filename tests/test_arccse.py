@@ -338,7 +338,7 @@ def test_triplet_mlp_switch_and_ablations(tiny_bert_dir):
 
 def test_eval_pooler_is_raw_cls():
     cls = get_method("arccse")
-    assert cls.pooler_for({}) == "cls_before_pooler"
+    assert cls.pooler_for(cls.make_args({})) == "cls_before_pooler"
 
 
 def test_bad_arguments_name_the_key(tiny_bert_dir):
@@ -384,8 +384,9 @@ def _quadratic_job(rho, accum=2, lr=0.1, wd=0.1):
 
     model = Quadratic()
     opt = build_optimizer(model, lr, wd, torch.device("cpu"))
-    tc = {"sam_rho": rho, "grad_clip": None}
-    job = SimpleNamespace(tc=tc, accum=accum, micro=[np.array([i, i + 1]) for i in range(8)],
+    from sentemb.settings import TrainSettings
+
+    job = SimpleNamespace(settings=TrainSettings(sam_rho=rho, grad_clip=None), accum=accum, micro=[np.array([i, i + 1]) for i in range(8)],
                           sentences=["ab", "abc", "abcd", "a", "abcde", "ab", "abc", "abcdef", "a"],
                           method=model, device=torch.device("cpu"), amp=None, step_fn=model.losses, opt=opt,
                           sched=torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda("constant", 10, 0)),
@@ -484,7 +485,7 @@ def test_sam_rho_in_the_schema():
     assert validate_config(dict(base))["train"]["sam_rho"] is None
     with pytest.raises(SentembError, match=r"runs\[0\]\.train\.sam_rho"):
         validate_config({**base, "runs": [{"method": "arccse", "backbone": "b", "train": {"sam_rho": -1}}]})
-    with pytest.raises(SentembError, match=r"runs\[1\]\.train\.sam_rho': SAM cannot be combined with train\.precision fp16"):
+    with pytest.raises(SentembError, match=r"runs\[1\]\.train\.sam_rho': SAM .*cannot be combined with train\.precision fp16"):
         validate_config({**base, "train": {"precision": "fp16"},
                          "runs": [{"method": "simcse", "backbone": "b"},
                                   {"method": "arccse", "backbone": "b", "train": {"sam_rho": 0.05}}]})

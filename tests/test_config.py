@@ -17,20 +17,20 @@ def test_shipped_configs_validate(path, monkeypatch):
     cfg = load_config(REPO / path)
     for run in cfg["runs"]:
         r = resolve_run(cfg, run["name"], run["backbone"], cfg["seeds"][0])
-        assert r["train"]["batch_size"] >= 2
+        assert r.train.batch_size >= 2
         if run["method"] == "simcse":
-            assert r["method_args"]["temperature"] == 0.05
+            assert r.method_args["temperature"] == 0.05
 
 
 def test_paper_config_follows_methods_md():
     from conftest import REPO
 
     cfg = load_config(REPO / "config/config.yaml")
-    bert = resolve_run(cfg, "simcse", "bert-base-uncased", 42)["train"]
-    roberta = resolve_run(cfg, "simcse", "roberta-base", 42)["train"]
-    assert (bert["batch_size"], bert["lr"], bert["max_len"], bert["eval_steps"]) == (64, 3e-5, 32, 125)
-    assert (roberta["batch_size"], roberta["lr"]) == (512, 1e-5)
-    assert bert["grad_clip"] == 1.0 and bert["warmup_ratio"] == 0 and bert["weight_decay"] == 0
+    bert = resolve_run(cfg, "simcse", "bert-base-uncased", 42).train
+    roberta = resolve_run(cfg, "simcse", "roberta-base", 42).train
+    assert (bert.batch_size, bert.lr, bert.max_len, bert.eval_steps) == (64, 3e-5, 32, 125)
+    assert (roberta.batch_size, roberta.lr) == (512, 1e-5)
+    assert bert.grad_clip == 1.0 and bert.warmup_ratio == 0 and bert.weight_decay == 0
 
 
 def _write(tmp_path, cfg):
@@ -81,9 +81,9 @@ def test_method_defaults_then_methods_block_then_run_args(tmp_path):
     cfg = load_config(_write(tmp_path, {**BASE, "methods": {"simcse": {"temperature": 0.1}},
                                         "runs": [{"method": "simcse", "backbone": "b", "method_args": {"mlp": "none"}}]}))
     run = resolve_run(cfg, "simcse", "b", 1)
-    assert run["method_args"] == {"temperature": 0.1, "mlp": "none"}
+    assert run.method_args == {"temperature": 0.1, "mlp": "none"}
     assert get_method("simcse").arg_defaults() == {"temperature": 0.05, "mlp": "train_only"}
-    assert run["paths"]["inputs"] == {}
+    assert run.paths["inputs"] == {}
 
 
 def test_not_yaml_and_missing_file(tmp_path):

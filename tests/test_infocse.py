@@ -33,14 +33,13 @@ def _make(cls, model_dir, args, inputs=None, seed=3):
 
 
 def _run(model_dir, corpus, **over):
-    tc = {"epochs": 1, "max_steps": 2, "batch_size": 16, "grad_accum": 1, "lr": 1e-3, "weight_decay": 0.0,
-          "warmup_ratio": 0.0, "lr_schedule": "linear", "grad_clip": 1.0, "max_len": 16, "eval_steps": 1,
-          "eval_at_end": False, "log_steps": 1, "save_steps": 100, "precision": "auto", "dropout": None,
-          "device": "cpu", "num_threads": None, "compile": False, "model_selection": "last", **over}
-    return {"name": "infocse-pretrain", "method": "infocse", "backbone": "tiny", "seed": 5, "train": tc,
-            "method_args": InfoCSE.resolve_args({"skip_from": 1}), "experiment": "t", "progress": False,
-            "tracking": {"enabled": False, "uri": None}, "rule": "pretrain", "run_name": "pretrain/infocse/tiny",
-            "paths": {"model": str(model_dir), "corpus": str(corpus), "senteval": None, "stats": None, "inputs": {}}}
+    """The stage-1 run (``resolve_pretrain``'s shape): 2 steps, the final weights, no MLflow."""
+    from conftest import tiny_run
+
+    run = tiny_run(model_dir, corpus, None, "infocse", seed=5, method_args={"skip_from": 1}, name="infocse-pretrain",
+                   **{"max_steps": 2, "eval_steps": 1, "eval_at_end": False, "model_selection": "last", **over})
+    run.progress, run.rule, run.run_name = False, "pretrain", "pretrain/infocse/tiny"
+    return run
 
 
 @pytest.fixture(scope="module")
@@ -298,9 +297,9 @@ def test_pretrain_output_is_what_stage2_starts_from(stage2, pretrained, tiny_ber
 
 
 def test_aux_checkpoint_skips_the_stage_and_refuses_a_headless_or_mismatched_one(tiny_bert_dir, pretrained, tmp_path):
-    assert InfoCSE.requires(InfoCSE.resolve_args({})) == ("pretrained",)
-    assert InfoCSE.requires(InfoCSE.resolve_args({"aux_checkpoint": str(pretrained)})) == ()
-    assert InfoCSE.requires(InfoCSE.resolve_args({"init": "backbone"})) == ()
+    assert InfoCSE.requires(InfoCSE.make_args({})) == ("pretrained",)
+    assert InfoCSE.requires(InfoCSE.make_args({"aux_checkpoint": str(pretrained)})) == ()
+    assert InfoCSE.requires(InfoCSE.make_args({"init": "backbone"})) == ()
     m = _make(InfoCSE, tiny_bert_dir, {"skip_from": 1, "aux_checkpoint": str(pretrained)})
     assert torch.equal(m.aux_mlm.bias, load_file(str(pretrained / "aux_head.safetensors"))["cls.predictions.bias"])
     with pytest.raises(SentembError, match=rf"{tiny_bert_dir}.*no auxiliary head layers"):
@@ -357,9 +356,9 @@ def test_pretrain_stage_is_keyed_by_method_and_backbone_and_read_from_one_block(
 
     cfg = _config(pretrain={"max_steps": 7, "mask_unit": "word"})
     pre = resolve_pretrain(cfg, "infocse", "b")
-    assert pre["run_name"] == "pretrain/infocse/b" and pre["rule"] == "pretrain"
-    assert pre["train"]["max_steps"] == 7 and pre["train"]["lr"] == 1e-4 and pre["train"]["epochs"] == 8
-    assert pre["train"]["model_selection"] == "last" and pre["method_args"]["pretrain"]["mask_unit"] == "word"
+    assert pre.run_name == "pretrain/infocse/b" and pre.rule == "pretrain"
+    assert pre.train.max_steps == 7 and pre.train.lr == 1e-4 and pre.train.epochs == 8
+    assert pre.train.model_selection == "last" and pre.method_args["pretrain"]["mask_unit"] == "word"
     assert run_inputs(cfg, "infocse", "b") == {"pretrained": "results/pretrain/infocse/b/model"}
     assert run_inputs(cfg, "nopre", "b") == {}
     with pytest.raises(SentembError, match=r"methods\.infocse\.pretrain\.epoch: unknown pretrain setting"):
@@ -381,8 +380,9 @@ def test_pretrain_cli_resumes_bit_identically_and_logs_its_own_mlflow_run(tiny_b
 
     corpus = pretrained.parent.parent / "corpus.txt"
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    run = {**_run(tiny_bert_dir, corpus, max_steps=3), "tracking": {"enabled": True, "uri": uri}}
-    (tmp_path / "pre.json").write_text(json.dumps(run))
+    run = _run(tiny_bert_dir, corpus, max_steps=3)
+    run.tracking = {"enabled": True, "uri": uri}
+    (tmp_path / "pre.json").write_text(json.dumps(run.to_dict()))
     with pytest.raises(KeyboardInterrupt):  # a kill after step 1 (the shared loop's test hook)
         train(run, tmp_path / "resumed", method_cls=InfoCSEPretrain, stop_after=1, progress=False)
     assert (tmp_path / "resumed/.work/last.pt").is_file() and not (tmp_path / "resumed/model").exists()

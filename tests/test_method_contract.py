@@ -79,16 +79,12 @@ def _rake(d, corpus, model_dir):
 
 def _pretrained(d, corpus, model_dir, method):
     """The method's own pretraining stage (``Method.pretrain``), 1 step on the tiny corpus."""
-    cls = get_method(method)
-    tc = {"epochs": 1, "max_steps": 1, "batch_size": 16, "grad_accum": 1, "lr": 1e-3, "weight_decay": 0.0,
-          "warmup_ratio": 0.0, "lr_schedule": "linear", "grad_clip": 1.0, "max_len": 16, "eval_steps": 1,
-          "eval_at_end": False, "log_steps": 1, "save_steps": 100, "precision": "auto", "dropout": None,
-          "device": "cpu", "num_threads": None, "compile": False, "model_selection": "last"}
-    run = {"name": f"{method}-pretrain", "method": method, "backbone": "tiny", "seed": 5, "train": tc,
-           "method_args": cls.resolve_args(CONTRACT_ARGS.get(method, {})), "experiment": "t",
-           "tracking": {"enabled": False, "uri": None}, "rule": "pretrain", "progress": False,
-           "paths": {"model": str(model_dir), "corpus": str(corpus), "senteval": None, "stats": None, "inputs": {}}}
-    cls.pretrain(run, d / "pretrain")
+    from conftest import tiny_run
+
+    run = tiny_run(model_dir, corpus, None, method, seed=5, method_args=CONTRACT_ARGS.get(method), name=f"{method}-pretrain",
+                   max_steps=1, eval_steps=1, eval_at_end=False, model_selection="last")
+    run.rule, run.progress = "pretrain", False
+    get_method(method).pretrain(run, d / "pretrain")
     return d / "pretrain" / "model"
 
 
@@ -128,9 +124,8 @@ def inputs(name, tiny_bert_dir, tmp_path_factory):
     corpus.write_text("".join(" ".join(rng.choice(TINY_WORDS) for _ in range(rng.randint(4, 30))) + "\n"
                               for _ in range(64)), "utf-8")
     cls = get_method(name)
-    args = cls.resolve_args(CONTRACT_ARGS.get(name, {}))
     built = {}
-    for n in cls.requires(args):
+    for n in cls.requires(cls.make_args(CONTRACT_ARGS.get(name, {}))):
         if n not in INPUT_BUILDERS:
             pytest.fail(f"method '{name}' requires input '{n}' but the contract test has no builder for it")
         extra = {"method": name} if n == "pretrained" else {}
@@ -148,15 +143,11 @@ def make(name, model_dir, inputs, seed=3):
 
 
 def run_cfg(name, model_dir, inputs, senteval, **over):
-    tc = {"epochs": 1, "max_steps": 4, "batch_size": 16, "grad_accum": 1, "lr": 1e-3, "weight_decay": 0.0,
-          "warmup_ratio": 0.0, "lr_schedule": "linear", "grad_clip": 1.0, "max_len": 16, "eval_steps": 2,
-          "eval_at_end": True, "log_steps": 1, "save_steps": 100, "precision": "auto", "dropout": None,
-          "device": "cpu", "num_threads": None, "compile": False, **over}
-    cls = get_method(name)
-    return {"name": name, "method": name, "backbone": "tiny", "seed": 5, "train": tc,
-            "method_args": cls.resolve_args(inputs["args"]), "experiment": "t", "tracking": {"enabled": False, "uri": None},
-            "paths": {"model": str(model_dir), "corpus": str(inputs["corpus"]), "senteval": str(senteval), "stats": None,
-                      "inputs": {k: str(v) for k, v in inputs["inputs"].items()}}}
+    """A 4-step run of method ``name`` with its contract args and inputs (``conftest.tiny_run``)."""
+    from conftest import tiny_run
+
+    return tiny_run(model_dir, inputs["corpus"], senteval, name, seed=5, method_args=inputs["args"],
+                    inputs=inputs["inputs"], **{"max_steps": 4, **over})
 
 
 # ------------------------------------------------------------------------------------ the contract
@@ -233,22 +224,19 @@ def test_log_grad_norms_equal_a_fresh_backward_of_each_term(name, tiny_bert_dir,
     micro-batches with the same dropout masks (the RNG state rewound)."""
     import copy
 
-    from sentemb.tracking import Tracker
-    from sentemb.train import State, _rng_state, _set_rng_state, micro_batches, optimizer_step, setup
+    from sentemb.train import State, _rng_state, _set_rng_state, micro_batches, run_steps, setup
 
     cfg = run_cfg(name, tiny_bert_dir, inputs, tiny_senteval, precision="fp32", model_selection="last", prefetch=False,
                   grad_accum=2, max_steps=2, log_grad_norms=True)
     job, ref = setup(cfg, "/nonexistent"), setup(cfg, "/nonexistent")
-    job.tracker = Tracker(enabled=False)
-    state = State()
-    job.method.train(), ref.method.train()
     params = ref.method.grad_norm_parameters()
-    while state.step < job.total:
+    state = State()
+    while state.step < job.total:  # one step of the loop at a time, recorded before and read after
         weights, rng = copy.deepcopy(job.method.state_dict()), _rng_state()
         batches = micro_batches(job, state.step)
-        optimizer_step(job, state)
-        got = {k: float(v) for k, v in state.grad_norms.items()}
-        logged = set(state.pending[-1][2])
+        next(run_steps(job, state, 1))
+        got = {k.rsplit("/", 1)[1]: v for k, v in state.history[-1].items() if k.startswith("train/grad_norm/")}
+        logged = set(state.terms)
         assert got and set(got) <= logged - {"loss"}, f"{name}: grad norms {sorted(got)} vs terms {sorted(logged)}"
         ref.method.load_state_dict(weights)
         for term, value in got.items():
@@ -262,7 +250,6 @@ def test_log_grad_norms_equal_a_fresh_backward_of_each_term(name, tiny_bert_dir,
             want = float(torch.stack(grads).norm()) if grads else 0.0
             assert value == pytest.approx(want, rel=1e-4, abs=1e-9), f"{name}: step {state.step}: {term}"
         assert any(v > 0 for v in got.values())
-        state.pending.clear()
 
 
 def test_log_grad_norms_leave_the_weights_bit_identical_and_reach_history_and_tracker(
@@ -316,26 +303,14 @@ def test_the_optimised_loop_gives_the_same_losses_step_by_step(name, tiny_bert_d
     """Issue 13's exactness test: the loop with the token cache and the prefetch thread (defaults)
     and the loop as it was (tokenizer on every step, batches built in line) give the same loss
     terms at every step, fp32, fixed seed, on the corpus's real line order (``inputs`` corpus)."""
-    from sentemb.tracking import Tracker
-    from sentemb.train import Prefetcher, State, optimizer_step, setup
+    from sentemb.train import State, run_steps, setup
 
     def losses(**over):
         cfg = run_cfg(name, tiny_bert_dir, inputs, tiny_senteval, precision="fp32", model_selection="last", **over)
-        job = setup(cfg, "/nonexistent")
-        job.tracker = Tracker(enabled=False)
-        job.prefetch = Prefetcher(job) if cfg["train"]["prefetch"] else None
-        assert (job.method.ctx.tokens is not None) == over["token_cache"]
-        state, out = State(), []
-        job.method.train()
-        try:
-            while state.step < job.total:
-                optimizer_step(job, state)
-                out.append({k: v.clone() for k, v in state.pending[-1][2].items()})
-                state.pending.clear()
-        finally:
-            if job.prefetch is not None:
-                job.prefetch.close()
-        return out
+        with setup(cfg, "/nonexistent") as job:
+            assert (job.method.ctx.tokens is not None) == over["token_cache"]
+            assert (job.prefetch is not None) == over["prefetch"]
+            return [{k: v.clone() for k, v in state.terms.items()} for state in run_steps(job, State())]
 
     fast = losses(token_cache=True, prefetch=True)
     before = losses(token_cache=False, prefetch=False)
@@ -349,21 +324,13 @@ def test_the_optimised_loop_gives_the_same_losses_step_by_step(name, tiny_bert_d
 def test_padding_free_training_gives_the_padded_losses_with_dropout_off(name, tiny_bert_dir, inputs, tiny_senteval):
     """train.unpad (sentemb.unpad) changes only which positions are computed: with dropout off, the
     loss terms of every step equal the padded run's (fp32 tolerance; other summation order)."""
-    from sentemb.tracking import Tracker
-    from sentemb.train import State, optimizer_step, setup
+    from sentemb.train import State, run_steps, setup
 
     def losses(unpad):
         cfg = run_cfg(name, tiny_bert_dir, inputs, tiny_senteval, precision="fp32", model_selection="last",
                       dropout=0.0, unpad=unpad, prefetch=False)
-        job = setup(cfg, "/nonexistent")
-        job.tracker = Tracker(enabled=False)
-        state, out = State(), []
-        job.method.train()
-        while state.step < job.total:
-            optimizer_step(job, state)
-            out.append({k: float(v) for k, v in state.pending[-1][2].items()})
-            state.pending.clear()
-        return out
+        with setup(cfg, "/nonexistent") as job:
+            return [{k: float(v) for k, v in state.terms.items()} for state in run_steps(job, State())]
 
     padded, packed = losses(False), losses(True)
     assert len(padded) == len(packed) == 4
@@ -390,4 +357,4 @@ def test_every_argument_is_documented_and_inputs_are_known(name):
         assert spec.help, f"{name}.{spec.name} has no help text"
         if spec.choices:
             assert spec.default in spec.choices
-    assert set(cls.requires(cls.arg_defaults())) <= set(INPUT_NAMES)
+    assert set(cls.requires(cls.make_args())) <= set(INPUT_NAMES)

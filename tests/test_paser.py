@@ -14,6 +14,8 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from conftest import tiny_run
+
 from sentemb import SentembError
 from sentemb.methods import MethodContext, get_method
 from sentemb.methods.paser import EDA, decoding_signal, mask_phrases
@@ -373,15 +375,8 @@ def test_rake_alignment_error_before_step_1(tiny_bert_dir, tiny_senteval, tmp_pa
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("".join(s + "\n" for s in SENTS * 4))
     rake = write_rake(tmp_path / "rake_top5.parquet", PHRASES)
-    tc = {"epochs": 1, "max_steps": 2, "batch_size": 4, "grad_accum": 1, "lr": 1e-3, "weight_decay": 0.0,
-          "warmup_ratio": 0.0, "lr_schedule": "linear", "grad_clip": 1.0, "max_len": 16, "eval_steps": 2,
-          "eval_at_end": True, "log_steps": 1, "save_steps": 100, "precision": "auto", "dropout": None,
-          "device": "cpu", "num_threads": None, "compile": False}
-    run = {"name": "paser", "method": "paser", "backbone": "tiny", "seed": 1, "train": tc,
-           "method_args": {"eda": "none", "decoder_layers": 1}, "experiment": "t",
-           "tracking": {"enabled": False, "uri": None},
-           "paths": {"model": str(tiny_bert_dir), "corpus": str(corpus), "senteval": str(tiny_senteval), "stats": None,
-                     "inputs": {"rake": str(rake), "nltk": str(tmp_path)}}}
+    run = tiny_run(tiny_bert_dir, corpus, tiny_senteval, "paser", seed=1, method_args={"eda": "none", "decoder_layers": 1},
+                   inputs={"rake": rake, "nltk": tmp_path}, max_steps=2, batch_size=4)
     with pytest.raises(SentembError, match="6 rows but the corpus .* has 24 lines"):
         train(run, tmp_path / "out", progress=False)
     assert not (tmp_path / "out" / ".work" / "last.pt").exists()
@@ -423,9 +418,9 @@ def test_config_corpus_and_top_k_checks():
     cfg = validate_config(cfg)
     assert run_corpora(cfg) == ["wiki1m", "sts-unlabeled"]
     r = resolve_run(cfg, "paser", "b", 1)
-    assert r["corpus"] == "sts-unlabeled" and r["paths"]["corpus"] == "resources/corpus/sts-unlabeled.txt"
-    assert r["paths"]["inputs"]["rake"] == "results/stats/sts-unlabeled/rake_top4.parquet"
-    assert resolve_run(cfg, "simcse", "b", 1)["paths"]["corpus"] == "resources/corpus/wiki1m.txt"
+    assert r.corpus == "sts-unlabeled" and r.paths["corpus"] == "resources/corpus/sts-unlabeled.txt"
+    assert r.paths["inputs"]["rake"] == "results/stats/sts-unlabeled/rake_top4.parquet"
+    assert resolve_run(cfg, "simcse", "b", 1).paths["corpus"] == "resources/corpus/wiki1m.txt"
     t = stats_targets(cfg)
     assert "results/stats/sts-unlabeled/rake_top4.parquet" in t and "results/stats/wiki1m/tfidf.parquet" in t
     assert not any("paraphrases" in x for x in t)
@@ -624,16 +619,9 @@ def test_code_form_head_resumes_bit_identically(tiny_bert_dir, tiny_senteval, tm
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("".join(s + "\n" for s in SENTS * 4))
     rake = write_rake(tmp_path / "rake_top5.parquet", PHRASES * 4)
-    tc = {"epochs": 1, "max_steps": 4, "batch_size": 4, "grad_accum": 1, "lr": 1e-3, "weight_decay": 0.0,
-          "warmup_ratio": 0.0, "lr_schedule": "linear", "grad_clip": 1.0, "max_len": 16, "eval_steps": 2,
-          "eval_at_end": True, "log_steps": 1, "save_steps": 100, "precision": "auto", "dropout": None,
-          "device": "cpu", "num_threads": None, "compile": False}
-    args = get_method("paser").resolve_args({"eda": "none", "decoder_layers": 1, "decoder_ffn": 64,
-                                             "decoder_output": "mlm_head", "mlm_head_tied": False})
-    run = {"name": "paser-code", "method": "paser", "backbone": "tiny", "seed": 1, "train": tc,
-           "method_args": args, "experiment": "t", "tracking": {"enabled": False, "uri": None},
-           "paths": {"model": str(d), "corpus": str(corpus), "senteval": str(tiny_senteval), "stats": None,
-                     "inputs": {"rake": str(rake), "nltk": str(tmp_path)}}}
+    args = {"eda": "none", "decoder_layers": 1, "decoder_ffn": 64, "decoder_output": "mlm_head", "mlm_head_tied": False}
+    run = tiny_run(d, corpus, tiny_senteval, "paser", seed=1, method_args=args, name="paser-code",
+                   inputs={"rake": rake, "nltk": tmp_path}, max_steps=4, batch_size=4)
     full = train(run, tmp_path / "full", progress=False)
     with pytest.raises(KeyboardInterrupt):
         train(run, tmp_path / "resumed", stop_after=2, progress=False)

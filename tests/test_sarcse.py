@@ -244,7 +244,7 @@ def test_loss_equals_reference_on_model_outputs(tiny_bert_dir, freq_table):
         z.append(Z.ravel())
         Xr = ref_decode(Z, len(ids), m.decoder)
         w = [m.token_weight[i].item() for i in ids]
-        lr.append(ref_recon([X], [Xr], [w], [[True] * len(ids)], m.args["mse_reduction"]))
+        lr.append(ref_recon([X], [Xr], [w], [[True] * len(ids)], m.args.mse_reduction))
     z = np.stack(z)
     want_c, want_r = ref_info_nce(z, z, 0.05), sum(lr) / len(lr)
     assert terms["contrastive"].item() == pytest.approx(want_c, rel=1e-4)
@@ -317,8 +317,8 @@ def test_contrastive_gradient_reaches_encoder_head_and_decoder(tiny_bert_dir, fr
 # ------------------------------------------------------------------------------------ ablations and config
 def test_ablations_w_o_sal_and_w_o_decoder(tiny_bert_dir, freq_table):
     cls = get_method("sarcse")
-    assert cls.requires({}) == ("token_freq",)
-    assert cls.requires({"self_adaptive": False}) == () and cls.requires({"decoder": False}) == ()
+    assert cls.requires(cls.make_args({})) == ("token_freq",)
+    assert cls.requires(cls.make_args({"self_adaptive": False})) == () and cls.requires(cls.make_args({"decoder": False})) == ()
     no_sal = make(tiny_bert_dir, None, self_adaptive=False, channels=6)
     assert no_sal.decoder is not None and torch.all(no_sal.token_weight == 1)
     no_dec = make(tiny_bert_dir, None, decoder=False, channels=6)
@@ -428,21 +428,21 @@ def test_the_default_reading_gives_the_reconstruction_a_gradient_that_survives_b
 
     m = make(wide_bert_dir, self_adaptive=False)
     a = m.args
-    assert a["mse_reduction"] == "sum" and a["beta"] == a["gamma"] == 2.5e-4 and a["channels"] == 500
+    assert a.mse_reduction == "sum" and a.beta == a.gamma == 2.5e-4 and a.channels == 500
     m.train()
     batch = m.build_batch(SENTS)
     b = len(SENTS)
     torch.manual_seed(0)
     out = m.forward_views(batch)
     z = out["z"]
-    sim = F.cosine_similarity(z[:b, None, :], z[None, b:, :], dim=-1) / a["temperature"]
+    sim = F.cosine_similarity(z[:b, None, :], z[None, b:, :], dim=-1) / a.temperature
     l_i = F.cross_entropy(sim, torch.arange(b))  # Eq. 11, mean over the anchors
 
     def recon(per_token):  # Eqs. 9-10 with f ≡ 1: (1/N) Σ_i per_token((x_i − x'_i)²), mean over sentences
         mask = out["mask"].float()
         e = per_token((out["x"] - out["x_rec"]) ** 2) * mask  # (2B, Lc)
         per_sentence = e.sum(1) / mask.sum(1)
-        return a["beta"] * per_sentence[:b].mean(), a["gamma"] * per_sentence[b:].mean()
+        return a.beta * per_sentence[:b].mean(), a.gamma * per_sentence[b:].mean()
 
     r_sum, r_mean = recon(lambda sq: sq.sum(-1)), recon(lambda sq: sq.mean(-1))
     torch.manual_seed(0)  # the same dropout masks: the method's own weighted terms are the sum reading's

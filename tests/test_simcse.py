@@ -99,8 +99,8 @@ def test_mlp_used_in_training_only(tiny_bert_dir, tmp_path):
 
 def test_pooler_for_mlp_settings():
     cls = get_method("simcse")
-    assert cls.pooler_for({"mlp": "train_only"}) == "cls_before_pooler"
-    assert cls.pooler_for({"mlp": "always"}) == "cls"
+    assert cls.pooler_for(cls.make_args({"mlp": "train_only"})) == "cls_before_pooler"
+    assert cls.pooler_for(cls.make_args({"mlp": "always"})) == "cls"
 
 
 @pytest.mark.parametrize("pooler", ["cls", "cls_before_pooler", "avg"])

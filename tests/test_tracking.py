@@ -80,7 +80,7 @@ def _train_cfg(tiny_bert_dir, tiny_corpus, tiny_senteval, uri, **over):
     from test_train import run_cfg
 
     cfg = run_cfg(tiny_bert_dir, tiny_corpus, tiny_senteval, **over)
-    cfg["tracking"] = {"enabled": True, "uri": uri}
+    cfg.tracking = {"enabled": True, "uri": uri}
     return cfg
 
 

@@ -156,7 +156,7 @@ def test_the_workflows_token_cache_is_read_and_a_wrong_one_refused(tiny_bert_dir
     tok = load_tokenizer(tiny_bert_dir)
     TokenCache.build(read_corpus(tiny_corpus), tok, corpus=tiny_corpus).save(tmp_path / "tokens.tiny")
     cfg = run_cfg(tiny_bert_dir, tiny_corpus, tiny_senteval, eval_steps=100)
-    cfg["paths"]["tokens"] = str(tmp_path / "tokens.tiny")
+    cfg.paths["tokens"] = str(tmp_path / "tokens.tiny")
 
     def no_tokenizer_on_a_step(*a, **k):
         raise AssertionError("the tokenizer ran during training")
@@ -169,7 +169,7 @@ def test_the_workflows_token_cache_is_read_and_a_wrong_one_refused(tiny_bert_dir
     assert with_cache["history"] == plain["history"]
     other = tmp_path / "other.txt"
     other.write_text(tiny_corpus.read_text().replace("the", "a"))
-    cfg["paths"]["corpus"] = str(other)
+    cfg.paths["corpus"] = str(other)
     with pytest.raises(SentembError, match=r"tokens.tiny/meta.json: made from another corpus"):
         train(cfg, tmp_path / "c", progress=False)
     assert not (tmp_path / "c" / "model").exists()
@@ -235,21 +235,13 @@ def test_the_dev_embedder_tokenizes_the_dev_set_once(tiny_bert_dir, monkeypatch)
 def test_compiled_loop_gives_the_eager_losses(tiny_bert_dir, tiny_corpus, tiny_senteval):
     """train.compile: true gives the losses of the eager loop to fp32 tolerance, dropout included."""
     torch._dynamo.reset()
-    from sentemb.tracking import Tracker
-    from sentemb.train import State, optimizer_step, setup
+    from sentemb.train import State, run_steps, setup
 
     def losses(compile):
         cfg = run_cfg(tiny_bert_dir, tiny_corpus, tiny_senteval, precision="fp32", compile=compile, max_steps=3,
                       model_selection="last", prefetch=False)
-        job = setup(cfg, "/nonexistent")
-        job.tracker = Tracker(enabled=False)
-        state, out = State(), []
-        job.method.train()
-        for _ in range(3):
-            optimizer_step(job, state)
-            out.append(float(state.pending[-1][2]["loss"]))
-            state.pending.clear()
-        return out, job
+        with setup(cfg, "/nonexistent") as job:
+            return [float(state.terms["loss"]) for state in run_steps(job, State())], job
 
     eager, _ = losses(False)
     compiled, job = losses(True)
@@ -340,7 +332,7 @@ def test_length_sampler_in_the_loop_resumes_bit_identically_with_or_without_the_
     assert any(not np.array_equal(a, b) for a, b in zip(jobs[0].micro, jobs[2].micro))
     full = train(fast, tmp_path / "full", progress=False)
     for a, b in ((fast, slow), (slow, fast)):
-        out = tmp_path / f"run-{a['train']['token_cache']}"
+        out = tmp_path / f"run-{a.train.token_cache}"
         with pytest.raises(KeyboardInterrupt):
             train(a, out, stop_after=3, progress=False)
         res = train(b, out, progress=False)
@@ -351,23 +343,26 @@ def test_length_sampler_in_the_loop_resumes_bit_identically_with_or_without_the_
 
 
 def test_eval_cadence_in_micro_batches_follows_arccse_training_steps():
+    from dataclasses import replace
+
+    from sentemb.settings import TrainSettings
     from sentemb.train import eval_due
 
-    tc = {"eval_steps": 125, "eval_unit": "micro_batches", "eval_at_end": False}
+    tc = TrainSettings(eval_steps=125, eval_unit="micro_batches", eval_at_end=False)
     # arccse-accum64 on wiki1m: 1e6 // 32 = 31250 micro-batches, 64 per update -> 488 updates
     steps = [s for s in range(1, 489) if eval_due(tc, s, 64, 488)]
     assert len(steps) == 31232 // 125 == 249 and steps[:4] == [2, 4, 6, 8] and steps[-1] == 487
     # by hand: micro-batch 125k is completed by update ceil(125k / 64)
     assert steps == sorted({math.ceil(125 * k / 64) for k in range(1, 250)})
-    assert eval_due({**tc, "eval_at_end": True}, 488, 64, 488)
+    assert eval_due(replace(tc, eval_at_end=True), 488, 64, 488)
     # counted in optimizer steps (the default) the same run has 3 checks, none in the last quarter
-    opt = {"eval_steps": 125, "eval_at_end": False}
+    opt = TrainSettings(eval_steps=125, eval_at_end=False)
     assert [s for s in range(1, 489) if eval_due(opt, s, 64, 488)] == [125, 250, 375]
     # without accumulation both units agree; more than one multiple in one update is one check
     for s in range(1, 50):
-        assert eval_due({**opt, "eval_steps": 7}, s, 1, 49) == eval_due({**tc, "eval_steps": 7}, s, 1, 49)
-    assert [s for s in range(1, 5) if eval_due({**tc, "eval_steps": 10}, s, 64, 4)] == [1, 2, 3, 4]
-    assert not eval_due({**opt, "model_selection": "last"}, 125, 64, 488)
+        assert eval_due(replace(opt, eval_steps=7), s, 1, 49) == eval_due(replace(tc, eval_steps=7), s, 1, 49)
+    assert [s for s in range(1, 5) if eval_due(replace(tc, eval_steps=10), s, 64, 4)] == [1, 2, 3, 4]
+    assert not eval_due(replace(opt, model_selection="last"), 125, 64, 488)
 
 
 def test_eval_unit_micro_batches_in_the_loop(tiny_bert_dir, tiny_corpus, tiny_senteval, tmp_path):
@@ -395,7 +390,7 @@ def test_a_run_without_dev_evaluation_exits_0(tiny_bert_dir, tiny_corpus, tiny_s
     cfg = run_cfg(tiny_bert_dir, tiny_corpus, tiny_senteval, eval_steps=100, eval_at_end=False,
                   model_selection="last")
     path = tmp_path / "run.json"
-    path.write_text(json.dumps(cfg))
+    path.write_text(json.dumps(cfg.to_dict()))
     assert main(["train", "--run-config", str(path), "--output-dir", str(tmp_path / "out"), "--quiet",
                  "--no-track"]) == 0
     out = capsys.readouterr().out
@@ -407,10 +402,15 @@ def test_a_run_without_dev_evaluation_exits_0(tiny_bert_dir, tiny_corpus, tiny_s
 @pytest.mark.parametrize("key,good,bad", [("sampler", "length", "sorted"),
                                           ("eval_unit", "micro_batches", "updates")])
 def test_sampler_and_eval_unit_in_the_schema(key, good, bad):
+    from sentemb.args import specs
     from sentemb.config import load_schema, validate_config
+    from sentemb.settings import TrainSettings
 
-    schema = load_schema()["$defs"]
-    assert schema["train_props"][key]["enum"] == schema["train"]["properties"][key]["enum"]
+    schema = load_schema()["properties"]
+    choices = next(s.choices for s in specs(TrainSettings) if s.name == key)
+    assert schema["train"]["properties"][key]["enum"] == list(choices)
+    assert schema["runs"]["items"]["properties"]["train"]["properties"][key] == {
+        k: v for k, v in schema["train"]["properties"][key].items() if k != "default"}
     base = {"backbones": {"b": {"hub_id": "x/y"}}, "runs": [{"method": "arccse", "backbone": "b"}]}
     default = {"sampler": "random", "eval_unit": "optimizer_steps"}[key]
     assert validate_config(dict(base))["train"][key] == default

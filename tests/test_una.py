@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import tiny_run
+
 from sentemb import SentembError
 from sentemb.methods import MethodContext, get_method
 from sentemb.methods.una import (UNAAugmenter, replacement_probabilities, sample_replacement,
@@ -340,15 +342,9 @@ def test_negatives_on_the_same_steps_after_a_resume(tiny_bert_dir, corpus, tfidf
         return out
 
     monkeypatch.setattr(UNA, "build_batch", spy)
-    tc = {"epochs": 1, "max_steps": 5, "batch_size": 8, "grad_accum": 2, "lr": 1e-3, "weight_decay": 0.0,
-          "warmup_ratio": 0.0, "lr_schedule": "constant", "grad_clip": 1.0, "max_len": 16, "eval_steps": 100,
-          "eval_at_end": True, "log_steps": 1, "save_steps": 100, "precision": "auto", "dropout": None,
-          "device": "cpu", "num_threads": None, "compile": False}
-    cfg = {"name": "una", "method": "una", "backbone": "tiny", "seed": 5, "train": tc,
-           "method_args": get_method("una").resolve_args({"alpha": 4}), "experiment": "t",
-           "tracking": {"enabled": False, "uri": None},
-           "paths": {"model": str(tiny_bert_dir), "corpus": str(corpus), "senteval": str(tiny_senteval),
-                     "stats": None, "inputs": {"tfidf": str(tfidf)}}}
+    cfg = tiny_run(tiny_bert_dir, corpus, tiny_senteval, "una", seed=5, method_args={"alpha": 4},
+                   inputs={"tfidf": tfidf}, max_steps=5, batch_size=8, grad_accum=2, lr_schedule="constant",
+                   eval_steps=100)
     with pytest.raises(KeyboardInterrupt):
         train(cfg, tmp_path / "r", stop_after=2, progress=False)
     first, seen[:] = list(seen), []
@@ -364,8 +360,8 @@ def test_requires_and_paraphrase_planning():
     from sentemb.stats import stats_settings
 
     una = get_method("una")
-    assert una.requires(una.resolve_args({})) == ("tfidf",)
-    assert una.requires(una.resolve_args({"paraphrase": True})) == ("tfidf_para", "paraphrases")
+    assert una.requires(una.make_args({})) == ("tfidf",)
+    assert una.requires(una.make_args({"paraphrase": True})) == ("tfidf_para", "paraphrases")
     cfg = {"runs": [{"method": "una", "backbone": "b"}], "stats": {}}
     assert stats_settings(cfg)["paraphrase"]["enabled"] is False  # no paraphrase job planned
     cfg["runs"].append({"method": "una", "backbone": "b", "name": "una-para", "method_args": {"paraphrase": True}})
@@ -418,7 +414,7 @@ def test_paraphrasing_only_has_paraphrase_positives_and_no_negatives(tiny_bert_d
     the symmetric NT-Xent of those rows computed independently in float64."""
     una = get_method("una")
     args = una.resolve_args({"paraphrase": True, "negatives": False})
-    assert una.requires(args) == ("paraphrases",)
+    assert una.requires(una.make_args(args)) == ("paraphrases",)
     enc, tok = load_encoder(tiny_bert_dir, pooling_layer=False)
     ctx = MethodContext(max_len=32, seed=0, inputs={"paraphrases": corpus.parent / "paraphrases.txt"}, corpus=corpus)
     m = una(enc, tok, {"paraphrase": True, "negatives": False}, ctx)  # no tfidf input given: not needed
@@ -444,7 +440,7 @@ def test_paraphrasing_only_has_paraphrase_positives_and_no_negatives(tiny_bert_d
 def test_negatives_off_without_paraphrases_is_unas_simcse_row_and_needs_no_statistics(tiny_bert_dir, corpus):
     """UNA Table 1 row 1 (SimCSE reproduced in UNA's loop): no negatives, the anchor's copy as positive."""
     una = get_method("una")
-    assert una.requires(una.resolve_args({"negatives": False})) == ()
+    assert una.requires(una.make_args({"negatives": False})) == ()
     enc, tok = load_encoder(tiny_bert_dir, pooling_layer=False)
     m = una(enc, tok, {"negatives": False}, MethodContext(max_len=32, seed=0, corpus=corpus))
     rows = _decode(m, m.build_batch(SENTS, step=0, micro=0))

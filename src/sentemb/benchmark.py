@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 
 from . import SentembError
+from .settings import Run, TrainSettings
 
 PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "L40S": 362.0, "A10": 125.0, "4090": 165.0}
 
@@ -43,13 +44,13 @@ def _peak(device, override):
 
 
 def _timed_training(module, opt, make_batch, loss_of, sentences, batch_size, steps, warmup, device, precision):
-    """Run warmup + steps optimizer steps (forward, backward, clip 1.0, AdamW) on consecutive corpus
-    slices; time the last ``steps``. Returns (seconds, real tokens, padded tokens)."""
+    """sentence-transformers' recipe (``bench_st``; not a sentemb method, so not the loop's
+    ``run_steps``): warmup + steps optimizer steps (forward, backward, clip 1.0, AdamW) on
+    consecutive corpus slices; time the last ``steps``. Returns (seconds, real tokens, padded tokens)."""
     import torch
 
-    from .train import _precision
+    from .train import autocast
 
-    amp = _precision(precision, device)
     n_tok = n_pad = 0
     t0 = None
     for i in range(warmup + steps):
@@ -57,7 +58,7 @@ def _timed_training(module, opt, make_batch, loss_of, sentences, batch_size, ste
             _sync(device)
             t0 = time.perf_counter()
         batch = make_batch(sentences[(i * batch_size) % len(sentences):][:batch_size])
-        with torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
+        with autocast(device, precision):
             loss = loss_of(batch)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(module.parameters(), 1.0)
@@ -70,76 +71,41 @@ def _timed_training(module, opt, make_batch, loss_of, sentences, batch_size, ste
     return time.perf_counter() - t0, n_tok, n_pad
 
 
-def bench_method(model_dir, sentences, batch_size, steps, warmup, device, max_len, precision, method="simcse",
-                 method_args=None, inputs=None, corpus=None, sam_rho=None, unpad=False):
-    """A registered method through the loop's own calls: ``build_batch`` (timed separately, with the
-    sentences' corpus line indices and the micro-batch index, the corpus's token cache in ``ctx``), transfer, autocast, ``losses``,
-    backward, (with ``sam_rho``: SAM's ascent and second forward/backward with the same dropout
-    masks, as ``train.sam_gradients``), clip, AdamW. Returns (seconds, real tokens, padded tokens,
-    encoder config, build seconds)."""
-    import torch
+def bench_method(model_dir, corpus, batch_size, steps, warmup, device, max_len, precision, method="simcse",
+                 method_args=None, inputs=None, sam_rho=None, unpad=False):
+    """A registered method through the loop's own code (``sentemb.train.setup`` and ``run_steps``:
+    the batch schedule, ``build_batch`` with the corpus's token cache, in line (``prefetch: false``)
+    and timed separately, transfer, autocast, ``losses``, backward, with ``sam_rho`` SAM's second
+    pass, clip, AdamW, LR schedule). Returns (seconds, real tokens, padded tokens, encoder config,
+    build seconds) of the last ``steps`` steps after ``warmup``."""
+    from .train import State, log_step, run_steps, setup
 
-    from pathlib import Path
+    run = _bench_run(model_dir, corpus, batch_size, device, max_len, precision, method, 10**9, method_args, inputs,
+                     sam_rho=sam_rho, unpad=unpad, prefetch=False)
+    with setup(run, "/nonexistent-benchmark-output") as job:
+        if job.total < warmup + steps + 1:
+            raise SentembError(f"--corpus gives {job.total} steps of batch {batch_size}; {warmup + steps + 1} are needed")
+        build, t_build, n_pad = job.method.build_batch, [0.0], [0]
 
-    from . import sam
-    from .methods import MethodContext, get_method
-    from .models import load_encoder
-    from .train import _precision, _rng_state, _set_rng_state, build_optimizer
+        def timed_build(*args, **kwargs):  # build_batch, timed, and the padded positions of its rows
+            t = time.perf_counter()
+            out = build(*args, **kwargs)
+            t_build[0] += time.perf_counter() - t
+            n_pad[0] += out["attention_mask"].numel() if "attention_mask" in out else 0
+            return out
 
-    torch.manual_seed(0)
-    enc, tok = load_encoder(model_dir, pooling_layer=False)
-    ctx = MethodContext(max_len=max_len, seed=0, backbone=Path(model_dir).name, model_dir=Path(model_dir),
-                        inputs={k: Path(v) for k, v in (inputs or {}).items()}, corpus=Path(corpus) if corpus else None)
-    from .tokens import TokenCache
-
-    ctx.tokens = TokenCache.build(sentences, tok)  # as the loop (train.token_cache): no tokenizer for corpus rows
-    m = get_method(method)(enc, tok, method_args or {}, ctx).to(device)
-    if unpad:  # train.unpad
-        from .unpad import install
-
-        install(m.encoder, where="--unpad")
-    m.train()
-    opt = build_optimizer(m, 3e-5, 0.0, device)
-    amp = _precision(precision, device)
-    n_tok = n_pad = 0
-    t0 = None
-    t_build = 0.0
-    for i in range(warmup + steps):
-        if i == warmup:
-            _sync(device)
-            t0, t_build = time.perf_counter(), 0.0
-        start = (i * batch_size) % len(sentences)
-        lines = list(range(start, min(start + batch_size, len(sentences))))
-        tb = time.perf_counter()
-        cpu_batch = m.build_batch([sentences[j] for j in lines], step=i, lines=lines, micro=i)
-        t_build += time.perf_counter() - tb
-        batch = {k: v.to(device, non_blocking=True) for k, v in cpu_batch.items()}
-        rng = _rng_state() if sam_rho else None
-        with torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
-            loss = m.losses(batch)["loss"]
-        loss.backward()
-        if sam_rho:
-            saved = sam.ascend([p for g in opt.param_groups for p in g["params"]], sam_rho)
-            opt.zero_grad(set_to_none=True)
-            _set_rng_state(rng)
-            with torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
-                m.losses(batch)["loss"].backward()
-            sam.restore(saved)
-        torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        if i >= warmup and "attention_mask" in batch:
-            n_tok += int(batch["attention_mask"].sum())
-            n_pad += batch["attention_mask"].numel()
-    _sync(device)
-    return time.perf_counter() - t0, n_tok, n_pad, enc.config, t_build
-
-
-def bench_sentemb(model_dir, sentences, batch_size, steps, warmup, device, max_len, precision):
-    """sentemb's SimCSE: both dropout views in one forward pass of 2B rows."""
-    secs, n_tok, n_pad, cfg, _ = bench_method(model_dir, sentences, batch_size, steps, warmup, device, max_len,
-                                              precision, "simcse")
-    return secs, n_tok, n_pad, cfg
+        job.method.build_batch = timed_build
+        state = State()
+        for _ in run_steps(job, state, warmup):
+            pass
+        log_step(job, state)  # a fresh throughput window
+        _sync(job.device)
+        t0, t_build[0], n_pad[0] = time.perf_counter(), 0.0, 0
+        for _ in run_steps(job, state, steps):
+            pass
+        _sync(job.device)
+        secs = time.perf_counter() - t0
+        return secs, state.n_tok, n_pad[0], job.method.encoder.config, t_build[0]
 
 
 def bench_st(model_dir, sentences, batch_size, steps, warmup, device, max_len, precision):
@@ -190,35 +156,46 @@ LOOP_VARIANTS = {
 
 
 def _bench_run(model_dir, corpus, batch_size, device, max_len, precision, method="simcse", log_steps=10,
-               method_args=None, inputs=None, **train) -> dict:
-    """A resolved run (``sentemb.config.resolve_run``'s shape) for benchmarking the loop."""
+               method_args=None, inputs=None, **train) -> Run:
+    """A resolved run for benchmarking the loop: 50 epochs of ``corpus`` at lr 3e-5, no dev
+    evaluation, no checkpoints; ``train`` overrides train settings."""
+    from pathlib import Path
+
     from .methods import get_method
 
-    tc = {"epochs": 50, "max_steps": None, "batch_size": batch_size, "grad_accum": 1, "lr": 3e-5, "weight_decay": 0.0,
-          "warmup_ratio": 0.0, "lr_schedule": "linear", "grad_clip": 1.0, "max_len": max_len, "eval_steps": 10**9,
-          "eval_at_end": False, "log_steps": log_steps, "save_steps": 10**9, "precision": precision, "dropout": None,
-          "device": str(device), "num_threads": None, "compile": False, "model_selection": "last",
-          "token_cache": True, "prefetch": True, **train}
-    return {"name": method, "method": method, "backbone": "bench", "seed": 0, "train": tc,
-            "method_args": get_method(method).resolve_args(method_args or {}),
-            "paths": {"model": str(model_dir), "corpus": str(corpus), "senteval": None, "inputs": dict(inputs or {})}}
+    settings = TrainSettings(epochs=50, batch_size=batch_size, max_len=max_len, eval_steps=10**9, eval_at_end=False,
+                             log_steps=log_steps, save_steps=10**9, precision=precision, device=str(device),
+                             model_selection="last", **train)
+    return Run(name=method, method=method, backbone=Path(model_dir).name, seed=0, train=settings,
+               method_args=get_method(method).resolve_args(method_args or {}), tracking={"enabled": False},
+               paths={"model": str(model_dir), "corpus": str(corpus), "senteval": None, "inputs": dict(inputs or {})})
 
 
-def _bench_job(run):
-    from .tracking import Tracker
-    from .train import Prefetcher, State, setup
+def _bench_jobs(stack, runs: dict, needed: int, batch_size: int) -> dict:
+    """name -> (job, state): ``sentemb.train.setup`` of each run (closed with ``stack``), each with
+    at least ``needed`` optimizer steps."""
+    from .train import State, setup
 
-    job = setup(run, "/nonexistent-benchmark-output")
-    job.tracker = Tracker(enabled=False)
-    if run["train"]["prefetch"]:
-        job.prefetch = Prefetcher(job)
-    job.method.train()
-    return job, State()
+    jobs = {}
+    for name, run in runs.items():
+        job = stack.enter_context(setup(run, "/nonexistent-benchmark-output"))
+        if job.total < needed:
+            raise SentembError(f"--corpus gives {job.total} steps of batch {batch_size}; {needed} are needed")
+        jobs[name] = (job, State())
+    return jobs
+
+
+def _steps(job, state, n: int) -> None:
+    """``n`` optimizer steps of the loop's own ``run_steps`` (with its log stage when due)."""
+    from .train import run_steps
+
+    for _ in run_steps(job, state, n):
+        pass
 
 
 def bench_overhead(model_dir, corpus, batch_size, steps, warmup, device, max_len, precision, log_steps=10,
                    method="simcse", rounds=3, variants=None):
-    """The shared loop's full optimizer step (``sentemb.train.optimizer_step``: batches from the
+    """The shared loop's full optimizer step (``sentemb.train.run_steps``: batches from the
     prefetch thread or built in line, transfer, autocast, losses, backward, clip, optimizer, LR
     schedule, the deferred finiteness check, and ``log_step`` every ``log_steps``) in each of
     ``variants`` (default ``LOOP_VARIANTS``), against a bare step on tensors built beforehand
@@ -227,34 +204,25 @@ def bench_overhead(model_dir, corpus, batch_size, steps, warmup, device, max_len
     machine hits all of them); each one's median round counts. Returns {name: seconds per step},
     "bare" included."""
     import statistics
+    from contextlib import ExitStack
 
-    import torch
-
-    from .train import log_step, optimizer_step
+    from .train import autocast, log_step
 
     variants = LOOP_VARIANTS if variants is None else variants
-    jobs = {}
-    for name, over in variants.items():
-        job, state = _bench_job(_bench_run(model_dir, corpus, batch_size, device, max_len, precision, method,
-                                           log_steps, **over))
-        if job.total < warmup + rounds * steps + 1:
-            raise SentembError(f"--corpus gives {job.total} steps of batch {batch_size}; "
-                               f"{warmup + rounds * steps + 1} are needed")
-        for _ in range(warmup):
-            optimizer_step(job, state)
-        log_step(job, state)
-        jobs[name] = (job, state)
-    bare_job, bare_state = next(iter(jobs.values()))
+    runs = {name: _bench_run(model_dir, corpus, batch_size, device, max_len, precision, method, log_steps, **over)
+            for name, over in variants.items()}
     times: dict[str, list[float]] = {name: [] for name in [*variants, "bare"]}
-    try:
+    with ExitStack() as stack:
+        jobs = _bench_jobs(stack, runs, warmup + rounds * steps + 1, batch_size)
+        for job, state in jobs.values():
+            _steps(job, state, warmup)
+            log_step(job, state)
+        bare_job, bare_state = next(iter(jobs.values()))
         for r in range(rounds):
             for name, (job, state) in jobs.items():
                 _sync(device)
                 t0 = state.t_log = time.perf_counter()
-                for _ in range(steps):
-                    optimizer_step(job, state)
-                    if state.step % log_steps == 0:
-                        log_step(job, state)
+                _steps(job, state, steps)
                 log_step(job, state)
                 _sync(device)
                 times[name].append((time.perf_counter() - t0) / steps)
@@ -265,21 +233,16 @@ def bench_overhead(model_dir, corpus, batch_size, steps, warmup, device, max_len
                 idx = bare_job.micro[s]
                 cpu = bare_job.method.build_batch([bare_job.sentences[i] for i in idx], step=s, lines=idx, micro=s)
                 batches.append({k: v.to(device) for k, v in cpu.items()})
-            amp = bare_job.amp
             _sync(device)
             t0 = time.perf_counter()
             for batch in batches:
-                with torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
+                with autocast(device, precision):
                     loss = bare_job.method.losses(batch)["loss"]
                 loss.backward()
                 bare_job.opt.step()
                 bare_job.opt.zero_grad(set_to_none=True)
             _sync(device)
             times["bare"].append((time.perf_counter() - t0) / steps)
-    finally:
-        for job, _ in jobs.values():
-            if job.prefetch is not None:
-                job.prefetch.close()
     return {name: statistics.median(v) for name, v in times.items()}
 
 
@@ -290,38 +253,24 @@ def bench_grad_norms(model_dir, corpus, batch_size, steps, warmup, device, max_l
     and seed, taking turns for ``rounds`` rounds of ``steps`` steps (median round each). The
     difference is the cost of one logged step. Returns {"off": s/step, "on": s/step, "terms": [names]}."""
     import statistics
+    from contextlib import ExitStack
 
-    from .train import log_step, optimizer_step
-
-    jobs = {}
-    for key, on in (("off", False), ("on", True)):
-        job, state = _bench_job(_bench_run(model_dir, corpus, batch_size, device, max_len, precision, method, 1,
-                                           method_args, inputs, log_grad_norms=on))
-        if job.total < warmup + rounds * steps:
-            raise SentembError(f"--corpus gives {job.total} steps of batch {batch_size}; "
-                               f"{warmup + rounds * steps} are needed")
-        for _ in range(warmup):
-            optimizer_step(job, state)
-            log_step(job, state)
-        jobs[key] = (job, state)
+    runs = {key: _bench_run(model_dir, corpus, batch_size, device, max_len, precision, method, 1, method_args, inputs,
+                            log_grad_norms=on) for key, on in (("off", False), ("on", True))}
     times: dict[str, list[float]] = {"off": [], "on": []}
-    terms: list[str] = []
-    try:
+    with ExitStack() as stack:
+        jobs = _bench_jobs(stack, runs, warmup + rounds * steps, batch_size)
+        for job, state in jobs.values():
+            _steps(job, state, warmup)
         for _ in range(rounds):
             for key, (job, state) in jobs.items():
                 _sync(device)
                 t0 = time.perf_counter()
-                for _ in range(steps):
-                    optimizer_step(job, state)
-                    metrics = log_step(job, state)
+                _steps(job, state, steps)
                 _sync(device)
                 times[key].append((time.perf_counter() - t0) / steps)
-                if key == "on":
-                    terms = [k.rsplit("/", 1)[1] for k in metrics if k.startswith("train/grad_norm/")]
-    finally:
-        for job, _ in jobs.values():
-            if job.prefetch is not None:
-                job.prefetch.close()
+        history = jobs["on"][1].history  # the logged grad norms of each step
+    terms = [k.rsplit("/", 1)[1] for k in (history[-1] if history else {}) if k.startswith("train/grad_norm/")]
     return {"off": statistics.median(times["off"]), "on": statistics.median(times["on"]), "terms": terms}
 
 
@@ -330,24 +279,25 @@ def bench_compile(model_dir, corpus, batch_size, steps, device, max_len, method=
     step after the first (compilation) step. Returns {False: (losses, first_s, s_per_step), True: …}."""
     import torch
 
-    from .train import optimizer_step
+    from .train import run_steps, setup
 
     out = {}
     for compiled in (False, True):
         torch._dynamo.reset()
-        job, state = _bench_job(_bench_run(model_dir, corpus, batch_size, device, max_len, "fp32", method,
-                                           compile=compiled, prefetch=False))
-        losses = []
-        t0 = time.perf_counter()
-        for s in range(steps + 1):
-            optimizer_step(job, state)
-            losses.append(float(state.pending[-1][2]["loss"]))
-            state.pending.clear()
-            if s == 0:
-                _sync(device)
-                t1 = time.perf_counter()
-        _sync(device)
-        out[compiled] = (losses, t1 - t0, (time.perf_counter() - t1) / steps)
+        run = _bench_run(model_dir, corpus, batch_size, device, max_len, "fp32", method, compile=compiled,
+                         prefetch=False)
+        with setup(run, "/nonexistent-benchmark-output") as job:
+            from .train import State
+
+            state, losses = State(), []
+            t0 = t1 = time.perf_counter()
+            for s, _ in enumerate(run_steps(job, state, steps + 1)):
+                losses.append(float(state.terms["loss"]))
+                if s == 0:
+                    _sync(device)
+                    t1 = time.perf_counter()
+            _sync(device)
+            out[compiled] = (losses, t1 - t0, (time.perf_counter() - t1) / steps)
     return out
 
 
@@ -488,15 +438,15 @@ def _cmd_benchmark(args) -> int:
     per_method = []
     for name in methods:
         secs, tok, padded, cfg, t_build = bench_method(
-            args.model, sentences, args.batch_size, args.steps, args.warmup, device, args.max_len, args.precision,
-            name, margs.get(name), inputs, args.corpus, args.sam_rho)
+            args.model, args.corpus, args.batch_size, args.steps, args.warmup, device, args.max_len, args.precision,
+            name, margs.get(name), inputs, args.sam_rho)
         # SimCSE encodes both views: 2 × tokens pass through the network each step.
         mfu = (train_flops(cfg, 2 * padded, padded // sents) / secs / (peak * 1e12)) if peak and name == "simcse" else None
         rows.append((f"train sentemb {name}", sents / secs, tok / secs, 1000 * secs / args.steps, mfu))
         per_method.append((name, sents / secs, tok / secs, t_build / secs))
         if args.unpad and name == "simcse":
-            s_u, tok_u, _, _, _ = bench_method(args.model, sentences, args.batch_size, args.steps, args.warmup, device,
-                                               args.max_len, args.precision, name, margs.get(name), inputs, args.corpus,
+            s_u, tok_u, _, _, _ = bench_method(args.model, args.corpus, args.batch_size, args.steps, args.warmup,
+                                               device, args.max_len, args.precision, name, margs.get(name), inputs,
                                                args.sam_rho, unpad=True)
             # MFU counts the FLOPs of the padded batch (the work the model is asked to do) in both rows
             mfu_u = (train_flops(cfg, 2 * padded, padded // sents) / s_u / (peak * 1e12)) if peak else None

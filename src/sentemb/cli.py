@@ -18,6 +18,7 @@ COMMAND_MODULES = [
     "sentemb.data",
     "sentemb.stats.cli",
     "sentemb.methods.cli",
+    "sentemb.config_keys",
     "sentemb.tokens",
     "sentemb.train",
     "sentemb.pretrain",

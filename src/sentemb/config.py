@@ -16,13 +16,23 @@ import jsonschema
 import yaml
 
 from . import SentembError
+from .settings import Run, TrainSettings
 
 MIRROR_ENV = "SENTEMB_MIRROR"
 
 
 def load_schema() -> dict:
+    """The config schema: ``schemas/config.schema.yaml`` with its generated sections (``train``,
+    ``runs[].train``, ``evaluation``, ``stats``, ``job_resources``) filled in from the settings
+    classes (``sentemb.settings``), where each of their keys and defaults is declared once."""
+    from .settings import SECTIONS, section_schema
+
     text = resources.files("sentemb").joinpath("schemas/config.schema.yaml").read_text("utf-8")
-    return yaml.safe_load(text)
+    schema = yaml.safe_load(text)
+    for name in SECTIONS:
+        schema["properties"][name] = section_schema(name)
+    schema["properties"]["runs"]["items"]["properties"]["train"] = section_schema("train", defaults=False)
+    return schema
 
 
 def _extend_with_default(validator_class):
@@ -94,12 +104,8 @@ def validate_config(config: dict, source: str = "config") -> dict:
                 f"'{run['name']}' on backbone '{run['backbone']}' appears twice; give one a distinct name"
             )
         seen.add(key)
-        effective = {**config["train"], **run["train"]}
-        if effective.get("sam_rho") and effective.get("precision") == "fp16":
-            raise SentembError(
-                f"invalid configuration in {source}: config key 'runs[{i}].train.sam_rho': SAM cannot be "
-                f"combined with train.precision fp16 (use bf16, fp32 or auto, or sam_rho: null)"
-            )
+        TrainSettings.from_dict({**config["train"], **run["train"]}).check(
+            f"invalid configuration in {source}: config key 'runs[{i}].train.sam_rho'")
     for m in config["methods"]:
         if m not in registry():
             raise SentembError(
@@ -117,7 +123,8 @@ def validate_config(config: dict, source: str = "config") -> dict:
     # Config-level checks of a method (e.g. an argument bounded by a statistics setting).
     try:
         for i, run in enumerate(config["runs"]):
-            registry()[run["method"]].check_config(method_args_of(config, run), config, f"runs[{i}].method_args")
+            cls = registry()[run["method"]]
+            cls.check_config(cls.make_args(method_args_of(config, run)), config, f"runs[{i}].method_args")
     except SentembError as e:
         raise SentembError(f"invalid configuration in {source}: {e}") from None
     return config
@@ -196,6 +203,14 @@ def method_args_of(config: dict, run: dict) -> dict[str, Any]:
     return {**base, **(run.get("method_args") or {})}
 
 
+def run_requires(config: dict, run: dict) -> tuple[str, ...]:
+    """The inputs (``INPUT_NAMES``) the method of configured ``run`` declares with its arguments."""
+    from .methods import get_method
+
+    cls = get_method(run["method"])
+    return cls.requires(cls.make_args(method_args_of(config, run)))
+
+
 def input_path(config: dict, name: str, *, corpus: str, backbone: str, method: str) -> str:
     """Where the workflow puts input ``name`` (one of ``sentemb.methods.base.INPUT_NAMES``)."""
     stats = f"{config['results_dir']}/stats/{corpus}"
@@ -225,43 +240,40 @@ def run_inputs(config: dict, name: str, backbone: str) -> dict[str, str]:
     """Every input the method of run ``name`` on ``backbone`` declares (``Method.requires(args)``),
     name -> path. The train rule's ``input:`` and ``resolve_run``'s ``paths.inputs`` both come from
     here, so the DAG and the run cannot disagree."""
-    from .methods import get_method
-
     run = find_run(config, name, backbone)
-    cls = get_method(run["method"])
-    needed = cls.requires(method_args_of(config, run))
+    needed = run_requires(config, run)
     corpus = corpus_of(config, run)
     return {n: input_path(config, n, corpus=corpus, backbone=backbone, method=run["method"]) for n in needed}
 
 
-def resolve_run(config: dict, name: str, backbone: str, seed: int) -> dict[str, Any]:
-    """The complete, self-contained settings of one training job (what MLflow records as params)."""
-    run = find_run(config, name, backbone)
-    train = copy.deepcopy(config["train"])
-    train.update(run.get("train", {}))
-    margs = method_args_of(config, run)
+def resolve_run(config: dict, name: str, backbone: str, seed: int, *, method: str | None = None,
+                train: dict | None = None, method_args: dict | None = None, corpus: str | None = None,
+                inputs: dict | None = None, **extra) -> Run:
+    """The complete, self-contained settings of one training job (``Run.to_dict()`` is what
+    ``sentemb train`` reads and MLflow records as params). ``train`` = the config's ``train``
+    updated by the run's. A pretraining stage (``sentemb.pretrain.resolve_pretrain``) gives its
+    own ``method``, ``train``, ``method_args``, ``corpus``, ``inputs`` and ``extra`` fields
+    (``run_name``, ``rule``) instead of a configured run's."""
+    if method is None:
+        run = find_run(config, name, backbone)
+        method, corpus = run["method"], corpus_of(config, run)
+        train = {**config["train"], **run.get("train", {})}
+        method_args, inputs = method_args_of(config, run), run_inputs(config, name, backbone)
+    settings = TrainSettings.from_dict(copy.deepcopy(train))
     res = config["resources_dir"]
-    corpus = corpus_of(config, run)
-    return {
-        "name": name,
-        "method": run["method"],
-        "backbone": backbone,
-        "backbone_hub_id": config["backbones"][backbone]["hub_id"],
-        "seed": int(seed),
-        "train": train,
-        "method_args": margs,
-        "experiment": config["experiment"],
-        "tracking": config["tracking"],
-        "corpus": corpus,
-        "paths": {
+    return Run(
+        name=name, method=method, backbone=backbone, backbone_hub_id=config["backbones"][backbone]["hub_id"],
+        seed=int(seed), train=settings, method_args=method_args, experiment=config["experiment"],
+        tracking=config["tracking"], corpus=corpus, **extra,
+        paths={
             "model": f"{res}/models/{backbone}",
             "corpus": f"{res}/corpus/{corpus}.txt",
             "senteval": f"{res}/data/senteval",
             "stats": f"{config['results_dir']}/stats/{corpus}",
-            "inputs": run_inputs(config, name, backbone),
-            **({"tokens": tokens_path(config, corpus, backbone)} if train.get("token_cache", True) else {}),
+            "inputs": inputs,
+            **({"tokens": tokens_path(config, corpus, backbone)} if settings.token_cache else {}),
         },
-    }
+    )
 
 
 def dumps(obj) -> str:

@@ -10,11 +10,12 @@ training loop (``sentemb.train.train``: resumable ``.work/`` state, atomic ``mod
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 from pathlib import Path
 
 from . import SentembError
+from .args import fields
+from .settings import Run
 from .utils import write_json
 
 #: keys of ``methods.<method>.pretrain`` read here (the rest are train keys or the method's own)
@@ -28,12 +29,14 @@ def pretrain_methods(config: dict) -> list[str]:
     return sorted({r["method"] for r in config["runs"] if get_method(r["method"]).pretrain is not None})
 
 
-def resolve_pretrain(config: dict, method: str, backbone: str) -> dict:
-    """The complete settings of the pretraining stage of ``method`` on ``backbone`` (a run config
-    ``sentemb.train.train`` reads): ``train`` = the config's train settings, then the method's
-    ``pretrain_train_defaults``, then the train keys of ``methods.<method>.pretrain``."""
-    from .config import load_schema, tokens_path
+def resolve_pretrain(config: dict, method: str, backbone: str) -> Run:
+    """The complete settings of the pretraining stage of ``method`` on ``backbone`` (a run
+    ``sentemb.train.train`` reads; ``resolve_run`` with the stage's own settings): ``train`` = the
+    config's train settings, then the method's ``pretrain_train_defaults``, then the train keys of
+    ``methods.<method>.pretrain``; its ``corpus`` and ``seed`` (``PretrainStage``) from that block."""
+    from .config import resolve_run
     from .methods import get_method
+    from .settings import PretrainStage, TrainSettings
 
     cls = get_method(method)
     if cls.pretrain is None:
@@ -47,35 +50,12 @@ def resolve_pretrain(config: dict, method: str, backbone: str) -> dict:
                                f"every run of '{method}' on a backbone; set it in methods.{method}.pretrain")
     margs = cls.resolve_args((config.get("methods") or {}).get(method, {}), where=f"methods.{method}")
     block = margs.get("pretrain") or {}
-    train_keys = set(load_schema()["$defs"]["train_props"])
-    train = copy.deepcopy(config["train"])
-    train.update(cls.pretrain_train_defaults)
-    train.update({k: v for k, v in block.items() if k in train_keys})
-    res = config["resources_dir"]
-    corpus = block.get("corpus") or config["corpus"]["name"]
-    seed = int(block.get("seed", 42))
-    return {
-        "name": f"{method}-pretrain",
-        "method": method,
-        "backbone": backbone,
-        "backbone_hub_id": config["backbones"][backbone]["hub_id"],
-        "seed": seed,
-        "train": train,
-        "method_args": margs,
-        "experiment": config["experiment"],
-        "tracking": config["tracking"],
-        "corpus": corpus,
-        "run_name": f"pretrain/{method}/{backbone}",
-        "rule": "pretrain",
-        "paths": {
-            "model": f"{res}/models/{backbone}",
-            "corpus": f"{res}/corpus/{corpus}.txt",
-            "senteval": f"{res}/data/senteval",
-            "stats": f"{config['results_dir']}/stats/{corpus}",
-            "inputs": {},
-            **({"tokens": tokens_path(config, corpus, backbone)} if train.get("token_cache", True) else {}),
-        },
-    }
+    train_keys = {f.name for f in fields(TrainSettings)}
+    train = {**config["train"], **cls.pretrain_train_defaults, **{k: v for k, v in block.items() if k in train_keys}}
+    stage = PretrainStage(**{f.name: block[f.name] for f in fields(PretrainStage) if f.name in block})
+    return resolve_run(config, f"{method}-pretrain", backbone, stage.seed, method=method, train=train,
+                       method_args=margs, corpus=stage.corpus or config["corpus"]["name"], inputs={},
+                       run_name=f"pretrain/{method}/{backbone}", rule="pretrain")
 
 
 def pretrain_dir(config: dict, method: str, backbone: str) -> str:
@@ -92,16 +72,17 @@ def _cmd_pretrain(args: argparse.Namespace) -> int:
         run = json.loads(path.read_text("utf-8"))
     except json.JSONDecodeError as e:
         raise SentembError(f"{path}: not valid JSON ({e})") from None
-    cls = get_method(run["method"])
+    run = Run.from_dict(run)
+    cls = get_method(run.method)
     if cls.pretrain is None:
-        raise SentembError(f"{path}: method '{run['method']}' has no pretraining stage")
+        raise SentembError(f"{path}: method '{run.method}' has no pretraining stage")
     if args.device:
-        run["train"]["device"] = args.device
+        run.train.device = args.device
     if args.no_track:
-        run.setdefault("tracking", {})["enabled"] = False
-    run["progress"] = not args.quiet
+        run.tracking = {**run.tracking, "enabled": False}
+    run.progress = not args.quiet
     summary = cls.pretrain(run, args.output_dir)
-    print(f"pretrained {run['method']} on {run['backbone']}: {summary['steps']} steps -> "
+    print(f"pretrained {run.method} on {run.backbone}: {summary['steps']} steps -> "
           f"{Path(args.output_dir) / 'model'}")
     return 0
 
@@ -110,7 +91,7 @@ def _cmd_pretrain_config(args: argparse.Namespace) -> int:
     from .config import load_config
 
     cfg = load_config(args.config)
-    write_json(args.output, resolve_pretrain(cfg, args.method, args.backbone))
+    write_json(args.output, resolve_pretrain(cfg, args.method, args.backbone).to_dict())
     return 0
 
 

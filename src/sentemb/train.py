@@ -32,9 +32,10 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Iterator
 
 from . import SentembError
+from .settings import Run, TrainSettings
 from .utils import atomic_path, write_json
 
 if TYPE_CHECKING:
@@ -59,10 +60,6 @@ def read_corpus(path: str | Path) -> list[str]:
     if len(sents) < 2:
         raise SentembError(f"{path}: a training corpus needs at least 2 sentences, found {len(sents)}")
     return sents
-
-
-#: ``train.sampler`` values (see ``batch_schedule``)
-SAMPLERS = ("random", "length")
 
 
 def sentence_lengths(sentences: list[str]) -> np.ndarray:
@@ -121,6 +118,15 @@ def _precision(name: str, device: torch.device) -> torch.dtype | None:
     return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}[name]
 
 
+def autocast(device: torch.device, precision: "str | torch.dtype | None"):
+    """The loop's autocast context on ``device``: ``precision`` a ``train.precision`` name or the
+    autocast dtype (None = fp32, autocast off)."""
+    import torch
+
+    dtype = _precision(precision, device) if isinstance(precision, str) else precision
+    return torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None)
+
+
 def _rng_state() -> dict:
     import numpy as np
     import torch
@@ -174,12 +180,13 @@ def lr_lambda(schedule: str, total: int, warmup: int):
 
 @dataclass
 class Job:
-    """Everything fixed after set-up: settings, data, the method (encoder + heads), optimisation."""
+    """Everything fixed after set-up (``setup`` returns it complete): settings, data, the method
+    (encoder + heads), optimisation, the dev embedder, the tracker and the batch prefetcher."""
 
-    run: dict
+    run: Run
     out_dir: Path
     work: Path  # resume state and best export: out_dir/.work
-    tc: dict  # the run's train settings
+    settings: TrainSettings  # run.train
     seed: int
     device: "torch.device"
     amp: "torch.dtype | None"  # autocast dtype, None = fp32
@@ -196,9 +203,20 @@ class Job:
     scaler: "torch.amp.GradScaler"
     fingerprint: str  # resume only a state saved under the same settings
     meta: dict
-    embedder: Callable | None = None
-    tracker: "Tracker | None" = None
+    tracker: "Tracker"  # MLflow (a disabled one outside ``train``)
+    embedder: Callable | None = None  # the STS-B dev embedder (model_selection: best_dev)
     prefetch: "Prefetcher | None" = None  # next step's batches built in the background (train.prefetch)
+
+    def close(self) -> None:
+        """Stop the prefetch thread (``train`` does; so should a caller of ``setup``)."""
+        if self.prefetch is not None:
+            self.prefetch.close()
+
+    def __enter__(self) -> Job:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 @dataclass
@@ -218,28 +236,32 @@ class State:
     pending: list = field(default_factory=list)
     # train.log_grad_norms: {term: ‖∇ weighted term‖} of the step to be logged (sentemb.grad_norms)
     grad_norms: dict = field(default_factory=dict)
+    # the detached loss terms of the last micro-batch (benchmarks and tests read them per step)
+    terms: dict = field(default_factory=dict)
 
 
-def setup(run: dict, out_dir: str | Path, method_cls: "type[Method] | None" = None) -> Job:
+def setup(run: Run | dict, out_dir: str | Path, method_cls: "type[Method] | None" = None,
+          tracker: "Tracker | None" = None) -> Job:
     """Stage 1, set-up: device and precision, data (bad input fails here, before step 1), the
-    method around a freshly loaded encoder, the batch schedule, optimizer and LR schedule."""
+    method around a freshly loaded encoder (in training mode), the batch schedule, optimizer and LR
+    schedule, the dev embedder and the prefetcher: a complete ``Job`` for ``run_steps``. Without
+    ``tracker``, nothing is tracked. A caller other than ``train`` closes it (``with setup(...)``)."""
     import torch
 
     from .methods import MethodContext, get_method
     from .models import load_encoder
     from .senteval import load_task
+    from .tracking import Tracker
     from .utils import resolve_device, seed_everything
 
+    run = Run.from_dict(run)
     out_dir = Path(out_dir)
-    tc, paths, seed = run["train"], run["paths"], int(run["seed"])
-    device = resolve_device(tc.get("device", "auto"))
-    if tc.get("num_threads"):
-        torch.set_num_threads(tc["num_threads"])
-    amp = _precision(tc["precision"], device)
-    if tc.get("sam_rho") and amp is torch.float16:
-        raise SentembError(f"run '{run['name']}': train.sam_rho ({tc['sam_rho']}) cannot be combined with "
-                           "train.precision fp16 (the gradient scaler would scale SAM's ascent step); "
-                           "use bf16, fp32 or auto, or set train.sam_rho: null")
+    settings, paths, seed = run.train, run.paths, int(run.seed)
+    settings.check(f"run '{run.name}'")
+    device = resolve_device(settings.device)
+    if settings.num_threads:
+        torch.set_num_threads(settings.num_threads)
+    amp = _precision(settings.precision, device)
     if device.type == "cuda":
         if hasattr(torch.backends.cuda.matmul, "fp32_precision"):  # torch >= 2.9
             torch.backends.cuda.matmul.fp32_precision = "tf32"
@@ -248,29 +270,29 @@ def setup(run: dict, out_dir: str | Path, method_cls: "type[Method] | None" = No
             torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
 
     sentences = read_corpus(paths["corpus"])
-    dev_pairs = load_task(paths["senteval"], "STSBenchmark", "dev") if _selects_by_dev(tc) else []
+    dev_pairs = load_task(paths["senteval"], "STSBenchmark", "dev") if settings.selects_by_dev else []
     seed_everything(seed)
     # BERT's pretrained NSP pooler is neither loaded nor computed (methods.md §0).
-    encoder, tokenizer = load_encoder(paths["model"], dropout=tc.get("dropout"), pooling_layer=False)
-    method_cls = method_cls or get_method(run["method"])  # a pretraining stage passes its own class
+    encoder, tokenizer = load_encoder(paths["model"], dropout=settings.dropout, pooling_layer=False)
+    method_cls = method_cls or get_method(run.method)  # a pretraining stage passes its own class
     tokens = None
-    if tc.get("token_cache", True):  # the workflow's cache (paths.tokens), else tokenized here, once
+    if settings.token_cache:  # the workflow's cache (paths.tokens), else tokenized here, once
         from .tokens import load_or_build
 
         tokens = load_or_build(paths.get("tokens"), tokenizer, sentences, paths["corpus"])
-    ctx = MethodContext(max_len=tc["max_len"], seed=seed, backbone=run["backbone"], model_dir=Path(paths["model"]),
+    ctx = MethodContext(max_len=settings.max_len, seed=seed, backbone=run.backbone, model_dir=Path(paths["model"]),
                         inputs={k: Path(v) for k, v in paths.get("inputs", {}).items()}, corpus=Path(paths["corpus"]),
                         tokens=tokens)
-    method = method_cls(encoder, tokenizer, run["method_args"], ctx).to(device)
-    if tc.get("unpad"):
-        if tc.get("compile"):
-            raise SentembError(f"run '{run['name']}': train.unpad and train.compile cannot be combined (the packed "
+    method = method_cls(encoder, tokenizer, run.method_args, ctx).to(device)
+    if settings.unpad:
+        if settings.compile:
+            raise SentembError(f"run '{run.name}': train.unpad and train.compile cannot be combined (the packed "
                                "length changes every step, so the compiled graph would be rebuilt); set one to false")
         from .unpad import install
 
-        install(method.encoder, where=f"run '{run['name']}': train.unpad")
+        install(method.encoder, where=f"run '{run.name}': train.unpad")
     step_fn = method.losses
-    if tc.get("compile"):
+    if settings.compile:
         import torch._inductor.config
 
         # Dropout drawn by the eager kernels from the global generator, not by Inductor's own
@@ -278,34 +300,37 @@ def setup(run: dict, out_dir: str | Path, method_cls: "type[Method] | None" = No
         torch._inductor.config.fallback_random = True
         step_fn = torch.compile(method.losses)
 
-    sampler = tc.get("sampler", "random")
-    if sampler not in SAMPLERS:
-        raise SentembError(f"run '{run['name']}': train.sampler must be one of {', '.join(SAMPLERS)}, not {sampler!r}")
-    lengths = sentence_lengths(sentences) if sampler == "length" else None
-    micro = batch_schedule(len(sentences), tc["batch_size"], tc["epochs"], seed, lengths)
-    accum = tc["grad_accum"]
+    lengths = sentence_lengths(sentences) if settings.sampler == "length" else None
+    micro = batch_schedule(len(sentences), settings.batch_size, settings.epochs, seed, lengths)
+    accum = settings.grad_accum
     total = len(micro) // accum
-    if tc.get("max_steps"):
-        total = min(total, tc["max_steps"])
+    if settings.max_steps:
+        total = min(total, settings.max_steps)
     if total < 1:
-        raise SentembError(f"run '{run['name']}': the corpus gives no full optimizer step "
+        raise SentembError(f"run '{run.name}': the corpus gives no full optimizer step "
                            f"({len(micro)} micro-batches, grad_accum {accum})")
-    if _selects_by_dev(tc) and not any(eval_due(tc, s, accum, total) for s in range(1, total + 1)):
-        unit = tc.get("eval_unit", "optimizer_steps")
-        raise SentembError(f"run '{run['name']}': no STS-B dev evaluation would select a checkpoint: "
-                           f"train.eval_steps ({tc['eval_steps']} {unit}) is beyond the run ({total} optimizer "
-                           f"steps of {accum} micro-batches) and train.eval_at_end is false; lower "
+    if settings.selects_by_dev and not any(eval_due(settings, s, accum, total) for s in range(1, total + 1)):
+        raise SentembError(f"run '{run.name}': no STS-B dev evaluation would select a checkpoint: "
+                           f"train.eval_steps ({settings.eval_steps} {settings.eval_unit}) is beyond the run ({total} "
+                           f"optimizer steps of {accum} micro-batches) and train.eval_at_end is false; lower "
                            "train.eval_steps, set train.eval_at_end: true, or set train.model_selection: last")
-    opt = build_optimizer(method, tc["lr"], tc["weight_decay"], device)
-    warmup = int(tc["warmup_ratio"] * total)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(tc["lr_schedule"], total, warmup))
+    opt = build_optimizer(method, settings.lr, settings.weight_decay, device)
+    warmup = int(settings.warmup_ratio * total)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(settings.lr_schedule, total, warmup))
     scaler = torch.amp.GradScaler(device.type, enabled=amp is torch.float16)
-    fingerprint = run_fingerprint(run)
-    return Job(run=run, out_dir=out_dir, work=out_dir / ".work", tc=tc, seed=seed, device=device, amp=amp,
-               sentences=sentences, dev_pairs=dev_pairs, method=method, step_fn=step_fn,
-               pooler=method_cls.pooler_for(method.args), micro=micro, accum=accum, total=total, opt=opt,
-               sched=sched, scaler=scaler, fingerprint=fingerprint,
-               meta={"method": run["method"], "name": run["name"], "backbone": run["backbone"], "seed": seed})
+    pooler = method_cls.pooler_for(method.args)
+    job = Job(run=run, out_dir=out_dir, work=out_dir / ".work", settings=settings, seed=seed, device=device, amp=amp,
+              sentences=sentences, dev_pairs=dev_pairs, method=method, step_fn=step_fn, pooler=pooler, micro=micro,
+              accum=accum, total=total, opt=opt, sched=sched, scaler=scaler, fingerprint=run_fingerprint(run),
+              meta={"method": run.method, "name": run.name, "backbone": run.backbone, "seed": seed},
+              tracker=tracker if tracker is not None else Tracker(enabled=False))
+    if tracker is not None and tracker.run_id:
+        job.meta["mlflow_run_id"] = tracker.run_id  # evaluation jobs log their test scores onto this run
+    # the dev embedder reads the method's modules by reference: built now, it sees the resumed weights
+    job.embedder = method.embedder(pooler, device) if settings.selects_by_dev else None
+    method.train()
+    job.prefetch = Prefetcher(job) if settings.prefetch else None
+    return job
 
 
 #: train settings that change how fast a run goes or what it logs, never the weights it computes: a
@@ -319,8 +344,9 @@ SPEED_ONLY = ("token_cache", "prefetch", "num_threads", "log_grad_norms")
 ADDED_DEFAULTS = {"sampler": "random", "eval_unit": "optimizer_steps"}
 
 
-def run_fingerprint(run: dict) -> str:
+def run_fingerprint(run: Run | dict) -> str:
     """The settings a saved state must share to be resumed (and its MLflow run continued)."""
+    run = Run.from_dict(run).to_dict()
     keep = {k: run[k] for k in ("method", "backbone", "seed", "train", "method_args", "paths")}
     keep["train"] = {k: v for k, v in keep["train"].items()
                      if k not in SPEED_ONLY and not (k in ADDED_DEFAULTS and v == ADDED_DEFAULTS[k])}
@@ -328,15 +354,7 @@ def run_fingerprint(run: dict) -> str:
     return json.dumps(keep, sort_keys=True, default=str)
 
 
-def _selects_by_dev(tc: dict) -> bool:
-    return tc.get("model_selection", "best_dev") == "best_dev"
-
-
-#: ``train.eval_unit`` values: what ``train.eval_steps`` counts (see ``eval_due``)
-EVAL_UNITS = ("optimizer_steps", "micro_batches")
-
-
-def eval_due(tc: dict, step: int, accum: int, total: int) -> bool:
+def eval_due(settings: TrainSettings, step: int, accum: int, total: int) -> bool:
     """Whether STS-B dev is evaluated after optimizer step ``step`` (1-based) of ``total``.
 
     ``train.eval_unit: optimizer_steps`` (default; methods.md §0, SimCSE's code: the HF Trainer's
@@ -347,16 +365,13 @@ def eval_due(tc: dict, step: int, accum: int, total: int) -> bool:
     k·eval_steps is made after the update that completes it: after step s when a multiple of
     ``eval_steps`` lies in (accum·(s−1), accum·s]. Several multiples in one update give one check.
     ``train.eval_at_end`` adds the last step either way."""
-    if not _selects_by_dev(tc):
+    if not settings.selects_by_dev:
         return False
-    if step == total and tc["eval_at_end"]:
+    if step == total and settings.eval_at_end:
         return True
-    every = tc["eval_steps"]
-    unit = tc.get("eval_unit", "optimizer_steps")
-    if unit == "micro_batches":
+    every = settings.eval_steps
+    if settings.eval_unit == "micro_batches":
         return step * accum // every > (step - 1) * accum // every
-    if unit != "optimizer_steps":
-        raise SentembError(f"train.eval_unit must be one of {', '.join(EVAL_UNITS)}, not {unit!r}")
     return step % every == 0
 
 
@@ -452,7 +467,7 @@ def accumulate_gradients(job: Job, batches: list[tuple[int, dict]], state: State
     from .methods.base import WEIGHTED
 
     probe = None
-    if state is not None and job.tc.get("log_grad_norms") and logs_at(job, state.step + 1):
+    if state is not None and job.settings.log_grad_norms and logs_at(job, state.step + 1):
         from .grad_norms import TermGradNorms
 
         probe = TermGradNorms(job.method.grad_norm_parameters(), job.accum, job.scaler)
@@ -462,7 +477,7 @@ def accumulate_gradients(job: Job, batches: list[tuple[int, dict]], state: State
             if "attention_mask" in batch:
                 state.n_tok += int(batch["attention_mask"].sum())
         batch = {key: v.to(job.device, non_blocking=True) for key, v in batch.items()}
-        with torch.autocast(job.device.type, dtype=job.amp or torch.float32, enabled=job.amp is not None):
+        with autocast(job.device, job.amp):
             terms = job.step_fn(batch)
         weighted = terms.pop(WEIGHTED, None)  # graph-carrying weighted terms: never logged as such
         loss = terms["loss"]
@@ -471,7 +486,7 @@ def accumulate_gradients(job: Job, batches: list[tuple[int, dict]], state: State
         job.scaler.scale(loss / job.accum).backward()
         if state is None:
             continue
-        detached = {key: v.detach() for key, v in terms.items()}
+        detached = state.terms = {key: v.detach() for key, v in terms.items()}
         state.pending.append((state.step + 1, torch.isfinite(loss.detach()), detached))  # checked without a sync
         for key, v in detached.items():
             state.sum_terms[key] = state.sum_terms[key] + v if key in state.sum_terms else v
@@ -484,9 +499,9 @@ def apply_update(job: Job) -> None:
     """Clip the gradient norm, step optimizer, grad scaler and LR schedule, clear gradients."""
     import torch
 
-    if job.tc.get("grad_clip"):
+    if job.settings.grad_clip:
         job.scaler.unscale_(job.opt)
-        torch.nn.utils.clip_grad_norm_(job.method.parameters(), job.tc["grad_clip"])
+        torch.nn.utils.clip_grad_norm_(job.method.parameters(), job.settings.grad_clip)
     job.scaler.step(job.opt)
     job.scaler.update()
     job.sched.step()
@@ -503,7 +518,7 @@ def sam_gradients(job: Job, batches: list[tuple[int, dict]], state: State) -> No
 
     rng = _rng_state()
     accumulate_gradients(job, batches, state)
-    saved = sam.ascend([p for group in job.opt.param_groups for p in group["params"]], job.tc["sam_rho"])
+    saved = sam.ascend([p for group in job.opt.param_groups for p in group["params"]], job.settings.sam_rho)
     job.opt.zero_grad(set_to_none=True)
     _set_rng_state(rng)  # same dropout masks in the second pass
     accumulate_gradients(job, batches, None)
@@ -514,7 +529,7 @@ def optimizer_step(job: Job, state: State) -> None:
     """Stage 3, one optimizer step: build the micro-batches, accumulate gradients (twice, at w and
     at w + ε̂, with ``train.sam_rho``), update."""
     batches = job.prefetch.get(state.step) if job.prefetch is not None else micro_batches(job, state.step)
-    if job.tc.get("sam_rho"):
+    if job.settings.sam_rho:
         sam_gradients(job, batches, state)
     else:
         accumulate_gradients(job, batches, state)
@@ -533,14 +548,14 @@ def check_finite(job: Job, state: State) -> None:
     if not bool(flags.all()):
         bad_step, _, terms = state.pending[int((~flags).nonzero()[0])]
         shown = {key: float(v) for key, v in terms.items()}
-        raise SentembError(f"run '{job.run['name']}' seed {job.seed}: loss is {shown['loss']} at step {bad_step} "
+        raise SentembError(f"run '{job.run.name}' seed {job.seed}: loss is {shown['loss']} at step {bad_step} "
                            f"(terms {shown}); lower the learning rate or train in fp32")
     state.pending.clear()
 
 
 def logs_at(job: Job, step: int) -> bool:
     """Is the optimizer step that brings the count to ``step`` logged (``train.log_steps``, and the last)?"""
-    return step % job.tc["log_steps"] == 0 or step == job.total
+    return step % job.settings.log_steps == 0 or step == job.total
 
 
 def history_entry(state: State) -> dict:
@@ -612,11 +627,11 @@ def finish(job: Job, state: State, t_start: float) -> dict:
     """Stage 7, finish: the best checkpoint (or, with ``model_selection: last``, the final weights)
     becomes ``model/``; ``train.json`` summarises the run."""
     check_finite(job, state)
-    if not _selects_by_dev(job.tc):
+    if not job.settings.selects_by_dev:
         export_to(job, job.work / "best", {"step": state.step})
         state.best = {"dev": None, "step": state.step}
     if not (job.work / "best").is_dir():
-        raise SentembError(f"run '{job.run['name']}': no checkpoint was evaluated (set train.eval_at_end: true)")
+        raise SentembError(f"run '{job.run.name}': no checkpoint was evaluated (set train.eval_at_end: true)")
     summary = {
         **job.meta, "steps": job.total, "best_step": state.best["step"], "best_dev_stsb": state.best["dev"],
         "history": state.history, "train_seconds_this_process": round(time.perf_counter() - t_start, 2),
@@ -633,52 +648,44 @@ def finish(job: Job, state: State, t_start: float) -> dict:
     return summary
 
 
-def train(run: dict, out_dir: str | Path, *, progress: bool = True, stop_after: int | None = None,
+def train(run: Run | dict, out_dir: str | Path, *, progress: bool = True, stop_after: int | None = None,
           method_cls: "type[Method] | None" = None) -> dict:
-    """Train one run (a resolved run config, see ``sentemb.config.resolve_run``) into ``out_dir``.
+    """Train one run (a resolved run, see ``sentemb.config.resolve_run``) into ``out_dir``.
 
     ``stop_after`` ends the process-equivalent of a kill after that many optimizer steps (tests).
-    ``method_cls`` replaces the registered class of ``run["method"]`` (a pretraining stage,
+    ``method_cls`` replaces the registered class of ``run.method`` (a pretraining stage,
     ``Method.pretrain``, runs this loop with its own Method subclass and ``model_selection: last``).
     """
     from .tracking import Tracker
 
+    run = Run.from_dict(run)
     out_dir = Path(out_dir)
-    trk = run.get("tracking", {})
-    seed = int(run["seed"])
-    meta = {"method": run["method"], "name": run["name"], "backbone": run["backbone"], "seed": seed}
+    seed = int(run.seed)
+    meta = {"method": run.method, "name": run.name, "backbone": run.backbone, "seed": seed}
     # The MLflow run is opened first, so that bad input also ends as a FAILED run with the error. A
     # job that will resume its own saved state continues its own run (see Tracker's `marker`).
-    tracker = Tracker(uri=trk.get("uri"), experiment=run.get("experiment", "sentemb"), enabled=trk.get("enabled", True),
-                      run_name=run.get("run_name") or f"train/{run['name']}/{run['backbone']}/seed{seed}",
-                      tags={**meta, "rule": run.get("rule", "train")}, params=run,
+    tracker = Tracker(uri=run.tracking.get("uri"), experiment=run.experiment, enabled=run.tracking.get("enabled", True),
+                      run_name=run.run_name or f"train/{run.name}/{run.backbone}/seed{seed}",
+                      tags={**meta, "rule": run.rule or "train"}, params=run.to_dict(),
                       marker=out_dir / ".mlflow_run.json", key=run_fingerprint(run),
-                      resume=(out_dir / ".work" / "last.pt").is_file(), wait_s=trk.get("wait_s"))
+                      resume=(out_dir / ".work" / "last.pt").is_file(), wait_s=run.tracking.get("wait_s"))
     with tracker:
-        corpus = Path(run.get("paths", {}).get("corpus") or "")
+        corpus = Path(run.paths.get("corpus") or "")
         if corpus.is_file() and not tracker.continued:  # lineage: the Dataset column in MLflow
-            tracker.log_dataset(corpus, name=run.get("corpus") or corpus.stem)
-        job = setup(run, out_dir, method_cls)
-        job.tracker = tracker
-        if tracker.run_id:
-            job.meta["mlflow_run_id"] = tracker.run_id  # evaluation jobs log their test scores onto this run
-        state = resume(job)
-        job.embedder = job.method.embedder(job.pooler, job.device) if _selects_by_dev(job.tc) else None
-        tc, bar = job.tc, None
-        if progress:
-            from tqdm import tqdm
+            tracker.log_dataset(corpus, name=run.corpus or corpus.stem)
+        with setup(run, out_dir, method_cls, tracker) as job:
+            state = resume(job)
+            bar = None
+            if progress:
+                from tqdm import tqdm
 
-            bar = tqdm(total=job.total, initial=state.step, desc=f"train {run['name']}", unit="step", file=sys.stderr,
-                       mininterval=1 if sys.stderr.isatty() else 30)
-        job.method.train()
-        if tc.get("prefetch", True):
-            job.prefetch = Prefetcher(job)
-        t_start = state.t_log = time.perf_counter()
-        try:
-            _loop(job, state, bar, stop_after)
-        finally:
-            if job.prefetch is not None:
-                job.prefetch.close()
+                bar = tqdm(total=job.total, initial=state.step, desc=f"train {run.name}", unit="step",
+                           file=sys.stderr, mininterval=1 if sys.stderr.isatty() else 30)
+            t_start = state.t_log = time.perf_counter()
+            for _ in run_steps(job, state, bar=bar):
+                if stop_after is not None and state.step >= stop_after and state.step < job.total:
+                    save_state(job, state)
+                    raise KeyboardInterrupt(f"stopped after {state.step} steps (test hook)")
         if bar is not None:
             bar.close()
         summary = finish(job, state, t_start)
@@ -686,25 +693,24 @@ def train(run: dict, out_dir: str | Path, *, progress: bool = True, stop_after: 
     return summary
 
 
-def _loop(job: Job, state: State, bar, stop_after: int | None) -> None:
-    """Optimizer steps until ``job.total``: step, log, evaluate-and-keep, save (see ``train``)."""
-    tc = job.tc
-    while state.step < job.total:
+def run_steps(job: Job, state: State, steps: int | None = None, bar=None) -> Iterator[State]:
+    """The loop, yielding ``state`` after each optimizer step: up to ``steps`` more steps (default:
+    until ``job.total``), each followed, when due, by its log, evaluate-and-keep and save stages.
+    ``train`` drives it; so do the benchmarks and the tests, which thus run the loop's own code."""
+    end = job.total if steps is None else min(job.total, state.step + steps)
+    while state.step < end:
         optimizer_step(job, state)
         if bar is not None:
             bar.update(1)
-        last = state.step == job.total
         if logs_at(job, state.step):
             metrics = log_step(job, state)
             if bar is not None:
                 bar.set_postfix(loss=f"{metrics['train/loss']:.4f}")
-        if eval_due(tc, state.step, job.accum, job.total):
+        if eval_due(job.settings, state.step, job.accum, job.total):
             evaluate_and_keep(job, state)
-        if state.step % tc["save_steps"] == 0 and not last:
+        if state.step % job.settings.save_steps == 0 and state.step != job.total:
             save_state(job, state)
-        if stop_after is not None and state.step >= stop_after and not last:
-            save_state(job, state)
-            raise KeyboardInterrupt(f"stopped after {state.step} steps (test hook)")
+        yield state
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
@@ -715,10 +721,11 @@ def _cmd_train(args: argparse.Namespace) -> int:
         run = json.loads(path.read_text("utf-8"))
     except json.JSONDecodeError as e:
         raise SentembError(f"{path}: not valid JSON ({e})") from None
+    run = Run.from_dict(run)
     if args.device:
-        run["train"]["device"] = args.device
+        run.train.device = args.device
     if args.no_track:
-        run.setdefault("tracking", {})["enabled"] = False
+        run.tracking = {**run.tracking, "enabled": False}
     summary = train(run, args.output_dir, progress=not args.quiet)
     print(f"{_summary_line(summary)} -> {Path(args.output_dir) / 'model'}")
     return 0
@@ -737,7 +744,7 @@ def _cmd_run_config(args: argparse.Namespace) -> int:
     from .config import load_config, resolve_run
 
     cfg = load_config(args.config)
-    write_json(args.output, resolve_run(cfg, args.name, args.backbone, args.seed))
+    write_json(args.output, resolve_run(cfg, args.name, args.backbone, args.seed).to_dict())
     return 0
 
 

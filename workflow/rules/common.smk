@@ -51,12 +51,13 @@ wildcard_constraints:
 
 
 def res(kind, key):
-    """Snakemake resources of a rule kind (config key job_resources.<kind>)."""
-    return config["job_resources"].get(kind, {}).get(key)
+    """Snakemake resources of a rule kind (config key job_resources.<kind>; every key has its
+    default, sentemb.settings.JobResources)."""
+    return config["job_resources"][kind][key]
 
 
 def run_of(wildcards):
-    return resolve_run(config, wildcards.name, wildcards.backbone, int(wildcards.seed))
+    return resolve_run(config, wildcards.name, wildcards.backbone, int(wildcards.seed)).to_dict()
 
 
 def method_inputs(wildcards):
@@ -70,7 +71,8 @@ def eval_pooler(wildcards):
     if config["evaluation"]["pooler"]:
         return config["evaluation"]["pooler"]
     run = run_of(wildcards)
-    return get_method(run["method"]).pooler_for(run["method_args"])
+    cls = get_method(run["method"])
+    return cls.pooler_for(cls.make_args(run["method_args"]))
 
 
 def eval_outputs():

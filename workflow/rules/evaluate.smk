@@ -26,11 +26,11 @@ rule evaluate:
         f"{LOGS}/evaluate/{{name}}/{{backbone}}/seed{{seed}}.log",
     benchmark:
         f"benchmarks/evaluate/{{name}}/{{backbone}}/seed{{seed}}.tsv"
-    threads: res("evaluate", "cpus") or 1
+    threads: res("evaluate", "cpus")
     resources:
-        gpu=res("evaluate", "gpu") or 0,
-        runtime=res("evaluate", "runtime") or 60,
-        mem_mb=res("evaluate", "mem_mb") or 8000,
+        gpu=res("evaluate", "gpu"),
+        runtime=res("evaluate", "runtime"),
+        mem_mb=res("evaluate", "mem_mb"),
     conda:
         "../envs/sentemb.yaml"
     shell:
@@ -64,11 +64,11 @@ rule evaluate_transfer:
         f"{LOGS}/evaluate_transfer/{{name}}/{{backbone}}/seed{{seed}}.log",
     benchmark:
         f"benchmarks/evaluate_transfer/{{name}}/{{backbone}}/seed{{seed}}.tsv"
-    threads: res("evaluate", "cpus") or 1
+    threads: res("evaluate", "cpus")
     resources:
-        gpu=res("evaluate", "gpu") or 0,
-        runtime=res("evaluate", "runtime") or 60,
-        mem_mb=res("evaluate", "mem_mb") or 8000,
+        gpu=res("evaluate", "gpu"),
+        runtime=res("evaluate", "runtime"),
+        mem_mb=res("evaluate", "mem_mb"),
     conda:
         "../envs/sentemb.yaml"
     shell:
@@ -98,11 +98,11 @@ rule evaluate_baseline:
         track=tracking_opts(),
     log:
         f"{LOGS}/evaluate_baseline/{{backbone}}/{{pooler}}.log",
-    threads: res("evaluate", "cpus") or 1
+    threads: res("evaluate", "cpus")
     resources:
-        gpu=res("evaluate", "gpu") or 0,
-        runtime=res("evaluate", "runtime") or 60,
-        mem_mb=res("evaluate", "mem_mb") or 8000,
+        gpu=res("evaluate", "gpu"),
+        runtime=res("evaluate", "runtime"),
+        mem_mb=res("evaluate", "mem_mb"),
     conda:
         "../envs/sentemb.yaml"
     shell:
@@ -131,11 +131,11 @@ rule evaluate_baseline_transfer:
         track=tracking_opts(),
     log:
         f"{LOGS}/evaluate_baseline_transfer/{{backbone}}/{{pooler}}.log",
-    threads: res("evaluate", "cpus") or 1
+    threads: res("evaluate", "cpus")
     resources:
-        gpu=res("evaluate", "gpu") or 0,
-        runtime=res("evaluate", "runtime") or 60,
-        mem_mb=res("evaluate", "mem_mb") or 8000,
+        gpu=res("evaluate", "gpu"),
+        runtime=res("evaluate", "runtime"),
+        mem_mb=res("evaluate", "mem_mb"),
     conda:
         "../envs/sentemb.yaml"
     shell:

@@ -12,7 +12,7 @@ rule pretrain_config:
     output:
         f"{PRETRAIN_DIR}/pretrain_config.json",
     params:
-        run=lambda w: resolve_pretrain(config, w.method, w.backbone),
+        run=lambda w: resolve_pretrain(config, w.method, w.backbone).to_dict(),
     log:
         f"{LOGS}/pretrain_config/{{method}}/{{backbone}}.log",
     wildcard_constraints:
@@ -28,8 +28,8 @@ rule pretrain:
     input:
         run=f"{PRETRAIN_DIR}/pretrain_config.json",
         model=f"{RES}/models/{{backbone}}",
-        corpus=lambda w: resolve_pretrain(config, w.method, w.backbone)["paths"]["corpus"],
-        tokens=lambda w: resolve_pretrain(config, w.method, w.backbone)["paths"].get("tokens", []),
+        corpus=lambda w: resolve_pretrain(config, w.method, w.backbone).paths["corpus"],
+        tokens=lambda w: resolve_pretrain(config, w.method, w.backbone).paths.get("tokens", []),
         tracking=TRACKING_MARKER if TRACKING else [],
     output:
         model=directory(f"{PRETRAIN_DIR}/model"),
@@ -43,11 +43,11 @@ rule pretrain:
         f"{LOGS}/pretrain/{{method}}/{{backbone}}.log",
     benchmark:
         f"benchmarks/pretrain/{{method}}/{{backbone}}.tsv"
-    threads: res("pretrain", "cpus") or res("train", "cpus") or 1
+    threads: res("pretrain", "cpus")
     resources:
-        gpu=res("pretrain", "gpu") or 0,
-        runtime=res("pretrain", "runtime") or 1440,
-        mem_mb=res("pretrain", "mem_mb") or 32000,
+        gpu=res("pretrain", "gpu"),
+        runtime=res("pretrain", "runtime"),
+        mem_mb=res("pretrain", "mem_mb"),
     conda:
         "../envs/sentemb.yaml"
     shell:

@@ -61,10 +61,10 @@ rule stats_token_freq:
         f"{LOGS}/stats/{{corpus}}/token_freq.{{backbone}}.log",
     benchmark:
         f"benchmarks/stats/{{corpus}}/token_freq.{{backbone}}.tsv"
-    threads: res("stats", "cpus") or 1
+    threads: res("stats", "cpus")
     resources:
-        runtime=res("stats", "runtime") or 60,
-        mem_mb=res("stats", "mem_mb") or 8000,
+        runtime=res("stats", "runtime"),
+        mem_mb=res("stats", "mem_mb"),
     conda:
         "../envs/sentemb.yaml"
     shell:
@@ -84,10 +84,10 @@ rule tokenize:
         f"{LOGS}/stats/{{corpus}}/tokens.{{backbone}}.log",
     benchmark:
         f"benchmarks/stats/{{corpus}}/tokens.{{backbone}}.tsv"
-    threads: res("stats", "cpus") or 1
+    threads: res("stats", "cpus")
     resources:
-        runtime=res("stats", "runtime") or 60,
-        mem_mb=res("stats", "mem_mb") or 8000,
+        runtime=res("stats", "runtime"),
+        mem_mb=res("stats", "mem_mb"),
     conda:
         "../envs/sentemb.yaml"
     shell:
@@ -105,10 +105,10 @@ rule stats_tfidf:
         f"{LOGS}/stats/{{corpus}}/tfidf.log",
     benchmark:
         f"benchmarks/stats/{{corpus}}/tfidf.tsv"
-    threads: res("stats", "cpus") or 1
+    threads: res("stats", "cpus")
     resources:
-        runtime=res("stats", "runtime") or 60,
-        mem_mb=res("stats", "mem_mb") or 8000,
+        runtime=res("stats", "runtime"),
+        mem_mb=res("stats", "mem_mb"),
     conda:
         "../envs/sentemb.yaml"
     shell:
@@ -126,10 +126,10 @@ rule stats_tfidf_para:
         f"{LOGS}/stats/{{corpus}}/tfidf_para.log",
     benchmark:
         f"benchmarks/stats/{{corpus}}/tfidf_para.tsv"
-    threads: res("stats", "cpus") or 1
+    threads: res("stats", "cpus")
     resources:
-        runtime=res("stats", "runtime") or 60,
-        mem_mb=res("stats", "mem_mb") or 8000,
+        runtime=res("stats", "runtime"),
+        mem_mb=res("stats", "mem_mb"),
     conda:
         "../envs/sentemb.yaml"
     shell:
@@ -149,10 +149,10 @@ rule stats_rake:
         f"{LOGS}/stats/{{corpus}}/rake_top{{k}}.log",
     benchmark:
         f"benchmarks/stats/{{corpus}}/rake_top{{k}}.tsv"
-    threads: res("stats", "cpus") or 1
+    threads: res("stats", "cpus")
     resources:
-        runtime=res("stats", "runtime") or 60,
-        mem_mb=res("stats", "mem_mb") or 8000,
+        runtime=res("stats", "runtime"),
+        mem_mb=res("stats", "mem_mb"),
     conda:
         "../envs/sentemb.yaml"
     shell:
@@ -180,11 +180,11 @@ rule paraphrase_shard:
         batch_size=_PARA["batch_size"],
         num_beams=_PARA["num_beams"],
         max_length=_PARA["max_length"],
-    threads: res("paraphrase", "cpus") or 1
+    threads: res("paraphrase", "cpus")
     resources:
-        gpu=res("paraphrase", "gpu") if res("paraphrase", "gpu") is not None else 1,
-        runtime=res("paraphrase", "runtime") or 480,
-        mem_mb=res("paraphrase", "mem_mb") or 16000,
+        gpu=res("paraphrase", "gpu"),
+        runtime=res("paraphrase", "runtime"),
+        mem_mb=res("paraphrase", "mem_mb"),
     conda:
         "../envs/sentemb.yaml"
     shell:

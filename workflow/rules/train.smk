@@ -38,8 +38,8 @@ rule train:
         unpack(method_inputs),
         run=f"{RUN_DIR}/run_config.json",
         model=f"{RES}/models/{{backbone}}",
-        corpus=lambda w: resolve_run(config, w.name, w.backbone, int(w.seed))["paths"]["corpus"],
-        tokens=lambda w: resolve_run(config, w.name, w.backbone, int(w.seed))["paths"].get("tokens", []),
+        corpus=lambda w: resolve_run(config, w.name, w.backbone, int(w.seed)).paths["corpus"],
+        tokens=lambda w: resolve_run(config, w.name, w.backbone, int(w.seed)).paths.get("tokens", []),
         senteval=f"{RES}/data/senteval",
         tracking=TRACKING_MARKER if TRACKING else [],
     output:
@@ -52,11 +52,11 @@ rule train:
         f"{LOGS}/train/{{name}}/{{backbone}}/seed{{seed}}.log",
     benchmark:
         f"benchmarks/train/{{name}}/{{backbone}}/seed{{seed}}.tsv"
-    threads: res("train", "cpus") or 1
+    threads: res("train", "cpus")
     resources:
-        gpu=res("train", "gpu") or 0,
-        runtime=res("train", "runtime") or 240,
-        mem_mb=res("train", "mem_mb") or 16000,
+        gpu=res("train", "gpu"),
+        runtime=res("train", "runtime"),
+        mem_mb=res("train", "mem_mb"),
     conda:
         "../envs/sentemb.yaml"
     shell:

@@ -209,53 +209,53 @@ class ArcCSE(SimCSE):
         super().__init__(encoder, tokenizer, args, ctx)
         a = self.args
         where = f"method '{self.name}'"
-        if not 0.0 < a["mask_rate"] <= a["mask_rate_large"] < 1.0:
-            raise SentembError(f"{where}.mask_rate/mask_rate_large: need 0 < mask_rate ({a['mask_rate']}) <= "
-                               f"mask_rate_large ({a['mask_rate_large']}) < 1")
-        for key, ok in (("temperature", a["temperature"] > 0), ("margin_deg", 0 <= a["margin_deg"] < 180),
-                        ("sin_eps", 0 < a["sin_eps"] < 1), ("span_p", 0 < a["span_p"] <= 1),
-                        ("max_span", a["max_span"] >= 1), ("triplet_max_len", a["triplet_max_len"] >= 4),
-                        ("min_words", a["min_words"] >= 1), ("triplet_weight", a["triplet_weight"] >= 0)):
+        if not 0.0 < a.mask_rate <= a.mask_rate_large < 1.0:
+            raise SentembError(f"{where}.mask_rate/mask_rate_large: need 0 < mask_rate ({a.mask_rate}) <= "
+                               f"mask_rate_large ({a.mask_rate_large}) < 1")
+        for key, ok in (("temperature", a.temperature > 0), ("margin_deg", 0 <= a.margin_deg < 180),
+                        ("sin_eps", 0 < a.sin_eps < 1), ("span_p", 0 < a.span_p <= 1),
+                        ("max_span", a.max_span >= 1), ("triplet_max_len", a.triplet_max_len >= 4),
+                        ("min_words", a.min_words >= 1), ("triplet_weight", a.triplet_weight >= 0)):
             if not ok:
-                raise SentembError(f"{where}.{key}: {a[key]!r} is out of range")
-        if a["triplet_mlp"] and self.mlp is None and a["triplet"]:
+                raise SentembError(f"{where}.{key}: {getattr(a, key)!r} is out of range")
+        if a.triplet_mlp and self.mlp is None and a.triplet:
             raise SentembError(f"{where}.triplet_mlp: true needs an MLP (mlp is 'none')")
-        if a["triplet"] and a["mask_unit"] == "words" and not getattr(tokenizer, "is_fast", False):
+        if a.triplet and a.mask_unit == "words" and not getattr(tokenizer, "is_fast", False):
             raise SentembError(f"{where}.mask_unit: 'words' needs a fast tokenizer (word ids); use 'tokens'")
-        if a["triplet"] and a["mask_replace"] == "mask" and tokenizer.mask_token_id is None:
+        if a.triplet and a.mask_replace == "mask" and tokenizer.mask_token_id is None:
             raise SentembError(f"{where}.mask_replace: the tokenizer has no [MASK] token; use 'delete'")
 
     # -------------------------------------------------------------------------- batches
     def _triplet_len(self) -> int:
-        limit = getattr(self.encoder.config, "max_position_embeddings", None) or self.args["triplet_max_len"]
+        limit = getattr(self.encoder.config, "max_position_embeddings", None) or self.args.triplet_max_len
         if getattr(self.encoder.config, "model_type", "") in ("roberta", "xlm-roberta", "camembert"):
             limit -= 2  # RoBERTa's positions start at padding_idx + 1
-        return min(self.args["triplet_max_len"], limit)
+        return min(self.args.triplet_max_len, limit)
 
     def build_triplets(self, sentences: Sequence[str], rng: np.random.Generator) -> dict[str, torch.Tensor]:
         """The rows [s_1..s_T, s′_1..s′_T, s″_1..s″_T] of the sentences with ≥ ``min_words`` words,
         padded to the longest: ``tri_input_ids``, ``tri_attention_mask`` of shape (3T, L); (0, 1)
         when there is no such sentence."""
         a, tok = self.args, self.tokenizer
-        long = [s for s in sentences if len(s.split()) >= a["min_words"]]
-        if not a["triplet"] or not long:
+        long = [s for s in sentences if len(s.split()) >= a.min_words]
+        if not a.triplet or not long:
             empty = torch.zeros((0, 1), dtype=torch.long)
             return {"tri_input_ids": empty, "tri_attention_mask": empty.clone()}
         enc = tok(list(long), truncation=True, max_length=self._triplet_len(), return_special_tokens_mask=True)
         views: list[list[list[int]]] = [[], [], []]
         for k, ids in enumerate(enc["input_ids"]):
             special = enc["special_tokens_mask"][k]
-            if a["mask_unit"] == "words":
+            if a.mask_unit == "words":
                 unit = [w if not sp else None for w, sp in zip(enc.word_ids(k), special)]
             else:
                 unit = [p if not sp else None for p, sp in enumerate(special)]
             units = sorted({u for u in unit if u is not None})
-            masks = nested_span_masks(len(units), (a["mask_rate"], a["mask_rate_large"]), rng,
-                                      span_p=a["span_p"], max_span=a["max_span"])
+            masks = nested_span_masks(len(units), (a.mask_rate, a.mask_rate_large), rng,
+                                      span_p=a.span_p, max_span=a.max_span)
             views[0].append(list(ids))
             for v, row in ((1, masks[0]), (2, masks[1])):
                 hidden = {units[j] for j in np.flatnonzero(row)}
-                if a["mask_replace"] == "mask":
+                if a.mask_replace == "mask":
                     views[v].append([tok.mask_token_id if u in hidden else t for t, u in zip(ids, unit)])
                 else:
                     views[v].append([t for t, u in zip(ids, unit) if u not in hidden])
@@ -282,24 +282,24 @@ class ArcCSE(SimCSE):
         with dropout_off(self.encoder):
             cls = self.encoder(input_ids=batch["tri_input_ids"], attention_mask=batch["tri_attention_mask"],
                                return_dict=True).last_hidden_state[:, 0]
-        if self.args["triplet_mlp"] and self.mlp is not None:
+        if self.args.triplet_mlp and self.mlp is not None:
             cls = self.mlp(cls)
         return cls
 
     def losses(self, batch):
         a = self.args
         z1, z2 = self.encode_views({k: v for k, v in batch.items() if k not in TRIPLET_KEYS})  # (B, d) each
-        if a["arccon"]:
-            arc = arccon_loss(z1, z2, a["margin_deg"], a["temperature"], beyond_pi=a["beyond_pi"], sin_eps=a["sin_eps"])
+        if a.arccon:
+            arc = arccon_loss(z1, z2, a.margin_deg, a.temperature, beyond_pi=a.beyond_pi, sin_eps=a.sin_eps)
         else:
-            arc = info_nce(z1, z2, a["temperature"])
+            arc = info_nce(z1, z2, a.temperature)
         n = batch["tri_input_ids"].size(0) // 3 if "tri_input_ids" in batch else 0
-        if a["triplet"] and n > 0:
+        if a.triplet and n > 0:
             h = self.encode_triplets(batch)  # (3T, d): [s, s′, s″]
-            tri = triplet_loss(h[:n], h[n : 2 * n], h[2 * n :], a["triplet_margin"])
+            tri = triplet_loss(h[:n], h[n : 2 * n], h[2 * n :], a.triplet_margin)
         else:
             tri = torch.zeros((), dtype=torch.float32, device=z1.device)
-        weighted_tri = a["triplet_weight"] * tri
+        weighted_tri = a.triplet_weight * tri
         loss = arc + weighted_tri
         return {"loss": loss, "arccon": arc.detach(), "triplet": tri.detach(),
                 "triplets": torch.tensor(float(n), device=z1.device), WEIGHTED: {"arccon": arc, "triplet": weighted_tri}}

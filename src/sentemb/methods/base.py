@@ -23,8 +23,6 @@ Adding a method = one module in ``sentemb/methods/`` (a ``Method`` subclass deco
 
 from __future__ import annotations
 
-import dataclasses
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Sequence
@@ -33,6 +31,7 @@ import torch
 from torch import nn
 
 from .. import SentembError
+from ..args import ArgSpec, arg, build, check_mapping, specs  # noqa: F401  (arg, ArgSpec: public here too)
 
 #: Names a method may list in ``requires(args)``; ``sentemb.config.run_inputs`` maps each to a path.
 INPUT_NAMES = ("token_freq", "tfidf", "tfidf_para", "rake", "paraphrases", "nltk", "pretrained")
@@ -46,22 +45,6 @@ INPUT_NAMES = ("token_freq", "tfidf", "tfidf_para", "rake", "paraphrases", "nltk
 WEIGHTED = "weighted"
 
 EmbedFn = Callable[[Sequence[str]], Any]  # list of sentences -> float32 array (n, dim)
-
-
-def arg(default: Any, help: str, choices: Sequence[Any] | None = None) -> Any:
-    """Declare one method argument: ``temperature: float = arg(0.05, "τ of Eq. 1")``."""
-    return field(default=default, metadata={"help": help, "choices": tuple(choices) if choices else None})
-
-
-@dataclass(frozen=True)
-class ArgSpec:
-    """One declared argument, as ``sentemb methods`` lists it."""
-
-    name: str
-    type: str
-    default: Any
-    help: str
-    choices: tuple | None
 
 
 @dataclass
@@ -85,45 +68,6 @@ class MethodContext:
             raise SentembError(f"input '{name}' was not provided to this run (declared inputs: {sorted(self.inputs)}); "
                                "does the method's requires(args) list it?")
         return Path(self.inputs[name])
-
-
-def _type_name(tp: Any) -> str:
-    origin = typing.get_origin(tp)
-    if origin is typing.Union or (origin is not None and str(origin) == "<class 'types.UnionType'>"):
-        return " | ".join(_type_name(a) for a in typing.get_args(tp))
-    if origin is not None:
-        return getattr(origin, "__name__", str(origin))
-    return "null" if tp is type(None) else getattr(tp, "__name__", str(tp))
-
-
-def _check_value(value: Any, tp: Any) -> bool:
-    """Does ``value`` (from YAML/JSON) fit the annotation ``tp``? int is a float; bool is neither."""
-    origin = typing.get_origin(tp)
-    if origin is typing.Union or (origin is not None and str(origin) == "<class 'types.UnionType'>"):
-        return any(_check_value(value, a) for a in typing.get_args(tp))
-    if tp is type(None):
-        return value is None
-    if tp is Any:
-        return True
-    if tp is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if tp is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if tp is bool:
-        return isinstance(value, bool)
-    if tp is str:
-        return isinstance(value, str)
-    if origin in (list, tuple, Sequence) or tp in (list, tuple):
-        if not isinstance(value, (list, tuple)):
-            return False
-        inner = typing.get_args(tp)
-        return not inner or all(_check_value(v, inner[0]) for v in value)
-    if origin is dict or tp is dict:
-        return isinstance(value, dict)
-    return isinstance(value, tp) if isinstance(tp, type) else True
-
-
-_KIND = {float: "a number", int: "an integer", bool: "true or false", str: "a string"}
 
 
 class Method(nn.Module):
@@ -150,23 +94,17 @@ class Method(nn.Module):
     #: method's own embedder (``load_embedder``)
     eval_pooler: ClassVar[str] = "cls_before_pooler"
 
-    def __init__(self, encoder: nn.Module, tokenizer, args: dict[str, Any], ctx: MethodContext):
+    def __init__(self, encoder: nn.Module, tokenizer, args: dict[str, Any] | Any, ctx: MethodContext):
         super().__init__()
         self.encoder = encoder
         self.tokenizer = tokenizer
-        self.args = self.resolve_args(args, where=f"method '{self.name}'")
+        self.args = self.make_args(args, where=f"method '{self.name}'")  # an instance of Args
         self.ctx = ctx
 
     # ------------------------------------------------------------------ arguments and inputs
     @classmethod
     def arg_specs(cls) -> list[ArgSpec]:
-        hints = typing.get_type_hints(cls.Args)
-        out = []
-        for f in dataclasses.fields(cls.Args):
-            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
-            out.append(ArgSpec(f.name, _type_name(hints[f.name]), default, f.metadata.get("help", ""),
-                               f.metadata.get("choices")))
-        return out
+        return specs(cls.Args)
 
     @classmethod
     def arg_defaults(cls) -> dict[str, Any]:
@@ -175,24 +113,12 @@ class Method(nn.Module):
     @classmethod
     def validate_args(cls, args: dict[str, Any], where: str) -> None:
         """Check user-given ``args`` against ``Args``; errors name the key (``where.<name>``)."""
-        if not isinstance(args, dict):
-            raise SentembError(f"{where}: must be a mapping of argument names to values, not {type(args).__name__}")
-        hints = typing.get_type_hints(cls.Args)
-        specs = {s.name: s for s in cls.arg_specs()}
-        for key, value in args.items():
-            if key not in specs:
-                raise SentembError(f"{where}.{key}: unknown argument of method '{cls.name}' (known: {', '.join(specs)})")
-            tp = hints[key]
-            if not _check_value(value, tp):
-                kind = _KIND.get(tp, f"of type {_type_name(tp)}")
-                raise SentembError(f"{where}.{key}: {value!r} is not {kind}")
-            ch = specs[key].choices
-            if ch is not None and value not in ch:
-                raise SentembError(f"{where}.{key}: {value!r} is not one of {', '.join(map(repr, ch))}")
+        check_mapping(cls.Args, args, where, f"method '{cls.name}'")
 
     @classmethod
     def resolve_args(cls, *layers: dict[str, Any] | None, where: str = "method_args") -> dict[str, Any]:
-        """Defaults updated by each layer in turn (e.g. ``methods.<name>``, then ``runs[i].method_args``)."""
+        """Defaults updated by each layer in turn (e.g. ``methods.<name>``, then ``runs[i].method_args``):
+        the mapping form (a run's ``method_args``)."""
         out = cls.arg_defaults()
         for layer in layers:
             if layer:
@@ -201,19 +127,26 @@ class Method(nn.Module):
         return out
 
     @classmethod
-    def check_config(cls, args: dict[str, Any], config: dict, where: str) -> None:
-        """Checks of a run's resolved ``args`` against the whole validated ``config`` (e.g. an
-        argument bounded by a ``stats`` setting); raise SentembError naming the keys, prefixed by
-        ``where`` (``runs[i].method_args``). Default: nothing to check."""
+    def make_args(cls, args: dict[str, Any] | Any = None, where: str = "method_args"):
+        """An instance of ``Args`` from a mapping (validated, defaults filled) or as it is."""
+        if isinstance(args, cls.Args):
+            return args
+        return build(cls.Args, cls.resolve_args(args, where=where))
 
     @classmethod
-    def requires(cls, args: dict[str, Any]) -> tuple[str, ...]:
-        """Names of the inputs (``INPUT_NAMES``) a run with these (resolved) args reads."""
+    def check_config(cls, args, config: dict, where: str) -> None:
+        """Checks of a run's resolved ``args`` (an ``Args``) against the whole validated ``config``
+        (e.g. an argument bounded by a ``stats`` setting); raise SentembError naming the keys,
+        prefixed by ``where`` (``runs[i].method_args``). Default: nothing to check."""
+
+    @classmethod
+    def requires(cls, args) -> tuple[str, ...]:
+        """Names of the inputs (``INPUT_NAMES``) a run with these ``args`` (an ``Args``) reads."""
         return ()
 
     @classmethod
-    def pooler_for(cls, args: dict[str, Any]) -> str:
-        """The evaluation pooler of a model trained with ``args`` (known before training)."""
+    def pooler_for(cls, args) -> str:
+        """The evaluation pooler of a model trained with ``args`` (an ``Args``; known before training)."""
         return cls.eval_pooler
 
     # ------------------------------------------------------------------ randomness

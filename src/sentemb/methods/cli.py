@@ -14,7 +14,7 @@ def describe(name: str | None = None) -> list[dict]:
     out = []
     for n in names:
         cls = get_method(n)
-        defaults = cls.arg_defaults()
+        defaults = cls.make_args()
         import importlib
 
         doc = (importlib.import_module(cls.__module__).__doc__ or cls.__doc__ or "").strip()

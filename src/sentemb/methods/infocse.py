@@ -77,6 +77,8 @@ from torch import nn
 from .. import SentembError
 from ..models import MLMHead, MLPHead, mlm_head_state, read_weights
 from . import register_method
+from ..args import check_mapping, fields, to_dict
+from ..settings import PretrainStage, Run
 from .base import WEIGHTED, Method, arg
 from ..masking import mask_tokens  # noqa: F401  (public here too: BERT's MLM corruption)
 from .simcse import info_nce
@@ -86,13 +88,23 @@ log = logging.getLogger(__name__)
 AUX_HEAD_FILE = "aux_head.safetensors"
 AUX_META_FILE = "infocse_aux.json"
 
-#: keys of the ``pretrain`` block besides the training settings (``train`` keys of the schema)
-PRETRAIN_OWN_KEYS = {"corpus": str, "seed": int, "mask_rate": float, "mask_unit": str}
+@dataclass
+class PretrainBlock(PretrainStage):
+    """The keys of ``methods.infocse.pretrain`` besides the training settings (``TrainSettings``):
+    the stage's corpus and seed, and its masking."""
+
+    mask_rate: float = arg(0.15, "share of tokens masked for L_mlm and L_aux (BERT's 15%)")
+    mask_unit: str = arg("token", "mask word pieces, or whole words as Condenser does", choices=("token", "word"))
+
+
+#: keys of the ``pretrain`` block besides the training settings
+PRETRAIN_OWN_KEYS = {f.name for f in fields(PretrainBlock)}
 #: stage-1 training defaults (paper §4.1: Condenser's 8 epochs, lr 1e-4, batch 1024; Condenser's
 #: warmup 10% and weight decay 0.01); the configured corpus, not BookCorpus + Wikipedia
 PRETRAIN_TRAIN_DEFAULTS = {"epochs": 8, "batch_size": 1024, "lr": 1e-4, "warmup_ratio": 0.1, "weight_decay": 0.01,
                            "model_selection": "last", "eval_at_end": False}
-PRETRAIN_DEFAULTS = {"seed": 42, "mask_rate": 0.15, "mask_unit": "token"}
+#: what ``infocse_aux.json`` records as the stage (``corpus`` only when given)
+PRETRAIN_DEFAULTS = {k: v for k, v in to_dict(PretrainBlock()).items() if k != "corpus"}
 
 
 # ----------------------------------------------------------------------------------- masking
@@ -236,13 +248,13 @@ def _load_encoder_state(encoder: nn.Module, state: dict[str, torch.Tensor], wher
 
 def _check_layers(args: dict, n_layers: int, need_head_from_backbone: bool) -> None:
     where = "(config key methods.infocse.{k} or runs[].method_args.{k})"
-    if not 1 <= args["skip_from"] < n_layers:
-        raise SentembError(f"infocse: skip_from = {args['skip_from']} must be between 1 and the backbone's number of "
+    if not 1 <= args.skip_from < n_layers:
+        raise SentembError(f"infocse: skip_from = {args.skip_from} must be between 1 and the backbone's number of "
                            f"layers minus one ({n_layers - 1}) {where.format(k='skip_from')}")
-    if args["head_layers"] < 1 or (need_head_from_backbone and args["head_layers"] > n_layers):
-        raise SentembError(f"infocse: head_layers = {args['head_layers']} must be between 1 and the backbone's "
+    if args.head_layers < 1 or (need_head_from_backbone and args.head_layers > n_layers):
+        raise SentembError(f"infocse: head_layers = {args.head_layers} must be between 1 and the backbone's "
                            f"{n_layers} layers {where.format(k='head_layers')}")
-    cl = args["cls_layer"]
+    cl = args.cls_layer
     if cl is not None and not 1 <= cl <= n_layers:
         raise SentembError(f"infocse: cls_layer = {cl} must be between 1 and the backbone's {n_layers} layers "
                            f"{where.format(k='cls_layer')}")
@@ -292,29 +304,29 @@ class InfoCSE(Method):
 
     @classmethod
     def requires(cls, args):
-        a = cls.resolve_args(args)
-        return ("pretrained",) if a["init"] == "pretrain" and not a["aux_checkpoint"] else ()
+        return ("pretrained",) if args.init == "pretrain" and not args.aux_checkpoint else ()
 
     @classmethod
-    def pretrain(cls, run: dict, out_dir) -> dict:
+    def pretrain(cls, run, out_dir) -> dict:
         """Stage 1 through the shared loop (``sentemb.train.train``) with ``InfoCSEPretrain``."""
         from ..train import train
 
-        return train(run, out_dir, method_cls=InfoCSEPretrain, progress=run.get("progress", True))
+        run = Run.from_dict(run)
+        return train(run, out_dir, method_cls=InfoCSEPretrain, progress=run.progress is not False)
 
     # ------------------------------------------------------------------ construction
     def __init__(self, encoder, tokenizer, args, ctx):
         super().__init__(encoder, tokenizer, args, ctx)
         a, cfg = self.args, encoder.config
         n_layers = cfg.num_hidden_layers
-        if a["aux_checkpoint"] and a["init"] == "backbone":
+        if a.aux_checkpoint and a.init == "backbone":
             raise SentembError("infocse: aux_checkpoint and init: backbone exclude each other (config key "
                                "methods.infocse.aux_checkpoint / init)")
-        _check_layers(a, n_layers, a["init"] == "backbone")
+        _check_layers(a, n_layers, a.init == "backbone")
         std = getattr(cfg, "initializer_range", 0.02)
-        if a["mlp"] == "train_only":
+        if a.mlp == "train_only":
             self.mlp = MLPHead(cfg.hidden_size, std)
-        elif a["mlp"] == "batchnorm":
+        elif a.mlp == "batchnorm":
             self.mlp = BatchNormProjection(cfg.hidden_size)
         else:
             self.mlp = None
@@ -322,28 +334,28 @@ class InfoCSE(Method):
         from transformers.models.bert.modeling_bert import BertLayer
 
         src = None
-        if a["aux_checkpoint"]:
-            src = read_aux_checkpoint(a["aux_checkpoint"], cfg.hidden_size, a["head_layers"])
-        elif a["init"] == "pretrain":
-            src = read_aux_checkpoint(ctx.input("pretrained"), cfg.hidden_size, a["head_layers"])
+        if a.aux_checkpoint:
+            src = read_aux_checkpoint(a.aux_checkpoint, cfg.hidden_size, a.head_layers)
+        elif a.init == "pretrain":
+            src = read_aux_checkpoint(ctx.input("pretrained"), cfg.hidden_size, a.head_layers)
         if src is not None:
-            where = a["aux_checkpoint"] or str(ctx.input("pretrained"))
+            where = a.aux_checkpoint or str(ctx.input("pretrained"))
             m = src["meta"]
-            if m and m.get("skip_from") not in (None, a["skip_from"]):
+            if m and m.get("skip_from") not in (None, a.skip_from):
                 raise SentembError(f"infocse: {where} was pretrained with skip_from {m['skip_from']}, this run uses "
-                                   f"{a['skip_from']} (config key methods.infocse.skip_from)")
+                                   f"{a.skip_from} (config key methods.infocse.skip_from)")
             _load_encoder_state(self.encoder, src["encoder"], where)  # main encoder from stage 1 (§3.2)
 
         # Auxiliary network: a copy of the embeddings + lower skip_from layers (frozen unless detach is off) ...
         self.aux_lower = copy.deepcopy(self.encoder)
-        self.aux_lower.encoder.layer = self.aux_lower.encoder.layer[: a["skip_from"]]
+        self.aux_lower.encoder.layer = self.aux_lower.encoder.layer[: a.skip_from]
         self.aux_lower.config = copy.deepcopy(cfg)
-        self.aux_lower.config.num_hidden_layers = a["skip_from"]
+        self.aux_lower.config.num_hidden_layers = a.skip_from
         if getattr(self.aux_lower, "pooler", None) is not None:
             self.aux_lower.pooler = None
-        self.aux_lower.requires_grad_(not a["detach"])
+        self.aux_lower.requires_grad_(not a.detach)
         # ... + the extra layers and the MLM head (its own W, initialised from stage 1's).
-        self.aux_head = nn.ModuleList([BertLayer(cfg) for _ in range(a["head_layers"])])
+        self.aux_head = nn.ModuleList([BertLayer(cfg) for _ in range(a.head_layers)])
         _init_bert_(self.aux_head, std)
         self.aux_mlm = MLMHead(cfg, weight=self.encoder.get_input_embeddings().weight)
         if src is not None:
@@ -352,7 +364,7 @@ class InfoCSE(Method):
                 raise SentembError(f"infocse: {where}: head layer tensors missing: {', '.join(missing[:5])}")
             self.aux_mlm.load_bert(src["mlm"], where)
         else:  # Table 4 "w/o pretraining": the backbone's upper layers and (if present) MLM head
-            self.aux_head.load_state_dict(copy.deepcopy(self.encoder.encoder.layer[n_layers - a["head_layers"]:]).state_dict())
+            self.aux_head.load_state_dict(copy.deepcopy(self.encoder.encoder.layer[n_layers - a.head_layers:]).state_dict())
             head = mlm_head_state(read_weights(ctx.model_dir)) if ctx.model_dir else {}
             if head:
                 self.aux_mlm.load_bert(head, str(ctx.model_dir))
@@ -362,7 +374,7 @@ class InfoCSE(Method):
 
     def train(self, mode: bool = True):
         super().train(mode)
-        if self.args["detach"]:
+        if self.args.detach:
             self.aux_lower.eval()  # the frozen copy is a feature extractor: no dropout
         return self
 
@@ -376,11 +388,11 @@ class InfoCSE(Method):
 
     def build_batch(self, sentences, step=0, *, lines=None, micro=0):
         enc = self.tokenize(sentences, lines)
-        copies = 2 if self.args["aux_inputs"] == "view" else 1
+        copies = 2 if self.args.aux_inputs == "view" else 1
         rng = self.np_rng(micro)
         ids = enc["input_ids"].repeat(copies, 1)
         am = enc["attention_mask"].repeat(copies, 1)
-        enc["mlm_input_ids"], enc["mlm_labels"] = self._mask(ids, am, self.args["mask_rate"], rng)
+        enc["mlm_input_ids"], enc["mlm_labels"] = self._mask(ids, am, self.args.mask_rate, rng)
         return enc
 
     # ------------------------------------------------------------------ losses
@@ -388,7 +400,7 @@ class InfoCSE(Method):
         """Both dropout views in one pass (SimCSE). Returns (z1, z2, h per view stacked (2B, H))."""
         keys = [k for k in ("input_ids", "attention_mask", "token_type_ids") if k in batch]
         doubled = {k: torch.cat([batch[k], batch[k]], 0) for k in keys}
-        cl = self.args["cls_layer"]
+        cl = self.args.cls_layer
         out = self.encoder(**doubled, output_hidden_states=cl is not None, return_dict=True)
         last = out.last_hidden_state[:, 0]
         h = out.hidden_states[cl][:, 0] if cl is not None else last
@@ -400,10 +412,10 @@ class InfoCSE(Method):
         """L_aux of §3.2 from h (the main encoder's [CLS] of the unmasked views, (2B, H)):
         C = [h; Detach(M^{>0})] with M^{>0} from the frozen lower copy on x̂."""
         b = batch["input_ids"].size(0)
-        h = h[:b] if self.args["aux_inputs"] == "sentence" else h
+        h = h[:b] if self.args.aux_inputs == "sentence" else h
         am = batch["attention_mask"].repeat(h.size(0) // b, 1)
         kw = {"token_type_ids": batch["token_type_ids"].repeat(h.size(0) // b, 1)} if "token_type_ids" in batch else {}
-        if self.args["detach"]:
+        if self.args.detach:
             with torch.no_grad():
                 lower = self.aux_lower(input_ids=batch["mlm_input_ids"], attention_mask=am, **kw).last_hidden_state
             lower = lower.detach()
@@ -413,9 +425,9 @@ class InfoCSE(Method):
 
     def losses(self, batch):
         z1, z2, h = self.encode_views(batch)
-        l_cl = info_nce(z1, z2, self.args["temperature"])  # Eq. 3
+        l_cl = info_nce(z1, z2, self.args.temperature)  # Eq. 3
         l_aux = self.aux_loss(h, batch)
-        aux = self.args["aux_weight"] * l_aux
+        aux = self.args.aux_weight * l_aux
         loss = l_cl + aux  # Eq. 7
         return {"loss": loss, "contrastive": l_cl.detach(), "aux_mlm": l_aux.detach(),
                 WEIGHTED: {"contrastive": l_cl, "aux_mlm": aux}}
@@ -440,9 +452,9 @@ class InfoCSEPretrain(Method):
 
         a, cfg = self.args, encoder.config
         _check_layers(a, cfg.num_hidden_layers, False)
-        self.stage = {**PRETRAIN_DEFAULTS, **{k: v for k, v in (a["pretrain"] or {}).items() if k in PRETRAIN_OWN_KEYS}}
+        self.stage = {**PRETRAIN_DEFAULTS, **{k: v for k, v in (a.pretrain or {}).items() if k in PRETRAIN_OWN_KEYS}}
         std = getattr(cfg, "initializer_range", 0.02)
-        self.aux_head = nn.ModuleList([BertLayer(cfg) for _ in range(a["head_layers"])])  # fresh, as Condenser
+        self.aux_head = nn.ModuleList([BertLayer(cfg) for _ in range(a.head_layers)])  # fresh, as Condenser
         _init_bert_(self.aux_head, std)
         self.mlm_head = MLMHead(cfg, tied=self.encoder.get_input_embeddings())
         head = mlm_head_state(read_weights(ctx.model_dir)) if ctx.model_dir else {}
@@ -471,10 +483,10 @@ class InfoCSEPretrain(Method):
     def losses(self, batch):
         keys = [k for k in ("input_ids", "attention_mask", "token_type_ids") if k in batch]
         out = self.encoder(**{k: batch[k] for k in keys}, output_hidden_states=True, return_dict=True)
-        hs, cl = out.hidden_states, self.args["cls_layer"]
+        hs, cl = out.hidden_states, self.args.cls_layer
         h = (hs[cl] if cl is not None else out.last_hidden_state)[:, 0]
         l_mlm = mlm_loss(out.last_hidden_state, batch["mlm_labels"], self.mlm_head)  # Eq. 4
-        l_aux = aux_mlm_loss(h, hs[self.args["skip_from"]][:, 1:], batch["mlm_labels"], self.aux_head, self.mlm_head,
+        l_aux = aux_mlm_loss(h, hs[self.args.skip_from][:, 1:], batch["mlm_labels"], self.aux_head, self.mlm_head,
                              attention_mask=batch["attention_mask"])  # Eq. 5, M^{>0} shared: not detached
         return {"loss": l_aux + l_mlm, "aux_mlm": l_aux.detach(), "mlm": l_mlm.detach(),  # Eq. 6
                 WEIGHTED: {"aux_mlm": l_aux, "mlm": l_mlm}}
@@ -494,35 +506,30 @@ class InfoCSEPretrain(Method):
         save_file(tensors, str(out_dir / AUX_HEAD_FILE), metadata={"format": "pt"})
         a = self.args
         (out_dir / AUX_META_FILE).write_text(json.dumps(
-            {**meta, "skip_from": a["skip_from"], "head_layers": a["head_layers"], "cls_layer": a["cls_layer"],
+            {**meta, "skip_from": a.skip_from, "head_layers": a.head_layers, "cls_layer": a.cls_layer,
              "stage": self.stage}, indent=2, default=str))
 
 
 # ----------------------------------------------------------------------------------- the pretrain block
 def validate_pretrain_block(block: Any, where: str) -> None:
-    """``methods.infocse.pretrain``: train keys (the schema's) and PRETRAIN_OWN_KEYS; errors name the key."""
+    """``methods.infocse.pretrain``: train keys (``TrainSettings``) and ``PretrainBlock``'s; errors name the key."""
     import jsonschema
 
-    from ..config import load_schema
+    from ..settings import section_schema
 
     if not isinstance(block, dict):
         raise SentembError(f"{where}: must be a mapping, not {type(block).__name__}")
-    props = load_schema()["$defs"]["train_props"]
+    props = section_schema("train", defaults=False)["properties"]
+    unknown = [k for k in block if k not in props and k not in PRETRAIN_OWN_KEYS]
+    if unknown:
+        raise SentembError(f"{where}.{unknown[0]}: unknown pretrain setting (known: "
+                           f"{', '.join(sorted([*PRETRAIN_OWN_KEYS, *props]))})")
+    check_mapping(PretrainBlock, {k: v for k, v in block.items() if k in PRETRAIN_OWN_KEYS}, where, "infocse pretrain")
+    if "mask_rate" in block and not 0 < block["mask_rate"] < 1:
+        raise SentembError(f"{where}.mask_rate: {block['mask_rate']!r} must be between 0 and 1")
     for k, v in block.items():
-        if k in PRETRAIN_OWN_KEYS:
-            tp = PRETRAIN_OWN_KEYS[k]
-            ok = isinstance(v, (int, float)) and not isinstance(v, bool) if tp is float else isinstance(v, tp) and not isinstance(v, bool)
-            if not ok:
-                raise SentembError(f"{where}.{k}: {v!r} is not {'a number' if tp is float else tp.__name__}")
-            if k == "mask_rate" and not 0 < v < 1:
-                raise SentembError(f"{where}.{k}: {v!r} must be between 0 and 1")
-            if k == "mask_unit" and v not in ("token", "word"):
-                raise SentembError(f"{where}.{k}: {v!r} is not one of 'token', 'word'")
-        elif k in props:
+        if k in props:
             try:
                 jsonschema.validate(v, props[k])
             except jsonschema.ValidationError as e:
                 raise SentembError(f"{where}.{k}: {e.message}") from None
-        else:
-            raise SentembError(f"{where}.{k}: unknown pretrain setting (known: "
-                               f"{', '.join(sorted([*PRETRAIN_OWN_KEYS, *props]))})")

@@ -346,40 +346,40 @@ class PaSeR(Method):
     @classmethod
     def requires(cls, args):
         # WordNet and the stopword list (nltk) only for synonym replacement
-        return ("rake", "nltk") if cls.resolve_args(args)["eda"] == "sr" else ("rake",)
+        return ("rake", "nltk") if args.eda == "sr" else ("rake",)
 
     @classmethod
     def check_config(cls, args, config, where):
         from ..stats import stats_settings
 
         kmax = int(stats_settings(config)["rake_top_k"])
-        if args["top_k"] > kmax:
-            raise SentembError(f"config key '{where}.top_k': {args['top_k']} is above 'stats.rake_top_k' ({kmax}), "
+        if args.top_k > kmax:
+            raise SentembError(f"config key '{where}.top_k': {args.top_k} is above 'stats.rake_top_k' ({kmax}), "
                                "the number of RAKE phrases kept per line; raise stats.rake_top_k or lower top_k")
-        if args["top_k"] < 1:
-            raise SentembError(f"config key '{where}.top_k': must be >= 1, not {args['top_k']}")
+        if args.top_k < 1:
+            raise SentembError(f"config key '{where}.top_k': must be >= 1, not {args.top_k}")
 
     def __init__(self, encoder, tokenizer, args, ctx):
         super().__init__(encoder, tokenizer, args, ctx)
         a = self.args
         cfg = encoder.config
         h = cfg.hidden_size
-        if a["decoder_heads"] < 1 or h % a["decoder_heads"]:
-            raise SentembError(f"method 'paser': decoder_heads ({a['decoder_heads']}) must divide the backbone's "
+        if a.decoder_heads < 1 or h % a.decoder_heads:
+            raise SentembError(f"method 'paser': decoder_heads ({a.decoder_heads}) must divide the backbone's "
                                f"hidden size ({h}); set method_args.decoder_heads to a divisor of {h}")
         if tokenizer.mask_token_id is None or tokenizer.cls_token_id is None or tokenizer.sep_token_id is None:
             raise SentembError("method 'paser' needs a tokenizer with mask, cls and sep tokens")
-        if a["top_k"] < 1:
-            raise SentembError(f"method 'paser': top_k must be >= 1, not {a['top_k']}")
+        if a.top_k < 1:
+            raise SentembError(f"method 'paser': top_k must be >= 1, not {a.top_k}")
         embed = encoder.get_input_embeddings()
-        self.decoder = PhraseDecoder(embed, a["decoder_layers"], a["decoder_heads"], a["decoder_ffn"],
-                                     a["decoder_dropout"], a["max_target_len"],
+        self.decoder = PhraseDecoder(embed, a.decoder_layers, a.decoder_heads, a.decoder_ffn,
+                                     a.decoder_dropout, a.max_target_len,
                                      getattr(cfg, "initializer_range", 0.02))
-        self.masked_proj = nn.Linear(h, h) if a["masked_linear"] else None
+        self.masked_proj = nn.Linear(h, h) if a.masked_linear else None
         # untied: the copy starts as the checkpoint's cls.predictions.decoder.weight when it has one
         # (load_bert), else as the word embeddings (BERT's tied matrix, which HF checkpoints store once)
-        self.mlm_head = MLMHead(cfg, tied=embed) if a["mlm_head_tied"] else MLMHead(cfg, weight=embed.weight)
-        if a["decoder_output"] == "mlm_head":
+        self.mlm_head = MLMHead(cfg, tied=embed) if a.mlm_head_tied else MLMHead(cfg, weight=embed.weight)
+        if a.decoder_output == "mlm_head":
             self.decoder.project_with(self.mlm_head)
         head = mlm_head_state(read_weights(ctx.model_dir)) if ctx.model_dir else {}
         if head:
@@ -388,14 +388,14 @@ class PaSeR(Method):
         if not self.mlm_head_pretrained:
             log.warning("paser: the backbone checkpoint %s has no MLM head (cls.predictions): L_MLM uses a "
                         "randomly initialised one", ctx.model_dir)
-        self.phrases = read_rake(ctx.input("rake"), ctx.corpus, a["top_k"])
+        self.phrases = read_rake(ctx.input("rake"), ctx.corpus, a.top_k)
         wordnet, stop = None, ()
-        if a["eda"] == "sr":
+        if a.eda == "sr":
             from ..stats.rake import load_stopwords
 
             wordnet = load_wordnet(ctx.input("nltk"))
             stop = load_stopwords(ctx.input("nltk"))
-        self.eda = EDA(a["eda"], a["eda_ratio"], tokenizer.mask_token, wordnet, stop)
+        self.eda = EDA(a.eda, a.eda_ratio, tokenizer.mask_token, wordnet, stop)
 
     # ------------------------------------------------------------------ batches
     def targets(self, masked: Masked, surviving: int) -> list[int]:
@@ -407,7 +407,7 @@ class PaSeR(Method):
             if max(ords) >= surviving:
                 continue
             piece = tok(phrase, add_special_tokens=False)["input_ids"] + [tok.sep_token_id]
-            if len(ids) + len(piece) > self.args["max_target_len"]:
+            if len(ids) + len(piece) > self.args.max_target_len:
                 break
             ids += piece
         return ids if len(ids) > 1 else []
@@ -418,7 +418,7 @@ class PaSeR(Method):
         labels with −100 elsewhere)."""
         from ..masking import mask_tokens
 
-        x, y = mask_tokens(input_ids.numpy(), ~special.numpy(), self.args["mlm_prob"], rng,
+        x, y = mask_tokens(input_ids.numpy(), ~special.numpy(), self.args.mlm_prob, rng,
                            self.tokenizer.mask_token_id, len(self.tokenizer))
         return torch.from_numpy(x), torch.from_numpy(y)
 
@@ -462,7 +462,7 @@ class PaSeR(Method):
         e_s, e_m = cls[:b], cls[b:]
         if self.masked_proj is not None:
             e_m = self.masked_proj(e_m)
-        return decoding_signal(e_s, e_m, self.args["signal_m"], self.args["signal_n"], self.args["signal_abs"])
+        return decoding_signal(e_s, e_m, self.args.signal_m, self.args.signal_n, self.args.signal_abs)
 
     def losses(self, batch):
         ids = batch["input_ids"]
@@ -484,7 +484,7 @@ class PaSeR(Method):
             mlm = F.cross_entropy(self.mlm_head(hid[msel]).float(), mlm_lab[msel])
         else:
             mlm = memory.float().sum() * 0.0
-        weighted_mlm = self.args["mlm_weight"] * mlm
+        weighted_mlm = self.args.mlm_weight * mlm
         loss = (weighted_mlm + gen).float()
         return {"loss": loss, "mlm": mlm.detach(), "gen": gen.detach(), "phrases": n_tok.detach().float(),
                 WEIGHTED: {"mlm": weighted_mlm, "gen": gen}}

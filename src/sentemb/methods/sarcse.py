@@ -307,21 +307,20 @@ class SARCSE(Method):
 
     @classmethod
     def requires(cls, args):
-        args = cls.resolve_args(args)
-        return ("token_freq",) if args["decoder"] and args["self_adaptive"] else ()
+        return ("token_freq",) if args.decoder and args.self_adaptive else ()
 
     def __init__(self, encoder, tokenizer, args, ctx):
         super().__init__(encoder, tokenizer, args, ctx)
         a = self.args
         for key in ("channels", "integrate_channels"):
-            if a[key] < (2 if key == "channels" else 1):
-                raise SentembError(f"method 'sarcse'.{key}: {a[key]} is too small")
+            if getattr(a, key) < (2 if key == "channels" else 1):
+                raise SentembError(f"method 'sarcse'.{key}: {getattr(a, key)} is too small")
         hidden = encoder.config.hidden_size
         self.special_ids = structural_ids(tokenizer)
-        self.head = TextCNNEncoder(hidden, a["channels"], a["integrate_channels"], a["activation"])
-        self.decoder = TextCNNDecoder(hidden, a["channels"], a["integrate_channels"], a["unpool"]) if a["decoder"] else None
-        if self.decoder is not None and a["self_adaptive"]:
-            weights = load_token_weights(ctx.input("token_freq"), tokenizer, a["theta"], a["lam"])
+        self.head = TextCNNEncoder(hidden, a.channels, a.integrate_channels, a.activation)
+        self.decoder = TextCNNDecoder(hidden, a.channels, a.integrate_channels, a.unpool) if a.decoder else None
+        if self.decoder is not None and a.self_adaptive:
+            weights = load_token_weights(ctx.input("token_freq"), tokenizer, a.theta, a.lam)
         else:
             weights = torch.ones(len(tokenizer))  # f ≡ 1 ("w/o SAL")
         self.register_buffer("token_weight", weights, persistent=False)  # (V,) f(w) per token id
@@ -341,7 +340,7 @@ class SARCSE(Method):
         out = {"z": z.flatten(1)}
         if self.decoder is not None:
             out["x_rec"] = self.decoder(z, valid, argmax, x_c.size(1))  # (2B, Lc, d)
-            out["x"] = x_c.detach() if self.args["detach_target"] else x_c
+            out["x"] = x_c.detach() if self.args.detach_target else x_c
             ids = torch.gather(doubled["input_ids"], 1, index)  # (2B, Lc)
             out["weights"] = self.token_weight[ids]  # (2B, Lc)
             out["mask"] = mask_c
@@ -352,14 +351,14 @@ class SARCSE(Method):
         b = batch["input_ids"].size(0)
         out = self.forward_views(batch)
         z = out["z"]
-        contrastive = info_nce(z[:b], z[b:], a["temperature"])  # L_I (Eq. 11), fp32
+        contrastive = info_nce(z[:b], z[b:], a.temperature)  # L_I (Eq. 11), fp32
         terms = {"contrastive": contrastive.detach()}
-        weighted = {"contrastive": a["alpha"] * contrastive}
+        weighted = {"contrastive": a.alpha * contrastive}
         loss = weighted["contrastive"]
         if self.decoder is not None:
             rec = [reconstruction_loss(out["x"][s], out["x_rec"][s], out["weights"][s], out["mask"][s],
-                                       a["mse_reduction"]) for s in (slice(0, b), slice(b, None))]
-            weighted.update(recon=a["beta"] * rec[0], recon_pos=a["gamma"] * rec[1])
+                                       a.mse_reduction) for s in (slice(0, b), slice(b, None))]
+            weighted.update(recon=a.beta * rec[0], recon_pos=a.gamma * rec[1])
             loss = loss + weighted["recon"] + weighted["recon_pos"]  # Eq. 12
             terms.update(recon=rec[0].detach(), recon_pos=rec[1].detach())
         return {"loss": loss.float(), **terms, WEIGHTED: weighted}

@@ -45,12 +45,12 @@ class SimCSE(Method):
     @classmethod
     def pooler_for(cls, args):
         # With the MLP kept at test time ("always"), the exported pooler slot holds it: pooler "cls".
-        return "cls" if cls.resolve_args(args)["mlp"] == "always" else "cls_before_pooler"
+        return "cls" if args.mlp == "always" else "cls_before_pooler"
 
     def __init__(self, encoder, tokenizer, args, ctx):
         super().__init__(encoder, tokenizer, args, ctx)
         hidden = encoder.config.hidden_size
-        self.mlp = MLPHead(hidden, getattr(encoder.config, "initializer_range", 0.02)) if self.args["mlp"] != "none" else None
+        self.mlp = MLPHead(hidden, getattr(encoder.config, "initializer_range", 0.02)) if self.args.mlp != "none" else None
 
     def build_batch(self, sentences, step=0, *, lines=None, micro=0):
         return self.tokenize(sentences, lines)
@@ -66,7 +66,7 @@ class SimCSE(Method):
 
     def losses(self, batch):
         z1, z2 = self.encode_views(batch)
-        loss = info_nce(z1, z2, self.args["temperature"])
+        loss = info_nce(z1, z2, self.args.temperature)
         return {"loss": loss, "contrastive": loss.detach(), WEIGHTED: {"contrastive": loss}}
 
     def export_head(self):

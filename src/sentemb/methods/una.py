@@ -301,9 +301,9 @@ class UNA(Method):
 
     @classmethod
     def requires(cls, args):
-        if not args["negatives"]:
-            return ("paraphrases",) if args["paraphrase"] else ()
-        return ("tfidf_para", "paraphrases") if args["paraphrase"] else ("tfidf",)
+        if not args.negatives:
+            return ("paraphrases",) if args.paraphrase else ()
+        return ("tfidf_para", "paraphrases") if args.paraphrase else ("tfidf",)
 
     @classmethod
     def validate_args(cls, args, where):
@@ -321,13 +321,13 @@ class UNA(Method):
         a = self.args
         self.mlp = MLPHead(encoder.config.hidden_size, getattr(encoder.config, "initializer_range", 0.02))
         self.augmenter = None
-        if a["negatives"]:
-            stats = ctx.input("tfidf_para" if a["paraphrase"] else "tfidf")
-            self.augmenter = UNAAugmenter.from_parquet(stats, beta=a["beta"], radius=a["radius"],
-                                                       selection=a["selection"], replacement=a["replacement"],
-                                                       redraw=a["redraw"], write_back=a["write_back"])
+        if a.negatives:
+            stats = ctx.input("tfidf_para" if a.paraphrase else "tfidf")
+            self.augmenter = UNAAugmenter.from_parquet(stats, beta=a.beta, radius=a.radius,
+                                                       selection=a.selection, replacement=a.replacement,
+                                                       redraw=a.redraw, write_back=a.write_back)
         self.paraphrases: list[str] | None = None
-        if a["paraphrase"]:
+        if a.paraphrase:
             self.paraphrases = self._read_paraphrases(ctx.input("paraphrases"), ctx.corpus)
 
     @staticmethod
@@ -348,7 +348,7 @@ class UNA(Method):
 
     # ---------------------------------------------------------------------------- batches
     def has_negatives(self, step: int) -> bool:
-        return self.augmenter is not None and step % self.args["alpha"] == 0
+        return self.augmenter is not None and step % self.args.alpha == 0
 
     def build_batch(self, sentences, step=0, *, lines=None, micro=0):
         """Rows a_1, p_1, …, a_B, p_B [, ã_1, ã_1, …, ã_B, ã_B] (``loss: simcse``: ã_1, …, ã_B)
@@ -374,7 +374,7 @@ class UNA(Method):
             made = [self.augmenter.negative(s, rng) for s in sentences]
             share = float(np.mean([r for _, r in made]))
             negs = [n for n, _ in made]
-            if self.args["loss"] == "symmetric":
+            if self.args.loss == "symmetric":
                 negs = [x for n in negs for x in (n, n)]
             rows += negs
             n_neg = len(negs)
@@ -391,8 +391,8 @@ class UNA(Method):
 
     def losses(self, batch):
         u = self.encode(batch)
-        tau = self.args["temperature"]
-        if self.args["loss"] == "symmetric":
+        tau = self.args.temperature
+        if self.args.loss == "symmetric":
             loss = symmetric_nt_xent(u, tau)
         else:
             n_pairs = (u.size(0) - int(batch["negatives"])) // 2

@@ -110,9 +110,6 @@ def read_metadata(path: str | os.PathLike) -> dict:
 
 # ----------------------------------------------------------------------------- workflow settings
 
-DEFAULT_PARAPHRASER = "tuner007/pegasus_paraphrase"
-
-
 def stats_settings(config: dict) -> dict:
     """The config section ``stats`` with defaults filled in (used by workflow/rules/stats.smk).
 
@@ -120,19 +117,15 @@ def stats_settings(config: dict) -> dict:
     ``tfidf_with_paraphrases`` is set or a configured run's method lists "paraphrases" or
     "tfidf_para" in ``Method.requires(args)``. ``paraphrase.model_name`` names the model's directory.
     """
-    s = dict(config.get("stats") or {})
-    s.setdefault("rake_top_k", 5)
-    s.setdefault("tfidf_with_paraphrases", False)
-    para = {"enabled": None, "shards": 4, "batch_size": 32, "num_beams": 10, "max_length": 60,
-            **(s.get("paraphrase") or {})}
-    para["model"] = {"hub_id": DEFAULT_PARAPHRASER, "revision": None, "mirror_path": None,
-                     "sha256": None, "random_init": None, **(para.get("model") or {})}
+    from ..settings import StatsSettings
+
+    s = StatsSettings.from_dict(config.get("stats")).to_dict()  # defaults: sentemb.settings.StatsSettings
+    para = s["paraphrase"]
     para["model_name"] = para["model"]["hub_id"].rstrip("/").split("/")[-1]
     if para["enabled"] is None:
-        from ..config import method_args_of
-        from ..methods import get_method
+        from ..config import run_requires
 
-        needed = {n for r in config.get("runs", []) for n in get_method(r["method"]).requires(method_args_of(config, r))}
+        needed = {n for r in config.get("runs", []) for n in run_requires(config, r)}
         para["enabled"] = bool(s["tfidf_with_paraphrases"] or needed & {"paraphrases", "tfidf_para"})
     s["paraphrase"] = para
     return s
@@ -156,8 +149,7 @@ def needs_paraphrases(config: dict, corpus: str) -> bool:
     requires them; ``stats.paraphrase.enabled`` (true/false) decides for the configured corpus
     (``corpus.name``) only, so a built-in corpus of one run (sts-unlabeled) is never paraphrased
     for nothing."""
-    from ..config import corpus_of, method_args_of
-    from ..methods import get_method
+    from ..config import corpus_of, run_requires
 
     s = config.get("stats") or {}
     explicit = (s.get("paraphrase") or {}).get("enabled")
@@ -165,8 +157,7 @@ def needs_paraphrases(config: dict, corpus: str) -> bool:
         return bool(explicit)
     if s.get("tfidf_with_paraphrases"):
         return True
-    needed = {n for r in config.get("runs", []) if corpus_of(config, r) == corpus
-              for n in get_method(r["method"]).requires(method_args_of(config, r))}
+    needed = {n for r in config.get("runs", []) if corpus_of(config, r) == corpus for n in run_requires(config, r)}
     return bool(needed & {"paraphrases", "tfidf_para"})
 
 

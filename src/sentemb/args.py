@@ -1,0 +1,189 @@
+"""Typed settings declared once: ``arg()`` fields of a dataclass give each setting its default, type,
+allowed values, bounds and one-line help. From that one declaration follow the JSON-schema part of
+the config (``schema_of``), validation of a mapping with errors naming the key (``check_mapping``),
+the typed object (``build``) and the listings (``sentemb methods``, ``sentemb config-keys``).
+
+Used by the method arguments (``Method.Args``) and by the workflow settings (``sentemb.settings``).
+No dependency beyond the standard library.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from . import SentembError
+
+
+def arg(default: Any, help: str, choices: Sequence[Any] | None = None, *, minimum: float | None = None,
+        maximum: float | None = None, exclusive_minimum: float | None = None, pattern: str | None = None,
+        min_items: int | None = None) -> Any:
+    """Declare one setting: ``temperature: float = arg(0.05, "τ of Eq. 1")``. ``choices`` are the
+    allowed values (of each item, for a list); the bounds are JSON-schema's. A mutable default
+    (list, dict, a settings dataclass) is copied for every instance."""
+    meta = {"help": help, "choices": tuple(choices) if choices else None, "minimum": minimum, "maximum": maximum,
+            "exclusive_minimum": exclusive_minimum, "pattern": pattern, "min_items": min_items}
+    if isinstance(default, (list, dict)) or dataclasses.is_dataclass(default):
+        return field(default_factory=lambda: copy.deepcopy(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True)
+class ArgSpec:
+    """One declared setting, as ``sentemb methods`` and ``sentemb config-keys`` list it."""
+
+    name: str
+    type: str
+    default: Any
+    help: str
+    choices: tuple | None
+
+
+def type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if _is_union(tp):
+        return " | ".join(type_name(a) for a in typing.get_args(tp))
+    if origin is not None:
+        return getattr(origin, "__name__", str(origin))
+    return "null" if tp is type(None) else getattr(tp, "__name__", str(tp))
+
+
+def _is_union(tp: Any) -> bool:
+    origin = typing.get_origin(tp)
+    return origin is typing.Union or (origin is not None and str(origin) == "<class 'types.UnionType'>")
+
+
+def check_value(value: Any, tp: Any) -> bool:
+    """Does ``value`` (from YAML/JSON) fit the annotation ``tp``? int is a float; bool is neither."""
+    origin = typing.get_origin(tp)
+    if _is_union(tp):
+        return any(check_value(value, a) for a in typing.get_args(tp))
+    if tp is type(None):
+        return value is None
+    if tp is Any:
+        return True
+    if tp is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if tp is bool:
+        return isinstance(value, bool)
+    if tp is str:
+        return isinstance(value, str)
+    if origin in (list, tuple, Sequence) or tp in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            return False
+        inner = typing.get_args(tp)
+        return not inner or all(check_value(v, inner[0]) for v in value)
+    if origin is dict or tp is dict or dataclasses.is_dataclass(tp):
+        return isinstance(value, dict)
+    return isinstance(value, tp) if isinstance(tp, type) else True
+
+
+KIND = {float: "a number", int: "an integer", bool: "true or false", str: "a string"}
+
+
+def fields(cls_or_obj) -> list[dataclasses.Field]:
+    """The declared settings (fields not marked ``internal``)."""
+    return [f for f in dataclasses.fields(cls_or_obj) if not f.metadata.get("internal")]
+
+
+def default_of(f: dataclasses.Field) -> Any:
+    return f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+
+
+def specs(cls: type) -> list[ArgSpec]:
+    """The declared settings of dataclass ``cls``, in declaration order."""
+    hints = typing.get_type_hints(cls)
+    return [ArgSpec(f.name, type_name(hints[f.name]), default_of(f), f.metadata.get("help", ""), f.metadata.get("choices"))
+            for f in fields(cls)]
+
+
+def check_mapping(cls: type, values: Any, where: str, owner: str) -> None:
+    """Check user-given ``values`` against the fields of ``cls`` (names, types, allowed values);
+    errors name the key (``where.<name>``). ``owner`` says whose setting it is (unknown names)."""
+    if not isinstance(values, dict):
+        raise SentembError(f"{where}: must be a mapping of argument names to values, not {type(values).__name__}")
+    hints = typing.get_type_hints(cls)
+    by_name = {s.name: s for s in specs(cls)}
+    for key, value in values.items():
+        if key not in by_name:
+            raise SentembError(f"{where}.{key}: unknown argument of {owner} (known: {', '.join(by_name)})")
+        tp = hints[key]
+        if not check_value(value, tp):
+            kind = KIND.get(tp, f"of type {type_name(tp)}")
+            raise SentembError(f"{where}.{key}: {value!r} is not {kind}")
+        ch = by_name[key].choices
+        if ch is not None and any(v not in ch for v in (value if isinstance(value, list) else [value])):
+            raise SentembError(f"{where}.{key}: {value!r} is not one of {', '.join(map(repr, ch))}")
+
+
+def build(cls: type, values: dict | None = None):
+    """An instance of settings dataclass ``cls`` from a (validated) mapping; nested settings
+    dataclasses are built from their sub-mappings over the field's default instance."""
+    values = dict(values or {})
+    hints = typing.get_type_hints(cls)
+    for f in fields(cls):
+        tp = hints[f.name]
+        if f.name in values and dataclasses.is_dataclass(tp) and isinstance(values[f.name], dict):
+            base = to_dict(default_of(f))
+            values[f.name] = build(tp, {**base, **values[f.name]})
+    return cls(**values)
+
+
+def to_dict(obj) -> dict:
+    """The mapping form of a settings instance (nested settings as mappings), in field order."""
+    return {f.name: (to_dict(v) if dataclasses.is_dataclass(v := getattr(obj, f.name)) else copy.deepcopy(v))
+            for f in fields(obj)}
+
+
+# ----------------------------------------------------------------------------------- JSON schema
+_JSON = {int: "integer", float: "number", bool: "boolean", str: "string", type(None): "null", dict: "object",
+         list: "array"}
+
+
+def _json_type(tp: Any) -> list[str]:
+    if _is_union(tp):
+        return [t for a in typing.get_args(tp) for t in _json_type(a)]
+    origin = typing.get_origin(tp)
+    return [_JSON.get(origin or tp, "object" if dataclasses.is_dataclass(tp) else "string")]
+
+
+def schema_of(cls: type, defaults: bool = True, default_instance: Any = None) -> dict:
+    """The JSON-schema object of settings dataclass ``cls`` (what ``sentemb.config`` validates a
+    config section with): one property per field with its type, allowed values, bounds, help and,
+    with ``defaults``, its default (from ``default_instance`` when given, e.g. one kind of job
+    resources). Nested settings dataclasses become nested objects."""
+    hints = typing.get_type_hints(cls)
+    props = {}
+    for f in fields(cls):
+        tp, meta = hints[f.name], f.metadata
+        value = getattr(default_instance, f.name) if default_instance is not None else default_of(f)
+        if dataclasses.is_dataclass(tp):
+            p = schema_of(tp, defaults, value)
+            if defaults:
+                p["default"] = {}
+        else:
+            p = {}
+            choices = list(meta["choices"]) if meta.get("choices") else None
+            if typing.get_origin(tp) is list:
+                p["type"] = "array"
+                p["items"] = {"enum": choices} if choices else {"type": _json_type(typing.get_args(tp)[0])[0]}
+            elif choices:
+                p["enum"] = choices
+            else:
+                types = _json_type(tp)
+                p["type"] = types[0] if len(types) == 1 else types
+            for key, name in (("minimum", "minimum"), ("maximum", "maximum"), ("exclusive_minimum", "exclusiveMinimum"),
+                              ("pattern", "pattern"), ("min_items", "minItems")):
+                if meta.get(key) is not None:
+                    p[name] = meta[key]
+            if defaults:
+                p["default"] = copy.deepcopy(value)
+        if meta.get("help"):
+            p["description"] = meta["help"]
+        props[f.name] = p
+    return {"type": "object", "additionalProperties": False, "properties": props}

@@ -1,0 +1,291 @@
+"""Every workflow setting with a default, declared once (``arg``: default, type, allowed values,
+bounds, one-line help). The config schema's ``train``, ``runs[].train``, ``evaluation``, ``stats``
+and ``job_resources`` sections are generated from these classes (``sentemb.config.load_schema``),
+``config/README.md`` is generated from them (``sentemb config-keys``), and the code reads the typed
+objects: ``TrainSettings`` in the training loop, ``Run`` for one resolved job.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import SentembError
+from .args import arg, build, check_mapping, schema_of, to_dict
+
+SHA256 = "^[0-9a-f]{64}$"
+POOLERS = ("cls", "cls_before_pooler", "avg", "avg_first_last", "avg_top2", "avg_static_last")
+STS_TASKS = ("STS12", "STS13", "STS14", "STS15", "STS16", "STSBenchmark", "SICKRelatedness")
+TRANSFER_TASKS = ("MR", "CR", "SUBJ", "MPQA", "SST2", "TREC", "MRPC")
+
+
+@dataclass
+class TrainSettings:
+    """Config key ``train`` (and each ``runs[].train``, which overrides it key by key): the shared
+    training loop's settings (``sentemb.train``); hyperparameter defaults as in methods.md §0."""
+
+    epochs: float = arg(1, "passes over the corpus (fractions allowed)", exclusive_minimum=0)
+    max_steps: int | None = arg(None, "stop after this many optimizer steps (null = epochs decide)", minimum=1)
+    batch_size: int = arg(64, "sentences per micro-batch (the in-batch negatives)", minimum=2)
+    grad_accum: int = arg(1, "micro-batches per optimizer step", minimum=1)
+    lr: float = arg(3.0e-5, "peak learning rate of AdamW", exclusive_minimum=0)
+    weight_decay: float = arg(0.0, "AdamW weight decay (not on biases and LayerNorm weights)", minimum=0)
+    warmup_ratio: float = arg(0.0, "share of the optimizer steps with a linear warm-up", minimum=0, maximum=1)
+    lr_schedule: str = arg("linear", "learning rate after warm-up: linear decay to 0 or constant",
+                           choices=("linear", "constant"))
+    grad_clip: float | None = arg(1.0, "clip the gradient norm at this value (null = no clipping)", exclusive_minimum=0)
+    max_len: int = arg(32, "truncate sentences to this many tokens", minimum=4)
+    eval_steps: int = arg(125, "STS-B dev evaluation every this many eval_unit", minimum=1)
+    eval_unit: str = arg(
+        "optimizer_steps",
+        "What eval_steps counts. optimizer_steps - parameter updates (the HF Trainer's global step, SimCSE's code, "
+        "methods.md §0). micro_batches - forward/backward passes of batch_size sentences, ArcCSE §4.1's \"training "
+        "steps\" (\"update the parameters every 64 steps ... evaluate every 125 training steps\"); each check is made "
+        "after the update that completes micro-batch k*eval_steps (weights change only at updates). The same with "
+        "grad_accum 1.", choices=("optimizer_steps", "micro_batches"))
+    eval_at_end: bool = arg(True, "also evaluate after the last step")
+    log_steps: int = arg(10, "log the mean loss terms every this many optimizer steps", minimum=1)
+    save_steps: int = arg(250, "save the resume state every this many optimizer steps", minimum=1)
+    precision: str = arg("auto", "auto = bf16 autocast on CUDA, fp32 elsewhere; bf16, fp16 (with a gradient "
+                         "scaler) or fp32 everywhere", choices=("auto", "bf16", "fp16", "fp32"))
+    dropout: float | None = arg(None, "encoder dropout (null = the backbone's own)", minimum=0, maximum=1)
+    device: str = arg("auto", "auto (CUDA if available), cpu, cuda, cuda:N")
+    num_threads: int | None = arg(None, "torch CPU threads (null = torch's default)", minimum=1)
+    compile: bool = arg(False, "torch.compile the method's forward and losses (dropout drawn as in eager mode, so the "
+                        "losses match an eager run to fp32 tolerance; see `sentemb benchmark --compile`).")
+    token_cache: bool = arg(True, "Tokenize the corpus once (rule tokenize, results/stats/<corpus>/tokens.<backbone>/, "
+                            "memory-mapped) instead of on every step; batches are identical either way.")
+    prefetch: bool = arg(True, "Build the next step's batches in a background thread (pinned memory on CUDA) while "
+                         "the current step computes; batches are identical either way.")
+    unpad: bool = arg(False, "Padding-free training forward (BERT-family encoders, sentemb.unpad) - the encoder runs "
+                      "on the real tokens only. Same outputs with dropout off; with dropout on the masks are drawn over "
+                      "fewer positions, so it is another random run (hence off by default).")
+    model_selection: str = arg("best_dev", "best_dev keeps the checkpoint with the best STS-B dev score (methods.md "
+                               "§0); last keeps the final weights and skips dev evaluation (e.g. pretraining stages).",
+                               choices=("best_dev", "last"))
+    sam_rho: float | None = arg(None, "Sharpness-Aware Minimization radius ρ (Foret et al. 2021; ArcCSE uses 0.05); "
+                                "null = plain AdamW. Each step computes the gradient twice (about 2x the cost); "
+                                "refused with precision fp16.", exclusive_minimum=0)
+    sampler: str = arg(
+        "random",
+        "Order of the training sentences. random - a fresh seeded permutation per epoch cut into batches (SimCSE). "
+        "length - ArcCSE §4.1's \"the sentences are sampled by length\": per epoch the sentences sorted by whitespace "
+        "word count (ties in a seeded random order) are cut into batches of neighbours and the batch order is "
+        "shuffled; every sentence once per epoch, deterministic in (corpus, seed), the same with token_cache on or "
+        "off. Changes the in-batch negatives, so it is part of what a resumed state must share.",
+        choices=("random", "length"))
+    log_grad_norms: bool = arg(
+        False,
+        "On every log step, log the L2 norm of each weighted loss term's gradient (as the term enters the total loss) "
+        "on the encoder's parameters (SARCSE - encoder + TextCNN) as train/grad_norm/<term> in MLflow and in "
+        "train.json's history (sentemb.grad_norms). The weights are bit-identical with it on or off; works with "
+        "grad_accum, sam_rho and autocast. Cost, on logged steps only - one partial backward per term (none for a "
+        "one-term method); MiniLM, batch 64, CPU, +0 ms for simcse, +12.4 s = +108% of a step for sarcse's 3 terms, "
+        "i.e. +11% of training time at log_steps 10 (sentemb benchmark --grad-norms).")
+    #: the key order of the mapping this was built from (the config's ``train`` order), kept by
+    #: ``to_dict`` so that a run config JSON, and with it Snakemake's params of rule run_config, stay
+    #: byte-identical to the dicts of earlier versions (a changed param would re-run every job)
+    key_order: tuple = field(default=(), init=False, repr=False, compare=False, metadata={"internal": True})
+
+    @classmethod
+    def from_dict(cls, values: dict | None, where: str = "train") -> TrainSettings:
+        """Settings from a mapping (a run config's ``train``); unknown keys and wrong types name the key."""
+        check_mapping(cls, values or {}, where, "train")
+        out = build(cls, values)
+        out.key_order = tuple(values or ())
+        return out
+
+    def to_dict(self) -> dict:
+        """The mapping form: the keys of the mapping it was built from in that order, then the rest
+        in declaration order."""
+        d = to_dict(self)
+        return {**{k: d[k] for k in self.key_order if k in d}, **d}
+
+    @property
+    def selects_by_dev(self) -> bool:
+        """Is the kept checkpoint chosen by STS-B dev (``model_selection: best_dev``)?"""
+        return self.model_selection == "best_dev"
+
+    def check(self, key: str) -> None:
+        """What the schema cannot say of one run's settings; ``key`` prefixes the message (the
+        config key or the run). SAM's ascent step would be scaled by fp16's gradient scaler."""
+        if self.sam_rho and self.precision == "fp16":
+            raise SentembError(f"{key}: SAM (train.sam_rho {self.sam_rho}) cannot be combined with train.precision "
+                               "fp16 (the gradient scaler would scale SAM's ascent step); use bf16, fp32 or auto, "
+                               "or set train.sam_rho: null")
+
+
+@dataclass
+class PretrainStage:
+    """The keys of a method's pretraining block (``methods.<method>.pretrain``) that are neither
+    ``train`` keys nor the method's own: read by ``sentemb.pretrain.resolve_pretrain``."""
+
+    corpus: str | None = arg(None, "corpus of the stage (a name under resources/corpus; null = corpus.name)")
+    seed: int = arg(42, "seed of the stage")
+
+
+@dataclass
+class EvaluationSettings:
+    """Config key ``evaluation``: test-time STS and transfer evaluation (``sentemb evaluate``)."""
+
+    data: str = arg("senteval", "STS data: SentEval's tokenized sets or the sets as originally published",
+                    choices=("senteval", "senteval-raw"))
+    tasks: list[str] = arg(list(STS_TASKS), "STS tasks evaluated", choices=STS_TASKS)
+    setting: str = arg("all", "SentEval's aggregation of STS12-16 subsets", choices=("all", "mean", "wmean"))
+    batch_size: int = arg(128, "sentences per encoding batch", minimum=1)
+    pooler: str | None = arg(None, "Override the method's evaluation pooler.", choices=(None, *POOLERS, "method"))
+    precision: str = arg("fp32", "Test-time encoding (STS, transfer). fp32 (default) on every device, as SentEval and "
+                         "the papers encode and as the loop's dev selection does; bf16 = autocast on any device; "
+                         "auto = bf16 on CUDA only. bf16/auto are faster but not the published protocol.",
+                         choices=("auto", "bf16", "fp32"))
+    transfer: bool = arg(False, "Also run the SentEval transfer tasks per run (eval_transfer.json, "
+                         "results/table_transfer.csv).")
+    transfer_tasks: list[str] = arg(list(TRANSFER_TASKS), "SentEval transfer tasks", choices=TRANSFER_TASKS,
+                                    min_items=1)
+    mrpc_features: str = arg("paper", "MRPC pair features: paper = [u, v, |u-v|, u*v] (methods.md), code = "
+                             "[|u-v|, u*v] (SentEval's code).", choices=("paper", "code"))
+    transfer_classifier: str = arg(
+        "pytorch",
+        "Transfer classifier (an open choice, sentemb.transfer): pytorch = SentEval's usepytorch=True path with "
+        "SimCSE's evaluation.py config (nhid 0, adam, batch 64, tenacity 5, epoch_size 4, l2reg 1e-5..1e-2), what the "
+        "published SimCSE/InfoCSE transfer numbers came from; sklearn = SentEval's LogisticRegression path (faster; "
+        "see README for the cost of each).", choices=("pytorch", "sklearn"))
+
+
+@dataclass
+class ParaphraserModel:
+    """The seq2seq paraphraser, fetched like a backbone (``sentemb fetch-model``)."""
+
+    hub_id: str = arg("tuner007/pegasus_paraphrase", "Hugging Face model id")
+    revision: str | None = arg(None, "revision of the model (null = the default branch)")
+    mirror_path: str | None = arg(None, "Path under the mirror; null means models/<last part of hub_id>.")
+    sha256: str | None = arg(None, "sha256 of the weights file", pattern=SHA256)
+    random_init: dict | None = arg(None, "Build a random seq2seq model from these HF config keys (model_type pegasus; "
+                                   "set eos_token_id / decoder_start_token_id from the tokenizer) and the fetched "
+                                   "tokenizer, for tests and throughput benchmarks.")
+
+
+@dataclass
+class ParaphraseSettings:
+    """Offline paraphrases of every corpus sentence (UNA positives); GPU jobs."""
+
+    enabled: bool | None = arg(None, "Paraphrase the corpus (and summarise it). null = only when "
+                               "tfidf_with_paraphrases is set or a run's method requires \"paraphrases\" or "
+                               "\"tfidf_para\". Other corpora of runs (runs[].corpus) are paraphrased only when a run "
+                               "on them needs it.")
+    model: ParaphraserModel = arg(ParaphraserModel(), "The seq2seq paraphraser, fetched like a backbone "
+                                  "(sentemb fetch-model).")
+    shards: int = arg(4, "Separate GPU jobs (lines i::shards).", minimum=1)
+    batch_size: int = arg(32, "sentences per generation batch", minimum=1)
+    num_beams: int = arg(10, "beam search width", minimum=1)
+    max_length: int = arg(60, "Max generated tokens.", minimum=2)
+
+
+@dataclass
+class StatsSettings:
+    """Config key ``stats``: corpus statistics (stage ``stats``, shared/docs/methods.md §1-3),
+    computed once per corpus under <results_dir>/stats/<corpus>/ and only read by training jobs."""
+
+    rake_top_k: int = arg(5, "RAKE phrases kept per sentence (PaSeR); ablations with a smaller k read a prefix.",
+                          minimum=1)
+    tfidf_with_paraphrases: bool = arg(False, "Compute tfidf.parquet over corpus + paraphrases (UNA's second "
+                                       "vocabulary) instead of the corpus alone; tfidf_para.parquet (corpus + "
+                                       "paraphrases) can be requested either way.")
+    paraphrase: ParaphraseSettings = arg(ParaphraseSettings(), "Offline paraphrases of every corpus sentence (UNA "
+                                         "positives); GPU jobs.")
+
+    @classmethod
+    def from_dict(cls, values: dict | None) -> StatsSettings:
+        check_mapping(cls, values or {}, "stats", "stats")
+        return build(cls, values)
+
+    def to_dict(self) -> dict:
+        return to_dict(self)
+
+
+@dataclass
+class Resources:
+    """Snakemake resources of one rule kind."""
+
+    gpu: int = arg(0, "GPUs per job", minimum=0)
+    runtime: int = arg(60, "minutes per job", minimum=1)
+    mem_mb: int = arg(16000, "memory per job in MB", minimum=1)
+    cpus: int = arg(4, "threads per job", minimum=1)
+
+
+@dataclass
+class JobResources:
+    """Config key ``job_resources``: Snakemake resources per rule kind (gpu, runtime in minutes,
+    mem_mb, cpus); a key left out of a kind takes that kind's default."""
+
+    train: Resources = arg(Resources(gpu=1, runtime=240, mem_mb=32000, cpus=8), "rule train")
+    evaluate: Resources = arg(Resources(gpu=1, runtime=60, mem_mb=16000, cpus=4), "rules evaluate, transfer, baseline")
+    stats: Resources = arg(Resources(gpu=0, runtime=240, mem_mb=16000, cpus=8), "statistics and the token cache "
+                           "(rule tokenize)")
+    paraphrase: Resources = arg(Resources(gpu=1, runtime=480, mem_mb=32000, cpus=4), "rule paraphrase")
+    pretrain: Resources = arg(Resources(gpu=1, runtime=1440, mem_mb=32000, cpus=8), "A method's pretraining stage "
+                              "(rule pretrain).")
+
+
+#: config sections generated from a settings class (``sentemb.config.load_schema``)
+SECTIONS: dict[str, type] = {"train": TrainSettings, "evaluation": EvaluationSettings, "stats": StatsSettings,
+                             "job_resources": JobResources}
+
+
+def section_schema(name: str, defaults: bool = True) -> dict:
+    """The JSON schema of config section ``name`` (with its defaults, or, for an override such as
+    ``runs[].train``, without)."""
+    out = schema_of(SECTIONS[name], defaults)
+    if defaults:
+        out["default"] = {}
+    doc = (SECTIONS[name].__doc__ or "").split("\n\n")[0]
+    out["description"] = " ".join(doc.split())
+    return out
+
+
+# ----------------------------------------------------------------------------------- a resolved run
+@dataclass
+class Run:
+    """The complete, self-contained settings of one training job (``sentemb.config.resolve_run``,
+    a pretraining stage: ``sentemb.pretrain.resolve_pretrain``). Its mapping form (``to_dict``) is
+    the run config JSON ``sentemb train`` reads, what MLflow records as params, and (in part) the
+    resume fingerprint (``sentemb.train.run_fingerprint``)."""
+
+    name: str
+    method: str
+    backbone: str
+    seed: int
+    train: TrainSettings = field(default_factory=TrainSettings)
+    method_args: dict = field(default_factory=dict)  # the method's resolved Args, as a mapping
+    paths: dict = field(default_factory=dict)  # model, corpus, senteval, stats, inputs{name: path}, tokens
+    backbone_hub_id: str | None = None
+    experiment: str = "sentemb"
+    tracking: dict = field(default_factory=dict)  # enabled, uri
+    corpus: str | None = None
+    run_name: str | None = None  # MLflow run name (default train/<name>/<backbone>/seed<seed>)
+    rule: str | None = None  # MLflow tag "rule" (default train)
+    progress: bool | None = None  # a progress bar (pretraining stage run from the CLI)
+
+    #: the order of the mapping form (the run config JSON); None-valued optional keys are left out
+    _ORDER = ("name", "method", "backbone", "backbone_hub_id", "seed", "train", "method_args", "experiment", "tracking",
+              "corpus", "run_name", "rule", "paths", "progress")
+    _OPTIONAL = ("backbone_hub_id", "corpus", "run_name", "rule", "progress")
+
+    @classmethod
+    def from_dict(cls, values: dict | Run) -> Run:
+        if isinstance(values, Run):
+            return values
+        unknown = set(values) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise SentembError(f"run config: unknown key(s) {', '.join(sorted(unknown))}")
+        return cls(**{**values, "train": TrainSettings.from_dict(values.get("train"), "train")})
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {}
+        for k in self._ORDER:
+            v = getattr(self, k)
+            if k in self._OPTIONAL and v is None:
+                continue
+            out[k] = v.to_dict() if k == "train" else v
+        return out
