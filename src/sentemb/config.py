@@ -264,7 +264,10 @@ def resolve_run(config: dict, name: str, backbone: str, seed: int, *, method: st
     return Run(
         name=name, method=method, backbone=backbone, backbone_hub_id=config["backbones"][backbone]["hub_id"],
         seed=int(seed), train=settings, method_args=method_args, experiment=config["experiment"],
-        tracking=config["tracking"], corpus=corpus, **extra,
+        # tracking.wait_s left unset (null) is not written into the run: its settings, and so the
+        # rule's params, stay those of a configuration from before the key existed (no re-runs).
+        tracking={k: v for k, v in config["tracking"].items() if not (k == "wait_s" and v is None)},
+        corpus=corpus, **extra,
         paths={
             "model": f"{res}/models/{backbone}",
             "corpus": f"{res}/corpus/{corpus}.txt",
