@@ -1,5 +1,6 @@
 """Throughput benchmark (a script, not a test): training and evaluation sentences/s and tokens/s,
-and MFU on CUDA, for a model directory, batch size and device. ``--compare-st`` runs the
+and the achieved training FLOP/s with its share of the device's peak (on CUDA the GPU's bf16 dense
+peak by name, on CPU a large fp32 matmul timed in the same run; ``sentemb.flops``), for a model directory, batch size and device. ``--compare-st`` runs the
 sentence-transformers SimCSE recipe (MultipleNegativesRankingLoss on duplicated sentences) with the
 same model, sentences, batch size, max length and optimizer, timed the same way.
 
@@ -22,14 +23,6 @@ def _sync(device):
 
     if device.type == "cuda":
         torch.cuda.synchronize()
-
-
-def train_flops(config, n_tokens: int, seq_len: int) -> float:
-    """Forward+backward FLOPs: 6·N·T for the dense weights + 12·layers·hidden·L·T for attention
-    (PaLM, Chowdhery et al. 2022, App. B); N excludes the embedding tables."""
-    h, layers, inter = config.hidden_size, config.num_hidden_layers, config.intermediate_size
-    n = layers * (4 * h * h + 2 * h * inter) + h * h  # attention + FFN + MLP head
-    return 6.0 * n * n_tokens + 12.0 * layers * h * seq_len * n_tokens
 
 
 def _peak(device, override):
@@ -77,14 +70,17 @@ def bench_method(model_dir, corpus, batch_size, steps, warmup, device, max_len, 
     the batch schedule, ``build_batch`` with the corpus's token cache, in line (``prefetch: false``)
     and timed separately, transfer, autocast, ``losses``, backward, with ``sam_rho`` SAM's second
     pass, clip, AdamW, LR schedule). Returns (seconds, real tokens, padded tokens, encoder config,
-    build seconds) of the last ``steps`` steps after ``warmup``."""
+    build seconds) of the last ``steps`` steps after ``warmup``, and the FLOPs per padded position
+    of one more step, counted (``sentemb.flops.counted``: every matmul of the step, whatever the
+    method runs), so that FLOPs of the timed steps = that × their padded positions."""
+    from .flops import counted
     from .train import State, log_step, run_steps, setup
 
     run = _bench_run(model_dir, corpus, batch_size, device, max_len, precision, method, 10**9, method_args, inputs,
                      sam_rho=sam_rho, unpad=unpad, prefetch=False)
     with setup(run, "/nonexistent-benchmark-output") as job:
-        if job.total < warmup + steps + 1:
-            raise SentembError(f"--corpus gives {job.total} steps of batch {batch_size}; {warmup + steps + 1} are needed")
+        if job.total < warmup + steps + 2:
+            raise SentembError(f"--corpus gives {job.total} steps of batch {batch_size}; {warmup + steps + 2} are needed")
         build, t_build, n_pad = job.method.build_batch, [0.0], [0]
 
         def timed_build(*args, **kwargs):  # build_batch, timed, and the padded positions of its rows
@@ -105,7 +101,9 @@ def bench_method(model_dir, corpus, batch_size, steps, warmup, device, max_len, 
             pass
         _sync(job.device)
         secs = time.perf_counter() - t0
-        return secs, state.n_tok, n_pad[0], job.method.encoder.config, t_build[0]
+        timed_tok, timed_pad, n_pad[0] = state.n_tok, n_pad[0], 0
+        _, flops = counted(lambda: list(run_steps(job, state, 1)))
+        return secs, timed_tok, timed_pad, job.method.encoder.config, t_build[0], flops / max(n_pad[0], 1)
 
 
 def bench_st(model_dir, sentences, batch_size, steps, warmup, device, max_len, precision):
@@ -426,7 +424,7 @@ def _cmd_benchmark(args) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     sentences = read_corpus(args.corpus)
-    need = args.batch_size * (args.steps + args.warmup)
+    need = args.batch_size * (args.steps + args.warmup + 2)  # + the counted step (and one to spare)
     if len(sentences) < need:
         raise SentembError(f"--corpus has {len(sentences)} sentences; {need} are needed for the steps asked")
     rows = []
@@ -435,37 +433,46 @@ def _cmd_benchmark(args) -> int:
     inputs = dict(kv.split("=", 1) for kv in args.input)
     sents = args.batch_size * args.steps
     peak = _peak(device, args.peak_tflops)
+    peak_what = "given" if args.peak_tflops else "bf16 dense, by GPU name"
+    if peak is None and device.type == "cpu":
+        from .flops import cpu_peak_tflops
+
+        peak, peak_what = cpu_peak_tflops(), "fp32 matmul 2048x2048 measured now"
     per_method = []
     for name in methods:
-        secs, tok, padded, cfg, t_build = bench_method(
+        secs, tok, padded, cfg, t_build, fpt = bench_method(
             args.model, args.corpus, args.batch_size, args.steps, args.warmup, device, args.max_len, args.precision,
             name, margs.get(name), inputs, args.sam_rho)
-        # SimCSE encodes both views: 2 × tokens pass through the network each step.
-        mfu = (train_flops(cfg, 2 * padded, padded // sents) / secs / (peak * 1e12)) if peak and name == "simcse" else None
-        rows.append((f"train sentemb {name}", sents / secs, tok / secs, 1000 * secs / args.steps, mfu))
+        tflops = fpt * padded / secs / 1e12  # counted FLOPs of the padded batches the model ran
+        rows.append((f"train sentemb {name}", sents / secs, tok / secs, 1000 * secs / args.steps, tflops,
+                     tflops / peak if peak else None))
         per_method.append((name, sents / secs, tok / secs, t_build / secs))
         if args.unpad and name == "simcse":
-            s_u, tok_u, _, _, _ = bench_method(args.model, args.corpus, args.batch_size, args.steps, args.warmup,
-                                               device, args.max_len, args.precision, name, margs.get(name), inputs,
-                                               args.sam_rho, unpad=True)
-            # MFU counts the FLOPs of the padded batch (the work the model is asked to do) in both rows
-            mfu_u = (train_flops(cfg, 2 * padded, padded // sents) / s_u / (peak * 1e12)) if peak else None
-            rows.append(("train sentemb simcse, train.unpad", sents / s_u, tok_u / s_u, 1000 * s_u / args.steps, mfu_u))
+            s_u, tok_u, *_ = bench_method(args.model, args.corpus, args.batch_size, args.steps, args.warmup,
+                                          device, args.max_len, args.precision, name, margs.get(name), inputs,
+                                          args.sam_rho, unpad=True)
+            # Both rows count the FLOPs of the padded batch (the work asked of the model; the same
+            # batches), so the unpad row's share of peak is the padded work done per second.
+            t_u = fpt * padded / s_u / 1e12
+            rows.append(("train sentemb simcse, train.unpad", sents / s_u, tok_u / s_u, 1000 * s_u / args.steps, t_u,
+                         t_u / peak if peak else None))
     if args.compare_st:
         s2, t2 = bench_st(args.model, sentences, args.batch_size, args.steps, args.warmup, device, args.max_len,
                           args.precision)
-        rows.append(("train sentence-transformers MNRL", sents / s2, t2 / s2, 1000 * s2 / args.steps, None))
+        rows.append(("train sentence-transformers MNRL", sents / s2, t2 / s2, 1000 * s2 / args.steps, None, None))
     es, en, et = bench_eval(args.model, sentences[: args.eval_sentences], args.eval_batch_size, device)
-    rows.append(("evaluate (encode, no truncation)", en / es, et / es, None, None))
+    rows.append(("evaluate (encode, no truncation)", en / es, et / es, None, None, None))
     dev_eval = bench_dev_eval(args.model, args.senteval, device) if args.senteval else None
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu x{torch.get_num_threads()} threads"
     print(f"model {args.model} | device {name} | batch {args.batch_size} | max_len {args.max_len} | "
           f"precision {args.precision} | {args.steps} timed steps after {args.warmup} warm-up"
           + (f" | SAM rho {args.sam_rho} (every method)" if args.sam_rho else ""))
-    print(f"{'what':<36} {'sentences/s':>12} {'tokens/s':>12} {'ms/step':>9} {'MFU':>7}")
-    for what, sps, tps, ms, u in rows:
+    print(f"peak: {f'{peak:.3f} TFLOP/s ({peak_what})' if peak else 'unknown (give --peak-tflops)'}; "
+          "TFLOP/s = counted matmul FLOPs of the padded batches (sentemb.flops) / time")
+    print(f"{'what':<36} {'sentences/s':>12} {'tokens/s':>12} {'ms/step':>9} {'TFLOP/s':>8} {'of peak':>8}")
+    for what, sps, tps, ms, tf, u in rows:
         print(f"{what:<36} {sps:>12.1f} {tps:>12.0f} {ms if ms is not None else float('nan'):>9.1f} "
-              f"{(f'{100 * u:.1f}%' if u is not None else '-'):>7}")
+              f"{(f'{tf:.3f}' if tf is not None else '-'):>8} {(f'{100 * u:.1f}%' if u is not None else '-'):>8}")
     if dev_eval is not None:
         step_s = args.batch_size / per_method[0][1]
         every = args.eval_every
@@ -507,7 +514,7 @@ def _method_args(items: list[str], methods: list[str]) -> dict[str, dict]:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("benchmark", help="training/evaluation throughput (and MFU on CUDA)")
+    p = sub.add_parser("benchmark", help="training/evaluation throughput, achieved FLOP/s and share of the device peak")
     p.add_argument("--model", required=True, help="HF model directory (pretrained or random-init)")
     p.add_argument("--corpus", required=True, help="sentences, one per line")
     p.add_argument("--batch-size", type=int, default=64)
