@@ -59,7 +59,9 @@ def validate_config(config: dict, source: str = "config") -> dict:
         msgs = [f"  - config key '{_key_path(e)}': {e.message}" for e in errors[:10]]
         raise SentembError(f"invalid configuration in {source}:\n" + "\n".join(msgs))
     from .methods import registry
+    from .studies import expand_studies
 
+    expand_studies(config, source)  # each study point becomes a run (or reuses one): checked as every run
     for backbone in config.get("baselines") or {}:
         if backbone not in config["backbones"]:
             raise SentembError(
@@ -243,6 +245,7 @@ def resolve_run(config: dict, name: str, backbone: str, seed: int) -> dict[str, 
     res = config["resources_dir"]
     corpus = corpus_of(config, run)
     return {
+        **{k: run[k] for k in ("study", "point") if k in run},  # a study's point: tags its MLflow run
         "name": name,
         "method": run["method"],
         "backbone": backbone,

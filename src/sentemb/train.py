@@ -641,6 +641,7 @@ def train(run: dict, out_dir: str | Path, *, progress: bool = True, stop_after: 
     ``method_cls`` replaces the registered class of ``run["method"]`` (a pretraining stage,
     ``Method.pretrain``, runs this loop with its own Method subclass and ``model_selection: last``).
     """
+    from .studies import study_tags
     from .tracking import Tracker
 
     out_dir = Path(out_dir)
@@ -651,7 +652,7 @@ def train(run: dict, out_dir: str | Path, *, progress: bool = True, stop_after: 
     # job that will resume its own saved state continues its own run (see Tracker's `marker`).
     tracker = Tracker(uri=trk.get("uri"), experiment=run.get("experiment", "sentemb"), enabled=trk.get("enabled", True),
                       run_name=run.get("run_name") or f"train/{run['name']}/{run['backbone']}/seed{seed}",
-                      tags={**meta, "rule": run.get("rule", "train")}, params=run,
+                      tags={**meta, "rule": run.get("rule", "train"), **study_tags(run)}, params=run,
                       marker=out_dir / ".mlflow_run.json", key=run_fingerprint(run),
                       resume=(out_dir / ".work" / "last.pt").is_file())
     with tracker:
