@@ -6,6 +6,7 @@ The same schema (``workflow/schemas/config.schema.yaml``) is used by the Snakefi
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import os
 from importlib import resources
@@ -21,6 +22,12 @@ MIRROR_ENV = "SENTEMB_MIRROR"
 
 
 def load_schema() -> dict:
+    return copy.deepcopy(_parsed_schema())
+
+
+@functools.lru_cache(maxsize=1)
+def _parsed_schema() -> dict:
+    # parsed once per process: method checks ask for it per run (hundreds of runs with studies)
     text = resources.files("sentemb").joinpath("schemas/config.schema.yaml").read_text("utf-8")
     return yaml.safe_load(text)
 

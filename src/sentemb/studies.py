@@ -180,6 +180,9 @@ def expand_studies(config: dict, source: str = "config") -> dict:
     if not studies:
         return config
     validator = _train_validator()
+    sigs: dict[str, dict] = {}  # signature -> the first run with it (a run's settings do not change here)
+    for r in config["runs"]:
+        sigs.setdefault(_signature(config, r), r)
     names = set()
     for i, study in enumerate(studies):
         where = f"studies[{i}]"
@@ -237,13 +240,14 @@ def expand_studies(config: dict, source: str = "config") -> dict:
                 run["evaluate"] = False
             if study.get("transfer") is not None or metric_source(study["metric"]) == "eval_transfer":
                 run["transfer"] = bool(study.get("transfer", True))
-            target = _reuse(config, run)
+            sig = _signature(config, run)
+            target = sigs.get(sig)
             if target is None:
                 if any(r.get("name") == name and r["backbone"] == run["backbone"] for r in config["runs"]):
                     raise _err(source, f"'{where}': a run named '{name}' on '{run['backbone']}' exists with other "
                                        "settings; rename the study or the run")
                 config["runs"].append(run)
-                target = run
+                sigs[sig] = target = run
             else:
                 _add_seeds(config, target, seeds)
                 if study.get("evaluate", True):
@@ -264,14 +268,6 @@ def expand_studies(config: dict, source: str = "config") -> dict:
             _add_seeds(config, match[0], seeds)
             study["reference"] = ref
     return config
-
-
-def _reuse(config: dict, run: dict) -> dict | None:
-    sig = _signature(config, run)
-    for other in config["runs"]:
-        if other["backbone"] == run["backbone"] and other["method"] == run["method"] and _signature(config, other) == sig:
-            return other
-    return None
 
 
 def _add_seeds(config: dict, run: dict, seeds: list[int]) -> None:
