@@ -147,12 +147,13 @@ def _points(study: dict, where: str, source: str) -> tuple[list[str], list[dict[
                 raise _err(source, f"'{where}.vary.{k}': a value appears twice")
         return keys, [dict(zip(keys, combo)) for combo in itertools.product(*(vary[k] for k in keys))]
     if study.get("points"):
-        keys = []
-        for p in study["points"]:
-            keys += [k for k in p if k not in keys]
+        keys = list(study["points"][0])
         for j, p in enumerate(study["points"]):
             if set(p) != set(keys):
-                raise _err(source, f"'{where}.points[{j}]': every point sets the same keys ({', '.join(keys)})")
+                raise _err(source, f"'{where}.points[{j}]': every point sets the keys of the first "
+                                   f"({', '.join(keys)})")
+            if json.dumps(p, sort_keys=True) in {json.dumps(q, sort_keys=True) for q in study["points"][:j]}:
+                raise _err(source, f"'{where}.points[{j}]': the same point twice")
         return keys, [{k: p[k] for k in keys} for p in study["points"]]
     return [], [{}]
 
