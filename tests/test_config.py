@@ -18,7 +18,7 @@ def test_shipped_configs_validate(path, monkeypatch):
     for run in cfg["runs"]:
         r = resolve_run(cfg, run["name"], run["backbone"], cfg["seeds"][0])
         assert r.train.batch_size >= 2
-        if run["method"] == "simcse":
+        if run["method"] == "simcse" and not run.get("study"):  # a study may vary it
             assert r.method_args["temperature"] == 0.05
 
 

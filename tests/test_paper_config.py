@@ -34,7 +34,7 @@ def _seeds(cfg, run):
 
 def test_dry_run_plans_every_configured_run_and_baseline(paper_cfg, tmp_path):
     cmd = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(tmp_path),
-           f"--configfile={REPO / 'config' / 'config.yaml'}", "-n", "table_paper"]
+           f"--configfile={REPO / 'config' / 'config.yaml'}", "-n", "table_paper", "studies"]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=900,
                        env={**os.environ, "SENTEMB_MIRROR": "", "MLFLOW_TRACKING_URI": ""})
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
@@ -45,6 +45,8 @@ def test_dry_run_plans_every_configured_run_and_baseline(paper_cfg, tmp_path):
     for b, poolers in paper_cfg["baselines"].items():
         for pooler in poolers:
             assert f"results/baselines/{b}/{pooler}/eval_sts.json" in out
+    for study in paper_cfg["studies"]:  # every paper study: its table and figure (its points are runs above)
+        assert f"results/studies/{study['name']}.csv" in out and f"results/studies/{study['name']}.png" in out
 
 
 def test_table_paper_shows_every_published_number_on_its_run(paper_cfg, tmp_path):

@@ -45,11 +45,11 @@ def env(shared):
 
 
 def jobs(workdir):
-    """(name, backbone, seed) of every training job the tiny config declares."""
-    import yaml
+    """(name, backbone, seed) of every training job the tiny config declares (its study's points included)."""
+    from sentemb.config import load_config
 
-    cfg = yaml.safe_load((workdir / "config.yaml").read_text())
-    return [(r.get("name", r["method"]), r["backbone"], s) for r in cfg["runs"] for s in (r.get("seeds") or cfg["seeds"])]
+    cfg = load_config(workdir / "config.yaml")
+    return [(r["name"], r["backbone"], s) for r in cfg["runs"] for s in (r.get("seeds") or cfg["seeds"])]
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +80,7 @@ def test_table1_from_the_dag(ran):
     assert t.loc[0, "std"] == pytest.approx(abs(avgs[0] - avgs[1]) / 2 ** 0.5, abs=0.01)  # sample std, 2 seeds
     assert evals[0]["details"]["STS12"]["n"] == 3108 and evals[0]["details"]["SICKRelatedness"]["n"] == 4927
     assert evals[0]["pooler"] == "cls_before_pooler"
-    assert (ran / "results" / "table1.md").read_text().count("| simcse |") == 1
+    assert sum(line.startswith("| simcse |") for line in (ran / "results" / "table1.md").read_text().splitlines()) == 1
 
 
 def test_report_end_of_the_dag(ran, env):
@@ -121,6 +121,36 @@ def test_report_renders_in_a_headless_browser(ran, env):
     for f in ("table1_bars.png", "dev_curves.png", "align_uniform.png", "cosine_buckets.png", "paper_vs_reproduced.png",
               "table_paper.csv", "table_transfer.csv"):
         assert f in text  # every figure and table is embedded
+
+
+def test_study_end_to_end(ran, env):
+    """The tiny config's two-point study (SimCSE temperature 0.05 = the `simcse` run, reused; 0.1 a new
+    run under results/runs/simcse-temp/temperature=0.1/): its runs, table, figure and report section."""
+    res = ran / "results"
+    new = res / "runs" / "simcse-temp" / "temperature=0.1" / "tiny-bert"
+    assert {p.name for p in new.iterdir()} >= {"seed1", "seed2"}
+    assert json.loads((new / "seed1" / "run_config.json").read_text())["method_args"]["temperature"] == 0.1
+    t = pd.read_csv(res / "studies" / "simcse-temp.csv")
+    assert list(t["temperature"]) == [0.05, 0.1] and list(t["run"]) == ["simcse", "simcse-temp/temperature=0.1"]
+    assert list(t["n_seeds"]) == [2, 2]
+    for _, row in t.iterrows():
+        vals = [json.loads((res / "runs" / row["run"] / "tiny-bert" / f"seed{s}" / "eval_sts.json").read_text())
+                ["STSBenchmark"] for s in (1, 2)]
+        assert row["mean"] == pytest.approx(sum(vals) / 2) and row["std"] == pytest.approx(abs(vals[0] - vals[1]) / 2 ** 0.5)
+    assert "simcse-temp/temperature=0.1" in set(pd.read_csv(res / "table1.csv")["name"])  # an ordinary run
+    assert (res / "studies" / "simcse-temp.png").stat().st_size > 5000 and (res / "studies" / "simcse-temp.svg").is_file()
+    assert "| temperature |" in (res / "studies" / "simcse-temp.md").read_text()
+    html = res / "report.html"
+    if not html.is_file():
+        smk(ran, "--report", "results/report.html", env=env)
+    text = html.read_text("utf-8", errors="replace")
+    assert "Studies" in text and "simcse-temp.png" in text and "simcse-temp.csv" in text
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{ran / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("sentemb-test").experiment_id],
+                              "tags.study = 'simcse-temp'")
+    assert sorted(r.data.tags["point"] for r in runs) == ["temperature=0.1"] * 2
 
 
 def test_stats_stage_in_the_dag(ran):

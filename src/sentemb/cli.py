@@ -26,6 +26,7 @@ COMMAND_MODULES = [
     "sentemb.transfer",
     "sentemb.tables",
     "sentemb.report",
+    "sentemb.studies",
     "sentemb.tracking",
     "sentemb.benchmark",
 ]

@@ -6,6 +6,7 @@ The same schema (``workflow/schemas/config.schema.yaml``) is used by the Snakefi
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import os
 from importlib import resources
@@ -25,6 +26,12 @@ def load_schema() -> dict:
     """The config schema: ``schemas/config.schema.yaml`` with its generated sections (``train``,
     ``runs[].train``, ``evaluation``, ``stats``, ``job_resources``) filled in from the settings
     classes (``sentemb.settings``), where each of their keys and defaults is declared once."""
+    return copy.deepcopy(_parsed_schema())
+
+
+@functools.lru_cache(maxsize=1)
+def _parsed_schema() -> dict:
+    # built once per process: method checks ask for it per run (hundreds of runs with studies)
     from .settings import SECTIONS, section_schema
 
     text = resources.files("sentemb").joinpath("schemas/config.schema.yaml").read_text("utf-8")
@@ -32,6 +39,7 @@ def load_schema() -> dict:
     for name in SECTIONS:
         schema["properties"][name] = section_schema(name)
     schema["properties"]["runs"]["items"]["properties"]["train"] = section_schema("train", defaults=False)
+    schema["properties"]["studies"]["items"]["properties"]["train"] = section_schema("train", defaults=False)
     return schema
 
 
@@ -69,7 +77,9 @@ def validate_config(config: dict, source: str = "config") -> dict:
         msgs = [f"  - config key '{_key_path(e)}': {e.message}" for e in errors[:10]]
         raise SentembError(f"invalid configuration in {source}:\n" + "\n".join(msgs))
     from .methods import registry
+    from .studies import expand_studies
 
+    expand_studies(config, source)  # each study point becomes a run (or reuses one): checked as every run
     for backbone in config.get("baselines") or {}:
         if backbone not in config["backbones"]:
             raise SentembError(
@@ -254,6 +264,7 @@ def resolve_run(config: dict, name: str, backbone: str, seed: int, *, method: st
     updated by the run's. A pretraining stage (``sentemb.pretrain.resolve_pretrain``) gives its
     own ``method``, ``train``, ``method_args``, ``corpus``, ``inputs`` and ``extra`` fields
     (``run_name``, ``rule``) instead of a configured run's."""
+    run = None
     if method is None:
         run = find_run(config, name, backbone)
         method, corpus = run["method"], corpus_of(config, run)
@@ -268,6 +279,7 @@ def resolve_run(config: dict, name: str, backbone: str, seed: int, *, method: st
         # rule's params, stay those of a configuration from before the key existed (no re-runs).
         tracking={k: v for k, v in config["tracking"].items() if not (k == "wait_s" and v is None)},
         corpus=corpus, **extra,
+        **({k: run[k] for k in ("study", "point") if k in run} if run is not None else {}),  # tags its MLflow run
         paths={
             "model": f"{res}/models/{backbone}",
             "corpus": f"{res}/corpus/{corpus}.txt",

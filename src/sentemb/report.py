@@ -229,8 +229,8 @@ def check_against_config(entries: list[dict], config: dict, source: str = "paper
     for (method, backbone, table), names in covered.items():
         m_axes, t_axes = axes.get(method, (set(), set()))
         for (name, b), r in runs.items():
-            if b != backbone or r["method"] != method or name in names:
-                continue
+            if b != backbone or r["method"] != method or name in names or r.get("study"):
+                continue  # a study's point differs from every run in its varied setting (sentemb.studies)
             mine = on_axes(r, m_axes, t_axes)
             for other in sorted(names):
                 theirs = on_axes(runs[(other, backbone)], m_axes, t_axes)

@@ -266,11 +266,13 @@ class Run:
     run_name: str | None = None  # MLflow run name (default train/<name>/<backbone>/seed<seed>)
     rule: str | None = None  # MLflow tag "rule" (default train)
     progress: bool | None = None  # a progress bar (pretraining stage run from the CLI)
+    study: str | None = None  # the study this run is a point of (sentemb.studies), tagged on its MLflow run
+    point: dict | None = None  # that point's values, {key: value}
 
     #: the order of the mapping form (the run config JSON); None-valued optional keys are left out
     _ORDER = ("name", "method", "backbone", "backbone_hub_id", "seed", "train", "method_args", "experiment", "tracking",
-              "corpus", "run_name", "rule", "paths", "progress")
-    _OPTIONAL = ("backbone_hub_id", "corpus", "run_name", "rule", "progress")
+              "corpus", "run_name", "rule", "paths", "progress", "study", "point")
+    _OPTIONAL = ("backbone_hub_id", "corpus", "run_name", "rule", "progress", "study", "point")
 
     @classmethod
     def from_dict(cls, values: dict | Run) -> Run:

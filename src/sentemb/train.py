@@ -656,6 +656,7 @@ def train(run: Run | dict, out_dir: str | Path, *, progress: bool = True, stop_a
     ``method_cls`` replaces the registered class of ``run.method`` (a pretraining stage,
     ``Method.pretrain``, runs this loop with its own Method subclass and ``model_selection: last``).
     """
+    from .studies import study_tags
     from .tracking import Tracker
 
     run = Run.from_dict(run)
@@ -666,7 +667,7 @@ def train(run: Run | dict, out_dir: str | Path, *, progress: bool = True, stop_a
     # job that will resume its own saved state continues its own run (see Tracker's `marker`).
     tracker = Tracker(uri=run.tracking.get("uri"), experiment=run.experiment, enabled=run.tracking.get("enabled", True),
                       run_name=run.run_name or f"train/{run.name}/{run.backbone}/seed{seed}",
-                      tags={**meta, "rule": run.rule or "train"}, params=run.to_dict(),
+                      tags={**meta, "rule": run.rule or "train", **study_tags(run.to_dict())}, params=run.to_dict(),
                       marker=out_dir / ".mlflow_run.json", key=run_fingerprint(run),
                       resume=(out_dir / ".work" / "last.pt").is_file(), wait_s=run.tracking.get("wait_s"))
     with tracker:

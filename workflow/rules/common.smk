@@ -1,11 +1,13 @@
 # Config validation, shared names and input functions. Rules stay thin: they call `sentemb`.
 import os
+import re
 
 from sentemb import SentembError
 from sentemb.config import mirror_dir, resolve_run, run_inputs, validate_config
 from sentemb.cache import verify_resources
 from sentemb.utils import expose_cli
 from sentemb.methods import get_method
+from sentemb.studies import study_inputs, study_spec
 
 try:
     validate_config(config, source="the Snakemake config")
@@ -43,7 +45,7 @@ GPU_ENV = f"SENTEMB_GPU_SLOTS={config['local_gpus']} " if config.get("local_gpus
 
 
 wildcard_constraints:
-    name="|".join(sorted({n for n, _ in RUNS})),
+    name="|".join(re.escape(n) for n in sorted({n for n, _ in RUNS})),  # a study's point: <study>/<key>=<value>
     backbone="|".join(sorted(config["backbones"])),
     seed=r"\d+",
     corpus=r"[A-Za-z0-9_.-]+",
@@ -75,16 +77,21 @@ def eval_pooler(wildcards):
     return cls.pooler_for(cls.make_args(run["method_args"]))
 
 
+# runs with test-set evaluation (runs[].evaluate: false = dev only, e.g. a cheap study's points)
+TESTED = {(r["name"], r["backbone"]) for r in config["runs"] if r.get("evaluate", True)}
+
+
 def eval_outputs():
     return [
-        f"{RESULTS}/runs/{n}/{b}/seed{s}/eval_sts.json" for n, b, s in JOBS
+        f"{RESULTS}/runs/{n}/{b}/seed{s}/eval_sts.json" for n, b, s in JOBS if (n, b) in TESTED
     ]
 
 
 
 # --- report end of the DAG (issue 12): transfer tasks, untrained baselines, paper table, figures
 # runs with transfer tasks: runs[].transfer, else evaluation.transfer
-TRANSFER_RUNS = {(r["name"], r["backbone"]) for r in config["runs"] if r.get("transfer", config["evaluation"]["transfer"])}
+TRANSFER_RUNS = {(r["name"], r["backbone"]) for r in config["runs"]
+                 if r.get("transfer", config["evaluation"]["transfer"]) and r.get("evaluate", True)}
 TRANSFER = bool(TRANSFER_RUNS)
 # (backbone, pooler) of every untrained baseline (config `baselines`)
 BASELINES = [(b, p) for b, ps in (config.get("baselines") or {}).items() for p in ps]
@@ -116,8 +123,18 @@ def train_summaries():
     return [f"{RESULTS}/runs/{n}/{b}/seed{s}/train.json" for n, b, s in JOBS]
 
 
+# Studies (sentemb.studies): results/studies/<name>.csv/.md/.png/.svg; their points are ordinary runs
+STUDIES = {s["name"]: s for s in config.get("studies") or []}
+STUDY_TARGETS = [f"{RESULTS}/studies/{n}.{ext}" for n in STUDIES for ext in ("csv", "md", "png", "svg")]
+
+
+wildcard_constraints:
+    study="|".join(re.escape(n) for n in sorted(STUDIES)) or "(?!)",
+
+
 REPORT_TARGETS = (
-    [f"{RESULTS}/table_paper.csv", f"{RESULTS}/table_paper.md"]
+    STUDY_TARGETS
+    + [f"{RESULTS}/table_paper.csv", f"{RESULTS}/table_paper.md"]
     + [f"{RESULTS}/figures/{f}.{ext}" for f in FIGURES for ext in ("png", "svg")]
     + ([f"{RESULTS}/table_transfer.csv", f"{RESULTS}/table_transfer.md"] if TRANSFER else [])
 )

@@ -76,6 +76,50 @@ rule figures:
         " --output-dir {params.outdir} > {log} 2>&1"
 
 
+# Studies (issue 21): one table and one figure per config `studies` entry, from its points' results.
+rule study_spec:
+    """The expanded study (its points and the runs they map to), what `sentemb study` reads."""
+    output:
+        f"{RESULTS}/studies/{{study}}.spec.json",
+    params:
+        spec=lambda w: study_spec(config, w.study),
+    log:
+        f"{LOGS}/studies/{{study}}.spec.log",
+    localrule: True
+    run:
+        from sentemb.utils import write_json
+
+        write_json(output[0], params.spec)
+
+
+rule study:
+    input:
+        spec=f"{RESULTS}/studies/{{study}}.spec.json",
+        results=lambda w: study_inputs(config, STUDIES[w.study]),
+        published=PAPER_RESULTS,
+    output:
+        csv=report(f"{RESULTS}/studies/{{study}}.csv", caption="../report/study.rst", category="Studies",
+                   subcategory="{study}"),
+        md=f"{RESULTS}/studies/{{study}}.md",
+        png=report(f"{RESULTS}/studies/{{study}}.png", caption="../report/study.rst", category="Studies",
+                   subcategory="{study}"),
+        svg=f"{RESULTS}/studies/{{study}}.svg",
+    log:
+        f"{LOGS}/studies/{{study}}.log",
+    localrule: True
+    conda:
+        "../envs/sentemb.yaml"
+    shell:
+        "sentemb study --spec {input.spec} --inputs {input.results} --published {input.published}"
+        " --output {output.csv} --markdown {output.md} --figure {output.png} > {log} 2>&1"
+
+
+rule studies:
+    """Every study's table and figure (`snakemake studies`)."""
+    input:
+        STUDY_TARGETS,
+
+
 rule report_all:
     """Every table and figure (`snakemake report_all`, then `snakemake --report results/report.html`)."""
     input:

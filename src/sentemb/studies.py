@@ -1,0 +1,597 @@
+"""Studies: a sensitivity analysis as one config block, one table and one figure (issue 21).
+
+A study varies run keys over values and becomes ordinary named runs::
+
+    studies:
+      - name: sarcse-theta
+        method: sarcse
+        backbone: roberta-base
+        vary: {method_args.theta: [0.0, 0.1, 0.2]}   # one key: a curve; two keys: a grid (heat map)
+        train: {batch_size: 64, lr: 1.0e-5}            # the settings every point shares
+        seeds: [42]                                    # default: the top-level seeds
+        metric: Avg                                    # what the figure and table show
+
+* ``vary`` maps run keys (``method_args.<arg>``, ``train.<key>``) to value lists; several keys form
+  their Cartesian grid. ``points`` instead lists the points one by one (``[{method_args.m: 10,
+  method_args.n: 1}, ...]``) for designs that are not a grid (PaSeR Table 8, ArcCSE Fig. 6). A study
+  with neither is a **seeds study** (UNA Table D7): one point over its seeds, set against
+  ``reference`` (a run on the same backbone, default ``simcse``) on the same seeds.
+* Each point is a run named ``<study>/<key>=<value>[,<key>=<value>]`` (``<key>`` = the last part of
+  the run key unless two keys of the study share it; a seeds study's run is ``<study>/seeds``). The
+  value is written canonically (``repr`` of the float, integral floats as integers: ``theta=0.3``,
+  ``aux_weight=1e-05``, ``margin_deg=10``; booleans ``true``/``false``), so the name is stable and
+  uses only ``[A-Za-z0-9_.,=-]``. Its ``/`` nests the run directory:
+  ``results/runs/<study>/<key>=<value>/<backbone>/seed<seed>``, one folder per study.
+* A point whose settings equal an existing run (same method, backbone, corpus, effective ``train``
+  and effective method arguments) **reuses** that run: nothing is retrained, the run keeps its name,
+  and gains the study's seeds it lacks (its table row then counts them too). The study records the
+  run each point maps to (``studies[i].expanded``).
+* ``evaluate: false`` (a cheap study, e.g. the CPU demo's): the new runs skip the test sets (no
+  eval_sts.json, no table1 row) and the metric is their training-time dev score, ``best_dev_stsb``.
+* Generated runs carry ``study`` and ``point``; ``resolve_run`` passes them on and the training
+  MLflow run is tagged with both.
+* Bad keys and values are refused naming ``studies[i].vary.<key>``: method arguments against the
+  method's declared ``Args``, train keys against the config schema's train settings.
+
+The table ``results/studies/<name>.csv/.md``: one row per point with the value(s), the run,
+``n_seeds``, ``mean``, ``std`` (sample), the seeds' 95 % t-interval and the published value; the
+figure ``results/studies/<name>.png/.svg``. Published values come from ``config/paper_results.yaml``,
+section ``studies`` (see ``load_published``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import itertools
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any, Iterable
+
+from . import SentembError
+from .senteval import TASKS
+from .transfer import TRANSFER_TASKS
+from .utils import atomic_path
+
+#: the metrics a study may show: STS test tasks and their Avg (eval_sts.json), the run's best STS-B
+#: development score (train.json, what the papers' sensitivity tables mostly report), a transfer task
+DEV_METRIC = "best_dev_stsb"
+METRICS = [*TASKS, "Avg", DEV_METRIC, *TRANSFER_TASKS]
+SEEDS_POINT = "seeds"
+_SAFE_STR = re.compile(r"^[A-Za-z0-9_.-]+$")
+_PREFIXES = ("method_args", "train")
+
+
+def metric_source(metric: str) -> str:
+    """The per-run file a metric is read from: ``eval_sts``, ``train`` or ``eval_transfer``."""
+    if metric == DEV_METRIC:
+        return "train"
+    if metric in TRANSFER_TASKS:
+        return "eval_transfer"
+    return "eval_sts"
+
+
+# ------------------------------------------------------------------------------------ names
+def format_value(value: Any, where: str) -> str:
+    """The canonical, filesystem-safe spelling of a point value in a run name."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise SentembError(f"{where}: {value!r} cannot be a study point")
+        if value.is_integer() and abs(value) < 1e15:
+            return str(int(value))
+        return repr(value).replace("e+", "e")
+    if isinstance(value, str) and _SAFE_STR.match(value):
+        return value
+    raise SentembError(f"{where}: {value!r} cannot name a study point (numbers, booleans and strings of "
+                       "[A-Za-z0-9_.-] only)")
+
+
+def short_keys(keys: list[str]) -> dict[str, str]:
+    """Run key -> its name in point names: the last part, the full key where two would collide."""
+    last = [k.split(".", 1)[1] for k in keys]
+    return {k: (s if last.count(s) == 1 else k) for k, s in zip(keys, last)}
+
+
+def point_name(study: str, point: dict[str, Any], where: str) -> str:
+    """``<study>/<key>=<value>,...`` (keys in the study's order); ``<study>/seeds`` for no keys."""
+    if not point:
+        return f"{study}/{SEEDS_POINT}"
+    return study + "/" + ",".join(f"{k}={format_value(v, f'{where}.{k}')}" for k, v in point.items())
+
+
+# ------------------------------------------------------------------------------------ expansion
+def _err(source: str, msg: str) -> SentembError:
+    return SentembError(f"invalid configuration in {source}: config key {msg}")
+
+
+def _train_validator():
+    import jsonschema
+
+    from .config import load_schema
+
+    schema = load_schema()
+    return jsonschema.Draft202012Validator(schema["properties"]["runs"]["items"]["properties"]["train"])
+
+
+def _check_train(validator, train: dict, where: str, source: str) -> None:
+    errors = sorted(validator.iter_errors(train), key=lambda e: list(e.absolute_path))
+    if errors:
+        e = errors[0]
+        key = ".".join(str(p) for p in e.absolute_path)
+        if e.validator == "additionalProperties":
+            bad = sorted(set(train) - set(e.schema.get("properties", {})))
+            key = bad[0] if bad else key
+            raise _err(source, f"'{where}.{key}': unknown train setting (see `train` in the config schema)")
+        raise _err(source, f"'{where}{'.' + key if key else ''}': {e.message}")
+
+
+def _points(study: dict, where: str, source: str) -> tuple[list[str], list[dict[str, Any]]]:
+    """(run keys, points as {run key: value}) of a study: the grid of ``vary``, or ``points``."""
+    if study.get("vary") and study.get("points"):
+        raise _err(source, f"'{where}': give either `vary` (a grid) or `points` (a list), not both")
+    if study.get("vary"):
+        vary = study["vary"]
+        keys = list(vary)
+        for k in keys:
+            if not isinstance(vary[k], list) or not vary[k]:
+                raise _err(source, f"'{where}.vary.{k}': a non-empty list of values")
+            if len(set(map(json.dumps, vary[k]))) != len(vary[k]):
+                raise _err(source, f"'{where}.vary.{k}': a value appears twice")
+        return keys, [dict(zip(keys, combo)) for combo in itertools.product(*(vary[k] for k in keys))]
+    if study.get("points"):
+        keys = list(study["points"][0])
+        for j, p in enumerate(study["points"]):
+            if set(p) != set(keys):
+                raise _err(source, f"'{where}.points[{j}]': every point sets the keys of the first "
+                                   f"({', '.join(keys)})")
+            if json.dumps(p, sort_keys=True) in {json.dumps(q, sort_keys=True) for q in study["points"][:j]}:
+                raise _err(source, f"'{where}.points[{j}]': the same point twice")
+        return keys, [{k: p[k] for k in keys} for p in study["points"]]
+    return [], [{}]
+
+
+def _signature(config: dict, run: dict) -> str:
+    """What makes two runs the same training: method, backbone, corpus, effective train and args."""
+    from .config import corpus_of
+    from .methods import get_method
+
+    cls = get_method(run["method"])
+    margs = cls.resolve_args((config.get("methods") or {}).get(run["method"], {}), run.get("method_args") or {})
+    train = {**config["train"], **(run.get("train") or {})}
+    return json.dumps([run["method"], run["backbone"], corpus_of(config, run), train, margs], sort_keys=True,
+                      default=str)
+
+
+def expand_studies(config: dict, source: str = "config") -> dict:
+    """Turn every ``studies`` entry into runs (appended to ``runs``, or existing runs reused); record on
+    each study ``expanded`` = [{point, run}], its ``seeds`` and, for a seeds study, ``reference``.
+    Called by ``validate_config`` after the schema (defaults filled) and before the run checks, so the
+    points are validated as every run is. Idempotent: a second call finds its runs already there."""
+    from .methods import registry
+
+    studies = config.get("studies") or []
+    if not studies:
+        return config
+    validator = _train_validator()
+    sigs: dict[str, dict] = {}  # signature -> the first run with it (a run's settings do not change here)
+    for r in config["runs"]:
+        sigs.setdefault(_signature(config, r), r)
+    names = set()
+    for i, study in enumerate(studies):
+        where = f"studies[{i}]"
+        if study["name"] in names:
+            raise _err(source, f"'{where}.name': study '{study['name']}' appears twice")
+        names.add(study["name"])
+        if study["backbone"] not in config["backbones"]:
+            raise _err(source, f"'{where}.backbone': '{study['backbone']}' is not one of the declared backbones "
+                               f"{sorted(config['backbones'])}")
+        if study["method"] not in registry():
+            raise _err(source, f"'{where}.method': unknown method '{study['method']}' (registered: "
+                               f"{sorted(registry())})")
+        cls = registry()[study["method"]]
+        if study["metric"] not in METRICS:
+            raise _err(source, f"'{where}.metric': {study['metric']!r} is not one of {', '.join(METRICS)}")
+        if not study.get("evaluate", True) and study["metric"] != DEV_METRIC:
+            raise _err(source, f"'{where}.metric': a study with evaluate: false has only the dev score "
+                               f"({DEV_METRIC}), not {study['metric']!r}")
+        try:
+            cls.validate_args(study.get("method_args") or {}, f"{where}.method_args")
+        except SentembError as e:
+            raise _err(source, str(e)) from None
+        _check_train(validator, study.get("train") or {}, f"{where}.train", source)
+        keys, points = _points(study, where, source)
+        label = "vary" if study.get("vary") else "points"
+        for k in keys:
+            prefix, _, arg = k.partition(".")
+            if prefix not in _PREFIXES or not arg or "." in arg:
+                raise _err(source, f"'{where}.{label}.{k}': a study varies method_args.<argument> or "
+                                   "train.<setting>")
+            values = {json.dumps(p[k]): p[k] for p in points}.values()
+            for v in values:
+                if prefix == "method_args":
+                    try:
+                        cls.validate_args({arg: v}, f"{where}.{label}.method_args")
+                    except SentembError as e:
+                        raise _err(source, str(e)) from None
+                else:
+                    _check_train(validator, {arg: v}, f"{where}.{label}.train", source)
+        short = short_keys(keys)
+        seeds = list(study.get("seeds") or config["seeds"])
+        expanded = []
+        for p in points:
+            point = {short[k]: v for k, v in p.items()}
+            name = point_name(study["name"], point, f"{where}.{label}")
+            run = {"name": name, "method": study["method"], "backbone": study["backbone"],
+                   "method_args": {**(study.get("method_args") or {}),
+                                   **{k.split(".", 1)[1]: v for k, v in p.items() if k.startswith("method_args.")}},
+                   "train": {**(study.get("train") or {}),
+                             **{k.split(".", 1)[1]: v for k, v in p.items() if k.startswith("train.")}},
+                   "seeds": seeds, "study": study["name"], "point": point}
+            if study.get("corpus") is not None:
+                run["corpus"] = study["corpus"]
+            if not study.get("evaluate", True):
+                run["evaluate"] = False
+            if study.get("transfer") is not None or metric_source(study["metric"]) == "eval_transfer":
+                run["transfer"] = bool(study.get("transfer", True))
+            sig = _signature(config, run)
+            target = sigs.get(sig)
+            if target is None:
+                if any(r.get("name") == name and r["backbone"] == run["backbone"] for r in config["runs"]):
+                    raise _err(source, f"'{where}': a run named '{name}' on '{run['backbone']}' exists with other "
+                                       "settings; rename the study or the run")
+                config["runs"].append(run)
+                sigs[sig] = target = run
+            else:
+                _add_seeds(config, target, seeds)
+                if study.get("evaluate", True):
+                    target.pop("evaluate", None)
+                if run.get("transfer"):
+                    target["transfer"] = True
+            expanded.append({"point": point, "run": target.get("name") or target["method"],
+                             "reused": target is not run and target.get("study") != study["name"]})
+        study["expanded"] = expanded
+        study["seeds"] = seeds
+        if not keys:
+            ref = study.get("reference") or "simcse"
+            match = [r for r in config["runs"] if (r.get("name") or r["method"]) == ref
+                     and r["backbone"] == study["backbone"]]
+            if not match:
+                raise _err(source, f"'{where}.reference': no run '{ref}' on '{study['backbone']}' to set the seeds "
+                                   "study against (a seeds study compares with `reference`, default simcse)")
+            _add_seeds(config, match[0], seeds)
+            study["reference"] = ref
+    return config
+
+
+def _add_seeds(config: dict, run: dict, seeds: list[int]) -> None:
+    have = list(run.get("seeds") or config["seeds"])
+    missing = [s for s in seeds if s not in have]
+    if missing:
+        run["seeds"] = have + missing
+
+
+def study_runs(study: dict) -> list[tuple[str, str]]:
+    """(run name, role) of a study after expansion: every point's run, then the seeds study's reference."""
+    out = [(p["run"], "point") for p in study["expanded"]]
+    if study.get("reference"):
+        out.append((study["reference"], "reference"))
+    return out
+
+
+def study_inputs(config: dict, study: dict) -> list[str]:
+    """The per-run result files the study's table reads (its metric's file, every run, every seed)."""
+    kind = metric_source(study["metric"])
+    return [f"{config['results_dir']}/runs/{name}/{study['backbone']}/seed{s}/{kind}.json"
+            for name, _ in study_runs(study) for s in study["seeds"]]
+
+
+# ------------------------------------------------------------------------------------ published
+def load_published(path: str | Path | None) -> dict[str, dict]:
+    """The ``studies`` section of ``config/paper_results.yaml``, by study name. Each entry::
+
+        - study: sarcse-theta
+          source: "SARCSE Table 3 (RoBERTa-base)"
+          points:                       # values the paper prints, by point (keys as in `vary`, or short)
+            - {at: {theta: 0.0}, scores: {Avg: 77.43, STSBenchmark: 81.64}}
+          reference:                    # a seeds study: the reference run's published values, by seed
+            - {at: {seed: 42}, scores: {Avg: 75.32}}
+
+    ``scores`` are keyed by study metric names (``best_dev_stsb`` = STS-B dev Spearman × 100); a seeds
+    study's ``at`` holds ``seed``."""
+    import yaml
+
+    if not path:
+        return {}
+    try:
+        doc = yaml.safe_load(Path(path).read_text("utf-8")) or {}
+    except (OSError, yaml.YAMLError) as e:
+        raise SentembError(f"cannot read published results {path}: {e}") from None
+    out = {}
+    for i, e in enumerate(doc.get("studies") or []):
+        where = f"{path}: studies[{i}]"
+        if not isinstance(e, dict) or "study" not in e or "source" not in e:
+            raise SentembError(f"{where}: needs `study` and `source`")
+        extra = set(e) - {"study", "source", "points", "reference"}
+        if extra:
+            raise SentembError(f"{where}: unknown key(s) {sorted(extra)}")
+        for part in ("points", "reference"):
+            for j, p in enumerate(e.get(part) or []):
+                if not isinstance(p, dict) or not isinstance(p.get("at"), dict) or not isinstance(p.get("scores"), dict):
+                    raise SentembError(f"{where}.{part}[{j}]: needs `at` (a mapping) and `scores` (a mapping)")
+                for m, v in p["scores"].items():
+                    if m not in METRICS or not isinstance(v, (int, float)) or isinstance(v, bool):
+                        raise SentembError(f"{where}.{part}[{j}].scores.{m}: a number for one of {', '.join(METRICS)}")
+        if e["study"] in out:
+            raise SentembError(f"{where}: study '{e['study']}' has a second entry")
+        out[e["study"]] = e
+    return out
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool) and not isinstance(b, bool):
+        return math.isclose(float(a), float(b), rel_tol=1e-9, abs_tol=1e-12)
+    return a == b
+
+
+def published_at(entries: list[dict] | None, at: dict[str, Any], metric: str) -> float | None:
+    """The published ``metric`` at point ``at`` (keys compared by their short form)."""
+    for p in entries or []:
+        want = {k.split(".")[-1]: v for k, v in p["at"].items()}
+        have = {k.split(".")[-1]: v for k, v in at.items()}
+        if set(want) == set(have) and all(_same(want[k], have[k]) for k in want) and metric in p["scores"]:
+            return float(p["scores"][metric])
+    return None
+
+
+# ------------------------------------------------------------------------------------ table
+def read_values(paths: Iterable[str | Path], metric: str) -> dict[tuple[str, int], float]:
+    """(run name, seed) -> the metric, from eval_sts.json / train.json / eval_transfer.json files."""
+    out = {}
+    for p in paths:
+        try:
+            d = json.loads(Path(p).read_text("utf-8"))
+        except (OSError, json.JSONDecodeError) as e:
+            raise SentembError(f"cannot read results {p}: {e}") from None
+        meta = d.get("run") if isinstance(d.get("run"), dict) else d
+        if "name" not in meta or "seed" not in meta:
+            raise SentembError(f"{p}: results lack run metadata (name, seed)")
+        if metric == "Avg":
+            tasks = [t for t in TASKS if d.get(t) is not None]
+            value = sum(d[t] for t in tasks) / len(tasks) if tasks else None
+        else:
+            value = d.get(metric)
+        if value is not None:
+            out[(meta["name"], int(meta["seed"]))] = float(value)
+    return out
+
+
+def _stats(values: list[float]) -> dict[str, Any]:
+    import numpy as np
+
+    from .report import ci95
+
+    v = np.asarray(values, dtype=float)
+    lo, hi = ci95(v)
+    return {"n_seeds": int(v.size), "mean": float(v.mean()) if v.size else None,
+            "std": float(v.std(ddof=1)) if v.size > 1 else None, "ci95_low": lo, "ci95_high": hi}
+
+
+def study_table(spec: dict, values: dict[tuple[str, int], float], published: dict | None = None):
+    """One row per point (a seeds study: per role, study and reference): the point's value(s), the run,
+    n_seeds, mean, sample std, 95 % t-interval over the study's seeds, the published value (a seeds
+    study: the published mean of the seeds the paper lists, and the Welch p-value against the reference)."""
+    import pandas as pd
+
+    from .report import welch_p
+
+    metric, seeds = spec["metric"], spec["seeds"]
+    published = published or {}
+    rows = []
+    if spec.get("reference"):
+        per_role = {}
+        for role, run, pub_list in (("study", spec["expanded"][0]["run"], published.get("points")),
+                                    ("reference", spec["reference"], published.get("reference"))):
+            vals = [values[(run, s)] for s in seeds if (run, s) in values]
+            pubs = [published_at(pub_list, {"seed": s}, metric) for s in seeds]
+            pubs = [p for p in pubs if p is not None]
+            per_role[role] = vals
+            rows.append({"role": role, "run": run, **_stats(vals),
+                         "published": (sum(pubs) / len(pubs)) if pubs else None,
+                         "published_std": _stats(pubs)["std"] if pubs else None})
+        p = welch_p(per_role["study"], per_role["reference"])
+        rows[0]["p_welch_vs_reference"] = p
+        rows[1]["p_welch_vs_reference"] = None
+    else:
+        for point in spec["expanded"]:
+            vals = [values[(point["run"], s)] for s in seeds if (point["run"], s) in values]
+            rows.append({**point["point"], "run": point["run"], **_stats(vals),
+                         "published": published_at(published.get("points"), point["point"], metric)})
+    return pd.DataFrame(rows)
+
+
+def study_markdown(spec: dict, table, source: str | None) -> str:
+    def fmt(v):
+        if v is None or (isinstance(v, float) and math.isnan(v)):
+            return ""
+        if isinstance(v, float):
+            return f"{v:.4g}" if abs(v) < 0.01 and v != 0 else f"{v:.2f}"
+        return str(v)
+
+    cols = list(table.columns)
+    head = (f"Study `{spec['name']}`: {spec['method']} on {spec['backbone']}, metric `{spec['metric']}` "
+            f"({'STS-B development Spearman × 100, the run’s best' if spec['metric'] == DEV_METRIC else '× 100'}); "
+            f"mean, sample std and 95 % t-interval over seeds {spec['seeds']}."
+            + (f" Published: {source}." if source else " Published: none listed in paper_results.yaml."))
+    lines = [head, "", "| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
+    for _, r in table.iterrows():
+        lines.append("| " + " | ".join(fmt(r[c]) for c in cols) + " |")
+    return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------------------------------ figure
+def _positions(values: list[Any]) -> tuple[list[float], list[str], bool]:
+    """x positions of point values: numeric where they are numbers on one scale, else evenly spaced
+    (categories, or numbers spanning over two decades such as λ from 0 to 5e-2)."""
+    labels = [format_value(v, "value") for v in values]
+    numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+    if numeric:
+        nz = [abs(v) for v in values if v]
+        if not nz or max(nz) / min(nz) < 100:
+            return [float(v) for v in values], labels, True
+    return [float(i) for i in range(len(values))], labels, False
+
+
+def study_figure(spec: dict, values: dict[tuple[str, int], float], published: dict | None, out: str | Path) -> list[Path]:
+    """PNG + SVG: the metric against the varied value (mean, ± 1 std band, each seed a dot, published
+    values as red crosses); two keys: a heat map of the mean (published in brackets); a seeds study:
+    each seed of the study and its reference, their means with the 95 % t-interval, published seeds."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from .report import ci95
+
+    metric, seeds = spec["metric"], spec["seeds"]
+    published = published or {}
+    keys = list(spec["expanded"][0]["point"])
+    title = f"{spec['name']} ({spec['method']}, {spec['backbone']})"
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    if spec.get("reference"):
+        groups = [("study: " + spec["expanded"][0]["run"], spec["expanded"][0]["run"], published.get("points")),
+                  ("reference: " + spec["reference"], spec["reference"], published.get("reference"))]
+        for x, (label, run, pubs) in enumerate(groups):
+            vals = [values[(run, s)] for s in seeds if (run, s) in values]
+            jitter = np.linspace(-0.12, 0.12, max(len(vals), 1))[: len(vals)]
+            ax.scatter(x + jitter, vals, s=18, color="#1f77b4" if x == 0 else "#7f7f7f", alpha=0.8, zorder=3)
+            if vals:
+                lo, hi = ci95(vals)
+                m = float(np.mean(vals))
+                err = [[m - lo], [hi - m]] if lo is not None else None
+                ax.errorbar([x + 0.3], [m], yerr=err, fmt="o", color="black", capsize=4, zorder=4,
+                            label="mean, 95 % t-interval" if x == 0 else None)
+            pv = [published_at(pubs, {"seed": s}, metric) for s in seeds]
+            pv = [p for p in pv if p is not None]
+            if pv:
+                ax.scatter([x - 0.3] * len(pv), pv, marker="x", color="#d62728", zorder=3,
+                           label="published (per seed)" if x == 0 else None)
+        ax.set_xticks([0, 1], [g[0] for g in groups])
+        ax.set_xlim(-0.6, 1.6)
+        ax.set_ylabel(metric)
+        ax.legend(fontsize=8)
+    elif len(keys) == 2:
+        xs = list(dict.fromkeys(p["point"][keys[0]] for p in spec["expanded"]))
+        ys = list(dict.fromkeys(p["point"][keys[1]] for p in spec["expanded"]))
+        grid = np.full((len(ys), len(xs)), np.nan)
+        for p in spec["expanded"]:
+            vals = [values[(p["run"], s)] for s in seeds if (p["run"], s) in values]
+            if vals:
+                grid[ys.index(p["point"][keys[1]]), xs.index(p["point"][keys[0]])] = float(np.mean(vals))
+        im = ax.imshow(grid, origin="lower", cmap="viridis", aspect="auto")
+        fig.colorbar(im, ax=ax, label=f"{metric} (mean over seeds)")
+        for p in spec["expanded"]:
+            cx, cy = xs.index(p["point"][keys[0]]), ys.index(p["point"][keys[1]])
+            pub = published_at(published.get("points"), p["point"], metric)
+            text = "" if np.isnan(grid[cy, cx]) else f"{grid[cy, cx]:.2f}"
+            if pub is not None:
+                text += f"\n({pub:.2f})"
+            ax.text(cx, cy, text, ha="center", va="center", fontsize=7, color="white")
+        ax.set_xticks(range(len(xs)), [format_value(v, "x") for v in xs])
+        ax.set_yticks(range(len(ys)), [format_value(v, "y") for v in ys])
+        ax.set_xlabel(keys[0])
+        ax.set_ylabel(keys[1])
+        title += "; (published)"
+    else:
+        key = keys[0]
+        pts = spec["expanded"]
+        x, labels, numeric = _positions([p["point"][key] for p in pts])
+        order = np.argsort(x)
+        mean, std = [], []
+        for i in order:
+            vals = [values[(pts[i]["run"], s)] for s in seeds if (pts[i]["run"], s) in values]
+            ax.scatter([x[i]] * len(vals), vals, s=12, color="#1f77b4", alpha=0.5, zorder=3)
+            mean.append(float(np.mean(vals)) if vals else np.nan)
+            std.append(float(np.std(vals, ddof=1)) if len(vals) > 1 else 0.0)
+        xo, mean, std = np.asarray(x)[order], np.asarray(mean), np.asarray(std)
+        ax.plot(xo, mean, "-o", color="#1f77b4", label=f"reproduced (mean of {len(seeds)} seed{'s' if len(seeds) > 1 else ''})")
+        if len(seeds) > 1:
+            ax.fill_between(xo, mean - std, mean + std, color="#1f77b4", alpha=0.2, label="± 1 std over seeds")
+        pub = [(x[i], published_at(published.get("points"), pts[i]["point"], metric)) for i in order]
+        pub = [(a, b) for a, b in pub if b is not None]
+        if pub:
+            ax.plot([a for a, _ in pub], [b for _, b in pub], "--x", color="#d62728", label="published")
+        if not numeric:
+            ax.set_xticks(x, labels)
+        ax.set_xlabel(key)
+        ax.set_ylabel(metric)
+        ax.legend(fontsize=8)
+    ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    out = Path(out)
+    written = []
+    for ext in ("png", "svg"):
+        path = out.with_suffix(f".{ext}")
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, format=ext, dpi=120)
+        written.append(path)
+    plt.close(fig)
+    return written
+
+
+# ------------------------------------------------------------------------------------ CLI
+def study_spec(config: dict, name: str) -> dict:
+    """The expanded study ``name`` of a validated config (what ``sentemb study --spec`` reads)."""
+    for s in config.get("studies") or []:
+        if s["name"] == name:
+            return copy.deepcopy(s)
+    raise SentembError(f"no study named '{name}' in config key 'studies'")
+
+
+def _cmd_study(args: argparse.Namespace) -> int:
+    try:
+        spec = json.loads(Path(args.spec).read_text("utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise SentembError(f"cannot read study spec {args.spec}: {e}") from None
+    published = load_published(args.published).get(spec["name"])
+    values = read_values(args.inputs, spec["metric"])
+    table = study_table(spec, values, published)
+    with atomic_path(args.output) as tmp:
+        table.to_csv(tmp, index=False)
+    md = study_markdown(spec, table, (published or {}).get("source"))
+    if args.markdown:
+        with atomic_path(args.markdown) as tmp:
+            tmp.write_text(md, "utf-8")
+    if args.figure:
+        study_figure(spec, values, published, args.figure)
+    print(md)
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("study", help="a study's table (results/studies/<name>.csv + .md) and figure")
+    p.add_argument("--spec", required=True, help="the expanded study (JSON, rule study_spec)")
+    p.add_argument("--inputs", nargs="+", required=True, help="the points' eval_sts.json / train.json / "
+                                                              "eval_transfer.json files")
+    p.add_argument("--published", default=None, help="config/paper_results.yaml (its `studies` section)")
+    p.add_argument("--output", required=True, help="CSV")
+    p.add_argument("--markdown", default=None)
+    p.add_argument("--figure", default=None, help="figure path; .png and .svg are written")
+    p.set_defaults(func=_cmd_study)
+
+
+def study_tags(run: dict) -> dict[str, str]:
+    """MLflow tags of a study point's training run: ``study`` and ``point`` (``theta=0.3``)."""
+    if not run.get("study"):
+        return {}
+    point = run.get("point") or {}
+    return {"study": run["study"],
+            "point": ",".join(f"{k}={format_value(v, k)}" for k, v in point.items()) or SEEDS_POINT}
