@@ -54,11 +54,11 @@ def test_one_key_becomes_named_runs_and_the_default_reuses_the_run():
     assert [p["reused"] for p in exp] == [False, True, False]
     sarcse = c["runs"][1]
     assert sarcse["seeds"] == [1, 2, 42]  # the reused run trains the study's seed too
-    run = resolve_run(c, "sarcse-theta/theta=0.3", "bert", 42)
+    run = resolve_run(c, "sarcse-theta/theta=0.3", "bert", 42).to_dict()
     assert run["method_args"]["theta"] == 0.3 and run["train"]["lr"] == 1.0e-5
     assert run["study"] == "sarcse-theta" and run["point"] == {"theta": 0.3}
     assert study_tags(run) == {"study": "sarcse-theta", "point": "theta=0.3"}
-    assert study_tags(resolve_run(c, "simcse", "bert", 1)) == {}
+    assert study_tags(resolve_run(c, "simcse", "bert", 1).to_dict()) == {}
     # validation is idempotent: a second pass finds the points already there
     again = validate_config(copy.deepcopy(c))
     assert names(again) == names(c) and again["studies"][0]["expanded"] == exp
