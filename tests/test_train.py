@@ -214,7 +214,7 @@ def test_the_loops_dev_evaluation_tokenizes_the_dev_set_once(tiny_bert_dir, tiny
 
 
 def test_the_dev_embedder_tokenizes_the_dev_set_once(tiny_bert_dir, monkeypatch):
-    from sentemb.evaluate import Embedder
+    from sentemb.encoder import Embedder
     from sentemb.models import load_encoder
 
     enc, tok = load_encoder(tiny_bert_dir)

@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from .. import SentembError
+from ..encoder import EmbedFn, Embedder
 
 #: Names a method may list in ``requires(args)``; ``sentemb.config.run_inputs`` maps each to a path.
 INPUT_NAMES = ("token_freq", "tfidf", "tfidf_para", "rake", "paraphrases", "nltk", "pretrained")
@@ -44,8 +45,6 @@ INPUT_NAMES = ("token_freq", "tfidf", "tfidf_para", "rake", "paraphrases", "nltk
 #: as ``train/grad_norm/<name>``. A method that returns no such key gets ``train/grad_norm/loss``
 #: (its total's gradient norm) for free; one line (``WEIGHTED: {"contrastive": loss}``) names it.
 WEIGHTED = "weighted"
-
-EmbedFn = Callable[[Sequence[str]], Any]  # list of sentences -> float32 array (n, dim)
 
 
 def arg(default: Any, help: str, choices: Sequence[Any] | None = None) -> Any:
@@ -280,8 +279,6 @@ class Method(nn.Module):
     def embedder(self, pooler: str, device: torch.device) -> EmbedFn:
         """What the loop's STS-B dev evaluation encodes sentences with (list[str] -> array), using
         the current weights. Default: the encoder + ``pooler`` (+ ``dev_head``)."""
-        from ..evaluate import Embedder
-
         # fp32 even on CUDA: model selection should not hinge on bf16 rounding (3,000 sentences: cheap).
         return Embedder(self.encoder, self.tokenizer, "cls_before_pooler" if pooler == "cls" else pooler,
                         head=self.dev_head(pooler), batch_size=128, device=device, precision="fp32", keep_plan=True)
