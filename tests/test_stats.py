@@ -21,7 +21,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from sentemb import SentembError
-from sentemb.stats import count_corpus_lines, iter_lines, read_metadata
+from sentemb.corpus import count_corpus_lines, iter_lines
+from sentemb.stats import read_metadata
 
 CORPUS = [
     "A man plays the guitar.",

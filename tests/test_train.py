@@ -9,7 +9,8 @@ import torch
 from safetensors.torch import load_file
 
 from sentemb import SentembError
-from sentemb.train import batch_schedule, read_corpus, train
+from sentemb.corpus import read_corpus
+from sentemb.train import batch_schedule, train
 
 from conftest import assert_same_model
 from conftest import simcse_run as run_cfg

@@ -210,7 +210,7 @@ def load_or_build(cache_dir: str | Path | None, tokenizer, sentences: Sequence[s
 # ---------------------------------------------------------------------------------------- CLI
 def _cmd_tokenize(args: argparse.Namespace) -> int:
     from .models import load_tokenizer
-    from .train import read_corpus
+    from .corpus import read_corpus
 
     tok = load_tokenizer(args.model)
     sentences = read_corpus(args.corpus)

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from . import SentembError
+from .corpus import read_corpus
 from .utils import atomic_path, write_json
 
 if TYPE_CHECKING:
@@ -45,20 +46,6 @@ if TYPE_CHECKING:
     from .tracking import Tracker
 
 log = logging.getLogger(__name__)
-
-
-def read_corpus(path: str | Path) -> list[str]:
-    """The training sentences: every line UTF-8 (``sentemb.utils.iter_lines``) and not blank."""
-    from .utils import iter_lines
-
-    sents = []
-    for i, line in enumerate(iter_lines(path), start=1):
-        if not line.strip():
-            raise SentembError(f"{path}:{i}: line {i} is empty (prepare the corpus with `sentemb prepare-corpus`)")
-        sents.append(line)
-    if len(sents) < 2:
-        raise SentembError(f"{path}: a training corpus needs at least 2 sentences, found {len(sents)}")
-    return sents
 
 
 #: ``train.sampler`` values (see ``batch_schedule``)

@@ -117,22 +117,3 @@ def expose_cli() -> None:
     if scripts not in path.split(os.pathsep):
         os.environ["PATH"] = os.pathsep.join([scripts, path]) if path else scripts
 
-
-def iter_lines(path: str | os.PathLike) -> Iterator[str]:
-    """Yield the lines of a corpus file as ``str`` without the line terminator (see module doc)."""
-    path = Path(path)
-    if not path.is_file():
-        raise SentembError(f"corpus file not found: {path}")
-    with open(path, "rb") as f:
-        for i, raw in enumerate(f, start=1):
-            if raw.endswith(b"\n"):
-                raw = raw[:-1]
-            if raw.endswith(b"\r"):
-                raw = raw[:-1]
-            try:
-                yield raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise SentembError(
-                    f"{path}:{i}: line {i} is not valid UTF-8 (byte {raw[e.start:e.start + 1]!r} at "
-                    f"column {e.start + 1}); re-create the corpus with 'sentemb prepare-corpus'"
-                ) from None

@@ -271,7 +271,8 @@ def read_rake(path, corpus, top_k: int) -> list[list[str]]:
     files and counts) when it is not line-aligned with ``corpus`` or keeps fewer than ``top_k``."""
     import pyarrow.parquet as pq
 
-    from ..stats import count_corpus_lines, read_metadata
+    from ..corpus import count_corpus_lines
+    from ..stats import read_metadata
 
     meta_k = read_metadata(path).get("top_k")
     if meta_k is not None and int(meta_k) < top_k:
