@@ -66,6 +66,14 @@ def write_json(path: str | os.PathLike, obj) -> None:
         tmp.write_text(json.dumps(obj, indent=2, sort_keys=False) + "\n", encoding="utf-8")
 
 
+def read_json(path: str | os.PathLike, what: str = "results"):
+    """The JSON document in ``path``; an error naming ``what`` and the file when it is missing or bad."""
+    try:
+        return json.loads(Path(path).read_text("utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise SentembError(f"cannot read {what} {path}: {e}") from None
+
+
 def write_text(path: str | os.PathLike, text: str) -> None:
     with atomic_path(path) as tmp:
         tmp.write_text(text, encoding="utf-8")
