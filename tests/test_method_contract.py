@@ -78,7 +78,9 @@ def _rake(d, corpus, model_dir):
 
 
 def _pretrained(d, corpus, model_dir, method):
-    """The method's own pretraining stage (``Method.pretrain``), 1 step on the tiny corpus."""
+    """The method's own pretraining stage (``Method.pretrain_stage``), 1 step on the tiny corpus."""
+    from sentemb.pretrain import run_pretrain
+
     cls = get_method(method)
     tc = {"epochs": 1, "max_steps": 1, "batch_size": 16, "grad_accum": 1, "lr": 1e-3, "weight_decay": 0.0,
           "warmup_ratio": 0.0, "lr_schedule": "linear", "grad_clip": 1.0, "max_len": 16, "eval_steps": 1,
@@ -88,7 +90,7 @@ def _pretrained(d, corpus, model_dir, method):
            "method_args": cls.resolve_args(CONTRACT_ARGS.get(method, {})), "experiment": "t",
            "tracking": {"enabled": False, "uri": None}, "rule": "pretrain", "progress": False,
            "paths": {"model": str(model_dir), "corpus": str(corpus), "senteval": None, "stats": None, "inputs": {}}}
-    cls.pretrain(run, d / "pretrain")
+    run_pretrain(run, d / "pretrain", progress=False)
     return d / "pretrain" / "model"
 
 

@@ -6,7 +6,6 @@ The same schema (``workflow/schemas/config.schema.yaml``) is used by the Snakefi
 from __future__ import annotations
 
 import copy
-import json
 import os
 from importlib import resources
 from pathlib import Path
@@ -16,8 +15,7 @@ import jsonschema
 import yaml
 
 from . import SentembError
-
-MIRROR_ENV = "SENTEMB_MIRROR"
+from .layout import Layout
 
 
 def load_schema() -> dict:
@@ -155,22 +153,6 @@ def _deep_update(base: dict, upd: dict) -> dict:
     return base
 
 
-def mirror_dir(config: dict) -> Path | None:
-    """The local mirror directory: ``$SENTEMB_MIRROR`` if set, else config key ``mirror``."""
-    value = os.environ.get(MIRROR_ENV) or config.get("mirror")
-    if not value:
-        return None
-    p = Path(value).expanduser()
-    if not p.is_dir():
-        src = f"${MIRROR_ENV}" if os.environ.get(MIRROR_ENV) else "config key 'mirror'"
-        raise SentembError(f"{src}: mirror directory {p} does not exist")
-    return p.resolve()
-
-
-def backbone_mirror_path(backbone: dict) -> str:
-    return backbone.get("mirror_path") or f"models/{backbone['hub_id'].rstrip('/').split('/')[-1]}"
-
-
 def find_run(config: dict, name: str, backbone: str) -> dict:
     for run in config["runs"]:
         if run["name"] == name and run["backbone"] == backbone:
@@ -198,27 +180,23 @@ def method_args_of(config: dict, run: dict) -> dict[str, Any]:
 
 def input_path(config: dict, name: str, *, corpus: str, backbone: str, method: str) -> str:
     """Where the workflow puts input ``name`` (one of ``sentemb.methods.base.INPUT_NAMES``)."""
-    stats = f"{config['results_dir']}/stats/{corpus}"
-    res = config["resources_dir"]
-    if name == "token_freq":
-        return f"{stats}/token_freq.{backbone}.parquet"
-    files = {"tfidf": "tfidf.parquet", "tfidf_para": "tfidf_para.parquet", "paraphrases": "paraphrases.txt"}
-    if name in files:
-        return f"{stats}/{files[name]}"
-    if name == "rake":
-        from .stats import stats_settings
-
-        return f"{stats}/rake_top{int(stats_settings(config)['rake_top_k'])}.parquet"
-    if name == "nltk":
-        return f"{res}/nltk_data"
-    if name == "pretrained":
-        return f"{config['results_dir']}/pretrain/{method}/{backbone}/model"
+    layout = Layout.of(config)
+    match name:
+        case "token_freq":
+            return layout.token_freq(corpus, backbone)
+        case "tfidf":
+            return layout.tfidf(corpus)
+        case "tfidf_para":
+            return layout.tfidf_para(corpus)
+        case "paraphrases":
+            return layout.paraphrases(corpus)
+        case "rake":
+            return layout.rake(corpus, int(config["stats"]["rake_top_k"]))
+        case "nltk":
+            return layout.nltk()
+        case "pretrained":
+            return f"{layout.pretrain_dir(method, backbone)}/model"
     raise SentembError(f"method '{method}' requires unknown input '{name}'")
-
-
-def tokens_path(config: dict, corpus: str, backbone: str) -> str:
-    """The corpus's token cache under the backbone's tokenizer (rule ``tokenize``, ``sentemb.tokens``)."""
-    return f"{config['results_dir']}/stats/{corpus}/tokens.{backbone}"
 
 
 def run_inputs(config: dict, name: str, backbone: str) -> dict[str, str]:
@@ -240,7 +218,6 @@ def resolve_run(config: dict, name: str, backbone: str, seed: int) -> dict[str, 
     train = copy.deepcopy(config["train"])
     train.update(run.get("train", {}))
     margs = method_args_of(config, run)
-    res = config["resources_dir"]
     corpus = corpus_of(config, run)
     return {
         "name": name,
@@ -253,16 +230,7 @@ def resolve_run(config: dict, name: str, backbone: str, seed: int) -> dict[str, 
         "experiment": config["experiment"],
         "tracking": config["tracking"],
         "corpus": corpus,
-        "paths": {
-            "model": f"{res}/models/{backbone}",
-            "corpus": f"{res}/corpus/{corpus}.txt",
-            "senteval": f"{res}/data/senteval",
-            "stats": f"{config['results_dir']}/stats/{corpus}",
-            "inputs": run_inputs(config, name, backbone),
-            **({"tokens": tokens_path(config, corpus, backbone)} if train.get("token_cache", True) else {}),
-        },
+        "paths": Layout.of(config).job_paths(corpus, backbone, run_inputs(config, name, backbone),
+                                             token_cache=train.get("token_cache", True)),
     }
 
-
-def dumps(obj) -> str:
-    return json.dumps(obj, indent=2, sort_keys=True)

@@ -1,9 +1,9 @@
-"""A method's pretraining stage (``Method.pretrain``), once per method and backbone.
+"""A method's pretraining stage (``Method.pretrain_stage``), once per method and backbone.
 
 ``sentemb pretrain-config`` writes the resolved settings of the stage of one method on one backbone
 (from ``methods.<method>.pretrain``); ``sentemb pretrain`` runs it into ``--output-dir`` (its
 ``model/`` is what a run whose method requires ``pretrained`` reads). The stage uses the shared
-training loop (``sentemb.train.train``: resumable ``.work/`` state, atomic ``model/``), MLflow run
+training loop (``sentemb.train.train`` with the stage's Method class: resumable ``.work/`` state, atomic ``model/``), MLflow run
 ``pretrain/<method>/<backbone>`` tagged ``rule: pretrain``.
 """
 
@@ -11,32 +11,22 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 from pathlib import Path
 
 from . import SentembError
-from .utils import write_json
-
-#: keys of ``methods.<method>.pretrain`` read here (the rest are train keys or the method's own)
-STAGE_KEYS = ("corpus", "seed")
-
-
-def pretrain_methods(config: dict) -> list[str]:
-    """Methods of the configured runs that have a pretraining stage."""
-    from .methods import get_method
-
-    return sorted({r["method"] for r in config["runs"] if get_method(r["method"]).pretrain is not None})
+from .layout import Layout
+from .utils import read_json, write_json
 
 
 def resolve_pretrain(config: dict, method: str, backbone: str) -> dict:
     """The complete settings of the pretraining stage of ``method`` on ``backbone`` (a run config
     ``sentemb.train.train`` reads): ``train`` = the config's train settings, then the method's
     ``pretrain_train_defaults``, then the train keys of ``methods.<method>.pretrain``."""
-    from .config import load_schema, tokens_path
+    from .config import load_schema
     from .methods import get_method
 
     cls = get_method(method)
-    if cls.pretrain is None:
+    if cls.pretrain_stage is None:
         raise SentembError(f"method '{method}' has no pretraining stage")
     if backbone not in config["backbones"]:
         raise SentembError(f"backbone '{backbone}' is not declared in config key 'backbones' "
@@ -51,7 +41,6 @@ def resolve_pretrain(config: dict, method: str, backbone: str) -> dict:
     train = copy.deepcopy(config["train"])
     train.update(cls.pretrain_train_defaults)
     train.update({k: v for k, v in block.items() if k in train_keys})
-    res = config["resources_dir"]
     corpus = block.get("corpus") or config["corpus"]["name"]
     seed = int(block.get("seed", 42))
     return {
@@ -67,40 +56,29 @@ def resolve_pretrain(config: dict, method: str, backbone: str) -> dict:
         "corpus": corpus,
         "run_name": f"pretrain/{method}/{backbone}",
         "rule": "pretrain",
-        "paths": {
-            "model": f"{res}/models/{backbone}",
-            "corpus": f"{res}/corpus/{corpus}.txt",
-            "senteval": f"{res}/data/senteval",
-            "stats": f"{config['results_dir']}/stats/{corpus}",
-            "inputs": {},
-            **({"tokens": tokens_path(config, corpus, backbone)} if train.get("token_cache", True) else {}),
-        },
+        "paths": Layout.of(config).job_paths(corpus, backbone, {}, token_cache=train.get("token_cache", True)),
     }
 
 
-def pretrain_dir(config: dict, method: str, backbone: str) -> str:
-    return f"{config['results_dir']}/pretrain/{method}/{backbone}"
+def run_pretrain(run: dict, out_dir: str | Path, *, progress: bool = True) -> dict:
+    """Run a resolved stage (``resolve_pretrain``) into ``out_dir``: the shared loop trains the Method
+    class the method declares as its ``pretrain_stage``."""
+    from .methods import get_method
+    from .train import train
+
+    stage = get_method(run["method"]).pretrain_stage
+    if stage is None:
+        raise SentembError(f"method '{run['method']}' has no pretraining stage")
+    return train(run, out_dir, method_cls=stage, progress=progress)
 
 
 def _cmd_pretrain(args: argparse.Namespace) -> int:
-    from .methods import get_method
-
-    path = Path(args.run_config)
-    if not path.is_file():
-        raise SentembError(f"--run-config: file not found: {path}")
-    try:
-        run = json.loads(path.read_text("utf-8"))
-    except json.JSONDecodeError as e:
-        raise SentembError(f"{path}: not valid JSON ({e})") from None
-    cls = get_method(run["method"])
-    if cls.pretrain is None:
-        raise SentembError(f"{path}: method '{run['method']}' has no pretraining stage")
+    run = read_json(args.run_config, "run config")
     if args.device:
         run["train"]["device"] = args.device
     if args.no_track:
         run.setdefault("tracking", {})["enabled"] = False
-    run["progress"] = not args.quiet
-    summary = cls.pretrain(run, args.output_dir)
+    summary = run_pretrain(run, args.output_dir, progress=not args.quiet)
     print(f"pretrained {run['method']} on {run['backbone']}: {summary['steps']} steps -> "
           f"{Path(args.output_dir) / 'model'}")
     return 0

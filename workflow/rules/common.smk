@@ -1,17 +1,25 @@
 # Config validation, shared names and input functions. Rules stay thin: they call `sentemb`.
+import json
 import os
+import shlex
 
 from sentemb import SentembError
-from sentemb.config import mirror_dir, resolve_run, run_inputs, validate_config
+from sentemb.config import resolve_run, run_inputs, validate_config
 from sentemb.cache import verify_resources
+from sentemb.data import mirror_dir
+from sentemb.layout import Layout
 from sentemb.utils import expose_cli
 from sentemb.methods import get_method
+from sentemb.report import FIGURES
 
 try:
     validate_config(config, source="the Snakemake config")
     _mirror = mirror_dir(config)
 except SentembError as e:
     raise WorkflowError(str(e))
+# Every path of the DAG (sentemb.layout); its methods' defaults are the wildcards: LAYOUT.model() is
+# resources/models/{backbone}.
+LAYOUT = Layout.of(config)
 
 # Cached downloads damaged since they were verified (truncated weights, an edited STS file) are moved
 # aside here so that they are fetched again (sentemb.cache); in the main process only, not in every job.
@@ -22,8 +30,6 @@ if workflow.is_main_process:
 # virtual environment is not activated (a per-rule conda env, when used, still comes first).
 expose_cli()
 
-RES = config["resources_dir"]
-RESULTS = config["results_dir"]
 LOGS = "logs"
 MIRROR = str(_mirror) if _mirror else ""
 CORPUS = config["corpus"]["name"]
@@ -31,10 +37,10 @@ SEEDS = config["seeds"]
 RUNS = [(r["name"], r["backbone"]) for r in config["runs"]]
 # (name, backbone, seed) of every training job: runs[].seeds, else the global seeds
 JOBS = [(r["name"], r["backbone"], s) for r in config["runs"] for s in (r.get("seeds") or SEEDS)]
-RUN_DIR = f"{RESULTS}/runs/{{name}}/{{backbone}}/seed{{seed}}"
+RUN_DIR = LAYOUT.run_dir()
 TRACKING = config["tracking"]["enabled"]
-TRACKING_MARKER = f"{RESULTS}/.tracking/{config['experiment']}.json"
-EVAL_DATA = f"{RES}/data/{config['evaluation']['data']}"
+TRACKING_MARKER = LAYOUT.tracking_marker(config["experiment"])
+EVAL_DATA = LAYOUT.eval_data(config["evaluation"]["data"])
 # Several local GPUs: GPU jobs claim one each (sentemb.gpu_slots); empty on Slurm / one GPU.
 GPU_ENV = f"SENTEMB_GPU_SLOTS={config['local_gpus']} " if config.get("local_gpus") else ""
 
@@ -45,6 +51,16 @@ wildcard_constraints:
     seed=r"\d+",
     corpus=r"[A-Za-z0-9_.-]+",
     pooler="cls|cls_before_pooler|avg|avg_first_last|avg_top2|avg_static_last",
+
+
+def shell_options(**options):
+    """Shell-quoted CLI options for the values that are set (dicts as JSON):
+    ``shell_options(sha256="ab", max_sentences=None)`` is ``"--sha256 ab"``."""
+    return " ".join(
+        f"--{key.replace('_', '-')} {shlex.quote(json.dumps(value) if isinstance(value, dict) else str(value))}"
+        for key, value in options.items()
+        if value not in (None, "")
+    )
 
 
 def res(kind, key):
@@ -71,10 +87,7 @@ def eval_pooler(wildcards):
 
 
 def eval_outputs():
-    return [
-        f"{RESULTS}/runs/{n}/{b}/seed{s}/eval_sts.json" for n, b, s in JOBS
-    ]
-
+    return [f"{LAYOUT.run_dir(n, b, s)}/eval_sts.json" for n, b, s in JOBS]
 
 
 # --- report end of the DAG (issue 12): transfer tasks, untrained baselines, paper table, figures
@@ -83,12 +96,12 @@ TRANSFER_RUNS = {(r["name"], r["backbone"]) for r in config["runs"] if r.get("tr
 TRANSFER = bool(TRANSFER_RUNS)
 # (backbone, pooler) of every untrained baseline (config `baselines`)
 BASELINES = [(b, p) for b, ps in (config.get("baselines") or {}).items() for p in ps]
-BASE_DIR = f"{RESULTS}/baselines/{{backbone}}/{{pooler}}"
+BASE_DIR = LAYOUT.baseline_dir()
 PAPER_RESULTS = config.get("paper_results") or os.path.join(workflow.basedir, "config", "paper_results.yaml")
-FIGURES = ["table1_bars", "dev_curves", "align_uniform", "cosine_buckets", "paper_vs_reproduced"]
 
 
 def tracking_opts():
+    """The MLflow options of `sentemb evaluate` / `evaluate-transfer` (empty when tracking is off)."""
     if not TRACKING:
         return ""
     return f"--track --experiment {config['experiment']}" + (
@@ -96,23 +109,23 @@ def tracking_opts():
 
 
 def baseline_outputs(kind="sts"):
-    return [f"{RESULTS}/baselines/{b}/{p}/eval_{kind}.json" for b, p in BASELINES]
+    return [f"{LAYOUT.baseline_dir(b, p)}/eval_{kind}.json" for b, p in BASELINES]
 
 
 def transfer_outputs():
     """Transfer results of the runs that have them and of every baseline (none without any)."""
     if not TRANSFER:
         return []
-    return [f"{RESULTS}/runs/{n}/{b}/seed{s}/eval_transfer.json" for n, b, s in JOBS if (n, b) in TRANSFER_RUNS] + \
+    return [f"{LAYOUT.run_dir(n, b, s)}/eval_transfer.json" for n, b, s in JOBS if (n, b) in TRANSFER_RUNS] + \
         baseline_outputs("transfer")
 
 
 def train_summaries():
-    return [f"{RESULTS}/runs/{n}/{b}/seed{s}/train.json" for n, b, s in JOBS]
+    return [f"{LAYOUT.run_dir(n, b, s)}/train.json" for n, b, s in JOBS]
 
 
 REPORT_TARGETS = (
-    [f"{RESULTS}/table_paper.csv", f"{RESULTS}/table_paper.md"]
-    + [f"{RESULTS}/figures/{f}.{ext}" for f in FIGURES for ext in ("png", "svg")]
-    + ([f"{RESULTS}/table_transfer.csv", f"{RESULTS}/table_transfer.md"] if TRANSFER else [])
+    [LAYOUT.table("table_paper", "csv"), LAYOUT.table("table_paper", "md")]
+    + [LAYOUT.figure(f, ext) for f in FIGURES for ext in ("png", "svg")]
+    + ([LAYOUT.table("table_transfer", "csv"), LAYOUT.table("table_transfer", "md")] if TRANSFER else [])
 )

@@ -27,7 +27,7 @@ import dataclasses
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Sequence
+from typing import Any, ClassVar, Sequence
 
 import torch
 from torch import nn
@@ -132,18 +132,13 @@ class Method(nn.Module):
     class Args:
         """No arguments (a method's own module declares its ``Args`` dataclass with ``arg(...)``)."""
 
-    #: an optional stage before training, ``pretrain(run, out_dir) -> summary`` (a classmethod), run
-    #: once per method and backbone by ``sentemb pretrain`` (rule ``pretrain``, settings in
-    #: ``methods.<name>.pretrain``); a run whose ``requires(args)`` lists ``pretrained`` reads its
-    #: output directory as ``ctx.inputs["pretrained"]``. Absent (None) by default.
-    pretrain: ClassVar[Callable[..., dict] | None] = None
-    #: stage-1 ``train`` defaults of ``pretrain`` (over the config's ``train``; under the block's own keys)
+    #: an optional stage before training: the Method subclass the shared loop trains once per method
+    #: and backbone (``sentemb pretrain``, rule ``pretrain``, settings in ``methods.<name>.pretrain``);
+    #: a run whose ``requires(args)`` lists ``pretrained`` reads its output directory as
+    #: ``ctx.inputs["pretrained"]``. None by default.
+    pretrain_stage: ClassVar[type[Method] | None] = None
+    #: the stage's ``train`` defaults (over the config's ``train``; under the block's own keys)
     pretrain_train_defaults: ClassVar[dict[str, Any]] = {}
-
-    #: True when ``build_batch`` reads the sentences' text (it rewrites them, or needs word alignment),
-    #: so the tokenizer runs there; False when every row it builds comes from ``tokenize(…, lines)``,
-    #: i.e. from the corpus's token cache (``sentemb.tokens``) without running the tokenizer.
-    needs_text: ClassVar[bool] = False
 
     #: pooler used to evaluate the exported model (sentemb evaluate --pooler); "method" = the
     #: method's own embedder (``load_embedder``)

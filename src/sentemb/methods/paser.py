@@ -342,7 +342,6 @@ class PaSeR(Method):
         mlm_weight: float = arg(1.0, "weight of L_MLM in L = w·L_MLM + L_gen")
 
     eval_pooler = "cls_before_pooler"
-    needs_text = True  # RAKE phrase masking and EDA rewrite the text
 
     @classmethod
     def requires(cls, args):

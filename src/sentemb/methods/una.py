@@ -297,7 +297,6 @@ class UNA(Method):
                               "lowercased tokens joined by spaces (authors' code)", choices=("span", "tokens"))
 
     eval_pooler = "cls_before_pooler"  # raw [CLS] at evaluation (the MLP is training-only)
-    needs_text = True  # TF-IDF word replacement and paraphrase positives are text
 
     @classmethod
     def requires(cls, args):

@@ -17,6 +17,8 @@ import os
 from collections.abc import Iterable, Iterator
 from itertools import islice
 
+from ..layout import Layout
+
 
 def chunked(items: Iterable, size: int) -> Iterator[list]:
     it = iter(items)
@@ -156,10 +158,10 @@ def stats_targets(config: dict, corpus: str | None = None, paraphrases: bool | N
     if corpus is None:
         return [t for c in run_corpora(config) or [config["corpus"]["name"]]
                 for t in stats_targets(config, c, paraphrases)]
-    s = stats_settings(config)
-    base = f"{config['results_dir']}/stats/{corpus}"
-    names = [f"token_freq.{b}.parquet" for b in config["backbones"]]
-    names += ["tfidf.parquet", f"rake_top{s['rake_top_k']}.parquet", "summary.md"]
+    layout = Layout.of(config)
+    targets = [layout.token_freq(corpus, b) for b in config["backbones"]]
+    targets += [layout.tfidf(corpus), layout.rake(corpus, stats_settings(config)["rake_top_k"]),
+                layout.stats_summary(corpus)]
     if needs_paraphrases(config, corpus) if paraphrases is None else paraphrases:
-        names += ["paraphrases.txt", "tfidf_para.parquet"]
-    return [f"{base}/{n}" for n in names]
+        targets += [layout.paraphrases(corpus), layout.tfidf_para(corpus)]
+    return targets
