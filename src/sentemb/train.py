@@ -626,7 +626,7 @@ def train(run: dict, out_dir: str | Path, *, progress: bool = True, stop_after: 
 
     ``stop_after`` ends the process-equivalent of a kill after that many optimizer steps (tests).
     ``method_cls`` replaces the registered class of ``run["method"]`` (a pretraining stage,
-    ``Method.pretrain``, runs this loop with its own Method subclass and ``model_selection: last``).
+    ``Method.pretrain_stage``, runs this loop with that Method subclass and ``model_selection: last``).
     """
     from .tracking import Tracker
 

@@ -1,4 +1,4 @@
-# Stage `pretrain`: a method's pretraining stage (Method.pretrain), once per method x backbone (not
+# Stage `pretrain`: a method's pretraining stage (Method.pretrain_stage), once per method x backbone (not
 # per seed or run). Settings: methods.<method>.pretrain. A run whose method requires `pretrained`
 # reads results/pretrain/{method}/{backbone}/model (sentemb.layout, sentemb.config.input_path), so its training jobs
 # depend on this rule.
