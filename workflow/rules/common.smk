@@ -32,7 +32,6 @@ expose_cli()
 
 LOGS = "logs"
 MIRROR = str(_mirror) if _mirror else ""
-CORPUS = config["corpus"]["name"]
 SEEDS = config["seeds"]
 RUNS = [(r["name"], r["backbone"]) for r in config["runs"]]
 # (name, backbone, seed) of every training job: runs[].seeds, else the global seeds
