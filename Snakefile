@@ -25,8 +25,8 @@ include: "workflow/rules/report.smk"
 
 rule all:
     input:
-        f"{RESULTS}/table1.csv",
-        f"{RESULTS}/table1.md",
+        LAYOUT.table("table1", "csv"),
+        LAYOUT.table("table1", "md"),
         REPORT_TARGETS,
         STATS_TARGETS,
     default_target: True

@@ -30,7 +30,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
-from sentemb.stats import default_workers, read_lines
+from sentemb.corpus import iter_lines
+from sentemb.stats import default_workers
 
 M = 1_000_000
 
@@ -71,7 +72,7 @@ def main(argv=None) -> int:
 
     import torch
 
-    lines = read_lines(a.corpus)
+    lines = list(iter_lines(a.corpus))
     tmp = Path(tempfile.mkdtemp(prefix="bench_stats_"))
     corpus = tmp / "corpus.txt"
     corpus.write_text("".join(s + "\n" for s in lines * a.repeat), encoding="utf-8")

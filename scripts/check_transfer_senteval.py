@@ -40,7 +40,7 @@ TORCH_CLASSIFIER = {"nhid": 0, "optim": "adam", "batch_size": 64, "tenacity": 5,
 
 def encode(tasks, args) -> None:
     """Cache every task's unique sentences and their vectors (skips tasks already cached)."""
-    from sentemb.evaluate import Embedder
+    from sentemb.encoder import Embedder
     from sentemb.transfer import load_transfer_task
 
     todo = [t for t in tasks if not (args.cache / f"{t}.npy").is_file()]

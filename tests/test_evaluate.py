@@ -9,7 +9,8 @@ from scipy.stats import spearmanr
 from types import SimpleNamespace
 
 from sentemb import SentembError
-from sentemb.evaluate import Embedder, aggregate, cosine_pairs, evaluate_sts
+from sentemb.encoder import Embedder
+from sentemb.evaluate import aggregate, cosine_pairs, evaluate_sts
 from sentemb.models import pool
 from sentemb.senteval import load_task
 

@@ -16,6 +16,7 @@ from conftest import TINY_WORDS
 from sentemb import SentembError
 from sentemb.methods import MethodContext, get_method
 from sentemb.methods.infocse import InfoCSE, InfoCSEPretrain, aux_mlm_loss, mask_tokens
+from sentemb.pretrain import run_pretrain
 
 SENTS = ["a man plays the guitar", "the dog runs in the park", "red car", "a cat sits on the mat",
          "she eats an apple in the house", "two old men are playing music in the street"]
@@ -50,7 +51,7 @@ def pretrained(tiny_bert_dir, tmp_path_factory):
     corpus = d / "corpus.txt"
     corpus.write_text("".join(" ".join(rng.choice(TINY_WORDS) for _ in range(rng.randint(4, 12))) + "\n"
                               for _ in range(40)), "utf-8")
-    summary = InfoCSE.pretrain(_run(tiny_bert_dir, corpus), d / "out")
+    summary = run_pretrain(_run(tiny_bert_dir, corpus), d / "out", progress=False)
     assert summary["steps"] == 2
     return d / "out" / "model"
 

@@ -78,13 +78,14 @@ def _rake(d, corpus, model_dir):
 
 
 def _pretrained(d, corpus, model_dir, method):
-    """The method's own pretraining stage (``Method.pretrain``), 1 step on the tiny corpus."""
+    """The method's own pretraining stage (``Method.pretrain_stage``), 1 step on the tiny corpus."""
     from conftest import tiny_run
+    from sentemb.pretrain import run_pretrain
 
     run = tiny_run(model_dir, corpus, None, method, seed=5, method_args=CONTRACT_ARGS.get(method), name=f"{method}-pretrain",
                    max_steps=1, eval_steps=1, eval_at_end=False, model_selection="last")
-    run.rule, run.progress = "pretrain", False
-    get_method(method).pretrain(run, d / "pretrain")
+    run.rule = "pretrain"
+    run_pretrain(run, d / "pretrain", progress=False)
     return d / "pretrain" / "model"
 
 

@@ -70,7 +70,7 @@ def test_dropout_views_differ_and_gradients_reach_encoder_and_mlp(tiny_bert_dir)
 
 
 def test_mlp_used_in_training_only(tiny_bert_dir, tmp_path):
-    from sentemb.evaluate import Embedder
+    from sentemb.encoder import Embedder
     from sentemb.models import export
 
     m = _method(tiny_bert_dir)
@@ -107,7 +107,7 @@ def test_pooler_for_mlp_settings():
 def test_export_loads_in_sentence_transformers_with_the_same_pooling(tiny_bert_dir, tmp_path, pooler):
     from sentence_transformers import SentenceTransformer
 
-    from sentemb.evaluate import Embedder
+    from sentemb.encoder import Embedder
     from sentemb.models import export
 
     m = _method(tiny_bert_dir, mlp="always")

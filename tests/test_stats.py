@@ -21,7 +21,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from sentemb import SentembError
-from sentemb.stats import count_corpus_lines, iter_lines, read_metadata
+from sentemb.corpus import count_corpus_lines, iter_lines
+from sentemb.stats import read_metadata
 
 CORPUS = [
     "A man plays the guitar.",
@@ -405,8 +406,8 @@ def test_cli_and_summary(corpus, tiny_tok_dir, tiny_nltk_data, tmp_path):
 def test_stats_settings_and_targets():
     from sentemb.stats import stats_settings, stats_targets
 
-    cfg = {"results_dir": "res", "corpus": {"name": "c"}, "backbones": {"bert": {}, "roberta": {}},
-           "runs": [{"method": "simcse", "backbone": "bert"}]}
+    cfg = {"resources_dir": "r", "results_dir": "res", "corpus": {"name": "c"},
+           "backbones": {"bert": {}, "roberta": {}}, "runs": [{"method": "simcse", "backbone": "bert"}]}
     s = stats_settings(cfg)
     assert s["rake_top_k"] == 5 and s["paraphrase"]["num_beams"] == 10
     assert s["paraphrase"]["model"]["hub_id"] == "tuner007/pegasus_paraphrase"

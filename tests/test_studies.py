@@ -3,11 +3,9 @@ statistics against an independent computation, the figure, the paper config's st
 
 import copy
 import json
-import os
 
 import numpy as np
 import pytest
-import yaml
 from scipy import stats
 
 from conftest import REPO

@@ -124,7 +124,8 @@ def test_tokenize_corpus_command_writes_the_cache(tiny_bert_dir, tmp_path):
 @pytest.mark.realdata
 def test_the_real_corpus_under_the_real_tokenizer_gives_the_tokenizers_batches(minilm_dir, shared):
     """Every batch of the training schedule of the real Wikipedia sample under MiniLM's WordPiece."""
-    from sentemb.train import batch_schedule, read_corpus
+    from sentemb.corpus import read_corpus
+    from sentemb.train import batch_schedule
 
     corpus = shared / "data" / "wiki1m_head.txt"
     tok = load_tokenizer(minilm_dir)

@@ -9,7 +9,8 @@ import torch
 from safetensors.torch import load_file
 
 from sentemb import SentembError
-from sentemb.train import batch_schedule, read_corpus, train
+from sentemb.corpus import read_corpus
+from sentemb.train import batch_schedule, train
 
 from conftest import assert_same_model
 from conftest import simcse_run as run_cfg
@@ -214,7 +215,7 @@ def test_the_loops_dev_evaluation_tokenizes_the_dev_set_once(tiny_bert_dir, tiny
 
 
 def test_the_dev_embedder_tokenizes_the_dev_set_once(tiny_bert_dir, monkeypatch):
-    from sentemb.evaluate import Embedder
+    from sentemb.encoder import Embedder
     from sentemb.models import load_encoder
 
     enc, tok = load_encoder(tiny_bert_dir)

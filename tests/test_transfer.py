@@ -351,7 +351,7 @@ def test_real_trec_on_minilm_matches_senteval(shared, minilm_dir):
     """all-MiniLM-L6-v2, mean pooling, TREC, the accuracies SentEval's own code (facebookresearch/SentEval,
     kfold=10) gives on this machine (README "Evaluation"): 89.20 with usepytorch=False, 90.00 (dev
     85.23) with usepytorch=True and SimCSE's classifier config. One encoding serves both classifiers."""
-    from sentemb.evaluate import Embedder
+    from sentemb.encoder import Embedder
 
     emb = Embedder.from_dir(minilm_dir, "avg", device="cpu")
     memo = {}
@@ -428,7 +428,7 @@ def test_avg_static_last_pooler_is_embeddings_plus_last_layer(tiny_bert_dir):
     computed here from the model's modules directly."""
     import torch
 
-    from sentemb.evaluate import Embedder
+    from sentemb.encoder import Embedder
 
     emb = Embedder.from_dir(tiny_bert_dir, "avg_static_last", device="cpu")
     got = emb(["the dog runs", "a cat"])

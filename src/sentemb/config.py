@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import json
 import os
 from importlib import resources
 from pathlib import Path
@@ -17,9 +16,8 @@ import jsonschema
 import yaml
 
 from . import SentembError
+from .layout import Layout
 from .settings import Run, TrainSettings
-
-MIRROR_ENV = "SENTEMB_MIRROR"
 
 
 def load_schema() -> dict:
@@ -172,22 +170,6 @@ def _deep_update(base: dict, upd: dict) -> dict:
     return base
 
 
-def mirror_dir(config: dict) -> Path | None:
-    """The local mirror directory: ``$SENTEMB_MIRROR`` if set, else config key ``mirror``."""
-    value = os.environ.get(MIRROR_ENV) or config.get("mirror")
-    if not value:
-        return None
-    p = Path(value).expanduser()
-    if not p.is_dir():
-        src = f"${MIRROR_ENV}" if os.environ.get(MIRROR_ENV) else "config key 'mirror'"
-        raise SentembError(f"{src}: mirror directory {p} does not exist")
-    return p.resolve()
-
-
-def backbone_mirror_path(backbone: dict) -> str:
-    return backbone.get("mirror_path") or f"models/{backbone['hub_id'].rstrip('/').split('/')[-1]}"
-
-
 def find_run(config: dict, name: str, backbone: str) -> dict:
     for run in config["runs"]:
         if run["name"] == name and run["backbone"] == backbone:
@@ -223,27 +205,23 @@ def run_requires(config: dict, run: dict) -> tuple[str, ...]:
 
 def input_path(config: dict, name: str, *, corpus: str, backbone: str, method: str) -> str:
     """Where the workflow puts input ``name`` (one of ``sentemb.methods.base.INPUT_NAMES``)."""
-    stats = f"{config['results_dir']}/stats/{corpus}"
-    res = config["resources_dir"]
-    if name == "token_freq":
-        return f"{stats}/token_freq.{backbone}.parquet"
-    files = {"tfidf": "tfidf.parquet", "tfidf_para": "tfidf_para.parquet", "paraphrases": "paraphrases.txt"}
-    if name in files:
-        return f"{stats}/{files[name]}"
-    if name == "rake":
-        from .stats import stats_settings
-
-        return f"{stats}/rake_top{int(stats_settings(config)['rake_top_k'])}.parquet"
-    if name == "nltk":
-        return f"{res}/nltk_data"
-    if name == "pretrained":
-        return f"{config['results_dir']}/pretrain/{method}/{backbone}/model"
+    layout = Layout.of(config)
+    match name:
+        case "token_freq":
+            return layout.token_freq(corpus, backbone)
+        case "tfidf":
+            return layout.tfidf(corpus)
+        case "tfidf_para":
+            return layout.tfidf_para(corpus)
+        case "paraphrases":
+            return layout.paraphrases(corpus)
+        case "rake":
+            return layout.rake(corpus, int(config["stats"]["rake_top_k"]))
+        case "nltk":
+            return layout.nltk()
+        case "pretrained":
+            return f"{layout.pretrain_dir(method, backbone)}/model"
     raise SentembError(f"method '{method}' requires unknown input '{name}'")
-
-
-def tokens_path(config: dict, corpus: str, backbone: str) -> str:
-    """The corpus's token cache under the backbone's tokenizer (rule ``tokenize``, ``sentemb.tokens``)."""
-    return f"{config['results_dir']}/stats/{corpus}/tokens.{backbone}"
 
 
 def run_inputs(config: dict, name: str, backbone: str) -> dict[str, str]:
@@ -271,7 +249,6 @@ def resolve_run(config: dict, name: str, backbone: str, seed: int, *, method: st
         train = {**config["train"], **run.get("train", {})}
         method_args, inputs = method_args_of(config, run), run_inputs(config, name, backbone)
     settings = TrainSettings.from_dict(copy.deepcopy(train))
-    res = config["resources_dir"]
     return Run(
         name=name, method=method, backbone=backbone, backbone_hub_id=config["backbones"][backbone]["hub_id"],
         seed=int(seed), train=settings, method_args=method_args, experiment=config["experiment"],
@@ -280,16 +257,6 @@ def resolve_run(config: dict, name: str, backbone: str, seed: int, *, method: st
         tracking={k: v for k, v in config["tracking"].items() if not (k == "wait_s" and v is None)},
         corpus=corpus, **extra,
         **({k: run[k] for k in ("study", "point") if k in run} if run is not None else {}),  # tags its MLflow run
-        paths={
-            "model": f"{res}/models/{backbone}",
-            "corpus": f"{res}/corpus/{corpus}.txt",
-            "senteval": f"{res}/data/senteval",
-            "stats": f"{config['results_dir']}/stats/{corpus}",
-            "inputs": inputs,
-            **({"tokens": tokens_path(config, corpus, backbone)} if settings.token_cache else {}),
-        },
+        paths=Layout.of(config).job_paths(corpus, backbone, inputs, token_cache=settings.token_cache),
     )
 
-
-def dumps(obj) -> str:
-    return json.dumps(obj, indent=2, sort_keys=True)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shlex
 import shutil
 import tarfile
 import tempfile
@@ -24,7 +23,6 @@ import zipfile
 from pathlib import Path, PurePosixPath
 
 from . import SentembError
-from .config import MIRROR_ENV
 from .cache import write_manifest
 from .senteval import verify_counts
 from .utils import atomic_path, count_lines, sha256_file, write_json
@@ -43,9 +41,23 @@ MODEL_FILES = TOKENIZER_FILES + [
 SAFETENSORS_FILES = ["*.safetensors", "model.safetensors.index.json"]
 BIN_FILES = ["pytorch_model*.bin", "pytorch_model.bin.index.json"]
 SOURCE_FILE = "sentemb_source.json"
+#: the environment variable naming the mirror directory (over config key ``mirror``)
+MIRROR_ENV = "SENTEMB_MIRROR"
 
 
 # ----------------------------------------------------------------------------- helpers
+
+
+def mirror_dir(config: dict) -> Path | None:
+    """The local mirror directory: ``$SENTEMB_MIRROR`` if set, else config key ``mirror``."""
+    value = os.environ.get(MIRROR_ENV) or config.get("mirror")
+    if not value:
+        return None
+    p = Path(value).expanduser()
+    if not p.is_dir():
+        src = f"${MIRROR_ENV}" if os.environ.get(MIRROR_ENV) else "config key 'mirror'"
+        raise SentembError(f"{src}: mirror directory {p} does not exist")
+    return p.resolve()
 
 
 def _mirror_source(mirror: PathLike, mirror_path: str, what: str) -> Path:
@@ -427,9 +439,6 @@ def fetch_nltk(
     return Path(output_dir)
 
 
-# ----------------------------------------------------------------------------- CLI
-
-
 # ----------------------------------------------------------------------------- built-in corpora
 
 #: Built-in corpora made by a data rule from fetched data (name -> what makes it); every other
@@ -482,14 +491,7 @@ def prepare_sts_corpus(senteval_dir: PathLike, output: PathLike, keep_duplicates
     return summary
 
 
-def shell_options(**options) -> str:
-    """Shell-quoted CLI options for the values that are set (dicts as JSON), for Snakemake rules:
-    ``shell_options(sha256="ab", max_sentences=None)`` is ``"--sha256 ab"``."""
-    return " ".join(
-        f"--{key.replace('_', '-')} {shlex.quote(json.dumps(value) if isinstance(value, dict) else str(value))}"
-        for key, value in options.items()
-        if value not in (None, "")
-    )
+# ----------------------------------------------------------------------------- CLI
 
 
 def _mirror(args) -> str | None:

@@ -1,32 +1,21 @@
-"""A method's pretraining stage (``Method.pretrain``), once per method and backbone.
+"""A method's pretraining stage (``Method.pretrain_stage``), once per method and backbone.
 
 ``sentemb pretrain-config`` writes the resolved settings of the stage of one method on one backbone
 (from ``methods.<method>.pretrain``); ``sentemb pretrain`` runs it into ``--output-dir`` (its
 ``model/`` is what a run whose method requires ``pretrained`` reads). The stage uses the shared
-training loop (``sentemb.train.train``: resumable ``.work/`` state, atomic ``model/``), MLflow run
+training loop (``sentemb.train.train`` with the stage's Method class: resumable ``.work/`` state, atomic ``model/``), MLflow run
 ``pretrain/<method>/<backbone>`` tagged ``rule: pretrain``.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from . import SentembError
 from .args import fields
 from .settings import Run
-from .utils import write_json
-
-#: keys of ``methods.<method>.pretrain`` read here (the rest are train keys or the method's own)
-STAGE_KEYS = ("corpus", "seed")
-
-
-def pretrain_methods(config: dict) -> list[str]:
-    """Methods of the configured runs that have a pretraining stage."""
-    from .methods import get_method
-
-    return sorted({r["method"] for r in config["runs"] if get_method(r["method"]).pretrain is not None})
+from .utils import read_json, write_json
 
 
 def resolve_pretrain(config: dict, method: str, backbone: str) -> Run:
@@ -39,7 +28,7 @@ def resolve_pretrain(config: dict, method: str, backbone: str) -> Run:
     from .settings import PretrainStage, TrainSettings
 
     cls = get_method(method)
-    if cls.pretrain is None:
+    if cls.pretrain_stage is None:
         raise SentembError(f"method '{method}' has no pretraining stage")
     if backbone not in config["backbones"]:
         raise SentembError(f"backbone '{backbone}' is not declared in config key 'backbones' "
@@ -58,30 +47,26 @@ def resolve_pretrain(config: dict, method: str, backbone: str) -> Run:
                        run_name=f"pretrain/{method}/{backbone}", rule="pretrain")
 
 
-def pretrain_dir(config: dict, method: str, backbone: str) -> str:
-    return f"{config['results_dir']}/pretrain/{method}/{backbone}"
+def run_pretrain(run: Run | dict, out_dir: str | Path, *, progress: bool = True) -> dict:
+    """Run a resolved stage (``resolve_pretrain``) into ``out_dir``: the shared loop trains the Method
+    class the method declares as its ``pretrain_stage``."""
+    from .methods import get_method
+    from .train import train
+
+    run = Run.from_dict(run)
+    stage = get_method(run.method).pretrain_stage
+    if stage is None:
+        raise SentembError(f"method '{run.method}' has no pretraining stage")
+    return train(run, out_dir, method_cls=stage, progress=progress)
 
 
 def _cmd_pretrain(args: argparse.Namespace) -> int:
-    from .methods import get_method
-
-    path = Path(args.run_config)
-    if not path.is_file():
-        raise SentembError(f"--run-config: file not found: {path}")
-    try:
-        run = json.loads(path.read_text("utf-8"))
-    except json.JSONDecodeError as e:
-        raise SentembError(f"{path}: not valid JSON ({e})") from None
-    run = Run.from_dict(run)
-    cls = get_method(run.method)
-    if cls.pretrain is None:
-        raise SentembError(f"{path}: method '{run.method}' has no pretraining stage")
+    run = Run.from_dict(read_json(args.run_config, "run config"))
     if args.device:
         run.train.device = args.device
     if args.no_track:
         run.tracking = {**run.tracking, "enabled": False}
-    run.progress = not args.quiet
-    summary = cls.pretrain(run, args.output_dir)
+    summary = run_pretrain(run, args.output_dir, progress=not args.quiet)
     print(f"pretrained {run.method} on {run.backbone}: {summary['steps']} steps -> "
           f"{Path(args.output_dir) / 'model'}")
     return 0

@@ -18,49 +18,21 @@ Everything here reads the per-run JSON files (``eval_sts.json``, ``eval_transfer
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable
 
 from . import SentembError
 from .senteval import TASKS
+from .tables import META, collect
 from .transfer import CLASSIFIER_DESCRIPTIONS, TRANSFER_TASKS
-from .utils import atomic_path
+from .utils import atomic_path, read_json
 
 if TYPE_CHECKING:
     import pandas as pd
 
-META = ("name", "method", "backbone", "seed")
 BASELINE = "baseline"  # method name of an untrained backbone's rows (run meta method=baseline)
 SHORT = {"STSBenchmark": "STS-B", "SICKRelatedness": "SICK-R"}
-
-
-def _read(p: Path) -> dict:
-    try:
-        return json.loads(Path(p).read_text("utf-8"))
-    except (OSError, json.JSONDecodeError) as e:
-        raise SentembError(f"cannot read results {p}: {e}") from None
-
-
-def collect(paths: Iterable[str | Path], metrics: list[str]) -> pd.DataFrame:
-    """One row per result JSON: run metadata (name, method, backbone, seed, pooler) + ``metrics``."""
-    import pandas as pd
-
-    rows = []
-    for p in paths:
-        d = _read(p)
-        meta = d.get("run") or {}
-        missing = [k for k in META if k not in meta]
-        if missing:
-            raise SentembError(f"{p}: results lack run metadata {missing} (pass --run-meta)")
-        rows.append({**{k: meta[k] for k in META}, "pooler": d.get("pooler"),
-                     **{m: d.get(m) for m in metrics}})
-    if not rows:
-        raise SentembError("no results given")
-    df = pd.DataFrame(rows)
-    df["seed"] = df["seed"].astype(int)
-    return df
 
 
 def mean_std_table(df: pd.DataFrame, metrics: list[str]) -> pd.DataFrame:
@@ -81,7 +53,7 @@ def transfer_classifier(paths: Iterable[str | Path]) -> str:
     different classifiers must not be averaged into one cell, so a mix is an error naming the files."""
     seen: dict[str, list[str]] = {}
     for p in paths:
-        c = (_read(p).get("protocol") or {}).get("classifier", "")
+        c = (read_json(p).get("protocol") or {}).get("classifier", "")
         c = "sklearn" if c == "sklearn LogisticRegression" else c
         if c not in CLASSIFIER_DESCRIPTIONS:
             raise SentembError(f"{p}: protocol.classifier is {c!r}, not one of {sorted(CLASSIFIER_DESCRIPTIONS)}")
@@ -281,7 +253,7 @@ def collect_dev(paths: Iterable[str | Path]) -> pd.DataFrame:
 
     rows = []
     for p in paths:
-        d = _read(p)
+        d = read_json(p)
         missing = [k for k in META if k not in d]
         if missing:
             raise SentembError(f"{p}: training summary lacks run metadata {missing}")
@@ -398,24 +370,13 @@ def _save(fig, out_dir: Path, stem: str) -> list[Path]:
     return paths
 
 
-def figures(eval_paths: list[Path], train_paths: list[Path], paper: pd.DataFrame | None, out_dir: str | Path) -> list[Path]:
-    """Write the five figures of issue 12 §5; returns the files written."""
-    import matplotlib
-
-    matplotlib.use("Agg")
+def sts_bars(evals: pd.DataFrame, colours: dict[str, str]):
+    """Table 1 as grouped bars per task, error bars = std over seeds (``evals``: ``collect`` of eval_sts.json)."""
     import matplotlib.pyplot as plt
     import numpy as np
-    import pandas as pd
 
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    evals = [(_read(p), p) for p in eval_paths]
-    df = collect(eval_paths, TASKS)
-    colours = method_colours(df["method"])
+    df = evals.copy()
     df["label"] = [_label(r) for _, r in df.iterrows()]
-    written: list[Path] = []
-
-    # 1. table1 as grouped bars per task, error bars = std over seeds
     tasks = [t for t in TASKS if df[t].notna().any()]
     df["Avg"] = df[tasks].mean(axis=1)
     cols = tasks + ["Avg"]
@@ -435,13 +396,17 @@ def figures(eval_paths: list[Path], train_paths: list[Path], paper: pd.DataFrame
     ax.set_title("STS results (mean over seeds, bars = ±1 std)")
     ax.axhline(0, color="black", linewidth=0.5)
     ax.legend(fontsize=7, loc="best")
-    written += _save(fig, out_dir, "table1_bars")
-    plt.close(fig)
+    return fig
 
-    # 2. STS-B dev curves from train.json (runs without history are omitted)
+
+def dev_curves(train_paths: list[Path], colours: dict[str, str]):
+    """STS-B dev curves from train.json (runs without history are omitted): mean, min–max band over seeds."""
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
     curves = {}
     for p in train_paths:
-        d = _read(p)
+        d = read_json(p)
         hist = [h for h in d.get("history") or [] if "dev_stsb" in h]  # (log-step records carry grad norms only)
         meta = ({k: d[k] for k in META} if all(k in d for k in META) else None) or _meta_from_path(Path(p))
         if not hist or meta is None:
@@ -462,12 +427,16 @@ def figures(eval_paths: list[Path], train_paths: list[Path], paper: pd.DataFrame
         ax.legend(fontsize=7)
     else:
         ax.text(0.5, 0.5, "no training history", ha="center", va="center", transform=ax.transAxes)
-    written += _save(fig, out_dir, "dev_curves")
-    plt.close(fig)
+    return fig
 
-    # 3. alignment-uniformity scatter (SimCSE Fig. 2), one point per run (mean over seeds)
+
+def align_uniform(evals: list[dict], colours: dict[str, str]):
+    """Alignment-uniformity scatter (SimCSE Fig. 2), one point per run (mean over seeds)."""
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
     geo = []
-    for d, p in evals:
+    for d in evals:
         gm = d.get("geometry") or {}
         if gm.get("align") is not None and gm.get("uniform") is not None:
             r = d["run"]
@@ -486,12 +455,15 @@ def figures(eval_paths: list[Path], train_paths: list[Path], paper: pd.DataFrame
     ax.set_xlabel("ℓ_uniform (lower = more uniform)")
     ax.set_ylabel("ℓ_align (lower = better aligned)")
     ax.set_title("Alignment vs uniformity on STS-B test")
-    written += _save(fig, out_dir, "align_uniform")
-    plt.close(fig)
+    return fig
 
-    # 4. cosine-similarity violins per gold bucket, one panel per run (seeds pooled)
+
+def cosine_buckets(evals: list[dict], colours: dict[str, str]):
+    """Cosine-similarity violins per gold bucket, one panel per run (seeds pooled)."""
+    import matplotlib.pyplot as plt
+
     panels: dict[tuple, dict[str, list]] = {}
-    for d, p in evals:
+    for d in evals:
         gm = d.get("geometry") or {}
         if not gm.get("cosine_buckets"):
             continue
@@ -520,11 +492,15 @@ def figures(eval_paths: list[Path], train_paths: list[Path], paper: pd.DataFrame
     if not panels:
         axes[0][0].text(0.5, 0.5, "no geometry", ha="center", va="center", transform=axes[0][0].transAxes)
     fig.suptitle("STS-B test: cosine similarity per gold-score bucket", fontsize=10)
-    written += _save(fig, out_dir, "cosine_buckets")
-    plt.close(fig)
+    return fig
 
-    # 5. paper vs reproduced Avg (points with the seeds' 95 % interval): one horizontal panel per table
-    # (STS, transfer), only the rows the papers report, one line per run so that 50 rows stay readable
+
+def paper_vs_reproduced(paper: pd.DataFrame | None, colours: dict[str, str]):
+    """Paper vs reproduced Avg (points with the seeds' 95 % interval): one horizontal panel per table
+    (STS, transfer), only the rows the papers report, one line per run so that 50 rows stay readable."""
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
     rows = paper[(paper["metric"] == "Avg")] if paper is not None else pd.DataFrame()
     if len(rows):
         rows = rows[rows["published"].notna()]
@@ -561,8 +537,37 @@ def figures(eval_paths: list[Path], train_paths: list[Path], paper: pd.DataFrame
         ax.set_axis_off()
         ax.set_title("Published vs reproduced average")
     fig.tight_layout()
-    written += _save(fig, out_dir, "paper_vs_reproduced")
-    plt.close(fig)
+    return fig
+
+
+#: the figures of issue 12 §5 by file stem, in the order ``figures`` writes them (the workflow's targets)
+FIGURES = ("table1_bars", "dev_curves", "align_uniform", "cosine_buckets", "paper_vs_reproduced")
+
+
+def figures(eval_paths: list[Path], train_paths: list[Path], paper: pd.DataFrame | None, out_dir: str | Path) -> list[Path]:
+    """Write every figure (``FIGURES``) as PNG + SVG into ``out_dir``; returns the files written."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    df = collect(eval_paths, TASKS)
+    evals = [read_json(p) for p in eval_paths]
+    colours = method_colours(df["method"])
+    draw = {
+        "table1_bars": lambda: sts_bars(df, colours),
+        "dev_curves": lambda: dev_curves(train_paths, colours),
+        "align_uniform": lambda: align_uniform(evals, colours),
+        "cosine_buckets": lambda: cosine_buckets(evals, colours),
+        "paper_vs_reproduced": lambda: paper_vs_reproduced(paper, colours),
+    }
+    written: list[Path] = []
+    for stem in FIGURES:
+        fig = draw[stem]()
+        written += _save(fig, out_dir, stem)
+        plt.close(fig)
     return written
 
 
@@ -576,7 +581,7 @@ def _meta_from_path(p: Path) -> dict | None:
     method = name
     rc = p.with_name("run_config.json")
     if rc.is_file():
-        method = _read(rc).get("method", name)
+        method = read_json(rc).get("method", name)
     return {"name": name, "method": method, "backbone": backbone, "seed": seed}
 
 

@@ -3,44 +3,44 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
-
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterable, Sequence
 
 from . import SentembError
 from .senteval import TASKS
-from .utils import atomic_path
+from .utils import atomic_path, read_json
 
 if TYPE_CHECKING:
     import pandas as pd
 
 
-def collect(paths: list[str | Path]) -> pd.DataFrame:
-    """One row per evaluation JSON (written by ``sentemb evaluate`` into a run directory)."""
+#: the run metadata every result file carries (``sentemb evaluate --run-meta``)
+META = ("name", "method", "backbone", "seed")
+
+
+def collect(paths: Iterable[str | Path], metrics: Sequence[str] = TASKS) -> pd.DataFrame:
+    """One row per result JSON (``eval_sts.json``, ``eval_transfer.json``): run metadata (name,
+    method, backbone, seed, pooler) and ``metrics`` (None where the file has none)."""
     import pandas as pd
 
     rows = []
     for p in paths:
-        p = Path(p)
-        try:
-            d = json.loads(p.read_text("utf-8"))
-        except (OSError, json.JSONDecodeError) as e:
-            raise SentembError(f"cannot read evaluation results {p}: {e}") from None
+        d = read_json(p)
         meta = d.get("run") or {}
-        missing = [k for k in ("name", "method", "backbone", "seed") if k not in meta]
+        missing = [k for k in META if k not in meta]
         if missing:
-            raise SentembError(f"{p}: evaluation results lack run metadata {missing} (pass --run-meta to evaluate)")
-        rows.append({**{k: meta[k] for k in ("name", "method", "backbone", "seed")},
-                     **{t: d[t] for t in TASKS if t in d}})
+            raise SentembError(f"{p}: results lack run metadata {missing} (pass --run-meta to evaluate)")
+        rows.append({**{k: meta[k] for k in META}, "pooler": d.get("pooler"), **{m: d.get(m) for m in metrics}})
     if not rows:
-        raise SentembError("no evaluation results given")
-    return pd.DataFrame(rows)
+        raise SentembError("no results given")
+    df = pd.DataFrame(rows)
+    df["seed"] = df["seed"].astype(int)
+    return df
 
 
 def table1(df: pd.DataFrame) -> pd.DataFrame:
     """Mean over seeds of each task and of Avg; ``std`` is the sample std of Avg over seeds."""
-    tasks = [t for t in TASKS if t in df.columns]
+    tasks = [t for t in TASKS if t in df.columns and df[t].notna().any()]
     df = df.copy()
     df["Avg"] = df[tasks].mean(axis=1)
     g = df.groupby(["name", "method", "backbone"], sort=False)

@@ -15,7 +15,7 @@ That equality is tested on the real corpus for every tokenizer in the repository
 The workflow writes one cache per corpus and backbone (rule ``tokenize``,
 ``results/stats/<corpus>/tokens.<backbone>/``); without one, ``sentemb.train`` tokenizes the corpus
 in memory once at set-up. A method that rewrites sentences (UNA, PaSeR, ArcCSE's triplets)
-declares ``Method.needs_text`` and tokenizes its own rows in ``build_batch``; the loop still builds
+tokenizes its own rows in ``build_batch``; the loop still builds
 those batches one step ahead, in a background thread (``sentemb.train.Prefetcher``).
 """
 
@@ -210,7 +210,7 @@ def load_or_build(cache_dir: str | Path | None, tokenizer, sentences: Sequence[s
 # ---------------------------------------------------------------------------------------- CLI
 def _cmd_tokenize(args: argparse.Namespace) -> int:
     from .models import load_tokenizer
-    from .train import read_corpus
+    from .corpus import read_corpus
 
     tok = load_tokenizer(args.model)
     sentences = read_corpus(args.corpus)

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator
 
 from . import SentembError
+from .corpus import read_corpus
 from .settings import Run, TrainSettings
 from .utils import atomic_path, write_json
 
@@ -48,18 +49,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def read_corpus(path: str | Path) -> list[str]:
-    """The training sentences: every line UTF-8 (``sentemb.utils.iter_lines``) and not blank."""
-    from .utils import iter_lines
-
-    sents = []
-    for i, line in enumerate(iter_lines(path), start=1):
-        if not line.strip():
-            raise SentembError(f"{path}:{i}: line {i} is empty (prepare the corpus with `sentemb prepare-corpus`)")
-        sents.append(line)
-    if len(sents) < 2:
-        raise SentembError(f"{path}: a training corpus needs at least 2 sentences, found {len(sents)}")
-    return sents
 
 
 def sentence_lengths(sentences: list[str]) -> np.ndarray:
@@ -654,7 +643,7 @@ def train(run: Run | dict, out_dir: str | Path, *, progress: bool = True, stop_a
 
     ``stop_after`` ends the process-equivalent of a kill after that many optimizer steps (tests).
     ``method_cls`` replaces the registered class of ``run.method`` (a pretraining stage,
-    ``Method.pretrain``, runs this loop with its own Method subclass and ``model_selection: last``).
+    ``Method.pretrain_stage``, runs this loop with that Method subclass and ``model_selection: last``).
     """
     from .studies import study_tags
     from .tracking import Tracker

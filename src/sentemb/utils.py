@@ -66,6 +66,14 @@ def write_json(path: str | os.PathLike, obj) -> None:
         tmp.write_text(json.dumps(obj, indent=2, sort_keys=False) + "\n", encoding="utf-8")
 
 
+def read_json(path: str | os.PathLike, what: str = "results"):
+    """The JSON document in ``path``; an error naming ``what`` and the file when it is missing or bad."""
+    try:
+        return json.loads(Path(path).read_text("utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise SentembError(f"cannot read {what} {path}: {e}") from None
+
+
 def write_text(path: str | os.PathLike, text: str) -> None:
     with atomic_path(path) as tmp:
         tmp.write_text(text, encoding="utf-8")
@@ -117,22 +125,3 @@ def expose_cli() -> None:
     if scripts not in path.split(os.pathsep):
         os.environ["PATH"] = os.pathsep.join([scripts, path]) if path else scripts
 
-
-def iter_lines(path: str | os.PathLike) -> Iterator[str]:
-    """Yield the lines of a corpus file as ``str`` without the line terminator (see module doc)."""
-    path = Path(path)
-    if not path.is_file():
-        raise SentembError(f"corpus file not found: {path}")
-    with open(path, "rb") as f:
-        for i, raw in enumerate(f, start=1):
-            if raw.endswith(b"\n"):
-                raw = raw[:-1]
-            if raw.endswith(b"\r"):
-                raw = raw[:-1]
-            try:
-                yield raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise SentembError(
-                    f"{path}:{i}: line {i} is not valid UTF-8 (byte {raw[e.start:e.start + 1]!r} at "
-                    f"column {e.start + 1}); re-create the corpus with 'sentemb prepare-corpus'"
-                ) from None

@@ -1,19 +1,27 @@
 # Config validation, shared names and input functions. Rules stay thin: they call `sentemb`.
+import json
 import os
 import re
+import shlex
 
 from sentemb import SentembError
-from sentemb.config import mirror_dir, resolve_run, run_inputs, validate_config
+from sentemb.config import resolve_run, run_inputs, validate_config
 from sentemb.cache import verify_resources
+from sentemb.data import mirror_dir
+from sentemb.layout import Layout
 from sentemb.utils import expose_cli
 from sentemb.methods import get_method
 from sentemb.studies import study_inputs, study_spec
+from sentemb.report import FIGURES
 
 try:
     validate_config(config, source="the Snakemake config")
     _mirror = mirror_dir(config)
 except SentembError as e:
     raise WorkflowError(str(e))
+# Every path of the DAG (sentemb.layout); its methods' defaults are the wildcards: LAYOUT.model() is
+# resources/models/{backbone}.
+LAYOUT = Layout.of(config)
 
 # Cached downloads damaged since they were verified (truncated weights, an edited STS file) are moved
 # aside here so that they are fetched again (sentemb.cache); in the main process only, not in every job.
@@ -24,22 +32,19 @@ if workflow.is_main_process:
 # virtual environment is not activated (a per-rule conda env, when used, still comes first).
 expose_cli()
 
-RES = config["resources_dir"]
-RESULTS = config["results_dir"]
 LOGS = "logs"
 MIRROR = str(_mirror) if _mirror else ""
-CORPUS = config["corpus"]["name"]
 SEEDS = config["seeds"]
 RUNS = [(r["name"], r["backbone"]) for r in config["runs"]]
 # (name, backbone, seed) of every training job: runs[].seeds, else the global seeds
 JOBS = [(r["name"], r["backbone"], s) for r in config["runs"] for s in (r.get("seeds") or SEEDS)]
-RUN_DIR = f"{RESULTS}/runs/{{name}}/{{backbone}}/seed{{seed}}"
+RUN_DIR = LAYOUT.run_dir()
 TRACKING = config["tracking"]["enabled"]
-TRACKING_MARKER = f"{RESULTS}/.tracking/{config['experiment']}.json"
+TRACKING_MARKER = LAYOUT.tracking_marker(config["experiment"])
 # Every job (train, evaluate) waits this long for an absent MLflow server, then queues (sentemb.tracking)
 if config["tracking"].get("wait_s") is not None:
     os.environ["SENTEMB_TRACKING_WAIT_S"] = str(config["tracking"]["wait_s"])
-EVAL_DATA = f"{RES}/data/{config['evaluation']['data']}"
+EVAL_DATA = LAYOUT.eval_data(config["evaluation"]["data"])
 # Several local GPUs: GPU jobs claim one each (sentemb.gpu_slots); empty on Slurm / one GPU.
 GPU_ENV = f"SENTEMB_GPU_SLOTS={config['local_gpus']} " if config.get("local_gpus") else ""
 
@@ -50,6 +55,16 @@ wildcard_constraints:
     seed=r"\d+",
     corpus=r"[A-Za-z0-9_.-]+",
     pooler="cls|cls_before_pooler|avg|avg_first_last|avg_top2|avg_static_last",
+
+
+def shell_options(**options):
+    """Shell-quoted CLI options for the values that are set (dicts as JSON):
+    ``shell_options(sha256="ab", max_sentences=None)`` is ``"--sha256 ab"``."""
+    return " ".join(
+        f"--{key.replace('_', '-')} {shlex.quote(json.dumps(value) if isinstance(value, dict) else str(value))}"
+        for key, value in options.items()
+        if value not in (None, "")
+    )
 
 
 def res(kind, key):
@@ -82,9 +97,7 @@ TESTED = {(r["name"], r["backbone"]) for r in config["runs"] if r.get("evaluate"
 
 
 def eval_outputs():
-    return [
-        f"{RESULTS}/runs/{n}/{b}/seed{s}/eval_sts.json" for n, b, s in JOBS if (n, b) in TESTED
-    ]
+    return [f"{LAYOUT.run_dir(n, b, s)}/eval_sts.json" for n, b, s in JOBS if (n, b) in TESTED]
 
 
 
@@ -95,12 +108,12 @@ TRANSFER_RUNS = {(r["name"], r["backbone"]) for r in config["runs"]
 TRANSFER = bool(TRANSFER_RUNS)
 # (backbone, pooler) of every untrained baseline (config `baselines`)
 BASELINES = [(b, p) for b, ps in (config.get("baselines") or {}).items() for p in ps]
-BASE_DIR = f"{RESULTS}/baselines/{{backbone}}/{{pooler}}"
+BASE_DIR = LAYOUT.baseline_dir()
 PAPER_RESULTS = config.get("paper_results") or os.path.join(workflow.basedir, "config", "paper_results.yaml")
-FIGURES = ["table1_bars", "dev_curves", "align_uniform", "cosine_buckets", "paper_vs_reproduced"]
 
 
 def tracking_opts():
+    """The MLflow options of `sentemb evaluate` / `evaluate-transfer` (empty when tracking is off)."""
     if not TRACKING:
         return ""
     return f"--track --experiment {config['experiment']}" + (
@@ -108,19 +121,19 @@ def tracking_opts():
 
 
 def baseline_outputs(kind="sts"):
-    return [f"{RESULTS}/baselines/{b}/{p}/eval_{kind}.json" for b, p in BASELINES]
+    return [f"{LAYOUT.baseline_dir(b, p)}/eval_{kind}.json" for b, p in BASELINES]
 
 
 def transfer_outputs():
     """Transfer results of the runs that have them and of every baseline (none without any)."""
     if not TRANSFER:
         return []
-    return [f"{RESULTS}/runs/{n}/{b}/seed{s}/eval_transfer.json" for n, b, s in JOBS if (n, b) in TRANSFER_RUNS] + \
+    return [f"{LAYOUT.run_dir(n, b, s)}/eval_transfer.json" for n, b, s in JOBS if (n, b) in TRANSFER_RUNS] + \
         baseline_outputs("transfer")
 
 
 def train_summaries():
-    return [f"{RESULTS}/runs/{n}/{b}/seed{s}/train.json" for n, b, s in JOBS]
+    return [f"{LAYOUT.run_dir(n, b, s)}/train.json" for n, b, s in JOBS]
 
 
 # Studies (sentemb.studies): results/studies/<name>.csv/.md/.png/.svg; their points are ordinary runs
@@ -134,7 +147,7 @@ wildcard_constraints:
 
 REPORT_TARGETS = (
     STUDY_TARGETS
-    + [f"{RESULTS}/table_paper.csv", f"{RESULTS}/table_paper.md"]
-    + [f"{RESULTS}/figures/{f}.{ext}" for f in FIGURES for ext in ("png", "svg")]
-    + ([f"{RESULTS}/table_transfer.csv", f"{RESULTS}/table_transfer.md"] if TRANSFER else [])
+    + [LAYOUT.table("table_paper", "csv"), LAYOUT.table("table_paper", "md")]
+    + [LAYOUT.figure(f, ext) for f in FIGURES for ext in ("png", "svg")]
+    + ([LAYOUT.table("table_transfer", "csv"), LAYOUT.table("table_transfer", "md")] if TRANSFER else [])
 )

@@ -1,14 +1,12 @@
 # Data acquisition: thin wrappers around `sentemb fetch-*` / `sentemb prepare-corpus` (sentemb.data).
-# Expects RES (config["resources_dir"]), MIRROR (mirror directory or "") and LOGS from common.smk.
+# Expects LAYOUT (sentemb.layout), MIRROR (mirror directory or ""), LOGS and shell_options from common.smk.
 
 import re
-
-from sentemb.data import shell_options
 
 
 rule fetch_corpus:
     output:
-        f"{RES}/corpus/{{corpus}}.raw.txt",
+        LAYOUT.raw_corpus(),
     log:
         f"{LOGS}/data/fetch_corpus_{{corpus}}.log",
     wildcard_constraints:
@@ -34,10 +32,10 @@ rule fetch_corpus:
 
 rule prepare_corpus:
     input:
-        f"{RES}/corpus/{{corpus}}.raw.txt",
+        LAYOUT.raw_corpus(),
     output:
-        corpus=f"{RES}/corpus/{{corpus}}.txt",
-        summary=f"{RES}/corpus/{{corpus}}.txt.json",
+        corpus=LAYOUT.corpus(),
+        summary=LAYOUT.corpus_summary(),
     log:
         f"{LOGS}/data/prepare_corpus_{{corpus}}.log",
     wildcard_constraints:
@@ -56,7 +54,7 @@ rule prepare_corpus:
 
 rule fetch_senteval:
     output:
-        directory(f"{RES}/data/senteval"),
+        directory(LAYOUT.eval_data("senteval")),
     log:
         f"{LOGS}/data/fetch_senteval.log",
     params:
@@ -76,7 +74,7 @@ rule fetch_senteval:
 
 rule fetch_senteval_raw:
     output:
-        directory(f"{RES}/data/senteval-raw"),
+        directory(LAYOUT.eval_data("senteval-raw")),
     log:
         f"{LOGS}/data/fetch_senteval_raw.log",
     params:
@@ -90,7 +88,7 @@ rule fetch_senteval_raw:
 
 rule fetch_model:
     output:
-        directory(f"{RES}/models/{{backbone}}"),
+        directory(LAYOUT.model()),
     log:
         f"{LOGS}/data/fetch_model_{{backbone}}.log",
     wildcard_constraints:
@@ -114,7 +112,7 @@ rule fetch_model:
 
 rule fetch_nltk:
     output:
-        directory(f"{RES}/nltk_data"),
+        directory(LAYOUT.nltk()),
     log:
         f"{LOGS}/data/fetch_nltk.log",
     params:
@@ -131,10 +129,10 @@ rule prepare_sts_corpus:
     """Built-in corpus `sts-unlabeled` (runs[].corpus): the sentences of STS12-16 (test), STS-B and
     SICK (all splits) from the fetched SentEval tree, deduplicated (sentemb.data.sts_sentences)."""
     input:
-        f"{RES}/data/senteval",
+        LAYOUT.eval_data("senteval"),
     output:
-        corpus=f"{RES}/corpus/sts-unlabeled.txt",
-        summary=f"{RES}/corpus/sts-unlabeled.txt.json",
+        corpus=LAYOUT.corpus("sts-unlabeled"),
+        summary=LAYOUT.corpus_summary("sts-unlabeled"),
     log:
         f"{LOGS}/data/prepare_corpus_sts-unlabeled.log",
     localrule: True

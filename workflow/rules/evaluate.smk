@@ -16,12 +16,7 @@ rule evaluate:
         batch_size=config["evaluation"]["batch_size"],
         precision=config["evaluation"]["precision"],
         method=lambda w: run_of(w)["method"],
-        track=(
-            f"--track --experiment {config['experiment']}"
-            + (f" --tracking-uri {config['tracking']['uri']}" if config["tracking"]["uri"] else "")
-            if TRACKING
-            else ""
-        ),
+        track=tracking_opts(),
     log:
         f"{LOGS}/evaluate/{{name}}/{{backbone}}/seed{{seed}}.log",
     benchmark:
@@ -46,7 +41,7 @@ rule evaluate:
 rule evaluate_transfer:
     input:
         model=f"{RUN_DIR}/model",
-        data=f"{RES}/data/senteval",
+        data=LAYOUT.eval_data("senteval"),
         tracking=TRACKING_MARKER if TRACKING else [],
     output:
         f"{RUN_DIR}/eval_transfer.json",
@@ -84,7 +79,7 @@ rule evaluate_transfer:
 # Untrained backbones as they are (config `baselines`, issue 12 §3): rows method=baseline, seed 0.
 rule evaluate_baseline:
     input:
-        model=f"{RES}/models/{{backbone}}",
+        model=LAYOUT.model(),
         data=EVAL_DATA,
         tracking=TRACKING_MARKER if TRACKING else [],
     output:
@@ -116,8 +111,8 @@ rule evaluate_baseline:
 
 rule evaluate_baseline_transfer:
     input:
-        model=f"{RES}/models/{{backbone}}",
-        data=f"{RES}/data/senteval",
+        model=LAYOUT.model(),
+        data=LAYOUT.eval_data("senteval"),
         tracking=TRACKING_MARKER if TRACKING else [],
     output:
         f"{BASE_DIR}/eval_transfer.json",

@@ -1,10 +1,10 @@
-# Stage `pretrain`: a method's pretraining stage (Method.pretrain), once per method x backbone (not
+# Stage `pretrain`: a method's pretraining stage (Method.pretrain_stage), once per method x backbone (not
 # per seed or run). Settings: methods.<method>.pretrain. A run whose method requires `pretrained`
-# reads results/pretrain/{method}/{backbone}/model (sentemb.config.input_path), so its training jobs
+# reads results/pretrain/{method}/{backbone}/model (sentemb.layout, sentemb.config.input_path), so its training jobs
 # depend on this rule.
 from sentemb.pretrain import resolve_pretrain
 
-PRETRAIN_DIR = f"{RESULTS}/pretrain/{{method}}/{{backbone}}"
+PRETRAIN_DIR = LAYOUT.pretrain_dir()
 
 
 rule pretrain_config:
@@ -27,7 +27,7 @@ rule pretrain_config:
 rule pretrain:
     input:
         run=f"{PRETRAIN_DIR}/pretrain_config.json",
-        model=f"{RES}/models/{{backbone}}",
+        model=LAYOUT.model(),
         corpus=lambda w: resolve_pretrain(config, w.method, w.backbone).paths["corpus"],
         tokens=lambda w: resolve_pretrain(config, w.method, w.backbone).paths.get("tokens", []),
         tracking=TRACKING_MARKER if TRACKING else [],

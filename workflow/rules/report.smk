@@ -7,8 +7,8 @@ rule table1:
         eval_outputs(),
         baseline_outputs(),
     output:
-        csv=report(f"{RESULTS}/table1.csv", caption="../report/table1.rst", category="Tables"),
-        md=f"{RESULTS}/table1.md",
+        csv=report(LAYOUT.table("table1", "csv"), caption="../report/table1.rst", category="Tables"),
+        md=LAYOUT.table("table1", "md"),
     log:
         f"{LOGS}/table1.log",
     localrule: True
@@ -22,8 +22,8 @@ rule table_transfer:
     input:
         transfer_outputs(),
     output:
-        csv=report(f"{RESULTS}/table_transfer.csv", caption="../report/table_transfer.rst", category="Tables"),
-        md=f"{RESULTS}/table_transfer.md",
+        csv=report(LAYOUT.table("table_transfer", "csv"), caption="../report/table_transfer.rst", category="Tables"),
+        md=LAYOUT.table("table_transfer", "md"),
     log:
         f"{LOGS}/table_transfer.log",
     localrule: True
@@ -40,8 +40,8 @@ rule table_paper:
         train=train_summaries(),
         published=PAPER_RESULTS,
     output:
-        csv=report(f"{RESULTS}/table_paper.csv", caption="../report/table_paper.rst", category="Tables"),
-        md=f"{RESULTS}/table_paper.md",
+        csv=report(LAYOUT.table("table_paper", "csv"), caption="../report/table_paper.rst", category="Tables"),
+        md=LAYOUT.table("table_paper", "md"),
     log:
         f"{LOGS}/table_paper.log",
     localrule: True
@@ -57,13 +57,13 @@ rule figures:
     input:
         evals=eval_outputs() + baseline_outputs(),
         train=train_summaries(),
-        paper=f"{RESULTS}/table_paper.csv",
+        paper=LAYOUT.table("table_paper", "csv"),
     output:
         **{
-            f"{f}_png": report(f"{RESULTS}/figures/{f}.png", caption=f"../report/fig_{f}.rst", category="Figures")
+            f"{f}_png": report(LAYOUT.figure(f, "png"), caption=f"../report/fig_{f}.rst", category="Figures")
             for f in FIGURES
         },
-        **{f"{f}_svg": f"{RESULTS}/figures/{f}.svg" for f in FIGURES},
+        **{f"{f}_svg": LAYOUT.figure(f, "svg") for f in FIGURES},
     params:
         outdir=lambda wildcards, output: os.path.dirname(output[0]),
     log:
@@ -123,5 +123,5 @@ rule studies:
 rule report_all:
     """Every table and figure (`snakemake report_all`, then `snakemake --report results/report.html`)."""
     input:
-        f"{RESULTS}/table1.csv",
+        LAYOUT.table("table1", "csv"),
         REPORT_TARGETS,

@@ -1,7 +1,7 @@
 # Stage `stats`: corpus statistics computed once per corpus; training jobs only read them
 # (shared/docs/methods.md §1-3). Thin rules around `sentemb stats-*` / `sentemb paraphrase*`
-# (sentemb.stats). Expects RES, RESULTS, LOGS, MIRROR, CORPUS and res() from
-# common.smk. Outputs, under results/stats/<corpus>/:
+# (sentemb.stats). Expects LAYOUT, LOGS, MIRROR, shell_options and res() from common.smk.
+# Outputs (sentemb.layout), under results/stats/<corpus>/:
 #   token_freq.<backbone>.parquet   token frequency per backbone tokenizer (SARCSE)
 #   tokens.<backbone>/              the corpus's token ids under that tokenizer (training reads them)
 #   tfidf.parquet                   TF-IDF over the corpus (+ paraphrases if stats.tfidf_with_paraphrases)
@@ -13,17 +13,15 @@
 
 import shlex
 
-from sentemb.data import shell_options
 from sentemb.stats import needs_paraphrases, stats_settings, stats_targets
 
 STATS = stats_settings(config)  # config section `stats` with defaults (sentemb.stats.stats_settings)
 _PARA = STATS["paraphrase"]
 PARA_MODEL = _PARA["model"]
-PARA_DIR = f"{RES}/paraphraser/{_PARA['model_name']}"
+PARA_DIR = LAYOUT.paraphraser(_PARA["model_name"])
 PARA_SHARDS = int(_PARA["shards"])
 RAKE_TOP_K = int(STATS["rake_top_k"])
-STATS_DIR = f"{RESULTS}/stats/{{corpus}}"
-CORPUS_TXT = f"{RES}/corpus/{{corpus}}.txt"
+CORPUS_TXT = LAYOUT.corpus()
 # All statistics of every corpus some run trains on (runs[].corpus), for `rule all` (paraphrases
 # only for a corpus that needs them).
 STATS_TARGETS = stats_targets(config)
@@ -54,9 +52,9 @@ rule fetch_paraphraser:
 rule stats_token_freq:
     input:
         corpus=CORPUS_TXT,
-        model=f"{RES}/models/{{backbone}}",
+        model=LAYOUT.model(),
     output:
-        f"{STATS_DIR}/token_freq.{{backbone}}.parquet",
+        LAYOUT.token_freq(),
     log:
         f"{LOGS}/stats/{{corpus}}/token_freq.{{backbone}}.log",
     benchmark:
@@ -77,9 +75,9 @@ rule tokenize:
     instead of running the tokenizer: sentemb.tokens)."""
     input:
         corpus=CORPUS_TXT,
-        model=f"{RES}/models/{{backbone}}",
+        model=LAYOUT.model(),
     output:
-        directory(f"{STATS_DIR}/tokens.{{backbone}}"),
+        directory(LAYOUT.tokens()),
     log:
         f"{LOGS}/stats/{{corpus}}/tokens.{{backbone}}.log",
     benchmark:
@@ -98,9 +96,9 @@ rule tokenize:
 rule stats_tfidf:
     input:
         corpus=CORPUS_TXT,
-        extra=lambda wc: [f"{RESULTS}/stats/{wc.corpus}/paraphrases.txt"] if STATS["tfidf_with_paraphrases"] else [],
+        extra=lambda wc: [LAYOUT.paraphrases(wc.corpus)] if STATS["tfidf_with_paraphrases"] else [],
     output:
-        f"{STATS_DIR}/tfidf.parquet",
+        LAYOUT.tfidf(),
     log:
         f"{LOGS}/stats/{{corpus}}/tfidf.log",
     benchmark:
@@ -119,9 +117,9 @@ rule stats_tfidf:
 rule stats_tfidf_para:
     input:
         corpus=CORPUS_TXT,
-        paraphrases=f"{STATS_DIR}/paraphrases.txt",
+        paraphrases=LAYOUT.paraphrases(),
     output:
-        f"{STATS_DIR}/tfidf_para.parquet",
+        LAYOUT.tfidf_para(),
     log:
         f"{LOGS}/stats/{{corpus}}/tfidf_para.log",
     benchmark:
@@ -140,9 +138,9 @@ rule stats_tfidf_para:
 rule stats_rake:
     input:
         corpus=CORPUS_TXT,
-        nltk=f"{RES}/nltk_data",
+        nltk=LAYOUT.nltk(),
     output:
-        f"{STATS_DIR}/rake_top{{k}}.parquet",
+        LAYOUT.rake(),
     wildcard_constraints:
         k=r"\d+",
     log:
@@ -167,7 +165,7 @@ rule paraphrase_shard:
         corpus=CORPUS_TXT,
         model=PARA_DIR,
     output:
-        f"{STATS_DIR}/paraphrase/shard{{shard}}of{{nshards}}.jsonl",
+        LAYOUT.paraphrase_shard(),
     wildcard_constraints:
         shard=r"\d+",
         nshards=r"\d+",
@@ -196,10 +194,9 @@ rule paraphrase_shard:
 rule paraphrase_merge:
     input:
         corpus=CORPUS_TXT,
-        shards=expand(f"{STATS_DIR}/paraphrase/shard{{shard}}of{PARA_SHARDS}.jsonl",
-                      shard=range(PARA_SHARDS), allow_missing=True),
+        shards=expand(LAYOUT.paraphrase_shard(nshards=PARA_SHARDS), shard=range(PARA_SHARDS), allow_missing=True),
     output:
-        f"{STATS_DIR}/paraphrases.txt",
+        LAYOUT.paraphrases(),
     log:
         f"{LOGS}/stats/{{corpus}}/paraphrase_merge.log",
     conda:
@@ -212,14 +209,13 @@ rule paraphrase_merge:
 rule stats_summary:
     input:
         corpus=CORPUS_TXT,
-        freq=expand(f"{STATS_DIR}/token_freq.{{backbone}}.parquet", backbone=config["backbones"],
-                    allow_missing=True),
-        tfidf=f"{STATS_DIR}/tfidf.parquet",
-        rake=f"{STATS_DIR}/rake_top{RAKE_TOP_K}.parquet",
-        paraphrases=lambda wc: [f"{RESULTS}/stats/{wc.corpus}/paraphrases.txt"] if needs_paraphrases(config, wc.corpus) else [],
+        freq=expand(LAYOUT.token_freq(), backbone=config["backbones"], allow_missing=True),
+        tfidf=LAYOUT.tfidf(),
+        rake=LAYOUT.rake(top_k=RAKE_TOP_K),
+        paraphrases=lambda wc: [LAYOUT.paraphrases(wc.corpus)] if needs_paraphrases(config, wc.corpus) else [],
     output:
-        md=report(f"{STATS_DIR}/summary.md", caption="../report/stats_summary.rst", category="Corpus statistics"),
-        json=f"{STATS_DIR}/summary.json",
+        md=report(LAYOUT.stats_summary(ext="md"), caption="../report/stats_summary.rst", category="Corpus statistics"),
+        json=LAYOUT.stats_summary(ext="json"),
     log:
         f"{LOGS}/stats/{{corpus}}/summary.log",
     params:

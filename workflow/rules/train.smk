@@ -37,10 +37,10 @@ rule train:
     input:
         unpack(method_inputs),
         run=f"{RUN_DIR}/run_config.json",
-        model=f"{RES}/models/{{backbone}}",
+        model=LAYOUT.model(),
         corpus=lambda w: resolve_run(config, w.name, w.backbone, int(w.seed)).paths["corpus"],
         tokens=lambda w: resolve_run(config, w.name, w.backbone, int(w.seed)).paths.get("tokens", []),
-        senteval=f"{RES}/data/senteval",
+        senteval=LAYOUT.eval_data("senteval"),
         tracking=TRACKING_MARKER if TRACKING else [],
     output:
         model=directory(f"{RUN_DIR}/model"),

@@ -203,7 +203,6 @@ class ArcCSE(SimCSE):
                        "or none", choices=("train_only", "always", "none"))
 
     eval_pooler = "cls_before_pooler"
-    needs_text = True  # the triplet rows are masked by word (word ids of the text); the SimCSE rows come from the cache
 
     def __init__(self, encoder, tokenizer, args, ctx):
         super().__init__(encoder, tokenizer, args, ctx)

@@ -25,13 +25,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Sequence
+from typing import Any, ClassVar, Sequence
 
 import torch
 from torch import nn
 
 from .. import SentembError
 from ..args import ArgSpec, arg, build, check_mapping, specs  # noqa: F401  (arg, ArgSpec: public here too)
+from ..encoder import EmbedFn, Embedder
 
 #: Names a method may list in ``requires(args)``; ``sentemb.config.run_inputs`` maps each to a path.
 INPUT_NAMES = ("token_freq", "tfidf", "tfidf_para", "rake", "paraphrases", "nltk", "pretrained")
@@ -43,8 +44,6 @@ INPUT_NAMES = ("token_freq", "tfidf", "tfidf_para", "rake", "paraphrases", "nltk
 #: as ``train/grad_norm/<name>``. A method that returns no such key gets ``train/grad_norm/loss``
 #: (its total's gradient norm) for free; one line (``WEIGHTED: {"contrastive": loss}``) names it.
 WEIGHTED = "weighted"
-
-EmbedFn = Callable[[Sequence[str]], Any]  # list of sentences -> float32 array (n, dim)
 
 
 @dataclass
@@ -77,18 +76,13 @@ class Method(nn.Module):
     class Args:
         """No arguments (a method's own module declares its ``Args`` dataclass with ``arg(...)``)."""
 
-    #: an optional stage before training, ``pretrain(run, out_dir) -> summary`` (a classmethod), run
-    #: once per method and backbone by ``sentemb pretrain`` (rule ``pretrain``, settings in
-    #: ``methods.<name>.pretrain``); a run whose ``requires(args)`` lists ``pretrained`` reads its
-    #: output directory as ``ctx.inputs["pretrained"]``. Absent (None) by default.
-    pretrain: ClassVar[Callable[..., dict] | None] = None
-    #: stage-1 ``train`` defaults of ``pretrain`` (over the config's ``train``; under the block's own keys)
+    #: an optional stage before training: the Method subclass the shared loop trains once per method
+    #: and backbone (``sentemb pretrain``, rule ``pretrain``, settings in ``methods.<name>.pretrain``);
+    #: a run whose ``requires(args)`` lists ``pretrained`` reads its output directory as
+    #: ``ctx.inputs["pretrained"]``. None by default.
+    pretrain_stage: ClassVar[type[Method] | None] = None
+    #: the stage's ``train`` defaults (over the config's ``train``; under the block's own keys)
     pretrain_train_defaults: ClassVar[dict[str, Any]] = {}
-
-    #: True when ``build_batch`` reads the sentences' text (it rewrites them, or needs word alignment),
-    #: so the tokenizer runs there; False when every row it builds comes from ``tokenize(…, lines)``,
-    #: i.e. from the corpus's token cache (``sentemb.tokens``) without running the tokenizer.
-    needs_text: ClassVar[bool] = False
 
     #: pooler used to evaluate the exported model (sentemb evaluate --pooler); "method" = the
     #: method's own embedder (``load_embedder``)
@@ -213,8 +207,6 @@ class Method(nn.Module):
     def embedder(self, pooler: str, device: torch.device) -> EmbedFn:
         """What the loop's STS-B dev evaluation encodes sentences with (list[str] -> array), using
         the current weights. Default: the encoder + ``pooler`` (+ ``dev_head``)."""
-        from ..evaluate import Embedder
-
         # fp32 even on CUDA: model selection should not hinge on bf16 rounding (3,000 sentences: cheap).
         return Embedder(self.encoder, self.tokenizer, "cls_before_pooler" if pooler == "cls" else pooler,
                         head=self.dev_head(pooler), batch_size=128, device=device, precision="fp32", keep_plan=True)

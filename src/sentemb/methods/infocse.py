@@ -78,7 +78,7 @@ from .. import SentembError
 from ..models import MLMHead, MLPHead, mlm_head_state, read_weights
 from . import register_method
 from ..args import check_mapping, fields, to_dict
-from ..settings import PretrainStage, Run
+from ..settings import PretrainStage
 from .base import WEIGHTED, Method, arg
 from ..masking import mask_tokens  # noqa: F401  (public here too: BERT's MLM corruption)
 from .simcse import info_nce
@@ -263,7 +263,7 @@ def _check_layers(args: dict, n_layers: int, need_head_from_backbone: bool) -> N
 # ----------------------------------------------------------------------------------- stage 2
 @register_method
 class InfoCSE(Method):
-    """Stage 2 (joint training, Eq. 7); ``pretrain`` runs stage 1 (``InfoCSEPretrain``)."""
+    """Stage 2 (joint training, Eq. 7); its ``pretrain_stage`` is stage 1 (``InfoCSEPretrain``)."""
 
     name = "infocse"
 
@@ -305,14 +305,6 @@ class InfoCSE(Method):
     @classmethod
     def requires(cls, args):
         return ("pretrained",) if args.init == "pretrain" and not args.aux_checkpoint else ()
-
-    @classmethod
-    def pretrain(cls, run, out_dir) -> dict:
-        """Stage 1 through the shared loop (``sentemb.train.train``) with ``InfoCSEPretrain``."""
-        from ..train import train
-
-        run = Run.from_dict(run)
-        return train(run, out_dir, method_cls=InfoCSEPretrain, progress=run.progress is not False)
 
     # ------------------------------------------------------------------ construction
     def __init__(self, encoder, tokenizer, args, ctx):
@@ -439,8 +431,9 @@ class InfoCSE(Method):
 # ----------------------------------------------------------------------------------- stage 1
 class InfoCSEPretrain(Method):
     """Stage 1 (§3.1, Eq. 6): L = L_aux + L_mlm on x̂, the auxiliary network sharing BERT's lower
-    ``skip_from`` layers, W shared (tied to the word embeddings, as in BERT). Not registered: run by
-    ``InfoCSE.pretrain`` through the shared loop; its export is the stage-1 directory."""
+    ``skip_from`` layers, W shared (tied to the word embeddings, as in BERT). Not registered: InfoCSE's
+    ``pretrain_stage``, trained by the shared loop (``sentemb pretrain``); its export is the stage-1
+    directory."""
 
     name = "infocse"
     Args = InfoCSE.Args
@@ -463,8 +456,6 @@ class InfoCSEPretrain(Method):
         else:
             log.warning("infocse pretrain: %s has no MLM head (cls.predictions.*): its transform starts fresh, "
                         "W = the word embeddings", ctx.model_dir)
-
-    needs_text = True  # whole-word masking (mask_unit: word) reads the word ids of the text
 
     def build_batch(self, sentences, step=0, *, lines=None, micro=0):
         word_ids = None
@@ -508,6 +499,10 @@ class InfoCSEPretrain(Method):
         (out_dir / AUX_META_FILE).write_text(json.dumps(
             {**meta, "skip_from": a.skip_from, "head_layers": a.head_layers, "cls_layer": a.cls_layer,
              "stage": self.stage}, indent=2, default=str))
+
+
+#: declared here, below the stage's class (which shares InfoCSE's Args)
+InfoCSE.pretrain_stage = InfoCSEPretrain
 
 
 # ----------------------------------------------------------------------------------- the pretrain block

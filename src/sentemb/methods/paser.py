@@ -271,7 +271,8 @@ def read_rake(path, corpus, top_k: int) -> list[list[str]]:
     files and counts) when it is not line-aligned with ``corpus`` or keeps fewer than ``top_k``."""
     import pyarrow.parquet as pq
 
-    from ..stats import count_corpus_lines, read_metadata
+    from ..corpus import count_corpus_lines
+    from ..stats import read_metadata
 
     meta_k = read_metadata(path).get("top_k")
     if meta_k is not None and int(meta_k) < top_k:
@@ -341,7 +342,6 @@ class PaSeR(Method):
         mlm_weight: float = arg(1.0, "weight of L_MLM in L = w·L_MLM + L_gen")
 
     eval_pooler = "cls_before_pooler"
-    needs_text = True  # RAKE phrase masking and EDA rewrite the text
 
     @classmethod
     def requires(cls, args):

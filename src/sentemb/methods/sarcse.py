@@ -94,7 +94,6 @@ Reference: the SARCSE paper (seed 000 in the shared data folder, ``seeds/000_*.t
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence

@@ -297,7 +297,6 @@ class UNA(Method):
                               "lowercased tokens joined by spaces (authors' code)", choices=("span", "tokens"))
 
     eval_pooler = "cls_before_pooler"  # raw [CLS] at evaluation (the MLP is training-only)
-    needs_text = True  # TF-IDF word replacement and paraphrase positives are text
 
     @classmethod
     def requires(cls, args):
@@ -334,11 +333,11 @@ class UNA(Method):
     def _read_paraphrases(path, corpus) -> list[str]:
         """All paraphrases, one per corpus line; a line count that differs from the corpus's fails
         here, i.e. before step 1."""
-        from ..utils import iter_lines
+        from ..corpus import iter_lines
 
         para = list(iter_lines(path))
         if corpus is not None:
-            from ..stats import count_corpus_lines
+            from ..corpus import count_corpus_lines
 
             n = count_corpus_lines(corpus)
             if n != len(para):

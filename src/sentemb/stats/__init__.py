@@ -6,12 +6,9 @@
 * :mod:`.paraphrase` — sharded, resumable seq2seq paraphrasing (UNA positives, §3).
 * :mod:`.summary` — a short human-readable summary per corpus.
 
-Corpus convention shared by all readers here: a text file, one sentence per line, split on ``\\n``
-only (a trailing ``\\r`` is dropped; other Unicode line separators stay inside the line, so line
-numbers agree with ``wc -l``; a last line without ``\\n`` still counts). Every line must be UTF-8;
-otherwise :class:`sentemb.SentembError` names the file and the 1-based line. Empty (or
-whitespace-only) lines are kept, so every output stays aligned with the corpus lines: an empty line
-has no TF-IDF terms and is not a document, gets no RAKE phrases, and an empty paraphrase.
+Corpora are read by :mod:`sentemb.corpus` (its line convention): empty lines are kept, so every
+output stays aligned with the corpus lines: an empty line has no TF-IDF terms and is not a
+document, gets no RAKE phrases, and an empty paraphrase.
 """
 
 from __future__ import annotations
@@ -20,23 +17,7 @@ import os
 from collections.abc import Iterable, Iterator
 from itertools import islice
 
-from ..utils import iter_lines  # the one corpus line reader (training uses it too)
-
-__all__ = ["iter_lines"]
-
-
-def read_lines(path: str | os.PathLike) -> list[str]:
-    return list(iter_lines(path))
-
-
-def count_corpus_lines(path: str | os.PathLike) -> int:
-    """Number of lines as :func:`iter_lines` sees them (a last line without ``\\n`` counts)."""
-    n, last = 0, b"\n"
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            n += chunk.count(b"\n")
-            last = chunk[-1:]
-    return n + (last != b"\n")
+from ..layout import Layout
 
 
 def chunked(items: Iterable, size: int) -> Iterator[list]:
@@ -168,10 +149,10 @@ def stats_targets(config: dict, corpus: str | None = None, paraphrases: bool | N
     if corpus is None:
         return [t for c in run_corpora(config) or [config["corpus"]["name"]]
                 for t in stats_targets(config, c, paraphrases)]
-    s = stats_settings(config)
-    base = f"{config['results_dir']}/stats/{corpus}"
-    names = [f"token_freq.{b}.parquet" for b in config["backbones"]]
-    names += ["tfidf.parquet", f"rake_top{s['rake_top_k']}.parquet", "summary.md"]
+    layout = Layout.of(config)
+    targets = [layout.token_freq(corpus, b) for b in config["backbones"]]
+    targets += [layout.tfidf(corpus), layout.rake(corpus, stats_settings(config)["rake_top_k"]),
+                layout.stats_summary(corpus)]
     if needs_paraphrases(config, corpus) if paraphrases is None else paraphrases:
-        names += ["paraphrases.txt", "tfidf_para.parquet"]
-    return [f"{base}/{n}" for n in names]
+        targets += [layout.paraphrases(corpus), layout.tfidf_para(corpus)]
+    return targets

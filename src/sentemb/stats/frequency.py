@@ -18,7 +18,8 @@ import os
 
 import numpy as np
 
-from . import chunked, iter_lines, write_parquet
+from ..corpus import iter_lines
+from . import chunked, write_parquet
 
 log = logging.getLogger(__name__)
 

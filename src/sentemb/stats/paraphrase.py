@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .. import SentembError
-from . import count_corpus_lines, iter_lines
+from ..corpus import count_corpus_lines, iter_lines
 
 log = logging.getLogger(__name__)
 

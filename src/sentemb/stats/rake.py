@@ -20,7 +20,8 @@ from __future__ import annotations
 import logging
 import os
 
-from . import chunked, default_workers, iter_lines, parallel_map
+from ..corpus import iter_lines
+from . import chunked, default_workers, parallel_map
 
 log = logging.getLogger(__name__)
 

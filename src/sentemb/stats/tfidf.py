@@ -25,7 +25,8 @@ import math
 import os
 from collections.abc import Sequence
 
-from . import chunked, default_workers, iter_lines, parallel_map, write_parquet
+from ..corpus import iter_lines
+from . import chunked, default_workers, parallel_map, write_parquet
 
 log = logging.getLogger(__name__)
 

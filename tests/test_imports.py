@@ -1,0 +1,82 @@
+"""The modules of sentemb import each other without a cycle (issue 19 §3).
+
+Every import counts: module level, inside a function and under ``TYPE_CHECKING``. An import moved
+into a function to dodge a cycle at import time still ties the two modules together.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import sentemb
+
+PACKAGE = Path(sentemb.__file__).parent
+
+
+def modules() -> dict[str, Path]:
+    """Dotted name -> file of every module of the package (a package is its ``__init__.py``)."""
+    out = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = ("sentemb", *path.relative_to(PACKAGE).with_suffix("").parts)
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the sentemb modules it imports anywhere in its source."""
+    mods = modules()
+    graph = {}
+    for name, path in mods.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text("utf-8"))):
+            if isinstance(node, ast.Import):
+                targets.update(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:  # relative: `from ..stats import x` in sentemb.methods.una
+                    parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join(parts + ([node.module] if node.module else []))
+                else:
+                    base = node.module or ""
+                targets.add(base)
+                targets.update(f"{base}.{a.name}" for a in node.names)  # `from . import rake`: a module
+        graph[name] = {t for t in targets if t in mods and t != name}
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of ``graph`` as ``[a, b, ..., a]``, or None (depth-first search)."""
+    done: set[str] = set()
+    path: list[str] = []
+
+    def visit(m: str) -> list[str] | None:
+        path.append(m)
+        for n in sorted(graph[m]):
+            if n in path:
+                return path[path.index(n):] + [n]
+            if n not in done and (cycle := visit(n)):
+                return cycle
+        path.pop()
+        done.add(m)
+        return None
+
+    for m in sorted(graph):
+        if m not in done and (cycle := visit(m)):
+            return cycle
+    return None
+
+
+def test_the_graph_sees_every_kind_of_import():
+    g = import_graph()
+    assert "sentemb.encoder" in g["sentemb.methods.base"]  # module level, relative
+    assert "sentemb.methods" in g["sentemb.config"]  # inside a function
+    assert "sentemb.stats.tfidf" in g["sentemb.methods.una"]  # two levels up, a submodule
+    assert "sentemb.stats.rake" in g["sentemb.stats.cli"]  # `from .rake import ...` inside a function
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
+
+
+def test_no_import_cycle_in_sentemb():
+    cycle = find_cycle(import_graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
