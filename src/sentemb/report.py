@@ -18,13 +18,12 @@ Everything here reads the per-run JSON files (``eval_sts.json``, ``eval_transfer
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable
 
 from . import SentembError
 from .senteval import TASKS
-from .tables import META, collect
+from .tables import META, ci95, collect, welch_p  # noqa: F401  (ci95, welch_p: public here too)
 from .transfer import CLASSIFIER_DESCRIPTIONS, TRANSFER_TASKS
 from .utils import atomic_path, read_json
 
@@ -212,28 +211,6 @@ def check_against_config(entries: list[dict], config: dict, source: str = "paper
                         f"({', '.join(f'{k}={v!r}' for k, v in sorted(mine.items()))}), whose published {table} "
                         f"numbers are filed under '{other}' only: list '{name}' in that entry's `also`, or "
                         "pin the argument that tells them apart in the entry's method_args")
-
-
-def ci95(values) -> tuple[float, float] | tuple[None, None]:
-    """Two-sided 95 % t-interval of the mean over seeds (None with fewer than two seeds)."""
-    import numpy as np
-    from scipy import stats
-
-    v = np.asarray(values, dtype=float)
-    if v.size < 2:
-        return None, None
-    half = stats.t.ppf(0.975, v.size - 1) * v.std(ddof=1) / math.sqrt(v.size)
-    return float(v.mean() - half), float(v.mean() + half)
-
-
-def welch_p(a, b) -> float | None:
-    """Two-sided Welch t-test p-value (None unless both samples have ≥ 2 seeds)."""
-    from scipy import stats
-
-    if len(a) < 2 or len(b) < 2:
-        return None
-    p = stats.ttest_ind(list(a), list(b), equal_var=False).pvalue
-    return None if p != p else float(p)  # NaN (zero variance on both sides) -> empty
 
 
 def _key(row) -> tuple:

@@ -28,6 +28,8 @@ STS_SUBSETS: dict[str, list[str]] = {
     "STS16": ["answer-answer", "headlines", "plagiarism", "postediting", "question-question"],
 }
 TASKS = ["STS12", "STS13", "STS14", "STS15", "STS16", "STSBenchmark", "SICKRelatedness"]
+#: the SentEval transfer tasks the papers report (``sentemb.transfer``)
+TRANSFER_TASKS = ["MR", "CR", "SUBJ", "MPQA", "SST2", "TREC", "MRPC"]
 
 # Pairs with a gold score in each evaluated split (shared/README.md); used to verify downloads.
 EXPECTED_PAIRS: dict[str, int] = {

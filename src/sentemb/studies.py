@@ -51,8 +51,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from . import SentembError
-from .senteval import TASKS
-from .transfer import TRANSFER_TASKS
+from .senteval import TASKS, TRANSFER_TASKS
 from .utils import atomic_path
 
 #: the metrics a study may show: STS test tasks and their Avg (eval_sts.json), the run's best STS-B
@@ -115,10 +114,9 @@ def _err(source: str, msg: str) -> SentembError:
 def _train_validator():
     import jsonschema
 
-    from .config import load_schema
+    from .settings import section_schema
 
-    schema = load_schema()
-    return jsonschema.Draft202012Validator(schema["properties"]["runs"]["items"]["properties"]["train"])
+    return jsonschema.Draft202012Validator(section_schema("train", defaults=False))  # = runs[].train's schema
 
 
 def _check_train(validator, train: dict, where: str, source: str) -> None:
@@ -160,13 +158,13 @@ def _points(study: dict, where: str, source: str) -> tuple[list[str], list[dict[
 
 def _signature(config: dict, run: dict) -> str:
     """What makes two runs the same training: method, backbone, corpus, effective train and args."""
-    from .config import corpus_of
     from .methods import get_method
 
     cls = get_method(run["method"])
     margs = cls.resolve_args((config.get("methods") or {}).get(run["method"], {}), run.get("method_args") or {})
     train = {**config["train"], **(run.get("train") or {})}
-    return json.dumps([run["method"], run["backbone"], corpus_of(config, run), train, margs], sort_keys=True,
+    return json.dumps([run["method"], run["backbone"], run.get("corpus") or config["corpus"]["name"], train, margs],
+                      sort_keys=True,
                       default=str)
 
 
@@ -376,7 +374,7 @@ def read_values(paths: Iterable[str | Path], metric: str) -> dict[tuple[str, int
 def _stats(values: list[float]) -> dict[str, Any]:
     import numpy as np
 
-    from .report import ci95
+    from .tables import ci95
 
     v = np.asarray(values, dtype=float)
     lo, hi = ci95(v)
@@ -390,7 +388,7 @@ def study_table(spec: dict, values: dict[tuple[str, int], float], published: dic
     study: the published mean of the seeds the paper lists, and the Welch p-value against the reference)."""
     import pandas as pd
 
-    from .report import welch_p
+    from .tables import welch_p
 
     metric, seeds = spec["metric"], spec["seeds"]
     published = published or {}
@@ -459,7 +457,7 @@ def study_figure(spec: dict, values: dict[tuple[str, int], float], published: di
     import matplotlib.pyplot as plt
     import numpy as np
 
-    from .report import ci95
+    from .tables import ci95
 
     metric, seeds = spec["metric"], spec["seeds"]
     published = published or {}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Sequence
 
@@ -17,6 +18,28 @@ if TYPE_CHECKING:
 #: the run metadata every result file carries (``sentemb evaluate --run-meta``)
 META = ("name", "method", "backbone", "seed")
 
+
+
+def ci95(values) -> tuple[float, float] | tuple[None, None]:
+    """Two-sided 95 % t-interval of the mean over seeds (None with fewer than two seeds)."""
+    import numpy as np
+    from scipy import stats
+
+    v = np.asarray(values, dtype=float)
+    if v.size < 2:
+        return None, None
+    half = stats.t.ppf(0.975, v.size - 1) * v.std(ddof=1) / math.sqrt(v.size)
+    return float(v.mean() - half), float(v.mean() + half)
+
+
+def welch_p(a, b) -> float | None:
+    """Two-sided Welch t-test p-value (None unless both samples have ≥ 2 seeds)."""
+    from scipy import stats
+
+    if len(a) < 2 or len(b) < 2:
+        return None
+    p = stats.ttest_ind(list(a), list(b), equal_var=False).pvalue
+    return None if p != p else float(p)  # NaN (zero variance on both sides) -> empty
 
 def collect(paths: Iterable[str | Path], metrics: Sequence[str] = TASKS) -> pd.DataFrame:
     """One row per result JSON (``eval_sts.json``, ``eval_transfer.json``): run metadata (name,

@@ -255,13 +255,13 @@ class Sender:
         """One store call: within the wait for a server; SQLite's lock retried as before."""
         if is_remote(self.uri):
             return call(fn, *args, wait_s=self.wait_s, **kw)
-        from .tracking import _retry
+        from .tracking_store import _retry
 
         return _retry(fn, *args, **kw)
 
     def experiment_id(self, name: str) -> str:
         if name not in self.experiments:
-            from .tracking import init_store
+            from .tracking_store import init_store
 
             self.experiments[name] = self.do(init_store, self.uri, name)
         return self.experiments[name]

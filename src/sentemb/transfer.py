@@ -58,10 +58,10 @@ from typing import Callable, Sequence
 import numpy as np
 
 from . import SentembError
+from .senteval import TRANSFER_TASKS  # noqa: F401  (sentemb.transfer.TRANSFER_TASKS, as before)
 
 log = logging.getLogger(__name__)
 
-TRANSFER_TASKS = ["MR", "CR", "SUBJ", "MPQA", "SST2", "TREC", "MRPC"]
 SEED = 1111  # SentEval's default seed
 KFOLD = 10  # SimCSE / InfoCSE / ArcCSE call SentEval with kfold=10
 # SentEval's sklearn grids (validation.py, usepytorch=False)
