@@ -11,6 +11,8 @@ rule fetch_corpus:
         f"{RES}/corpus/{{corpus}}.raw.txt",
     log:
         f"{LOGS}/data/fetch_corpus_{{corpus}}.log",
+    benchmark:
+        f"benchmarks/data/fetch_corpus_{{corpus}}.tsv"
     wildcard_constraints:
         corpus=re.escape(config["corpus"]["name"]),
     params:
@@ -40,6 +42,8 @@ rule prepare_corpus:
         summary=f"{RES}/corpus/{{corpus}}.txt.json",
     log:
         f"{LOGS}/data/prepare_corpus_{{corpus}}.log",
+    benchmark:
+        f"benchmarks/data/prepare_corpus_{{corpus}}.tsv"
     wildcard_constraints:
         corpus=re.escape(config["corpus"]["name"]),
     params:
@@ -137,6 +141,8 @@ rule prepare_sts_corpus:
         summary=f"{RES}/corpus/sts-unlabeled.txt.json",
     log:
         f"{LOGS}/data/prepare_corpus_sts-unlabeled.log",
+    benchmark:
+        "benchmarks/data/prepare_corpus_sts-unlabeled.tsv"
     localrule: True
     conda:
         "../envs/sentemb.yaml"

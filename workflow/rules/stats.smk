@@ -202,6 +202,8 @@ rule paraphrase_merge:
         f"{STATS_DIR}/paraphrases.txt",
     log:
         f"{LOGS}/stats/{{corpus}}/paraphrase_merge.log",
+    benchmark:
+        f"benchmarks/stats/{{corpus}}/paraphrase_merge.tsv"
     conda:
         "../envs/sentemb.yaml"
     shell:
@@ -222,6 +224,8 @@ rule stats_summary:
         json=f"{STATS_DIR}/summary.json",
     log:
         f"{LOGS}/stats/{{corpus}}/summary.log",
+    benchmark:
+        f"benchmarks/stats/{{corpus}}/summary.tsv"
     params:
         para=lambda wc, input: f"--paraphrases {shlex.quote(input.paraphrases[0])}" if input.paraphrases else "",
         title=lambda wc: f"Corpus statistics: {wc.corpus}",
