@@ -9,6 +9,8 @@ rule fetch_corpus:
         LAYOUT.raw_corpus(),
     log:
         f"{LOGS}/data/fetch_corpus_{{corpus}}.log",
+    benchmark:
+        f"benchmarks/data/fetch_corpus_{{corpus}}.tsv"
     wildcard_constraints:
         corpus=re.escape(config["corpus"]["name"]),
     params:
@@ -38,6 +40,8 @@ rule prepare_corpus:
         summary=LAYOUT.corpus_summary(),
     log:
         f"{LOGS}/data/prepare_corpus_{{corpus}}.log",
+    benchmark:
+        f"benchmarks/data/prepare_corpus_{{corpus}}.tsv"
     wildcard_constraints:
         corpus=re.escape(config["corpus"]["name"]),
     params:
@@ -135,6 +139,8 @@ rule prepare_sts_corpus:
         summary=LAYOUT.corpus_summary("sts-unlabeled"),
     log:
         f"{LOGS}/data/prepare_corpus_sts-unlabeled.log",
+    benchmark:
+        "benchmarks/data/prepare_corpus_sts-unlabeled.tsv"
     localrule: True
     conda:
         "../envs/sentemb.yaml"

@@ -199,6 +199,8 @@ rule paraphrase_merge:
         LAYOUT.paraphrases(),
     log:
         f"{LOGS}/stats/{{corpus}}/paraphrase_merge.log",
+    benchmark:
+        f"benchmarks/stats/{{corpus}}/paraphrase_merge.tsv"
     conda:
         "../envs/sentemb.yaml"
     shell:
@@ -218,6 +220,8 @@ rule stats_summary:
         json=LAYOUT.stats_summary(ext="json"),
     log:
         f"{LOGS}/stats/{{corpus}}/summary.log",
+    benchmark:
+        f"benchmarks/stats/{{corpus}}/summary.tsv"
     params:
         para=lambda wc, input: f"--paraphrases {shlex.quote(input.paraphrases[0])}" if input.paraphrases else "",
         title=lambda wc: f"Corpus statistics: {wc.corpus}",
