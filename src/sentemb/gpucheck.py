@@ -1,0 +1,220 @@
+"""``sentemb gpu-check``: one command for the first user with a GPU (issue 20 §6).
+
+On the visible CUDA device, in a few minutes, it measures what no CPU machine of this project could:
+
+1. the six methods through the loop's own code (``benchmark.bench_method``) in bf16 at batch 64 and
+   512, next to sentence-transformers' SimCSE recipe at the same batch: sentences/s, ms/step,
+   achieved TFLOP/s (counted FLOPs, ``sentemb.flops``), share of the GPU's bf16 dense peak, and peak
+   GPU memory;
+2. the STS evaluation of one model in fp32 (the protocol) and in bf16: the difference per task;
+3. the tiny DAG (``.test/config.yaml``) end to end with training on CUDA under bf16, timed;
+4. ``sentemb plan``'s estimate for one SimCSE step next to the step time measured in 1 (when the
+   plan module is installed).
+
+It prints one Markdown table to paste into an issue. Without CUDA it says so and exits 2 (``--cpu``
+runs the same code on the CPU at a toy size: the tests use it so that the command cannot rot).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from . import SentembError
+
+METHODS = ("simcse", "sarcse", "una", "paser", "infocse", "arccse")
+
+
+def _row(what: str, value: str, note: str = "") -> str:
+    return f"| {what} | {value} | {note} |"
+
+
+def _inputs_for(model: Path, corpus: Path, work: Path, nltk: Path | None, device: str) -> dict[str, str]:
+    """Every input the six methods read, made from the benchmark corpus with the package's own code:
+    token frequency, TF-IDF, RAKE (with the NLTK data), and InfoCSE's pretraining stage (a few steps)."""
+    from .stats.frequency import write_token_frequencies
+    from .stats.rake import write_rake
+    from .stats.tfidf import write_tfidf
+
+    work.mkdir(parents=True, exist_ok=True)
+    out = {"token_freq": work / "token_freq.parquet", "tfidf": work / "tfidf.parquet"}
+    write_token_frequencies(corpus, model, out["token_freq"])
+    write_tfidf([corpus], out["tfidf"], workers=1)
+    if nltk is not None:
+        out["rake"], out["nltk"] = work / "rake.parquet", nltk
+        write_rake(corpus, nltk, out["rake"], top_k=5, workers=1)
+    out["pretrained"] = _infocse_stage(model, corpus, work / "pretrain", device)
+    return {k: str(v) for k, v in out.items()}
+
+
+def _method_args(model: Path) -> dict[str, dict]:
+    """Arguments that depend on the model: InfoCSE's M^{>0} after half the layers (the paper: 6 of 12)."""
+    from transformers import AutoConfig
+
+    return {"infocse": {"skip_from": max(1, AutoConfig.from_pretrained(model).num_hidden_layers // 2)}}
+
+
+def _infocse_stage(model: Path, corpus: Path, out: Path, device: str) -> Path:
+    """InfoCSE's pretraining stage (its own Method, the shared loop), 3 steps: an input, not a measurement."""
+    import dataclasses
+
+    from .benchmark import _bench_run
+    from .pretrain import run_pretrain
+
+    run = _bench_run(model, corpus, 16, device, 32, "bf16", "infocse", 10**9, _method_args(model)["infocse"])
+    run = dataclasses.replace(run, name="infocse-pretrain", rule="pretrain",
+                              train=dataclasses.replace(run.train, max_steps=3))
+    run_pretrain(run, out, progress=False)
+    return out / "model"
+
+
+def check(model: Path, corpus: Path, senteval: Path, nltk: Path | None, device_name: str, batches: tuple[int, ...],
+          steps: int, warmup: int, max_len: int, methods: tuple[str, ...], dag: bool, repo: Path,
+          sts_tasks: tuple[str, ...] | None = None) -> list[str]:
+    import torch
+
+    from .benchmark import _peak, bench_method, bench_st
+    from .corpus import read_corpus
+    from .evaluate import embedder_for, evaluate_sts
+
+    device = torch.device(device_name)
+    cuda = device.type == "cuda"
+    precision = "bf16"
+    peak = _peak(device, None)
+    if peak is None and not cuda:
+        from .flops import cpu_peak_tflops
+
+        peak = cpu_peak_tflops()
+    name = torch.cuda.get_device_name(device) if cuda else f"cpu x{torch.get_num_threads()}"
+    lines = [f"sentemb gpu-check on {name} (torch {torch.__version__}); model {model}; max_len {max_len}; "
+             f"{steps} timed steps after {warmup}; peak {peak:.3g} TFLOP/s "
+             f"({'bf16 dense, by GPU name' if cuda else 'fp32 matmul measured now'})", "",
+             "| what | value | note |", "| --- | --- | --- |"]
+    work = Path(tempfile.mkdtemp(prefix="sentemb-gpucheck-"))
+    inputs = _inputs_for(model, corpus, work / "stats", nltk, device_name)
+    sentences = read_corpus(corpus)
+    margs = _method_args(model)
+    simcse_step = {}
+    for b in batches:
+        for m in methods:
+            if cuda:
+                torch.cuda.reset_peak_memory_stats(device)
+            try:
+                secs, tok, padded, _, _, fpt = bench_method(model, corpus, b, steps, warmup, device, max_len, precision,
+                                                            m, margs.get(m), inputs, 0.05 if m == "arccse" else None)
+            except SentembError as e:
+                lines.append(_row(f"train {m} B={b}", "skipped", str(e)))
+                continue
+            mem = f", peak mem {torch.cuda.max_memory_allocated(device) / 2**30:.1f} GiB" if cuda else ""
+            tf = fpt * padded / secs / 1e12
+            if m == "simcse":
+                simcse_step[b] = secs / steps
+            lines.append(_row(f"train {m} B={b} bf16", f"{b * steps / secs:.0f} sent/s, {1000 * secs / steps:.0f} ms/step",
+                              f"{tf:.3g} TFLOP/s = {100 * tf / peak:.1f}% of peak{mem}"))
+        if "simcse" in methods:
+            s2, _ = bench_st(model, sentences, b, steps, warmup, device, max_len, precision)
+            lines.append(_row(f"train sentence-transformers MNRL B={b} bf16",
+                              f"{b * steps / s2:.0f} sent/s, {1000 * s2 / steps:.0f} ms/step", "same model, batch, max_len"))
+    # bf16 vs fp32 evaluation of the same model
+    scores = {}
+    for prec in ("fp32", "bf16"):
+        t = time.perf_counter()
+        emb = embedder_for(model, "avg", device=device_name, batch_size=128, precision=prec)
+        res = evaluate_sts(emb, senteval, *([list(sts_tasks)] if sts_tasks else []))
+        scores[prec] = (res, time.perf_counter() - t)
+    diffs = {t: scores["bf16"][0][t] - scores["fp32"][0][t] for t in scores["fp32"][0]["details"]}  # x100 already
+    worst = max(diffs, key=lambda t: abs(diffs[t]))
+    lines.append(_row("STS Avg fp32 / bf16 (avg pooling)",
+                      f"{scores['fp32'][0]['avg']:.2f} / {scores['bf16'][0]['avg']:.2f}",
+                      f"largest task difference {worst} {diffs[worst]:+.2f}; {scores['fp32'][1]:.0f} s / "
+                      f"{scores['bf16'][1]:.0f} s"))
+    # plan estimate vs measured step (when the plan module exists)
+    try:
+        from .plan import estimate_step  # noqa: F401  (issue 20 §3)
+    except ImportError:
+        estimate_step = None
+    if estimate_step is not None and simcse_step:
+        b = max(simcse_step)
+        est = estimate_step(model, "simcse", b, max_len, device_name=name)
+        lines.append(_row(f"plan vs measured, simcse B={b}", f"estimate {1000 * est:.0f} ms / measured "
+                          f"{1000 * simcse_step[b]:.0f} ms", "sentemb plan's estimate at its stated MFU"))
+    if dag:
+        lines.append(_row("tiny DAG, training on this device in bf16", *_tiny_dag(repo, device_name, senteval)))
+    return lines
+
+
+def _tiny_dag(repo: Path, device_name: str, senteval: Path) -> tuple[str, str]:
+    """Run ``.test/config.yaml`` end to end with ``train.device`` = this device, ``train.precision`` bf16."""
+    import yaml
+
+    work = Path(tempfile.mkdtemp(prefix="sentemb-gpucheck-dag-"))
+    cfg = yaml.safe_load((repo / ".test" / "config.yaml").read_text())
+    cfg.setdefault("train", {}).update({"device": device_name, "precision": "bf16"})
+    (work / "config.yaml").write_text(yaml.safe_dump(cfg))
+    mirror = os.environ.get("SENTEMB_MIRROR") or str(senteval.parents[1])
+    t = time.perf_counter()
+    p = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(repo / "Snakefile"), "-d", str(work),
+                        f"--configfile={work / 'config.yaml'}", "--cores", "4", "results/table1.csv"],
+                       env={**os.environ, "SENTEMB_MIRROR": mirror, "MLFLOW_TRACKING_URI": ""},
+                       capture_output=True, text=True)
+    secs = time.perf_counter() - t
+    if p.returncode:
+        return "FAILED", f"see {work}/.snakemake/log ({p.stderr.strip().splitlines()[-1] if p.stderr.strip() else ''})"
+    return f"{secs:.0f} s", f"tables in {work}/results"
+
+
+def _cmd_gpu_check(args: argparse.Namespace) -> int:
+    import torch
+
+    if not args.cpu and not torch.cuda.is_available():
+        print("sentemb gpu-check: no CUDA device is visible (torch.cuda.is_available() is False; torch "
+              f"{torch.__version__}, CUDA build {torch.version.cuda}). Run it on a GPU node, e.g. "
+              "`srun --gpus=1 sentemb gpu-check`, with a CUDA build of torch in the environment.", file=sys.stderr)
+        return 2
+    shared = Path(args.shared)
+    model = Path(args.model) if args.model else shared / "models" / "all-MiniLM-L6-v2"
+    corpus = Path(args.corpus) if args.corpus else shared / "data" / "wiki1m_head.txt"
+    senteval = Path(args.senteval) if args.senteval else shared / "data" / "senteval"
+    nltk = shared / "nltk_data"
+    for what, p in (("--model", model), ("--corpus", corpus), ("--senteval", senteval)):
+        if not p.exists():
+            raise SentembError(f"{what}: {p} does not exist (give it, or --shared pointing at a shared/ folder)")
+    device = "cpu" if args.cpu else "cuda"
+    batches = tuple(args.batch_size or ((8,) if args.cpu else (64, 512)))
+    methods = tuple(args.method or METHODS)
+    t = time.perf_counter()
+    lines = check(model, corpus, senteval, nltk if nltk.is_dir() else None, device, batches, args.steps, args.warmup,
+                  args.max_len, methods, not args.no_dag, Path(__file__).resolve().parents[2],
+                  tuple(t for t in args.sts_tasks.split(",") if t) if args.sts_tasks else None)
+    lines.append(_row("gpu-check wall time", f"{time.perf_counter() - t:.0f} s", ""))
+    print("\n".join(lines))
+    if args.output:
+        Path(args.output).write_text("\n".join(lines) + "\n")
+        Path(args.output).with_suffix(".json").write_text(json.dumps({"lines": lines}, indent=2))
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("gpu-check", help="measure on the visible CUDA device what CPU machines cannot (paste the table)")
+    p.add_argument("--shared", default=str(Path.cwd().parent / "shared"),
+                   help="a folder laid out like shared/ (models/all-MiniLM-L6-v2, data/wiki1m_head.txt, data/senteval)")
+    p.add_argument("--model", default=None)
+    p.add_argument("--corpus", default=None)
+    p.add_argument("--senteval", default=None)
+    p.add_argument("--batch-size", type=int, action="append", help="default 64 and 512")
+    p.add_argument("--method", action="append", choices=METHODS, help="default all six")
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--max-len", type=int, default=32)
+    p.add_argument("--no-dag", action="store_true", help="skip the tiny DAG")
+    p.add_argument("--sts-tasks", default=None, help="comma-separated STS tasks of the fp32/bf16 comparison (default all 7)")
+    p.add_argument("--output", default=None, help="also write the table (Markdown) here")
+    p.add_argument("--cpu", action="store_true",
+                   help="run the same checks on the CPU at a toy size (tests; the figures mean nothing for a GPU)")
+    p.set_defaults(func=_cmd_gpu_check)

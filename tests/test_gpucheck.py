@@ -1,0 +1,37 @@
+"""``sentemb gpu-check``: without CUDA it says so and fails; ``--cpu`` runs the same code at a toy size
+(every method through the loop, the sentence-transformers recipe, the fp32/bf16 STS comparison)."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.realdata
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is visible: the no-GPU message cannot be tested")
+def test_without_cuda_it_says_so_and_exits_nonzero():
+    p = subprocess.run([sys.executable, "-m", "sentemb", "gpu-check"], capture_output=True, text=True)
+    assert p.returncode == 2
+    assert "no CUDA device is visible" in p.stderr
+
+
+def test_the_same_checks_run_on_the_cpu(shared, tmp_path):
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("".join((shared / "data" / "wiki1m_head.txt").read_text().splitlines(True)[:200]))
+    out = tmp_path / "table.md"
+    p = subprocess.run([sys.executable, "-m", "sentemb", "gpu-check", "--cpu", "--shared", str(shared), "--corpus",
+                        str(corpus), "--batch-size", "8", "--steps", "1", "--warmup", "1", "--no-dag",
+                        "--sts-tasks", "STSBenchmark", "--output", str(out)], capture_output=True, text=True,
+                       timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    table = out.read_text()
+    for m in ("simcse", "sarcse", "una", "paser", "infocse", "arccse"):
+        row = next(line for line in table.splitlines() if line.startswith(f"| train {m} B=8 bf16"))
+        share = float(row.split("= ")[1].split("%")[0])
+        assert 0 < share < 1000, row  # a counted FLOP rate against the CPU's measured matmul peak
+    assert "| train sentence-transformers MNRL B=8 bf16 |" in table
+    sts = next(line for line in table.splitlines() if line.startswith("| STS Avg fp32 / bf16"))
+    fp32, bf16 = (float(x) for x in sts.split("|")[2].split("/"))
+    assert 50 < fp32 < 100 and abs(bf16 - fp32) < 2  # MiniLM's STS-B (avg pooling) in both precisions
