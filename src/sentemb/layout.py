@@ -112,3 +112,7 @@ class Layout:
 
     def figure(self, name: str, ext: str) -> str:
         return f"{self.results}/figures/{name}.{ext}"
+
+    def study(self, name: str = "{study}", ext: str = "csv") -> str:
+        """A study's table (csv, md), figure (png, svg) or expanded spec (spec.json) (sentemb.studies)."""
+        return f"{self.results}/studies/{name}.{ext}"

@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from . import SentembError
+from .layout import Layout
 from .senteval import TASKS, TRANSFER_TASKS
 from .utils import atomic_path
 
@@ -287,7 +288,7 @@ def study_runs(study: dict) -> list[tuple[str, str]]:
 def study_inputs(config: dict, study: dict) -> list[str]:
     """The per-run result files the study's table reads (its metric's file, every run, every seed)."""
     kind = metric_source(study["metric"])
-    return [f"{config['results_dir']}/runs/{name}/{study['backbone']}/seed{s}/{kind}.json"
+    return [f"{Layout.of(config).run_dir(name, study['backbone'], s)}/{kind}.json"
             for name, _ in study_runs(study) for s in study["seeds"]]
 
 

@@ -138,7 +138,7 @@ def train_summaries():
 
 # Studies (sentemb.studies): results/studies/<name>.csv/.md/.png/.svg; their points are ordinary runs
 STUDIES = {s["name"]: s for s in config.get("studies") or []}
-STUDY_TARGETS = [f"{RESULTS}/studies/{n}.{ext}" for n in STUDIES for ext in ("csv", "md", "png", "svg")]
+STUDY_TARGETS = [LAYOUT.study(n, ext) for n in STUDIES for ext in ("csv", "md", "png", "svg")]
 
 
 wildcard_constraints:

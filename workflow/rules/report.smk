@@ -80,7 +80,7 @@ rule figures:
 rule study_spec:
     """The expanded study (its points and the runs they map to), what `sentemb study` reads."""
     output:
-        f"{RESULTS}/studies/{{study}}.spec.json",
+        LAYOUT.study(ext="spec.json"),
     params:
         spec=lambda w: study_spec(config, w.study),
     log:
@@ -94,16 +94,16 @@ rule study_spec:
 
 rule study:
     input:
-        spec=f"{RESULTS}/studies/{{study}}.spec.json",
+        spec=LAYOUT.study(ext="spec.json"),
         results=lambda w: study_inputs(config, STUDIES[w.study]),
         published=PAPER_RESULTS,
     output:
-        csv=report(f"{RESULTS}/studies/{{study}}.csv", caption="../report/study.rst", category="Studies",
+        csv=report(LAYOUT.study(ext="csv"), caption="../report/study.rst", category="Studies",
                    subcategory="{study}"),
-        md=f"{RESULTS}/studies/{{study}}.md",
-        png=report(f"{RESULTS}/studies/{{study}}.png", caption="../report/study.rst", category="Studies",
+        md=LAYOUT.study(ext="md"),
+        png=report(LAYOUT.study(ext="png"), caption="../report/study.rst", category="Studies",
                    subcategory="{study}"),
-        svg=f"{RESULTS}/studies/{{study}}.svg",
+        svg=LAYOUT.study(ext="svg"),
     log:
         f"{LOGS}/studies/{{study}}.log",
     localrule: True
