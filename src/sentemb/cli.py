@@ -29,6 +29,7 @@ COMMAND_MODULES = [
     "sentemb.studies",
     "sentemb.tracking",
     "sentemb.benchmark",
+    "sentemb.plan",
 ]
 
 

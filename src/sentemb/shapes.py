@@ -56,18 +56,36 @@ def architecture_of(hub_id: str) -> str:
     return name
 
 
-def hf_config(arch: str, num_layers: int | None = None):
-    """The transformers config of ``arch``, with ``num_layers`` Transformer layers if given."""
+def backbone_architecture(config: dict, backbone: str) -> str | dict:
+    """The architecture of configured ``backbone``: its ``random_init`` shape (HF config keys with
+    ``model_type``) when it has one, else the published one of its ``hub_id``."""
+    spec = config["backbones"][backbone]
+    return dict(spec["random_init"]) if spec.get("random_init") else architecture_of(spec["hub_id"])
+
+
+def fields_of(arch: str | dict) -> dict:
+    """The HF config fields of an ``ARCHITECTURES`` name or of a shape given as a mapping."""
+    return dict(ARCHITECTURES[arch]) if isinstance(arch, str) else dict(arch)
+
+
+def depth(arch: str | dict) -> int:
+    """The architecture's number of Transformer layers."""
+    return int(fields_of(arch).get("num_hidden_layers", 12))
+
+
+def hf_config(arch: str | dict, num_layers: int | None = None):
+    """The transformers config of ``arch`` (a name or a mapping of HF config keys with
+    ``model_type``), with ``num_layers`` Transformer layers if given."""
     from transformers import BertConfig, RobertaConfig
 
-    fields = dict(ARCHITECTURES[arch])
+    fields = fields_of(arch)
     cls = {"bert": BertConfig, "roberta": RobertaConfig}[fields.pop("model_type")]
     if num_layers is not None:
         fields["num_hidden_layers"] = int(num_layers)
     return cls(**fields)
 
 
-def parameter_count(arch: str, num_layers: int | None = None) -> int:
+def parameter_count(arch: str | dict, num_layers: int | None = None) -> int:
     """Parameters of the encoder (no NSP pooler), counted on the meta device (no memory used)."""
     import torch
     from transformers import AutoModel
@@ -85,9 +103,9 @@ def _minilm_dir() -> Path | None:
     return None
 
 
-def stand_in_tokenizer(arch: str):
+def stand_in_tokenizer(arch: str | dict):
     """A tokenizer of ``arch``'s family (see the module docstring)."""
-    family = ARCHITECTURES[arch]["model_type"]
+    family = fields_of(arch)["model_type"]
     if family == "bert":
         from transformers import AutoTokenizer, BertTokenizerFast
 
@@ -111,7 +129,7 @@ def stand_in_tokenizer(arch: str):
     return RobertaTokenizerFast(vocab=vocab, merges=[])
 
 
-def write_model_dir(arch: str, out: str | Path, num_layers: int | None = None, seed: int = 0) -> Path:
+def write_model_dir(arch: str | dict, out: str | Path, num_layers: int | None = None, seed: int = 0) -> Path:
     """A randomly initialised ``arch`` encoder (``num_layers`` layers, default the published number)
     with a stand-in tokenizer of its family, saved in Hugging Face layout under ``out``."""
     import torch

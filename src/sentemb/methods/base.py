@@ -82,6 +82,8 @@ class Method(nn.Module):
     #: ``methods.<name>.pretrain``); a run whose ``requires(args)`` lists ``pretrained`` reads its
     #: output directory as ``ctx.inputs["pretrained"]``. Absent (None) by default.
     pretrain: ClassVar[Callable[..., dict] | None] = None
+    #: the Method class ``pretrain`` trains with the shared loop (``sentemb plan`` counts its step)
+    pretrain_method: ClassVar[type | None] = None
     #: stage-1 ``train`` defaults of ``pretrain`` (over the config's ``train``; under the block's own keys)
     pretrain_train_defaults: ClassVar[dict[str, Any]] = {}
 

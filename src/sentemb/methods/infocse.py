@@ -533,3 +533,6 @@ def validate_pretrain_block(block: Any, where: str) -> None:
                 jsonschema.validate(v, props[k])
             except jsonschema.ValidationError as e:
                 raise SentembError(f"{where}.{k}: {e.message}") from None
+
+
+InfoCSE.pretrain_method = InfoCSEPretrain  # stage 1's class (sentemb plan counts its step)
