@@ -359,3 +359,84 @@ def test_every_argument_is_documented_and_inputs_are_known(name):
         if spec.choices:
             assert spec.default in spec.choices
     assert set(cls.requires(cls.make_args())) <= set(INPUT_NAMES)
+
+
+# ------------------------------------------------------------------------------------ bf16 (issue 20 §2)
+# The CPU autocast is the code CUDA's runs (``sentemb.train.autocast``): the same contract holds
+# under ``train.precision: bf16`` as under fp32 (the tests above).
+def test_loss_terms_stay_fp32_under_bf16_autocast(name, tiny_bert_dir, inputs):
+    from sentemb.train import autocast
+
+    torch.manual_seed(0)
+    m = make(name, tiny_bert_dir, inputs)
+    m.train()
+    seen = []  # the dtype of the encoder's linear layers (its LayerNorms run in fp32): proves the autocast is on
+    for mod in m.encoder.modules():
+        if isinstance(mod, torch.nn.Linear):
+            mod.register_forward_hook(lambda mod, args, out: seen.append(out.dtype))
+    batch = m.build_batch(SENTS, step=0, lines=list(range(len(SENTS))), micro=0)
+    with autocast(torch.device("cpu"), "bf16"):
+        terms = m.losses(batch)
+    assert torch.bfloat16 in seen, f"{name}: the encoder did not run in bf16 under autocast ({seen})"
+    weighted = terms.pop(WEIGHTED)
+    for k, v in {**terms, **{f"weighted {k}": v for k, v in weighted.items()}}.items():
+        assert v.dtype == torch.float32, f"{name}: loss term '{k}' is {v.dtype} under bf16 autocast"
+        assert torch.isfinite(v).all(), f"{name}: loss term '{k}' = {v}"
+    terms["loss"].backward()
+    assert any(p.grad is not None and p.grad.dtype == torch.float32 and float(p.grad.abs().sum()) > 0
+               for p in m.encoder.parameters()), f"{name}: no fp32 gradient reaches the encoder"
+
+
+def test_bf16_unpadded_training_resumes_bit_identically_and_exports_what_evaluate_embeds(
+        name, tiny_bert_dir, inputs, tiny_senteval, tmp_path):
+    """bf16 autocast with ``train.unpad`` (and SAM for ArcCSE, as the paper trains it): the loop's
+    steps, the kill-and-resume, and the selected export: ``sentemb evaluate``'s embedder and
+    ``SentenceTransformer(path)`` of the exported model reproduce the training-time dev embedder's
+    best STS-B dev score."""
+    from sentence_transformers import SentenceTransformer
+
+    from sentemb.evaluate import embedder_for, stsb_dev
+    from sentemb.senteval import load_task
+    from sentemb.train import train
+
+    over = dict(precision="bf16", unpad=True, sam_rho=0.05 if name == "arccse" else None)
+    cfg = run_cfg(name, tiny_bert_dir, inputs, tiny_senteval, **over)
+    full = train(cfg, tmp_path / "full", progress=False)
+    assert full["precision"] == "torch.bfloat16"
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, tmp_path / "resumed", stop_after=1, progress=False)
+    res = train(cfg, tmp_path / "resumed", progress=False)
+    assert res["history"] == full["history"]
+    for f in sorted((tmp_path / "full/model").rglob("*.safetensors")):
+        a, b = load_file(f), load_file(tmp_path / "resumed/model" / f.relative_to(tmp_path / "full/model"))
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), f"{name}: {f.name} differs"
+    dev = load_task(tiny_senteval, "STSBenchmark", "dev")
+    pooler = get_method(name).pooler_for(get_method(name).make_args(inputs["args"]))
+    ours = stsb_dev(embedder_for(tmp_path / "full/model", pooler, device="cpu"), dev)
+    assert ours == pytest.approx(full["best_dev_stsb"], abs=1e-4), f"{name}: `sentemb evaluate` != dev embedder"
+    st = SentenceTransformer(str(tmp_path / "full/model"), device="cpu", trust_remote_code=True)
+    ref = embedder_for(tmp_path / "full/model", pooler, device="cpu")(SENTS)
+    np.testing.assert_allclose(st.encode(SENTS, convert_to_numpy=True), ref, atol=1e-5)
+
+
+def test_the_pretraining_stage_runs_under_bf16_with_unpad(name, tiny_bert_dir, inputs, tmp_path):
+    """A method's pretraining stage (``Method.pretrain_stage``, InfoCSE's stage 1) under bf16 autocast
+    and ``train.unpad``: finite fp32 losses, and a model its method then reads."""
+    import json
+
+    from conftest import tiny_run
+    from sentemb.pretrain import run_pretrain
+
+    cls = get_method(name)
+    if cls.pretrain_stage is None:
+        pytest.skip(f"{name} has no pretraining stage")
+    run = tiny_run(tiny_bert_dir, inputs["corpus"], None, name, seed=5, method_args=inputs["args"],
+                   name=f"{name}-pretrain", max_steps=2, eval_steps=1, eval_at_end=False, model_selection="last",
+                   precision="bf16", unpad=True)
+    run.rule = "pretrain"
+    summary = run_pretrain(run, tmp_path / "stage", progress=False)
+    assert summary["precision"] == "torch.bfloat16" and summary["steps"] == 2
+    assert json.loads((tmp_path / "stage/train.json").read_text())["steps"] == 2
+    m = make(name, tiny_bert_dir, {**inputs, "inputs": {**inputs["inputs"], "pretrained": tmp_path / "stage/model"}})
+    terms = m.losses(m.build_batch(SENTS, step=0, lines=list(range(len(SENTS))), micro=0))
+    assert terms["loss"].dtype == torch.float32 and torch.isfinite(terms["loss"])

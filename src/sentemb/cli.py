@@ -30,6 +30,7 @@ COMMAND_MODULES = [
     "sentemb.tracking",
     "sentemb.benchmark",
     "sentemb.gpucheck",
+    "sentemb.plan",
 ]
 
 

@@ -30,6 +30,19 @@ def counted(fn: Callable[[], Any]) -> tuple[Any, float]:
     return out, float(fc.get_total_flops())
 
 
+def counted_by_module(fn: Callable[[], Any]) -> tuple[Any, float, dict[str, float]]:
+    """``counted`` with the FLOPs attributed to each module (forward and backward), by the name
+    ``FlopCounterMode`` gives it (the first module called, then the attribute path:
+    ``BertModel.encoder.layer.0``)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with sdpa_kernel([SDPBackend.MATH]), FlopCounterMode(display=False) as fc:
+        out = fn()
+    per_module = {name: float(sum(ops.values())) for name, ops in fc.get_flop_counts().items()}
+    return out, float(fc.get_total_flops()), per_module
+
+
 def cpu_peak_tflops(n: int = 2048, repeats: int = 5) -> float:
     """This CPU's fp32 matmul throughput in TFLOP/s: the best of ``repeats`` ``n``×``n`` products
     (2·n³ FLOPs each) after one warm-up, on ``torch.get_num_threads()`` threads."""

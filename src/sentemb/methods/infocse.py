@@ -528,3 +528,5 @@ def validate_pretrain_block(block: Any, where: str) -> None:
                 jsonschema.validate(v, props[k])
             except jsonschema.ValidationError as e:
                 raise SentembError(f"{where}.{k}: {e.message}") from None
+
+

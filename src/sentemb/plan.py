@@ -1,0 +1,535 @@
+"""``sentemb plan``: what a configuration costs, estimated on a CPU without a GPU or network.
+
+One row per job of the workflow's DAG (train, pretrain, paraphrase, evaluate: STS, transfer and the
+untrained baselines), then the configuration's total GPU-hours. Per job: parameters, FLOPs per
+optimizer step, steps, GPU-hours at a stated MFU of the named GPU's bf16 peak, and peak GPU memory;
+flags where ``job_resources`` (runtime, mem_mb) does not cover the estimate with ``--margin`` or the
+GPU's memory is too small.
+
+How (issue 20 §3; README "What the configuration costs"):
+
+* FLOPs per optimizer step are **counted** (``sentemb.flops.counted_by_module``: every matmul,
+  attention in its math form, forward and backward) on one real step of the run's own job
+  (``sentemb.train.setup`` + ``run_steps``, as ``sentemb train`` builds it) with random weights at
+  the backbone's real widths (``sentemb.shapes``), ``MICRO`` sentences per batch padded to the
+  run's ``max_len`` (every counting sentence is ``max_len`` words long: an upper bound where real
+  batches are shorter, e.g. ArcCSE's max_len 512), the method's own inputs built on that corpus.
+  So both SimCSE views, SAM's second forward/backward, InfoCSE's auxiliary network and PaSeR's
+  decoder are in the count. The model is built with ``shapes.layers_needed`` layers (2; InfoCSE 7)
+  and the count scaled to the real depth by the FLOPs attributed to one encoder layer (every layer
+  has one shape, so the work is linear in depth). The count at ``MICRO`` sentences is scaled
+  linearly to the run's batch (matmuls are linear in batch at a fixed padded length; the in-batch
+  similarity matrix is quadratic but below 0.1% of a step at B = 512) and times ``grad_accum``.
+* Steps: the corpus's lines (``corpus.expected_lines``; the built-in ``sts-unlabeled`` corpus
+  ``STS_UNLABELED_LINES``), ``batch_size``, ``epochs`` or ``max_steps``, ``grad_accum``, as
+  ``sentemb.train.batch_schedule`` cuts them. STS-B dev evaluations (fp32, ``DEV_SENTENCES``
+  sentences each) are added as encoder forwards.
+* GPU-hours = FLOPs / (MFU × peak), peak the GPU's dense bf16 figure (``benchmark.PEAK_BF16_TFLOPS``);
+  fp32 evaluation at half of it (TF32); beam-search generation (paraphrases) at ``GEN_MFU``.
+* Peak GPU memory = 16 bytes per trainable parameter (fp32 weights, gradients, AdamW's two moments)
+  + 4 per frozen one (+ 4 per trainable with SAM: the saved perturbation) + activations + ``CUDA_OVERHEAD_GB``.
+  Activations are measured: the bytes of the distinct tensors autograd saves in one micro-batch's
+  forward (``torch.autograd.graph.saved_tensors_hooks``), under the CPU's bf16 autocast where the
+  GPU run autocasts (train.precision auto/bf16), scaled by depth as the FLOPs are and linearly to
+  the batch. Allocator fragmentation and kernels' workspaces beyond the overhead are not modelled.
+
+What it is not: no GPU has calibrated it yet. Real MFU differs by method and batch (small batches
+and the 512-token ArcCSE triplets run far from peak), data loading, dev evaluation's host work and
+the transfer classifiers' training (SentEval's k-fold grid search, CPU/GPU light but minutes per
+task) are not in the FLOPs, and paraphrase generation is a rough formula (memory-bound decoding).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gc
+import json
+import logging
+import math
+import random
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import SentembError
+
+log = logging.getLogger(__name__)
+
+#: GPU -> memory in GB (the bf16 dense peaks are ``sentemb.benchmark.PEAK_BF16_TFLOPS``)
+GPU_MEMORY_GB = {"H100": 80, "H200": 141, "A100": 80, "A100-40": 40, "L40S": 48, "A10": 24, "4090": 24}
+DEFAULT_GPU = "H100"
+DEFAULT_MFU = 0.35  # share of the bf16 peak a well-fed BERT training step reaches (assumed, not measured)
+GEN_MFU = 0.05  # beam-search generation is memory-bound: a tenth-ish of training's MFU (assumed)
+DEFAULT_MARGIN = 1.5  # a request must cover the estimate × this
+CUDA_OVERHEAD_GB = 1.5  # CUDA context, cuBLAS workspace, allocator slack (assumed)
+HOST_BASE_GB = 3.0  # Python, torch, CUDA libraries, tokenizer in a job's host memory (assumed)
+MICRO = 4  # sentences per counted micro-batch
+EVAL_LEN = 64  # padded tokens per evaluated sentence (SentEval sentences are mostly shorter)
+DEV_SENTENCES = 3000  # STS-B dev: 1,500 pairs
+#: SentEval's test-time sentences: STS12-16 + STS-B test + SICK test (the evaluated pairs x 2)
+STS_SENTENCES = 37_700
+#: SentEval transfer sentences: MR 10662, CR 3775, SUBJ 10000, MPQA 10606, SST2 70042, TREC 5952, MRPC 11602
+TRANSFER_SENTENCES = 122_639
+STS_UNLABELED_LINES = 30_840  # sentemb prepare-sts-corpus on SentEval's tree (deduplicated)
+PARAPHRASE_INPUT_LEN = 32  # tokens per source sentence (assumed)
+
+WORDS = ("the a of and to in is was for on that with as by it at from he she they man woman dog cat plays guitar "
+         "car red runs park street city house music one two new old good").split()
+
+
+@dataclass
+class Measure:
+    """One counted micro-batch step of a job shape, at ``layers`` layers and ``MICRO`` sentences."""
+
+    layers: int
+    flops: float  # one optimizer step of one micro-batch
+    flops_layer: float  # of those, one encoder layer's
+    act_bytes: float  # saved activations of one micro-batch's forward
+    act_layer: float  # of those, one encoder layer's
+    trainable: int
+    frozen: int
+    params_layer: int
+
+    def at(self, layers: int) -> dict:
+        d = layers - self.layers
+        return {"flops": self.flops + d * self.flops_layer, "act": self.act_bytes + d * self.act_layer,
+                "trainable": self.trainable + d * self.params_layer, "frozen": self.frozen}
+
+
+@dataclass
+class Row:
+    kind: str
+    job: str
+    params: int = 0
+    flops_step: float = 0.0
+    steps: int = 0
+    gpu_hours: float = 0.0
+    mem_gb: float = 0.0
+    host_gb: float = 0.0
+    runtime_min: int | None = None
+    mem_mb: int | None = None
+    flags: list = field(default_factory=list)
+
+
+# ---------------------------------------------------------------------------------------- measuring
+class Counter:
+    """Counts steps and encodes on CPU, cached per distinct job shape (model dirs, corpora, inputs
+    under one temporary directory)."""
+
+    def __init__(self, config: dict, work: Path):
+        self.config, self.work = config, Path(work)
+        self.cache: dict = {}
+
+    def model_dir(self, arch: str | dict, layers: int) -> Path:
+        from .shapes import write_model_dir
+
+        key = ("model", json.dumps(arch, sort_keys=True), layers)
+        if key not in self.cache:
+            self.cache[key] = write_model_dir(arch, self.work / f"model-{len(self.cache)}-{layers}", num_layers=layers)
+        return self.cache[key]
+
+    def corpus(self, max_len: int) -> Path:
+        key = ("corpus", max_len)
+        if key not in self.cache:
+            rng = random.Random(0)
+            p = self.work / f"corpus-{max_len}.txt"  # every line max_len words: padded to max_len
+            p.write_text("".join(" ".join(rng.choice(WORDS) for _ in range(max_len)) + "\n" for _ in range(4 * MICRO)))
+            self.cache[key] = p
+        return self.cache[key]
+
+    def nltk_dir(self) -> Path:
+        import os
+
+        for d in (Path(self.config["resources_dir"]) / "nltk_data",
+                  Path(os.environ.get("SENTEMB_SHARED", "../shared")) / "nltk_data", Path("/work/shared/nltk_data")):
+            if d.is_dir():
+                return d
+        raise SentembError("sentemb plan: PaSeR's RAKE statistics need the NLTK stopwords (resources/nltk_data; "
+                           "`sentemb fetch-nltk` or set SENTEMB_SHARED)")
+
+    def input(self, name: str, corpus: Path, model: Path) -> Path:
+        key = ("input", name, str(corpus), str(model) if name == "token_freq" else "")
+        if key in self.cache:
+            return self.cache[key]
+        d = self.work / "inputs" / f"{len(self.cache)}"
+        d.mkdir(parents=True, exist_ok=True)
+        if name == "token_freq":
+            from .stats.frequency import write_token_frequencies
+
+            out = d / "token_freq.parquet"
+            write_token_frequencies(corpus, model, out)
+        elif name == "paraphrases":
+            out = d / "paraphrases.txt"
+            out.write_text("".join(" ".join(reversed(x.split())) + "\n" for x in corpus.read_text().splitlines()))
+        elif name in ("tfidf", "tfidf_para"):
+            from .stats.tfidf import write_tfidf
+
+            out = d / f"{name}.parquet"
+            extra = [self.input("paraphrases", corpus, model)] if name == "tfidf_para" else []
+            write_tfidf([corpus, *extra], out, workers=1)
+        elif name == "nltk":
+            out = self.nltk_dir()
+        elif name == "rake":
+            from .stats.rake import write_rake
+            from .stats import stats_settings
+
+            out = d / "rake.parquet"
+            write_rake(corpus, self.nltk_dir(), out, top_k=int(stats_settings(self.config)["rake_top_k"]), workers=1)
+        else:
+            raise SentembError(f"sentemb plan: no way to build input '{name}' for counting")
+        self.cache[key] = out
+        return out
+
+    def encode(self, backbone: str | dict) -> tuple[float, int]:
+        """(FLOPs of one sentence's encoder forward at ``EVAL_LEN`` tokens, parameters) at the
+        backbone's full depth: evaluation encodes in fp32 without gradients."""
+        import torch
+
+        from .flops import counted_by_module
+        from .models import load_encoder
+        from .shapes import depth, parameter_count
+
+        arch = backbone
+        key = ("encode", json.dumps(arch, sort_keys=True))
+        if key not in self.cache:
+            enc, _ = load_encoder(self.model_dir(arch, 2), pooling_layer=False)
+            enc.eval()
+            ids = torch.full((MICRO, EVAL_LEN), 5, dtype=torch.long)
+            with torch.no_grad():
+                _, flops, per = counted_by_module(lambda: enc(input_ids=ids, attention_mask=torch.ones_like(ids)))
+            layer = per[f"{type(enc).__name__}.encoder.layer.0"]
+            layers = depth(arch)
+            self.cache[key] = ((flops + (layers - 2) * layer) / MICRO, parameter_count(arch))
+        return self.cache[key]
+
+    def measure(self, run, method_cls=None) -> Measure:
+        """Count one optimizer step (one micro-batch) of ``run`` at ``MICRO`` sentences."""
+        from .methods import get_method
+        from .shapes import backbone_architecture, layers_needed
+
+        cls = method_cls or get_method(run.method)
+        args = dict(run.method_args)
+        if "pretrained" in get_method(run.method).requires(get_method(run.method).make_args(args)) and method_cls is None:
+            # InfoCSE from its stage-1 checkpoint: the same networks as init: backbone (other initial weights)
+            args["init"] = "backbone"
+        arch = backbone_architecture(self.config, run.backbone)
+        layers = layers_needed(run.method, args)
+        t = run.train
+        key = ("measure", cls.__name__, json.dumps(_reduced(run.method, args), sort_keys=True, default=str),
+               json.dumps(arch, sort_keys=True),
+               t.max_len, bool(t.sam_rho), t.unpad, _autocast_name(t.precision), layers)
+        if key in self.cache:
+            return self.cache[key]
+        model = self.model_dir(arch, layers)
+        corpus = self.corpus(t.max_len)
+        base = get_method(run.method)
+        needed = () if method_cls is not None else base.requires(base.make_args(args))
+        inputs = {n: str(self.input(n, corpus, model)) for n in needed}
+        train = dataclasses.replace(t, batch_size=MICRO, grad_accum=1, max_steps=1, epochs=1, model_selection="last",
+                                    eval_at_end=False, device="cpu", prefetch=False, save_steps=10**9,
+                                    log_steps=10**9, precision=_autocast_name(t.precision), compile=False,
+                                    log_grad_norms=False, num_threads=None)
+        local = dataclasses.replace(run, train=train, method_args=args, tracking={"enabled": False, "uri": None},
+                                    paths={"model": str(model), "corpus": str(corpus), "senteval": None,
+                                           "stats": None, "inputs": inputs})
+        self.cache[key] = m = _count(local, cls)
+        _release()
+        log.info("counted %s %.40s %s max_len %d: %.3g FLOPs/micro-step at %d layers", cls.__name__, arch,
+                 json.dumps(_reduced(run.method, args), default=str)[:60], t.max_len, m.flops, layers)
+        return m
+
+
+def _release() -> None:
+    """Free the last job's model, optimizer and graph, and hand the memory back to the OS (glibc
+    keeps freed blocks of up to its mmap threshold on the heap: dozens of jobs would pile up)."""
+    import ctypes
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _autocast_name(precision: str) -> str:
+    """The CPU autocast that stands for the GPU run's: bf16 for auto/bf16/fp16 (same bytes), else fp32."""
+    return "fp32" if precision == "fp32" else "bf16"
+
+
+def _reduced(method: str, args: dict) -> dict:
+    """Method arguments as far as they change a step's FLOPs and memory: floats as zero/non-zero, the
+    schedule/count integers dropped (``tests/test_real_shapes.py`` documents the same reduction)."""
+    scalar_ints = {"una": {"alpha", "radius"}, "paser": {"top_k"}, "arccse": {"min_words", "max_span"}}
+    out = {}
+    for k, v in sorted(args.items()):
+        if k == "pretrain":
+            continue
+        if isinstance(v, float):
+            v = "zero" if v == 0 else "nonzero"
+        elif isinstance(v, int) and not isinstance(v, bool) and k in scalar_ints.get(method, ()):
+            continue
+        out[k] = v
+    return out
+
+
+def _layer0(module):
+    """The first Transformer layer of an HF encoder, and its parameter count."""
+    layer = module.encoder.layer[0]
+    return layer, sum(p.numel() for p in layer.parameters())
+
+
+def _count(run, method_cls) -> Measure:
+    import torch
+
+    from .flops import counted_by_module
+    from .train import State, autocast, micro_batches, run_steps, setup
+
+    with setup(run, "/nonexistent-plan", method_cls) as job:
+        method, enc = job.method, job.method.encoder
+        layer, params_layer = _layer0(enc)
+        layer_names = {f"{type(enc).__name__}.encoder.layer.0"} | {
+            f"{type(method).__name__}.{n}" for n, mod in method.named_modules() if mod is layer}
+        trainable = sum(p.numel() for p in method.parameters() if p.requires_grad)
+        frozen = sum(p.numel() for p in method.parameters() if not p.requires_grad)
+        # activations: the distinct storages autograd saves in one micro-batch's forward
+        (_, batch), = micro_batches(job, 0)
+        seen, inside, total, in_layer = set(), [False], [0], [0]
+
+        def pack(t):
+            s = t.untyped_storage()
+            ptr = (s.data_ptr(), s.nbytes())
+            if ptr not in seen and t.device.type != "meta":
+                seen.add(ptr)
+                total[0] += s.nbytes()
+                if inside[0]:
+                    in_layer[0] += s.nbytes()
+            # keep nothing: this forward is never backpropagated, and a saved output that refers to
+            # itself through its grad_fn would form a cycle autograd cannot free
+            return None
+
+        h1 = layer.register_forward_pre_hook(lambda *a: inside.__setitem__(0, True))
+        h2 = layer.register_forward_hook(lambda *a: inside.__setitem__(0, False))
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda _: None), autocast(job.device, job.amp):
+            terms = job.step_fn(batch)
+        h1.remove(), h2.remove()
+        del terms
+        job.opt.zero_grad(set_to_none=True)
+        # FLOPs: one optimizer step of the loop's own code
+        _, flops, per_module = counted_by_module(lambda: list(run_steps(job, State(), 1)))
+        flops_layer = sum(v for k, v in per_module.items() if k in layer_names)
+        if not flops_layer:
+            raise SentembError(f"sentemb plan: no FLOPs attributed to the encoder's first layer ({sorted(per_module)[:8]})")
+        return Measure(layers=len(enc.encoder.layer), flops=flops, flops_layer=flops_layer, act_bytes=total[0],
+                       act_layer=in_layer[0], trainable=trainable, frozen=frozen, params_layer=params_layer)
+
+
+# ---------------------------------------------------------------------------------------- the plan
+def corpus_lines(config: dict, corpus: str) -> int:
+    """Training sentences of ``corpus``: the prepared file's lines if present, else
+    ``corpus.expected_lines`` (the configured corpus) or ``STS_UNLABELED_LINES``."""
+    from .utils import count_lines
+
+    path = Path(config["resources_dir"]) / "corpus" / f"{corpus}.txt"
+    if path.is_file():
+        return count_lines(path)
+    c = config["corpus"]
+    if corpus == c["name"] and (c.get("expected_lines") or c.get("max_sentences")):
+        return min(int(n) for n in (c.get("expected_lines"), c.get("max_sentences")) if n)
+    if corpus == "sts-unlabeled":
+        return STS_UNLABELED_LINES
+    raise SentembError(f"sentemb plan: the size of corpus '{corpus}' is unknown (set corpus.expected_lines or "
+                       f"prepare {path})")
+
+
+def schedule(settings, lines: int) -> tuple[int, int]:
+    """(optimizer steps, STS-B dev evaluations) of a run on ``lines`` sentences (as ``setup``)."""
+    from .train import eval_due
+
+    b = settings.batch_size
+    per_epoch = lines // b + (1 if lines % b >= 2 else 0)
+    micro = max(1, int(round(settings.epochs * per_epoch)))
+    total = micro // settings.grad_accum
+    if settings.max_steps:
+        total = min(total, settings.max_steps)
+    evals = sum(eval_due(settings, s, settings.grad_accum, total) for s in range(1, total + 1)) \
+        if settings.selects_by_dev else 0
+    return total, evals
+
+
+def _train_row(kind, label, run, m: Measure, encode: float, config, gpu, mfu, margin, res) -> Row:
+    from .shapes import backbone_architecture, depth
+
+    t = run.train
+    at = m.at(depth(backbone_architecture(config, run.backbone)))
+    scale = t.batch_size / MICRO
+    flops_step = at["flops"] * scale * t.grad_accum
+    steps, evals = schedule(t, corpus_lines(config, run.corpus))
+    peak = _peak(gpu)
+    hours = flops_step * steps / (mfu * peak) / 3600 + evals * DEV_SENTENCES * encode / (mfu * peak / 2) / 3600
+    mem = (16 * at["trainable"] + 4 * at["frozen"] + (4 * at["trainable"] if t.sam_rho else 0)
+           + at["act"] * scale) / 1e9 + CUDA_OVERHEAD_GB
+    host = HOST_BASE_GB + 8 * (at["trainable"] + at["frozen"]) / 1e9
+    return _flag(Row(kind, label, at["trainable"] + at["frozen"], flops_step, steps, hours, mem, host), gpu, res, margin)
+
+
+def _peak(gpu: str) -> float:
+    from .benchmark import PEAK_BF16_TFLOPS
+
+    name = gpu.upper().split("-")[0]
+    if name not in PEAK_BF16_TFLOPS:
+        raise SentembError(f"--gpu {gpu}: unknown GPU (known: {', '.join(sorted(GPU_MEMORY_GB))})")
+    return PEAK_BF16_TFLOPS[name] * 1e12
+
+
+def _flag(row: Row, gpu: str, res: dict, margin: float) -> Row:
+    row.runtime_min, row.mem_mb = res.get("runtime"), res.get("mem_mb")
+    if row.runtime_min is not None and row.runtime_min < margin * row.gpu_hours * 60:
+        row.flags.append(f"runtime {row.runtime_min} min < {margin}x {row.gpu_hours * 60:.0f} min")
+    if row.mem_mb is not None and row.mem_mb < margin * row.host_gb * 1000:
+        row.flags.append(f"mem_mb {row.mem_mb} < {margin}x {row.host_gb * 1000:.0f} MB host")
+    if row.mem_gb > GPU_MEMORY_GB[gpu.upper()]:
+        row.flags.append(f"needs {row.mem_gb:.0f} GB > {gpu} {GPU_MEMORY_GB[gpu.upper()]} GB")
+    return row
+
+
+def plan(config: dict, gpu: str = DEFAULT_GPU, mfu: float = DEFAULT_MFU, margin: float = DEFAULT_MARGIN,
+         work: str | Path | None = None) -> list[Row]:
+    """Every job of the configuration's DAG with its estimate (see the module docstring)."""
+    import torch
+
+    from .config import resolve_run
+    from .methods import get_method
+    from .pretrain import resolve_pretrain
+    from .shapes import backbone_architecture
+    gpu = gpu.upper()
+    if gpu not in GPU_MEMORY_GB:
+        raise SentembError(f"--gpu {gpu}: unknown GPU (known: {', '.join(sorted(GPU_MEMORY_GB))})")
+    _peak(gpu)
+    resources = config["job_resources"]
+    torch.manual_seed(0)
+    rows: list[Row] = []
+    with tempfile.TemporaryDirectory(prefix="sentemb-plan-", dir=work) as tmp:
+        counter = Counter(config, Path(tmp))
+        # pretraining stages: once per method and backbone a run of it reads
+        for method in sorted({r["method"] for r in config["runs"] if get_method(r["method"]).pretrain_stage}):
+            cls = get_method(method)
+            backbones = sorted({r["backbone"] for r in config["runs"] if r["method"] == method
+                                and "pretrained" in _requires(config, r)})
+            for b in backbones:
+                run = resolve_pretrain(config, method, b)
+                m = counter.measure(run, cls.pretrain_stage)
+                rows.append(_train_row("pretrain", f"{method}/{b}", run, m, counter.encode(backbone_architecture(config, run.backbone))[0], config,
+                                       gpu, mfu, margin, resources["pretrain"]))
+        # training and its evaluations
+        seeds = config["seeds"]
+        evaluations = []  # (job, architecture, with transfer)
+        for r in config["runs"]:
+            for seed in r.get("seeds") or seeds:
+                run = resolve_run(config, r["name"], r["backbone"], seed)
+                m = counter.measure(run)
+                label = f"{r['name']}/{r['backbone']}/seed{seed}"
+                rows.append(_train_row("train", label, run, m, counter.encode(backbone_architecture(config, run.backbone))[0], config, gpu, mfu,
+                                       margin, resources["train"]))
+                if r.get("evaluate", True):
+                    evaluations.append((label, backbone_architecture(config, r["backbone"]), r.get("transfer", config["evaluation"]["transfer"])))
+        for b, poolers in (config.get("baselines") or {}).items():
+            evaluations += [(f"baseline/{b}/{p}", backbone_architecture(config, b), config["evaluation"]["transfer"])
+                            for p in poolers]
+        peak = _peak(gpu)
+        for label, arch, transfer in evaluations:
+            encode, params = counter.encode(arch)
+            for kind, n in (("evaluate", STS_SENTENCES), ("transfer", TRANSFER_SENTENCES)):
+                if kind == "transfer" and not transfer:
+                    continue
+                hours = n * encode / (mfu * peak / 2) / 3600  # fp32 encoding: TF32 at half the bf16 peak
+                row = Row(kind, label, params, encode, n, hours, 4 * params / 1e9 + CUDA_OVERHEAD_GB,
+                          HOST_BASE_GB + 8 * params / 1e9)
+                rows.append(_flag(row, gpu, resources["evaluate"], margin))
+        rows.extend(_paraphrase_rows(config, gpu, resources["paraphrase"], margin))
+    return rows
+
+
+def _requires(config, r) -> tuple:
+    from .config import run_requires
+
+    return run_requires(config, r)
+
+
+def _paraphrase_rows(config: dict, gpu: str, res: dict, margin: float) -> list[Row]:
+    """Beam-search paraphrase shards (rough): per sentence the encoder's 2·N_enc·T plus, per beam
+    and generated token, the decoder's 2·N_dec and the output projection's 2·d·V."""
+    import torch
+    from transformers import PegasusConfig, PegasusForConditionalGeneration
+
+    from .stats import needs_paraphrases, run_corpora, stats_settings
+    from .stats.paraphrase import PEGASUS_LARGE_SHAPE
+
+    para = stats_settings(config)["paraphrase"]
+    corpora = [c for c in run_corpora(config) or [config["corpus"]["name"]] if needs_paraphrases(config, c)]
+    if not corpora:
+        return []
+    shape = {k: v for k, v in (para["model"].get("random_init") or PEGASUS_LARGE_SHAPE).items() if k != "model_type"}
+    shape = {**{"vocab_size": PEGASUS_LARGE_SHAPE["vocab_size"]}, **shape}
+    with torch.device("meta"):
+        model = PegasusForConditionalGeneration(PegasusConfig(**shape))
+    n_enc = sum(p.numel() for p in model.model.encoder.layers.parameters())
+    n_dec = sum(p.numel() for p in model.model.decoder.layers.parameters())
+    params = sum(p.numel() for p in model.parameters())
+    d, v = model.config.d_model, model.config.vocab_size
+    per_sentence = 2 * n_enc * PARAPHRASE_INPUT_LEN + para["num_beams"] * para["max_length"] * (2 * n_dec + 2 * d * v)
+    # KV cache of a batch: beams x (self + cross) keys and values per decoder layer, fp32
+    kv = (para["batch_size"] * para["num_beams"] * model.config.decoder_layers * 4 * d
+          * (para["max_length"] + PARAPHRASE_INPUT_LEN) * 4)
+    rows = []
+    for c in corpora:
+        lines = corpus_lines(config, c)
+        for shard in range(para["shards"]):
+            n = len(range(shard, lines, para["shards"]))
+            hours = per_sentence * n / (GEN_MFU * _peak(gpu)) / 3600
+            row = Row("paraphrase", f"{c}/shard{shard}of{para['shards']}", params, per_sentence * para["batch_size"],
+                      math.ceil(n / para["batch_size"]), hours, (4 * params + kv) / 1e9 + CUDA_OVERHEAD_GB,
+                      HOST_BASE_GB + 4 * params / 1e9)
+            rows.append(_flag(row, gpu, res, margin))
+    return rows
+
+
+def format_plan(rows: list[Row], gpu: str, mfu: float) -> str:
+    head = f"{'kind':<10} {'job':<58} {'params':>8} {'FLOP/step':>10} {'steps':>7} {'GPU-h':>8} {'GPU GB':>7} " \
+           f"{'req min':>7} {'req MB':>7}  flags"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        lines.append(f"{r.kind:<10} {r.job[:58]:<58} {r.params / 1e6:>7.0f}M {r.flops_step:>10.3g} {r.steps:>7} "
+                     f"{r.gpu_hours:>8.2f} {r.mem_gb:>7.1f} {r.runtime_min or '':>7} {r.mem_mb or '':>7}  "
+                     f"{'; '.join(r.flags)}")
+    by_kind: dict[str, float] = {}
+    for r in rows:
+        by_kind[r.kind] = by_kind.get(r.kind, 0.0) + r.gpu_hours
+    flagged = [r for r in rows if r.flags]
+    lines += ["", "GPU-hours by kind: " + ", ".join(f"{k} {v:.1f} ({sum(r.kind == k for r in rows)} jobs)"
+                                                   for k, v in by_kind.items()),
+              f"total: {sum(by_kind.values()):.1f} GPU-hours on {gpu} at MFU {mfu:.2f} of its bf16 peak, "
+              f"{len(rows)} jobs, {len(flagged)} flagged (estimate, not calibrated on a GPU; see README)"]
+    return "\n".join(lines)
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    from .config import load_config
+
+    config = load_config(args.config)
+    rows = plan(config, args.gpu, args.mfu, args.margin)
+    if args.json:
+        Path(args.json).write_text(json.dumps([dataclasses.asdict(r) for r in rows], indent=1))
+    print(format_plan(rows, args.gpu.upper(), args.mfu))
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("plan", help="estimate every job's FLOPs, GPU-hours and GPU memory (CPU only, no network)")
+    p.add_argument("--config", required=True)
+    p.add_argument("--gpu", default=DEFAULT_GPU, help=f"GPU the estimate is for ({', '.join(GPU_MEMORY_GB)})")
+    p.add_argument("--mfu", type=float, default=DEFAULT_MFU, help="assumed share of the GPU's bf16 peak")
+    p.add_argument("--margin", type=float, default=DEFAULT_MARGIN,
+                   help="flag a job whose runtime or mem_mb request is below the estimate x this")
+    p.add_argument("--json", default=None, help="also write the rows as JSON here")
+    p.set_defaults(func=_cmd_plan)
