@@ -32,6 +32,9 @@ def test_the_same_checks_run_on_the_cpu(shared, tmp_path):
         share = float(row.split("= ")[1].split("%")[0])
         assert 0 < share < 1000, row  # a counted FLOP rate against the CPU's measured matmul peak
     assert "| train sentence-transformers MNRL B=8 bf16 |" in table
+    plan = next(line for line in table.splitlines() if line.startswith("| plan vs measured, simcse B=8"))
+    est, meas = (float(x.split()[-2]) for x in plan.split("|")[2].split("/"))
+    assert est > 0 and meas > 0
     sts = next(line for line in table.splitlines() if line.startswith("| STS Avg fp32 / bf16"))
     fp32, bf16 = (float(x) for x in sts.split("|")[2].split("/"))
     assert 50 < fp32 < 100 and abs(bf16 - fp32) < 2  # MiniLM's STS-B (avg pooling) in both precisions

@@ -8,8 +8,8 @@ On the visible CUDA device, in a few minutes, it measures what no CPU machine of
    GPU memory;
 2. the STS evaluation of one model in fp32 (the protocol) and in bf16: the difference per task;
 3. the tiny DAG (``.test/config.yaml``) end to end with training on CUDA under bf16, timed;
-4. ``sentemb plan``'s estimate for one SimCSE step next to the step time measured in 1 (when the
-   plan module is installed).
+4. ``sentemb plan``'s estimate for one SimCSE step (the step's counted FLOPs at the plan's stated
+   MFU of the peak) next to the step time measured in 1.
 
 It prints one Markdown table to paste into an issue. Without CUDA it says so and exits 2 (``--cpu``
 runs the same code on the CPU at a toy size: the tests use it so that the command cannot rot).
@@ -114,7 +114,7 @@ def check(model: Path, corpus: Path, senteval: Path, nltk: Path | None, device_n
             mem = f", peak mem {torch.cuda.max_memory_allocated(device) / 2**30:.1f} GiB" if cuda else ""
             tf = fpt * padded / secs / 1e12
             if m == "simcse":
-                simcse_step[b] = secs / steps
+                simcse_step[b] = (secs / steps, fpt * padded / steps)
             lines.append(_row(f"train {m} B={b} bf16", f"{b * steps / secs:.0f} sent/s, {1000 * secs / steps:.0f} ms/step",
                               f"{tf:.3g} TFLOP/s = {100 * tf / peak:.1f}% of peak{mem}"))
         if "simcse" in methods:
@@ -134,16 +134,14 @@ def check(model: Path, corpus: Path, senteval: Path, nltk: Path | None, device_n
                       f"{scores['fp32'][0]['avg']:.2f} / {scores['bf16'][0]['avg']:.2f}",
                       f"largest task difference {worst} {diffs[worst]:+.2f}; {scores['fp32'][1]:.0f} s / "
                       f"{scores['bf16'][1]:.0f} s"))
-    # plan estimate vs measured step (when the plan module exists)
-    try:
-        from .plan import estimate_step  # noqa: F401  (issue 20 §3)
-    except ImportError:
-        estimate_step = None
-    if estimate_step is not None and simcse_step:
-        b = max(simcse_step)
-        est = estimate_step(model, "simcse", b, max_len, device_name=name)
-        lines.append(_row(f"plan vs measured, simcse B={b}", f"estimate {1000 * est:.0f} ms / measured "
-                          f"{1000 * simcse_step[b]:.0f} ms", "sentemb plan's estimate at its stated MFU"))
+    # sentemb plan's estimate (counted FLOPs of a step at its stated MFU of the peak) vs the measured step
+    from .plan import DEFAULT_MFU
+
+    for b, (ms, flops_step) in sorted(simcse_step.items()):
+        est = flops_step / (DEFAULT_MFU * peak * 1e12)
+        lines.append(_row(f"plan vs measured, simcse B={b}", f"estimate {1000 * est:.0f} ms / measured {1000 * ms:.0f} ms",
+                          f"plan's estimate = counted FLOPs / ({DEFAULT_MFU} x peak); measured/estimate "
+                          f"{ms / est:.2f}"))
     if dag:
         lines.append(_row("tiny DAG, training on this device in bf16", *_tiny_dag(repo, device_name, senteval)))
     return lines
