@@ -43,7 +43,7 @@ TRACKING = config["tracking"]["enabled"]
 TRACKING_MARKER = LAYOUT.tracking_marker(config["experiment"])
 # Every job (train, evaluate) waits this long for an absent MLflow server, then queues (sentemb.tracking)
 if config["tracking"].get("wait_s") is not None:
-    os.environ["SENTEMB_TRACKING_WAIT_S"] = str(config["tracking"]["wait_s"])
+    os.environ.update(SENTEMB_TRACKING_WAIT_S=str(config["tracking"]["wait_s"]))  # set here, read by jobs
 EVAL_DATA = LAYOUT.eval_data(config["evaluation"]["data"])
 # Several local GPUs: GPU jobs claim one each (sentemb.gpu_slots); empty on Slurm / one GPU.
 GPU_ENV = f"SENTEMB_GPU_SLOTS={config['local_gpus']} " if config.get("local_gpus") else ""
