@@ -139,10 +139,9 @@ class Counter:
         return self.cache[key]
 
     def nltk_dir(self) -> Path:
-        import os
+        from .shapes import shared_dirs
 
-        for d in (Path(self.config["resources_dir"]) / "nltk_data",
-                  Path(os.environ.get("SENTEMB_SHARED", "../shared")) / "nltk_data", Path("/work/shared/nltk_data")):
+        for d in (Path(self.config["resources_dir"]) / "nltk_data", *(d / "nltk_data" for d in shared_dirs())):
             if d.is_dir():
                 return d
         raise SentembError("sentemb plan: PaSeR's RAKE statistics need the NLTK stopwords (resources/nltk_data; "

@@ -42,8 +42,17 @@ ARCHITECTURES: dict[str, dict] = {
     "roberta-large": {**_ROBERTA, **_LARGE},
 }
 
-#: where a BERT WordPiece tokenizer of the real vocabulary may be found (the shared mirror's MiniLM)
-MINILM_DIRS = ("../shared/models/all-MiniLM-L6-v2", "/work/shared/models/all-MiniLM-L6-v2")
+def shared_dirs() -> list[Path]:
+    """Folders laid out like ``shared/`` that may hold the mirror: ``$SENTEMB_SHARED``,
+    ``$SENTEMB_MIRROR``, and a ``shared/`` folder beside this checkout."""
+    found = [os.environ.get("SENTEMB_SHARED"), os.environ.get("SENTEMB_MIRROR"),
+             Path(__file__).resolve().parents[3] / "shared"]
+    return [Path(d) for d in found if d]
+
+
+def minilm_dirs() -> list[Path]:
+    """Where a BERT WordPiece tokenizer of the real vocabulary may be found (the mirror's MiniLM)."""
+    return [d / "models" / "all-MiniLM-L6-v2" for d in shared_dirs()]
 
 
 def architecture_of(hub_id: str) -> str:
@@ -96,11 +105,7 @@ def parameter_count(arch: str | dict, num_layers: int | None = None) -> int:
 
 
 def _minilm_dir() -> Path | None:
-    env = os.environ.get("SENTEMB_SHARED")
-    for d in ([f"{env}/models/all-MiniLM-L6-v2"] if env else []) + list(MINILM_DIRS):
-        if (Path(d) / "vocab.txt").is_file():
-            return Path(d)
-    return None
+    return next((d for d in minilm_dirs() if (d / "vocab.txt").is_file()), None)
 
 
 def stand_in_tokenizer(arch: str | dict):
