@@ -204,10 +204,11 @@ def test_export_embeds_like_the_training_time_dev_embedder(name, tiny_bert_dir, 
     np.testing.assert_allclose(st, dev, atol=1e-5, err_msg=f"{name}: SentenceTransformer(path) != training-time embedder")
 
 
-def test_resume_after_a_kill_is_bit_identical(name, tiny_bert_dir, inputs, tiny_senteval, tmp_path):
+def assert_kill_resumes_bit_identically(cfg, tmp_path, name) -> dict:
+    """Train ``cfg`` uninterrupted, and again killed after 1 step and resumed: the same history and
+    bit-identical exported weights. Returns the uninterrupted run's summary."""
     from sentemb.train import train
 
-    cfg = run_cfg(name, tiny_bert_dir, inputs, tiny_senteval)
     full = train(cfg, tmp_path / "full", progress=False)
     with pytest.raises(KeyboardInterrupt):
         train(cfg, tmp_path / "resumed", stop_after=1, progress=False)
@@ -216,6 +217,12 @@ def test_resume_after_a_kill_is_bit_identical(name, tiny_bert_dir, inputs, tiny_
     for f in sorted((tmp_path / "full/model").rglob("*.safetensors")):
         a, b = load_file(f), load_file(tmp_path / "resumed/model" / f.relative_to(tmp_path / "full/model"))
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), f"{name}: {f.name} differs"
+    return full
+
+
+def test_resume_after_a_kill_is_bit_identical(name, tiny_bert_dir, inputs, tiny_senteval, tmp_path):
+    cfg = run_cfg(name, tiny_bert_dir, inputs, tiny_senteval)
+    assert_kill_resumes_bit_identically(cfg, tmp_path, name)
 
 
 def test_log_grad_norms_equal_a_fresh_backward_of_each_term(name, tiny_bert_dir, inputs, tiny_senteval):
@@ -397,19 +404,11 @@ def test_bf16_unpadded_training_resumes_bit_identically_and_exports_what_evaluat
 
     from sentemb.evaluate import embedder_for, stsb_dev
     from sentemb.senteval import load_task
-    from sentemb.train import train
 
     over = dict(precision="bf16", unpad=True, sam_rho=0.05 if name == "arccse" else None)
     cfg = run_cfg(name, tiny_bert_dir, inputs, tiny_senteval, **over)
-    full = train(cfg, tmp_path / "full", progress=False)
+    full = assert_kill_resumes_bit_identically(cfg, tmp_path, name)
     assert full["precision"] == "torch.bfloat16"
-    with pytest.raises(KeyboardInterrupt):
-        train(cfg, tmp_path / "resumed", stop_after=1, progress=False)
-    res = train(cfg, tmp_path / "resumed", progress=False)
-    assert res["history"] == full["history"]
-    for f in sorted((tmp_path / "full/model").rglob("*.safetensors")):
-        a, b = load_file(f), load_file(tmp_path / "resumed/model" / f.relative_to(tmp_path / "full/model"))
-        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), f"{name}: {f.name} differs"
     dev = load_task(tiny_senteval, "STSBenchmark", "dev")
     pooler = get_method(name).pooler_for(get_method(name).make_args(inputs["args"]))
     ours = stsb_dev(embedder_for(tmp_path / "full/model", pooler, device="cpu"), dev)
