@@ -283,7 +283,8 @@ def test_gradient_reaches_encoder_mlp_and_the_negative_rows(tiny_bert_dir, corpu
     m = _method(tiny_bert_dir, corpus, tfidf)
     m.train()
     batch = m.build_batch(SENTS, step=0, lines=[0, 1, 2, 3], micro=0)
-    u = m.encode(batch)
+    enc = m.encode(batch).batch
+    u = torch.cat([enc["pairs"], enc["negatives"]], 0)
     u.retain_grad()
     symmetric_nt_xent(u, 0.05).backward()
     B = len(SENTS)
@@ -426,7 +427,8 @@ def test_paraphrasing_only_has_paraphrase_positives_and_no_negatives(tiny_bert_d
         assert len(rows) == 2 * B and int(batch["negatives"]) == 0
     m.eval()
     with torch.no_grad():
-        u = m.encode(batch).double()
+        e = m.encode(batch).batch
+        u = torch.cat([e["pairs"], e["negatives"]], 0).double()
         got = float(m.losses(batch)["loss"])
     u = torch.nn.functional.normalize(u, dim=-1)
     sim = u @ u.T / 0.05

@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from .base import Method, MethodContext
+from .base import Encoded, Method, MethodContext
 
 _NOT_METHODS = {"base", "cli"}
 _REGISTRY: dict[str, type[Method]] = {}
@@ -41,4 +41,4 @@ def get_method(name: str) -> type[Method]:
     return reg[name]
 
 
-__all__ = ["Method", "MethodContext", "get_method", "register_method", "registry"]
+__all__ = ["Encoded", "Method", "MethodContext", "get_method", "register_method", "registry"]

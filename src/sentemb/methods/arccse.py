@@ -77,10 +77,10 @@ import torch.nn.functional as F
 
 from .. import SentembError
 from . import register_method
-from .base import WEIGHTED, arg
+from .base import WEIGHTED, Encoded, arg
 from .simcse import SimCSE, info_nce
 
-TRIPLET_KEYS = ("tri_input_ids", "tri_attention_mask")
+TRIPLET_KEYS = ("tri_input_ids", "tri_attention_mask", "tri_index")
 
 
 # ------------------------------------------------------------------------------------ the equations
@@ -117,14 +117,17 @@ def arccon_loss(h: torch.Tensor, h_pos: torch.Tensor, margin_deg: float = 10.0, 
         return F.cross_entropy(logits, torch.arange(cos.size(0), device=cos.device))
 
 
-def triplet_loss(h: torch.Tensor, h_less: torch.Tensor, h_more: torch.Tensor, margin: float = 0.0) -> torch.Tensor:
+def triplet_loss(h: torch.Tensor, h_less: torch.Tensor, h_more: torch.Tensor, margin: float = 0.0,
+                 count: int | None = None) -> torch.Tensor:
     """ArcCSE Eq. 4, averaged over the triplets: mean max(0, cos(h̄, h̄″) − cos(h̄, h̄′) + m′) with
-    h_less = h̄′ (20% masked), h_more = h̄″ (40% masked); 0 for no triplets. fp32."""
+    h_less = h̄′ (20% masked), h_more = h̄″ (40% masked); 0 for no triplets. fp32. ``count``: divide
+    the sum by the batch's number of triplets instead (a chunk's share, ``Method.row_terms``)."""
     with torch.autocast(device_type=h.device.type, enabled=False):
         if h.size(0) == 0:
             return h.float().sum() * 0.0
         h, h_less, h_more = h.float(), h_less.float(), h_more.float()
-        return F.relu(F.cosine_similarity(h, h_more, dim=-1) - F.cosine_similarity(h, h_less, dim=-1) + margin).mean()
+        hinge = F.relu(F.cosine_similarity(h, h_more, dim=-1) - F.cosine_similarity(h, h_less, dim=-1) + margin)
+        return hinge.mean() if count is None else hinge.sum() / count
 
 
 def nested_span_masks(n_tokens: int, rates: Sequence[float], rng: np.random.Generator, *, span_p: float = 0.2,
@@ -234,12 +237,13 @@ class ArcCSE(SimCSE):
     def build_triplets(self, sentences: Sequence[str], rng: np.random.Generator) -> dict[str, torch.Tensor]:
         """The rows [s_1..s_T, s′_1..s′_T, s″_1..s″_T] of the sentences with ≥ ``min_words`` words,
         padded to the longest: ``tri_input_ids``, ``tri_attention_mask`` of shape (3T, L); (0, 1)
-        when there is no such sentence."""
+        when there is no such sentence; ``tri_index`` (T,): each triplet's sentence in the batch."""
         a, tok = self.args, self.tokenizer
-        long = [s for s in sentences if len(s.split()) >= a.min_words]
+        index = [i for i, s in enumerate(sentences) if len(s.split()) >= a.min_words]
+        long = [sentences[i] for i in index]
         if not a.triplet or not long:
             empty = torch.zeros((0, 1), dtype=torch.long)
-            return {"tri_input_ids": empty, "tri_attention_mask": empty.clone()}
+            return {"tri_input_ids": empty, "tri_attention_mask": empty.clone(), "tri_index": torch.zeros(0, dtype=torch.long)}
         enc = tok(list(long), truncation=True, max_length=self._triplet_len(), return_special_tokens_mask=True)
         views: list[list[list[int]]] = [[], [], []]
         for k, ids in enumerate(enc["input_ids"]):
@@ -266,7 +270,7 @@ class ArcCSE(SimCSE):
         for i, r in enumerate(rows):
             ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
             att[i, : len(r)] = 1
-        return {"tri_input_ids": ids, "tri_attention_mask": att}
+        return {"tri_input_ids": ids, "tri_attention_mask": att, "tri_index": torch.tensor(index, dtype=torch.long)}
 
     def build_batch(self, sentences, step=0, *, lines=None, micro=0):
         """SimCSE's batch (truncated at ``ctx.max_len``) plus the triplet rows (``build_triplets``),
@@ -285,20 +289,42 @@ class ArcCSE(SimCSE):
             cls = self.mlp(cls)
         return cls
 
-    def losses(self, batch):
+    def chunk(self, batch, start, stop):
+        """SimCSE's rows ``[start, stop)`` and the triplets of those sentences (``tri_index`` made
+        chunk-local); the triplet rows keep the batch's padding width."""
+        out = super().chunk({k: v for k, v in batch.items() if k not in TRIPLET_KEYS}, start, stop)
+        index = batch["tri_index"]
+        sel = ((index >= start) & (index < stop)).nonzero().flatten()
+        t = index.numel()
+        rows = torch.cat([sel, sel + t, sel + 2 * t])
+        out.update(tri_input_ids=batch["tri_input_ids"][rows], tri_attention_mask=batch["tri_attention_mask"][rows],
+                   tri_index=index[sel] - start)
+        return out
+
+    def encode(self, batch):
+        z1, z2 = self.encode_views({k: v for k, v in batch.items() if k not in TRIPLET_KEYS})  # (n, d) each
+        return Encoded(batch={"z1": z1, "z2": z2})
+
+    def batch_terms(self, emb, batch):
+        """ArcCon (Eq. 3) over the whole batch's two views (NT-Xent with ``arccon: false``)."""
         a = self.args
-        z1, z2 = self.encode_views({k: v for k, v in batch.items() if k not in TRIPLET_KEYS})  # (B, d) each
+        z1, z2 = emb["z1"], emb["z2"]
         if a.arccon:
             arc = arccon_loss(z1, z2, a.margin_deg, a.temperature, beyond_pi=a.beyond_pi, sin_eps=a.sin_eps)
         else:
             arc = info_nce(z1, z2, a.temperature)
-        n = batch["tri_input_ids"].size(0) // 3 if "tri_input_ids" in batch else 0
+        n = batch["tri_index"].numel() if "tri_index" in batch else 0
+        return {"arccon": arc.detach(), "triplets": torch.tensor(float(n), device=z1.device), WEIGHTED: {"arccon": arc}}
+
+    def row_terms(self, enc, chunk, batch):
+        """λ·L_tri (Eqs. 4-5): the chunk's triplets, divided by the batch's number of triplets."""
+        a = self.args
+        total = batch["tri_index"].numel() if "tri_index" in batch else 0
+        n = chunk["tri_index"].numel() if "tri_index" in chunk else 0
+        device = chunk["input_ids"].device
         if a.triplet and n > 0:
-            h = self.encode_triplets(batch)  # (3T, d): [s, s′, s″]
-            tri = triplet_loss(h[:n], h[n : 2 * n], h[2 * n :], a.triplet_margin)
+            h = self.encode_triplets(chunk)  # (3n, d): [s, s′, s″]
+            tri = triplet_loss(h[:n], h[n : 2 * n], h[2 * n :], a.triplet_margin, count=total)
         else:
-            tri = torch.zeros((), dtype=torch.float32, device=z1.device)
-        weighted_tri = a.triplet_weight * tri
-        loss = arc + weighted_tri
-        return {"loss": loss, "arccon": arc.detach(), "triplet": tri.detach(),
-                "triplets": torch.tensor(float(n), device=z1.device), WEIGHTED: {"arccon": arc, "triplet": weighted_tri}}
+            tri = torch.zeros((), dtype=torch.float32, device=device)
+        return {"triplet": tri.detach(), WEIGHTED: {"triplet": a.triplet_weight * tri}}

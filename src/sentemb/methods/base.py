@@ -8,14 +8,42 @@ tracking. A method owns only
    handed over as paths in ``ctx.inputs``),
 3. how a list of corpus sentences becomes model inputs (``build_batch``, on CPU, deterministic for
    a given ``(ctx.seed, micro)``), and
-4. the named loss terms computed from those inputs (``losses``), and, under the key ``"weighted"``
-   (``WEIGHTED``), each term as it enters the total loss (weight included, graph kept), so that
-   ``train.log_grad_norms`` can log every term's gradient norm (``grad_norm_parameters``).
+4. its loss, in three parts (issue 26 §1), so that the loop can encode a batch in chunks
+   (``train.chunk_size``, gradient caching) without the method knowing:
+
+   a. ``encode(chunk) -> Encoded``: the chunk's sentences (rows ``chunk(batch, start, stop)`` of the
+      micro-batch) through the encoder and heads. ``Encoded.batch`` holds the tensors the in-batch
+      terms read, each with its rows in the batch's order, so that concatenating the chunks' tensors
+      along dim 0 gives the whole batch's (SimCSE: ``z1``, ``z2``, (n, d) each); ``Encoded.rows``
+      holds whatever the chunk's per-sentence terms read (hidden states, [CLS] vectors, ...).
+   b. ``batch_terms(emb, batch)``: the terms that couple sentences (InfoNCE over all views, UNA's
+      negatives, ArcCon's angular logits), from the whole batch's ``emb`` (the concatenated
+      ``Encoded.batch``) and the whole CPU-built batch (for counts to log).
+   c. ``row_terms(enc, chunk, batch)``: the terms that are sums over sentences (SARCSE's
+      reconstruction, InfoCSE's auxiliary MLM, PaSeR's decoder, ArcCSE's triplets), computed
+      within the chunk from ``enc`` and **normalised by the whole batch's count** (read from
+      ``batch``), so that they add up over the chunks to the batch's term.
+
+   Each returns logged terms (scalars, detached) and, under ``WEIGHTED``, each weighted term with
+   its graph; the step's loss is the sum of all weighted terms. ``losses(batch)`` (one chunk = the
+   whole batch) is that composition and gives the same number as a single-pass implementation.
+   A method whose loss has no in-batch term sets ``has_batch_terms = False`` (the loop then
+   skips the first, graph-free pass of gradient caching).
 
 Extra trainable modules (heads, decoders) are submodules of the method, so the loop optimises them
 too; frozen ones set ``requires_grad = False`` and the optimizer leaves them out. A method whose
 sentence embedding is not a pooled encoder output declares ``eval_pooler = "method"`` and
 overrides ``embedder``, ``export`` and ``load_embedder``.
+
+Gradient caching for free (``sentemb.train.chunked_backward``; Gao et al. 2021, "Scaling Deep
+Contrastive Learning Batch Size under Memory Limited Setup"): with ``train.chunk_size: N`` the loop
+encodes the batch N sentences at a time without a graph, computes (b) and its gradient with respect
+to ``emb`` once, then re-encodes each chunk with its graph (the chunk's random state replayed, so
+the dropout masks are those of the first pass) and back-propagates that cached gradient together
+with the chunk's (c). What a method must respect for that: ``encode`` and ``row_terms`` see only
+their chunk; every random choice is made in ``build_batch`` (from ``np_rng(micro)``) or by dropout;
+``chunk`` slices every row-aligned tensor of the batch (the default slices the tensors whose first
+dimension is the number of sentences; a method with another row layout overrides it).
 
 Adding a method = one module in ``sentemb/methods/`` (a ``Method`` subclass decorated with
 ``@register_method``; the package imports every module in it) + its config block.
@@ -47,6 +75,47 @@ WEIGHTED = "weighted"
 
 
 @dataclass
+class Encoded:
+    """What ``Method.encode`` returns for a chunk of sentences (see the module docstring, step a)."""
+
+    #: the in-batch terms' inputs: row-aligned tensors, concatenated over chunks along dim 0
+    batch: dict[str, torch.Tensor] = field(default_factory=dict)
+    #: what the chunk's own per-sentence terms read (kept with its graph; never concatenated)
+    rows: dict[str, Any] = field(default_factory=dict)
+
+
+def slice_rows(batch: dict[str, torch.Tensor], start: int, stop: int, n: int, *,
+               blocks: dict[str, int] | None = None, where: str = "method") -> dict[str, torch.Tensor]:
+    """Sentences ``[start, stop)`` of a batch of ``n``: a tensor whose dim 0 is ``n`` is sliced, one
+    of ``k·n`` rows named in ``blocks`` (``{key: k}``, k blocks of n rows such as [view 1; view 2])
+    keeps rows ``start:stop`` of each block, a 0-dim tensor (a count) is kept whole. Any other shape
+    is an error naming the key: the method must override ``Method.chunk``."""
+    out = {}
+    blocks = blocks or {}
+    for key, v in batch.items():
+        if v.dim() == 0:
+            out[key] = v
+        elif key in blocks:
+            k = blocks[key]
+            if v.size(0) != k * n:
+                raise SentembError(f"{where}.chunk: batch['{key}'] has {v.size(0)} rows, expected {k}x{n}")
+            out[key] = torch.cat([v[j * n + start : j * n + stop] for j in range(k)], 0)
+        elif v.size(0) == n:
+            out[key] = v[start:stop]
+        else:
+            raise SentembError(f"{where}.chunk: batch['{key}'] has {v.size(0)} rows for {n} sentences; override "
+                               "Method.chunk to say which rows belong to which sentence")
+    return out
+
+
+def add_terms(total: dict[str, torch.Tensor], terms: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """``total`` updated with ``terms`` added key by key (per-chunk logged terms of ``row_terms``)."""
+    for key, v in terms.items():
+        total[key] = total[key] + v if key in total else v
+    return total
+
+
+@dataclass
 class MethodContext:
     """What a method may read besides its own arguments."""
 
@@ -69,6 +138,17 @@ class MethodContext:
         return Path(self.inputs[name])
 
 
+def total_loss(weighted: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The sum of the weighted terms in their order, fp32 (the loss a method back-propagates)."""
+    terms = list(weighted.values())
+    if not terms:
+        raise SentembError("a method returned no weighted loss term")
+    loss = terms[0]
+    for t in terms[1:]:
+        loss = loss + t
+    return loss.float()
+
+
 class Method(nn.Module):
     name: ClassVar[str]
 
@@ -83,6 +163,10 @@ class Method(nn.Module):
     pretrain_stage: ClassVar[type[Method] | None] = None
     #: the stage's ``train`` defaults (over the config's ``train``; under the block's own keys)
     pretrain_train_defaults: ClassVar[dict[str, Any]] = {}
+
+    #: False for a loss that is only a sum over sentences (no term couples two sentences): gradient
+    #: caching then needs no graph-free first pass
+    has_batch_terms: ClassVar[bool] = True
 
     #: pooler used to evaluate the exported model (sentemb evaluate --pooler); "method" = the
     #: method's own embedder (``load_embedder``)
@@ -180,13 +264,39 @@ class Method(nn.Module):
         ``torch_rng(micro)`` so batches are identical after a resume and under accumulation."""
         raise NotImplementedError
 
+    def n_sentences(self, batch: dict[str, torch.Tensor]) -> int:
+        """The number of corpus sentences in ``batch`` (the unit ``chunk`` slices by)."""
+        return int(batch["input_ids"].size(0))
+
+    def chunk(self, batch: dict[str, torch.Tensor], start: int, stop: int) -> dict[str, torch.Tensor]:
+        """The sub-batch of sentences ``[start, stop)`` (``slice_rows``; padding width kept, so that a
+        sentence is computed on the same shape in every chunking). Override for another row layout."""
+        return slice_rows(batch, start, stop, self.n_sentences(batch), where=f"method '{self.name}'")
+
+    def encode(self, batch: dict[str, torch.Tensor]) -> Encoded:
+        """Step (a): encode a chunk's sentences (module docstring)."""
+        raise NotImplementedError
+
+    def batch_terms(self, emb: dict[str, torch.Tensor], batch: dict[str, torch.Tensor]) -> dict[str, Any]:
+        """Step (b): the in-batch terms from the whole batch's ``emb``: logged terms and ``WEIGHTED``."""
+        return {WEIGHTED: {}}
+
+    def row_terms(self, enc: Encoded, chunk: dict[str, torch.Tensor], batch: dict[str, torch.Tensor]) -> dict[str, Any]:
+        """Step (c): the chunk's share of the per-sentence terms, each normalised by the whole
+        ``batch``'s count: logged terms (additive over chunks) and ``WEIGHTED``."""
+        return {WEIGHTED: {}}
+
     def losses(self, batch: dict[str, torch.Tensor]) -> dict[str, Any]:
-        """Named loss terms; ``"loss"`` is the total that is back-propagated (fp32 scalar). Other
-        terms are logged (``train/<name>``) and must be scalars, detached. Optionally ``WEIGHTED``:
-        ``{name: weighted term with graph}`` summing to ``loss`` (see ``WEIGHTED``), e.g.
+        """Named loss terms of the whole batch in one pass: ``encode`` + ``batch_terms`` +
+        ``row_terms``. ``"loss"`` is the total that is back-propagated (fp32 scalar), the sum of the
+        ``WEIGHTED`` terms; the other terms are logged (``train/<name>``), scalars, detached, e.g.
         ``{"loss": a + b·r, "contrastive": a.detach(), "recon": r.detach(),
         WEIGHTED: {"contrastive": a, "recon": b·r}}``."""
-        raise NotImplementedError
+        enc = self.encode(batch)
+        out = self.batch_terms(enc.batch, batch)
+        rows = self.row_terms(enc, batch, batch)
+        weighted = {**out.pop(WEIGHTED), **rows.pop(WEIGHTED)}
+        return {"loss": total_loss(weighted), **out, **rows, WEIGHTED: weighted}
 
     def grad_norm_parameters(self) -> list[nn.Parameter]:
         """The parameters on which ``train.log_grad_norms`` measures each weighted term's gradient:

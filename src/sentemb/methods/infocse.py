@@ -79,7 +79,7 @@ from ..models import MLMHead, MLPHead, mlm_head_state, read_weights
 from . import register_method
 from ..args import check_mapping, fields, to_dict
 from ..settings import PretrainStage
-from .base import WEIGHTED, Method, arg
+from .base import WEIGHTED, Encoded, Method, arg, slice_rows
 from ..masking import mask_tokens  # noqa: F401  (public here too: BERT's MLM corruption)
 from .simcse import info_nce
 
@@ -154,7 +154,8 @@ def run_layers(layers, states: torch.Tensor, attention_mask: torch.Tensor | None
 
 
 def aux_mlm_loss(cls: torch.Tensor, lower_states: torch.Tensor, labels: torch.Tensor, head_layers,
-                 output_matrix, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+                 output_matrix, attention_mask: torch.Tensor | None = None,
+                 count: torch.Tensor | None = None) -> torch.Tensor:
     """The auxiliary network's MLM loss, Eq. 5 (stage 1) / §3.2 (stage 2):
 
         C = [h; M^{>0}],  H̃ = Layers_2(C),  L_aux = mean_{j∈masked} CE(H̃^j W, x̂^j).
@@ -164,7 +165,8 @@ def aux_mlm_loss(cls: torch.Tensor, lower_states: torch.Tensor, labels: torch.Te
     (position 0 is [CLS], never masked). ``head_layers``: the extra Transformer layers.
     ``output_matrix``: W, a (V, H) tensor (logits = x Wᵀ) or a module mapping states to logits (BERT's
     MLM head). ``attention_mask`` (B, L): padding. A batch without a masked token gives 0 (not NaN),
-    still connected to the graph."""
+    still connected to the graph. ``count``: divide the summed cross-entropy by the whole batch's
+    number of masked tokens instead of the mean (a chunk's share, ``Method.row_terms``)."""
     states = torch.cat([cls.unsqueeze(1), lower_states], dim=1)
     out = run_layers(head_layers, states, attention_mask)
     sel = labels != -100
@@ -173,17 +175,25 @@ def aux_mlm_loss(cls: torch.Tensor, lower_states: torch.Tensor, labels: torch.Te
     with torch.autocast(device_type=logits.device.type, enabled=False):
         if not bool(sel.any()):
             return logits.float().sum() * 0.0 + cls.float().sum() * 0.0
-        return F.cross_entropy(logits.float(), labels[sel])
+        return _mean_ce(logits, labels[sel], count)
 
 
-def mlm_loss(states: torch.Tensor, labels: torch.Tensor, head: nn.Module) -> torch.Tensor:
-    """BERT's own MLM loss, Eq. 4 (mean over masked positions, fp32; 0 when nothing is masked)."""
+def _mean_ce(logits: torch.Tensor, labels: torch.Tensor, count: torch.Tensor | None) -> torch.Tensor:
+    """Cross-entropy in fp32, the mean over the rows, or the sum divided by ``count``."""
+    if count is None:
+        return F.cross_entropy(logits.float(), labels)
+    return F.cross_entropy(logits.float(), labels, reduction="sum") / count
+
+
+def mlm_loss(states: torch.Tensor, labels: torch.Tensor, head: nn.Module, count: torch.Tensor | None = None) -> torch.Tensor:
+    """BERT's own MLM loss, Eq. 4 (mean over masked positions, fp32; 0 when nothing is masked);
+    ``count`` as in ``aux_mlm_loss``."""
     sel = labels != -100
     logits = head(states[sel])
     with torch.autocast(device_type=logits.device.type, enabled=False):
         if not bool(sel.any()):
             return logits.float().sum() * 0.0 + states.float().sum() * 0.0
-        return F.cross_entropy(logits.float(), labels[sel])
+        return _mean_ce(logits, labels[sel], count)
 
 
 # ----------------------------------------------------------------------------------- checkpoints
@@ -390,19 +400,24 @@ class InfoCSE(Method):
     # ------------------------------------------------------------------ losses
     def encode_views(self, batch):
         """Both dropout views in one pass (SimCSE). Returns (z1, z2, h per view stacked (2B, H))."""
+        last, h = self.encode_cls(batch)
+        z = self.mlp(last) if self.mlp is not None else last
+        b = batch["input_ids"].size(0)
+        return z[:b], z[b:], h
+
+    def encode_cls(self, batch):
+        """The last layer's [CLS] of both views (2B, H) and h, the ``cls_layer``'s [CLS] (2B, H)."""
         keys = [k for k in ("input_ids", "attention_mask", "token_type_ids") if k in batch]
         doubled = {k: torch.cat([batch[k], batch[k]], 0) for k in keys}
         cl = self.args.cls_layer
         out = self.encoder(**doubled, output_hidden_states=cl is not None, return_dict=True)
         last = out.last_hidden_state[:, 0]
-        h = out.hidden_states[cl][:, 0] if cl is not None else last
-        z = self.mlp(last) if self.mlp is not None else last
-        b = batch["input_ids"].size(0)
-        return z[:b], z[b:], h
+        return last, (out.hidden_states[cl][:, 0] if cl is not None else last)
 
-    def aux_loss(self, h: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    def aux_loss(self, h: torch.Tensor, batch: dict[str, torch.Tensor], count: torch.Tensor | None = None) -> torch.Tensor:
         """L_aux of §3.2 from h (the main encoder's [CLS] of the unmasked views, (2B, H)):
-        C = [h; Detach(M^{>0})] with M^{>0} from the frozen lower copy on x̂."""
+        C = [h; Detach(M^{>0})] with M^{>0} from the frozen lower copy on x̂. ``count``: see
+        ``aux_mlm_loss``."""
         b = batch["input_ids"].size(0)
         h = h[:b] if self.args.aux_inputs == "sentence" else h
         am = batch["attention_mask"].repeat(h.size(0) // b, 1)
@@ -413,16 +428,32 @@ class InfoCSE(Method):
             lower = lower.detach()
         else:
             lower = self.aux_lower(input_ids=batch["mlm_input_ids"], attention_mask=am, **kw).last_hidden_state
-        return aux_mlm_loss(h, lower[:, 1:], batch["mlm_labels"], self.aux_head, self.aux_mlm, attention_mask=am)
+        return aux_mlm_loss(h, lower[:, 1:], batch["mlm_labels"], self.aux_head, self.aux_mlm, attention_mask=am,
+                            count=count)
 
-    def losses(self, batch):
-        z1, z2, h = self.encode_views(batch)
-        l_cl = info_nce(z1, z2, self.args.temperature)  # Eq. 3
-        l_aux = self.aux_loss(h, batch)
-        aux = self.args.aux_weight * l_aux
-        loss = l_cl + aux  # Eq. 7
-        return {"loss": loss, "contrastive": l_cl.detach(), "aux_mlm": l_aux.detach(),
-                WEIGHTED: {"contrastive": l_cl, "aux_mlm": aux}}
+    def chunk(self, batch, start, stop):
+        copies = 2 if self.args.aux_inputs == "view" else 1
+        return slice_rows(batch, start, stop, self.n_sentences(batch),
+                          blocks={"mlm_input_ids": copies, "mlm_labels": copies}, where="method 'infocse'")
+
+    def encode(self, batch):
+        """The two views' last-layer [CLS] (the in-batch InfoNCE applies the projection, whose
+        BatchNorm variant normalises over the whole batch) and h for the chunk's L_aux."""
+        last, h = self.encode_cls(batch)
+        b = batch["input_ids"].size(0)
+        return Encoded(batch={"cls1": last[:b], "cls2": last[b:]}, rows={"h": h})
+
+    def batch_terms(self, emb, batch):
+        last = torch.cat([emb["cls1"], emb["cls2"]], 0)
+        z = self.mlp(last) if self.mlp is not None else last
+        b = emb["cls1"].size(0)
+        l_cl = info_nce(z[:b], z[b:], self.args.temperature)  # Eq. 3
+        return {"contrastive": l_cl.detach(), WEIGHTED: {"contrastive": l_cl}}
+
+    def row_terms(self, enc, chunk, batch):
+        """λ·L_aux (Eq. 7) of the chunk's masked copies, divided by the batch's masked tokens."""
+        l_aux = self.aux_loss(enc.rows["h"], chunk, count=(batch["mlm_labels"] != -100).sum())
+        return {"aux_mlm": l_aux.detach(), WEIGHTED: {"aux_mlm": self.args.aux_weight * l_aux}}
 
     def export_head(self):
         return self.mlp if isinstance(self.mlp, MLPHead) else None
@@ -471,15 +502,21 @@ class InfoCSEPretrain(Method):
         batch["input_ids"], batch["mlm_labels"] = x, y
         return batch
 
-    def losses(self, batch):
+    has_batch_terms = False  # Eq. 6: two MLM losses, means over the batch's masked tokens
+
+    def encode(self, batch):
         keys = [k for k in ("input_ids", "attention_mask", "token_type_ids") if k in batch]
         out = self.encoder(**{k: batch[k] for k in keys}, output_hidden_states=True, return_dict=True)
-        hs, cl = out.hidden_states, self.args.cls_layer
-        h = (hs[cl] if cl is not None else out.last_hidden_state)[:, 0]
-        l_mlm = mlm_loss(out.last_hidden_state, batch["mlm_labels"], self.mlm_head)  # Eq. 4
-        l_aux = aux_mlm_loss(h, hs[self.args.skip_from][:, 1:], batch["mlm_labels"], self.aux_head, self.mlm_head,
-                             attention_mask=batch["attention_mask"])  # Eq. 5, M^{>0} shared: not detached
-        return {"loss": l_aux + l_mlm, "aux_mlm": l_aux.detach(), "mlm": l_mlm.detach(),  # Eq. 6
+        return Encoded(rows={"hidden_states": out.hidden_states, "last": out.last_hidden_state})
+
+    def row_terms(self, enc, chunk, batch):
+        hs, last, cl = enc.rows["hidden_states"], enc.rows["last"], self.args.cls_layer
+        h = (hs[cl] if cl is not None else last)[:, 0]
+        count = (batch["mlm_labels"] != -100).sum()
+        l_mlm = mlm_loss(last, chunk["mlm_labels"], self.mlm_head, count)  # Eq. 4
+        l_aux = aux_mlm_loss(h, hs[self.args.skip_from][:, 1:], chunk["mlm_labels"], self.aux_head, self.mlm_head,
+                             attention_mask=chunk["attention_mask"], count=count)  # Eq. 5, M^{>0} shared: not detached
+        return {"aux_mlm": l_aux.detach(), "mlm": l_mlm.detach(),  # Eq. 6
                 WEIGHTED: {"aux_mlm": l_aux, "mlm": l_mlm}}
 
     def embedder(self, pooler, device):

@@ -77,6 +77,7 @@ Open choices (the paper and code leave them open; taken here, switches where che
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 from dataclasses import dataclass
@@ -90,7 +91,7 @@ from torch import nn
 from .. import SentembError
 from ..models import MLMHead, mlm_head_state, read_weights
 from . import register_method
-from .base import WEIGHTED, Method, arg
+from .base import WEIGHTED, Encoded, Method, arg, slice_rows
 
 log = logging.getLogger(__name__)
 
@@ -291,13 +292,19 @@ def read_rake(path, corpus, top_k: int) -> list[list[str]]:
 
 
 def load_wordnet(nltk_data):
-    """A WordNet reader from the NLTK data directory ``nltk_data`` (no download, no global state)."""
+    """A WordNet reader from the NLTK data directory ``nltk_data`` (no download). Loading takes
+    seconds (the lemma index), so one reader per directory is kept for the process (it is only
+    read)."""
     import os
 
+    return _wordnet(os.path.abspath(nltk_data))
+
+
+@functools.lru_cache(maxsize=4)
+def _wordnet(nltk_data: str):
     import nltk
     from nltk.corpus.reader.wordnet import WordNetCorpusReader
 
-    nltk_data = os.path.abspath(nltk_data)
     if nltk_data not in nltk.data.path:
         nltk.data.path.insert(0, nltk_data)
     try:
@@ -464,27 +471,51 @@ class PaSeR(Method):
             e_m = self.masked_proj(e_m)
         return decoding_signal(e_s, e_m, self.args.signal_m, self.args.signal_n, self.args.signal_abs)
 
-    def losses(self, batch):
-        ids = batch["input_ids"]
-        b = ids.size(0) // 2
-        memory = self.signal(ids, batch["attention_mask"])
-        labels = batch["dec_labels"]
+    has_batch_terms = False  # L_gen and L_mlm are sums over sentences (and their tokens)
+
+    def n_sentences(self, batch):
+        return batch["mlm_input_ids"].size(0)
+
+    def chunk(self, batch, start, stop):
+        """Sentences ``[start, stop)``: their s and s̃ rows, MLM rows and decoder rows (``dec_rows``
+        made chunk-local)."""
+        n = self.n_sentences(batch)
+        dec = batch["dec_rows"]
+        sel = ((dec >= start) & (dec < stop)).nonzero().flatten()
+        plain = {k: v for k, v in batch.items() if not k.startswith("dec_")}
+        out = slice_rows(plain, start, stop, n, blocks={"input_ids": 2, "attention_mask": 2}, where="method 'paser'")
+        out.update({k: v[sel] for k, v in batch.items() if k.startswith("dec_")})
+        out["dec_rows"] = dec[sel] - start
+        return out
+
+    def encode(self, batch):
+        return Encoded(rows={"memory": self.signal(batch["input_ids"], batch["attention_mask"])})
+
+    def row_terms(self, enc, chunk, batch):
+        """L_gen (mean over the batch's target tokens) and λ·L_mlm (mean over its masked tokens),
+        the chunk's share: its tokens' cross-entropy summed, divided by the batch's counts."""
+        memory = enc.rows["memory"]
+        b = chunk["mlm_input_ids"].size(0)
+        labels = chunk["dec_labels"]
         sel = labels != -100
-        n_tok = sel.sum()
-        if batch["dec_rows"].numel() and bool(n_tok > 0):
-            logits = self.decoder(batch["dec_input_ids"], batch["dec_attention_mask"], memory[batch["dec_rows"]])
-            gen = F.cross_entropy(logits[sel].float(), labels[sel])  # mean over the T target tokens
+        n_tok = (batch["dec_labels"] != -100).sum()
+        if chunk["dec_rows"].numel() and bool(sel.any()):
+            from ..dropout import rows
+
+            with rows(chunk["dec_rows"]):  # keyed dropout: decoder row r belongs to sentence dec_rows[r]
+                logits = self.decoder(chunk["dec_input_ids"], chunk["dec_attention_mask"], memory[chunk["dec_rows"]])
+            gen = F.cross_entropy(logits[sel].float(), labels[sel], reduction="sum") / n_tok
         else:
-            gen = memory.float().sum() * 0.0  # no phrase in the batch: L_gen = 0 (graph kept)
-        mlm_lab = batch["mlm_labels"]
+            gen = memory.float().sum() * 0.0  # no phrase in the chunk: L_gen = 0 (graph kept)
+        mlm_lab = chunk["mlm_labels"]
         msel = mlm_lab != -100
         if bool(msel.any()):
-            hid = self.encoder(input_ids=batch["mlm_input_ids"], attention_mask=batch["attention_mask"][:b],
+            hid = self.encoder(input_ids=chunk["mlm_input_ids"], attention_mask=chunk["attention_mask"][:b],
                                return_dict=True).last_hidden_state
-            mlm = F.cross_entropy(self.mlm_head(hid[msel]).float(), mlm_lab[msel])
+            n_masked = (batch["mlm_labels"] != -100).sum()
+            mlm = F.cross_entropy(self.mlm_head(hid[msel]).float(), mlm_lab[msel], reduction="sum") / n_masked
         else:
             mlm = memory.float().sum() * 0.0
         weighted_mlm = self.args.mlm_weight * mlm
-        loss = (weighted_mlm + gen).float()
-        return {"loss": loss, "mlm": mlm.detach(), "gen": gen.detach(), "phrases": n_tok.detach().float(),
+        return {"mlm": mlm.detach(), "gen": gen.detach(), "phrases": sel.sum().float(),
                 WEIGHTED: {"mlm": weighted_mlm, "gen": gen}}

@@ -105,7 +105,7 @@ from torch import nn
 
 from .. import SentembError
 from . import register_method
-from .base import WEIGHTED, Method, arg
+from .base import WEIGHTED, Encoded, Method, arg
 from .simcse import info_nce
 
 KERNEL_SIZES = (3, 4, 5)  # the paper's TextCNN windows (Eq. 3)
@@ -121,13 +121,15 @@ def token_weights(freq, theta: float, lam: float) -> torch.Tensor:
 
 
 def reconstruction_loss(x: torch.Tensor, x_rec: torch.Tensor, weights: torch.Tensor, mask: torch.Tensor,
-                        reduction: str = "sum") -> torch.Tensor:
+                        reduction: str = "sum", count: torch.Tensor | int | None = None) -> torch.Tensor:
     """L_R of Eq. 9 (and L_R⁺ of Eq. 10), averaged over the sentences of the batch, in fp32.
 
     x, x_rec: (B, N, d) target and reconstructed token states; weights: (B, N) f(w_i); mask: (B, N)
     true at real tokens. Per sentence (1/N) Σ_i f(w_i)·MSE(x_i, x'_i) with MSE over d reduced by
     ``reduction``: ``sum`` (‖x_i − x'_i‖², the default reading) or ``mean`` (‖x_i − x'_i‖²/d, the
-    literal one); sentences with no real token are left out of the batch mean."""
+    literal one); sentences with no real token are left out of the batch mean. ``count``: divide the
+    sum over sentences by the batch's number of sentences with a real token instead (a chunk's share,
+    ``Method.row_terms``)."""
     if reduction not in ("mean", "sum"):
         raise SentembError(f"reconstruction_loss: reduction must be mean or sum, not {reduction!r}")
     with torch.autocast(device_type=x.device.type, enabled=False):
@@ -137,7 +139,9 @@ def reconstruction_loss(x: torch.Tensor, x_rec: torch.Tensor, weights: torch.Ten
         n = m.sum(1)  # (B,)
         per_sentence = (weights.float() * mse * m).sum(1) / n.clamp(min=1)  # (B,)
         has = (n > 0).float()
-        return (per_sentence * has).sum() / has.sum().clamp(min=1)
+        if count is None:
+            count = has.sum()
+        return (per_sentence * has).sum() / torch.as_tensor(count, dtype=torch.float32, device=x.device).clamp(min=1)
 
 
 # ------------------------------------------------------------------------------------ real tokens
@@ -345,22 +349,30 @@ class SARCSE(Method):
             out["mask"] = mask_c
         return out
 
-    def losses(self, batch):
-        a = self.args
+    def encode(self, batch):
+        """Z of both views (Eqs. 1-4) for the in-batch L_I; the decoder's target and reconstruction
+        (Eqs. 5-7) for the chunk's L_R, L_R⁺."""
         b = batch["input_ids"].size(0)
         out = self.forward_views(batch)
-        z = out["z"]
-        contrastive = info_nce(z[:b], z[b:], a.temperature)  # L_I (Eq. 11), fp32
-        terms = {"contrastive": contrastive.detach()}
-        weighted = {"contrastive": a.alpha * contrastive}
-        loss = weighted["contrastive"]
-        if self.decoder is not None:
-            rec = [reconstruction_loss(out["x"][s], out["x_rec"][s], out["weights"][s], out["mask"][s],
-                                       a.mse_reduction) for s in (slice(0, b), slice(b, None))]
-            weighted.update(recon=a.beta * rec[0], recon_pos=a.gamma * rec[1])
-            loss = loss + weighted["recon"] + weighted["recon_pos"]  # Eq. 12
-            terms.update(recon=rec[0].detach(), recon_pos=rec[1].detach())
-        return {"loss": loss.float(), **terms, WEIGHTED: weighted}
+        z = out.pop("z")
+        return Encoded(batch={"z1": z[:b], "z2": z[b:]}, rows=out)
+
+    def batch_terms(self, emb, batch):
+        contrastive = info_nce(emb["z1"], emb["z2"], self.args.temperature)  # L_I (Eq. 11), fp32
+        return {"contrastive": contrastive.detach(), WEIGHTED: {"contrastive": self.args.alpha * contrastive}}
+
+    def row_terms(self, enc, chunk, batch):
+        """β·L_R + γ·L_R⁺ (Eqs. 9-10, 12) of the chunk's sentences, each sentence's term divided by
+        the batch's number of sentences with a real token."""
+        a, out = self.args, enc.rows
+        if self.decoder is None:
+            return {WEIGHTED: {}}
+        b = chunk["input_ids"].size(0)
+        count = real_token_mask(batch["input_ids"], batch["attention_mask"], self.special_ids).any(1).sum()
+        rec = [reconstruction_loss(out["x"][s], out["x_rec"][s], out["weights"][s], out["mask"][s],
+                                   a.mse_reduction, count=count) for s in (slice(0, b), slice(b, None))]
+        return {"recon": rec[0].detach(), "recon_pos": rec[1].detach(),
+                WEIGHTED: {"recon": a.beta * rec[0], "recon_pos": a.gamma * rec[1]}}
 
     def grad_norm_parameters(self):
         """The encoder's and the TextCNN encoder's (Eqs. 3–4): together they make Z, and both L_I and

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from ..models import MLPHead
 from . import register_method
-from .base import WEIGHTED, Method, arg
+from .base import WEIGHTED, Encoded, Method, arg
 
 
 def info_nce(z1: torch.Tensor, z2: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -64,10 +64,13 @@ class SimCSE(Method):
         b = batch["input_ids"].size(0)
         return cls[:b], cls[b:]
 
-    def losses(self, batch):
+    def encode(self, batch) -> Encoded:
         z1, z2 = self.encode_views(batch)
-        loss = info_nce(z1, z2, self.args.temperature)
-        return {"loss": loss, "contrastive": loss.detach(), WEIGHTED: {"contrastive": loss}}
+        return Encoded(batch={"z1": z1, "z2": z2})
+
+    def batch_terms(self, emb, batch):
+        loss = info_nce(emb["z1"], emb["z2"], self.args.temperature)
+        return {"contrastive": loss.detach(), WEIGHTED: {"contrastive": loss}}
 
     def export_head(self):
         return self.mlp

@@ -64,7 +64,7 @@ import torch.nn.functional as F
 from .. import SentembError
 from ..models import MLPHead
 from . import register_method
-from .base import WEIGHTED, Method, arg
+from .base import WEIGHTED, Encoded, Method, arg
 
 _META_KEYS = ("negatives", "replaced", "empty_paraphrases")
 
@@ -383,21 +383,42 @@ class UNA(Method):
                    empty_paraphrases=torch.tensor(n_empty, dtype=torch.int64))
         return out
 
-    def encode(self, batch) -> torch.Tensor:
-        """u_k = MLP([CLS]) of every row."""
-        model_in = {k: v for k, v in batch.items() if k not in _META_KEYS}
-        return self.mlp(self.encoder(**model_in, return_dict=True).last_hidden_state[:, 0])
+    def n_sentences(self, batch):
+        return (batch["input_ids"].size(0) - int(batch["negatives"])) // 2
 
-    def losses(self, batch):
-        u = self.encode(batch)
+    def chunk(self, batch, start, stop):
+        """Anchors ``[start, stop)``: their rows a_i, p_i and, on a step with negatives, their
+        negatives' rows (ã_i, ã_i under ``loss: symmetric``, ã_i under ``simcse``); counts kept."""
+        n, n_neg = self.n_sentences(batch), int(batch["negatives"])
+        k = n_neg // n if n_neg else 0  # rows per negative: 2 (symmetric) or 1 (simcse)
+        rows = torch.cat([torch.arange(2 * start, 2 * stop), 2 * n + torch.arange(k * start, k * stop)])
+        out = {key: (v if v.dim() == 0 else v[rows]) for key, v in batch.items()}
+        out["negatives"] = torch.tensor(k * (stop - start), dtype=torch.int64)
+        return out
+
+    def encode(self, batch) -> Encoded:
+        """u_k = MLP([CLS]) of every row: ``pairs`` (a_1, p_1, …) and ``negatives`` (the ã rows)."""
+        from ..dropout import rows
+
+        model_in = {k: v for k, v in batch.items() if k not in _META_KEYS}
+        n_neg = int(batch["negatives"])
+        n = (batch["input_ids"].size(0) - n_neg) // 2
+        per = n_neg // n if n else 0  # rows per negative
+        sentence = [i for i in range(n) for _ in (0, 1)] + [i for i in range(n) for _ in range(per)]
+        view = [v for _ in range(n) for v in (0, 1)] + [2 + v for _ in range(n) for v in range(per)]
+        with rows(sentence, view):  # keyed dropout (train.dropout_rng: keyed): a_i, p_i, ã_i are views of sentence i
+            u = self.mlp(self.encoder(**model_in, return_dict=True).last_hidden_state[:, 0])
+        n_pairs = u.size(0) - n_neg
+        return Encoded(batch={"pairs": u[:n_pairs], "negatives": u[n_pairs:]})
+
+    def batch_terms(self, emb, batch):
         tau = self.args.temperature
+        pairs, negs = emb["pairs"], emb["negatives"]
         if self.args.loss == "symmetric":
-            loss = symmetric_nt_xent(u, tau)
+            loss = symmetric_nt_xent(torch.cat([pairs, negs], 0), tau)
         else:
-            n_pairs = (u.size(0) - int(batch["negatives"])) // 2
-            z3 = u[2 * n_pairs:] if int(batch["negatives"]) else None
-            loss = simcse_hard_negative_loss(u[0:2 * n_pairs:2], u[1:2 * n_pairs:2], z3, tau)
-        return {"loss": loss, "contrastive": loss.detach(), "negatives": batch["negatives"].float(),
+            loss = simcse_hard_negative_loss(pairs[0::2], pairs[1::2], negs if negs.size(0) else None, tau)
+        return {"contrastive": loss.detach(), "negatives": batch["negatives"].float(),
                 "replaced": batch["replaced"].float(), "empty_paraphrases": batch["empty_paraphrases"].float(),
                 WEIGHTED: {"contrastive": loss}}
 
