@@ -439,3 +439,139 @@ def test_the_pretraining_stage_runs_under_bf16_with_unpad(name, tiny_bert_dir, i
     m = make(name, tiny_bert_dir, {**inputs, "inputs": {**inputs["inputs"], "pretrained": tmp_path / "stage/model"}})
     terms = m.losses(m.build_batch(SENTS, step=0, lines=list(range(len(SENTS))), micro=0))
     assert terms["loss"].dtype == torch.float32 and torch.isfinite(terms["loss"])
+
+
+# ------------------------------------------------------------------------------------ gradient caching (issue 26 §2)
+# Tolerance (fp32 round-off of the other summation order of chunked matmuls): for every parameter p,
+# ‖Δg_p‖ ≤ 1e-5·‖g_p‖ + 1e-7·‖g‖ (g the whole model's gradient; the floor is for gradients that are
+# zero in exact arithmetic, e.g. attention key biases, softmax being shift-invariant), and for the
+# whole model ‖Δg‖ ≤ 1e-5·‖g‖. After several steps the weights: ‖Δw_p‖ ≤ 1e-5·‖w_p‖ + 1e-6 (the floor
+# is for parameters whose exact gradient is zero: Adam turns their round-off into updates of
+# ~lr·1e-4) and ‖Δw‖ ≤ 1e-5·‖w‖.
+# With dropout on, both runs use ``train.dropout_rng: keyed`` (masks a function of (seed,
+# micro-batch, sentence, view, call), so the chunked and the unchunked pass draw the same masks);
+# with the default ``stream`` each chunk's first pass is replayed in its second, but its masks are
+# other draws than the unchunked pass's, so "dropout off" tests that path (every dropout off:
+# PaSeR's decoder too). Dropout off, SimCSE's two views are one: the gradient is a cancellation
+# ~1e-4 of its usual size, and its round-off is relative 1e-4 of it.
+REL = 1e-5
+
+
+def _close(a: dict, b: dict, what: str, rel: float = REL, floor: float | None = None) -> None:
+    assert a.keys() == b.keys(), f"{what}: {sorted(set(a) ^ set(b))}"
+    total = sum(float(v.double().norm()) ** 2 for v in b.values()) ** 0.5
+    err = sum(float((a[k].double() - b[k].double()).norm()) ** 2 for k in a) ** 0.5
+    assert err <= rel * total, f"{what}: ‖Δ‖ {err:.3g} vs ‖ref‖ {total:.3g} (relative {err / total:.2g})"
+    for k in a:
+        e, r = float((a[k].double() - b[k].double()).norm()), float(b[k].double().norm())
+        assert e <= rel * r + (1e-2 * rel * total if floor is None else floor), f"{what}: {k}: ‖Δ‖ {e:.3g} vs ‖ref‖ {r:.3g} (whole {total:.3g})"
+
+
+def _step_grads(cfg, method_cls=None) -> tuple[dict, "object"]:
+    """The gradient of optimizer step 0 of ``cfg`` (every micro-batch accumulated), by name."""
+    from sentemb.train import accumulate_gradients, micro_batches, setup
+
+    with setup(cfg, "/nonexistent", method_cls) as job:
+        torch.manual_seed(11)
+        accumulate_gradients(job, micro_batches(job, 0), None)
+        grads = {n: p.grad.detach().clone() for n, p in job.method.named_parameters() if p.grad is not None}
+        return grads, job.chunk
+
+
+def _chunk_cfg(name, tiny_bert_dir, inputs, tiny_senteval, **over):
+    if over.get("dropout") == 0.0 and name == "paser":  # every dropout off: the decoder's too
+        inputs = {**inputs, "args": {**inputs["args"], "decoder_dropout": 0.0}}
+    return run_cfg(name, tiny_bert_dir, inputs, tiny_senteval,
+                   **{"precision": "fp32", "model_selection": "last", "prefetch": False, "token_cache": False, **over})
+
+
+def test_a_chunked_step_has_the_unchunked_gradient_and_accumulation_does_not(name, tiny_bert_dir, inputs, tiny_senteval):
+    """``chunk_size: 4`` at batch 16 (4 chunks): every parameter's gradient equals the unchunked one,
+    with dropout off (the default ``stream`` generator) and on (``dropout_rng: keyed``); and it is not
+    ``batch_size: 4, grad_accum: 4`` on the same 16 sentences, whose negatives are within each 4."""
+    cfg = lambda **o: _chunk_cfg(name, tiny_bert_dir, inputs, tiny_senteval, **o)  # noqa: E731
+    for label, over, rel in (("dropout off", {"dropout": 0.0}, 1e-4), ("dropout on, keyed", {"dropout_rng": "keyed"}, REL)):
+        ref, whole = _step_grads(cfg(**over))
+        got, chunk = _step_grads(cfg(chunk_size=4, **over))
+        assert whole is None and chunk == 4
+        assert ref and any(float(g.abs().sum()) > 0 for g in ref.values())
+        _close(got, ref, f"{name}, {label}", rel)
+    accum, _ = _step_grads(cfg(dropout=0.0, batch_size=4, grad_accum=4))
+    ref, _ = _step_grads(cfg(dropout=0.0))
+    enc = [k for k in ref if k.startswith("encoder.") and k in accum]
+    diff = sum(float((accum[k] - ref[k]).norm()) for k in enc) / sum(float(ref[k].norm()) for k in enc)
+    assert diff > 1e-2, f"{name}: batch 4 × grad_accum 4 gave the batch-16 gradient (relative difference {diff:.2g})"
+
+
+def test_chunked_training_gives_the_unchunked_weights_with_accumulation_and_sam(name, tiny_bert_dir, inputs, tiny_senteval):
+    """3 optimizer steps of 2 accumulated micro-batches of 16 (each chunked by 4; ArcCSE with SAM, both
+    of its passes chunked), dropout on and keyed: the weights equal the unchunked run's."""
+    from sentemb.train import State, run_steps, setup
+
+    def weights(**o):
+        over = dict(dropout_rng="keyed", grad_accum=2, max_steps=3, sam_rho=0.05 if name == "arccse" else None, **o)
+        with setup(_chunk_cfg(name, tiny_bert_dir, inputs, tiny_senteval, **over), "/nonexistent") as job:
+            params = dict(job.method.named_parameters())
+            w0 = {k: p.detach().clone() for k, p in params.items()}
+            for _ in run_steps(job, State()):
+                pass
+            return {k: p.detach().clone() for k, p in params.items()}, [k for k in w0 if not torch.equal(params[k], w0[k])]
+
+    (ref, moved), (got, _) = weights(), weights(chunk_size=4)
+    assert any(k.startswith("encoder.") for k in moved), f"{name}: the encoder did not train"
+    _close(got, ref, f"{name}: weights after 3 steps", floor=1e-6)
+
+
+def test_chunked_losses_agree_under_bf16_autocast(name, tiny_bert_dir, inputs, tiny_senteval):
+    """bf16 autocast, dropout keyed: the logged terms of 2 chunked steps agree with the unchunked ones
+    to bf16 tolerance (relative 2e-2: 8 mantissa bits, other summation order)."""
+    from sentemb.train import State, run_steps, setup
+
+    def losses(**o):
+        cfg = _chunk_cfg(name, tiny_bert_dir, inputs, tiny_senteval, precision="bf16", dropout_rng="keyed", max_steps=2, **o)
+        with setup(cfg, "/nonexistent") as job:
+            return [{k: float(v) for k, v in s.terms.items()} for s in run_steps(job, State())]
+
+    ref, got = losses(), losses(chunk_size=4)
+    assert len(ref) == len(got) == 2
+    for step, (a, b) in enumerate(zip(got, ref), start=1):
+        assert a.keys() == b.keys()
+        for k in a:
+            assert a[k] == pytest.approx(b[k], rel=2e-2, abs=2e-3), f"{name}: step {step}: {k}"
+
+
+def test_chunked_training_resumes_bit_identically_and_with_another_chunk_size(name, tiny_bert_dir, inputs, tiny_senteval,
+                                                                              tmp_path):
+    """Kill-and-resume with ``chunk_size: 4`` is bit-identical; a state saved with chunks of 4 resumes
+    with chunks of 8 (a speed setting: the same fingerprint) to the uninterrupted weights (round-off)."""
+    import json
+
+    from sentemb.train import train
+
+    over = dict(dropout_rng="keyed", chunk_size=4)
+    cfg = run_cfg(name, tiny_bert_dir, inputs, tiny_senteval, **over)
+    assert_kill_resumes_bit_identically(cfg, tmp_path, name)
+    meta = json.loads((tmp_path / "full/train.json").read_text())
+    assert meta["chunk_size"] == 4 and meta["chunked"] is True
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, tmp_path / "other", stop_after=1, progress=False)
+    train(run_cfg(name, tiny_bert_dir, inputs, tiny_senteval, **{**over, "chunk_size": 8}), tmp_path / "other",
+          progress=False)
+    assert json.loads((tmp_path / "other/train.json").read_text())["chunk_size"] == 8
+    for f in sorted((tmp_path / "full/model").rglob("*.safetensors")):
+        _close(load_file(tmp_path / "other/model" / f.relative_to(tmp_path / "full/model")), load_file(f),
+               f"{name}: resumed with chunks of 8", rel=1e-4)
+
+
+def test_the_pretraining_stage_is_chunked_to_the_same_gradient(name, tiny_bert_dir, inputs, tiny_senteval):
+    """A method's pretraining stage (InfoCSE's MLM at batch 1024 in the paper) gets the same memory
+    bound: chunked, its gradient is the unchunked one (dropout on, keyed)."""
+    cls = get_method(name)
+    if cls.pretrain_stage is None:
+        pytest.skip(f"{name} has no pretraining stage")
+    stage = cls.pretrain_stage
+    cfg = lambda **o: _chunk_cfg(name, tiny_bert_dir, inputs, tiny_senteval, dropout_rng="keyed", **o)  # noqa: E731
+    ref, _ = _step_grads(cfg(), stage)
+    got, chunk = _step_grads(cfg(chunk_size=4), stage)
+    assert chunk == 4 and ref
+    _close(got, ref, f"{name}: pretraining stage")

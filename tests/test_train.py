@@ -429,3 +429,55 @@ def test_the_grad_norm_benchmark_times_both_variants(tiny_bert_dir, tiny_corpus)
     r = bench_grad_norms(tiny_bert_dir, tiny_corpus, 16, steps=1, warmup=1, device=torch.device("cpu"), max_len=16,
                          precision="fp32", rounds=1)
     assert r["off"] > 0 and r["on"] > 0 and r["terms"] == ["contrastive"]
+
+
+def test_chunk_size_auto_is_the_whole_batch_on_cpu_and_is_reported(tiny_bert_dir, tiny_corpus, tiny_senteval, tmp_path,
+                                                                   caplog):
+    """``train.chunk_size: auto`` on CPU: no chunking (host memory is not the bound), said in the log
+    and in ``train.json``; a number at least the batch is no chunking either."""
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="sentemb.train"):
+        s = train(run_cfg(tiny_bert_dir, tiny_corpus, tiny_senteval, chunk_size="auto", max_steps=1), tmp_path / "a",
+                  progress=False)
+    assert s["chunk_size"] == 16 and s["chunked"] is False
+    assert json.loads((tmp_path / "a/train.json").read_text())["chunk_size"] == 16
+    assert any("chunk_size auto: the whole batch (16 sentences) on cpu" in r.getMessage() for r in caplog.records)
+
+
+def test_auto_chunk_is_the_largest_that_fits_the_margin():
+    from sentemb.train import auto_chunk
+
+    mb = 2**20
+    assert auto_chunk(10 * mb, 1000 * mb, 64, margin=0.7) is None  # 70 sentences fit: the whole batch
+    assert auto_chunk(10 * mb, 1000 * mb, 512, margin=0.7) == 70
+    assert auto_chunk(10 * mb, 5 * mb, 512, margin=0.7) == 1  # not even one: the smallest chunk, never 0
+
+
+@pytest.mark.parametrize("value", ["big", 0, 2.5])
+def test_a_bad_chunk_size_is_refused_naming_the_key(value):
+    from sentemb.config import validate_config
+
+    base = {"backbones": {"b": {"hub_id": "x/y"}}, "runs": [{"method": "simcse", "backbone": "b"}]}
+    for good in (None, 8, "auto"):
+        assert validate_config({**base, "train": {"chunk_size": good}})["train"].get("chunk_size") == good
+    with pytest.raises(SentembError, match=r"train\.chunk_size"):
+        validate_config({**base, "train": {"chunk_size": value}})
+    with pytest.raises(SentembError, match=r"runs\[0\]\.train\.chunk_size"):
+        validate_config({**base, "runs": [{"method": "simcse", "backbone": "b", "train": {"chunk_size": value}}]})
+
+
+def test_keyed_dropout_is_refused_with_unpad():
+    from sentemb.settings import TrainSettings
+
+    with pytest.raises(SentembError, match="train.dropout_rng keyed .* train.unpad"):
+        TrainSettings.from_dict({"dropout_rng": "keyed", "unpad": True}).check("train")
+
+
+def test_the_chunked_benchmark_times_both_variants(tiny_bert_dir, tiny_corpus):
+    """``sentemb benchmark --chunked N``: the loop whole and in chunks of N (and keyed)."""
+    from sentemb.benchmark import bench_chunked
+
+    r = bench_chunked(tiny_bert_dir, tiny_corpus, 16, steps=1, warmup=0, device=torch.device("cpu"), max_len=16,
+                      precision="fp32", chunk_size=4, rounds=1, keyed=True)
+    assert set(r) == {"whole", "chunked", "whole keyed", "chunked keyed"} and all(v > 0 for v in r.values())

@@ -244,18 +244,15 @@ def bench_overhead(model_dir, corpus, batch_size, steps, warmup, device, max_len
     return {name: statistics.median(v) for name, v in times.items()}
 
 
-def bench_grad_norms(model_dir, corpus, batch_size, steps, warmup, device, max_len, precision, method="simcse",
-                     method_args=None, inputs=None, rounds=3) -> dict:
-    """The cost of ``train.log_grad_norms`` (sentemb.grad_norms): the shared loop's optimizer step +
-    ``log_step`` on *every* step (``log_steps: 1``) with the option off and on, same model, batches
-    and seed, taking turns for ``rounds`` rounds of ``steps`` steps (median round each). The
-    difference is the cost of one logged step. Returns {"off": s/step, "on": s/step, "terms": [names]}."""
+def _bench_turns(runs: dict, steps: int, warmup: int, rounds: int, device, batch_size: int) -> tuple[dict, dict]:
+    """The shared loop's optimizer step (``run_steps``) of each run in ``runs`` (name -> Run), same
+    model, batches and seed, taking turns for ``rounds`` rounds of ``steps`` steps after ``warmup``
+    (so that a load change on the machine hits all of them). Returns ({name: median s/step},
+    {name: its job's State})."""
     import statistics
     from contextlib import ExitStack
 
-    runs = {key: _bench_run(model_dir, corpus, batch_size, device, max_len, precision, method, 1, method_args, inputs,
-                            log_grad_norms=on) for key, on in (("off", False), ("on", True))}
-    times: dict[str, list[float]] = {"off": [], "on": []}
+    times: dict[str, list[float]] = {key: [] for key in runs}
     with ExitStack() as stack:
         jobs = _bench_jobs(stack, runs, warmup + rounds * steps, batch_size)
         for job, state in jobs.values():
@@ -267,9 +264,35 @@ def bench_grad_norms(model_dir, corpus, batch_size, steps, warmup, device, max_l
                 _steps(job, state, steps)
                 _sync(device)
                 times[key].append((time.perf_counter() - t0) / steps)
-        history = jobs["on"][1].history  # the logged grad norms of each step
+        states = {key: state for key, (_, state) in jobs.items()}
+    return {key: statistics.median(v) for key, v in times.items()}, states
+
+
+def bench_grad_norms(model_dir, corpus, batch_size, steps, warmup, device, max_len, precision, method="simcse",
+                     method_args=None, inputs=None, rounds=3) -> dict:
+    """The cost of ``train.log_grad_norms`` (sentemb.grad_norms): the shared loop's optimizer step +
+    ``log_step`` on *every* step (``log_steps: 1``) with the option off and on (``_bench_turns``).
+    The difference is the cost of one logged step. Returns {"off": s/step, "on": s/step, "terms": [names]}."""
+    runs = {key: _bench_run(model_dir, corpus, batch_size, device, max_len, precision, method, 1, method_args, inputs,
+                            log_grad_norms=on) for key, on in (("off", False), ("on", True))}
+    times, states = _bench_turns(runs, steps, warmup, rounds, device, batch_size)
+    history = states["on"].history  # the logged grad norms of each step
     terms = [k.rsplit("/", 1)[1] for k in (history[-1] if history else {}) if k.startswith("train/grad_norm/")]
-    return {"off": statistics.median(times["off"]), "on": statistics.median(times["on"]), "terms": terms}
+    return {**times, "terms": terms}
+
+
+def bench_chunked(model_dir, corpus, batch_size, steps, warmup, device, max_len, precision, chunk_size,
+                  method="simcse", method_args=None, inputs=None, rounds=3, keyed=False) -> dict:
+    """The cost of gradient caching (``train.chunk_size``): the shared loop's optimizer step with the
+    whole micro-batch in one forward and in chunks of ``chunk_size`` (``_bench_turns``); with
+    ``keyed`` also both under ``train.dropout_rng: keyed``. Returns {variant: s/step} with variants
+    "whole", "chunked" (and "whole keyed", "chunked keyed")."""
+    variants = {"whole": {}, "chunked": {"chunk_size": chunk_size}}
+    if keyed:
+        variants.update({f"{k} keyed": {**v, "dropout_rng": "keyed"} for k, v in list(variants.items())})
+    runs = {key: _bench_run(model_dir, corpus, batch_size, device, max_len, precision, method, 10**9, method_args,
+                            inputs, **over) for key, over in variants.items()}
+    return _bench_turns(runs, steps, warmup, rounds, device, batch_size)[0]
 
 
 def bench_compile(model_dir, corpus, batch_size, steps, device, max_len, method="simcse"):
@@ -407,6 +430,38 @@ def _cmd_grad_norms(args) -> int:
     return 0
 
 
+def _cmd_chunked(args) -> int:
+    import torch
+
+    from .utils import resolve_device
+
+    device = resolve_device(args.device)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu x{torch.get_num_threads()} threads"
+    methods = args.method or ["simcse"]
+    margs = _method_args(args.method_args, methods)
+    inputs = dict(kv.split("=", 1) for kv in args.input)
+    print(f"model {args.model} | device {name} | batch {args.batch_size} | chunks of {args.chunked} | max_len "
+          f"{args.max_len} | precision {args.precision} | median of {args.rounds} rounds of {args.steps} steps after "
+          f"{args.warmup} warm-up")
+    head = f"{'method':<10} {'ms/step whole':>14} {'ms/step chunked':>16} {'ratio':>7}"
+    if args.keyed:
+        head += f" {'whole keyed':>12} {'chunked keyed':>14} {'ratio':>7}"
+    print(head)
+    for m in methods:
+        r = bench_chunked(args.model, args.corpus, args.batch_size, args.steps, args.warmup, device, args.max_len,
+                          args.precision, args.chunked, m, margs.get(m), inputs, args.rounds, args.keyed)
+        row = f"{m:<10} {1000 * r['whole']:>14.1f} {1000 * r['chunked']:>16.1f} {r['chunked'] / r['whole']:>7.2f}"
+        if args.keyed:
+            row += (f" {1000 * r['whole keyed']:>12.1f} {1000 * r['chunked keyed']:>14.1f} "
+                    f"{r['chunked keyed'] / r['whole keyed']:>7.2f}")
+        print(row, flush=True)
+    print("(train.chunk_size: a chunked step encodes the batch twice, once without a graph: expect about 4/3 of the "
+          "whole step's time; keyed = train.dropout_rng: keyed, the masks that make it equal the unchunked gradient)")
+    return 0
+
+
 def _cmd_benchmark(args) -> int:
     import torch
 
@@ -414,6 +469,8 @@ def _cmd_benchmark(args) -> int:
         return _cmd_overhead(args)
     if args.grad_norms:
         return _cmd_grad_norms(args)
+    if args.chunked:
+        return _cmd_chunked(args)
 
     from .train import read_corpus
     from .utils import resolve_device
@@ -544,6 +601,10 @@ def register(sub) -> None:
     p.add_argument("--grad-norms", action="store_true",
                    help="time the loop with train.log_grad_norms off and on, every step logged, for each --method "
                         "(default simcse): the cost of one logged step (--steps, --rounds, --warmup)")
+    p.add_argument("--chunked", type=int, default=None, metavar="N",
+                   help="time the loop with the whole micro-batch in one forward and with train.chunk_size N "
+                        "(gradient caching) for each --method (default simcse): the cost of the extra forward")
+    p.add_argument("--keyed", action="store_true", help="--chunked: also both with train.dropout_rng: keyed")
     p.add_argument("--method", action="append", default=[], metavar="NAME",
                    help="also time this registered method (repeatable); prints a per-method table with the "
                         "share of build_batch and the ratio to simcse measured in the same invocation")

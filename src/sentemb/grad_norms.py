@@ -47,8 +47,12 @@ class TermGradNorms:
     """Collects one optimizer step's per-term gradient norms: ``add`` each micro-batch's weighted
     terms before its backward, ``norms`` after the step's last backward (before clipping)."""
 
-    def __init__(self, params: Sequence[torch.nn.Parameter], accum: int, scaler: "torch.amp.GradScaler"):
+    def __init__(self, params: Sequence[torch.nn.Parameter], accum: int, scaler: "torch.amp.GradScaler",
+                 parts: bool = False):
+        """``parts``: the caller hands in each term's gradient in parts (``add_grads``; gradient
+        caching sums a term's gradient over chunks), so nothing is read from ``.grad``."""
         self.params = list(params)
+        self.parts = parts
         self.accum, self.scaler = accum, scaler
         self.device = self.params[0].device if self.params else torch.device("cpu")
         self.sums: dict[str, list[torch.Tensor | None]] = {}  # grad_accum > 1: Σ_m g_t,m per parameter
@@ -56,7 +60,7 @@ class TermGradNorms:
         self.single: str | None = None  # a one-term method: read from .grad after the step
 
     def add(self, weighted: dict[str, torch.Tensor]) -> None:
-        if len(weighted) == 1 and not (self.done or self.sums):
+        if len(weighted) == 1 and not (self.done or self.sums or self.parts):
             self.single = next(iter(weighted))
             return
         for name, term in weighted.items():
@@ -64,13 +68,20 @@ class TermGradNorms:
             if term.requires_grad and self.params:  # a term without a graph (0 on this batch) has no gradient
                 grads = torch.autograd.grad(self.scaler.scale(term / self.accum), self.params, retain_graph=True,
                                             allow_unused=True)
-            if self.accum == 1:
+            if self.accum == 1 and not self.parts:
                 self.done[name] = _norm(grads, self.device)
                 continue
             acc = self.sums.setdefault(name, [None] * len(self.params))
             for i, g in enumerate(grads):
                 if g is not None:
                     acc[i] = g if acc[i] is None else acc[i] + g
+
+    def add_grads(self, name: str, grads: Sequence[torch.Tensor | None]) -> None:
+        """Add one part of term ``name``'s (scaled, 1/accum-weighted) gradient on ``params``."""
+        acc = self.sums.setdefault(name, [None] * len(self.params))
+        for i, g in enumerate(grads):
+            if g is not None:
+                acc[i] = g if acc[i] is None else acc[i] + g
 
     def norms(self) -> dict[str, torch.Tensor]:
         """{name: ‖g_name‖₂} as device scalars (no host sync here)."""

@@ -83,6 +83,22 @@ class TrainSettings:
         "grad_accum, sam_rho and autocast. Cost, on logged steps only - one partial backward per term (none for a "
         "one-term method); MiniLM, batch 64, CPU, +0 ms for simcse, +12.4 s = +108% of a step for sarcse's 3 terms, "
         "i.e. +11% of training time at log_steps 10 (sentemb benchmark --grad-norms).")
+    chunk_size: int | str | None = arg(
+        None,
+        "Gradient caching (Gao et al. 2021; sentence-transformers' Cached* losses): encode each micro-batch this many "
+        "sentences at a time, first without a graph, then again per chunk with its random state replayed, "
+        "back-propagating the in-batch terms' gradient cached on the whole batch's embeddings. The gradient is the "
+        "unchunked one (same negatives: the whole batch_size) in bounded memory, for one extra forward pass. null = "
+        "the whole micro-batch in one forward (no caching); auto = the largest chunk that fits the GPU's free memory "
+        "with a margin (the whole batch on CPU), reported in the log and train.json. A state saved with one chunk "
+        "size resumes with another.", minimum=1, pattern="^auto$")
+    dropout_rng: str = arg(
+        "stream",
+        "Where dropout masks come from. stream - torch's global generator (fast; with chunk_size each chunk's masks "
+        "are drawn when the chunk is encoded, so they are not those of an unchunked run, only distributed alike). "
+        "keyed - every mask is a function of (seed, micro-batch, sentence, view, dropout call) (sentemb.dropout), so "
+        "chunk_size gives exactly the unchunked gradient with dropout on; several times slower dropout, CPU-generated "
+        "(for checks and CPU runs).", choices=("stream", "keyed"))
     #: the key order of the mapping this was built from (the config's ``train`` order), kept by
     #: ``to_dict`` so that a run config JSON, and with it Snakemake's params of rule run_config, stay
     #: byte-identical to the dicts of earlier versions (a changed param would re-run every job)
@@ -100,6 +116,7 @@ class TrainSettings:
         """The mapping form: the keys of the mapping it was built from in that order, then the rest
         in declaration order."""
         d = to_dict(self)
+        d = {k: v for k, v in d.items() if k not in OMIT_AT_DEFAULT or v != OMIT_AT_DEFAULT[k]}
         return {**{k: d[k] for k in self.key_order if k in d}, **d}
 
     @property
@@ -110,10 +127,23 @@ class TrainSettings:
     def check(self, key: str) -> None:
         """What the schema cannot say of one run's settings; ``key`` prefixes the message (the
         config key or the run). SAM's ascent step would be scaled by fp16's gradient scaler."""
+        if isinstance(self.chunk_size, str) and self.chunk_size != "auto":
+            raise SentembError(f"{key}: train.chunk_size {self.chunk_size!r} is not a number of sentences, auto or null")
+        if self.dropout_rng == "keyed" and self.unpad:
+            raise SentembError(f"{key}: train.dropout_rng keyed needs padded rows (one per sentence view); it cannot be "
+                               "combined with train.unpad (packed tokens)")
+        if self.dropout_rng == "keyed" and self.compile:
+            raise SentembError(f"{key}: train.dropout_rng keyed cannot be combined with train.compile")
         if self.sam_rho and self.precision == "fp16":
             raise SentembError(f"{key}: SAM (train.sam_rho {self.sam_rho}) cannot be combined with train.precision "
                                "fp16 (the gradient scaler would scale SAM's ascent step); use bf16, fp32 or auto, "
                                "or set train.sam_rho: null")
+
+
+#: train settings added after run configs were written, left out of a run's mapping form (its JSON,
+#: Snakemake's params, the resume fingerprint) at this value, which computes what was computed before
+#: they existed: a setting added with its old behaviour as default reruns no job
+OMIT_AT_DEFAULT = {"chunk_size": None, "dropout_rng": "stream"}
 
 
 @dataclass

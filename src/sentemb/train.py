@@ -195,6 +195,7 @@ class Job:
     tracker: "Tracker"  # MLflow (a disabled one outside ``train``)
     embedder: Callable | None = None  # the STS-B dev embedder (model_selection: best_dev)
     prefetch: "Prefetcher | None" = None  # next step's batches built in the background (train.prefetch)
+    chunk: int | None = None  # sentences per chunk of gradient caching (train.chunk_size resolved); None = whole
 
     def close(self) -> None:
         """Stop the prefetch thread (``train`` does; so should a caller of ``setup``)."""
@@ -318,13 +319,69 @@ def setup(run: Run | dict, out_dir: str | Path, method_cls: "type[Method] | None
     # the dev embedder reads the method's modules by reference: built now, it sees the resumed weights
     job.embedder = method.embedder(pooler, device) if settings.selects_by_dev else None
     method.train()
+    job.chunk = resolve_chunk_size(job)
     job.prefetch = Prefetcher(job) if settings.prefetch else None
     return job
 
 
+#: share of the GPU's free memory that ``train.chunk_size: auto`` plans to fill
+AUTO_CHUNK_MARGIN = 0.7
+
+
+def resolve_chunk_size(job: Job) -> int | None:
+    """``train.chunk_size`` as a number of sentences, None for the whole micro-batch.
+
+    ``auto``: on CPU the whole batch (host memory is not the bound). On CUDA, one chunk of 4
+    sentences of the first micro-batch is run forward and backward and its peak memory above the
+    model's is measured; the chunk is the largest that fits ``AUTO_CHUNK_MARGIN`` of the free memory
+    at that per-sentence cost (at least 1; None when the whole batch fits). The gradients of that
+    probe are discarded. The choice is logged and written to ``train.json`` (``chunk_size``)."""
+    import torch
+
+    size, batch = job.settings.chunk_size, job.settings.batch_size
+    if size is None:
+        return None
+    if size != "auto":
+        return int(size) if int(size) < batch else None
+    if job.device.type != "cuda":
+        log.info("train.chunk_size auto: the whole batch (%d sentences) on %s", batch, job.device)
+        return None
+    probe_n = min(4, batch)
+    (m, full), = micro_batches(job, 0)[:1]
+    full = {k: v.to(job.device) for k, v in full.items()}
+    part = job.method.chunk(full, 0, probe_n)
+    torch.cuda.synchronize(job.device)
+    base = torch.cuda.memory_allocated(job.device)
+    torch.cuda.reset_peak_memory_stats(job.device)
+    rng = _device_rng(job.device)
+    with autocast(job.device, job.amp):
+        enc = job.method.encode(part)
+        out = job.method.row_terms(enc, part, full)
+    from .methods.base import WEIGHTED
+
+    loss = sum(v.float().sum() for v in enc.batch.values()) + sum(out[WEIGHTED].values(), torch.zeros((), device=job.device))
+    loss.backward()
+    per_sentence = max(1, torch.cuda.max_memory_allocated(job.device) - base) / probe_n
+    job.opt.zero_grad(set_to_none=True)
+    _set_device_rng(rng, job.device)
+    free, _ = torch.cuda.mem_get_info(job.device)
+    chosen = auto_chunk(per_sentence, free, batch)
+    log.info("train.chunk_size auto: %.1f MB per sentence, %.1f GB free -> %s", per_sentence / 2**20, free / 2**30,
+             "the whole batch" if chosen is None else f"chunks of {chosen} sentences")
+    return chosen
+
+
+def auto_chunk(per_sentence: float, free: float, batch: int, margin: float = AUTO_CHUNK_MARGIN) -> int | None:
+    """The chunk ``train.chunk_size: auto`` picks: the most sentences whose graph (``per_sentence``
+    bytes each, measured) fits ``margin`` of ``free`` bytes; None when the whole batch fits, at
+    least 1 otherwise."""
+    fits = int(margin * free // max(per_sentence, 1))
+    return None if fits >= batch else max(1, fits)
+
+
 #: train settings that change how fast a run goes or what it logs, never the weights it computes: a
 #: state saved with one value resumes under another
-SPEED_ONLY = ("token_cache", "prefetch", "num_threads", "log_grad_norms")
+SPEED_ONLY = ("token_cache", "prefetch", "num_threads", "log_grad_norms", "chunk_size")
 
 
 #: train settings added after states were saved, at the value that computes what was computed
@@ -448,8 +505,9 @@ class Prefetcher:
 
 
 def accumulate_gradients(job: Job, batches: list[tuple[int, dict]], state: State | None) -> None:
-    """Forward and backward over the step's micro-batches (loss / accum each). With ``state``, the
-    loss terms and throughput counts are recorded for logging and the finiteness check, and, with
+    """Forward and backward over the step's micro-batches (loss / accum each), each in chunks of
+    ``job.chunk`` sentences when set (``chunked_backward``). With ``state``, the loss terms and
+    throughput counts are recorded for logging and the finiteness check, and, with
     ``train.log_grad_norms`` on a step that will be logged, each weighted term's gradient norm."""
     import torch
 
@@ -459,20 +517,25 @@ def accumulate_gradients(job: Job, batches: list[tuple[int, dict]], state: State
     if state is not None and job.settings.log_grad_norms and logs_at(job, state.step + 1):
         from .grad_norms import TermGradNorms
 
-        probe = TermGradNorms(job.method.grad_norm_parameters(), job.accum, job.scaler)
+        probe = TermGradNorms(job.method.grad_norm_parameters(), job.accum, job.scaler, parts=bool(job.chunk))
     for m, batch in batches:
         if state is not None:
             state.n_sent += len(job.micro[m])
             if "attention_mask" in batch:
                 state.n_tok += int(batch["attention_mask"].sum())
         batch = {key: v.to(job.device, non_blocking=True) for key, v in batch.items()}
-        with autocast(job.device, job.amp):
-            terms = job.step_fn(batch)
-        weighted = terms.pop(WEIGHTED, None)  # graph-carrying weighted terms: never logged as such
-        loss = terms["loss"]
-        if probe is not None:
-            probe.add(weighted or {"loss": loss})
-        job.scaler.scale(loss / job.accum).backward()
+        chunk = getattr(job, "chunk", None)
+        if chunk and chunk < job.method.n_sentences(batch):
+            terms = chunked_backward(job, batch, m, probe)
+            loss = terms["loss"]
+        else:
+            with autocast(job.device, job.amp), keyed_dropout(job, m, 0, batch):
+                terms = job.step_fn(batch)
+            weighted = terms.pop(WEIGHTED, None)  # graph-carrying weighted terms: never logged as such
+            loss = terms["loss"]
+            if probe is not None:
+                probe.add(weighted or {"loss": loss})
+            job.scaler.scale(loss / job.accum).backward()
         if state is None:
             continue
         detached = state.terms = {key: v.detach() for key, v in terms.items()}
@@ -482,6 +545,137 @@ def accumulate_gradients(job: Job, batches: list[tuple[int, dict]], state: State
         state.n_terms += 1
     if probe is not None:
         state.grad_norms = probe.norms()
+
+
+def keyed_dropout(job: Job, micro: int, start: int, stop: "int | dict"):
+    """The dropout context of sentences ``[start, stop)`` of micro-batch ``micro`` (``stop`` a
+    whole batch: all its sentences): keyed masks (``sentemb.dropout``) with ``train.dropout_rng:
+    keyed``, nothing otherwise."""
+    from contextlib import nullcontext
+
+    if job.settings.dropout_rng != "keyed":
+        return nullcontext()
+    from .dropout import keyed
+
+    if isinstance(stop, dict):
+        stop = job.method.n_sentences(stop)
+    return keyed(job.seed, micro, start, stop)
+
+
+def _device_rng(device: "torch.device") -> dict:
+    import torch
+
+    st = {"cpu": torch.get_rng_state()}
+    if device.type == "cuda":
+        st["cuda"] = torch.cuda.get_rng_state(device)
+    return st
+
+
+def _set_device_rng(st: dict, device: "torch.device") -> None:
+    import torch
+
+    torch.set_rng_state(st["cpu"])
+    if "cuda" in st:
+        torch.cuda.set_rng_state(st["cuda"], device)
+
+
+def chunked_backward(job: Job, batch: dict, micro: int, probe=None) -> dict:
+    """Gradient caching (Gao et al. 2021, §3.2) of one micro-batch, ``job.chunk`` sentences at a time
+    (``Method`` docstring, steps a-c):
+
+    1. each chunk is encoded without a graph (``Method.encode``), its random state recorded first;
+    2. the in-batch terms (``Method.batch_terms``) are computed on the concatenated embeddings E and
+       back-propagated once: ∂L/∂E is cached (and parameters used there, e.g. a projection, get
+       their gradient);
+    3. each chunk is encoded again with its graph under its recorded random state (the same dropout
+       masks as in 1, on CPU and CUDA), and ∂L/∂E of its rows is back-propagated through it together
+       with its per-sentence terms (``Method.row_terms``, normalised by the whole batch).
+
+    The parameters' gradient is that of the unchunked loss on the same masks; memory holds one
+    chunk's graph. A method without in-batch terms (``has_batch_terms = False``) needs only step 3,
+    once. Per-sentence terms draw their dropout from a stream of their own per chunk (seeded from
+    the global generator), so they never reuse the numbers of the next chunk's encoding. Returns
+    the detached logged terms and ``loss``, as ``Method.losses``."""
+    import torch
+
+    from .methods.base import WEIGHTED, add_terms, total_loss
+
+    method, device, size = job.method, job.device, job.chunk
+    n = method.n_sentences(batch)
+    bounds = [(s, min(s + size, n)) for s in range(0, n, size)]
+    chunks = [method.chunk(batch, s, e) for s, e in bounds]
+    scale = lambda t: job.scaler.scale(t / job.accum)  # noqa: E731  (as the unchunked backward scales)
+    logged: dict = {}
+    weighted_total: dict = {}
+    cached: dict = {}  # key -> ∂(scaled L_batch)/∂E
+    term_grads: dict = {}  # term -> {key -> ∂(scaled term)/∂E}  (log_grad_norms)
+    if method.has_batch_terms:
+        states, parts = [], []
+        with torch.no_grad():
+            for (s, e), c in zip(bounds, chunks):
+                states.append(_device_rng(device))
+                with autocast(device, job.amp), keyed_dropout(job, micro, s, e):
+                    parts.append(method.encode(c).batch)
+        row_seed = int(torch.randint(0, 2**62, (1,)))  # after pass 1: the stream continues from here
+        after = _device_rng(device)
+        keys = list(parts[0])
+        emb = {k: torch.cat([p[k] for p in parts], 0).detach() for k in keys}
+        for v in emb.values():
+            if v.is_floating_point():
+                v.requires_grad_(True)
+        with autocast(device, job.amp):
+            out = method.batch_terms(emb, batch)
+        weighted = out.pop(WEIGHTED)
+        add_terms(logged, {k: v.detach() for k, v in out.items()})
+        add_terms(weighted_total, {k: v.detach() for k, v in weighted.items()})
+        leaves = [emb[k] for k in keys if emb[k].requires_grad]
+        if probe is not None:
+            for name, t in weighted.items():
+                if t.requires_grad:
+                    grads = torch.autograd.grad(scale(t), leaves + probe.params, retain_graph=True, allow_unused=True)
+                    term_grads[name] = dict(zip([k for k in keys if emb[k].requires_grad], grads[:len(leaves)]))
+                    probe.add_grads(name, grads[len(leaves):])
+        if weighted:
+            loss_b = total_loss(weighted)
+            if loss_b.requires_grad:
+                scale(loss_b).backward()
+        cached = {k: emb[k].grad for k in keys if emb[k].requires_grad and emb[k].grad is not None}
+    for i, ((s, e), c) in enumerate(zip(bounds, chunks)):
+        if method.has_batch_terms:
+            _set_device_rng(states[i], device)
+        with autocast(device, job.amp), keyed_dropout(job, micro, s, e):
+            enc = method.encode(c)
+            if method.has_batch_terms and job.settings.dropout_rng != "keyed":
+                torch.manual_seed((row_seed + i) % 2**63)  # the chunk's per-sentence terms: a stream of their own
+            rows = method.row_terms(enc, c, batch)
+        weighted = rows.pop(WEIGHTED)
+        add_terms(logged, {k: v.detach() for k, v in rows.items()})
+        add_terms(weighted_total, {k: v.detach() for k, v in weighted.items()})
+        outputs, grads = [], []
+        for k, g in cached.items():
+            lo = sum(parts[j][k].size(0) for j in range(i))
+            outputs.append(enc.batch[k])
+            grads.append(g[lo : lo + parts[i][k].size(0)])
+        if probe is not None:
+            for name, tg in term_grads.items():
+                outs = [enc.batch[k] for k in tg if tg[k] is not None]
+                if outs:
+                    lo = {k: sum(parts[j][k].size(0) for j in range(i)) for k in tg}
+                    gs = [tg[k][lo[k] : lo[k] + parts[i][k].size(0)] for k in tg if tg[k] is not None]
+                    probe.add_grads(name, torch.autograd.grad(outs, probe.params, gs, retain_graph=True, allow_unused=True))
+            for name, t in weighted.items():
+                if t.requires_grad:
+                    probe.add_grads(name, torch.autograd.grad(scale(t), probe.params, retain_graph=True, allow_unused=True))
+        if weighted:
+            row_loss = total_loss(weighted)
+            if row_loss.requires_grad:
+                outputs.append(scale(row_loss))
+                grads.append(None)
+        if outputs:
+            torch.autograd.backward(outputs, grads)
+    if method.has_batch_terms:
+        _set_device_rng(after, device)
+    return {"loss": total_loss(weighted_total), **logged}
 
 
 def apply_update(job: Job) -> None:
@@ -625,6 +819,7 @@ def finish(job: Job, state: State, t_start: float) -> dict:
         **job.meta, "steps": job.total, "best_step": state.best["step"], "best_dev_stsb": state.best["dev"],
         "history": state.history, "train_seconds_this_process": round(time.perf_counter() - t_start, 2),
         "pooler": job.pooler, "device": str(job.device), "precision": str(job.amp or "fp32"),
+        "chunk_size": job.chunk or job.settings.batch_size, "chunked": job.chunk is not None,
     }
     with atomic_path(job.out_dir / "model", is_dir=True) as tmp:
         shutil.rmtree(tmp)
