@@ -64,3 +64,20 @@ def test_no_free_slot_times_out_with_a_clear_error(tmp_path):
     code = "from sentemb.gpu_slots import claim; claim(1, %r, timeout=0.5)" % str(tmp_path / "l")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert p.returncode != 0 and "no free GPU slot among 1" in p.stderr
+
+
+def test_a_job_of_several_gpus_claims_them_all_at_once(tmp_path):
+    """``train.devices: 2`` on 3 local GPUs (``SENTEMB_JOB_GPUS=2``): the job sees both of its GPUs; a
+    second such job waits (one slot free is not enough) and starts when the first ends."""
+    two = {"SENTEMB_JOB_GPUS": "2"}
+    first = _start(tmp_path, 0, hold=3, extra_env=two)
+    assert sorted(_wait_for(tmp_path / "job0").split(",")) == ["0", "1"]
+    second = _start(tmp_path, 1, hold=0, extra_env=two)
+    time.sleep(1.0)
+    assert not (tmp_path / "job1").exists() and second.poll() is None  # slot 2 alone is not enough
+    assert first.wait(30) == 0 and second.wait(30) == 0
+    assert len(set((tmp_path / "job1").read_text().split(","))) == 2
+    from sentemb.gpu_slots import claim_many
+
+    with pytest.raises(SentembError, match="a job of 4 GPUs .* with 3 local GPUs"):
+        claim_many(3, 4, tmp_path / "other")

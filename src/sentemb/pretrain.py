@@ -66,7 +66,20 @@ def _cmd_pretrain(args: argparse.Namespace) -> int:
         run.train.device = args.device
     if args.no_track:
         run.tracking = {**run.tracking, "enabled": False}
-    summary = run_pretrain(run, args.output_dir, progress=not args.quiet)
+    import os
+
+    from . import distributed
+
+    if run.train.devices > 1 and not distributed.under_torchrun():  # as `sentemb train` (sentemb.distributed)
+        distributed.relaunch("pretrain", args, run.train.devices, f"pretraining stage of '{run.method}'")
+        summary = read_json(Path(args.output_dir) / "train.json", "train summary")
+    else:
+        try:
+            summary = run_pretrain(run, args.output_dir, progress=not args.quiet)
+        finally:
+            distributed.shutdown()
+        if int(os.environ.get("RANK", "0")) != 0:
+            return 0
     print(f"pretrained {run.method} on {run.backbone}: {summary['steps']} steps -> "
           f"{Path(args.output_dir) / 'model'}")
     return 0

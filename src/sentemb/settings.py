@@ -92,6 +92,12 @@ class TrainSettings:
         "the whole micro-batch in one forward (no caching); auto = the largest chunk that fits the GPU's free memory "
         "with a margin (the whole batch on CPU), reported in the log and train.json. A state saved with one chunk "
         "size resumes with another.", minimum=1, pattern="^auto$")
+    devices: int = arg(
+        1,
+        "Processes (one GPU each; gloo processes on CPU) one training job runs as: torchrun --standalone "
+        "--nproc-per-node N, started by `sentemb train` itself. batch_size stays the global batch; each process "
+        "encodes its share and the in-batch terms see every process's embeddings, gathered with their gradient "
+        "(sentemb.distributed). The Snakefile requests N GPUs for the job.", minimum=1)
     dropout_rng: str = arg(
         "stream",
         "Where dropout masks come from. stream - torch's global generator (fast; with chunk_size each chunk's masks "
@@ -132,6 +138,11 @@ class TrainSettings:
         if self.dropout_rng == "keyed" and self.unpad:
             raise SentembError(f"{key}: train.dropout_rng keyed needs padded rows (one per sentence view); it cannot be "
                                "combined with train.unpad (packed tokens)")
+        if self.devices > 1 and self.log_grad_norms:
+            raise SentembError(f"{key}: train.log_grad_norms is not supported with train.devices {self.devices} (the "
+                               "per-term norms would be one process's share); set one of them back")
+        if self.devices > 1 and self.compile:
+            raise SentembError(f"{key}: train.compile cannot be combined with train.devices {self.devices}")
         if self.dropout_rng == "keyed" and self.compile:
             raise SentembError(f"{key}: train.dropout_rng keyed cannot be combined with train.compile")
         if self.sam_rho and self.precision == "fp16":
@@ -143,7 +154,7 @@ class TrainSettings:
 #: train settings added after run configs were written, left out of a run's mapping form (its JSON,
 #: Snakemake's params, the resume fingerprint) at this value, which computes what was computed before
 #: they existed: a setting added with its old behaviour as default reruns no job
-OMIT_AT_DEFAULT = {"chunk_size": None, "dropout_rng": "stream"}
+OMIT_AT_DEFAULT = {"chunk_size": None, "dropout_rng": "stream", "devices": 1}
 
 
 @dataclass

@@ -26,6 +26,7 @@ import argparse
 import json
 import logging
 import math
+import os
 import random
 import shutil
 import sys
@@ -196,6 +197,8 @@ class Job:
     embedder: Callable | None = None  # the STS-B dev embedder (model_selection: best_dev)
     prefetch: "Prefetcher | None" = None  # next step's batches built in the background (train.prefetch)
     chunk: int | None = None  # sentences per chunk of gradient caching (train.chunk_size resolved); None = whole
+    rank: int = 0  # this process among train.devices (sentemb.distributed); only rank 0 writes
+    world: int = 1
 
     def close(self) -> None:
         """Stop the prefetch thread (``train`` does; so should a caller of ``setup``)."""
@@ -248,7 +251,9 @@ def setup(run: Run | dict, out_dir: str | Path, method_cls: "type[Method] | None
     out_dir = Path(out_dir)
     settings, paths, seed = run.train, run.paths, int(run.seed)
     settings.check(f"run '{run.name}'")
-    device = resolve_device(settings.device)
+    from . import distributed
+
+    device = resolve_device(distributed.init(settings.devices, settings.device, f"run '{run.name}'"))
     if settings.num_threads:
         torch.set_num_threads(settings.num_threads)
     amp = _precision(settings.precision, device)
@@ -318,6 +323,7 @@ def setup(run: Run | dict, out_dir: str | Path, method_cls: "type[Method] | None
         job.meta["mlflow_run_id"] = tracker.run_id  # evaluation jobs log their test scores onto this run
     # the dev embedder reads the method's modules by reference: built now, it sees the resumed weights
     job.embedder = method.embedder(pooler, device) if settings.selects_by_dev else None
+    job.rank, job.world = distributed.rank(), distributed.world_size()
     method.train()
     job.chunk = resolve_chunk_size(job)
     job.prefetch = Prefetcher(job) if settings.prefetch else None
@@ -381,7 +387,7 @@ def auto_chunk(per_sentence: float, free: float, batch: int, margin: float = AUT
 
 #: train settings that change how fast a run goes or what it logs, never the weights it computes: a
 #: state saved with one value resumes under another
-SPEED_ONLY = ("token_cache", "prefetch", "num_threads", "log_grad_norms", "chunk_size")
+SPEED_ONLY = ("token_cache", "prefetch", "num_threads", "log_grad_norms", "chunk_size", "devices")
 
 
 #: train settings added after states were saved, at the value that computes what was computed
@@ -427,12 +433,21 @@ def resume(job: Job) -> State:
     import torch
 
     state_file = job.work / "last.pt"
-    st = torch.load(state_file, map_location=job.device, weights_only=False) if state_file.is_file() else None
-    if st is not None and st.get("fingerprint") != job.fingerprint:
-        log.warning("%s was saved by a run with other settings: starting afresh", state_file)
-        st = None
+    st = None
+    if job.rank == 0:  # with train.devices > 1 rank 0 decides (and cleans up) before the others read
+        st = torch.load(state_file, map_location=job.device, weights_only=False) if state_file.is_file() else None
+        if st is not None and st.get("fingerprint") != job.fingerprint:
+            log.warning("%s was saved by a run with other settings: starting afresh", state_file)
+            st = None
+        if st is None:
+            shutil.rmtree(job.work, ignore_errors=True)
+    if job.world > 1:
+        from .distributed import barrier, broadcast
+
+        barrier()
+        if broadcast(st is not None) and job.rank != 0:
+            st = torch.load(state_file, map_location=job.device, weights_only=False)
     if st is None:
-        shutil.rmtree(job.work, ignore_errors=True)
         return State()
     job.method.load_state_dict(st["method"])
     job.opt.load_state_dict(st["optimizer"])
@@ -518,6 +533,7 @@ def accumulate_gradients(job: Job, batches: list[tuple[int, dict]], state: State
         from .grad_norms import TermGradNorms
 
         probe = TermGradNorms(job.method.grad_norm_parameters(), job.accum, job.scaler, parts=bool(job.chunk))
+    world = getattr(job, "world", 1)
     for m, batch in batches:
         if state is not None:
             state.n_sent += len(job.micro[m])
@@ -525,8 +541,13 @@ def accumulate_gradients(job: Job, batches: list[tuple[int, dict]], state: State
                 state.n_tok += int(batch["attention_mask"].sum())
         batch = {key: v.to(job.device, non_blocking=True) for key, v in batch.items()}
         chunk = getattr(job, "chunk", None)
-        if chunk and chunk < job.method.n_sentences(batch):
-            terms = chunked_backward(job, batch, m, probe)
+        n = job.method.n_sentences(batch)
+        lo, hi = (0, n) if world == 1 else _share(n, job.rank, world)
+        if chunk and chunk < hi - lo:
+            terms = chunked_backward(job, batch, m, probe, lo, hi)
+            loss = terms["loss"]
+        elif world > 1:
+            terms = sharded_backward(job, batch, m, lo, hi)
             loss = terms["loss"]
         else:
             with autocast(job.device, job.amp), keyed_dropout(job, m, 0, batch):
@@ -543,8 +564,52 @@ def accumulate_gradients(job: Job, batches: list[tuple[int, dict]], state: State
         for key, v in detached.items():
             state.sum_terms[key] = state.sum_terms[key] + v if key in state.sum_terms else v
         state.n_terms += 1
+    if world > 1:  # the step's gradient: summed over ranks once (sentemb.distributed)
+        from .distributed import reduce_gradients
+
+        reduce_gradients(job.method.parameters())
     if probe is not None:
         state.grad_norms = probe.norms()
+
+
+def _share(n: int, r: int, world: int) -> tuple[int, int]:
+    from .distributed import share
+
+    return share(n, r, world)
+
+
+def sharded_backward(job: Job, batch: dict, micro: int, lo: int, hi: int) -> dict:
+    """One micro-batch on one of ``job.world`` ranks (``train.devices``, ``sentemb.distributed``):
+    this rank encodes sentences ``[lo, hi)``; the in-batch terms are computed on every rank's
+    embeddings, gathered with their gradient, and back-propagated as L/world (the gather's backward
+    sums the ranks' copies of ∂L/∂E); the per-sentence terms of the share as they are (normalised
+    by the whole batch). Returns the micro-batch's logged terms summed over ranks, as ``losses``."""
+    from .distributed import gather_rows, sum_scalars
+    from .methods.base import WEIGHTED, add_terms, total_loss
+
+    method, world = job.method, job.world
+    local = method.chunk(batch, lo, hi)
+    logged, weighted_total, parts = {}, {}, []
+    with autocast(job.device, job.amp), keyed_dropout(job, micro, lo, hi):
+        enc = method.encode(local)
+        if method.has_batch_terms:
+            emb = {k: gather_rows(v)[0] for k, v in enc.batch.items()}
+            out = method.batch_terms(emb, batch)
+            weighted = out.pop(WEIGHTED)
+            add_terms(logged, {k: v.detach() for k, v in out.items()})
+            add_terms(weighted_total, {k: v.detach() for k, v in weighted.items()})
+            if weighted:
+                parts.append(total_loss(weighted) / world)
+        rows = method.row_terms(enc, local, batch)
+    weighted = rows.pop(WEIGHTED)
+    add_terms(logged, sum_scalars({k: v.detach() for k, v in rows.items()}))
+    add_terms(weighted_total, sum_scalars({k: v.detach() for k, v in weighted.items()}))
+    if weighted:
+        parts.append(total_loss(weighted))
+    loss = sum(parts[1:], parts[0]) if parts else None
+    if loss is not None and loss.requires_grad:
+        job.scaler.scale(loss / job.accum).backward()
+    return {"loss": total_loss(weighted_total), **logged}
 
 
 def keyed_dropout(job: Job, micro: int, start: int, stop: "int | dict"):
@@ -579,7 +644,7 @@ def _set_device_rng(st: dict, device: "torch.device") -> None:
         torch.cuda.set_rng_state(st["cuda"], device)
 
 
-def chunked_backward(job: Job, batch: dict, micro: int, probe=None) -> dict:
+def chunked_backward(job: Job, batch: dict, micro: int, probe=None, lo: int = 0, hi: int | None = None) -> dict:
     """Gradient caching (Gao et al. 2021, §3.2) of one micro-batch, ``job.chunk`` sentences at a time
     (``Method`` docstring, steps a-c):
 
@@ -594,20 +659,27 @@ def chunked_backward(job: Job, batch: dict, micro: int, probe=None) -> dict:
     The parameters' gradient is that of the unchunked loss on the same masks; memory holds one
     chunk's graph. A method without in-batch terms (``has_batch_terms = False``) needs only step 3,
     once. Per-sentence terms draw their dropout from a stream of their own per chunk (seeded from
-    the global generator), so they never reuse the numbers of the next chunk's encoding. Returns
-    the detached logged terms and ``loss``, as ``Method.losses``."""
+    the global generator), so they never reuse the numbers of the next chunk's encoding.
+
+    With ``train.devices`` > 1 this rank chunks its share ``[lo, hi)`` of the sentences; step 2
+    runs on every rank's embeddings (gathered, ``sentemb.distributed``) and this rank keeps the
+    cached gradient of its own rows; per-sentence terms are logged summed over ranks. Returns the
+    detached logged terms and ``loss``, as ``Method.losses``."""
     import torch
 
     from .methods.base import WEIGHTED, add_terms, total_loss
 
     method, device, size = job.method, job.device, job.chunk
-    n = method.n_sentences(batch)
-    bounds = [(s, min(s + size, n)) for s in range(0, n, size)]
+    world = getattr(job, "world", 1)
+    hi = method.n_sentences(batch) if hi is None else hi
+    bounds = [(s, min(s + size, hi)) for s in range(lo, hi, size)]
     chunks = [method.chunk(batch, s, e) for s, e in bounds]
     scale = lambda t: job.scaler.scale(t / job.accum)  # noqa: E731  (as the unchunked backward scales)
-    logged: dict = {}
+    logged: dict = {}  # in-batch terms (the same on every rank)
     weighted_total: dict = {}
-    cached: dict = {}  # key -> ∂(scaled L_batch)/∂E
+    row_logged: dict = {}  # per-sentence terms (this rank's share)
+    row_weighted: dict = {}
+    cached: dict = {}  # key -> ∂(scaled L_batch)/∂E of this rank's rows
     term_grads: dict = {}  # term -> {key -> ∂(scaled term)/∂E}  (log_grad_norms)
     if method.has_batch_terms:
         states, parts = [], []
@@ -620,6 +692,13 @@ def chunked_backward(job: Job, batch: dict, micro: int, probe=None) -> dict:
         after = _device_rng(device)
         keys = list(parts[0])
         emb = {k: torch.cat([p[k] for p in parts], 0).detach() for k in keys}
+        offset = {k: 0 for k in keys}
+        if world > 1:  # every rank's rows, in rank order; this rank's start at offset[k]
+            from .distributed import gather_rows
+
+            for k in keys:
+                emb[k], sizes = gather_rows(emb[k], with_grad=False)
+                offset[k] = sum(sizes[: job.rank])
         for v in emb.values():
             if v.is_floating_point():
                 v.requires_grad_(True)
@@ -637,9 +716,13 @@ def chunked_backward(job: Job, batch: dict, micro: int, probe=None) -> dict:
                     probe.add_grads(name, grads[len(leaves):])
         if weighted:
             loss_b = total_loss(weighted)
-            if loss_b.requires_grad:
-                scale(loss_b).backward()
-        cached = {k: emb[k].grad for k in keys if emb[k].requires_grad and emb[k].grad is not None}
+            if loss_b.requires_grad:  # /world: parameters used here get their gradient on every rank
+                scale(loss_b / world).backward()
+        for k in keys:
+            if emb[k].requires_grad and emb[k].grad is not None:
+                n_local = sum(p[k].size(0) for p in parts)
+                g = emb[k].grad[offset[k] : offset[k] + n_local]
+                cached[k] = g * world if world > 1 else g
     for i, ((s, e), c) in enumerate(zip(bounds, chunks)):
         if method.has_batch_terms:
             _set_device_rng(states[i], device)
@@ -649,8 +732,8 @@ def chunked_backward(job: Job, batch: dict, micro: int, probe=None) -> dict:
                 torch.manual_seed((row_seed + i) % 2**63)  # the chunk's per-sentence terms: a stream of their own
             rows = method.row_terms(enc, c, batch)
         weighted = rows.pop(WEIGHTED)
-        add_terms(logged, {k: v.detach() for k, v in rows.items()})
-        add_terms(weighted_total, {k: v.detach() for k, v in weighted.items()})
+        add_terms(row_logged, {k: v.detach() for k, v in rows.items()})
+        add_terms(row_weighted, {k: v.detach() for k, v in weighted.items()})
         outputs, grads = [], []
         for k, g in cached.items():
             lo = sum(parts[j][k].size(0) for j in range(i))
@@ -675,6 +758,12 @@ def chunked_backward(job: Job, batch: dict, micro: int, probe=None) -> dict:
             torch.autograd.backward(outputs, grads)
     if method.has_batch_terms:
         _set_device_rng(after, device)
+    if world > 1:
+        from .distributed import sum_scalars
+
+        row_logged, row_weighted = sum_scalars(row_logged), sum_scalars(row_weighted)
+    add_terms(logged, row_logged)
+    add_terms(weighted_total, row_weighted)
     return {"loss": total_loss(weighted_total), **logged}
 
 
@@ -712,6 +801,12 @@ def optimizer_step(job: Job, state: State) -> None:
     """Stage 3, one optimizer step: build the micro-batches, accumulate gradients (twice, at w and
     at w + ε̂, with ``train.sam_rho``), update."""
     batches = job.prefetch.get(state.step) if job.prefetch is not None else micro_batches(job, state.step)
+    if job.world > 1 and job.settings.dropout_rng == "stream":  # per rank and step (sentemb.distributed)
+        import torch
+
+        from .distributed import step_seed
+
+        torch.manual_seed(step_seed(job.seed, state.step, job.rank))
     if job.settings.sam_rho:
         sam_gradients(job, batches, state)
     else:
@@ -777,11 +872,16 @@ def evaluate_and_keep(job: Job, state: State) -> float:
     t0 = time.perf_counter()
     if job.prefetch is not None:
         job.prefetch.wait()
-    dev = stsb_dev(job.embedder, job.dev_pairs)
+    dev = stsb_dev(job.embedder, job.dev_pairs) if job.rank == 0 else None
+    if job.world > 1:  # rank 0 evaluates, the others wait for its score: one history, one decision
+        from .distributed import broadcast
+
+        dev = broadcast(dev)
     history_entry(state)["dev_stsb"] = dev
     if dev > state.best["dev"]:
         state.best.update(dev=dev, step=state.step)
-        export_to(job, job.work / "best", {"step": state.step, "dev_stsb": dev})
+        if job.rank == 0:
+            export_to(job, job.work / "best", {"step": state.step, "dev_stsb": dev})
     job.method.train()
     job.tracker.log_metrics({"dev/stsb_spearman": dev, "dev/best": state.best["dev"]}, state.step)
     log.info("step %d: STS-B dev %.2f (best %.2f at step %d)", state.step, dev, state.best["dev"], state.best["step"])
@@ -800,6 +900,8 @@ def save_state(job: Job, state: State) -> None:
     import torch
 
     check_finite(job, state)  # never checkpoint weights that a non-finite loss has touched
+    if job.rank != 0:  # the weights are the same on every rank; rank 0 saves them
+        return
     with atomic_path(job.work / "last.pt") as tmp:
         torch.save({"fingerprint": job.fingerprint, "method": job.method.state_dict(), "optimizer": job.opt.state_dict(),
                     "scheduler": job.sched.state_dict(), "scaler": job.scaler.state_dict(), "step": state.step,
@@ -811,15 +913,20 @@ def finish(job: Job, state: State, t_start: float) -> dict:
     becomes ``model/``; ``train.json`` summarises the run."""
     check_finite(job, state)
     if not job.settings.selects_by_dev:
-        export_to(job, job.work / "best", {"step": state.step})
+        if job.rank == 0:
+            export_to(job, job.work / "best", {"step": state.step})
         state.best = {"dev": None, "step": state.step}
+    summary_extra = {"devices": job.world} if job.world > 1 else {}
+    if job.rank != 0:  # only rank 0 writes
+        return {**job.meta, "steps": job.total, "best_step": state.best["step"], "best_dev_stsb": state.best["dev"],
+                "history": state.history, **summary_extra}
     if not (job.work / "best").is_dir():
         raise SentembError(f"run '{job.run.name}': no checkpoint was evaluated (set train.eval_at_end: true)")
     summary = {
         **job.meta, "steps": job.total, "best_step": state.best["step"], "best_dev_stsb": state.best["dev"],
         "history": state.history, "train_seconds_this_process": round(time.perf_counter() - t_start, 2),
         "pooler": job.pooler, "device": str(job.device), "precision": str(job.amp or "fp32"),
-        "chunk_size": job.chunk or job.settings.batch_size, "chunked": job.chunk is not None,
+        "chunk_size": job.chunk or job.settings.batch_size, "chunked": job.chunk is not None, **summary_extra,
     }
     with atomic_path(job.out_dir / "model", is_dir=True) as tmp:
         shutil.rmtree(tmp)
@@ -847,9 +954,12 @@ def train(run: Run | dict, out_dir: str | Path, *, progress: bool = True, stop_a
     out_dir = Path(out_dir)
     seed = int(run.seed)
     meta = {"method": run.method, "name": run.name, "backbone": run.backbone, "seed": seed}
+    # train.devices > 1: one of several processes (sentemb.distributed); only rank 0 tracks and writes
+    lead = run.train.devices == 1 or int(os.environ.get("RANK", "0")) == 0
     # The MLflow run is opened first, so that bad input also ends as a FAILED run with the error. A
     # job that will resume its own saved state continues its own run (see Tracker's `marker`).
-    tracker = Tracker(uri=run.tracking.get("uri"), experiment=run.experiment, enabled=run.tracking.get("enabled", True),
+    tracker = Tracker(uri=run.tracking.get("uri"), experiment=run.experiment,
+                      enabled=lead and run.tracking.get("enabled", True),
                       run_name=run.run_name or f"train/{run.name}/{run.backbone}/seed{seed}",
                       tags={**meta, "rule": run.rule or "train", **study_tags(run.to_dict())}, params=run.to_dict(),
                       marker=out_dir / ".mlflow_run.json", key=run_fingerprint(run),
@@ -861,7 +971,7 @@ def train(run: Run | dict, out_dir: str | Path, *, progress: bool = True, stop_a
         with setup(run, out_dir, method_cls, tracker) as job:
             state = resume(job)
             bar = None
-            if progress:
+            if progress and lead:
                 from tqdm import tqdm
 
                 bar = tqdm(total=job.total, initial=state.step, desc=f"train {run.name}", unit="step",
@@ -874,7 +984,8 @@ def train(run: Run | dict, out_dir: str | Path, *, progress: bool = True, stop_a
         if bar is not None:
             bar.close()
         summary = finish(job, state, t_start)
-    shutil.rmtree(job.work, ignore_errors=True)
+    if lead:
+        shutil.rmtree(job.work, ignore_errors=True)
     return summary
 
 
@@ -911,7 +1022,18 @@ def _cmd_train(args: argparse.Namespace) -> int:
         run.train.device = args.device
     if args.no_track:
         run.tracking = {**run.tracking, "enabled": False}
-    summary = train(run, args.output_dir, progress=not args.quiet)
+    from . import distributed
+
+    if run.train.devices > 1 and not distributed.under_torchrun():
+        distributed.relaunch("train", args, run.train.devices, f"run '{run.name}'")
+        summary = json.loads((Path(args.output_dir) / "train.json").read_text("utf-8"))
+    else:
+        try:
+            summary = train(run, args.output_dir, progress=not args.quiet)
+        finally:
+            distributed.shutdown()
+        if int(os.environ.get("RANK", "0")) != 0:  # under torchrun: rank 0 reports
+            return 0
     print(f"{_summary_line(summary)} -> {Path(args.output_dir) / 'model'}")
     return 0
 

@@ -49,6 +49,31 @@ EVAL_DATA = LAYOUT.eval_data(config["evaluation"]["data"])
 GPU_ENV = f"SENTEMB_GPU_SLOTS={config['local_gpus']} " if config.get("local_gpus") else ""
 
 
+def devices_of(wildcards):
+    """train.devices of a training job: its processes, one GPU each (sentemb.distributed)."""
+    return resolve_run(config, wildcards.name, wildcards.backbone, int(wildcards.seed)).train.devices
+
+
+def pretrain_devices(wildcards):
+    """train.devices of a pretraining stage: its processes, one GPU each (sentemb.distributed)."""
+    from sentemb.pretrain import resolve_pretrain
+
+    return resolve_pretrain(config, wildcards.method, wildcards.backbone).train.devices
+
+
+def train_gpus(wildcards):
+    """The GPUs a training job requests: job_resources.train.gpu per process × train.devices."""
+    return res("train", "gpu") * devices_of(wildcards)
+
+
+def train_gpu_env(wildcards):
+    """GPU_ENV of a training job: with local_gpus, it claims train.devices slots at once."""
+    if not config.get("local_gpus"):
+        return ""
+    n = devices_of(wildcards)
+    return GPU_ENV + (f"SENTEMB_JOB_GPUS={n} " if n > 1 else "")
+
+
 wildcard_constraints:
     name="|".join(re.escape(n) for n in sorted({n for n, _ in RUNS})),  # a study's point: <study>/<key>=<value>
     backbone="|".join(sorted(config["backbones"])),

@@ -35,7 +35,7 @@ rule pretrain:
         model=directory(f"{PRETRAIN_DIR}/model"),
         summary=f"{PRETRAIN_DIR}/train.json",
     params:
-        gpu_env=GPU_ENV,
+        gpu_env=lambda w: GPU_ENV + (f"SENTEMB_JOB_GPUS={pretrain_devices(w)} " if GPU_ENV and pretrain_devices(w) > 1 else ""),
         outdir=lambda wildcards, output: os.path.dirname(output.summary),
     wildcard_constraints:
         method=r"[A-Za-z0-9_-]+",
@@ -45,7 +45,7 @@ rule pretrain:
         f"benchmarks/pretrain/{{method}}/{{backbone}}.tsv"
     threads: res("pretrain", "cpus")
     resources:
-        gpu=res("pretrain", "gpu"),
+        gpu=lambda w: res("pretrain", "gpu") * pretrain_devices(w),
         runtime=res("pretrain", "runtime"),
         mem_mb=res("pretrain", "mem_mb"),
     conda:

@@ -46,7 +46,7 @@ rule train:
         model=directory(f"{RUN_DIR}/model"),
         summary=f"{RUN_DIR}/train.json",
     params:
-        gpu_env=GPU_ENV,
+        gpu_env=train_gpu_env,
         outdir=lambda wildcards, output: os.path.dirname(output.summary),
     log:
         f"{LOGS}/train/{{name}}/{{backbone}}/seed{{seed}}.log",
@@ -54,7 +54,7 @@ rule train:
         f"benchmarks/train/{{name}}/{{backbone}}/seed{{seed}}.tsv"
     threads: res("train", "cpus")
     resources:
-        gpu=res("train", "gpu"),
+        gpu=train_gpus,
         runtime=res("train", "runtime"),
         mem_mb=res("train", "mem_mb"),
     conda:
