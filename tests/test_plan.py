@@ -94,3 +94,38 @@ def test_unknown_gpu_is_refused():
 
     with pytest.raises(SentembError, match="--gpu B300: unknown GPU"):
         plan({"job_resources": {}}, "b300")
+
+
+def test_a_training_job_is_planned_with_the_chunk_and_devices_it_would_use():
+    """Issue 26 §5: memory per GPU with the chunk each job would use (``train.chunk_size``, ``auto``
+    solved against the GPU's memory as the loop's ``auto_chunk`` does), the share of each of
+    ``train.devices``, and the chunked step's extra forward in its FLOPs."""
+    import dataclasses
+
+    from sentemb.config import load_config, resolve_run
+    from sentemb.plan import CUDA_OVERHEAD_GB, GPU_MEMORY_GB, Measure, _train_row
+    from sentemb.shapes import backbone_architecture, depth
+
+    config = load_config(TEST_CONFIG)
+    r = next(r for r in config["runs"] if r["method"] == "simcse")
+    base = resolve_run(config, r["name"], r["backbone"], (r.get("seeds") or config["seeds"])[0])
+    layers = depth(backbone_architecture(config, base.backbone))
+    m = Measure(layers=layers, flops=1e12, flops_layer=1e11, act_bytes=4e9, act_layer=1e9, trainable=10**8, frozen=0,
+                params_layer=10**7)  # 1 GB of activations per sentence, 1.6 GB of weights and AdamW state
+
+    def row(**train):
+        run = dataclasses.replace(base, train=dataclasses.replace(base.train, **{"batch_size": 128, **train}))
+        return _train_row("train", "x", run, m, 1e9, config, "H100", 0.35, 1.5, {})
+
+    whole, auto, fixed, two = row(), row(chunk_size="auto"), row(chunk_size=16), row(chunk_size="auto", devices=2)
+    static = 1.6 + CUDA_OVERHEAD_GB
+    assert whole.chunk == "128" and whole.mem_gb == pytest.approx(static + 128)
+    assert any("> H100 80 GB" in f for f in whole.flags)
+    n = int(0.7 * (GPU_MEMORY_GB["H100"] - static))  # the most sentences in 70% of what is left
+    assert auto.chunk == f"{n}/128" and auto.mem_gb == pytest.approx(static + n) and auto.mem_gb < 80
+    assert not any("GB >" in f for f in auto.flags)
+    assert auto.flops_step == pytest.approx(whole.flops_step * 4 / 3)  # one more forward
+    assert fixed.chunk == "16/128" and fixed.mem_gb == pytest.approx(static + 16)
+    assert two.chunk == f"{n}/64 x2" and two.flops_step == pytest.approx(auto.flops_step)
+    assert row(chunk_size="auto", batch_size=32).chunk == "32"  # fits: no chunking, no extra forward
+    assert row(chunk_size="auto", batch_size=32).flops_step == pytest.approx(whole.flops_step / 4)

@@ -110,6 +110,7 @@ class Row:
     runtime_min: int | None = None
     mem_mb: int | None = None
     flags: list = field(default_factory=list)
+    chunk: str = ""  # training: sentences per forward on one GPU ("64" whole, "16/64" chunks of 16 of 64)
 
 
 # ---------------------------------------------------------------------------------------- measuring
@@ -356,20 +357,47 @@ def schedule(settings, lines: int) -> tuple[int, int]:
     return total, evals
 
 
-def _train_row(kind, label, run, m: Measure, encode: float, config, gpu, mfu, margin, res) -> Row:
+def plan_chunk(setting, share: int, per_sentence_gb: float, free_gb: float) -> int | None:
+    """The chunk (sentences per forward with a graph) a training job uses on one GPU of ``free_gb``
+    after its weights, optimizer state and CUDA context: ``train.chunk_size`` as set (None = the
+    whole ``share`` of the batch), and for ``auto`` what ``sentemb.train.auto_chunk`` would pick
+    from the measured per-sentence activations (None when the share fits)."""
+    from .train import AUTO_CHUNK_MARGIN, auto_chunk
+
+    if setting is None:
+        return None
+    if setting != "auto":
+        return int(setting) if int(setting) < share else None
+    return auto_chunk(per_sentence_gb, max(free_gb, 0.0), share, AUTO_CHUNK_MARGIN)
+
+
+def _train_row(kind, label, run, m: Measure, encode: float, config, gpu, mfu, margin, res, method_cls=None) -> Row:
+    """One training (or pretraining) job. Memory is per GPU: weights, gradients and AdamW state on
+    every one of ``train.devices``, activations of one chunk (``plan_chunk``) or of the GPU's share
+    of the batch. GPU-hours add the chunked step's extra forward (1/3 of the counted forward +
+    backward) where the method has in-batch terms (``Method.has_batch_terms``)."""
+    from .methods import get_method
     from .shapes import backbone_architecture, depth
 
     t = run.train
+    cls = method_cls or get_method(run.method)
     at = m.at(depth(backbone_architecture(config, run.backbone)))
     scale = t.batch_size / MICRO
-    flops_step = at["flops"] * scale * t.grad_accum
+    static = (16 * at["trainable"] + 4 * at["frozen"] + (4 * at["trainable"] if t.sam_rho else 0)) / 1e9 \
+        + CUDA_OVERHEAD_GB
+    per_sentence = at["act"] / MICRO / 1e9
+    share = -(-t.batch_size // t.devices)
+    chunk = plan_chunk(t.chunk_size, share, per_sentence, GPU_MEMORY_GB[gpu.upper()] - static)
+    extra = 4 / 3 if chunk is not None and cls.has_batch_terms else 1.0
+    flops_step = at["flops"] * scale * t.grad_accum * extra
     steps, evals = schedule(t, corpus_lines(config, run.corpus))
     peak = _peak(gpu)
     hours = flops_step * steps / (mfu * peak) / 3600 + evals * DEV_SENTENCES * encode / (mfu * peak / 2) / 3600
-    mem = (16 * at["trainable"] + 4 * at["frozen"] + (4 * at["trainable"] if t.sam_rho else 0)
-           + at["act"] * scale) / 1e9 + CUDA_OVERHEAD_GB
+    mem = static + per_sentence * (chunk or share)
     host = HOST_BASE_GB + 8 * (at["trainable"] + at["frozen"]) / 1e9
-    return _flag(Row(kind, label, at["trainable"] + at["frozen"], flops_step, steps, hours, mem, host), gpu, res, margin)
+    row = Row(kind, label, at["trainable"] + at["frozen"], flops_step, steps, hours, mem, host)
+    row.chunk = (f"{chunk}/{share}" if chunk is not None else f"{share}") + (f" x{t.devices}" if t.devices > 1 else "")
+    return _flag(row, gpu, res, margin)
 
 
 def _peak(gpu: str) -> float:
@@ -419,7 +447,7 @@ def plan(config: dict, gpu: str = DEFAULT_GPU, mfu: float = DEFAULT_MFU, margin:
                 run = resolve_pretrain(config, method, b)
                 m = counter.measure(run, cls.pretrain_stage)
                 rows.append(_train_row("pretrain", f"{method}/{b}", run, m, counter.encode(backbone_architecture(config, run.backbone))[0], config,
-                                       gpu, mfu, margin, resources["pretrain"]))
+                                       gpu, mfu, margin, resources["pretrain"], cls.pretrain_stage))
         # training and its evaluations
         seeds = config["seeds"]
         evaluations = []  # (job, architecture, with transfer)
@@ -494,12 +522,12 @@ def _paraphrase_rows(config: dict, gpu: str, res: dict, margin: float) -> list[R
 
 
 def format_plan(rows: list[Row], gpu: str, mfu: float) -> str:
-    head = f"{'kind':<10} {'job':<58} {'params':>8} {'FLOP/step':>10} {'steps':>7} {'GPU-h':>8} {'GPU GB':>7} " \
-           f"{'req min':>7} {'req MB':>7}  flags"
+    head = f"{'kind':<10} {'job':<58} {'params':>8} {'FLOP/step':>10} {'steps':>7} {'GPU-h':>8} {'chunk':>9} " \
+           f"{'GPU GB':>7} {'req min':>7} {'req MB':>7}  flags"
     lines = [head, "-" * len(head)]
     for r in rows:
         lines.append(f"{r.kind:<10} {r.job[:58]:<58} {r.params / 1e6:>7.0f}M {r.flops_step:>10.3g} {r.steps:>7} "
-                     f"{r.gpu_hours:>8.2f} {r.mem_gb:>7.1f} {r.runtime_min or '':>7} {r.mem_mb or '':>7}  "
+                     f"{r.gpu_hours:>8.2f} {r.chunk:>9} {r.mem_gb:>7.1f} {r.runtime_min or '':>7} {r.mem_mb or '':>7}  "
                      f"{'; '.join(r.flags)}")
     by_kind: dict[str, float] = {}
     for r in rows:

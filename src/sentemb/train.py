@@ -541,8 +541,10 @@ def accumulate_gradients(job: Job, batches: list[tuple[int, dict]], state: State
                 state.n_tok += int(batch["attention_mask"].sum())
         batch = {key: v.to(job.device, non_blocking=True) for key, v in batch.items()}
         chunk = getattr(job, "chunk", None)
-        n = job.method.n_sentences(batch)
-        lo, hi = (0, n) if world == 1 else _share(n, job.rank, world)
+        lo = hi = 0
+        if chunk or world > 1:  # only then are the batch's rows counted (any step_fn works unchunked)
+            n = job.method.n_sentences(batch)
+            lo, hi = (0, n) if world == 1 else _share(n, job.rank, world)
         if chunk and chunk < hi - lo:
             terms = chunked_backward(job, batch, m, probe, lo, hi)
             loss = terms["loss"]
@@ -801,7 +803,7 @@ def optimizer_step(job: Job, state: State) -> None:
     """Stage 3, one optimizer step: build the micro-batches, accumulate gradients (twice, at w and
     at w + ε̂, with ``train.sam_rho``), update."""
     batches = job.prefetch.get(state.step) if job.prefetch is not None else micro_batches(job, state.step)
-    if job.world > 1 and job.settings.dropout_rng == "stream":  # per rank and step (sentemb.distributed)
+    if getattr(job, "world", 1) > 1 and job.settings.dropout_rng == "stream":  # per rank and step (sentemb.distributed)
         import torch
 
         from .distributed import step_seed
