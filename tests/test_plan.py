@@ -37,7 +37,12 @@ def test_the_plan_has_a_row_for_every_job_of_the_dag_and_a_total(test_plan):
     assert config["evaluation"]["transfer"] and sorted(by_kind["transfer"]) == sorted(tested + baselines)
     assert by_kind["pretrain"] == ["infocse/tiny-bert"]
     assert len(by_kind["paraphrase"]) == stats_settings(config)["paraphrase"]["shards"]
+    # SentEval's classifier: a job without a GPU after every transfer encoding (issue 26 §4)
+    assert sorted(by_kind["classify"]) == sorted(by_kind["transfer"])
     for r in rows:
+        if r.kind == "classify":
+            assert r.gpu_hours == 0 and r.mem_gb == 0 and 0 < r.wall_hours <= r.cpu_hours, r
+            continue
         assert r.params > 0 and r.flops_step > 0 and r.steps > 0 and r.gpu_hours > 0 and r.mem_gb > 0, r
     text = format_plan(rows, "H100", 0.35)
     assert all(r.job[:58] in text for r in rows)
@@ -129,3 +134,37 @@ def test_a_training_job_is_planned_with_the_chunk_and_devices_it_would_use():
     assert two.chunk == f"{n}/64 x2" and two.flops_step == pytest.approx(auto.flops_step)
     assert row(chunk_size="auto", batch_size=32).chunk == "32"  # fits: no chunking, no extra forward
     assert row(chunk_size="auto", batch_size=32).flops_step == pytest.approx(whole.flops_step / 4)
+    # a sentence of a tenth of a GB: batch 128 fits whole, batch 1024 is cut (sizes in bytes, as the loop)
+    m = dataclasses.replace(m, act_bytes=4e8, act_layer=1e8)
+    small = row(chunk_size="auto")
+    assert small.chunk == "128" and small.mem_gb == pytest.approx(static + 12.8)
+    assert small.flops_step == pytest.approx(whole.flops_step)  # no extra forward
+    k = int(0.7 * (GPU_MEMORY_GB["H100"] - static) * 10)  # 70% of what is left, 0.1 GB a sentence
+    assert row(chunk_size="auto", batch_size=1024).chunk == f"{k}/1024"
+
+
+def test_the_transfer_classifier_is_planned_as_cpu_time_and_its_runtime_checked():
+    """issue 26 §4: the classifier's CPU time per task (the measured 384-d seconds scaled to the
+    vectors' width), its wall time on job_resources.classify.cpus, a runtime that does not cover it
+    flagged, and a classify job that would hold a GPU flagged."""
+    from sentemb.plan import _classify_row, format_plan
+    from sentemb.transfer import CLASSIFIER_SECONDS_384, classifier_seconds
+
+    config = {"evaluation": {"transfer_tasks": list(CLASSIFIER_SECONDS_384), "mrpc_features": "code",
+                             "transfer_classifier": "pytorch"}}
+    arch = {"model_type": "bert", "hidden_size": 384}
+    row = _classify_row(config, "x", arch, {"gpu": 0, "runtime": 60, "mem_mb": 16000, "cpus": 4}, "H100", 1.5)
+    assert row.cpu_hours * 3600 == pytest.approx(sum(CLASSIFIER_SECONDS_384.values()))
+    assert row.wall_hours * 3600 == pytest.approx(297)  # SUBJ alone; the rest packed beside it
+    assert row.flags == []
+    one = _classify_row(config, "x", arch, {"gpu": 1, "runtime": 20, "mem_mb": 16000, "cpus": 1}, "H100", 1.5)
+    assert one.wall_hours == pytest.approx(one.cpu_hours)
+    assert any(f.startswith("runtime 20 min < 1.5x 17 min") for f in one.flags), one.flags
+    assert any("holds 1 GPU idle" in f for f in one.flags), one.flags
+    large = _classify_row(config, "x", {**arch, "hidden_size": 1024}, {"gpu": 0, "runtime": 60, "cpus": 4}, "H100", 1.5)
+    assert large.cpu_hours * 3600 == pytest.approx(sum(classifier_seconds(t, 1024, mrpc_mode="code")
+                                                       for t in CLASSIFIER_SECONDS_384))
+    assert large.cpu_hours > 1.3 * row.cpu_hours
+    text = format_plan([row, one], "H100", 0.35)
+    assert "CPU-hours of SentEval's transfer classifier (jobs without a GPU): 0.6 (2 jobs, longest 17 min" in text
+    assert "total: 0.0 GPU-hours" in text

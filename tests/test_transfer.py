@@ -346,6 +346,78 @@ def test_cli_end_to_end_on_tiny_model(tmp_path, tiny_bert_dir, classifier):
     assert not (tmp_path / "u.json").exists()
 
 
+def test_encode_then_classify_without_the_model_gives_the_one_job_numbers(tmp_path, tiny_bert_dir):
+    """issue 26 §4: `encode-transfer` (the GPU job) + `evaluate-transfer --features` (the CPU job,
+    no model loaded) = `evaluate-transfer` in one process, to the last digit; classifying the tasks
+    in worker processes (--workers 3) changes nothing either."""
+    from sentemb.cli import main
+
+    root = _write_transfer_tree(tmp_path / "se")
+    common = ["--data-dir", str(root), "--quiet", "--kfold", "3", "--tasks", "CR,SST2,TREC,MRPC"]
+    assert main(["evaluate-transfer", "--model", str(tiny_bert_dir), "--pooler", "avg", "--device", "cpu",
+                 "--output", str(tmp_path / "one.json"), *common]) == 0
+    feats = tmp_path / "f" / "features.npz"
+    assert main(["encode-transfer", "--model", str(tiny_bert_dir), "--pooler", "avg", "--device", "cpu",
+                 "--output", str(feats), "--data-dir", str(root), "--quiet", "--tasks", "CR,SST2,TREC,MRPC"]) == 0
+    assert sorted(p.name for p in feats.parent.iterdir()) == ["features.npz"]  # nothing half-written beside it
+    for workers in ("1", "3"):
+        out = tmp_path / f"split{workers}.json"
+        assert main(["evaluate-transfer", "--features", str(feats), "--model", "/nowhere/not/loaded",
+                     "--output", str(out), "--workers", workers, *common]) == 0
+        one, split = json.loads((tmp_path / "one.json").read_text()), json.loads(out.read_text())
+        for t in ("CR", "SST2", "TREC", "MRPC"):
+            a, b = one["details"][t], split["details"][t]
+            for key in ("acc", "devacc", "l2reg", "n", "f1", "n_sentences"):
+                assert a.get(key) == b.get(key), (t, key, workers)
+        assert split["avg"] == one["avg"] and split["MRPC_F1"] == one["MRPC_F1"]
+        assert split["pooler"] == "avg" and split["workers"] == int(workers)
+        assert split["classifier_cpu_seconds"] > 0
+
+
+def test_features_that_do_not_match_the_data_are_refused(tmp_path, tiny_bert_dir):
+    """A features file is checked against the task sentences as they are read now: another task,
+    an edited data file, a truncated file each fail with the file named, and write nothing."""
+    from sentemb.cli import main
+
+    root = _write_transfer_tree(tmp_path / "se")
+    feats = tmp_path / "features.npz"
+    assert main(["encode-transfer", "--model", str(tiny_bert_dir), "--pooler", "avg", "--device", "cpu",
+                 "--output", str(feats), "--data-dir", str(root), "--quiet", "--tasks", "CR"]) == 0
+    out = tmp_path / "t.json"
+
+    def classify(*extra):
+        return main(["evaluate-transfer", "--features", str(feats), "--data-dir", str(root), "--output", str(out),
+                     "--quiet", "--kfold", "3", *extra])
+
+    assert classify("--tasks", "TREC") == 2 and not out.exists()  # not encoded
+    with (root / "CR" / "custrev.pos").open("a", encoding="latin-1") as f:
+        f.write("a sentence added after encoding\n")
+    from sentemb.transfer import load_transfer_task, read_features
+
+    with pytest.raises(SentembError, match=r"features\.npz.*CR.*other sentences"):
+        read_features(feats, load_transfer_task(root, "CR"))
+    assert classify("--tasks", "CR") == 2 and not out.exists()
+    feats.write_bytes(feats.read_bytes()[:100])
+    with pytest.raises(SentembError, match=r"features\.npz: not a transfer features file"):
+        read_features(feats, load_transfer_task(root, "CR"))
+    assert main(["evaluate-transfer", "--data-dir", str(root), "--output", str(out), "--tasks", "CR"]) == 2
+
+
+def test_classifier_estimate_scales_with_width_and_packs_tasks_longest_first():
+    from sentemb.transfer import CLASSIFIER_SECONDS_384, classifier_seconds, classifier_wall_seconds
+
+    tasks = list(CLASSIFIER_SECONDS_384)
+    at384 = [classifier_seconds(t, 384, mrpc_mode="code") for t in tasks]
+    assert at384 == pytest.approx([CLASSIFIER_SECONDS_384[t] for t in tasks])  # the measured figures
+    assert all(classifier_seconds(t, 1024) > classifier_seconds(t, 768) > classifier_seconds(t, 384) for t in tasks)
+    assert classifier_seconds("MRPC", 384, mrpc_mode="paper") > classifier_seconds("MRPC", 384, mrpc_mode="code")
+    assert classifier_seconds("MR", 384, classifier="sklearn") < 0.1 * classifier_seconds("MR", 384)
+    # longest-processing-time-first packing, checked by hand: {297}, {279}, {273}, {110+28+26+14}
+    assert classifier_wall_seconds(at384, 4) == pytest.approx(297)
+    assert classifier_wall_seconds(at384, 1) == pytest.approx(sum(at384))
+    assert classifier_wall_seconds([5.0, 4.0, 3.0, 3.0, 3.0], 2) == pytest.approx(10.0)  # {5,3}, {4,3,3}
+
+
 @pytest.mark.realdata
 def test_real_trec_on_minilm_matches_senteval(shared, minilm_dir):
     """all-MiniLM-L6-v2, mean pooling, TREC, the accuracies SentEval's own code (facebookresearch/SentEval,

@@ -35,7 +35,7 @@ COMMAND_MODULES = [
 
 
 #: commands that may run on a GPU: they claim a GPU slot when $SENTEMB_GPU_SLOTS is set
-GPU_COMMANDS = {"train", "evaluate", "evaluate-transfer", "pretrain", "paraphrase", "benchmark"}
+GPU_COMMANDS = {"train", "evaluate", "evaluate-transfer", "encode-transfer", "pretrain", "paraphrase", "benchmark"}
 
 
 def build_parser() -> argparse.ArgumentParser:

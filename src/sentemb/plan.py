@@ -71,6 +71,8 @@ DEV_SENTENCES = 3000  # STS-B dev: 1,500 pairs
 STS_SENTENCES = 37_700
 #: SentEval transfer sentences: MR 10662, CR 3775, SUBJ 10000, MPQA 10606, SST2 70042, TREC 5952, MRPC 11602
 TRANSFER_SENTENCES = 122_639
+TRANSFER_TASK_SENTENCES = {"MR": 10662, "CR": 3775, "SUBJ": 10000, "MPQA": 10606, "SST2": 70042, "TREC": 5952,
+                           "MRPC": 11602}
 STS_UNLABELED_LINES = 30_840  # sentemb prepare-sts-corpus on SentEval's tree (deduplicated)
 PARAPHRASE_INPUT_LEN = 32  # tokens per source sentence (assumed)
 
@@ -111,6 +113,8 @@ class Row:
     mem_mb: int | None = None
     flags: list = field(default_factory=list)
     chunk: str = ""  # training: sentences per forward on one GPU ("64" whole, "16/64" chunks of 16 of 64)
+    cpu_hours: float = 0.0  # CPU work of a job that holds no GPU (SentEval's transfer classifier)
+    wall_hours: float | None = None  # a CPU job's wall time on its cpus (else the runtime is gpu_hours)
 
 
 # ---------------------------------------------------------------------------------------- measuring
@@ -368,7 +372,7 @@ def plan_chunk(setting, share: int, per_sentence_gb: float, free_gb: float) -> i
         return None
     if setting != "auto":
         return int(setting) if int(setting) < share else None
-    return auto_chunk(per_sentence_gb, max(free_gb, 0.0), share, AUTO_CHUNK_MARGIN)
+    return auto_chunk(per_sentence_gb * 1e9, max(free_gb, 0.0) * 1e9, share, AUTO_CHUNK_MARGIN)  # bytes, as the loop
 
 
 def _train_row(kind, label, run, m: Measure, encode: float, config, gpu, mfu, margin, res, method_cls=None) -> Row:
@@ -411,8 +415,9 @@ def _peak(gpu: str) -> float:
 
 def _flag(row: Row, gpu: str, res: dict, margin: float) -> Row:
     row.runtime_min, row.mem_mb = res.get("runtime"), res.get("mem_mb")
-    if row.runtime_min is not None and row.runtime_min < margin * row.gpu_hours * 60:
-        row.flags.append(f"runtime {row.runtime_min} min < {margin}x {row.gpu_hours * 60:.0f} min")
+    hours = row.wall_hours if row.wall_hours is not None else row.gpu_hours
+    if row.runtime_min is not None and row.runtime_min < margin * hours * 60:
+        row.flags.append(f"runtime {row.runtime_min} min < {margin}x {hours * 60:.0f} min")
     if row.mem_mb is not None and row.mem_mb < margin * row.host_gb * 1000:
         row.flags.append(f"mem_mb {row.mem_mb} < {margin}x {row.host_gb * 1000:.0f} MB host")
     if row.mem_gb > GPU_MEMORY_GB[gpu.upper()]:
@@ -473,8 +478,33 @@ def plan(config: dict, gpu: str = DEFAULT_GPU, mfu: float = DEFAULT_MFU, margin:
                 row = Row(kind, label, params, encode, n, hours, 4 * params / 1e9 + CUDA_OVERHEAD_GB,
                           HOST_BASE_GB + 8 * params / 1e9)
                 rows.append(_flag(row, gpu, resources["evaluate"], margin))
+            if transfer:
+                rows.append(_classify_row(config, label, arch, resources["classify"], gpu, margin))
         rows.extend(_paraphrase_rows(config, gpu, resources["paraphrase"], margin))
     return rows
+
+
+def _classify_row(config: dict, label: str, arch, res: dict, gpu: str, margin: float) -> Row:
+    """SentEval's transfer classifier on the encoded vectors: CPU seconds per task from the measured
+    384-d figures scaled to the vectors' width (``transfer.classifier_seconds``), wall time with
+    ``job_resources.classify.cpus`` tasks at once (longest first); a job that would hold a GPU
+    while it runs is flagged."""
+    from .shapes import fields_of
+    from .transfer import classifier_seconds, classifier_wall_seconds, feature_dim
+
+    ev = config["evaluation"]
+    tasks = ev["transfer_tasks"]
+    dim = int(fields_of(arch)["hidden_size"])
+    secs = [classifier_seconds(t, dim, mrpc_mode=ev["mrpc_features"], classifier=ev["transfer_classifier"])
+            for t in tasks]
+    n = sum(TRANSFER_TASK_SENTENCES[t] for t in tasks)
+    feats = sum(TRANSFER_TASK_SENTENCES[t] * feature_dim(t, dim, ev["mrpc_features"]) for t in tasks) * 4
+    row = Row("classify", label, 0, 0.0, n, 0.0, 0.0, HOST_BASE_GB + 2 * feats / 1e9,
+              cpu_hours=sum(secs) / 3600, wall_hours=classifier_wall_seconds(secs, res.get("cpus", 1)) / 3600)
+    row = _flag(row, gpu, res, margin)
+    if res.get("gpu"):
+        row.flags.append(f"holds {res['gpu']} GPU idle (job_resources.classify.gpu: the classifier runs on the CPU)")
+    return row
 
 
 def _requires(config, r) -> tuple:
@@ -522,20 +552,26 @@ def _paraphrase_rows(config: dict, gpu: str, res: dict, margin: float) -> list[R
 
 
 def format_plan(rows: list[Row], gpu: str, mfu: float) -> str:
-    head = f"{'kind':<10} {'job':<58} {'params':>8} {'FLOP/step':>10} {'steps':>7} {'GPU-h':>8} {'chunk':>9} " \
-           f"{'GPU GB':>7} {'req min':>7} {'req MB':>7}  flags"
+    head = f"{'kind':<10} {'job':<58} {'params':>8} {'FLOP/step':>10} {'steps':>7} {'GPU-h':>8} {'CPU-h':>6} " \
+           f"{'chunk':>9} {'GPU GB':>7} {'req min':>7} {'req MB':>7}  flags"
     lines = [head, "-" * len(head)]
     for r in rows:
         lines.append(f"{r.kind:<10} {r.job[:58]:<58} {r.params / 1e6:>7.0f}M {r.flops_step:>10.3g} {r.steps:>7} "
-                     f"{r.gpu_hours:>8.2f} {r.chunk:>9} {r.mem_gb:>7.1f} {r.runtime_min or '':>7} {r.mem_mb or '':>7}  "
-                     f"{'; '.join(r.flags)}")
+                     f"{r.gpu_hours:>8.2f} {f'{r.cpu_hours:.2f}' if r.cpu_hours else '':>6} {r.chunk:>9} {r.mem_gb:>7.1f} {r.runtime_min or '':>7} "
+                     f"{r.mem_mb or '':>7}  {'; '.join(r.flags)}")
     by_kind: dict[str, float] = {}
     for r in rows:
-        by_kind[r.kind] = by_kind.get(r.kind, 0.0) + r.gpu_hours
+        if r.kind != "classify":
+            by_kind[r.kind] = by_kind.get(r.kind, 0.0) + r.gpu_hours
     flagged = [r for r in rows if r.flags]
+    cpu = [r for r in rows if r.kind == "classify"]
     lines += ["", "GPU-hours by kind: " + ", ".join(f"{k} {v:.1f} ({sum(r.kind == k for r in rows)} jobs)"
-                                                   for k, v in by_kind.items()),
-              f"total: {sum(by_kind.values()):.1f} GPU-hours on {gpu} at MFU {mfu:.2f} of its bf16 peak, "
+                                                   for k, v in by_kind.items())]
+    if cpu:
+        lines.append(f"CPU-hours of SentEval's transfer classifier (jobs without a GPU): "
+                     f"{sum(r.cpu_hours for r in cpu):.1f} ({len(cpu)} jobs, longest {max(r.wall_hours for r in cpu) * 60:.0f} "
+                     f"min on its cpus)")
+    lines += [f"total: {sum(by_kind.values()):.1f} GPU-hours on {gpu} at MFU {mfu:.2f} of its bf16 peak, "
               f"{len(rows)} jobs, {len(flagged)} flagged (estimate, not calibrated on a GPU; see README)"]
     return "\n".join(lines)
 

@@ -261,7 +261,11 @@ class JobResources:
     mem_mb, cpus); a key left out of a kind takes that kind's default."""
 
     train: Resources = arg(Resources(gpu=1, runtime=240, mem_mb=32000, cpus=8), "rule train")
-    evaluate: Resources = arg(Resources(gpu=1, runtime=60, mem_mb=16000, cpus=4), "rules evaluate, transfer, baseline")
+    evaluate: Resources = arg(Resources(gpu=1, runtime=60, mem_mb=16000, cpus=4), "rules evaluate, encode_transfer, "
+                              "evaluate_baseline, encode_baseline_transfer: encoding on the GPU")
+    classify: Resources = arg(Resources(gpu=0, runtime=60, mem_mb=16000, cpus=4), "rules evaluate_transfer, "
+                              "evaluate_baseline_transfer: SentEval's classifier on encoded vectors, no GPU (cpus = "
+                              "tasks classified at once, one process each)")
     stats: Resources = arg(Resources(gpu=0, runtime=240, mem_mb=16000, cpus=8), "statistics and the token cache "
                            "(rule tokenize)")
     paraphrase: Resources = arg(Resources(gpu=1, runtime=480, mem_mb=32000, cpus=4), "rule paraphrase")

@@ -526,17 +526,41 @@ def _check_classifier(classifier: str) -> None:
                            f"must be one of {CLASSIFIERS}, not '{classifier}'")
 
 
-def evaluate_task(embed: Callable[[Sequence[str]], np.ndarray], task: TransferTask, *, k: int = KFOLD,
-                  seed: int = SEED, mrpc_mode: str = "paper", classifier: str = DEFAULT_CLASSIFIER) -> dict:
-    """Encode every sentence of ``task`` once, then run SentEval's classifier for its kind
-    (``classifier``: ``pytorch`` = SentEval's usepytorch=True path, ``sklearn`` = its sklearn path)."""
+def task_sentences(task: TransferTask) -> list[str]:
+    """The task's distinct sentences in first-seen order: what is encoded, once each."""
+    return list(dict.fromkeys(task.sentences()))
+
+
+def sentences_digest(sents: Sequence[str]) -> str:
+    """sha256 of the encoded sentences, stored next to their vectors so that a features file is
+    never classified against other text than it was encoded from."""
+    import hashlib
+
+    return hashlib.sha256("\n".join(sents).encode("utf-8")).hexdigest()
+
+
+def encode_task(embed: Callable[[Sequence[str]], np.ndarray], task: TransferTask) -> tuple[np.ndarray, dict]:
+    """Stage 1 of a task, the only one a GPU helps: every distinct sentence encoded once.
+    Returns the vectors (rows in ``task_sentences`` order) and the encoding's counts."""
+    t0 = time.time()
+    sents = task_sentences(task)
+    vecs = np.asarray(embed(sents), dtype=np.float32) if sents else np.zeros((0, 1), np.float32)
+    t_enc = time.time() - t0
+    return vecs, {"n_sentences": len(sents), "encode_seconds": round(t_enc, 2),
+                  "sentences_per_second": round(len(sents) / max(t_enc, 1e-9), 1)}
+
+
+def classify_task(task: TransferTask, vecs: np.ndarray, *, k: int = KFOLD, seed: int = SEED,
+                  mrpc_mode: str = "paper", classifier: str = DEFAULT_CLASSIFIER) -> dict:
+    """Stage 2 of a task, CPU only: SentEval's classifier for its kind (``classifier``: ``pytorch`` =
+    SentEval's usepytorch=True path, ``sklearn`` = its sklearn path) on the vectors of
+    ``encode_task`` (rows in ``task_sentences`` order)."""
     _check_classifier(classifier)
     torch_path = classifier == "pytorch"
-    t0 = time.time()
-    sents = list(dict.fromkeys(task.sentences()))
-    vecs = np.asarray(embed(sents), dtype=np.float32) if sents else np.zeros((0, 1), np.float32)
+    sents = task_sentences(task)
+    if len(vecs) != len(sents):
+        raise SentembError(f"transfer task {task.name}: {len(vecs)} vectors for {len(sents)} sentences")
     pos = {s: i for i, s in enumerate(sents)}
-    t_enc = time.time() - t0
 
     def E(xs):
         return vecs[[pos[s] for s in xs]]
@@ -573,55 +597,285 @@ def evaluate_task(embed: Callable[[Sequence[str]], np.ndarray], task: TransferTa
     out.update(r)
     out["classifier"] = classifier
     out["classifier_seconds"] = round(time.time() - t1, 2)
-    out["n_sentences"] = len(sents)
-    out["encode_seconds"] = round(t_enc, 2)
-    out["seconds"] = round(time.time() - t0, 2)
-    out["sentences_per_second"] = round(len(sents) / max(t_enc, 1e-9), 1)
     return out
 
 
-def evaluate_transfer(embed, data_dir: str | Path, tasks: Sequence[str] = TRANSFER_TASKS, *, k: int = KFOLD,
-                      seed: int = SEED, mrpc_mode: str = "paper", classifier: str = DEFAULT_CLASSIFIER) -> dict:
-    """All ``tasks``: {task: accuracy × 100, "MRPC_F1": …, "avg": mean accuracy, "details": {…}}.
-    Every task's files are read (and checked) before anything is encoded."""
+def evaluate_task(embed: Callable[[Sequence[str]], np.ndarray], task: TransferTask, *, k: int = KFOLD,
+                  seed: int = SEED, mrpc_mode: str = "paper", classifier: str = DEFAULT_CLASSIFIER) -> dict:
+    """``encode_task`` then ``classify_task``: one task end to end in this process."""
     _check_classifier(classifier)
-    loaded = [load_transfer_task(data_dir, t) for t in tasks]
+    vecs, enc = encode_task(embed, task)
+    out = classify_task(task, vecs, k=k, seed=seed, mrpc_mode=mrpc_mode, classifier=classifier)
+    out.update(enc)
+    out["seconds"] = round(enc["encode_seconds"] + out["classifier_seconds"], 2)
+    return out
+
+
+# ------------------------------------------------------------- features: encode here, classify there
+FEATURES_FORMAT = 1
+
+
+def write_features(path: str | Path, vectors: dict[str, np.ndarray], tasks: Sequence[TransferTask], meta: dict) -> Path:
+    """Write ``sentemb encode-transfer``'s file: per task its vectors (float32, rows in
+    ``task_sentences`` order) and the digest of those sentences, plus ``meta`` (model, pooler,
+    encoding counts per task) as JSON. Written to a temporary name and renamed, so a killed job
+    never leaves a file that looks finished. Uncompressed ``.npz`` (no pickle)."""
+    import os
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    arrays = {"meta": np.array(json.dumps({**meta, "format": FEATURES_FORMAT}))}
+    for t in tasks:
+        arrays[f"{t.name}"] = np.ascontiguousarray(vectors[t.name], dtype=np.float32)
+        arrays[f"{t.name}.digest"] = np.array(sentences_digest(task_sentences(t)))
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            np.savez(f, **arrays)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+def read_features_meta(path: str | Path) -> dict:
+    """The JSON ``meta`` of a features file; a clear error naming the file when it is not one."""
+    import zipfile
+
+    path = Path(path)
+    if not path.is_file():
+        raise SentembError(f"transfer features file not found: {path} (written by `sentemb encode-transfer`)")
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            meta = json.loads(str(z["meta"]))
+    except (zipfile.BadZipFile, OSError, ValueError, KeyError, json.JSONDecodeError) as e:
+        raise SentembError(f"{path}: not a transfer features file of `sentemb encode-transfer` ({e!r}); "
+                           "delete it and encode again") from None
+    if meta.get("format") != FEATURES_FORMAT:
+        raise SentembError(f"{path}: features format {meta.get('format')!r}, this sentemb reads {FEATURES_FORMAT}; "
+                           "encode again")
+    return meta
+
+
+def read_features(path: str | Path, task: TransferTask) -> np.ndarray:
+    """The vectors of ``task`` from a features file, checked against the task's sentences as they
+    are read now (a changed data file or another task list is an error, never a silent mismatch)."""
+    path = Path(path)
+    read_features_meta(path)
+    with np.load(path, allow_pickle=False) as z:
+        if task.name not in z.files:
+            held = sorted(f for f in z.files if f != "meta" and not f.endswith(".digest"))
+            raise SentembError(f"{path}: no vectors of transfer task {task.name} (it holds {', '.join(held)}); "
+                               "encode with that task in --tasks")
+        vecs, digest = z[task.name], str(z[f"{task.name}.digest"])
+    sents = task_sentences(task)
+    if digest != sentences_digest(sents) or len(vecs) != len(sents):
+        raise SentembError(f"{path}: the vectors of {task.name} were encoded from other sentences than the data "
+                           f"directory holds now ({len(sents)} distinct sentences); encode again")
+    return vecs
+
+
+def _classify_from_file(features: str, data_dir: str, task: str, k: int, seed: int, mrpc_mode: str,
+                        classifier: str) -> dict:
+    """One task's classifier in a worker process: it reads its own task and vectors (nothing large
+    crosses the process boundary)."""
+    t = load_transfer_task(data_dir, task)
+    return classify_task(t, read_features(features, t), k=k, seed=seed, mrpc_mode=mrpc_mode, classifier=classifier)
+
+
+#: CPU seconds of SentEval's PyTorch classifier per task for 384-d vectors (MRPC: its 768-d ``code``
+#: features), measured on this project's 2-core CPU (README "Evaluation"); the order in which worker
+#: processes take tasks (longest first) and ``sentemb plan``'s classifier estimate.
+CLASSIFIER_SECONDS_384 = {"MR": 279, "CR": 110, "SUBJ": 297, "MPQA": 273, "SST2": 26, "TREC": 28, "MRPC": 14}
+#: sklearn's path costs about this share of the PyTorch one (README "Evaluation": 69 vs 1,026 s)
+SKLEARN_COST_SHARE = 0.07
+#: one mini-batch step of the PyTorch classifier costs about STEP_US[0] + STEP_US[1] · features µs
+#: (``LinearProbe`` on one thread, batch 64, 2 classes, 384…4096 features; this project's CPU)
+STEP_US = (150.0, 0.16)
+
+
+def feature_dim(task: str, dim: int, mrpc_mode: str = "paper") -> int:
+    """The classifier's input width for ``task`` on ``dim``-d sentence vectors."""
+    if task != "MRPC":
+        return dim
+    return 4 * dim if mrpc_mode == "paper" else 2 * dim
+
+
+def classifier_seconds(task: str, dim: int, *, mrpc_mode: str = "paper", classifier: str = DEFAULT_CLASSIFIER) -> float:
+    """Estimated CPU seconds of ``task``'s classifier on ``dim``-d vectors: the measured 384-d cost
+    scaled by the per-step cost at the feature width (same number of steps: early stopping is
+    assumed to stop where it did at 384-d)."""
+    base_dim = feature_dim(task, 384, "code")
+    a, b = STEP_US
+    s = CLASSIFIER_SECONDS_384[task] * (a + b * feature_dim(task, dim, mrpc_mode)) / (a + b * base_dim)
+    return s * (SKLEARN_COST_SHARE if classifier == "sklearn" else 1.0)
+
+
+def classifier_wall_seconds(seconds: Sequence[float], workers: int) -> float:
+    """Wall time of tasks of these CPU ``seconds`` on ``workers`` processes, longest first (as
+    ``classify_tasks`` submits them)."""
+    loads = [0.0] * max(1, min(workers, len(seconds) or 1))
+    for s in sorted(seconds, reverse=True):
+        loads[loads.index(min(loads))] += s
+    return max(loads)
+
+
+def classify_tasks(features: str | Path, data_dir: str | Path, tasks: Sequence[str], *, k: int = KFOLD,
+                   seed: int = SEED, mrpc_mode: str = "paper", classifier: str = DEFAULT_CLASSIFIER,
+                   workers: int = 1) -> dict[str, dict]:
+    """Every task's classifier from a features file, ``workers`` tasks at a time in their own
+    processes (longest first). Each task's classifier has its own seeded RNGs and runs on one
+    thread, so the numbers are those of ``workers=1`` (tests/test_transfer.py checks it)."""
+    _check_classifier(classifier)
+    loaded = {t: load_transfer_task(data_dir, t) for t in tasks}
+    for t in loaded.values():  # every task's vectors checked before the first fit
+        read_features(features, t)
+    opts = dict(k=k, seed=seed, mrpc_mode=mrpc_mode, classifier=classifier)
+    workers = max(1, min(workers, len(tasks)))
+    out: dict[str, dict] = {}
+    if workers == 1:
+        for t in tasks:
+            out[t] = classify_task(loaded[t], read_features(features, loaded[t]), **opts)
+            log.info("%s: acc %.2f (dev %.2f), classifier %.1f s", t, out[t]["acc"], out[t]["devacc"],
+                     out[t]["classifier_seconds"])
+        return out
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    order = sorted(tasks, key=lambda t: -CLASSIFIER_SECONDS_384[t])
+    ctx = multiprocessing.get_context("spawn")  # no fork of a process that has started torch's threads
+    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+        futures = {pool.submit(_classify_from_file, str(features), str(data_dir), t, k, seed, mrpc_mode, classifier): t
+                   for t in order}
+        for f in as_completed(futures):
+            t = futures[f]
+            out[t] = f.result()
+            log.info("%s: acc %.2f (dev %.2f), classifier %.1f s", t, out[t]["acc"], out[t]["devacc"],
+                     out[t]["classifier_seconds"])
+    return {t: out[t] for t in tasks}
+
+
+def summarize(tasks: Sequence[str], details: dict[str, dict]) -> dict:
+    """{task: accuracy × 100, "MRPC_F1": …, "avg": mean accuracy, "details": {…}} of per-task results."""
     res: dict = {}
-    details = {}
-    for task in loaded:
-        d = evaluate_task(embed, task, k=k, seed=seed, mrpc_mode=mrpc_mode, classifier=classifier)
-        log.info("%s: acc %.2f (dev %.2f) in %.1f s", task.name, d["acc"], d["devacc"], d["seconds"])
-        details[task.name] = d
-        res[task.name] = d["acc"]
-        if "f1" in d:
-            res["MRPC_F1"] = d["f1"]
+    for t in tasks:
+        res[t] = details[t]["acc"]
+        if "f1" in details[t]:
+            res["MRPC_F1"] = details[t]["f1"]
     res["avg"] = round(float(np.mean([res[t] for t in tasks])), 4) if tasks else float("nan")
-    res["details"] = details
+    res["details"] = {t: details[t] for t in tasks}
     return res
 
 
+def evaluate_transfer(embed, data_dir: str | Path, tasks: Sequence[str] = TRANSFER_TASKS, *, k: int = KFOLD,
+                      seed: int = SEED, mrpc_mode: str = "paper", classifier: str = DEFAULT_CLASSIFIER,
+                      workers: int = 1) -> dict:
+    """All ``tasks``: {task: accuracy × 100, "MRPC_F1": …, "avg": mean accuracy, "details": {…}}.
+    Every task's files are read (and checked) before anything is encoded. With ``workers`` > 1 the
+    tasks are encoded here, then classified ``workers`` at a time in processes of their own."""
+    _check_classifier(classifier)
+    loaded = [load_transfer_task(data_dir, t) for t in tasks]
+    details = {}
+    if workers <= 1 or len(loaded) <= 1:
+        for task in loaded:
+            d = evaluate_task(embed, task, k=k, seed=seed, mrpc_mode=mrpc_mode, classifier=classifier)
+            log.info("%s: acc %.2f (dev %.2f) in %.1f s", task.name, d["acc"], d["devacc"], d["seconds"])
+            details[task.name] = d
+        return summarize(tasks, details)
+    import tempfile
+
+    vectors, enc = {}, {}
+    for task in loaded:
+        vectors[task.name], enc[task.name] = encode_task(embed, task)
+    with tempfile.TemporaryDirectory(prefix="sentemb-transfer-") as d:
+        feats = write_features(Path(d) / "features.npz", vectors, loaded, {"encoding": enc})
+        details = classify_tasks(feats, data_dir, tasks, k=k, seed=seed, mrpc_mode=mrpc_mode, classifier=classifier,
+                                 workers=workers)
+    for t in tasks:
+        details[t].update(enc[t])
+        details[t]["seconds"] = round(enc[t]["encode_seconds"] + details[t]["classifier_seconds"], 2)
+    return summarize(tasks, details)
+
+
 # ---------------------------------------------------------------------------------------- CLI
+def _task_list(spec: str) -> list[str]:
+    tasks = [t.strip() for t in spec.split(",") if t.strip()]
+    unknown = [t for t in tasks if t not in TRANSFER_TASKS]
+    if unknown:
+        raise SentembError(f"--tasks: unknown transfer task(s) {unknown} (known: {','.join(TRANSFER_TASKS)})")
+    return tasks
+
+
+def _cmd_encode(args: argparse.Namespace) -> int:
+    """``sentemb encode-transfer``: the GPU half of the transfer evaluation (every task's sentences
+    encoded once), written for ``sentemb evaluate-transfer --features`` (the CPU half)."""
+    import torch
+
+    from .evaluate import embedder_for
+
+    tasks = _task_list(args.tasks)
+    if not Path(args.model).is_dir():
+        raise SentembError(f"--model: model directory not found: {args.model}")
+    loaded = [load_transfer_task(args.data_dir, t) for t in tasks]  # a missing file fails before the model loads
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    t0 = time.time()
+    embed = embedder_for(args.model, args.pooler, device=args.device, batch_size=args.batch_size,
+                         max_length=args.max_length, progress=not args.quiet, precision=args.precision)
+    vectors, enc = {}, {}
+    for task in loaded:
+        vectors[task.name], enc[task.name] = encode_task(embed, task)
+        log.info("%s: %d sentences encoded at %.0f/s", task.name, enc[task.name]["n_sentences"],
+                 enc[task.name]["sentences_per_second"])
+    meta = {"model": str(args.model), "pooler": args.pooler, "data_dir": str(args.data_dir), "tasks": tasks,
+            "dim": int(next(iter(vectors.values())).shape[1]) if vectors else 0, "precision": args.precision,
+            "encoding": enc, "seconds": round(time.time() - t0, 2)}
+    write_features(args.output, vectors, loaded, meta)
+    n = sum(e["n_sentences"] for e in enc.values())
+    print(f"{n} sentences of {len(tasks)} tasks encoded ({meta['dim']}-d) -> {args.output}")
+    return 0
+
+
 def _cmd_transfer(args: argparse.Namespace) -> int:
     import torch
 
     from .evaluate import _training_run_id, embedder_for
     from .utils import write_json
 
-    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
-    unknown = [t for t in tasks if t not in TRANSFER_TASKS]
-    if unknown:
-        raise SentembError(f"--tasks: unknown transfer task(s) {unknown} (known: {','.join(TRANSFER_TASKS)})")
-    if not Path(args.model).is_dir():
-        raise SentembError(f"--model: model directory not found: {args.model}")
+    tasks = _task_list(args.tasks)
+    if args.features:
+        fmeta = read_features_meta(args.features)
+        model, pooler = args.model or fmeta.get("model"), args.pooler or fmeta.get("pooler")
+        if args.pooler and fmeta.get("pooler") and args.pooler != fmeta["pooler"]:
+            raise SentembError(f"--pooler {args.pooler}: {args.features} was encoded with pooler {fmeta['pooler']}")
+        missing = [t for t in tasks if t not in fmeta.get("tasks", [])]
+        if missing:
+            raise SentembError(f"--tasks: {args.features} holds no vectors of {missing} (encoded: "
+                               f"{','.join(fmeta.get('tasks', []))})")
+    else:
+        if not args.model or not args.pooler:
+            raise SentembError("--model and --pooler are required (unless --features names a file of "
+                               "`sentemb encode-transfer`)")
+        model, pooler = args.model, args.pooler
+        if not Path(model).is_dir():
+            raise SentembError(f"--model: model directory not found: {model}")
     for t in tasks:  # a missing file fails before the model is loaded
         load_transfer_task(args.data_dir, t)
     if args.threads:
         torch.set_num_threads(args.threads)
     t0 = time.time()
-    embed = embedder_for(args.model, args.pooler, device=args.device, batch_size=args.batch_size,
-                         max_length=args.max_length, progress=not args.quiet, precision=args.precision)
-    res = evaluate_transfer(embed, args.data_dir, tasks, k=args.kfold, seed=args.seed, mrpc_mode=args.mrpc_features,
-                            classifier=args.classifier)
+    if args.features:
+        details = classify_tasks(args.features, args.data_dir, tasks, k=args.kfold, seed=args.seed,
+                                 mrpc_mode=args.mrpc_features, classifier=args.classifier, workers=args.workers)
+        for t in tasks:
+            details[t].update(fmeta["encoding"][t])
+            details[t]["seconds"] = round(details[t]["encode_seconds"] + details[t]["classifier_seconds"], 2)
+        res = summarize(tasks, details)
+    else:
+        embed = embedder_for(model, pooler, device=args.device, batch_size=args.batch_size,
+                             max_length=args.max_length, progress=not args.quiet, precision=args.precision)
+        res = evaluate_transfer(embed, args.data_dir, tasks, k=args.kfold, seed=args.seed, mrpc_mode=args.mrpc_features,
+                                classifier=args.classifier, workers=args.workers)
     out = {t: res[t] for t in tasks}
     if "MRPC_F1" in res:
         out["MRPC_F1"] = res["MRPC_F1"]
@@ -631,10 +885,13 @@ def _cmd_transfer(args: argparse.Namespace) -> int:
     out.update({
         "protocol": {"classifier": args.classifier, "classifier_description": CLASSIFIER_DESCRIPTIONS[args.classifier],
                      "kfold": args.kfold, "seed": args.seed, "mrpc_features": args.mrpc_features},
-        "pooler": args.pooler, "model": str(args.model), "data_dir": str(args.data_dir), "tasks": tasks,
+        "pooler": pooler, "model": str(model), "data_dir": str(args.data_dir), "tasks": tasks,
         "n_sentences": n_sent, "seconds": round(time.time() - t0, 2),
-        "sentences_per_second": round(n_sent / max(enc, 1e-9), 1), "details": res["details"],
+        "classifier_cpu_seconds": round(sum(d["classifier_seconds"] for d in res["details"].values()), 2),
+        "workers": args.workers, "sentences_per_second": round(n_sent / max(enc, 1e-9), 1), "details": res["details"],
     })
+    if args.features:
+        out["features"] = str(args.features)
     if args.run_meta:
         meta = dict(kv.split("=", 1) for kv in args.run_meta)
         if "seed" in meta:
@@ -648,11 +905,11 @@ def _cmd_transfer(args: argparse.Namespace) -> int:
 
         tags = {**out.get("run", {}), **dict(kv.split("=", 1) for kv in args.tag)}
         tags.setdefault("rule", "evaluate-transfer")
-        train_run = _training_run_id(args.model)
+        train_run = _training_run_id(model)
         out_path = Path(args.output)
         with Tracker(uri=args.tracking_uri, experiment=args.experiment,
-                     run_name=args.run_name or f"transfer:{args.model}", tags=tags,
-                     params={"pooler": args.pooler, "tasks": ",".join(tasks), "model": str(args.model),
+                     run_name=args.run_name or f"transfer:{model}", tags=tags,
+                     params={"pooler": pooler, "tasks": ",".join(tasks), "model": str(model),
                              "data_dir": str(args.data_dir), "mrpc_features": args.mrpc_features,
                              "classifier": args.classifier},
                      marker=out_path.with_name(f".{out_path.name}.mlflow_run.json"), parent_run_id=train_run) as tr:
@@ -671,9 +928,29 @@ def _cmd_transfer(args: argparse.Namespace) -> int:
 def register(sub) -> None:
     from . import POOLERS
 
+    e = sub.add_parser("encode-transfer", help="encode the SentEval transfer tasks' sentences (the GPU half of "
+                                               "evaluate-transfer) into a features file")
+    e.add_argument("--model", required=True, help="Hugging Face model directory or a sentemb checkpoint")
+    e.add_argument("--pooler", required=True, choices=[*POOLERS, "method"])
+    e.add_argument("--data-dir", required=True, help="SentEval data root (holds MR/, CR/, SUBJ/, MPQA/, SST/, TREC/, MRPC/)")
+    e.add_argument("--tasks", default=",".join(TRANSFER_TASKS))
+    e.add_argument("--output", required=True, help="features file (.npz) for evaluate-transfer --features")
+    e.add_argument("--batch-size", type=int, default=128)
+    e.add_argument("--max-length", type=int, default=None)
+    e.add_argument("--device", default="auto")
+    e.add_argument("--precision", default="fp32", choices=["auto", "bf16", "fp32"])
+    e.add_argument("--threads", type=int, default=None)
+    e.add_argument("--quiet", action="store_true")
+    e.set_defaults(func=_cmd_encode)
+
     p = sub.add_parser("evaluate-transfer", help="SentEval transfer tasks (a linear classifier on frozen embeddings)")
-    p.add_argument("--model", required=True, help="Hugging Face model directory or a sentemb checkpoint")
-    p.add_argument("--pooler", required=True, choices=[*POOLERS, "method"])
+    p.add_argument("--model", default=None, help="Hugging Face model directory or a sentemb checkpoint (with "
+                   "--features: only named in the output and tracking, default the one the features came from)")
+    p.add_argument("--pooler", default=None, choices=[*POOLERS, "method"])
+    p.add_argument("--features", default=None, help="classify the vectors of `sentemb encode-transfer` (no model "
+                   "is loaded, no GPU used)")
+    p.add_argument("--workers", type=int, default=1, help="tasks classified at once, each in a process of its own "
+                   "on one thread (the same numbers as 1)")
     p.add_argument("--data-dir", required=True, help="SentEval data root (holds MR/, CR/, SUBJ/, MPQA/, SST/, TREC/, MRPC/)")
     p.add_argument("--tasks", default=",".join(TRANSFER_TASKS))
     p.add_argument("--output", required=True, help="metrics JSON")
