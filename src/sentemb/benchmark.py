@@ -65,19 +65,20 @@ def _timed_training(module, opt, make_batch, loss_of, sentences, batch_size, ste
 
 
 def bench_method(model_dir, corpus, batch_size, steps, warmup, device, max_len, precision, method="simcse",
-                 method_args=None, inputs=None, sam_rho=None, unpad=False):
+                 method_args=None, inputs=None, sam_rho=None, unpad=False, chunk_size=None):
     """A registered method through the loop's own code (``sentemb.train.setup`` and ``run_steps``:
     the batch schedule, ``build_batch`` with the corpus's token cache, in line (``prefetch: false``)
     and timed separately, transfer, autocast, ``losses``, backward, with ``sam_rho`` SAM's second
     pass, clip, AdamW, LR schedule). Returns (seconds, real tokens, padded tokens, encoder config,
     build seconds) of the last ``steps`` steps after ``warmup``, and the FLOPs per padded position
     of one more step, counted (``sentemb.flops.counted``: every matmul of the step, whatever the
-    method runs), so that FLOPs of the timed steps = that × their padded positions."""
+    method runs), so that FLOPs of the timed steps = that × their padded positions. ``chunk_size``:
+    ``train.chunk_size`` (gradient caching; its extra forward is in the counted FLOPs)."""
     from .flops import counted
     from .train import State, log_step, run_steps, setup
 
     run = _bench_run(model_dir, corpus, batch_size, device, max_len, precision, method, 10**9, method_args, inputs,
-                     sam_rho=sam_rho, unpad=unpad, prefetch=False)
+                     sam_rho=sam_rho, unpad=unpad, prefetch=False, chunk_size=chunk_size)
     with setup(run, "/nonexistent-benchmark-output") as job:
         if job.total < warmup + steps + 2:
             raise SentembError(f"--corpus gives {job.total} steps of batch {batch_size}; {warmup + steps + 2} are needed")

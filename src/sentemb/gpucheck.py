@@ -9,7 +9,12 @@ On the visible CUDA device, in a few minutes, it measures what no CPU machine of
 2. the STS evaluation of one model in fp32 (the protocol) and in bf16: the difference per task;
 3. the tiny DAG (``.test/config.yaml``) end to end with training on CUDA under bf16, timed;
 4. ``sentemb plan``'s estimate for one SimCSE step (the step's counted FLOPs at the plan's stated
-   MFU of the peak) next to the step time measured in 1.
+   MFU of the peak) next to the step time measured in 1;
+5. gradient caching (``train.chunk_size``, issue 26 §2): SimCSE at each batch in chunks of a quarter
+   of it, time per step and peak memory next to the unchunked step of 1;
+6. one job across two GPUs (``train.devices: 2``, issue 26 §3; with two or more GPUs visible, else
+   the row says why not): ``sentemb train`` end to end as 2 processes against 1, fp32 with keyed
+   dropout, wall time and the relative difference of the final weights (round-off expected).
 
 It prints one Markdown table to paste into an issue. Without CUDA it says so and exits 2 (``--cpu``
 runs the same code on the CPU at a toy size: the tests use it so that the command cannot rot).
@@ -35,21 +40,30 @@ def _row(what: str, value: str, note: str = "") -> str:
     return f"| {what} | {value} | {note} |"
 
 
-def _inputs_for(model: Path, corpus: Path, work: Path, nltk: Path | None, device: str) -> dict[str, str]:
-    """Every input the six methods read, made from the benchmark corpus with the package's own code:
-    token frequency, TF-IDF, RAKE (with the NLTK data), and InfoCSE's pretraining stage (a few steps)."""
+def _inputs_for(model: Path, corpus: Path, work: Path, nltk: Path | None, device: str,
+                methods: tuple[str, ...] = METHODS) -> dict[str, str]:
+    """Every input the ``methods`` read with their default arguments (``Method.requires``), made from
+    the benchmark corpus with the package's own code: token frequency, TF-IDF, RAKE (with the NLTK
+    data), and InfoCSE's pretraining stage (a few steps)."""
+    from .methods import get_method
     from .stats.frequency import write_token_frequencies
     from .stats.rake import write_rake
     from .stats.tfidf import write_tfidf
 
+    needed = {name for m in methods for name in get_method(m).requires(get_method(m).make_args({}))}
     work.mkdir(parents=True, exist_ok=True)
-    out = {"token_freq": work / "token_freq.parquet", "tfidf": work / "tfidf.parquet"}
-    write_token_frequencies(corpus, model, out["token_freq"])
-    write_tfidf([corpus], out["tfidf"], workers=1)
-    if nltk is not None:
+    out: dict[str, Path] = {}
+    if "token_freq" in needed:
+        out["token_freq"] = work / "token_freq.parquet"
+        write_token_frequencies(corpus, model, out["token_freq"])
+    if "tfidf" in needed:
+        out["tfidf"] = work / "tfidf.parquet"
+        write_tfidf([corpus], out["tfidf"], workers=1)
+    if nltk is not None and {"rake", "nltk"} & needed:
         out["rake"], out["nltk"] = work / "rake.parquet", nltk
         write_rake(corpus, nltk, out["rake"], top_k=5, workers=1)
-    out["pretrained"] = _infocse_stage(model, corpus, work / "pretrain", device)
+    if "pretrained" in needed:
+        out["pretrained"] = _infocse_stage(model, corpus, work / "pretrain", device)
     return {k: str(v) for k, v in out.items()}
 
 
@@ -97,7 +111,7 @@ def check(model: Path, corpus: Path, senteval: Path, nltk: Path | None, device_n
              f"({'bf16 dense, by GPU name' if cuda else 'fp32 matmul measured now'})", "",
              "| what | value | note |", "| --- | --- | --- |"]
     work = Path(tempfile.mkdtemp(prefix="sentemb-gpucheck-"))
-    inputs = _inputs_for(model, corpus, work / "stats", nltk, device_name)
+    inputs = _inputs_for(model, corpus, work / "stats", nltk, device_name, methods)
     sentences = read_corpus(corpus)
     margs = _method_args(model)
     simcse_step = {}
@@ -121,6 +135,21 @@ def check(model: Path, corpus: Path, senteval: Path, nltk: Path | None, device_n
             s2, _ = bench_st(model, sentences, b, steps, warmup, device, max_len, precision)
             lines.append(_row(f"train sentence-transformers MNRL B={b} bf16",
                               f"{b * steps / s2:.0f} sent/s, {1000 * s2 / steps:.0f} ms/step", "same model, batch, max_len"))
+    # gradient caching: the same step in chunks of a quarter of the batch (memory bound, one extra forward)
+    if "simcse" in methods:
+        for b in batches:
+            c = max(1, b // 4)
+            if cuda:
+                torch.cuda.reset_peak_memory_stats(device)
+            secs, *_ = bench_method(model, corpus, b, steps, warmup, device, max_len, precision, "simcse", None, inputs,
+                                    chunk_size=c)
+            mem = f", peak mem {torch.cuda.max_memory_allocated(device) / 2**30:.1f} GiB" if cuda else ""
+            whole = simcse_step.get(b, (None,))[0]
+            ratio = f"; {secs / steps / whole:.2f}x the unchunked step" if whole else ""
+            lines.append(_row(f"train simcse B={b} bf16 chunk_size {c}",
+                              f"{b * steps / secs:.0f} sent/s, {1000 * secs / steps:.0f} ms/step",
+                              f"gradient caching{ratio}{mem}"))
+    lines.append(_row(*_devices_row(model, corpus, device_name, max(batches), max(steps, 5), max_len, work)))
     # bf16 vs fp32 evaluation of the same model
     scores = {}
     for prec in ("fp32", "bf16"):
@@ -145,6 +174,45 @@ def check(model: Path, corpus: Path, senteval: Path, nltk: Path | None, device_n
     if dag:
         lines.append(_row("tiny DAG, training on this device in bf16", *_tiny_dag(repo, device_name, senteval)))
     return lines
+
+
+def _devices_row(model: Path, corpus: Path, device_name: str, batch: int, steps: int, max_len: int,
+                 work: Path) -> tuple[str, str, str]:
+    """``sentemb train`` of SimCSE for ``steps`` steps with ``train.devices`` 1 and 2 (fp32, keyed
+    dropout, no evaluation): wall time of each (start-up included) and the largest relative
+    difference of a weight tensor between the two final models (fp32 round-off expected)."""
+    import torch
+    from safetensors.torch import load_file
+
+    from .benchmark import _bench_run
+    from .utils import write_json
+
+    what = f"train simcse B={batch} devices 2 (fp32, keyed dropout)"
+    if device_name == "cuda" and torch.cuda.device_count() < 2:
+        return what, "skipped", f"{torch.cuda.device_count()} GPU visible; run on a node with two"
+    timings, weights = {}, {}
+    for devices in (1, 2):
+        run = _bench_run(model, corpus, batch, device_name, max_len, "fp32", "simcse", 10**9, devices=devices,
+                         dropout_rng="keyed", max_steps=steps)
+        cfg, out = work / f"devices{devices}.json", work / f"devices{devices}"
+        write_json(cfg, run.to_dict())
+        t = time.perf_counter()
+        p = subprocess.run([sys.executable, "-m", "sentemb", "train", "--run-config", str(cfg), "--output-dir", str(out),
+                            "--no-track", "--quiet"], capture_output=True, text=True)
+        if p.returncode:
+            return what, "FAILED", (p.stderr.strip().splitlines() or [""])[-1][:300]
+        timings[devices] = time.perf_counter() - t
+        weights[devices] = load_file(str(next((out / "model").rglob("*.safetensors"))))
+    # the whole model's difference, not a tensor's: some gradients are zero in exact arithmetic (an
+    # attention key bias: softmax ignores a shift), and AdamW scales their round-off to a full step
+    start = {k: v for f in Path(model).glob("*.safetensors") for k, v in load_file(str(f)).items()}
+    sq = lambda d: sum(float(v.double().pow(2).sum()) for v in d)  # noqa: E731
+    diff = (sq(weights[1][k] - weights[2][k] for k in weights[1]) / sq(weights[1].values())) ** 0.5
+    moved = [k for k in weights[1] if k in start and start[k].shape == weights[1][k].shape]
+    update = sq(weights[1][k].double() - start[k].double() for k in moved) ** 0.5
+    of_update = f" ({(sq(weights[1][k] - weights[2][k] for k in moved) ** 0.5) / update:.1e} of the update)" if update else ""
+    return (what, f"{timings[2]:.0f} s vs {timings[1]:.0f} s on one device ({timings[1] / timings[2]:.2f}x)",
+            f"{steps} steps end to end with start-up; weights' relative difference {diff:.1e}{of_update}")
 
 
 def _tiny_dag(repo: Path, device_name: str, senteval: Path) -> tuple[str, str]:
