@@ -150,6 +150,7 @@ def test_tiny_dag_on_a_real_slurm_matches_the_local_run(slurm, shared, tmp_path)
     cfg = yaml.safe_load((REPO / ".test" / "config.yaml").read_text())
     cfg["seeds"] = [1]  # one seed, SimCSE only: the point is the cluster path, not the methods
     cfg["runs"] = [{k: v for k, v in r.items() if k != "seeds"} for r in cfg["runs"] if r["method"] == "simcse"]
+    cfg["studies"], cfg["baselines"] = [], {}  # one training and one evaluation job per side
     # keyed dropout masks: the same for one process and for two (issue 26 §3)
     cfg["train"] = {**cfg.get("train", {}), "dropout_rng": "keyed"}
     for d in (local, cluster):
