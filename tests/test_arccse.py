@@ -342,12 +342,18 @@ def test_eval_pooler_is_raw_cls():
 
 
 def test_bad_arguments_name_the_key(tiny_bert_dir):
-    with pytest.raises(SentembError, match="mask_rate"):
-        _method(tiny_bert_dir, mask_rate=0.5, mask_rate_large=0.4)
+    cls = get_method("arccse")
+    with pytest.raises(SentembError, match=r"runs\[1\]\.method_args\.mask_rate/mask_rate_large: .* must not exceed"):
+        cls.check(cls.make_args({"mask_rate": 0.5, "mask_rate_large": 0.4}), {}, "runs[1].method_args")
+    with pytest.raises(SentembError, match=r"runs\[1\]\.method_args\.triplet_mlp: true needs an MLP"):
+        cls.check(cls.make_args({"mlp": "none"}), {}, "runs[1].method_args")
+    cls.check(cls.make_args({"mlp": "none", "triplet_mlp": False}), {}, "runs[1].method_args")
     with pytest.raises(SentembError, match=r"runs\[1\]\.method_args\.mask_unit: 'chars' is not one of"):
-        get_method("arccse").validate_args({"mask_unit": "chars"}, "runs[1].method_args")
-    with pytest.raises(SentembError, match="margin_deg"):
+        cls.validate_args({"mask_unit": "chars"}, "runs[1].method_args")
+    with pytest.raises(SentembError, match=r"method 'arccse'\.margin_deg: -1\.0 is below the minimum 0"):
         _method(tiny_bert_dir, margin_deg=-1.0)
+    with pytest.raises(SentembError, match=r"margin_deg: 200 must be less than 180"):
+        cls.validate_args({"margin_deg": 200}, "runs[0].method_args")
 
 
 # ------------------------------------------------------------------------------------ SAM

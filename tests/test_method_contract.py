@@ -24,6 +24,8 @@ from sentemb import SentembError
 from sentemb.methods import MethodContext, get_method, registry
 from sentemb.methods.base import INPUT_NAMES, WEIGHTED
 
+REPO = Path(__file__).resolve().parents[1]
+
 #: tiny-model argument overrides per method (e.g. fewer layers than the paper's backbone)
 CONTRACT_ARGS: dict[str, dict] = {
     "simcse": {},
@@ -359,6 +361,46 @@ def test_unknown_and_mistyped_arguments_are_refused(name):
             with pytest.raises(SentembError, match=rf"methods\.{name}\.{spec.name}: "):
                 cls.validate_args({spec.name: "not a value"}, f"methods.{name}")
             break
+
+
+def test_every_declared_bound_is_enforced_in_the_config_naming_the_key(name, tmp_path):
+    """Issue 27 §3: every ``arg(..., minimum=, maximum=, exclusive_minimum=, exclusive_maximum=)``
+    refuses a value just outside it when the config is validated, in ``methods.<name>`` and in
+    ``runs[i].method_args``, naming the key; a value on an inclusive bound and the default pass."""
+    import yaml
+
+    from sentemb.args import meta_of
+    from sentemb.config import load_config
+
+    cls = get_method(name)
+    base = yaml.safe_load((REPO / ".test" / "config.yaml").read_text())
+
+    def load(methods=None, method_args=None):
+        cfg = {**base, "methods": {name: methods or {}}, "studies": [],
+               "runs": [{"method": name, "backbone": next(iter(base["backbones"])), "method_args": method_args or {}}]}
+        p = tmp_path / "c.yaml"
+        p.write_text(yaml.safe_dump(cfg))
+        return load_config(p)
+
+    bounded = 0
+    for spec in cls.arg_specs():
+        meta = meta_of(cls.Args, spec.name)
+        step = 1 if spec.type.startswith("int") else 1e-9
+        for key, outside, edge in (("minimum", -step, True), ("exclusive_minimum", 0, False),
+                                   ("maximum", step, True), ("exclusive_maximum", 0, False)):
+            if meta.get(key) is None:
+                continue
+            bounded += 1
+            bad = meta[key] + outside
+            bad = int(bad) if spec.type.startswith("int") else float(bad)
+            with pytest.raises(SentembError, match=rf"methods\.{name}\.{spec.name}: {bad!r} "):
+                load(methods={spec.name: bad})
+            with pytest.raises(SentembError, match=rf"runs\[0\]\.method_args\.{spec.name}: {bad!r} "):
+                load(method_args={spec.name: bad})
+            if edge:
+                cls.validate_args({spec.name: meta[key]}, "edge")  # an inclusive bound is allowed
+    assert bounded, f"{name} declares no bound on any argument"
+    load()  # the defaults are within every bound and pass Method.check
 
 
 def test_every_argument_is_documented_and_inputs_are_known(name):

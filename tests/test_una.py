@@ -392,9 +392,9 @@ def test_empty_paraphrase_uses_the_anchor_and_is_counted(tiny_bert_dir, corpus, 
 
 
 @pytest.mark.parametrize("args, match", [
-    ({"alpha": 0}, r"methods\.una\.alpha: 0 must be at least 1"),
-    ({"radius": 0}, r"methods\.una\.radius: 0 must be at least 1"),
-    ({"beta": 0.0}, r"methods\.una\.beta: 0.0 must be positive"),
+    ({"alpha": 0}, r"methods\.una\.alpha: 0 is below the minimum 1"),
+    ({"radius": 0}, r"methods\.una\.radius: 0 is below the minimum 1"),
+    ({"beta": 0.0}, r"methods\.una\.beta: 0.0 must be greater than 0"),
     ({"loss": "triplet"}, r"methods\.una\.loss: 'triplet' is not one of 'symmetric', 'simcse'"),
     ({"paraphrase": "yes"}, r"methods\.una\.paraphrase: 'yes' is not true or false"),
 ])

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import yaml
 
 from conftest import REPO
 
@@ -195,6 +196,17 @@ def test_malformed_config_names_the_key(tmp_path, env):
     (tmp_path / "config.yaml").write_text(cfg)
     p = smk(tmp_path, "-n", env=env, check=False)
     assert p.returncode != 0 and "train.lr" in p.stdout + p.stderr
+
+
+def test_an_argument_out_of_its_declared_range_fails_the_dry_run_naming_the_key(tmp_path, env):
+    """Issue 27: ``runs[i].method_args: {margin_deg: 200}`` for ArcCSE used to pass ``snakemake -n``
+    and fail on the GPU node after the encoder had loaded."""
+    cfg = yaml.safe_load((REPO / ".test" / "config.yaml").read_text())
+    i = next(i for i, r in enumerate(cfg["runs"]) if r["method"] == "arccse")
+    cfg["runs"][i]["method_args"] = {**(cfg["runs"][i].get("method_args") or {}), "margin_deg": 200}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    p = smk(tmp_path, "-n", env=env, check=False)
+    assert p.returncode != 0 and f"runs[{i}].method_args.margin_deg: 200 must be less than 180" in p.stdout + p.stderr
 
 
 def test_missing_mirror_is_a_clear_error(tmp_path, env):

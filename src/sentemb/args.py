@@ -19,13 +19,16 @@ from . import SentembError
 
 
 def arg(default: Any, help: str, choices: Sequence[Any] | None = None, *, minimum: float | None = None,
-        maximum: float | None = None, exclusive_minimum: float | None = None, pattern: str | None = None,
-        min_items: int | None = None) -> Any:
-    """Declare one setting: ``temperature: float = arg(0.05, "τ of Eq. 1")``. ``choices`` are the
-    allowed values (of each item, for a list); the bounds are JSON-schema's. A mutable default
+        maximum: float | None = None, exclusive_minimum: float | None = None,
+        exclusive_maximum: float | None = None, pattern: str | None = None, min_items: int | None = None) -> Any:
+    """Declare one setting: ``temperature: float = arg(0.05, "τ of Eq. 1", exclusive_minimum=0)``.
+    ``choices`` are the allowed values (of each item, for a list); the bounds are JSON-schema's and
+    are enforced wherever the setting is given (``check_mapping``: the config's ``methods.<name>``,
+    ``runs[i].method_args``, study values), with the error naming the key. A mutable default
     (list, dict, a settings dataclass) is copied for every instance."""
     meta = {"help": help, "choices": tuple(choices) if choices else None, "minimum": minimum, "maximum": maximum,
-            "exclusive_minimum": exclusive_minimum, "pattern": pattern, "min_items": min_items}
+            "exclusive_minimum": exclusive_minimum, "exclusive_maximum": exclusive_maximum, "pattern": pattern,
+            "min_items": min_items}
     if isinstance(default, (list, dict)) or dataclasses.is_dataclass(default):
         return field(default_factory=lambda: copy.deepcopy(default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -119,6 +122,34 @@ def check_mapping(cls: type, values: Any, where: str, owner: str) -> None:
         ch = by_name[key].choices
         if ch is not None and any(v not in ch for v in (value if isinstance(value, list) else [value])):
             raise SentembError(f"{where}.{key}: {value!r} is not one of {', '.join(map(repr, ch))}")
+        bad = bound_error(meta_of(cls, key), value)
+        if bad:
+            raise SentembError(f"{where}.{key}: {value!r} {bad}")
+
+
+#: the declared bounds, as (metadata key, test that fails, words for the error)
+_BOUNDS = (("minimum", lambda v, b: v < b, "is below the minimum {}"),
+           ("exclusive_minimum", lambda v, b: v <= b, "must be greater than {}"),
+           ("maximum", lambda v, b: v > b, "is above the maximum {}"),
+           ("exclusive_maximum", lambda v, b: v >= b, "must be less than {}"))
+
+
+def meta_of(cls: type, name: str) -> dict:
+    return next(f.metadata for f in dataclasses.fields(cls) if f.name == name)
+
+
+def bound_error(meta: dict, value: Any) -> str | None:
+    """Why ``value`` (a number, or each number of a list) breaks the declared bounds, or None.
+    ``min_items`` of a list too; None (an optional setting left unset) is never out of range."""
+    if isinstance(value, list) and meta.get("min_items") is not None and len(value) < meta["min_items"]:
+        return f"needs at least {meta['min_items']} items"
+    for v in value if isinstance(value, list) else [value]:
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            continue
+        for key, fails, words in _BOUNDS:
+            if meta.get(key) is not None and fails(v, meta[key]):
+                return words.format(meta[key])
+    return None
 
 
 def build(cls: type, values: dict | None = None):
@@ -178,7 +209,8 @@ def schema_of(cls: type, defaults: bool = True, default_instance: Any = None) ->
                 types = _json_type(tp)
                 p["type"] = types[0] if len(types) == 1 else types
             for key, name in (("minimum", "minimum"), ("maximum", "maximum"), ("exclusive_minimum", "exclusiveMinimum"),
-                              ("pattern", "pattern"), ("min_items", "minItems")):
+                              ("exclusive_maximum", "exclusiveMaximum"), ("pattern", "pattern"),
+                              ("min_items", "minItems")):
                 if meta.get(key) is not None:
                     p[name] = meta[key]
             if defaults:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import json
 import os
 from importlib import resources
 from pathlib import Path
@@ -128,13 +129,16 @@ def validate_config(config: dict, source: str = "config") -> dict:
             registry()[run["method"]].validate_args(run["method_args"], f"runs[{i}].method_args")
     except SentembError as e:
         raise SentembError(f"invalid configuration in {source}: config key {e}") from None
-    # Config-level checks of a method (e.g. an argument bounded by a statistics setting).
+    # A method's rules across its arguments and against the config (``Method.check``), on every
+    # run's resolved arguments; a study's point is named by its study.
     try:
         for i, run in enumerate(config["runs"]):
             cls = registry()[run["method"]]
-            cls.check_config(cls.make_args(method_args_of(config, run)), config, f"runs[{i}].method_args")
+            where = (f"studies[{run['study']}] point {json.dumps(run.get('point'), sort_keys=True)}: method_args"
+                     if run.get("study") else f"runs[{i}].method_args")
+            cls.check(cls.make_args(method_args_of(config, run)), config, where)
     except SentembError as e:
-        raise SentembError(f"invalid configuration in {source}: {e}") from None
+        raise SentembError(f"invalid configuration in {source}: config key {e}") from None
     return config
 
 

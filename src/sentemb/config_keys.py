@@ -82,10 +82,14 @@ def config_keys_markdown() -> str:
         out += _table(_rows(p["properties"], f"{name}.", tuple(p.get("required", ())))) + [""]
     out += ["## `methods.<method>` (and `runs[].method_args`)", "",
             "Each method's arguments (`sentemb methods` lists them with the inputs they need).", ""]
+    from .args import meta_of
+    from .methods.cli import value_range
+
     for m in sorted(registry()):
         cls = registry()[m]
         rows = [(f"methods.{m}.{s.name}", s.type + (f", one of {', '.join(json.dumps(c) for c in s.choices)}"
-                                                     if s.choices else ""), json.dumps(s.default), s.help)
+                                                     if s.choices else "")
+                 + (f", in {r}" if (r := value_range(meta_of(cls.Args, s.name))) else ""), json.dumps(s.default), s.help)
                 for s in cls.arg_specs()]
         out += [f"### `{m}`", ""] + (_table(rows) if rows else ["(no arguments)"]) + [""]
     return "\n".join(out).rstrip() + "\n"

@@ -162,7 +162,9 @@ def _signature(config: dict, run: dict) -> str:
     from .methods import get_method
 
     cls = get_method(run["method"])
-    margs = cls.resolve_args((config.get("methods") or {}).get(run["method"], {}), run.get("method_args") or {})
+    # merged, not validated: the run checks after the expansion name the key of a bad value
+    margs = {**cls.arg_defaults(), **((config.get("methods") or {}).get(run["method"]) or {}),
+             **(run.get("method_args") or {})}
     train = {**config["train"], **(run.get("train") or {})}
     return json.dumps([run["method"], run["backbone"], run.get("corpus") or config["corpus"]["name"], train, margs],
                       sort_keys=True,

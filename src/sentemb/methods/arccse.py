@@ -182,46 +182,48 @@ class ArcCSE(SimCSE):
 
     @dataclass
     class Args:
-        temperature: float = arg(0.05, "τ of ArcCon (Eq. 3)")
-        margin_deg: float = arg(10.0, "additive angular margin m of ArcCon in degrees (Eq. 3)")
+        temperature: float = arg(0.05, "τ of ArcCon (Eq. 3)", exclusive_minimum=0)
+        margin_deg: float = arg(10.0, "additive angular margin m of ArcCon in degrees (Eq. 3)",
+                                minimum=0, exclusive_maximum=180)
         arccon: bool = arg(True, "ArcCon loss; false = NT-Xent/InfoNCE (ablation 'w/o ArcCon')")
         beyond_pi: str = arg("shift", "positive logit where θ+m > π: cos θ − (1 − cos m) (continuous, "
                              "non-increasing; open choice) or the raw cos(θ+m)", choices=("shift", "raw"))
-        sin_eps: float = arg(1e-6, "ε in sin θ = √max(1 − cos²θ, ε): finite gradient at cos θ = ±1")
+        sin_eps: float = arg(1e-6, "ε in sin θ = √max(1 − cos²θ, ε): finite gradient at cos θ = ±1",
+                             exclusive_minimum=0, exclusive_maximum=1)
         triplet: bool = arg(True, "triplet entailment loss (Eq. 4); false = ablation 'w/o triplet'")
-        triplet_weight: float = arg(0.1, "λ of L = L_arc + λ·L_tri (Eq. 5)")
-        triplet_margin: float = arg(0.0, "m′ of the triplet loss (Eq. 4)")
-        min_words: int = arg(25, "only sentences with at least this many (whitespace) words form triplets")
-        mask_rate: float = arg(0.2, "masking rate of s′ (contiguous spans)")
-        mask_rate_large: float = arg(0.4, "masking rate of s″ (s′'s masked area enlarged)")
+        triplet_weight: float = arg(0.1, "λ of L = L_arc + λ·L_tri (Eq. 5)", minimum=0)
+        triplet_margin: float = arg(0.0, "m′ of the triplet loss (Eq. 4)", minimum=0)
+        min_words: int = arg(25, "only sentences with at least this many (whitespace) words form triplets", minimum=1)
+        mask_rate: float = arg(0.2, "masking rate of s′ (contiguous spans)", exclusive_minimum=0, exclusive_maximum=1)
+        mask_rate_large: float = arg(0.4, "masking rate of s″ (s′'s masked area enlarged)",
+                                     exclusive_minimum=0, exclusive_maximum=1)
         mask_unit: str = arg("words", "masking unit (open): pre-tokenized words or word pieces",
                              choices=("words", "tokens"))
         mask_replace: str = arg("mask", "masked units become [MASK] or are deleted (open)", choices=("mask", "delete"))
-        span_p: float = arg(0.2, "geometric parameter of span lengths (SpanBERT; open)")
-        max_span: int = arg(10, "longest span in units (SpanBERT; open)")
+        span_p: float = arg(0.2, "geometric parameter of span lengths (SpanBERT; open)", exclusive_minimum=0, maximum=1)
+        max_span: int = arg(10, "longest span in units (SpanBERT; open)", minimum=1)
         triplet_max_len: int = arg(512, "truncation of triplet sentences in tokens (paper: the longest of the "
-                                        "batch; capped at the model's position limit)")
+                                        "batch; capped at the model's position limit)", minimum=4)
         triplet_mlp: bool = arg(True, "triplet embeddings pass through the training MLP (open)")
         mlp: str = arg("train_only", "Linear+Tanh head on [CLS]: in training only (paper), kept at test time, "
                        "or none", choices=("train_only", "always", "none"))
 
     eval_pooler = "cls_before_pooler"
 
+    @classmethod
+    def check(cls, args, config, where="method_args"):
+        """Rules across ArcCSE's arguments (each one's range is declared on it)."""
+        if args.mask_rate > args.mask_rate_large:
+            raise SentembError(f"{where}.mask_rate/mask_rate_large: s″ enlarges s′'s masked area, so mask_rate "
+                               f"({args.mask_rate}) must not exceed mask_rate_large ({args.mask_rate_large})")
+        if args.triplet and args.triplet_mlp and args.mlp == "none":
+            raise SentembError(f"{where}.triplet_mlp: true needs an MLP (mlp is 'none')")
+
     def __init__(self, encoder, tokenizer, args, ctx):
         super().__init__(encoder, tokenizer, args, ctx)
         a = self.args
         where = f"method '{self.name}'"
-        if not 0.0 < a.mask_rate <= a.mask_rate_large < 1.0:
-            raise SentembError(f"{where}.mask_rate/mask_rate_large: need 0 < mask_rate ({a.mask_rate}) <= "
-                               f"mask_rate_large ({a.mask_rate_large}) < 1")
-        for key, ok in (("temperature", a.temperature > 0), ("margin_deg", 0 <= a.margin_deg < 180),
-                        ("sin_eps", 0 < a.sin_eps < 1), ("span_p", 0 < a.span_p <= 1),
-                        ("max_span", a.max_span >= 1), ("triplet_max_len", a.triplet_max_len >= 4),
-                        ("min_words", a.min_words >= 1), ("triplet_weight", a.triplet_weight >= 0)):
-            if not ok:
-                raise SentembError(f"{where}.{key}: {getattr(a, key)!r} is out of range")
-        if a.triplet_mlp and self.mlp is None and a.triplet:
-            raise SentembError(f"{where}.triplet_mlp: true needs an MLP (mlp is 'none')")
+        # what needs the tokenizer (the rest is checked with the config: Args' bounds, ``check``)
         if a.triplet and a.mask_unit == "words" and not getattr(tokenizer, "is_fast", False):
             raise SentembError(f"{where}.mask_unit: 'words' needs a fast tokenizer (word ids); use 'tokens'")
         if a.triplet and a.mask_replace == "mask" and tokenizer.mask_token_id is None:

@@ -212,10 +212,15 @@ class Method(nn.Module):
         return build(cls.Args, cls.resolve_args(args, where=where))
 
     @classmethod
-    def check_config(cls, args, config: dict, where: str) -> None:
-        """Checks of a run's resolved ``args`` (an ``Args``) against the whole validated ``config``
-        (e.g. an argument bounded by a ``stats`` setting); raise SentembError naming the keys,
-        prefixed by ``where`` (``runs[i].method_args``). Default: nothing to check."""
+    def check(cls, args, config: dict, where: str = "method_args") -> None:
+        """The method's rules across arguments (``mask_rate <= mask_rate_large``) and against the
+        whole validated ``config`` (an argument bounded by a ``stats`` setting), on a run's resolved
+        ``args`` (an ``Args``); raise SentembError naming the keys, prefixed by ``where``
+        (``runs[i].method_args``, a study's point). Run when the config is validated, so a bad
+        combination fails ``snakemake -n``, not a GPU job. One argument's range is declared on the
+        argument instead (``arg(..., minimum=, maximum=, exclusive_minimum=, choices=)``) and enforced
+        by ``validate_args``. What needs the loaded backbone or tokenizer (a layer count, a [MASK]
+        token) can only be checked where they are loaded. Default: nothing to check."""
 
     @classmethod
     def requires(cls, args) -> tuple[str, ...]:

@@ -8,6 +8,7 @@ import json
 
 def describe(name: str | None = None) -> list[dict]:
     """Machine-readable description of the registered methods (or of one)."""
+    from ..args import meta_of
     from . import get_method, registry
 
     names = [name] if name else sorted(registry())
@@ -24,9 +25,18 @@ def describe(name: str | None = None) -> list[dict]:
             "eval_pooler": cls.pooler_for(defaults),
             "inputs": list(cls.requires(defaults)),
             "args": [{"name": s.name, "type": s.type, "default": s.default, "choices": list(s.choices) if s.choices else None,
-                      "help": s.help} for s in cls.arg_specs()],
+                      "range": value_range(meta_of(cls.Args, s.name)), "help": s.help} for s in cls.arg_specs()],
         })
     return out
+
+
+def value_range(meta: dict) -> str | None:
+    """A declared range as an interval, e.g. ``[0, 180)``, ``(0, inf)``; None without bounds."""
+    lo = (f"[{meta['minimum']:g}" if meta.get("minimum") is not None
+          else f"({meta['exclusive_minimum']:g}" if meta.get("exclusive_minimum") is not None else None)
+    hi = (f"{meta['maximum']:g}]" if meta.get("maximum") is not None
+          else f"{meta['exclusive_maximum']:g})" if meta.get("exclusive_maximum") is not None else None)
+    return None if lo is None and hi is None else f"{lo or '(-inf'}, {hi or 'inf)'}"
 
 
 def format_methods(desc: list[dict]) -> str:
@@ -40,6 +50,7 @@ def format_methods(desc: list[dict]) -> str:
         w = max((len(a["name"]) for a in m["args"]), default=0)
         for a in m["args"]:
             choices = f" {{{', '.join(map(str, a['choices']))}}}" if a["choices"] else ""
+            choices += f" {a['range']}" if a.get("range") else ""
             lines.append(f"  {a['name']:<{w}}  {a['type']:<8} = {json.dumps(a['default'])!s:<12}{choices}  {a['help']}")
         lines.append("")
     return "\n".join(lines).rstrip() + "\n"

@@ -279,12 +279,15 @@ class InfoCSE(Method):
 
     @dataclass
     class Args:
-        temperature: float = arg(0.05, "τ of InfoNCE (Eq. 3)")
-        aux_weight: float = arg(1e-5, "λ of Eq. 7 (Table 8 and code; §4.2's text says 0.005)")
-        mask_rate: float = arg(0.4, "share of tokens masked in x̂ for L_aux (Table 7; code: 0.3 on BERT-large)")
-        skip_from: int = arg(6, "M^{>0} = states after this many layers (the paper's 6th layer); < the backbone's layers")
-        head_layers: int = arg(2, "extra Transformer layers of the auxiliary network (paper: 2)")
-        cls_layer: int | None = arg(None, "layer whose [CLS] is h (null = the last; the paper's 12th on BERT-base)")
+        temperature: float = arg(0.05, "τ of InfoNCE (Eq. 3)", exclusive_minimum=0)
+        aux_weight: float = arg(1e-5, "λ of Eq. 7 (Table 8 and code; §4.2's text says 0.005)", minimum=0)
+        mask_rate: float = arg(0.4, "share of tokens masked in x̂ for L_aux (Table 7; code: 0.3 on BERT-large)",
+                               exclusive_minimum=0, exclusive_maximum=1)
+        skip_from: int = arg(6, "M^{>0} = states after this many layers (the paper's 6th layer); < the backbone's layers",
+                             minimum=1)
+        head_layers: int = arg(2, "extra Transformer layers of the auxiliary network (paper: 2)", minimum=1)
+        cls_layer: int | None = arg(None, "layer whose [CLS] is h (null = the last; the paper's 12th on BERT-base)",
+                                    minimum=1)
         detach: bool = arg(True, "Detach(M^{>0}) with frozen lower auxiliary layers (false: Table 6's ablation, "
                            "the lower auxiliary layers are trained)")
         init: str = arg("pretrain", "pretrain: both networks from stage 1 (§3.2); backbone: no pretraining (Table 4, "
@@ -313,6 +316,13 @@ class InfoCSE(Method):
             validate_pretrain_block(block, f"{where}.pretrain")
 
     @classmethod
+    def check(cls, args, config, where="method_args"):
+        """Rules across InfoCSE's arguments (the layer numbers against the backbone's depth are
+        checked when the backbone is loaded)."""
+        if args.aux_checkpoint and args.init == "backbone":
+            raise SentembError(f"{where}.aux_checkpoint/init: aux_checkpoint and init: backbone exclude each other")
+
+    @classmethod
     def requires(cls, args):
         return ("pretrained",) if args.init == "pretrain" and not args.aux_checkpoint else ()
 
@@ -321,9 +331,6 @@ class InfoCSE(Method):
         super().__init__(encoder, tokenizer, args, ctx)
         a, cfg = self.args, encoder.config
         n_layers = cfg.num_hidden_layers
-        if a.aux_checkpoint and a.init == "backbone":
-            raise SentembError("infocse: aux_checkpoint and init: backbone exclude each other (config key "
-                               "methods.infocse.aux_checkpoint / init)")
         _check_layers(a, n_layers, a.init == "backbone")
         std = getattr(cfg, "initializer_range", 0.02)
         if a.mlp == "train_only":

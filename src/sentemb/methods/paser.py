@@ -326,27 +326,28 @@ class PaSeR(Method):
     @dataclass
     class Args:
         top_k: int = arg(5, "k: mask the top k RAKE phrases (Table 5's top 5 = the full model of Tables 4, 8, 9; "
-                         "top 3 a study point; ≤ stats.rake_top_k)")
+                         "top 3 a study point; ≤ stats.rake_top_k)", minimum=1)
         eda: str = arg("sr", "EDA on s and s̃: synonym replacement (best, Table 4), random swap, random "
                        "deletion, or none", choices=("sr", "rs", "rd", "none"))
-        eda_ratio: float = arg(0.5, "EDA ratio α (code README): n = max(1, int(α·#words)); deletion probability")
+        eda_ratio: float = arg(0.5, "EDA ratio α (code README): n = max(1, int(α·#words)); deletion probability",
+                               minimum=0, maximum=1)
         signal_m: float = arg(10.0, "m, factor of the difference part of the decoding signal")
         signal_n: float = arg(10.0, "n, factor of the product part of the decoding signal")
         signal_abs: bool = arg(True, "absolute values of difference and product (paper); false = code")
         masked_linear: bool = arg(False, "pass E_s̃ through a trainable Linear(h, h) before the signal (code)")
-        decoder_layers: int = arg(6, "transformer decoder layers (code)")
-        decoder_heads: int = arg(16, "decoder attention heads (code); must divide the hidden size")
-        decoder_ffn: int = arg(768, "decoder feed-forward size (code)")
-        decoder_dropout: float = arg(0.1, "decoder dropout (BART default)")
+        decoder_layers: int = arg(6, "transformer decoder layers (code)", minimum=1)
+        decoder_heads: int = arg(16, "decoder attention heads (code); must divide the hidden size", minimum=1)
+        decoder_ffn: int = arg(768, "decoder feed-forward size (code)", minimum=1)
+        decoder_dropout: float = arg(0.1, "decoder dropout (BART default)", minimum=0, exclusive_maximum=1)
         decoder_output: str = arg("embeddings", "the decoder's vocabulary projection: the word embeddings it "
                                   "shares with the encoder (§4.2), or the MLM head of L_MLM, pretrained "
                                   "cls.predictions (code: cls.lm_head(decoder_outputs))",
                                   choices=("embeddings", "mlm_head"))
         mlm_head_tied: bool = arg(True, "the MLM head's output matrix is the encoder's word embeddings (BERT); "
                                   "false = its own trainable copy of the pretrained matrix (code)")
-        max_target_len: int = arg(64, "decoder target length cap (whole trailing phrases dropped)")
-        mlm_prob: float = arg(0.15, "MLM masking probability on s (80/10/10)")
-        mlm_weight: float = arg(1.0, "weight of L_MLM in L = w·L_MLM + L_gen")
+        max_target_len: int = arg(64, "decoder target length cap (whole trailing phrases dropped)", minimum=2)
+        mlm_prob: float = arg(0.15, "MLM masking probability on s (80/10/10)", minimum=0, maximum=1)
+        mlm_weight: float = arg(1.0, "weight of L_MLM in L = w·L_MLM + L_gen", minimum=0)
 
     eval_pooler = "cls_before_pooler"
 
@@ -356,28 +357,24 @@ class PaSeR(Method):
         return ("rake", "nltk") if args.eda == "sr" else ("rake",)
 
     @classmethod
-    def check_config(cls, args, config, where):
+    def check(cls, args, config, where="method_args"):
         from ..stats import stats_settings
 
         kmax = int(stats_settings(config)["rake_top_k"])
         if args.top_k > kmax:
-            raise SentembError(f"config key '{where}.top_k': {args.top_k} is above 'stats.rake_top_k' ({kmax}), "
+            raise SentembError(f"{where}.top_k: {args.top_k} is above 'stats.rake_top_k' ({kmax}), "
                                "the number of RAKE phrases kept per line; raise stats.rake_top_k or lower top_k")
-        if args.top_k < 1:
-            raise SentembError(f"config key '{where}.top_k': must be >= 1, not {args.top_k}")
 
     def __init__(self, encoder, tokenizer, args, ctx):
         super().__init__(encoder, tokenizer, args, ctx)
         a = self.args
         cfg = encoder.config
         h = cfg.hidden_size
-        if a.decoder_heads < 1 or h % a.decoder_heads:
+        if h % a.decoder_heads:  # the backbone's width: known here (the range is on the argument)
             raise SentembError(f"method 'paser': decoder_heads ({a.decoder_heads}) must divide the backbone's "
                                f"hidden size ({h}); set method_args.decoder_heads to a divisor of {h}")
         if tokenizer.mask_token_id is None or tokenizer.cls_token_id is None or tokenizer.sep_token_id is None:
             raise SentembError("method 'paser' needs a tokenizer with mask, cls and sep tokens")
-        if a.top_k < 1:
-            raise SentembError(f"method 'paser': top_k must be >= 1, not {a.top_k}")
         embed = encoder.get_input_embeddings()
         self.decoder = PhraseDecoder(embed, a.decoder_layers, a.decoder_heads, a.decoder_ffn,
                                      a.decoder_dropout, a.max_target_len,

@@ -284,14 +284,15 @@ class SARCSE(Method):
 
     @dataclass
     class Args:
-        temperature: float = arg(0.05, "τ of InfoNCE on Z (Eq. 11)")
-        alpha: float = arg(1.0, "α: weight of the contrastive loss L_I (Eq. 12)")
-        beta: float = arg(2.5e-4, "β: weight of the reconstruction loss L_R of the first view (Eq. 12)")
-        gamma: float = arg(2.5e-4, "γ: weight of L_R⁺, the second (dropout) view (Eq. 12)")
-        theta: float = arg(0.1, "θ: floor of the self-adaptive weight f(w) = max(θ, 1 − λ·freq(w)) (Eq. 8)")
-        lam: float = arg(50.0, "λ: slope of f(w) in the token frequency (Eq. 8)")
-        channels: int = arg(500, "co_t: output channels of each TextCNN (Eq. 3)")
-        integrate_channels: int = arg(3, "co_c: output channels of the (3 × 2) integrating CNN (Eq. 4)")
+        temperature: float = arg(0.05, "τ of InfoNCE on Z (Eq. 11)", exclusive_minimum=0)
+        alpha: float = arg(1.0, "α: weight of the contrastive loss L_I (Eq. 12)", minimum=0)
+        beta: float = arg(2.5e-4, "β: weight of the reconstruction loss L_R of the first view (Eq. 12)", minimum=0)
+        gamma: float = arg(2.5e-4, "γ: weight of L_R⁺, the second (dropout) view (Eq. 12)", minimum=0)
+        theta: float = arg(0.1, "θ: floor of the self-adaptive weight f(w) = max(θ, 1 − λ·freq(w)) (Eq. 8)",
+                           minimum=0, maximum=1)
+        lam: float = arg(50.0, "λ: slope of f(w) in the token frequency (Eq. 8)", minimum=0)
+        channels: int = arg(500, "co_t: output channels of each TextCNN (Eq. 3)", minimum=1)
+        integrate_channels: int = arg(3, "co_c: output channels of the (3 × 2) integrating CNN (Eq. 4)", minimum=1)
         self_adaptive: bool = arg(True, "f(w) from token frequencies; false = f ≡ 1 (ablation 'w/o SAL')")
         decoder: bool = arg(True, "the transposed-CNN decoder and L_R, L_R⁺; false = ablation 'w/o SAL & "
                             "decoder' (TextCNN encoder, contrastive loss only)")

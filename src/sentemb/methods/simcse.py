@@ -36,7 +36,7 @@ class SimCSE(Method):
 
     @dataclass
     class Args:
-        temperature: float = arg(0.05, "τ of InfoNCE (Eq. 1)")
+        temperature: float = arg(0.05, "τ of InfoNCE (Eq. 1)", exclusive_minimum=0)
         mlp: str = arg("train_only", "Linear+Tanh head on [CLS]: in training only (unsup. SimCSE), "
                        "kept at test time, or none", choices=("train_only", "always", "none"))
 

@@ -276,10 +276,12 @@ class UNA(Method):
 
     @dataclass
     class Args:
-        temperature: float = arg(0.05, "τ of the NT-Xent loss")
-        alpha: int = arg(5, "negatives join the batch on optimizer steps with step % alpha == 0 (from step 0)")
-        beta: float = arg(0.5, "β of the replacement probabilities (UNA Eq. 3): the mean p before clipping")
-        radius: int = arg(4000, "r: replacements are drawn among terms ranked within r of the replaced term")
+        temperature: float = arg(0.05, "τ of the NT-Xent loss", exclusive_minimum=0)
+        alpha: int = arg(5, "negatives join the batch on optimizer steps with step % alpha == 0 (from step 0)",
+                         minimum=1)
+        beta: float = arg(0.5, "β of the replacement probabilities (UNA Eq. 3): the mean p before clipping",
+                          exclusive_minimum=0)
+        radius: int = arg(4000, "r: replacements are drawn among terms ranked within r of the replaced term", minimum=1)
         paraphrase: bool = arg(False, "positives are the corpus line's paraphrase (paraphrases.txt) and the "
                                "statistics are tfidf_para.parquet; else a copy of the anchor and tfidf.parquet")
         negatives: bool = arg(True, "TF-IDF hard negatives every alpha steps; false = none (no TF-IDF "
@@ -303,17 +305,6 @@ class UNA(Method):
         if not args.negatives:
             return ("paraphrases",) if args.paraphrase else ()
         return ("tfidf_para", "paraphrases") if args.paraphrase else ("tfidf",)
-
-    @classmethod
-    def validate_args(cls, args, where):
-        super().validate_args(args, where)
-        for key, low in (("alpha", 1), ("radius", 1)):
-            if key in args and args[key] < low:
-                raise SentembError(f"{where}.{key}: {args[key]!r} must be at least {low}")
-        for key in ("beta", "temperature"):
-            if key in args and not args[key] > 0:
-                raise SentembError(f"{where}.{key}: {args[key]!r} must be positive")
-
 
     def __init__(self, encoder, tokenizer, args, ctx):
         super().__init__(encoder, tokenizer, args, ctx)
