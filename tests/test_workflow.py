@@ -31,10 +31,21 @@ def smk(workdir: Path, *args, env=None, check=True):
     return p
 
 
+#: the example plug-in method (issue 27 §4), listed in the DAG's method_modules from a file of the
+#: working directory as a user's would be
+PLUGIN_RUN = {"method": "debiased-simcse", "backbone": "tiny-bert", "seeds": [1], "method_args": {"tau_plus": 0.1},
+              "train": {"max_steps": 4}}
+
+
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory, shared):
     d = tmp_path_factory.mktemp("dag")
-    shutil.copy(REPO / ".test" / "config.yaml", d / "config.yaml")
+    cfg = yaml.safe_load((REPO / ".test" / "config.yaml").read_text())
+    (d / "methods").mkdir()
+    shutil.copy(REPO / "examples" / "methods" / "debiased.py", d / "methods" / "debiased.py")
+    cfg["method_modules"] = ["methods/debiased.py"]
+    cfg["runs"].append(PLUGIN_RUN)
+    (d / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
     return d
 
 
@@ -47,9 +58,12 @@ def env(shared):
 
 def jobs(workdir):
     """(name, backbone, seed) of every training job the tiny config declares (its study's points included)."""
+    import contextlib
+
     from sentemb.config import load_config
 
-    cfg = load_config(workdir / "config.yaml")
+    with contextlib.chdir(workdir):  # method_modules are relative to the working directory
+        cfg = load_config(workdir / "config.yaml")
     return [(r["name"], r["backbone"], s) for r in cfg["runs"] for s in (r.get("seeds") or cfg["seeds"])]
 
 
@@ -82,6 +96,10 @@ def test_table1_from_the_dag(ran):
     assert evals[0]["details"]["STS12"]["n"] == 3108 and evals[0]["details"]["SICKRelatedness"]["n"] == 4927
     assert evals[0]["pooler"] == "cls_before_pooler"
     assert sum(line.startswith("| simcse |") for line in (ran / "results" / "table1.md").read_text().splitlines()) == 1
+    mine = pd.read_csv(ran / "results" / "table1.csv").set_index("name").loc["debiased-simcse"]  # the plug-in's row
+    assert mine["method"] == "debiased-simcse" and mine["n_seeds"] == 1 and -100 <= mine["Avg"] <= 100
+    run = json.loads((ran / "results/runs/debiased-simcse/tiny-bert/seed1/run_config.json").read_text())
+    assert run["method_module"] == "methods/debiased.py" and len(run["method_digest"]) == 64
 
 
 def test_report_end_of_the_dag(ran, env):
@@ -184,11 +202,32 @@ def test_every_job_is_an_mlflow_run(ran):
     assert train_run.data.params["train.batch_size"] == "32"
     ev = next(r for r in runs if r.data.tags["rule"] == "evaluate")
     assert "test/avg" in ev.data.metrics
+    mine = next(r for r in runs if r.data.tags["rule"] == "train" and r.data.tags["method"] == "debiased-simcse")
+    assert mine.info.status == "FINISHED" and mine.data.params["method_args.tau_plus"] == "0.1"
+    assert "train/contrastive" in mine.data.metrics
 
 
 def test_rerun_has_nothing_to_do(ran, env):
     p = smk(ran, "-n", "results/table1.csv", "report_all", env=env)
     assert "Nothing to be done" in p.stdout + p.stderr
+
+
+def test_editing_a_plugin_reruns_its_jobs_and_nothing_else(ran, env):
+    """Issue 27 §1: the plug-in's file digest is in its runs' settings, so an edit plans its run's
+    jobs again (and what reads their results), no other training."""
+    import re
+
+    plugin = ran / "methods" / "debiased.py"
+    text = plugin.read_text()
+    try:
+        plugin.write_text(text + "\n# an edit\n")
+        p = smk(ran, "-n", "results/table1.csv", env=env)
+        out = p.stdout + p.stderr
+        trained = set(re.findall(r"rule train:\n(?:\s+\S.*\n)*?\s+wildcards: name=([^,\n]+)", out))
+        assert trained == {"debiased-simcse"}, out[-3000:]
+    finally:
+        plugin.write_text(text)
+    assert "Nothing to be done" in (lambda p: p.stdout + p.stderr)(smk(ran, "-n", "results/table1.csv", env=env))
 
 
 def test_malformed_config_names_the_key(tmp_path, env):

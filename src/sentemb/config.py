@@ -69,6 +69,13 @@ def validate_config(config: dict, source: str = "config") -> dict:
     Also checks what a schema cannot: that every run names a declared backbone and a registered
     method, and that run names are unique per backbone.
     """
+    from .methods import load_method_modules
+
+    # The user's methods first: the checks below (and the DAG) see them like the built-in ones.
+    try:
+        load_method_modules(config.get("method_modules"))
+    except SentembError as e:
+        raise SentembError(f"invalid configuration in {source}: config key {e}") from None
     schema = load_schema()
     # Defaults first (a second pass validates the completed document and reports all errors).
     errors = sorted(_DefaultValidator(schema).iter_errors(config), key=lambda e: list(e.absolute_path))
@@ -253,6 +260,11 @@ def resolve_run(config: dict, name: str, backbone: str, seed: int, *, method: st
         train = {**config["train"], **run.get("train", {})}
         method_args, inputs = method_args_of(config, run), run_inputs(config, name, backbone)
     settings = TrainSettings.from_dict(copy.deepcopy(train))
+    from .methods import get_method, method_source
+
+    source = method_source(get_method(method))  # a method from the user's code: its file's digest
+    if source:
+        extra = {"method_module": source[0], "method_digest": source[1], **extra}
     return Run(
         name=name, method=method, backbone=backbone, backbone_hub_id=config["backbones"][backbone]["hub_id"],
         seed=int(seed), train=settings, method_args=method_args, experiment=config["experiment"],

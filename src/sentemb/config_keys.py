@@ -85,7 +85,9 @@ def config_keys_markdown() -> str:
     from .args import meta_of
     from .methods.cli import value_range
 
-    for m in sorted(registry()):
+    from .methods import method_source
+
+    for m in sorted(n for n, c in registry().items() if method_source(c) is None):  # the built-in ones
         cls = registry()[m]
         rows = [(f"methods.{m}.{s.name}", s.type + (f", one of {', '.join(json.dumps(c) for c in s.choices)}"
                                                      if s.choices else "")

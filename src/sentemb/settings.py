@@ -313,11 +313,14 @@ class Run:
     progress: bool | None = None  # a progress bar (pretraining stage run from the CLI)
     study: str | None = None  # the study this run is a point of (sentemb.studies), tagged on its MLflow run
     point: dict | None = None  # that point's values, {key: value}
+    method_module: str | None = None  # a method from the user's code: the method_modules entry to import
+    method_digest: str | None = None  # sha256 of that method's file (editing it reruns its jobs only)
 
     #: the order of the mapping form (the run config JSON); None-valued optional keys are left out
     _ORDER = ("name", "method", "backbone", "backbone_hub_id", "seed", "train", "method_args", "experiment", "tracking",
-              "corpus", "run_name", "rule", "paths", "progress", "study", "point")
-    _OPTIONAL = ("backbone_hub_id", "corpus", "run_name", "rule", "progress", "study", "point")
+              "corpus", "run_name", "rule", "paths", "progress", "study", "point", "method_module", "method_digest")
+    _OPTIONAL = ("backbone_hub_id", "corpus", "run_name", "rule", "progress", "study", "point", "method_module",
+                 "method_digest")
 
     @classmethod
     def from_dict(cls, values: dict | Run) -> Run:

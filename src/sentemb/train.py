@@ -269,6 +269,10 @@ def setup(run: Run | dict, out_dir: str | Path, method_cls: "type[Method] | None
     seed_everything(seed)
     # BERT's pretrained NSP pooler is neither loaded nor computed (methods.md §0).
     encoder, tokenizer = load_encoder(paths["model"], dropout=settings.dropout, pooling_layer=False)
+    if run.method_module and method_cls is None:  # a method from the user's code (config method_modules)
+        from .methods import import_method_module
+
+        import_method_module(run.method_module, f"run '{run.name}': method_module")
     method_cls = method_cls or get_method(run.method)  # a pretraining stage passes its own class
     tokens = None
     if settings.token_cache:  # the workflow's cache (paths.tokens), else tokenized here, once
@@ -400,6 +404,8 @@ def run_fingerprint(run: Run | dict) -> str:
     """The settings a saved state must share to be resumed (and its MLflow run continued)."""
     run = Run.from_dict(run).to_dict()
     keep = {k: run[k] for k in ("method", "backbone", "seed", "train", "method_args", "paths")}
+    if run.get("method_digest"):  # a plug-in method's file: another version is another run
+        keep["method_digest"] = run["method_digest"]
     keep["train"] = {k: v for k, v in keep["train"].items()
                      if k not in SPEED_ONLY and not (k in ADDED_DEFAULTS and v == ADDED_DEFAULTS[k])}
     keep["paths"] = {k: v for k, v in keep["paths"].items() if k != "tokens"}

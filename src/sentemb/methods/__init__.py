@@ -1,23 +1,50 @@
-"""Method registry. A method is a ``Method`` subclass in its own module, registered by name.
+"""Method registry. A method is a ``Method`` subclass registered by name with ``@register_method``.
 
-Adding a method = one module here (batch construction + losses) + config: every module of this
-package except ``base`` and ``cli`` is imported on first use, and its ``@register_method`` classes
-are the registered methods.
+Where methods come from:
+
+* the built-in ones: every module of this package except ``base`` and ``cli``, imported on first use;
+* installed packages: the entry-point group ``sentemb.methods`` (each entry point is imported);
+* the user's own code: the config key ``method_modules`` (Python files relative to the working
+  directory, or importable module names), imported before the config is validated
+  (``load_method_modules``). A training job imports its run's module again (``Run.method_module``).
+
+The public API for a method in a file of its own (kept stable; it is what users' files import)::
+
+    from sentemb.methods import Method, register_method, arg
+    from sentemb.methods.simcse import SimCSE      # built-in classes, to subclass
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib
+import importlib.util
+import inspect
 import pkgutil
+import sys
+from pathlib import Path
 
-from .base import Encoded, Method, MethodContext
+from .base import WEIGHTED, Encoded, Method, MethodContext, arg
 
 _NOT_METHODS = {"base", "cli"}
 _REGISTRY: dict[str, type[Method]] = {}
 _LOADED = False
+_IMPORTED: dict[str, str] = {}  # method_modules entry (a file resolved) -> module name
+_SPEC: dict[str, str] = {}  # module name -> the method_modules entry it was imported by
+ENTRY_POINT_GROUP = "sentemb.methods"
 
 
 def register_method(cls: type[Method]) -> type[Method]:
+    """Class decorator: register ``cls`` under ``cls.name``. A name of a built-in method cannot be
+    taken by another class (a plug-in cannot silently replace one of the six); a plug-in imported
+    again (the same file from another path) replaces its earlier class."""
+    from .. import SentembError
+
+    old = _REGISTRY.get(cls.name)
+    if (old is not None and old.__module__.startswith(__name__ + ".")
+            and (old.__module__, old.__qualname__) != (cls.__module__, cls.__qualname__)):
+        raise SentembError(f"method '{cls.name}' of {cls.__module__}.{cls.__qualname__}: the name is the built-in "
+                           f"{old.__module__}.{old.__qualname__}'s; give the class another `name`")
     _REGISTRY[cls.name] = cls
     return cls
 
@@ -29,7 +56,83 @@ def registry() -> dict[str, type[Method]]:
         for info in pkgutil.iter_modules(__path__):
             if info.name not in _NOT_METHODS and not info.name.startswith("_"):
                 importlib.import_module(f"{__name__}.{info.name}")
+        _load_entry_points()
     return _REGISTRY
+
+
+def _load_entry_points() -> None:
+    from importlib.metadata import entry_points
+
+    from .. import SentembError
+
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            ep.load()
+        except SentembError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a broken plug-in names itself
+            raise SentembError(f"entry point '{ep.name}' ({ep.value}) of group {ENTRY_POINT_GROUP}: "
+                               f"{type(e).__name__}: {e}") from e
+
+
+def import_method_module(spec: str, where: str = "method_modules") -> str:
+    """Import one ``method_modules`` entry: a ``.py`` file (a path relative to the working
+    directory) or an importable module name; its ``@register_method`` classes join the registry.
+    Idempotent per resolved file. Returns the module's name; errors name ``where``."""
+    from .. import SentembError
+
+    registry()  # the built-in methods first: a plug-in's name must not shadow one
+    is_file = spec.endswith(".py") or "/" in spec or "\\" in spec
+    key = str(Path(spec).resolve()) if is_file else spec
+    if key in _IMPORTED:
+        return _IMPORTED[key]
+    try:
+        if is_file:
+            path = Path(key)
+            if not path.is_file():
+                raise SentembError(f"{where}: {spec}: no such file (relative to the working directory {Path.cwd()})")
+            name = "sentemb_user_methods." + hashlib.sha256(key.encode()).hexdigest()[:8] + "_" + path.stem
+            module_spec = importlib.util.spec_from_file_location(name, path)
+            module = importlib.util.module_from_spec(module_spec)
+            sys.modules[name] = module
+            try:
+                module_spec.loader.exec_module(module)
+            except BaseException:
+                sys.modules.pop(name, None)
+                raise
+        else:
+            name = importlib.import_module(spec).__name__
+    except SentembError:
+        raise
+    except Exception as e:  # noqa: BLE001 - the user's module: its own error, with the key
+        raise SentembError(f"{where}: importing {spec} failed: {type(e).__name__}: {e}") from e
+    _IMPORTED[key] = name
+    _SPEC[name] = spec
+    return name
+
+
+def load_method_modules(specs, where: str = "method_modules") -> None:
+    """Import every entry of the config key ``method_modules`` (a list of strings)."""
+    from .. import SentembError
+
+    if specs is None:
+        return
+    if not isinstance(specs, list) or not all(isinstance(s, str) and s for s in specs):
+        raise SentembError(f"{where}: must be a list of Python files or module names, not {specs!r}")
+    for i, spec in enumerate(specs):
+        import_method_module(spec, f"{where}[{i}]")
+
+
+def method_source(cls: type[Method]) -> tuple[str, str] | None:
+    """For a method from the user's code (not this package): (what to import it by, sha256 of its
+    file). The file is the one that defines the class; its digest goes into the run's settings, so
+    editing it reruns that method's jobs and nothing else. None for a built-in method."""
+    mod = sys.modules.get(cls.__module__)
+    if cls.__module__.startswith(__name__ + ".") or mod is None:
+        return None
+    file = inspect.getsourcefile(cls) or getattr(mod, "__file__", None)
+    digest = hashlib.sha256(Path(file).read_bytes()).hexdigest() if file else ""
+    return _SPEC.get(cls.__module__, cls.__module__), digest
 
 
 def get_method(name: str) -> type[Method]:
@@ -41,4 +144,5 @@ def get_method(name: str) -> type[Method]:
     return reg[name]
 
 
-__all__ = ["Encoded", "Method", "MethodContext", "get_method", "register_method", "registry"]
+__all__ = ["WEIGHTED", "Encoded", "Method", "MethodContext", "arg", "get_method", "import_method_module", "load_method_modules",
+           "method_source", "register_method", "registry"]

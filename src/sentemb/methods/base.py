@@ -45,8 +45,12 @@ their chunk; every random choice is made in ``build_batch`` (from ``np_rng(micro
 ``chunk`` slices every row-aligned tensor of the batch (the default slices the tensors whose first
 dimension is the number of sentences; a method with another row layout overrides it).
 
-Adding a method = one module in ``sentemb/methods/`` (a ``Method`` subclass decorated with
-``@register_method``; the package imports every module in it) + its config block.
+Adding a method = one module (a ``Method`` subclass decorated with ``@register_method``) + its
+config block: in ``sentemb/methods/`` for a built-in one (the package imports every module in it),
+or in the user's own file listed in the config's ``method_modules`` (``docs/methods/writing-a-method.md``,
+``examples/methods/debiased.py``). Argument ranges are declared on the arguments (``arg(...,
+minimum=, maximum=, exclusive_minimum=, exclusive_maximum=, choices=)``) and rules across them in
+``check(args, config, where)``: both run when the config is validated.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ import json
 def describe(name: str | None = None) -> list[dict]:
     """Machine-readable description of the registered methods (or of one)."""
     from ..args import meta_of
-    from . import get_method, registry
+    from . import get_method, method_source, registry
 
     names = [name] if name else sorted(registry())
     out = []
@@ -22,6 +22,7 @@ def describe(name: str | None = None) -> list[dict]:
         out.append({
             "name": n,
             "summary": doc.splitlines()[0] if doc else "",
+            "source": (method_source(cls) or ("built-in",))[0],
             "eval_pooler": cls.pooler_for(defaults),
             "inputs": list(cls.requires(defaults)),
             "args": [{"name": s.name, "type": s.type, "default": s.default, "choices": list(s.choices) if s.choices else None,
@@ -42,7 +43,7 @@ def value_range(meta: dict) -> str | None:
 def format_methods(desc: list[dict]) -> str:
     lines = []
     for m in desc:
-        lines.append(f"{m['name']}: {m['summary']}")
+        lines.append(f"{m['name']}: {m['summary']}" + (f"  [{m['source']}]" if m.get("source") not in (None, "built-in") else ""))
         lines.append(f"  evaluation pooler: {m['eval_pooler']}    inputs (with default args): "
                      f"{', '.join(m['inputs']) or 'none'}")
         if not m["args"]:
@@ -57,6 +58,13 @@ def format_methods(desc: list[dict]) -> str:
 
 
 def _cmd_methods(args: argparse.Namespace) -> int:
+    from . import load_method_modules
+
+    if args.config:  # its method_modules (the user's methods) are imported when it is validated
+        from ..config import load_config
+
+        load_config(args.config)
+    load_method_modules(args.method_module or None, "--method-module")
     desc = describe(args.name)
     print(json.dumps(desc, indent=2, default=str) if args.json else format_methods(desc), end="" if not args.json else "\n")
     return 0
@@ -66,4 +74,7 @@ def register(sub) -> None:
     p = sub.add_parser("methods", help="list the registered methods, their arguments, defaults and inputs")
     p.add_argument("name", nargs="?", default=None, help="one method (default: all)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--config", default=None, help="a config whose method_modules (the user's methods) to list too")
+    p.add_argument("--method-module", action="append", default=[],
+                   help="a Python file or module with @register_method classes (repeatable)")
     p.set_defaults(func=_cmd_methods)

@@ -1,0 +1,168 @@
+"""Issue 27 §1 and §4: a method in the user's own file (config key ``method_modules``), registered
+like the built-in ones, its file's digest in its runs' settings; the example plug-in
+(``examples/methods/debiased.py``) against an independent computation of its paper's equation.
+The tiny DAG with the plug-in is in ``tests/test_workflow.py``."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from conftest import REPO, tiny_run
+from sentemb import SentembError
+
+EXAMPLE = REPO / "examples" / "methods" / "debiased.py"
+
+
+@pytest.fixture
+def clean_registry():
+    """The registry as it was before the test (a plug-in imported here is not seen by later tests)."""
+    import sentemb.methods as methods
+
+    methods.registry()
+    before = (dict(methods._REGISTRY), dict(methods._IMPORTED), dict(methods._SPEC))
+    yield
+    for d, old in zip((methods._REGISTRY, methods._IMPORTED, methods._SPEC), before):
+        d.clear()
+        d.update(old)
+
+
+def _example():
+    from sentemb.methods import import_method_module
+
+    name = import_method_module(str(EXAMPLE))
+    return sys.modules[name]
+
+
+def _reference(z1: np.ndarray, z2: np.ndarray, t: float, tau_plus: float) -> float:
+    """Chuang et al. (2020) Eq. (6), M = 1, written out per row in float64 without any shift."""
+    z1 = z1 / np.linalg.norm(z1, axis=1, keepdims=True)
+    z2 = z2 / np.linalg.norm(z2, axis=1, keepdims=True)
+    b = len(z1)
+    out = []
+    for i in range(b):
+        pos = np.exp(z1[i] @ z2[i] / t)
+        negs = [np.exp(z1[i] @ z2[j] / t) for j in range(b) if j != i]
+        n = len(negs)
+        g = max((np.mean(negs) - tau_plus * pos) / (1 - tau_plus), np.exp(-1 / t))
+        out.append(-np.log(pos / (pos + n * g)))
+    return float(np.mean(out))
+
+
+def test_the_example_loss_is_its_equation_and_infonce_at_zero_prior(clean_registry):
+    from sentemb.methods.simcse import info_nce
+
+    mod = _example()
+    torch.manual_seed(0)
+    z1, z2 = torch.randn(8, 16, dtype=torch.float64), torch.randn(8, 16, dtype=torch.float64)
+    z2 = z1 + 0.5 * z2  # positives closer than negatives, as after a few steps
+    for t, tp in ((0.05, 0.1), (0.2, 0.3), (0.05, 0.0)):
+        got = float(mod.debiased_info_nce(z1, z2, t, tp))
+        # the method computes in fp32 (as under autocast): round-off ~1e-7 of the logits, absolute
+        assert got == pytest.approx(_reference(z1.numpy(), z2.numpy(), t, tp), rel=1e-5, abs=1e-6), (t, tp)
+    # τ⁺ = 0 is SimCSE's InfoNCE (whose fp32 cross-entropy, logsumexp − logit, rounds at ~1e-6 absolute)
+    assert float(mod.debiased_info_nce(z1, z2, 0.05, 0.0)) == pytest.approx(float(info_nce(z1, z2, 0.05)), abs=2e-6)
+    z3 = torch.randn(8, 16, dtype=torch.float64)
+    assert float(mod.debiased_info_nce(z1, z3, 0.1, 0.0)) == pytest.approx(float(info_nce(z1, z3, 0.1)), rel=1e-5)
+    # the floor e^{-1/t} binds when the corrected negative term would go below it
+    far = torch.cat([z1[:1], -z1[:1]])
+    assert float(mod.debiased_info_nce(far, far.flip(0) * -1, 0.5, 0.9)) == pytest.approx(
+        _reference(far.numpy(), (far.flip(0) * -1).numpy(), 0.5, 0.9), rel=1e-5)
+
+
+def test_a_plugin_is_a_method_its_digest_in_its_runs_only(clean_registry, tmp_path, monkeypatch):
+    """``method_modules`` (a path relative to the working directory): registered, its arguments
+    validated like a built-in's, its runs carry ``method_module`` and the sha256 of its file, and
+    editing the file changes those runs' settings (so Snakemake reruns them) and no other run's."""
+    from sentemb.config import load_config, resolve_run
+    from sentemb.methods import get_method, registry
+    from sentemb.train import run_fingerprint
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mine").mkdir()
+    plugin = tmp_path / "mine" / "debiased.py"
+    plugin.write_text(EXAMPLE.read_text())
+    cfg = yaml.safe_load((REPO / ".test" / "config.yaml").read_text())
+    cfg["method_modules"] = ["mine/debiased.py"]
+    cfg["studies"] = []
+    cfg["runs"] = [cfg["runs"][0], {"method": "debiased-simcse", "backbone": "tiny-bert", "method_args": {"tau_plus": 0.2}}]
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    config = load_config(tmp_path / "c.yaml")
+    assert "debiased-simcse" in registry() and get_method("debiased-simcse").__name__ == "DebiasedSimCSE"
+    mine, builtin = resolve_run(config, "debiased-simcse", "tiny-bert", 1), resolve_run(config, "simcse", "tiny-bert", 1)
+    assert mine.method_module == "mine/debiased.py" and len(mine.method_digest) == 64
+    assert builtin.method_module is None and "method_digest" not in builtin.to_dict()
+    assert mine.method_args == {"temperature": 0.05, "mlp": "train_only", "tau_plus": 0.2}
+    plugin.write_text(plugin.read_text() + "\n# an edit\n")
+    mine2, builtin2 = resolve_run(config, "debiased-simcse", "tiny-bert", 1), resolve_run(config, "simcse", "tiny-bert", 1)
+    assert mine2.method_digest != mine.method_digest and builtin2.to_dict() == builtin.to_dict()
+    assert {k for k in mine.to_dict() if mine.to_dict()[k] != mine2.to_dict()[k]} == {"method_digest"}
+    assert run_fingerprint(mine2) != run_fingerprint(mine)  # a state of the old file is not resumed
+    # its declared range is enforced when the config is validated, naming the key
+    cfg["runs"][1]["method_args"] = {"tau_plus": 1.0}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    with pytest.raises(SentembError, match=r"runs\[1\]\.method_args\.tau_plus: 1\.0 must be less than 1"):
+        load_config(tmp_path / "c.yaml")
+
+
+def test_bad_plugins_are_refused_naming_the_key(clean_registry, tmp_path, monkeypatch):
+    from sentemb.config import load_config
+
+    monkeypatch.chdir(tmp_path)
+    cfg = yaml.safe_load((REPO / ".test" / "config.yaml").read_text())
+
+    def load(modules):
+        (tmp_path / "c.yaml").write_text(yaml.safe_dump({**cfg, "method_modules": modules}))
+        return load_config(tmp_path / "c.yaml")
+
+    with pytest.raises(SentembError, match=r"config key method_modules\[0\]: nowhere\.py: no such file"):
+        load(["nowhere.py"])
+    (tmp_path / "broken.py").write_text("import sentemb\nraise RuntimeError('half-written')\n")
+    with pytest.raises(SentembError, match=r"method_modules\[0\]: importing broken\.py failed: RuntimeError: half-written"):
+        load(["broken.py"])
+    (tmp_path / "shadow.py").write_text(
+        "from sentemb.methods import register_method\nfrom sentemb.methods.simcse import SimCSE\n\n"
+        "@register_method\nclass Mine(SimCSE):\n    name = 'simcse'\n")
+    with pytest.raises(SentembError, match=r"the name is the built-in sentemb\.methods\.simcse\.SimCSE's"):
+        load(["shadow.py"])
+    with pytest.raises(SentembError, match=r"method_modules\[0\]: importing no_such_package_xyz failed"):
+        load(["no_such_package_xyz"])
+
+
+def test_a_training_job_imports_its_runs_plugin(tiny_bert_dir, tiny_corpus, tmp_path):
+    """``sentemb train --run-config`` in a fresh process (as a Snakemake job): the run's
+    ``method_module`` is imported before the method is looked up; the loss it logs is the plug-in's."""
+    from sentemb.methods import method_source
+
+    mod_dir = tmp_path / "work"
+    mod_dir.mkdir()
+    (mod_dir / "debiased.py").write_text(EXAMPLE.read_text())
+    run = tiny_run(tiny_bert_dir, tiny_corpus, None, "simcse", max_steps=2, eval_steps=100, eval_at_end=False,
+                   model_selection="last")
+    d = run.to_dict()
+    d.update(method="debiased-simcse", name="debiased-simcse", method_module="debiased.py", method_digest="x",
+             method_args={**d["method_args"], "tau_plus": 0.1})
+    (mod_dir / "run.json").write_text(json.dumps(d))
+    p = subprocess.run([sys.executable, "-m", "sentemb", "train", "--run-config", "run.json", "--output-dir", "out",
+                        "--no-track", "--quiet"], cwd=mod_dir, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    summary = json.loads((mod_dir / "out" / "train.json").read_text())
+    assert summary["steps"] == 2 and (mod_dir / "out" / "model").is_dir()
+    assert method_source  # (the in-process registry is untouched by the subprocess)
+
+
+def test_the_example_config_runs_it_next_to_simcse(clean_registry, monkeypatch):
+    from sentemb.config import load_config, resolve_run
+
+    monkeypatch.chdir(REPO)  # its method_modules path is relative to the repository root
+    config = load_config(REPO / "examples" / "methods" / "config.yaml")
+    assert [r["method"] for r in config["runs"]] == ["simcse", "debiased-simcse"]
+    run = resolve_run(config, "debiased-simcse", "minilm", 42)
+    assert run.method_module == "examples/methods/debiased.py" and run.method_args["tau_plus"] == 0.1
