@@ -69,10 +69,10 @@ EVAL_LEN = 64  # padded tokens per evaluated sentence (SentEval sentences are mo
 DEV_SENTENCES = 3000  # STS-B dev: 1,500 pairs
 #: SentEval's test-time sentences: STS12-16 + STS-B test + SICK test (the evaluated pairs x 2)
 STS_SENTENCES = 37_700
-#: SentEval transfer sentences: MR 10662, CR 3775, SUBJ 10000, MPQA 10606, SST2 70042, TREC 5952, MRPC 11602
-TRANSFER_SENTENCES = 122_639
+#: SentEval transfer sentences per task, and all seven (122,639)
 TRANSFER_TASK_SENTENCES = {"MR": 10662, "CR": 3775, "SUBJ": 10000, "MPQA": 10606, "SST2": 70042, "TREC": 5952,
                            "MRPC": 11602}
+TRANSFER_SENTENCES = sum(TRANSFER_TASK_SENTENCES.values())
 STS_UNLABELED_LINES = 30_840  # sentemb prepare-sts-corpus on SentEval's tree (deduplicated)
 PARAPHRASE_INPUT_LEN = 32  # tokens per source sentence (assumed)
 
