@@ -74,8 +74,12 @@ def test_counted_simcse_step_at_real_width_matches_the_transformer_formula(tmp_p
     assert train.flops_step == pytest.approx(batch * 2 * max_len * per_token, rel=0.01)
     assert train.steps == 100  # 6400 sentences / 64
     assert train.params == pytest.approx(108_891_648 + h * h + h, rel=1e-6)  # + SimCSE's MLP head
-    # GPU-hours = FLOPs / (MFU x peak), plus the STS-B dev evaluations (fp32: half the peak)
-    assert train.gpu_hours >= train.flops_step * train.steps / (0.5 * 989e12) / 3600
+    # a step's time = max(FLOPs / (MFU x peak), the host floor x 12 layers x 1 pass), plus the STS-B
+    # dev evaluations (fp32: half the peak); at batch 64 the floor binds (as the H200 measured)
+    from sentemb.plan import STEP_FLOOR_S_PER_LAYER
+
+    assert train.flops_step / (0.5 * 989e12) < STEP_FLOOR_S_PER_LAYER * layers
+    assert train.gpu_hours >= train.steps * STEP_FLOOR_S_PER_LAYER * layers / 3600
     # memory: at least weights + gradients + AdamW's moments in fp32
     assert train.mem_gb > 16 * train.params / 1e9
 
@@ -168,3 +172,26 @@ def test_the_transfer_classifier_is_planned_as_cpu_time_and_its_runtime_checked(
     text = format_plan([row, one], "H100", 0.35)
     assert "CPU-hours of SentEval's transfer classifier (jobs without a GPU): 0.6 (2 jobs, longest 17 min" in text
     assert "total: 0.0 GPU-hours" in text
+
+
+def test_the_step_time_is_compute_or_the_host_floor_and_passes_are_counted(tiny_bert_dir, tiny_corpus):
+    """``step_seconds`` = max(FLOPs / (MFU x peak), floor x layers x passes), the MFU measured by width
+    (``mfu_for``); the counted step's encoder passes: SimCSE 1 (both views in one forward), ArcCSE 2
+    (the views, the triplets), with SAM 4 (every pass again at w + e)."""
+    from sentemb.plan import MEASURED_MFU, STEP_FLOOR_S_PER_LAYER, _count, mfu_for, step_seconds
+    from sentemb.testing import tiny_run
+
+    assert step_seconds(1e12, 12, 1, 989e12, 0.24) == pytest.approx(12 * STEP_FLOOR_S_PER_LAYER)
+    assert step_seconds(1e15, 12, 1, 989e12, 0.24) == pytest.approx(1e15 / (0.24 * 989e12))
+    assert mfu_for("bert-base-uncased") == MEASURED_MFU[768] and mfu_for("roberta-large") == MEASURED_MFU[1024]
+    assert mfu_for(384) == MEASURED_MFU[768] and mfu_for("roberta-large", 0.5) == 0.5
+
+    def passes(method, **over):
+        run = tiny_run(tiny_bert_dir, tiny_corpus, None, method, method_args={"min_words": 1} if method == "arccse" else {},
+                       batch_size=4, max_steps=1, eval_at_end=False, model_selection="last", prefetch=False, **over)
+        m = _count(run, None)
+        return m.grad_passes, m.nograd_passes
+
+    assert passes("simcse") == (1, 0)
+    assert passes("arccse") == (2, 0)
+    assert passes("arccse", sam_rho=0.05) == (4, 0)

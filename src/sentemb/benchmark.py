@@ -162,9 +162,10 @@ def _bench_run(model_dir, corpus, batch_size, device, max_len, precision, method
 
     from .methods import get_method
 
-    settings = TrainSettings(epochs=50, batch_size=batch_size, max_len=max_len, eval_steps=10**9, eval_at_end=False,
-                             log_steps=log_steps, save_steps=10**9, precision=precision, device=str(device),
-                             model_selection="last", **train)
+    fields = dict(epochs=50, batch_size=batch_size, max_len=max_len, eval_steps=10**9, eval_at_end=False,
+                  log_steps=log_steps, save_steps=10**9, precision=precision, device=str(device),
+                  model_selection="last")
+    settings = TrainSettings(**{**fields, **train})
     return Run(name=method, method=method, backbone=Path(model_dir).name, seed=0, train=settings,
                method_args=get_method(method).resolve_args(method_args or {}), tracking={"enabled": False},
                paths={"model": str(model_dir), "corpus": str(corpus), "senteval": None, "inputs": dict(inputs or {})})

@@ -8,13 +8,21 @@ On the visible CUDA device, in a few minutes, it measures what no CPU machine of
    GPU memory;
 2. the STS evaluation of one model in fp32 (the protocol) and in bf16: the difference per task;
 3. the tiny DAG (``.test/config.yaml``) end to end with training on CUDA under bf16, timed;
-4. ``sentemb plan``'s estimate for one SimCSE step (the step's counted FLOPs at the plan's stated
-   MFU of the peak) next to the step time measured in 1;
+4. ``sentemb plan``'s estimate for one SimCSE step (``plan.step_seconds``: the step's counted FLOPs
+   at the plan's measured MFU of the peak, or its host floor) next to the step time measured in 1;
 5. gradient caching (``train.chunk_size``, issue 26 §2): SimCSE at each batch in chunks of a quarter
    of it, time per step and peak memory next to the unchunked step of 1;
 6. one job across two GPUs (``train.devices: 2``, issue 26 §3; with two or more GPUs visible, else
    the row says why not): ``sentemb train`` end to end as 2 processes against 1, fp32 with keyed
-   dropout, wall time and the relative difference of the final weights (round-off expected).
+   dropout, wall time and the relative difference of the final weights (round-off expected);
+7. a real multi-step run: ``sentemb train`` of SimCSE for one epoch of ``--corpus`` on this device in
+   bf16 (data loading, logging and export included), its wall time and sentences/s, and the STS
+   average of the ``--sts-model`` before and after.
+
+``--model`` is a model directory or one of ``sentemb.shapes.ARCHITECTURES`` (``bert-base-uncased``,
+``roberta-large``, ...): random weights at the published shape, whose speed and memory are the
+pretrained model's. The STS rows (2, 7) need real weights: they use ``--sts-model`` (by default the
+mirror's all-MiniLM-L6-v2).
 
 It prints one Markdown table to paste into an issue. Without CUDA it says so and exits 2 (``--cpu``
 runs the same code on the CPU at a toy size: the tests use it so that the command cannot rot).
@@ -34,6 +42,15 @@ from pathlib import Path
 from . import SentembError
 
 METHODS = ("simcse", "sarcse", "una", "paser", "infocse", "arccse")
+
+
+class _Table(list):
+    """The table's lines, each also printed (flushed) as it is added, so that a run stopped by a time
+    limit leaves the rows it measured."""
+
+    def append(self, line: str) -> None:
+        super().append(line)
+        print(line, flush=True)
 
 
 def _row(what: str, value: str, note: str = "") -> str:
@@ -90,7 +107,8 @@ def _infocse_stage(model: Path, corpus: Path, out: Path, device: str) -> Path:
 
 def check(model: Path, corpus: Path, senteval: Path, nltk: Path | None, device_name: str, batches: tuple[int, ...],
           steps: int, warmup: int, max_len: int, methods: tuple[str, ...], dag: bool, repo: Path,
-          sts_tasks: tuple[str, ...] | None = None) -> list[str]:
+          sts_tasks: tuple[str, ...] | None = None, sts_model: Path | None = None,
+          method_args: dict[str, dict] | None = None, epoch_batch: int | None = 64) -> list[str]:
     import torch
 
     from .benchmark import _peak, bench_method, bench_st
@@ -106,21 +124,26 @@ def check(model: Path, corpus: Path, senteval: Path, nltk: Path | None, device_n
 
         peak = cpu_peak_tflops()
     name = torch.cuda.get_device_name(device) if cuda else f"cpu x{torch.get_num_threads()}"
-    lines = [f"sentemb gpu-check on {name} (torch {torch.__version__}); model {model}; max_len {max_len}; "
+    lines = _Table()
+    lines += [f"sentemb gpu-check on {name} (torch {torch.__version__}); model {model}; max_len {max_len}; "
              f"{steps} timed steps after {warmup}; peak {peak:.3g} TFLOP/s "
              f"({'bf16 dense, by GPU name' if cuda else 'fp32 matmul measured now'})", "",
              "| what | value | note |", "| --- | --- | --- |"]
+    print("\n".join(lines), flush=True)
     work = Path(tempfile.mkdtemp(prefix="sentemb-gpucheck-"))
     inputs = _inputs_for(model, corpus, work / "stats", nltk, device_name, methods)
     sentences = read_corpus(corpus)
     margs = _method_args(model)
+    for m, a in (method_args or {}).items():
+        margs[m] = {**margs.get(m, {}), **a}
+    sts_model = sts_model or model
     simcse_step = {}
     for b in batches:
         for m in methods:
             if cuda:
                 torch.cuda.reset_peak_memory_stats(device)
             try:
-                secs, tok, padded, _, _, fpt = bench_method(model, corpus, b, steps, warmup, device, max_len, precision,
+                secs, tok, padded, cfg, _, fpt = bench_method(model, corpus, b, steps, warmup, device, max_len, precision,
                                                             m, margs.get(m), inputs, 0.05 if m == "arccse" else None)
             except SentembError as e:
                 lines.append(_row(f"train {m} B={b}", "skipped", str(e)))
@@ -128,7 +151,7 @@ def check(model: Path, corpus: Path, senteval: Path, nltk: Path | None, device_n
             mem = f", peak mem {torch.cuda.max_memory_allocated(device) / 2**30:.1f} GiB" if cuda else ""
             tf = fpt * padded / secs / 1e12
             if m == "simcse":
-                simcse_step[b] = (secs / steps, fpt * padded / steps)
+                simcse_step[b] = (secs / steps, fpt * padded / steps, cfg)
             lines.append(_row(f"train {m} B={b} bf16", f"{b * steps / secs:.0f} sent/s, {1000 * secs / steps:.0f} ms/step",
                               f"{tf:.3g} TFLOP/s = {100 * tf / peak:.1f}% of peak{mem}"))
         if "simcse" in methods:
@@ -154,26 +177,59 @@ def check(model: Path, corpus: Path, senteval: Path, nltk: Path | None, device_n
     scores = {}
     for prec in ("fp32", "bf16"):
         t = time.perf_counter()
-        emb = embedder_for(model, "avg", device=device_name, batch_size=128, precision=prec)
+        emb = embedder_for(sts_model, "avg", device=device_name, batch_size=128, precision=prec)
         res = evaluate_sts(emb, senteval, *([list(sts_tasks)] if sts_tasks else []))
         scores[prec] = (res, time.perf_counter() - t)
     diffs = {t: scores["bf16"][0][t] - scores["fp32"][0][t] for t in scores["fp32"][0]["details"]}  # x100 already
     worst = max(diffs, key=lambda t: abs(diffs[t]))
-    lines.append(_row("STS Avg fp32 / bf16 (avg pooling)",
+    lines.append(_row(f"STS Avg fp32 / bf16 (avg pooling, {Path(sts_model).name})",
                       f"{scores['fp32'][0]['avg']:.2f} / {scores['bf16'][0]['avg']:.2f}",
                       f"largest task difference {worst} {diffs[worst]:+.2f}; {scores['fp32'][1]:.0f} s / "
                       f"{scores['bf16'][1]:.0f} s"))
     # sentemb plan's estimate (counted FLOPs of a step at its stated MFU of the peak) vs the measured step
-    from .plan import DEFAULT_MFU
+    from .plan import mfu_for, step_seconds
 
-    for b, (ms, flops_step) in sorted(simcse_step.items()):
-        est = flops_step / (DEFAULT_MFU * peak * 1e12)
+    for b, (ms, flops_step, cfg) in sorted(simcse_step.items()):
+        mfu = mfu_for(int(cfg.hidden_size))
+        est = step_seconds(flops_step, cfg.num_hidden_layers, 1, peak * 1e12, mfu)
         lines.append(_row(f"plan vs measured, simcse B={b}", f"estimate {1000 * est:.0f} ms / measured {1000 * ms:.0f} ms",
-                          f"plan's estimate = counted FLOPs / ({DEFAULT_MFU} x peak); measured/estimate "
-                          f"{ms / est:.2f}"))
+                          f"plan's step = max(counted FLOPs / ({mfu} x peak), host floor x {cfg.num_hidden_layers} "
+                          f"layers); measured/estimate {ms / est:.2f}"))
+    if epoch_batch:
+        lines.append(_row(*_epoch_row(sts_model, corpus, senteval, device_name, epoch_batch, max_len, work,
+                                      scores["fp32"][0]["avg"], sts_tasks)))
     if dag:
         lines.append(_row("tiny DAG, training on this device in bf16", *_tiny_dag(repo, device_name, senteval)))
     return lines
+
+
+def _epoch_row(model: Path, corpus: Path, senteval: Path, device_name: str, batch: int, max_len: int, work: Path,
+               before: float, sts_tasks: tuple[str, ...] | None) -> tuple[str, str, str]:
+    """``sentemb train`` of SimCSE (lr 3e-5, bf16, the default loop: token cache, prefetch, logging,
+    export) for one epoch of ``corpus`` on this device, then the exported model's STS average (fp32,
+    avg pooling, the tasks of the fp32/bf16 row) against ``before``, the same score of ``model``."""
+    from .benchmark import _bench_run
+    from .evaluate import embedder_for, evaluate_sts
+    from .utils import read_json, write_json
+
+    run = _bench_run(model, corpus, batch, device_name, max_len, "bf16", "simcse", 10**9, epochs=1)
+    cfg, out = work / "epoch.json", work / "epoch"
+    write_json(cfg, run.to_dict())
+    what = f"train simcse one epoch of the corpus, B={batch} bf16 ({Path(model).name})"
+    t = time.perf_counter()
+    p = subprocess.run([sys.executable, "-m", "sentemb", "train", "--run-config", str(cfg), "--output-dir", str(out),
+                        "--no-track", "--quiet"], capture_output=True, text=True)
+    secs = time.perf_counter() - t
+    if p.returncode:
+        return what, "FAILED", (p.stderr.strip().splitlines() or [""])[-1][:300]
+    summary = read_json(out / "train.json")
+    steps, loop = int(summary.get("steps") or 0), float(summary.get("train_seconds_this_process") or secs)
+    emb = embedder_for(out / "model", "avg", device=device_name, batch_size=128)
+    after = evaluate_sts(emb, senteval, *([list(sts_tasks)] if sts_tasks else []))["avg"]
+    n = steps * batch
+    return (what, f"{secs:.0f} s for {steps} steps end to end; {n / loop:.0f} sent/s in the loop ({loop:.0f} s)",
+            f"STS Avg (fp32, avg pooling) {before:.2f} -> {after:.2f}; a 1M-sentence epoch (wiki1m) at the loop's "
+            f"rate ~{1e6 / (n / loop) / 60:.1f} min")
 
 
 def _devices_row(model: Path, corpus: Path, device_name: str, batch: int, steps: int, max_len: int,
@@ -243,23 +299,31 @@ def _cmd_gpu_check(args: argparse.Namespace) -> int:
               f"{torch.__version__}, CUDA build {torch.version.cuda}). Run it on a GPU node, e.g. "
               "`srun --gpus=1 sentemb gpu-check`, with a CUDA build of torch in the environment.", file=sys.stderr)
         return 2
+    from .benchmark import _method_args as parse_method_args
+    from .shapes import ARCHITECTURES, write_model_dir
+
     shared = Path(args.shared)
-    model = Path(args.model) if args.model else shared / "models" / "all-MiniLM-L6-v2"
+    minilm = shared / "models" / "all-MiniLM-L6-v2"
+    model = Path(args.model) if args.model else minilm
+    sts_model = Path(args.sts_model) if args.sts_model else (minilm if args.model in ARCHITECTURES else model)
     corpus = Path(args.corpus) if args.corpus else shared / "data" / "wiki1m_head.txt"
     senteval = Path(args.senteval) if args.senteval else shared / "data" / "senteval"
     nltk = shared / "nltk_data"
-    for what, p in (("--model", model), ("--corpus", corpus), ("--senteval", senteval)):
-        if not p.exists():
+    for what, p in (("--model", model), ("--sts-model", sts_model), ("--corpus", corpus), ("--senteval", senteval)):
+        if not p.exists() and not (what == "--model" and args.model in ARCHITECTURES):
             raise SentembError(f"{what}: {p} does not exist (give it, or --shared pointing at a shared/ folder)")
+    if args.model in ARCHITECTURES:  # random weights at the published shape (the speed and memory are the same)
+        os.environ.setdefault("SENTEMB_SHARED", str(shared))  # its BERT tokenizer: the mirror's MiniLM vocabulary
+        model = write_model_dir(args.model, Path(tempfile.mkdtemp(prefix="sentemb-gpucheck-model-")) / args.model)
     device = "cpu" if args.cpu else "cuda"
     batches = tuple(args.batch_size or ((8,) if args.cpu else (64, 512)))
     methods = tuple(args.method or METHODS)
     t = time.perf_counter()
     lines = check(model, corpus, senteval, nltk if nltk.is_dir() else None, device, batches, args.steps, args.warmup,
                   args.max_len, methods, not args.no_dag, Path(__file__).resolve().parents[2],
-                  tuple(t for t in args.sts_tasks.split(",") if t) if args.sts_tasks else None)
+                  tuple(t for t in args.sts_tasks.split(",") if t) if args.sts_tasks else None, sts_model,
+                  parse_method_args(args.method_args, list(methods)), None if args.no_epoch else args.epoch_batch)
     lines.append(_row("gpu-check wall time", f"{time.perf_counter() - t:.0f} s", ""))
-    print("\n".join(lines))
     if args.output:
         Path(args.output).write_text("\n".join(lines) + "\n")
         Path(args.output).with_suffix(".json").write_text(json.dumps({"lines": lines}, indent=2))
@@ -270,7 +334,16 @@ def register(sub) -> None:
     p = sub.add_parser("gpu-check", help="measure on the visible CUDA device what CPU machines cannot (paste the table)")
     p.add_argument("--shared", default=str(Path.cwd().parent / "shared"),
                    help="a folder laid out like shared/ (models/all-MiniLM-L6-v2, data/wiki1m_head.txt, data/senteval)")
-    p.add_argument("--model", default=None)
+    p.add_argument("--model", default=None,
+                   help="model directory, or an architecture name (bert-base-uncased, bert-large-uncased, roberta-base, "
+                        "roberta-large): random weights at the published shape (default: the mirror's MiniLM)")
+    p.add_argument("--sts-model", default=None,
+                   help="real weights for the STS rows (fp32/bf16, one epoch): default --model, or the mirror's MiniLM "
+                        "when --model is an architecture name")
+    p.add_argument("--method-args", action="append", default=[], metavar="NAME=JSON",
+                   help="arguments of one method, e.g. 'paser={\"eda\": \"rs\"}' (repeatable)")
+    p.add_argument("--epoch-batch", type=int, default=64, help="batch of the one-epoch SimCSE run (default 64)")
+    p.add_argument("--no-epoch", action="store_true", help="skip the one-epoch SimCSE run")
     p.add_argument("--corpus", default=None)
     p.add_argument("--senteval", default=None)
     p.add_argument("--batch-size", type=int, action="append", help="default 64 and 512")

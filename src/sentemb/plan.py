@@ -24,17 +24,26 @@ How (issue 20 §3; README "What the configuration costs"):
   ``STS_UNLABELED_LINES``), ``batch_size``, ``epochs`` or ``max_steps``, ``grad_accum``, as
   ``sentemb.train.batch_schedule`` cuts them. STS-B dev evaluations (fp32, ``DEV_SENTENCES``
   sentences each) are added as encoder forwards.
-* GPU-hours = FLOPs / (MFU × peak), peak the GPU's dense bf16 figure (``benchmark.PEAK_BF16_TFLOPS``);
-  fp32 evaluation at half of it (TF32); beam-search generation (paraphrases) at ``GEN_MFU``.
+* A step's time = max(FLOPs / (MFU × peak), ``STEP_FLOOR_S_PER_LAYER`` × layers × passes): the
+  compute at a share of the GPU's dense bf16 peak (``benchmark.PEAK_BF16_TFLOPS``), or, for small
+  steps, the host's time to launch the kernels, which measured on an H200 is a floor whatever the
+  batch (``docs/gpu/h200-2026-11-26.md``). The MFU is measured too (``MEASURED_MFU``, by the
+  encoder's width; ``--mfu`` overrides it). Passes: the encoder's forward+backward passes of a step
+  (counted in the counted step: ArcCSE's triplets and SAM's second pass are more), × chunks, a
+  no-grad forward a third. GPU-hours = the steps' time × ``train.devices``; fp32 evaluation at half
+  the MFU (TF32); beam-search generation (paraphrases) at ``GEN_MFU``.
 * Peak GPU memory = 16 bytes per trainable parameter (fp32 weights, gradients, AdamW's two moments)
   + 4 per frozen one (+ 4 per trainable with SAM: the saved perturbation) + activations + ``CUDA_OVERHEAD_GB``.
   Activations are measured: the bytes of the distinct tensors autograd saves in one micro-batch's
   forward (``torch.autograd.graph.saved_tensors_hooks``), under the CPU's bf16 autocast where the
   GPU run autocasts (train.precision auto/bf16), scaled by depth as the FLOPs are and linearly to
-  the batch. Allocator fragmentation and kernels' workspaces beyond the overhead are not modelled.
+  the batch, × ``CUDA_ACTIVATION_RATIO`` (0.5: what an H200 measured against the CPU's figure).
+  Allocator fragmentation and kernels' workspaces beyond the overhead are not modelled.
 
-What it is not: no GPU has calibrated it yet. Real MFU differs by method and batch (small batches
-and the 512-token ArcCSE triplets run far from peak), data loading, dev evaluation's host work and
+What it is not: a measurement of every job. One H200 calibrated the MFU and the floor (SimCSE,
+ArcCSE; BERT-base, BERT-large, RoBERTa-large; B 16–1024): the estimate of a SimCSE step is within
+25% of the measured one there (``sentemb gpu-check`` prints both); other GPUs are assumed to reach
+the same share of their peak with the same host floor. Data loading, dev evaluation's host work and
 the transfer classifiers' training (SentEval's k-fold grid search, CPU/GPU light but minutes per
 task) are not in the FLOPs, and paraphrase generation is a rough formula (memory-bound decoding).
 """
@@ -59,10 +68,27 @@ log = logging.getLogger(__name__)
 #: GPU -> memory in GB (the bf16 dense peaks are ``sentemb.benchmark.PEAK_BF16_TFLOPS``)
 GPU_MEMORY_GB = {"H100": 80, "H200": 141, "A100": 80, "A100-40": 40, "L40S": 48, "A10": 24, "4090": 24}
 DEFAULT_GPU = "H100"
-DEFAULT_MFU = 0.35  # share of the bf16 peak a well-fed BERT training step reaches (assumed, not measured)
+#: Share of the bf16 dense peak a large-batch training step reaches, by the encoder's hidden size,
+#: measured on an H200 (counted FLOPs / time, ``sentemb gpu-check``, 2026-11-26): SimCSE bf16 at
+#: max_len 32, BERT-base 23.8% (B 512) and 23.1% (B 1024); BERT-large 30.9% and RoBERTa-large 30.5%
+#: (B 512). A narrower encoder takes the 768 figure, a wider one the 1024 figure.
+MEASURED_MFU = {768: 0.24, 1024: 0.30}
+#: Seconds per encoder layer per forward+backward pass below which no step goes, measured on the
+#: same H200: SimCSE's step took 34–44 ms for BERT-base (12 layers) at every batch from 16 to 256,
+#: and 69–77 ms for RoBERTa-large/BERT-large (24 layers) at 32–128 (bf16 and fp32 alike): the host
+#: issues the kernels slower than the GPU runs them. ArcCSE (two passes: the views, the triplets)
+#: measured 69–84 ms at B 64, with SAM (four) 140 ms. Assumed the same on other GPUs (host-bound).
+STEP_FLOOR_S_PER_LAYER = 0.0029
+DEFAULT_MFU = None  # None: MEASURED_MFU by the encoder's width
 GEN_MFU = 0.05  # beam-search generation is memory-bound: a tenth-ish of training's MFU (assumed)
 DEFAULT_MARGIN = 1.5  # a request must cover the estimate × this
 CUDA_OVERHEAD_GB = 1.5  # CUDA context, cuBLAS workspace, allocator slack (assumed)
+#: CUDA's activations per sentence / the CPU autocast's, which the plan measures. On an H200, SimCSE
+#: bf16 at max_len 32, B 512: BERT-base's peak 16.8 GiB holds 31.8 MB per sentence beyond 16 bytes
+#: per parameter (the CPU measure: 67.7 MB, ratio 0.47), RoBERTa-large's 44.7 GiB 82.6 MB (CPU:
+#: 219.7 MB, 0.38). CUDA's fused kernels keep fewer fp32 copies and bit-packed dropout masks. The
+#: larger ratio, rounded up, keeps the estimate an upper bound.
+CUDA_ACTIVATION_RATIO = 0.5
 HOST_BASE_GB = 3.0  # Python, torch, CUDA libraries, tokenizer in a job's host memory (assumed)
 MICRO = 4  # sentences per counted micro-batch
 EVAL_LEN = 64  # padded tokens per evaluated sentence (SentEval sentences are mostly shorter)
@@ -82,7 +108,9 @@ WORDS = ("the a of and to in is was for on that with as by it at from he she the
 
 @dataclass
 class Measure:
-    """One counted micro-batch step of a job shape, at ``layers`` layers and ``MICRO`` sentences."""
+    """One counted micro-batch step of a job shape, at ``layers`` layers and ``MICRO`` sentences;
+    ``passes``: the encoder's passes in that step (its first layer's forwards with gradients, and
+    a third of each one without)."""
 
     layers: int
     flops: float  # one optimizer step of one micro-batch
@@ -92,6 +120,8 @@ class Measure:
     trainable: int
     frozen: int
     params_layer: int
+    grad_passes: float = 1.0
+    nograd_passes: float = 0.0
 
     def at(self, layers: int) -> dict:
         d = layers - self.layers
@@ -230,7 +260,7 @@ class Counter:
         base = get_method(run.method)
         needed = () if method_cls is not None else base.requires(base.make_args(args))
         inputs = {n: str(self.input(n, corpus, model)) for n in needed}
-        train = dataclasses.replace(t, batch_size=MICRO, grad_accum=1, max_steps=1, epochs=1, model_selection="last",
+        train = dataclasses.replace(t, batch_size=MICRO, grad_accum=1, chunk_size=None, max_steps=1, epochs=1, model_selection="last",
                                     eval_at_end=False, device="cpu", prefetch=False, save_steps=10**9,
                                     log_steps=10**9, precision=_autocast_name(t.precision), compile=False,
                                     log_grad_norms=False, num_threads=None)
@@ -319,13 +349,20 @@ def _count(run, method_cls) -> Measure:
         h1.remove(), h2.remove()
         del terms
         job.opt.zero_grad(set_to_none=True)
-        # FLOPs: one optimizer step of the loop's own code
-        _, flops, per_module = counted_by_module(lambda: list(run_steps(job, State(), 1)))
+        # FLOPs: one optimizer step of the loop's own code; the encoder's passes in it
+        calls = [0, 0]
+        h3 = layer.register_forward_hook(lambda *a: calls.__setitem__(int(not torch.is_grad_enabled()),
+                                                                       calls[int(not torch.is_grad_enabled())] + 1))
+        try:
+            _, flops, per_module = counted_by_module(lambda: list(run_steps(job, State(), 1)))
+        finally:
+            h3.remove()
         flops_layer = sum(v for k, v in per_module.items() if k in layer_names)
         if not flops_layer:
             raise SentembError(f"sentemb plan: no FLOPs attributed to the encoder's first layer ({sorted(per_module)[:8]})")
         return Measure(layers=len(enc.encoder.layer), flops=flops, flops_layer=flops_layer, act_bytes=total[0],
-                       act_layer=in_layer[0], trainable=trainable, frozen=frozen, params_layer=params_layer)
+                       act_layer=in_layer[0], trainable=trainable, frozen=frozen, params_layer=params_layer,
+                       grad_passes=float(calls[0]), nograd_passes=float(calls[1]))
 
 
 # ---------------------------------------------------------------------------------------- the plan
@@ -385,23 +422,48 @@ def _train_row(kind, label, run, m: Measure, encode: float, config, gpu, mfu, ma
 
     t = run.train
     cls = method_cls or get_method(run.method)
-    at = m.at(depth(backbone_architecture(config, run.backbone)))
+    arch = backbone_architecture(config, run.backbone)
+    layers = depth(arch)
+    at = m.at(layers)
+    mfu = mfu_for(arch, mfu)
     scale = t.batch_size / MICRO
     static = (16 * at["trainable"] + 4 * at["frozen"] + (4 * at["trainable"] if t.sam_rho else 0)) / 1e9 \
         + CUDA_OVERHEAD_GB
-    per_sentence = at["act"] / MICRO / 1e9
+    per_sentence = CUDA_ACTIVATION_RATIO * at["act"] / MICRO / 1e9
     share = -(-t.batch_size // t.devices)
     chunk = plan_chunk(t.chunk_size, share, per_sentence, GPU_MEMORY_GB[gpu.upper()] - static)
     extra = 4 / 3 if chunk is not None and cls.has_batch_terms else 1.0
     flops_step = at["flops"] * scale * t.grad_accum * extra
     steps, evals = schedule(t, corpus_lines(config, run.corpus))
     peak = _peak(gpu)
-    hours = flops_step * steps / (mfu * peak) / 3600 + evals * DEV_SENTENCES * encode / (mfu * peak / 2) / 3600
+    if chunk is not None:  # per chunk: the grad passes, and the in-batch terms' no-grad forward
+        passes = -(-share // chunk) * (m.grad_passes + (1 / 3 if cls.has_batch_terms else 0.0))
+    else:
+        passes = m.grad_passes + m.nograd_passes / 3
+    per_gpu = step_seconds(flops_step / t.devices, layers, passes * t.grad_accum, peak, mfu)
+    hours = per_gpu * t.devices * steps / 3600 + evals * DEV_SENTENCES * encode / (mfu * peak / 2) / 3600
     mem = static + per_sentence * (chunk or share)
     host = HOST_BASE_GB + 8 * (at["trainable"] + at["frozen"]) / 1e9
     row = Row(kind, label, at["trainable"] + at["frozen"], flops_step, steps, hours, mem, host)
     row.chunk = (f"{chunk}/{share}" if chunk is not None else f"{share}") + (f" x{t.devices}" if t.devices > 1 else "")
     return _flag(row, gpu, res, margin)
+
+
+def mfu_for(arch, mfu: float | None = None) -> float:
+    """``mfu`` when given, else ``MEASURED_MFU`` by ``arch``'s hidden size (an ``ARCHITECTURES``
+    name, a shape mapping, or a hidden size)."""
+    if mfu is not None:
+        return mfu
+    from .shapes import fields_of
+
+    width = arch if isinstance(arch, int) else int(fields_of(arch).get("hidden_size", 768))
+    return MEASURED_MFU[768] if width <= 768 else MEASURED_MFU[1024]
+
+
+def step_seconds(flops: float, layers: int, passes: float, peak: float, mfu: float) -> float:
+    """The plan's time of one optimizer step on one GPU: its ``flops`` at ``mfu`` of ``peak``
+    (FLOP/s), or the host floor (``STEP_FLOOR_S_PER_LAYER`` × ``layers`` × ``passes``), the larger."""
+    return max(flops / (mfu * peak), STEP_FLOOR_S_PER_LAYER * layers * passes)
 
 
 def _peak(gpu: str) -> float:
@@ -425,7 +487,7 @@ def _flag(row: Row, gpu: str, res: dict, margin: float) -> Row:
     return row
 
 
-def plan(config: dict, gpu: str = DEFAULT_GPU, mfu: float = DEFAULT_MFU, margin: float = DEFAULT_MARGIN,
+def plan(config: dict, gpu: str = DEFAULT_GPU, mfu: float | None = DEFAULT_MFU, margin: float = DEFAULT_MARGIN,
          work: str | Path | None = None) -> list[Row]:
     """Every job of the configuration's DAG with its estimate (see the module docstring)."""
     import torch
@@ -474,7 +536,7 @@ def plan(config: dict, gpu: str = DEFAULT_GPU, mfu: float = DEFAULT_MFU, margin:
             for kind, n in (("evaluate", STS_SENTENCES), ("transfer", TRANSFER_SENTENCES)):
                 if kind == "transfer" and not transfer:
                     continue
-                hours = n * encode / (mfu * peak / 2) / 3600  # fp32 encoding: TF32 at half the bf16 peak
+                hours = n * encode / (mfu_for(arch, mfu) * peak / 2) / 3600  # fp32: TF32 at half the bf16 peak
                 row = Row(kind, label, params, encode, n, hours, 4 * params / 1e9 + CUDA_OVERHEAD_GB,
                           HOST_BASE_GB + 8 * params / 1e9)
                 rows.append(_flag(row, gpu, resources["evaluate"], margin))
@@ -551,7 +613,7 @@ def _paraphrase_rows(config: dict, gpu: str, res: dict, margin: float) -> list[R
     return rows
 
 
-def format_plan(rows: list[Row], gpu: str, mfu: float) -> str:
+def format_plan(rows: list[Row], gpu: str, mfu: float | None) -> str:
     head = f"{'kind':<10} {'job':<58} {'params':>8} {'FLOP/step':>10} {'steps':>7} {'GPU-h':>8} {'CPU-h':>6} " \
            f"{'chunk':>9} {'GPU GB':>7} {'req min':>7} {'req MB':>7}  flags"
     lines = [head, "-" * len(head)]
@@ -571,8 +633,11 @@ def format_plan(rows: list[Row], gpu: str, mfu: float) -> str:
         lines.append(f"CPU-hours of SentEval's transfer classifier (jobs without a GPU): "
                      f"{sum(r.cpu_hours for r in cpu):.1f} ({len(cpu)} jobs, longest {max(r.wall_hours for r in cpu) * 60:.0f} "
                      f"min on its cpus)")
-    lines += [f"total: {sum(by_kind.values()):.1f} GPU-hours on {gpu} at MFU {mfu:.2f} of its bf16 peak, "
-              f"{len(rows)} jobs, {len(flagged)} flagged (estimate, not calibrated on a GPU; see README)"]
+    at = (f"MFU {mfu:.2f} of its bf16 peak" if mfu is not None else
+          f"the MFU measured on an H200 ({', '.join(f'{v:.2f} at width {k}' for k, v in MEASURED_MFU.items())}) "
+          f"and a floor of {1000 * STEP_FLOOR_S_PER_LAYER:.1f} ms per layer and pass")
+    lines += [f"total: {sum(by_kind.values()):.1f} GPU-hours on {gpu} at {at}, "
+              f"{len(rows)} jobs, {len(flagged)} flagged (an estimate; see docs/gpu/h200-2026-11-26.md)"]
     return "\n".join(lines)
 
 
@@ -591,7 +656,9 @@ def register(sub) -> None:
     p = sub.add_parser("plan", help="estimate every job's FLOPs, GPU-hours and GPU memory (CPU only, no network)")
     p.add_argument("--config", required=True)
     p.add_argument("--gpu", default=DEFAULT_GPU, help=f"GPU the estimate is for ({', '.join(GPU_MEMORY_GB)})")
-    p.add_argument("--mfu", type=float, default=DEFAULT_MFU, help="assumed share of the GPU's bf16 peak")
+    p.add_argument("--mfu", type=float, default=DEFAULT_MFU,
+                   help="share of the GPU's bf16 peak a training step reaches (default: measured on an H200, "
+                        "0.24 for hidden 768, 0.30 for 1024)")
     p.add_argument("--margin", type=float, default=DEFAULT_MARGIN,
                    help="flag a job whose runtime or mem_mb request is below the estimate x this")
     p.add_argument("--json", default=None, help="also write the rows as JSON here")
