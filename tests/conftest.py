@@ -49,36 +49,17 @@ def minilm_dir(shared) -> Path:
     return shared / "models" / "all-MiniLM-L6-v2"
 
 
-# A small WordPiece vocabulary, so unit tests need nothing from ../shared.
-TINY_WORDS = (
-    "the a an of and to in is was for on that with as by it at from his her he she they "
-    "man woman dog cat plays playing guitar piano car red blue big small runs running is are "
-    "sits sitting on mat park street city house tree sky sun water eats food apple music "
-    "one two three new old good bad very not no yes this these there here what who"
-).split()
+# The tiny world of the method contract (``sentemb.testing``), so unit tests need nothing from ../shared.
+from sentemb.testing import TINY_WORDS, tiny_run, tiny_train  # noqa: E402,F401  (re-exported for the tests)
 
 
 @pytest.fixture(scope="session")
 def tiny_bert_dir(tmp_path_factory) -> Path:
-    """A randomly initialised 2-layer BERT (hidden 32) with a tiny WordPiece vocabulary, saved in HF layout."""
-    import torch
-    from transformers import BertConfig, BertModel, BertTokenizerFast
+    """A randomly initialised 2-layer BERT (hidden 32) with a tiny WordPiece vocabulary, saved in HF
+    layout (``sentemb.testing.tiny_encoder_dir``)."""
+    from sentemb.testing import tiny_encoder_dir
 
-    d = tmp_path_factory.mktemp("tiny_bert")
-    chars = [c for c in "abcdefghijklmnopqrstuvwxyz.,'" if c not in TINY_WORDS]
-    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + sorted(set(TINY_WORDS)) + chars
-    vocab += [f"##{c}" for c in "abcdefghijklmnopqrstuvwxyz"]
-    (d / "vocab.txt").write_text("\n".join(vocab) + "\n")
-    tok = BertTokenizerFast(vocab=str(d / "vocab.txt"), do_lower_case=True)  # transformers 5: `vocab=`
-    assert tok("the dog")["input_ids"][1:-1] == [vocab.index("the"), vocab.index("dog")]
-    tok.save_pretrained(d)
-    torch.manual_seed(0)
-    cfg = BertConfig(
-        vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-        intermediate_size=64, max_position_embeddings=64,
-    )
-    BertModel(cfg).save_pretrained(d)
-    return d
+    return tiny_encoder_dir(tmp_path_factory.mktemp("tiny_bert"))
 
 
 @pytest.fixture(scope="session")
@@ -97,31 +78,6 @@ def tiny_roberta_dir(tmp_path_factory):
                                intermediate_size=64, max_position_embeddings=80, pad_token_id=1, bos_token_id=0,
                                eos_token_id=2)).save_pretrained(d)
     return d
-
-
-def tiny_train(**over):
-    """The tests' train settings (``sentemb.settings.TrainSettings``): batch 16, max_len 16, lr 1e-3,
-    STS-B dev every 2 steps, every step logged, on CPU; ``over`` replaces any of them."""
-    import dataclasses
-
-    from sentemb.settings import TrainSettings
-
-    base = TrainSettings(batch_size=16, max_len=16, lr=1e-3, eval_steps=2, log_steps=1, save_steps=100, device="cpu")
-    return dataclasses.replace(base, **over)
-
-
-def tiny_run(model, corpus, senteval=None, method="simcse", *, seed=7, method_args=None, inputs=None, name=None,
-             **train_over):
-    """A resolved run (``sentemb.settings.Run``) of ``method`` on the tiny model (``tiny_train``
-    settings, ``train_over`` replacing some), no MLflow; ``inputs``: the method's inputs by name."""
-    from sentemb.methods import get_method
-    from sentemb.settings import Run
-
-    return Run(name=name or method, method=method, backbone="tiny", seed=seed, train=tiny_train(**train_over),
-               method_args=get_method(method).resolve_args(method_args or {}), experiment="t",
-               tracking={"enabled": False, "uri": None},
-               paths={"model": str(model), "corpus": str(corpus), "senteval": str(senteval) if senteval else None,
-                      "stats": None, "inputs": {k: str(v) for k, v in (inputs or {}).items()}})
 
 
 def simcse_run(model, corpus, senteval, **train_over):
@@ -143,37 +99,9 @@ def assert_same_model(a: Path, b: Path) -> None:
 
 def write_tiny_senteval(root: Path, n: int = 12) -> Path:
     """A SentEval-shaped tree with ``n`` scored pairs per file from the tiny vocabulary."""
-    import random
+    from sentemb.testing import tiny_senteval
 
-    from sentemb.senteval import STS_SUBSETS
-
-    rng = random.Random(0)
-    words = TINY_WORDS
-
-    def sent():
-        return " ".join(rng.choice(words) for _ in range(rng.randint(3, 9)))
-
-    def rows():
-        return [(sent(), sent(), f"{rng.uniform(0, 5):.2f}") for _ in range(n)]
-
-    for task, subsets in STS_SUBSETS.items():
-        d = root / "STS" / f"{task}-en-test"
-        d.mkdir(parents=True, exist_ok=True)
-        for sub in subsets:
-            r = rows()
-            (d / f"STS.input.{sub}.txt").write_text("".join(f"{a}\t{b}\n" for a, b, _ in r))
-            (d / f"STS.gs.{sub}.txt").write_text("".join(f"{g}\n" for *_, g in r))
-    d = root / "STS" / "STSBenchmark"
-    d.mkdir(parents=True, exist_ok=True)
-    for split in ("train", "dev", "test"):
-        (d / f"sts-{split}.csv").write_text(
-            "".join(f"main-captions\tMSRvid\t2012test\t{i:04d}\t{g}\t{a}\t{b}\n" for i, (a, b, g) in enumerate(rows())))
-    d = root / "SICK"
-    d.mkdir(parents=True, exist_ok=True)
-    for fname in ("SICK_train.txt", "SICK_trial.txt", "SICK_test_annotated.txt"):
-        (d / fname).write_text("pair_ID\tsentence_A\tsentence_B\trelatedness_score\tentailment_judgment\n" + "".join(
-            f"{i}\t{a}\t{b}\t{g}\tNEUTRAL\n" for i, (a, b, g) in enumerate(rows())))
-    return root
+    return tiny_senteval(root, n)
 
 
 @pytest.fixture(scope="session")

@@ -407,7 +407,7 @@ def _config(**run):
 
 def test_config_corpus_and_top_k_checks():
     from sentemb.config import resolve_run, validate_config
-    from sentemb.stats import run_corpora, stats_targets
+    from sentemb.stats.workflow import run_corpora, stats_targets
 
     with pytest.raises(SentembError, match=r"runs\[1\]\.corpus.*unknown corpus 'nope'.*sts-unlabeled"):
         validate_config(_config(corpus="nope"))

@@ -21,7 +21,7 @@ def test_plan():
 
 def test_the_plan_has_a_row_for_every_job_of_the_dag_and_a_total(test_plan):
     from sentemb.plan import format_plan
-    from sentemb.stats import stats_settings
+    from sentemb.stats.workflow import stats_settings
 
     config, rows = test_plan
     by_kind = {}
@@ -112,15 +112,16 @@ def test_a_training_job_is_planned_with_the_chunk_and_devices_it_would_use():
     import dataclasses
 
     from sentemb.config import load_config, resolve_run
-    from sentemb.plan import CUDA_OVERHEAD_GB, GPU_MEMORY_GB, Measure, _train_row
+    from sentemb.plan import CUDA_ACTIVATION_RATIO, CUDA_OVERHEAD_GB, GPU_MEMORY_GB, Measure, _train_row
     from sentemb.shapes import backbone_architecture, depth
 
     config = load_config(TEST_CONFIG)
     r = next(r for r in config["runs"] if r["method"] == "simcse")
     base = resolve_run(config, r["name"], r["backbone"], (r.get("seeds") or config["seeds"])[0])
     layers = depth(backbone_architecture(config, base.backbone))
-    m = Measure(layers=layers, flops=1e12, flops_layer=1e11, act_bytes=4e9, act_layer=1e9, trainable=10**8, frozen=0,
-                params_layer=10**7)  # 1 GB of activations per sentence, 1.6 GB of weights and AdamW state
+    cpu = 1 / CUDA_ACTIVATION_RATIO  # the CPU's measured activations per CUDA byte
+    m = Measure(layers=layers, flops=1e12, flops_layer=1e11, act_bytes=4e9 * cpu, act_layer=1e9 * cpu, trainable=10**8,
+                frozen=0, params_layer=10**7)  # 1 GB of CUDA activations per sentence, 1.6 GB of weights and AdamW state
 
     def row(**train):
         run = dataclasses.replace(base, train=dataclasses.replace(base.train, **{"batch_size": 128, **train}))
@@ -139,7 +140,7 @@ def test_a_training_job_is_planned_with_the_chunk_and_devices_it_would_use():
     assert row(chunk_size="auto", batch_size=32).chunk == "32"  # fits: no chunking, no extra forward
     assert row(chunk_size="auto", batch_size=32).flops_step == pytest.approx(whole.flops_step / 4)
     # a sentence of a tenth of a GB: batch 128 fits whole, batch 1024 is cut (sizes in bytes, as the loop)
-    m = dataclasses.replace(m, act_bytes=4e8, act_layer=1e8)
+    m = dataclasses.replace(m, act_bytes=4e8 * cpu, act_layer=1e8 * cpu)
     small = row(chunk_size="auto")
     assert small.chunk == "128" and small.mem_gb == pytest.approx(static + 12.8)
     assert small.flops_step == pytest.approx(whole.flops_step)  # no extra forward

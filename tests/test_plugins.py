@@ -166,3 +166,87 @@ def test_the_example_config_runs_it_next_to_simcse(clean_registry, monkeypatch):
     assert [r["method"] for r in config["runs"]] == ["simcse", "debiased-simcse"]
     run = resolve_run(config, "debiased-simcse", "minilm", 42)
     assert run.method_module == "examples/methods/debiased.py" and run.method_args["tau_plus"] == 0.1
+
+
+# ------------------------------------------------------------------------------------ issue 27 §2: check-method
+def _check_method(*args, cwd=REPO):
+    return subprocess.run([sys.executable, "-m", "sentemb", "check-method", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=900)
+
+
+def _lines(out: str) -> dict[str, str]:
+    """check -> status from ``sentemb check-method``'s one line per check."""
+    from sentemb.testing import CHECKS
+
+    got = {}
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) >= 2 and parts[0] in ("PASS", "FAIL", "SKIP") and parts[1] in CHECKS:
+            got[parts[1]] = parts[0]
+    return got
+
+
+def test_check_method_passes_the_example_plugin_from_its_config():
+    """``sentemb check-method debiased-simcse --config examples/methods/config.yaml``: the example
+    plug-in (imported by the config's method_modules) passes every check; one line per check."""
+    from sentemb.testing import CHECKS
+
+    p = _check_method("debiased-simcse", "--config", "examples/methods/config.yaml")
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    got = _lines(p.stdout)
+    assert list(got) == list(CHECKS), p.stdout
+    assert got["pretrain"] == "SKIP" and all(v == "PASS" for k, v in got.items() if k != "pretrain"), p.stdout
+    assert "debiased-simcse: 9 passed, 0 failed, 1 skipped" in p.stdout
+
+
+BROKEN = '''
+import torch
+
+from sentemb.methods import register_method, WEIGHTED
+from sentemb.methods.simcse import SimCSE
+
+
+@register_method
+class Unseeded(SimCSE):
+    """SimCSE whose batch carries noise from the global generator: not a function of (seed, micro)."""
+
+    name = "broken-unseeded"
+
+    def build_batch(self, sentences, step=0, *, lines=None, micro=0):
+        batch = super().build_batch(sentences, step, lines=lines, micro=micro)
+        batch["noise"] = torch.rand(len(sentences))
+        return batch
+
+
+@register_method
+class Misweighted(SimCSE):
+    """SimCSE that logs a weighted term twice its contribution to the loss."""
+
+    name = "broken-weights"
+
+    def losses(self, batch):
+        out = super().losses(batch)
+        out[WEIGHTED] = {k: 2 * v for k, v in out[WEIGHTED].items()}
+        return out
+'''
+
+
+@pytest.mark.parametrize("method, failing", [("broken-unseeded", "batches"), ("broken-weights", "loss")])
+def test_check_method_names_the_check_a_broken_method_fails(tmp_path, method, failing):
+    (tmp_path / "broken.py").write_text(BROKEN)
+    p = _check_method(method, "--method-module", "broken.py", "--check", "batches", "--check", "loss",
+                      "--check", "export", cwd=tmp_path)
+    assert p.returncode == 1, p.stdout[-3000:] + p.stderr[-3000:]
+    got = _lines(p.stdout)
+    assert got[failing] == "FAIL" and all(v == "PASS" for k, v in got.items() if k != failing), p.stdout
+    line = next(x for x in p.stdout.splitlines() if x.startswith(f"FAIL  {failing}"))
+    assert {"batches": "batch['noise'] differs for the same (seed, micro)",
+            "loss": "the weighted terms sum to"}[failing] in line, line
+    assert p.stdout.rstrip().endswith(f"failed: {failing}"), p.stdout
+
+
+def test_check_method_refuses_an_unknown_check_and_method():
+    p = _check_method("simcse", "--check", "nosuch")
+    assert p.returncode != 0 and "--check nosuch: unknown check" in p.stderr
+    p = _check_method("no-such-method")
+    assert p.returncode != 0 and "no-such-method" in p.stderr

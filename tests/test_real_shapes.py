@@ -59,8 +59,9 @@ PUBLISHED_PARAMS = {"bert-base-uncased": 108_891_648, "bert-large-uncased": 334_
                     "roberta-base": 124_055_040, "roberta-large": 354_310_144}
 
 STEP_TRAIN_KEYS = ("max_len", "sam_rho", "unpad", "precision", "sampler", "dropout", "compile")
-#: integer arguments that are a schedule or a count, not a shape: dropped from the dedupe key
-SCALAR_INT_ARGS = {"una": {"alpha", "radius"}, "paser": {"top_k"}, "arccse": {"min_words", "max_span"}}
+#: integer arguments that are a schedule or a count, not a shape (each method's ``schedule_args``):
+#: dropped from the dedupe key
+SCALAR_INT_ARGS = {n: set(cls.schedule_args) for n, cls in __import__("sentemb.methods", fromlist=["registry"]).registry().items()}
 BATCH = 4
 
 

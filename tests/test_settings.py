@@ -105,7 +105,7 @@ def test_train_settings_from_a_mapping_name_the_key():
 def test_stats_and_evaluation_defaults_are_the_classes():
     assert StatsSettings().paraphrase.model.hub_id == "tuner007/pegasus_paraphrase"
     assert EvaluationSettings().precision == "fp32" and "STSBenchmark" in EvaluationSettings().tasks
-    from sentemb.stats import stats_settings
+    from sentemb.stats.workflow import stats_settings
 
     s = stats_settings({"runs": [], "stats": {"paraphrase": {"shards": 2}}})
     assert s["paraphrase"]["shards"] == 2 and s["paraphrase"]["num_beams"] == 10 and s["rake_top_k"] == 5

@@ -404,7 +404,7 @@ def test_cli_and_summary(corpus, tiny_tok_dir, tiny_nltk_data, tmp_path):
 
 
 def test_stats_settings_and_targets():
-    from sentemb.stats import stats_settings, stats_targets
+    from sentemb.stats.workflow import stats_settings, stats_targets
 
     cfg = {"resources_dir": "r", "results_dir": "res", "corpus": {"name": "c"},
            "backbones": {"bert": {}, "roberta": {}}, "runs": [{"method": "simcse", "backbone": "bert"}]}

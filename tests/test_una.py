@@ -358,7 +358,7 @@ def test_negatives_on_the_same_steps_after_a_resume(tiny_bert_dir, corpus, tfidf
 
 # ------------------------------------------------------------------------------ inputs, bad input
 def test_requires_and_paraphrase_planning():
-    from sentemb.stats import stats_settings
+    from sentemb.stats.workflow import stats_settings
 
     una = get_method("una")
     assert una.requires(una.make_args({})) == ("tfidf",)

@@ -215,24 +215,14 @@ def run_requires(config: dict, run: dict) -> tuple[str, ...]:
 
 
 def input_path(config: dict, name: str, *, corpus: str, backbone: str, method: str) -> str:
-    """Where the workflow puts input ``name`` (one of ``sentemb.methods.base.INPUT_NAMES``)."""
-    layout = Layout.of(config)
-    match name:
-        case "token_freq":
-            return layout.token_freq(corpus, backbone)
-        case "tfidf":
-            return layout.tfidf(corpus)
-        case "tfidf_para":
-            return layout.tfidf_para(corpus)
-        case "paraphrases":
-            return layout.paraphrases(corpus)
-        case "rake":
-            return layout.rake(corpus, int(config["stats"]["rake_top_k"]))
-        case "nltk":
-            return layout.nltk()
-        case "pretrained":
-            return f"{layout.pretrain_dir(method, backbone)}/model"
-    raise SentembError(f"method '{method}' requires unknown input '{name}'")
+    """Where the workflow puts input ``name`` (its ``sentemb.inputs`` entry's ``path``)."""
+    from .inputs import get_input
+
+    kind = get_input(name, f"method '{method}' requires")
+    if kind.path is None or kind.rule is None:
+        raise SentembError(f"method '{method}' requires input '{name}', which no workflow rule makes (a plug-in input "
+                           "kind is built by sentemb check-method, plan and gpu-check, not yet by the DAG)")
+    return kind.path(Layout.of(config), config, corpus, backbone, method)
 
 
 def run_inputs(config: dict, name: str, backbone: str) -> dict[str, str]:

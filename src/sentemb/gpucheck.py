@@ -41,7 +41,19 @@ from pathlib import Path
 
 from . import SentembError
 
-METHODS = ("simcse", "sarcse", "una", "paser", "infocse", "arccse")
+
+
+def methods_to_check(names: list[str] | None = None) -> tuple[str, ...]:
+    """``names``, or every registered method (the built-in ones and any imported plug-in), SimCSE
+    first (the reference of the sentence-transformers row); an unknown name is refused."""
+    from .methods import registry
+
+    reg = registry()
+    for n in names or ():
+        if n not in reg:
+            raise SentembError(f"--method {n}: not a registered method (known: {', '.join(sorted(reg))})")
+    chosen = list(dict.fromkeys(names)) if names else list(reg)
+    return tuple(sorted(chosen, key=lambda n: n != "simcse"))
 
 
 class _Table(list):
@@ -57,55 +69,62 @@ def _row(what: str, value: str, note: str = "") -> str:
     return f"| {what} | {value} | {note} |"
 
 
-def _inputs_for(model: Path, corpus: Path, work: Path, nltk: Path | None, device: str,
-                methods: tuple[str, ...] = METHODS) -> dict[str, str]:
-    """Every input the ``methods`` read with their default arguments (``Method.requires``), made from
-    the benchmark corpus with the package's own code: token frequency, TF-IDF, RAKE (with the NLTK
-    data), and InfoCSE's pretraining stage (a few steps)."""
+def _inputs_for(model: Path, corpus: Path, work: Path, device: str, methods: tuple[str, ...],
+                margs: dict[str, dict]) -> dict[str, dict]:
+    """method -> every input it reads with its arguments ``margs`` (``Method.requires``), made from the
+    benchmark corpus by each kind's ``sentemb.inputs`` builder (token frequency, TF-IDF, RAKE with the
+    mirror's NLTK data, ...) and, for ``pretrained``, the method's own pretraining stage (3 steps).
+    A kind that cannot be built here leaves that method's rows "skipped", naming why."""
+    from .inputs import InputUnavailable, build_input
     from .methods import get_method
-    from .stats.frequency import write_token_frequencies
-    from .stats.rake import write_rake
-    from .stats.tfidf import write_tfidf
 
-    needed = {name for m in methods for name in get_method(m).requires(get_method(m).make_args({}))}
-    work.mkdir(parents=True, exist_ok=True)
-    out: dict[str, Path] = {}
-    if "token_freq" in needed:
-        out["token_freq"] = work / "token_freq.parquet"
-        write_token_frequencies(corpus, model, out["token_freq"])
-    if "tfidf" in needed:
-        out["tfidf"] = work / "tfidf.parquet"
-        write_tfidf([corpus], out["tfidf"], workers=1)
-    if nltk is not None and {"rake", "nltk"} & needed:
-        out["rake"], out["nltk"] = work / "rake.parquet", nltk
-        write_rake(corpus, nltk, out["rake"], top_k=5, workers=1)
-    if "pretrained" in needed:
-        out["pretrained"] = _infocse_stage(model, corpus, work / "pretrain", device)
-    return {k: str(v) for k, v in out.items()}
+    built: dict[str, Path | Exception] = {}
+    out: dict[str, dict] = {}
+    for m in methods:
+        cls = get_method(m)
+        out[m] = {}
+        for name in cls.requires(cls.make_args(margs.get(m, {}))):
+            key = f"{name}:{m}" if name == "pretrained" else name
+            if key not in built:
+                try:
+                    built[key] = (_pretrain_stage(cls, model, corpus, work / f"pretrain-{m}", device)
+                                  if name == "pretrained" else build_input(name, work / name, corpus, model))
+                except InputUnavailable as e:
+                    built[key] = e
+            out[m][name] = built[key]
+    return out
 
 
-def _method_args(model: Path) -> dict[str, dict]:
-    """Arguments that depend on the model: InfoCSE's M^{>0} after half the layers (the paper: 6 of 12)."""
+def _method_args(model: Path, methods: tuple[str, ...] = ("infocse",)) -> dict[str, dict]:
+    """Arguments that depend on the model's depth (``Method.args_for_depth``: InfoCSE's M^{>0} after
+    half the layers, the paper's 6 of 12)."""
     from transformers import AutoConfig
 
-    return {"infocse": {"skip_from": max(1, AutoConfig.from_pretrained(model).num_hidden_layers // 2)}}
+    from .methods import get_method
+
+    layers = AutoConfig.from_pretrained(model).num_hidden_layers
+    return {m: a for m in methods if (a := get_method(m).args_for_depth(layers))}
 
 
-def _infocse_stage(model: Path, corpus: Path, out: Path, device: str) -> Path:
-    """InfoCSE's pretraining stage (its own Method, the shared loop), 3 steps: an input, not a measurement."""
+def _pretrain_stage(cls, model: Path, corpus: Path, out: Path, device: str) -> Path:
+    """A method's pretraining stage (``Method.pretrain_stage``, through the shared loop), 3 steps: an
+    input, not a measurement."""
     import dataclasses
+
+    from transformers import AutoConfig
 
     from .benchmark import _bench_run
     from .pretrain import run_pretrain
 
-    run = _bench_run(model, corpus, 16, device, 32, "bf16", "infocse", 10**9, _method_args(model)["infocse"])
-    run = dataclasses.replace(run, name="infocse-pretrain", rule="pretrain",
+    args = cls.args_for_depth(AutoConfig.from_pretrained(model).num_hidden_layers)
+    run = _bench_run(model, corpus, 16, device, 32, "bf16", cls.name, 10**9, args)
+    run = dataclasses.replace(run, name=f"{cls.name}-pretrain", rule="pretrain",
                               train=dataclasses.replace(run.train, max_steps=3))
     run_pretrain(run, out, progress=False)
     return out / "model"
 
 
-def check(model: Path, corpus: Path, senteval: Path, nltk: Path | None, device_name: str, batches: tuple[int, ...],
+def check(model: Path, corpus: Path, senteval: Path, device_name: str, batches: tuple[int, ...],
           steps: int, warmup: int, max_len: int, methods: tuple[str, ...], dag: bool, repo: Path,
           sts_tasks: tuple[str, ...] | None = None, sts_model: Path | None = None,
           method_args: dict[str, dict] | None = None, epoch_batch: int | None = 64) -> list[str]:
@@ -114,6 +133,7 @@ def check(model: Path, corpus: Path, senteval: Path, nltk: Path | None, device_n
     from .benchmark import _peak, bench_method, bench_st
     from .corpus import read_corpus
     from .evaluate import embedder_for, evaluate_sts
+    from .methods import get_method
 
     device = torch.device(device_name)
     cuda = device.type == "cuda"
@@ -131,20 +151,25 @@ def check(model: Path, corpus: Path, senteval: Path, nltk: Path | None, device_n
              "| what | value | note |", "| --- | --- | --- |"]
     print("\n".join(lines), flush=True)
     work = Path(tempfile.mkdtemp(prefix="sentemb-gpucheck-"))
-    inputs = _inputs_for(model, corpus, work / "stats", nltk, device_name, methods)
     sentences = read_corpus(corpus)
-    margs = _method_args(model)
+    margs = _method_args(model, methods)
     for m, a in (method_args or {}).items():
         margs[m] = {**margs.get(m, {}), **a}
+    inputs = _inputs_for(model, corpus, work / "stats", device_name, methods, margs)
     sts_model = sts_model or model
     simcse_step = {}
     for b in batches:
         for m in methods:
             if cuda:
                 torch.cuda.reset_peak_memory_stats(device)
+            missing = {n: v for n, v in inputs[m].items() if isinstance(v, Exception)}
+            if missing:
+                lines.append(_row(f"train {m} B={b}", "skipped", "; ".join(f"input {n}: {v}" for n, v in missing.items())))
+                continue
             try:
                 secs, tok, padded, cfg, _, fpt = bench_method(model, corpus, b, steps, warmup, device, max_len, precision,
-                                                            m, margs.get(m), inputs, 0.05 if m == "arccse" else None)
+                                                            m, margs.get(m), {n: str(v) for n, v in inputs[m].items()},
+                                                            get_method(m).paper_train.get("sam_rho"))
             except SentembError as e:
                 lines.append(_row(f"train {m} B={b}", "skipped", str(e)))
                 continue
@@ -164,7 +189,7 @@ def check(model: Path, corpus: Path, senteval: Path, nltk: Path | None, device_n
             c = max(1, b // 4)
             if cuda:
                 torch.cuda.reset_peak_memory_stats(device)
-            secs, *_ = bench_method(model, corpus, b, steps, warmup, device, max_len, precision, "simcse", None, inputs,
+            secs, *_ = bench_method(model, corpus, b, steps, warmup, device, max_len, precision, "simcse", None, {},
                                     chunk_size=c)
             mem = f", peak mem {torch.cuda.max_memory_allocated(device) / 2**30:.1f} GiB" if cuda else ""
             whole = simcse_step.get(b, (None,))[0]
@@ -308,7 +333,6 @@ def _cmd_gpu_check(args: argparse.Namespace) -> int:
     sts_model = Path(args.sts_model) if args.sts_model else (minilm if args.model in ARCHITECTURES else model)
     corpus = Path(args.corpus) if args.corpus else shared / "data" / "wiki1m_head.txt"
     senteval = Path(args.senteval) if args.senteval else shared / "data" / "senteval"
-    nltk = shared / "nltk_data"
     for what, p in (("--model", model), ("--sts-model", sts_model), ("--corpus", corpus), ("--senteval", senteval)):
         if not p.exists() and not (what == "--model" and args.model in ARCHITECTURES):
             raise SentembError(f"{what}: {p} does not exist (give it, or --shared pointing at a shared/ folder)")
@@ -317,9 +341,17 @@ def _cmd_gpu_check(args: argparse.Namespace) -> int:
         model = write_model_dir(args.model, Path(tempfile.mkdtemp(prefix="sentemb-gpucheck-model-")) / args.model)
     device = "cpu" if args.cpu else "cuda"
     batches = tuple(args.batch_size or ((8,) if args.cpu else (64, 512)))
-    methods = tuple(args.method or METHODS)
+    from .methods import load_method_modules
+
+    if args.config:  # its method_modules (the user's methods) are imported when it is validated
+        from .config import load_config
+
+        load_config(args.config)
+    load_method_modules(args.method_module or None, "--method-module")
+    methods = methods_to_check(args.method)
     t = time.perf_counter()
-    lines = check(model, corpus, senteval, nltk if nltk.is_dir() else None, device, batches, args.steps, args.warmup,
+    os.environ.setdefault("SENTEMB_SHARED", str(shared))  # the NLTK data of PaSeR's RAKE input, MiniLM's vocabulary
+    lines = check(model, corpus, senteval, device, batches, args.steps, args.warmup,
                   args.max_len, methods, not args.no_dag, Path(__file__).resolve().parents[2],
                   tuple(t for t in args.sts_tasks.split(",") if t) if args.sts_tasks else None, sts_model,
                   parse_method_args(args.method_args, list(methods)), None if args.no_epoch else args.epoch_batch)
@@ -347,7 +379,11 @@ def register(sub) -> None:
     p.add_argument("--corpus", default=None)
     p.add_argument("--senteval", default=None)
     p.add_argument("--batch-size", type=int, action="append", help="default 64 and 512")
-    p.add_argument("--method", action="append", choices=METHODS, help="default all six")
+    p.add_argument("--method", action="append", metavar="NAME",
+                   help="a registered method (repeatable; default every one: the six and imported plug-ins)")
+    p.add_argument("--config", default=None, help="a config whose method_modules (the user's methods) to import")
+    p.add_argument("--method-module", action="append", default=[],
+                   help="a Python file or module with @register_method classes (repeatable)")
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--max-len", type=int, default=32)

@@ -173,47 +173,18 @@ class Counter:
             self.cache[key] = p
         return self.cache[key]
 
-    def nltk_dir(self) -> Path:
-        from .shapes import shared_dirs
-
-        for d in (Path(self.config["resources_dir"]) / "nltk_data", *(d / "nltk_data" for d in shared_dirs())):
-            if d.is_dir():
-                return d
-        raise SentembError("sentemb plan: PaSeR's RAKE statistics need the NLTK stopwords (resources/nltk_data; "
-                           "`sentemb fetch-nltk` or set SENTEMB_SHARED)")
-
     def input(self, name: str, corpus: Path, model: Path) -> Path:
-        key = ("input", name, str(corpus), str(model) if name == "token_freq" else "")
-        if key in self.cache:
-            return self.cache[key]
-        d = self.work / "inputs" / f"{len(self.cache)}"
-        d.mkdir(parents=True, exist_ok=True)
-        if name == "token_freq":
-            from .stats.frequency import write_token_frequencies
+        """Input ``name`` built on the counting corpus (``sentemb.inputs``: its ``build``)."""
+        from .inputs import build_input
 
-            out = d / "token_freq.parquet"
-            write_token_frequencies(corpus, model, out)
-        elif name == "paraphrases":
-            out = d / "paraphrases.txt"
-            out.write_text("".join(" ".join(reversed(x.split())) + "\n" for x in corpus.read_text().splitlines()))
-        elif name in ("tfidf", "tfidf_para"):
-            from .stats.tfidf import write_tfidf
-
-            out = d / f"{name}.parquet"
-            extra = [self.input("paraphrases", corpus, model)] if name == "tfidf_para" else []
-            write_tfidf([corpus, *extra], out, workers=1)
-        elif name == "nltk":
-            out = self.nltk_dir()
-        elif name == "rake":
-            from .stats.rake import write_rake
-            from .stats import stats_settings
-
-            out = d / "rake.parquet"
-            write_rake(corpus, self.nltk_dir(), out, top_k=int(stats_settings(self.config)["rake_top_k"]), workers=1)
-        else:
-            raise SentembError(f"sentemb plan: no way to build input '{name}' for counting")
-        self.cache[key] = out
-        return out
+        key = ("input", name, str(corpus), str(model))
+        if key not in self.cache:
+            d = self.work / "inputs" / f"{len(self.cache)}"
+            try:
+                self.cache[key] = build_input(name, d, corpus, model, self.config)
+            except SentembError as e:
+                raise SentembError(f"sentemb plan: input '{name}' for counting: {e}") from None
+        return self.cache[key]
 
     def encode(self, backbone: str | dict) -> tuple[float, int]:
         """(FLOPs of one sentence's encoder forward at ``EVAL_LEN`` tokens, parameters) at the
@@ -293,8 +264,11 @@ def _autocast_name(precision: str) -> str:
 
 def _reduced(method: str, args: dict) -> dict:
     """Method arguments as far as they change a step's FLOPs and memory: floats as zero/non-zero, the
-    schedule/count integers dropped (``tests/test_real_shapes.py`` documents the same reduction)."""
-    scalar_ints = {"una": {"alpha", "radius"}, "paser": {"top_k"}, "arccse": {"min_words", "max_span"}}
+    method's ``schedule_args`` (integers that choose which steps or rows do work) dropped
+    (``tests/test_real_shapes.py`` documents the same reduction)."""
+    from .methods import get_method
+
+    scalar_ints = {method: set(get_method(method).schedule_args)}
     out = {}
     for k, v in sorted(args.items()):
         if k == "pretrain":
@@ -581,7 +555,7 @@ def _paraphrase_rows(config: dict, gpu: str, res: dict, margin: float) -> list[R
     import torch
     from transformers import PegasusConfig, PegasusForConditionalGeneration
 
-    from .stats import needs_paraphrases, run_corpora, stats_settings
+    from .stats.workflow import needs_paraphrases, run_corpora, stats_settings
     from .stats.paraphrase import PEGASUS_LARGE_SHAPE
 
     para = stats_settings(config)["paraphrase"]

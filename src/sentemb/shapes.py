@@ -154,12 +154,9 @@ def write_model_dir(arch: str | dict, out: str | Path, num_layers: int | None = 
 
 def layers_needed(method: str, method_args: dict, minimum: int = 2) -> int:
     """The fewest Transformer layers a reduced-depth model of ``method`` needs: ``minimum``, or more
-    where the method reads a given layer (InfoCSE: the state after ``skip_from`` layers, and with
-    ``init: backbone`` its upper ``head_layers`` layers). Every other method is depth-independent:
-    all layers of an encoder have one shape."""
-    need = minimum
-    if "skip_from" in method_args:
-        need = max(need, int(method_args["skip_from"]) + 1)
-    if method_args.get("init") == "backbone" and "head_layers" in method_args:
-        need = max(need, int(method_args["head_layers"]))
-    return need
+    where the method reads a given layer (``Method.layers_needed``: InfoCSE's state after
+    ``skip_from`` layers, and with ``init: backbone`` its upper ``head_layers`` layers). Every other
+    method is depth-independent: all layers of an encoder have one shape."""
+    from .methods import get_method
+
+    return max(minimum, int(get_method(method).layers_needed(dict(method_args))))

@@ -13,9 +13,9 @@
 
 import shlex
 
-from sentemb.stats import needs_paraphrases, stats_settings, stats_targets
+from sentemb.stats.workflow import needs_paraphrases, stats_settings, stats_targets
 
-STATS = stats_settings(config)  # config section `stats` with defaults (sentemb.stats.stats_settings)
+STATS = stats_settings(config)  # config section `stats` with defaults (sentemb.stats.workflow.stats_settings)
 _PARA = STATS["paraphrase"]
 PARA_MODEL = _PARA["model"]
 PARA_DIR = LAYOUT.paraphraser(_PARA["model_name"])

@@ -209,6 +209,9 @@ class ArcCSE(SimCSE):
                        "or none", choices=("train_only", "always", "none"))
 
     eval_pooler = "cls_before_pooler"
+    schedule_args = ("min_words", "max_span")  # which sentences form triplets: rows, not shapes
+    paper_train = {"sam_rho": 0.05}  # SAM, as config/config.yaml trains ArcCSE
+    contract_args = {"min_words": 5}  # the contract's short sentences form triplets too
 
     @classmethod
     def check(cls, args, config, where="method_args"):

@@ -176,6 +176,19 @@ class Method(nn.Module):
     #: method's own embedder (``load_embedder``)
     eval_pooler: ClassVar[str] = "cls_before_pooler"
 
+    #: the method contract (``sentemb.testing``, ``sentemb check-method``): argument overrides a tiny
+    #: 2-layer encoder of hidden 32 needs (e.g. a layer number below 2); the paper's values stay the defaults
+    contract_args: ClassVar[dict[str, Any]] = {}
+    #: arguments that turn off the method's own dropout (beyond the encoder's ``train.dropout``), for
+    #: the contract's dropout-off gradient comparisons (e.g. a decoder's dropout)
+    contract_no_dropout: ClassVar[dict[str, Any]] = {}
+    #: integer arguments that change which steps or rows do extra work, not the shapes of a step
+    #: (UNA's alpha and radius): ``sentemb plan`` counts one step per shape, so it leaves them out
+    schedule_args: ClassVar[tuple[str, ...]] = ()
+    #: train settings the paper trains the method with that a one-step measurement should use
+    #: (``sentemb gpu-check``; a run sets them in its config): ArcCSE's SAM ``{"sam_rho": 0.05}``
+    paper_train: ClassVar[dict[str, Any]] = {}
+
     def __init__(self, encoder: nn.Module, tokenizer, args: dict[str, Any] | Any, ctx: MethodContext):
         super().__init__()
         self.encoder = encoder
@@ -191,6 +204,18 @@ class Method(nn.Module):
     @classmethod
     def arg_defaults(cls) -> dict[str, Any]:
         return {s.name: s.default for s in cls.arg_specs()}
+
+    @classmethod
+    def args_for_depth(cls, layers: int) -> dict[str, Any]:
+        """Arguments that depend on the encoder's depth, for tooling that builds the method on a model
+        of ``layers`` layers (``sentemb gpu-check``): InfoCSE's ``skip_from`` at half of them. Default none."""
+        return {}
+
+    @classmethod
+    def layers_needed(cls, args: dict[str, Any]) -> int:
+        """The fewest encoder layers the method's ``args`` (a mapping) read: ``sentemb plan`` counts a
+        step on a reduced-depth model (every layer has one shape). 0: any depth."""
+        return 0
 
     @classmethod
     def validate_args(cls, args: dict[str, Any], where: str) -> None:

@@ -71,6 +71,7 @@ def _cmd_methods(args: argparse.Namespace) -> int:
 
 
 def register(sub) -> None:
+    register_check(sub)
     p = sub.add_parser("methods", help="list the registered methods, their arguments, defaults and inputs")
     p.add_argument("name", nargs="?", default=None, help="one method (default: all)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -78,3 +79,69 @@ def register(sub) -> None:
     p.add_argument("--method-module", action="append", default=[],
                    help="a Python file or module with @register_method classes (repeatable)")
     p.set_defaults(func=_cmd_methods)
+
+
+def _cmd_check_method(args: argparse.Namespace) -> int:
+    """``sentemb check-method NAME``: the method contract (``sentemb.testing``) on a tiny random
+    encoder, one line per check; exit 1 naming the failed checks."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from .. import SentembError
+    from .. import testing
+    from . import get_method, load_method_modules, method_source
+
+    if args.list:
+        for name, fn in testing.CHECKS.items():
+            print(f"{name:<11} {(fn.__doc__ or '').strip().splitlines()[0]}")
+        return 0
+    if not args.name:
+        raise SentembError("check-method: name a method (sentemb methods lists them)")
+    if args.config:  # its method_modules (the user's methods) are imported when it is validated
+        from ..config import load_config
+
+        load_config(args.config)
+    load_method_modules(args.method_module or None, "--method-module")
+    cls = get_method(args.name)
+    if not args.verbose:  # one line per check: transformers' load reports and progress bars off
+        import logging
+
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
+        for logger in ("sentemb", "sentence_transformers"):
+            logging.getLogger(logger).setLevel(logging.WARNING)
+    chosen = [c for c in (args.check or testing.CHECKS) if c not in (args.skip or [])]
+    work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix=f"sentemb-check-{cls.name}-"))
+    origin = cls.__module__ if cls.__module__.startswith("sentemb.methods.") else (method_source(cls) or ("?",))[0]
+    print(f"sentemb check-method {cls.name} ({cls.__module__}.{cls.__qualname__}, from {origin}): "
+          f"{len(chosen)} checks on a tiny random BERT (2 layers, hidden 32), contract args {json.dumps(cls.contract_args)}",
+          flush=True)
+    try:
+        results = testing.check_method(cls, work, chosen, report=lambda line: print(line, flush=True))
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    failed = [r.check for r in results if r.status == "FAIL"]
+    skipped = [r.check for r in results if r.status == "SKIP"]
+    passed = len(results) - len(failed) - len(skipped)
+    print(f"{cls.name}: {passed} passed, {len(failed)} failed, {len(skipped)} skipped"
+          + (f"; failed: {', '.join(failed)}" if failed else ""))
+    return 1 if failed else 0
+
+
+def register_check(sub) -> None:
+    p = sub.add_parser("check-method", help="run the method contract (sentemb.testing) on a tiny random encoder")
+    p.add_argument("name", nargs="?", default=None, help="a registered method (built-in, or from --config / --method-module)")
+    p.add_argument("--config", default=None, help="a config whose method_modules (the user's methods) to import")
+    p.add_argument("--method-module", action="append", default=[],
+                   help="a Python file or module with @register_method classes (repeatable)")
+    p.add_argument("--check", action="append", default=None, metavar="CHECK",
+                   help="run only this check (repeatable; --list names them)")
+    p.add_argument("--skip", action="append", default=None, metavar="CHECK", help="leave this check out (repeatable)")
+    p.add_argument("--list", action="store_true", help="list the checks and exit")
+    p.add_argument("--keep", default=None, metavar="DIR", help="work in DIR and keep it (default: a temporary folder)")
+    p.add_argument("--verbose", action="store_true", help="keep the loop's and transformers' log lines")
+    p.set_defaults(func=_cmd_check_method)

@@ -306,6 +306,7 @@ class InfoCSE(Method):
 
     eval_pooler = "cls_before_pooler"
     pretrain_train_defaults = PRETRAIN_TRAIN_DEFAULTS
+    contract_args = {"skip_from": 1}  # 2 layers: M^{>0} after layer 1 (paper: 6 of 12)
 
     # ------------------------------------------------------------------ config
     @classmethod
@@ -325,6 +326,20 @@ class InfoCSE(Method):
     @classmethod
     def requires(cls, args):
         return ("pretrained",) if args.init == "pretrain" and not args.aux_checkpoint else ()
+
+    @classmethod
+    def args_for_depth(cls, layers):
+        """M^{>0} after half the layers (the paper: 6 of BERT-base's 12)."""
+        return {"skip_from": max(1, int(layers) // 2)}
+
+    @classmethod
+    def layers_needed(cls, args):
+        """The state after ``skip_from`` layers is read, and with ``init: backbone`` the upper
+        ``head_layers`` layers are copied into the auxiliary network."""
+        need = int(args.get("skip_from", cls.arg_defaults()["skip_from"])) + 1
+        if args.get("init") == "backbone":
+            need = max(need, int(args.get("head_layers", cls.arg_defaults()["head_layers"])))
+        return need
 
     # ------------------------------------------------------------------ construction
     def __init__(self, encoder, tokenizer, args, ctx):

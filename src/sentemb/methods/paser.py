@@ -350,6 +350,9 @@ class PaSeR(Method):
         mlm_weight: float = arg(1.0, "weight of L_MLM in L = w·L_MLM + L_gen", minimum=0)
 
     eval_pooler = "cls_before_pooler"
+    schedule_args = ("top_k",)  # phrases kept per line: which words are masked, not how many rows
+    contract_args = {"decoder_layers": 1, "decoder_ffn": 64}
+    contract_no_dropout = {"decoder_dropout": 0.0}
 
     @classmethod
     def requires(cls, args):
@@ -358,7 +361,7 @@ class PaSeR(Method):
 
     @classmethod
     def check(cls, args, config, where="method_args"):
-        from ..stats import stats_settings
+        from ..stats.workflow import stats_settings
 
         kmax = int(stats_settings(config)["rake_top_k"])
         if args.top_k > kmax:

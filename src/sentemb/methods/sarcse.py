@@ -308,6 +308,7 @@ class SARCSE(Method):
                           "position, or argmax (max-unpooling)", choices=("repeat", "argmax"))
 
     eval_pooler = "method"
+    contract_args = {"channels": 40}  # 40 TextCNN channels on hidden 32 (paper: 500 on RoBERTa)
 
     @classmethod
     def requires(cls, args):

@@ -299,6 +299,8 @@ class UNA(Method):
                               "lowercased tokens joined by spaces (authors' code)", choices=("span", "tokens"))
 
     eval_pooler = "cls_before_pooler"  # raw [CLS] at evaluation (the MLP is training-only)
+    schedule_args = ("alpha", "radius")  # which steps mine negatives, not a step's shapes
+    contract_args = {"paraphrase": True, "radius": 8, "alpha": 2}  # negatives on steps 0 and 2 of 4
 
     @classmethod
     def requires(cls, args):

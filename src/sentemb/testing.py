@@ -1,0 +1,695 @@
+"""The method contract, for anyone's method (issue 27 §2): ``sentemb check-method NAME`` and your tests.
+
+Every registered method — the six built-in ones and a method in your own file (``method_modules``)
+— obeys one contract with the shared loop. This module runs it on a tiny random encoder (a 2-layer
+BERT of hidden 32 with a WordPiece vocabulary of ~130 words, built here), a 64-line corpus and a
+SentEval-shaped tree of 12 pairs per file. It needs no network and no GPU. Each check is a function
+of a ``Harness`` that raises ``CheckFailed`` naming what broke:
+
+=============  ==========================================================================================
+check          what it asserts
+=============  ==========================================================================================
+arguments      unknown and mistyped arguments refused naming the key; every argument documented; a
+               default inside its choices and bounds; every bound refuses a value just outside it;
+               the declared inputs are known kinds
+batches        ``build_batch`` gives a flat dict of CPU tensors, identical for the same (seed, micro),
+               and the same with the corpus's token cache as with the tokenizer
+loss           a finite fp32 scalar loss; scalar logged terms; the weighted terms (``WEIGHTED``) carry
+               the graph, are named as logged and sum to the loss; its gradient reaches the encoder
+bf16           the same under bf16 autocast (the CPU's is the code CUDA's runs): the encoder in bf16,
+               every term fp32, an fp32 gradient reaching the encoder
+export         export == the training-time dev embedder == ``sentemb evaluate``'s embedder ==
+               ``SentenceTransformer(path)`` (1e-5)
+resume         killed after a step and resumed, the run's history and exported weights are bit-identical
+grad_norms     each logged ``train/grad_norm/<term>`` equals a fresh backward of that weighted term
+chunked        gradient caching (``train.chunk_size``): a chunked step has the unchunked gradient
+               (dropout off, and on with keyed masks), and ``grad_accum`` over smaller batches does not
+pretrain       a method's pretraining stage (``Method.pretrain_stage``) is chunked to the same gradient
+               (skipped without one)
+devices        ``train.devices: 2`` (two gloo processes started by ``sentemb train``) trains the weights
+               of one process
+=============  ==========================================================================================
+
+Use it from your own pytest suite::
+
+    import pytest
+    from sentemb import testing
+
+    @pytest.mark.parametrize("check", testing.CHECKS)
+    def test_my_method_keeps_the_contract(check, tmp_path_factory):
+        testing.run_check("my-method", check, testing.harness("my-method", tmp_path_factory.mktemp("h")))
+
+or from the command line: ``sentemb check-method my-method --method-module my_method.py``.
+
+A method whose defaults do not suit a 2-layer, hidden-32 encoder declares its overrides in the
+class attribute ``contract_args`` (e.g. InfoCSE's ``skip_from: 1``). Inputs (``Method.requires``)
+are built on the tiny corpus by their ``sentemb.inputs`` entries; a method that needs a kind of input
+of its own registers one (``sentemb.inputs.register_input``) with a ``build`` function.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+import random
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable
+
+from . import SentembError
+
+#: the tiny WordPiece vocabulary's words (the tiny encoder, corpus and SentEval tree use them)
+TINY_WORDS = (
+    "the a an of and to in is was for on that with as by it at from his her he she they "
+    "man woman dog cat plays playing guitar piano car red blue big small runs running is are "
+    "sits sitting on mat park street city house tree sky sun water eats food apple music "
+    "one two three new old good bad very not no yes this these there here what who"
+).split()
+
+#: the sentences the single-batch checks use
+SENTS = ["a man plays the guitar", "the dog runs in the park", "red car", "a cat sits on the mat",
+         "she eats an apple in the house", "two old men are playing music in the street"]
+
+REL = 1e-5  # fp32 round-off of another summation order (see ``close``)
+
+
+class CheckFailed(AssertionError):
+    """A contract check failed; the message names what broke."""
+
+
+class CheckSkipped(Exception):
+    """A check that does not apply (no pretraining stage) or cannot run here (data it needs is absent)."""
+
+
+def _require(cond: bool, message: str) -> None:
+    if not cond:
+        raise CheckFailed(message)
+
+
+# ------------------------------------------------------------------------------------ the tiny world
+def tiny_encoder_dir(root: str | Path) -> Path:
+    """A randomly initialised 2-layer BERT (hidden 32, 2 heads) with a tiny WordPiece vocabulary,
+    saved in Hugging Face layout under ``root`` (seed 0: the same weights every time)."""
+    import torch
+    from transformers import BertConfig, BertModel, BertTokenizerFast
+
+    d = Path(root)
+    d.mkdir(parents=True, exist_ok=True)
+    chars = [c for c in "abcdefghijklmnopqrstuvwxyz.,'" if c not in TINY_WORDS]
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + sorted(set(TINY_WORDS)) + chars
+    vocab += [f"##{c}" for c in "abcdefghijklmnopqrstuvwxyz"]
+    (d / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    tok = BertTokenizerFast(vocab=str(d / "vocab.txt"), do_lower_case=True)  # transformers 5: `vocab=`
+    tok.save_pretrained(d)
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                     intermediate_size=64, max_position_embeddings=64)
+    BertModel(cfg).save_pretrained(d)
+    return d
+
+
+def tiny_senteval(root: str | Path, n: int = 12) -> Path:
+    """A SentEval-shaped tree (STS12–16, STS-B, SICK) with ``n`` scored pairs per file of tiny words."""
+    from .senteval import STS_SUBSETS
+
+    root = Path(root)
+    rng = random.Random(0)
+
+    def sent():
+        return " ".join(rng.choice(TINY_WORDS) for _ in range(rng.randint(3, 9)))
+
+    def rows():
+        return [(sent(), sent(), f"{rng.uniform(0, 5):.2f}") for _ in range(n)]
+
+    for task, subsets in STS_SUBSETS.items():
+        d = root / "STS" / f"{task}-en-test"
+        d.mkdir(parents=True, exist_ok=True)
+        for sub in subsets:
+            r = rows()
+            (d / f"STS.input.{sub}.txt").write_text("".join(f"{a}\t{b}\n" for a, b, _ in r))
+            (d / f"STS.gs.{sub}.txt").write_text("".join(f"{g}\n" for *_, g in r))
+    d = root / "STS" / "STSBenchmark"
+    d.mkdir(parents=True, exist_ok=True)
+    for split in ("train", "dev", "test"):
+        (d / f"sts-{split}.csv").write_text(
+            "".join(f"main-captions\tMSRvid\t2012test\t{i:04d}\t{g}\t{a}\t{b}\n" for i, (a, b, g) in enumerate(rows())))
+    d = root / "SICK"
+    d.mkdir(parents=True, exist_ok=True)
+    for fname in ("SICK_train.txt", "SICK_trial.txt", "SICK_test_annotated.txt"):
+        (d / fname).write_text("pair_ID\tsentence_A\tsentence_B\trelatedness_score\tentailment_judgment\n" + "".join(
+            f"{i}\t{a}\t{b}\t{g}\tNEUTRAL\n" for i, (a, b, g) in enumerate(rows())))
+    return root
+
+
+def tiny_corpus(path: str | Path, lines: int = 64, seed: int = 1, words: tuple[int, int] = (4, 30)) -> Path:
+    """``lines`` sentences of tiny words, ``words`` long (the contract's corpus: 64 lines of 4–30
+    words, so that 16-sentence batches give 4 steps and long sentences exist)."""
+    rng = random.Random(seed)
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text("".join(" ".join(rng.choice(TINY_WORDS) for _ in range(rng.randint(*words))) + "\n"
+                         for _ in range(lines)), "utf-8")
+    return p
+
+
+def tiny_train(**over):
+    """The contract's train settings (``sentemb.settings.TrainSettings``): batch 16, max_len 16, lr
+    1e-3, STS-B dev every 2 steps, every step logged, on CPU; ``over`` replaces any of them."""
+    from .settings import TrainSettings
+
+    base = TrainSettings(batch_size=16, max_len=16, lr=1e-3, eval_steps=2, log_steps=1, save_steps=100, device="cpu")
+    return replace(base, **over)
+
+
+def tiny_run(model, corpus, senteval=None, method="simcse", *, seed=7, method_args=None, inputs=None, name=None,
+             method_cls=None, **train_over):
+    """A resolved run (``sentemb.settings.Run``) of ``method`` on the tiny encoder (``tiny_train``
+    settings, ``train_over`` replacing some), no MLflow; ``inputs``: the method's inputs by name.
+    ``method_cls``: a class not in the registry (its module is recorded for a training subprocess)."""
+    from .methods import get_method, method_source
+    from .settings import Run
+
+    cls = method_cls or get_method(method)
+    source = {}
+    if not cls.__module__.startswith("sentemb.methods."):
+        src = method_source(cls)
+        source = {"method_module": src[0], "method_digest": src[1]} if src else {}
+    return Run(name=name or method, method=method, backbone="tiny", seed=seed, train=tiny_train(**train_over),
+               method_args=cls.resolve_args(method_args or {}), experiment="t",
+               tracking={"enabled": False, "uri": None},
+               paths={"model": str(model), "corpus": str(corpus), "senteval": str(senteval) if senteval else None,
+                      "stats": None, "inputs": {k: str(v) for k, v in (inputs or {}).items()}}, **source)
+
+
+# ------------------------------------------------------------------------------------ inputs
+def build_inputs(cls, args: dict, work: Path, corpus: Path, model_dir: Path) -> dict[str, Path]:
+    """Every input ``cls.requires(args)`` declares, built on the tiny corpus by its ``sentemb.inputs``
+    entry (a plug-in's own kind too, once its file ran ``register_input``); ``pretrained``: the
+    method's own pretraining stage, 1 step. ``CheckSkipped`` where one cannot be built here."""
+    from .inputs import InputUnavailable, build_input, get_input
+
+    built = {}
+    for n in cls.requires(cls.make_args(args)):
+        get_input(n, f"method '{cls.name}' requires")
+        try:
+            built[n] = (_pretrained(cls, args, work, corpus, model_dir) if n == "pretrained"
+                        else build_input(n, work / n, corpus, model_dir))
+        except InputUnavailable as e:
+            raise CheckSkipped(f"input '{n}': {e}") from None
+    return built
+
+
+def _pretrained(cls, args, work, corpus, model_dir) -> Path:
+    """The method's own pretraining stage (``Method.pretrain_stage``), 1 step on the tiny corpus."""
+    from .pretrain import run_pretrain
+
+    if cls.pretrain_stage is None:
+        raise SentembError(f"method '{cls.name}' requires 'pretrained' but has no pretrain_stage")
+    run = tiny_run(model_dir, corpus, None, cls.name, seed=5, method_args=args, name=f"{cls.name}-pretrain",
+                   method_cls=cls, max_steps=1, eval_steps=1, eval_at_end=False, model_selection="last")
+    run.rule = "pretrain"
+    run_pretrain(run, work / "pretrain", progress=False)
+    return work / "pretrain" / "model"
+
+
+# ------------------------------------------------------------------------------------ the harness
+@dataclass
+class Harness:
+    """One method on the tiny world: its class, contract arguments, encoder, corpus, SentEval tree,
+    inputs, and a scratch directory (``work``)."""
+
+    cls: type
+    args: dict
+    model_dir: Path
+    corpus: Path
+    senteval: Path
+    inputs: dict = field(default_factory=dict)
+    work: Path = Path(".")
+
+    @property
+    def name(self) -> str:
+        return self.cls.name
+
+    def scratch(self, what: str) -> Path:
+        d = self.work / f"{what}-{time.monotonic_ns()}"
+        d.mkdir(parents=True)
+        return d
+
+    def make(self, seed: int = 3, inputs: dict | None = None):
+        """The method built on the tiny encoder (``max_len`` 16)."""
+        from .methods import MethodContext
+        from .models import load_encoder
+
+        enc, tok = load_encoder(self.model_dir, pooling_layer=False)
+        ctx = MethodContext(max_len=16, seed=seed, backbone="tiny", model_dir=self.model_dir,
+                            inputs=self.inputs if inputs is None else inputs, corpus=self.corpus)
+        return self.cls(enc, tok, self.args, ctx)
+
+    def run(self, args: dict | None = None, **over):
+        """A 4-step run (batch 16 of the 64 lines) of the method with its contract args and inputs."""
+        return tiny_run(self.model_dir, self.corpus, self.senteval, self.name, seed=5,
+                        method_args=self.args if args is None else args, inputs=self.inputs, method_cls=self.cls,
+                        **{"max_steps": 4, **over})
+
+    def exact_run(self, **over):
+        """``run`` in fp32, the last model kept, batches built in line: for the gradient comparisons.
+        With ``dropout: 0.0`` every dropout of the method is off (``Method.contract_no_dropout``)."""
+        args = self.args
+        if over.get("dropout") == 0.0:
+            args = {**args, **getattr(self.cls, "contract_no_dropout", {})}
+        return self.run(args, **{"precision": "fp32", "model_selection": "last", "prefetch": False,
+                                 "token_cache": False, **over})
+
+
+def harness(method: str | type, work: str | Path, *, args: dict | None = None, model_dir: Path | None = None,
+            senteval: Path | None = None) -> Harness:
+    """The tiny world for ``method`` (a registered name or a ``Method`` subclass) under ``work``:
+    the tiny encoder (or ``model_dir``), the 64-line corpus, a SentEval tree (or ``senteval``), and
+    the inputs the method declares with its contract arguments (``args``, default the class's
+    ``contract_args``). ``CheckSkipped`` when an input cannot be built here (NLTK data absent)."""
+    from .methods import get_method
+
+    cls = get_method(method) if isinstance(method, str) else method
+    work = Path(work)
+    work.mkdir(parents=True, exist_ok=True)
+    model_dir = model_dir or (work / "encoder" if (work / "encoder" / "config.json").is_file()
+                              else tiny_encoder_dir(work / "encoder"))
+    senteval = senteval or tiny_senteval(work / "senteval")
+    a = dict(getattr(cls, "contract_args", {}) or {}) if args is None else dict(args)
+    cls.validate_args(a, f"{cls.__name__}.contract_args")
+    (work / "inputs").mkdir(exist_ok=True)
+    corpus = tiny_corpus(work / "inputs" / "corpus.txt")
+    inputs = build_inputs(cls, a, work / "inputs", corpus, model_dir)
+    return Harness(cls=cls, args=a, model_dir=model_dir, corpus=corpus, senteval=senteval, inputs=inputs,
+                   work=work)
+
+
+# ------------------------------------------------------------------------------------ comparisons
+def close(a: dict, b: dict, what: str, rel: float = REL, floor: float | str | None = None) -> None:
+    """Tensors ``a`` and ``b`` by name agree: for the whole, ‖Δ‖ ≤ rel·‖b‖; per tensor p, ‖Δ_p‖ ≤
+    rel·‖b_p‖ + floor, the floor 1e-2·rel·‖b‖ (``None``: gradients that are zero in exact arithmetic,
+    e.g. attention key biases, softmax being shift-invariant), rel·‖b‖ (``"whole"``: weights, where
+    AdamW turns the round-off of a gradient element near ε into a visible share of a step) or a number."""
+    _require(a.keys() == b.keys(), f"{what}: different tensors {sorted(set(a) ^ set(b))}")
+    total = sum(float(v.double().norm()) ** 2 for v in b.values()) ** 0.5
+    err = sum(float((a[k].double() - b[k].double()).norm()) ** 2 for k in a) ** 0.5
+    _require(err <= rel * total, f"{what}: ‖Δ‖ {err:.3g} vs ‖ref‖ {total:.3g} (relative {err / max(total, 1e-30):.2g})")
+    for k in a:
+        e, r = float((a[k].double() - b[k].double()).norm()), float(b[k].double().norm())
+        bound = rel * r + {None: 1e-2 * rel * total, "whole": rel * total}.get(floor, floor)
+        _require(e <= bound, f"{what}: {k}: ‖Δ‖ {e:.3g} vs ‖ref‖ {r:.3g} (whole {total:.3g})")
+
+
+def same_model(a: Path, b: Path, what: str) -> None:
+    """Every tensor of the exported model under ``a`` equals the one under ``b``, bit for bit."""
+    import torch
+    from safetensors.torch import load_file
+
+    files = sorted(Path(a).rglob("*.safetensors"))
+    _require(bool(files), f"{what}: no weights in {a}")
+    for f in files:
+        x, y = load_file(f), load_file(Path(b) / f.relative_to(a))
+        _require(x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x),
+                 f"{what}: {f.relative_to(a)} differs")
+
+
+def step_gradients(cfg, method_cls=None) -> tuple[dict, Any]:
+    """The gradient of optimizer step 0 of ``cfg`` (every micro-batch accumulated), by name, and
+    the chunk size the loop chose."""
+    import torch
+
+    from .train import accumulate_gradients, micro_batches, setup
+
+    with setup(cfg, "/nonexistent", method_cls) as job:
+        torch.manual_seed(11)
+        accumulate_gradients(job, micro_batches(job, 0), None)
+        grads = {n: p.grad.detach().clone() for n, p in job.method.named_parameters() if p.grad is not None}
+        return grads, job.chunk
+
+
+def kill_and_resume(cfg, out: Path, what: str, method_cls=None) -> dict:
+    """Train ``cfg`` uninterrupted, and again killed after 1 step and resumed: the same history and
+    bit-identical exported weights. Returns the uninterrupted run's summary."""
+    from .train import train
+
+    full = train(cfg, out / "full", progress=False, method_cls=method_cls)
+    try:
+        train(cfg, out / "resumed", stop_after=1, progress=False, method_cls=method_cls)
+    except KeyboardInterrupt:
+        pass
+    else:
+        raise CheckFailed(f"{what}: stop_after=1 did not stop the run")
+    res = train(cfg, out / "resumed", progress=False, method_cls=method_cls)
+    _require(res["history"] == full["history"], f"{what}: the resumed run's history differs from the uninterrupted one")
+    same_model(out / "full" / "model", out / "resumed" / "model", f"{what}: resumed")
+    return full
+
+
+# ------------------------------------------------------------------------------------ the checks
+def check_arguments(h: Harness) -> None:
+    """Typed arguments: unknown and mistyped values refused naming the key, every argument
+    documented, defaults inside their choices and bounds, every bound refusing a value just outside
+    it (``where.<arg>: <value>``), and the declared inputs known kinds."""
+    from .args import meta_of
+    from .inputs import INPUTS
+
+    cls, name = h.cls, h.name
+
+    def refused(args, key, what):
+        try:
+            cls.validate_args(args, "methods." + name)
+        except SentembError as e:
+            _require(f"methods.{name}.{key}" in str(e), f"{what}: the error does not name methods.{name}.{key}: {e}")
+        else:
+            raise CheckFailed(f"{what} was accepted")
+
+    refused({"no_such_arg": 1}, "no_such_arg", "an unknown argument 'no_such_arg'")
+    for spec in cls.arg_specs():
+        _require(bool(spec.help), f"argument '{spec.name}' has no help text (arg(default, 'help', ...))")
+        if spec.choices:
+            _require(spec.default in spec.choices, f"argument '{spec.name}': default {spec.default!r} not in its choices")
+        if spec.type in ("float", "int", "bool"):
+            refused({spec.name: "not a value"}, spec.name, f"'{spec.name}': 'not a value' for a {spec.type}")
+        meta = meta_of(cls.Args, spec.name)
+        step = 1 if spec.type.startswith("int") else 1e-9
+        for key, outside in (("minimum", -step), ("exclusive_minimum", 0), ("maximum", step), ("exclusive_maximum", 0)):
+            if meta.get(key) is None:
+                continue
+            bad = meta[key] + outside
+            refused({spec.name: int(bad) if spec.type.startswith("int") else float(bad)}, spec.name,
+                    f"'{spec.name}': {bad!r} outside its {key} {meta[key]!r}")
+    try:
+        cls.validate_args(cls.arg_defaults(), "defaults")
+        cls.check(cls.make_args({}), {}, "defaults")
+    except SentembError as e:
+        raise CheckFailed(f"the default arguments are refused: {e}") from None
+    unknown = set(cls.requires(cls.make_args(h.args))) - set(INPUTS)
+    _require(not unknown, f"requires() names unknown input kinds {sorted(unknown)} (known: {', '.join(INPUTS)}; "
+             "register yours with sentemb.inputs.register_input)")
+
+
+def check_batches(h: Harness) -> None:
+    """``build_batch``: a flat dict of CPU tensors, identical for the same (seed, micro), and the
+    same with the corpus's token cache in ``ctx`` (what the loop gives) as with the tokenizer."""
+    import torch
+
+    from .tokens import TokenCache
+
+    lines = list(range(len(SENTS)))
+    a = h.make().build_batch(SENTS, step=0, lines=lines, micro=7)
+    b = h.make().build_batch(SENTS, step=0, lines=lines, micro=7)
+    _require(isinstance(a, dict) and bool(a), f"build_batch returned {type(a).__name__}, not a non-empty dict")
+    for k, v in a.items():
+        _require(isinstance(v, torch.Tensor), f"batch['{k}'] is {type(v).__name__}, not a tensor")
+        _require(v.device.type == "cpu", f"batch['{k}'] is on {v.device}, not the CPU (the loop moves it)")
+        _require(torch.equal(v, b[k]), f"batch['{k}'] differs for the same (seed, micro)")
+    m = h.make()
+    m.ctx.tokens = TokenCache.build(SENTS, m.tokenizer)
+    cached = m.build_batch(SENTS, step=0, lines=lines, micro=7)
+    _require(a.keys() == cached.keys(), f"with the token cache the batch has keys {sorted(cached)}, not {sorted(a)}")
+    for k in a:
+        _require(torch.equal(a[k], cached[k]), f"batch['{k}'] differs with the token cache")
+
+
+def _losses_hold(h: Harness, terms: dict, what: str) -> None:
+    import torch
+
+    from .methods.base import WEIGHTED
+
+    weighted = terms.pop(WEIGHTED, None)
+    loss = terms.get("loss")
+    _require(isinstance(loss, torch.Tensor), f"{what}: losses() has no 'loss' tensor (keys {sorted(terms)})")
+    _require(loss.dtype == torch.float32 and loss.ndim == 0, f"{what}: loss is {loss.dtype} of shape {tuple(loss.shape)}, "
+             "not an fp32 scalar")
+    _require(bool(torch.isfinite(loss.detach())), f"{what}: loss is {float(loss.detach())}")
+    for k, v in terms.items():
+        v = torch.as_tensor(v)
+        _require(v.numel() == 1, f"{what}: logged term '{k}' is not a scalar")
+        _require(v.dtype == torch.float32, f"{what}: logged term '{k}' is {v.dtype}, not fp32")
+    _require(bool(weighted), f"{what}: losses() returns no weighted terms (WEIGHTED: {{name: w·L_name}})")
+    _require(set(weighted) <= set(terms) - {"loss"}, f"{what}: weighted terms {sorted(weighted)} are not among the "
+             f"logged terms {sorted(set(terms) - {'loss'})}")
+    _require(any(v.requires_grad for v in weighted.values()), f"{what}: no weighted term carries the graph")
+    for k, v in weighted.items():
+        _require(v.dtype == torch.float32, f"{what}: weighted term '{k}' is {v.dtype}, not fp32")
+    total = float(sum(weighted.values()).detach())
+    _require(math.isclose(total, float(loss.detach()), rel_tol=1e-6, abs_tol=1e-7),
+             f"{what}: the weighted terms sum to {total}, the loss is {float(loss.detach())}")
+
+
+def check_loss(h: Harness) -> None:
+    """A finite fp32 scalar loss with scalar logged terms; the weighted terms carry the graph, are
+    named as logged and sum to the loss; its gradient reaches the encoder."""
+    import torch
+
+    torch.manual_seed(0)
+    m = h.make()
+    m.train()
+    terms = m.losses(m.build_batch(SENTS, step=0, lines=list(range(len(SENTS))), micro=0))
+    loss = terms["loss"] if isinstance(terms, dict) and "loss" in terms else None
+    _losses_hold(h, terms, "fp32")
+    loss.backward()
+    grads = [p.grad for p in m.encoder.parameters() if p.requires_grad and p.grad is not None]
+    _require(bool(grads) and any(float(g.abs().sum()) > 0 for g in grads), "no gradient of the loss reaches the encoder")
+
+
+def check_bf16(h: Harness) -> None:
+    """Under bf16 autocast (``sentemb.train.autocast``, the code CUDA's runs): the encoder's linear
+    layers run in bf16, every term stays fp32 and finite, and an fp32 gradient reaches the encoder."""
+    import torch
+
+    from .train import autocast
+
+    torch.manual_seed(0)
+    m = h.make()
+    m.train()
+    seen = []
+    hooks = [mod.register_forward_hook(lambda mod, args, out: seen.append(out.dtype))
+             for mod in m.encoder.modules() if isinstance(mod, torch.nn.Linear)]
+    batch = m.build_batch(SENTS, step=0, lines=list(range(len(SENTS))), micro=0)
+    with autocast(torch.device("cpu"), "bf16"):
+        terms = m.losses(batch)
+    for hk in hooks:
+        hk.remove()
+    _require(torch.bfloat16 in seen, f"the encoder did not run in bf16 under autocast ({sorted(set(map(str, seen)))})")
+    loss = terms["loss"]
+    _losses_hold(h, terms, "bf16 autocast")
+    loss.backward()
+    _require(any(p.grad is not None and p.grad.dtype == torch.float32 and float(p.grad.abs().sum()) > 0
+                 for p in m.encoder.parameters()), "no fp32 gradient reaches the encoder under bf16 autocast")
+
+
+def check_export(h: Harness) -> None:
+    """The exported model embeds as the training-time dev embedder does, through ``sentemb
+    evaluate``'s embedder and through ``SentenceTransformer(path)`` (1e-5)."""
+    import numpy as np
+    import torch
+
+    from .evaluate import embedder_for
+
+    torch.manual_seed(0)
+    m = h.make()
+    pooler = h.cls.pooler_for(m.args)
+    with torch.no_grad():  # make every head matter: non-trivial weights everywhere
+        for p in m.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    out = h.scratch("export") / "model"
+    dev = m.embedder(pooler, torch.device("cpu"))(SENTS)
+    m.export(out, pooler, meta={"method": h.name, "name": h.name, "backbone": "tiny", "seed": 5})
+    ours = embedder_for(out, pooler, device="cpu")(SENTS)
+    _require(dev.shape == ours.shape, f"`sentemb evaluate` embeds shape {ours.shape}, the dev embedder {dev.shape}")
+    gap = float(np.abs(ours - dev).max())
+    _require(gap <= 1e-5, f"`sentemb evaluate`'s embedder differs from the training-time dev embedder by {gap:.3g}")
+    try:
+        from sentence_transformers import SentenceTransformer
+    except ImportError:  # optional dependency: the rest of the check still ran
+        return
+    st = SentenceTransformer(str(out), device="cpu", trust_remote_code=True).encode(SENTS, convert_to_numpy=True,
+                                                                                       show_progress_bar=False)
+    _require(st.shape == dev.shape, f"SentenceTransformer(path) embeds shape {st.shape}, the dev embedder {dev.shape}")
+    gap = float(np.abs(st - dev).max())
+    _require(gap <= 1e-5, f"SentenceTransformer(path) differs from the training-time dev embedder by {gap:.3g}")
+
+
+def check_resume(h: Harness) -> None:
+    """Killed after 1 of 4 steps and resumed, the run's history and exported weights are bit-identical."""
+    kill_and_resume(h.run(), h.scratch("resume"), "kill and resume", h.cls)
+
+
+def check_grad_norms(h: Harness) -> None:
+    """Each ``train/grad_norm/<term>`` the loop logs (every step, 2 accumulated micro-batches) equals
+    the norm of ``.grad`` on ``grad_norm_parameters()`` after a fresh forward and backward of that
+    weighted term alone, at the same weights, micro-batches and dropout masks (RNG rewound)."""
+    import torch
+
+    from .methods.base import WEIGHTED
+    from .train import State, _rng_state, _set_rng_state, micro_batches, run_steps, setup
+
+    cfg = h.run(precision="fp32", model_selection="last", prefetch=False, grad_accum=2, max_steps=2,
+                log_grad_norms=True)
+    job, ref = setup(cfg, "/nonexistent", h.cls), setup(cfg, "/nonexistent", h.cls)
+    params = ref.method.grad_norm_parameters()
+    state, positive = State(), False
+    while state.step < job.total:
+        weights, rng = copy.deepcopy(job.method.state_dict()), _rng_state()
+        batches = micro_batches(job, state.step)
+        next(run_steps(job, state, 1))
+        got = {k.rsplit("/", 1)[1]: v for k, v in state.history[-1].items() if k.startswith("train/grad_norm/")}
+        logged = set(state.terms)
+        _require(bool(got) and set(got) <= logged - {"loss"},
+                 f"step {state.step}: grad norms of {sorted(got)}, logged terms {sorted(logged)}")
+        ref.method.load_state_dict(weights)
+        for term, value in got.items():
+            ref.method.zero_grad(set_to_none=True)
+            _set_rng_state(rng)
+            for _, batch in batches:
+                t = ref.method.losses(batch)[WEIGHTED][term]
+                if t.requires_grad:
+                    (t / job.accum).backward()
+            grads = [p.grad.double().norm() for p in params if p.grad is not None]
+            want = float(torch.stack(grads).norm()) if grads else 0.0
+            _require(math.isclose(value, want, rel_tol=1e-4, abs_tol=1e-9),
+                     f"step {state.step}: train/grad_norm/{term} logged {value:.6g}, a fresh backward gives {want:.6g}")
+        positive |= any(v > 0 for v in got.values())
+    _require(positive, "every logged gradient norm is zero")
+
+
+def check_chunked(h: Harness) -> None:
+    """``chunk_size: 4`` at batch 16 (4 chunks): every parameter's gradient equals the unchunked one,
+    with dropout off and on (``dropout_rng: keyed``); and it is not ``batch_size: 4, grad_accum: 4``
+    on the same sentences, whose negatives are within each 4 (a method without in-batch terms,
+    ``has_batch_terms = False``, may equal it)."""
+    for label, over, rel in (("dropout off", {"dropout": 0.0}, 1e-4), ("dropout on, keyed", {"dropout_rng": "keyed"}, REL)):
+        ref, whole = step_gradients(h.exact_run(**over), h.cls)
+        got, chunk = step_gradients(h.exact_run(chunk_size=4, **over), h.cls)
+        _require(whole is None and chunk == 4, f"{label}: the loop chose chunks {whole} and {chunk}, not None and 4")
+        _require(bool(ref) and any(float(g.abs().sum()) > 0 for g in ref.values()), f"{label}: no gradient")
+        close(got, ref, f"{label}: chunked gradient", rel)
+    if not h.cls.has_batch_terms:
+        return
+    accum, _ = step_gradients(h.exact_run(dropout=0.0, batch_size=4, grad_accum=4), h.cls)
+    ref, _ = step_gradients(h.exact_run(dropout=0.0), h.cls)
+    enc = [k for k in ref if k.startswith("encoder.") and k in accum]
+    diff = sum(float((accum[k] - ref[k]).norm()) for k in enc) / sum(float(ref[k].norm()) for k in enc)
+    _require(diff > 1e-2, f"batch 4 × grad_accum 4 gave the batch-16 gradient (relative difference {diff:.2g}): "
+             "the in-batch terms do not see the whole batch")
+
+
+def check_pretrain(h: Harness) -> None:
+    """A method's pretraining stage is chunked to its unchunked gradient (dropout on, keyed)."""
+    stage = h.cls.pretrain_stage
+    if stage is None:
+        raise CheckSkipped("no pretraining stage")
+    ref, _ = step_gradients(h.exact_run(dropout_rng="keyed"), stage)
+    got, chunk = step_gradients(h.exact_run(dropout_rng="keyed", chunk_size=4), stage)
+    _require(chunk == 4 and bool(ref), f"the stage chose chunks of {chunk}, not 4")
+    close(got, ref, "pretraining stage, chunked gradient")
+
+
+def check_devices(h: Harness) -> None:
+    """``train.devices: 2`` (two gloo processes started by ``sentemb train``), 2 steps of 2 accumulated
+    micro-batches of 16 (8 per process), dropout on with keyed masks: the weights of ``devices: 1``
+    (the chunked check's tolerance); only rank 0 wrote ``train.json``."""
+    from safetensors.torch import load_file
+
+    from .train import train
+
+    out = h.scratch("devices")
+    over = dict(dropout_rng="keyed", grad_accum=2)
+    one = train(h.exact_run(**over), out / "one", progress=False, method_cls=h.cls)
+    run_file = out / "run2.json"
+    run_file.write_text(json.dumps(h.exact_run(devices=2, **over).to_dict()), "utf-8")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    if not h.cls.__module__.startswith("sentemb.methods."):  # the worker imports the class's file by Run.method_module
+        env["PYTHONPATH"] = os.pathsep.join(p for p in [os.environ.get("PYTHONPATH", "")] if p) or ""
+    r = subprocess.run([sys.executable, "-m", "sentemb", "train", "--run-config", str(run_file), "--output-dir",
+                        str(out / "two"), "--no-track", "--quiet"], capture_output=True, text=True, env=env, timeout=900)
+    _require(r.returncode == 0, f"`sentemb train` with devices 2 exited {r.returncode}: "
+             f"{(r.stderr.strip().splitlines() or [''])[-1][:400]}")
+    meta = json.loads((out / "two" / "train.json").read_text())
+    _require(meta.get("devices") == 2 and meta["steps"] == one["steps"],
+             f"devices 2 ran {meta.get('devices')} processes for {meta['steps']} steps, one process {one['steps']}")
+    for f in sorted((out / "one" / "model").rglob("*.safetensors")):
+        close(load_file(out / "two" / "model" / f.relative_to(out / "one" / "model")), load_file(f),
+              f"devices 2: {f.name}", floor="whole")
+
+
+#: name -> check, in the order ``sentemb check-method`` runs them (cheap first)
+CHECKS: dict[str, Callable[[Harness], None]] = {
+    "arguments": check_arguments,
+    "batches": check_batches,
+    "loss": check_loss,
+    "bf16": check_bf16,
+    "export": check_export,
+    "resume": check_resume,
+    "grad_norms": check_grad_norms,
+    "chunked": check_chunked,
+    "pretrain": check_pretrain,
+    "devices": check_devices,
+}
+
+
+@dataclass
+class Result:
+    check: str
+    status: str  # "PASS", "FAIL", "SKIP"
+    seconds: float
+    message: str = ""
+
+    def line(self) -> str:
+        return f"{self.status:<4}  {self.check:<11} {self.seconds:6.1f} s" + (f"  {self.message}" if self.message else "")
+
+
+def run_check(method: str | type, check: str, h: Harness) -> None:
+    """Run one check on harness ``h``; raises ``CheckFailed`` (an ``AssertionError``, so pytest
+    reports it as a failure) or ``CheckSkipped`` (call ``pytest.skip`` on it in a test, or let it pass)."""
+    if check not in CHECKS:
+        raise SentembError(f"unknown check '{check}' (known: {', '.join(CHECKS)})")
+    name = method if isinstance(method, str) else method.name
+    if h.name != name:
+        raise SentembError(f"the harness is for '{h.name}', not '{name}'")
+    CHECKS[check](h)
+
+
+def check_method(method: str | type, work: str | Path, checks: list[str] | None = None,
+                 report: Callable[[str], None] | None = print) -> list[Result]:
+    """Run ``checks`` (default all of ``CHECKS``) on ``method``; each result is also passed to
+    ``report`` as one line. A check that raises anything but ``CheckSkipped`` fails with the
+    exception's message."""
+    chosen = list(checks or CHECKS)
+    for c in chosen:
+        if c not in CHECKS:
+            raise SentembError(f"--check {c}: unknown check (known: {', '.join(CHECKS)})")
+    results = []
+    t = time.perf_counter()
+    try:
+        h = harness(method, work)
+    except CheckSkipped as e:
+        return [_report(Result(c, "SKIP", 0.0, str(e)), report) for c in chosen]
+    except Exception as e:  # noqa: BLE001 - the method could not even be set up: every check fails with that
+        msg = f"setting up the tiny world failed: {type(e).__name__}: {e}"
+        return [_report(Result(c, "FAIL", time.perf_counter() - t, msg), report) for c in chosen]
+    for c in chosen:
+        t = time.perf_counter()
+        try:
+            CHECKS[c](h)
+            res = Result(c, "PASS", time.perf_counter() - t)
+        except CheckSkipped as e:
+            res = Result(c, "SKIP", time.perf_counter() - t, str(e))
+        except CheckFailed as e:
+            res = Result(c, "FAIL", time.perf_counter() - t, str(e))
+        except Exception as e:  # noqa: BLE001 - a crash in the method is a failed check, named
+            res = Result(c, "FAIL", time.perf_counter() - t, f"{type(e).__name__}: {e}")
+        results.append(_report(res, report))
+    return results
+
+
+def _report(res: Result, report) -> Result:
+    if report is not None:
+        report(res.line())
+    return res
