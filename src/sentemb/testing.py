@@ -604,9 +604,7 @@ def check_devices(h: Harness) -> None:
     one = train(h.exact_run(**over), out / "one", progress=False, method_cls=h.cls)
     run_file = out / "run2.json"
     run_file.write_text(json.dumps(h.exact_run(devices=2, **over).to_dict()), "utf-8")
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    if not h.cls.__module__.startswith("sentemb.methods."):  # the worker imports the class's file by Run.method_module
-        env["PYTHONPATH"] = os.pathsep.join(p for p in [os.environ.get("PYTHONPATH", "")] if p) or ""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # a plug-in's file is imported by Run.method_module (cwd-relative)
     r = subprocess.run([sys.executable, "-m", "sentemb", "train", "--run-config", str(run_file), "--output-dir",
                         str(out / "two"), "--no-track", "--quiet"], capture_output=True, text=True, env=env, timeout=900)
     _require(r.returncode == 0, f"`sentemb train` with devices 2 exited {r.returncode}: "
