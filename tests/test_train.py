@@ -131,6 +131,78 @@ def test_state_from_other_settings_is_not_resumed(tiny_bert_dir, tiny_corpus, ti
     assert res["history"] == fresh["history"]  # a fresh start, not a resume with the old lr
 
 
+# ------------------------------------------------------------------ issue 28 §2: one fingerprint
+def test_the_fingerprint_is_the_weight_changing_settings_declared_by_each_setting(tiny_bert_dir, tiny_corpus,
+                                                                                   tiny_senteval):
+    """Every train setting declares whether it changes the weights (``arg(..., weights=False)``); the
+    fingerprint is blind to exactly those, and to the MLflow settings, and sees every other one."""
+    import dataclasses
+
+    from sentemb.settings import TrainSettings, fingerprint, run_options, weight_free_keys
+
+    base = run_cfg(tiny_bert_dir, tiny_corpus, tiny_senteval)
+    free = set(weight_free_keys())
+    assert {"log_steps", "save_steps", "prefetch", "token_cache", "log_grad_norms", "num_threads", "device",
+            "chunk_size", "devices"} == free
+    other = {"log_steps": 7, "save_steps": 3, "prefetch": False, "token_cache": False, "log_grad_norms": True,
+             "num_threads": 1, "device": "cuda", "chunk_size": 4, "devices": 2}
+    for key, value in other.items():
+        assert fingerprint(dataclasses.replace(base, train=dataclasses.replace(base.train, **{key: value}))) == \
+            fingerprint(base), key
+    assert fingerprint(dataclasses.replace(base, tracking={"enabled": True, "uri": "http://x"}, experiment="e",
+                                           run_name="r", name="renamed")) == fingerprint(base)
+    changes = {"lr": 1e-3 * 2, "batch_size": 8, "max_len": 12, "eval_steps": 3, "dropout": 0.2,
+               "precision": "bf16", "sam_rho": 0.05, "sampler": "length", "grad_accum": 2, "warmup_ratio": 0.1}
+    fields = {f.name for f in dataclasses.fields(TrainSettings)}
+    for key, value in changes.items():
+        if key not in fields:
+            continue
+        assert fingerprint(dataclasses.replace(base, train=dataclasses.replace(base.train, **{key: value}))) != \
+            fingerprint(base), key
+    assert fingerprint(dataclasses.replace(base, seed=base.seed + 1)) != fingerprint(base)
+    assert fingerprint(dataclasses.replace(base, method_args={**base.method_args, "temperature": 0.1})) != \
+        fingerprint(base)
+    assert set(run_options(base)["train"]) <= free
+
+
+def test_a_state_resumes_across_a_logging_change_and_from_before_the_fingerprint(tiny_bert_dir, tiny_corpus,
+                                                                                 tiny_senteval, tmp_path):
+    """A state saved with log_steps 1 resumes with log_steps 2 (to the uninterrupted weights); a state
+    saved by the code before ``fingerprint`` (its fingerprint had log_steps, save_steps, device in it)
+    still resumes."""
+    from sentemb.settings import legacy_fingerprint
+
+    cfg = run_cfg(tiny_bert_dir, tiny_corpus, tiny_senteval)
+    full = train(cfg, tmp_path / "full", progress=False)
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, tmp_path / "run", stop_after=3, progress=False)
+    train(run_cfg(tiny_bert_dir, tiny_corpus, tiny_senteval, log_steps=2, save_steps=50), tmp_path / "run",
+          progress=False)
+    assert_same_model(tmp_path / "full/model", tmp_path / "run/model")
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, tmp_path / "old", stop_after=3, progress=False)
+    state = tmp_path / "old" / ".work" / "last.pt"
+    state = state if state.is_file() else next((tmp_path / "old").rglob("last.pt"))
+    st = torch.load(state, weights_only=False)
+    st["fingerprint"] = legacy_fingerprint(cfg)
+    torch.save(st, state)
+    res = train(cfg, tmp_path / "old", progress=False)
+    assert res["history"] == full["history"]  # resumed (a fresh start would log the first steps again: same
+    assert_same_model(tmp_path / "full/model", tmp_path / "old/model")  # history), to the same weights
+
+
+def test_train_options_apply_only_weight_free_settings(tiny_bert_dir, tiny_corpus, tiny_senteval, tmp_path):
+    from sentemb.settings import apply_options, run_options
+
+    cfg = run_cfg(tiny_bert_dir, tiny_corpus, tiny_senteval)
+    opts = run_options(cfg)
+    opts["train"]["log_steps"] = 5
+    got = apply_options(cfg, opts)
+    assert got.train.log_steps == 5 and got.train.lr == cfg.train.lr
+    with pytest.raises(SentembError, match=r"--options: only weight-free train settings .* not lr"):
+        apply_options(cfg, {"train": {"lr": 1.0}})
+
+
 # ------------------------------------------------------------------ issue 13: the fast paths
 def test_a_state_saved_with_the_fast_paths_resumes_without_them_bit_identically(tiny_bert_dir, tiny_corpus,
                                                                                  tiny_senteval, tmp_path):

@@ -230,6 +230,49 @@ def test_editing_a_plugin_reruns_its_jobs_and_nothing_else(ran, env):
     assert "Nothing to be done" in (lambda p: p.stdout + p.stderr)(smk(ran, "-n", "results/table1.csv", env=env))
 
 
+def _planned(out: str) -> dict[str, set]:
+    """rule -> the run names (wildcard ``name``, else the rule's jobs as '') a dry run plans."""
+    import re
+
+    got: dict[str, set] = {}
+    for m in re.finditer(r"^(?:local)?rule (\w+):\n((?:[ \t]+\S.*\n)*)", out, re.M):
+        name = re.search(r"wildcards: .*?name=([^,\n]+)", m.group(2))
+        got.setdefault(m.group(1), set()).add(name.group(1) if name else "")
+    return got
+
+
+def test_a_logging_knob_reruns_nothing_and_one_runs_lr_only_that_run(ran, env):
+    """Issue 28 §2: after a finished DAG, changing weight-free settings (train.log_steps, save_steps,
+    prefetch, num_threads) plans no training, pretraining or evaluation job (only the cheap
+    run_options files, which training reads as `ancient`); changing one run's train.lr plans that
+    run's training and what reads it, no other training."""
+    cfg_file = ran / "config.yaml"
+    text = cfg_file.read_text()
+    cfg = yaml.safe_load(text)
+    heavy = {"train", "pretrain", "evaluate", "evaluate_baseline", "encode_transfer", "evaluate_transfer",
+             "run_config", "pretrain_config"}
+    try:
+        knobs = dict(cfg, train={**cfg["train"], "log_steps": cfg["train"]["log_steps"] + 3, "save_steps": 7,
+                                 "prefetch": False, "num_threads": 1})
+        cfg_file.write_text(yaml.safe_dump(knobs, sort_keys=False))
+        planned = _planned((lambda p: p.stdout + p.stderr)(smk(ran, "-n", "results/table1.csv", "report_all", env=env)))
+        assert not set(planned) & heavy, planned
+        assert "run_options" in planned and "pretrain_options" in planned, planned  # the change is seen
+        # (SARCSE: no study point shares its settings; SimCSE's lr would also split off the
+        # temperature study's point that is SimCSE's run, which is right but another case)
+        runs = [dict(r) for r in cfg["runs"]]
+        i = next(i for i, r in enumerate(runs) if r["method"] == "sarcse")
+        runs[i] = {**runs[i], "train": {**(runs[i].get("train") or {}), "lr": 3e-4}}
+        cfg_file.write_text(yaml.safe_dump(dict(cfg, runs=runs), sort_keys=False))
+        planned = _planned((lambda p: p.stdout + p.stderr)(smk(ran, "-n", "results/table1.csv", env=env)))
+        name = runs[i].get("name") or runs[i]["method"]
+        assert planned.get("train") == {name} and planned.get("run_config") == {name}, planned
+        assert "pretrain" not in planned and name in planned.get("evaluate", set()), planned
+    finally:
+        cfg_file.write_text(text)
+    assert "Nothing to be done" in (lambda p: p.stdout + p.stderr)(smk(ran, "-n", "results/table1.csv", env=env))
+
+
 def test_malformed_config_names_the_key(tmp_path, env):
     cfg = (REPO / ".test" / "config.yaml").read_text().replace("lr: 1.0e-4", "lr: fast")
     (tmp_path / "config.yaml").write_text(cfg)

@@ -20,15 +20,19 @@ from . import SentembError
 
 def arg(default: Any, help: str, choices: Sequence[Any] | None = None, *, minimum: float | None = None,
         maximum: float | None = None, exclusive_minimum: float | None = None,
-        exclusive_maximum: float | None = None, pattern: str | None = None, min_items: int | None = None) -> Any:
+        exclusive_maximum: float | None = None, pattern: str | None = None, min_items: int | None = None,
+        weights: bool = True) -> Any:
     """Declare one setting: ``temperature: float = arg(0.05, "τ of Eq. 1", exclusive_minimum=0)``.
     ``choices`` are the allowed values (of each item, for a list); the bounds are JSON-schema's and
     are enforced wherever the setting is given (``check_mapping``: the config's ``methods.<name>``,
     ``runs[i].method_args``, study values), with the error naming the key. A mutable default
-    (list, dict, a settings dataclass) is copied for every instance."""
+    (list, dict, a settings dataclass) is copied for every instance. ``weights=False``: the setting
+    does not change what is trained (how often to log, threads, where batches are built), so it is
+    left out of the run's fingerprint (``sentemb.settings.fingerprint``): changing it reruns no job
+    and a saved state still resumes."""
     meta = {"help": help, "choices": tuple(choices) if choices else None, "minimum": minimum, "maximum": maximum,
             "exclusive_minimum": exclusive_minimum, "exclusive_maximum": exclusive_maximum, "pattern": pattern,
-            "min_items": min_items}
+            "min_items": min_items, "weights": weights}
     if isinstance(default, (list, dict)) or dataclasses.is_dataclass(default):
         return field(default_factory=lambda: copy.deepcopy(default), metadata=meta)
     return field(default=default, metadata=meta)

@@ -70,8 +70,14 @@ def config_keys_markdown() -> str:
     from .config import load_schema
     from .methods import registry
 
+    from .settings import weight_free_keys
+
     schema = load_schema()
-    out = [HEADER]
+    out = [HEADER, "**What reruns.** A run's jobs (training, evaluation, what reads them) rerun when a setting that "
+           "changes its weights changes (`sentemb.settings.fingerprint`: method, backbone, seed, data, method "
+           "arguments, every other `train` key). These `train` keys do not change the weights and rerun no job: "
+           + ", ".join(f"`{k}`" for k in weight_free_keys())
+           + " (nor does `job_resources`). A job that does run uses their current values (rule `run_options`).", ""]
     required = tuple(schema.get("required", ()))
     simple = {k: p for k, p in schema["properties"].items() if "properties" not in p or not p["properties"]}
     out += ["## Top level", ""] + _table(_rows(simple, "", required)) + [""]

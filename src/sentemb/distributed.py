@@ -212,6 +212,7 @@ def relaunch(command: str, args, devices: int, what: str) -> None:
     from ``args``) run again as ``devices`` processes (``launch``); raises naming ``what`` when they
     fail."""
     argv = [command, "--run-config", str(args.run_config), "--output-dir", str(args.output_dir)]
+    argv += (["--options", str(args.options)] if getattr(args, "options", None) else [])
     argv += (["--device", args.device] if getattr(args, "device", None) else [])
     argv += (["--no-track"] if getattr(args, "no_track", False) else []) + (["--quiet"] if args.quiet else [])
     rc = launch(devices, argv)

@@ -62,6 +62,10 @@ def run_pretrain(run: Run | dict, out_dir: str | Path, *, progress: bool = True)
 
 def _cmd_pretrain(args: argparse.Namespace) -> int:
     run = Run.from_dict(read_json(args.run_config, "run config"))
+    if args.options:  # today's weight-free settings (rule pretrain_options), as `sentemb train --options`
+        from .settings import apply_options
+
+        run = apply_options(run, read_json(args.options, "options"), str(args.options))
     if args.device:
         run.train.device = args.device
     if args.no_track:
@@ -96,6 +100,8 @@ def _cmd_pretrain_config(args: argparse.Namespace) -> int:
 def register(sub) -> None:
     p = sub.add_parser("pretrain", help="run a method's pretraining stage (once per method x backbone)")
     p.add_argument("--run-config", required=True, help="resolved stage JSON (see `sentemb pretrain-config`)")
+    p.add_argument("--options", default=None, metavar="JSON", help="weight-free settings over the stage JSON "
+                   "(sentemb.settings.run_options), as for `sentemb train`")
     p.add_argument("--output-dir", required=True)
     p.add_argument("--device", default=None, help="override train.device (auto, cpu, cuda, cuda:1)")
     p.add_argument("--no-track", action="store_true", help="no MLflow run")

@@ -8,6 +8,7 @@ objects: ``TrainSettings`` in the training loop, ``Run`` for one resolved job.
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,19 +46,19 @@ class TrainSettings:
         "after the update that completes micro-batch k*eval_steps (weights change only at updates). The same with "
         "grad_accum 1.", choices=("optimizer_steps", "micro_batches"))
     eval_at_end: bool = arg(True, "also evaluate after the last step")
-    log_steps: int = arg(10, "log the mean loss terms every this many optimizer steps", minimum=1)
-    save_steps: int = arg(250, "save the resume state every this many optimizer steps", minimum=1)
+    log_steps: int = arg(10, "log the mean loss terms every this many optimizer steps", minimum=1, weights=False)
+    save_steps: int = arg(250, "save the resume state every this many optimizer steps", minimum=1, weights=False)
     precision: str = arg("auto", "auto = bf16 autocast on CUDA, fp32 elsewhere; bf16, fp16 (with a gradient "
                          "scaler) or fp32 everywhere", choices=("auto", "bf16", "fp16", "fp32"))
     dropout: float | None = arg(None, "encoder dropout (null = the backbone's own)", minimum=0, maximum=1)
-    device: str = arg("auto", "auto (CUDA if available), cpu, cuda, cuda:N")
-    num_threads: int | None = arg(None, "torch CPU threads (null = torch's default)", minimum=1)
+    device: str = arg("auto", "auto (CUDA if available), cpu, cuda, cuda:N", weights=False)
+    num_threads: int | None = arg(None, "torch CPU threads (null = torch's default)", minimum=1, weights=False)
     compile: bool = arg(False, "torch.compile the method's forward and losses (dropout drawn as in eager mode, so the "
                         "losses match an eager run to fp32 tolerance; see `sentemb benchmark --compile`).")
     token_cache: bool = arg(True, "Tokenize the corpus once (rule tokenize, results/stats/<corpus>/tokens.<backbone>/, "
-                            "memory-mapped) instead of on every step; batches are identical either way.")
+                            "memory-mapped) instead of on every step; batches are identical either way.", weights=False)
     prefetch: bool = arg(True, "Build the next step's batches in a background thread (pinned memory on CUDA) while "
-                         "the current step computes; batches are identical either way.")
+                         "the current step computes; batches are identical either way.", weights=False)
     unpad: bool = arg(False, "Padding-free training forward (BERT-family encoders, sentemb.unpad) - the encoder runs "
                       "on the real tokens only. Same outputs with dropout off; with dropout on the masks are drawn over "
                       "fewer positions, so it is another random run (hence off by default).")
@@ -82,7 +83,7 @@ class TrainSettings:
         "train.json's history (sentemb.grad_norms). The weights are bit-identical with it on or off; works with "
         "grad_accum, sam_rho and autocast. Cost, on logged steps only - one partial backward per term (none for a "
         "one-term method); MiniLM, batch 64, CPU, +0 ms for simcse, +12.4 s = +108% of a step for sarcse's 3 terms, "
-        "i.e. +11% of training time at log_steps 10 (sentemb benchmark --grad-norms).")
+        "i.e. +11% of training time at log_steps 10 (sentemb benchmark --grad-norms).", weights=False)
     chunk_size: int | str | None = arg(
         None,
         "Gradient caching (Gao et al. 2021; sentence-transformers' Cached* losses): encode each micro-batch this many "
@@ -91,13 +92,13 @@ class TrainSettings:
         "unchunked one (same negatives: the whole batch_size) in bounded memory, for one extra forward pass. null = "
         "the whole micro-batch in one forward (no caching); auto = the largest chunk that fits the GPU's free memory "
         "with a margin (the whole batch on CPU), reported in the log and train.json. A state saved with one chunk "
-        "size resumes with another.", minimum=1, pattern="^auto$")
+        "size resumes with another.", minimum=1, pattern="^auto$", weights=False)
     devices: int = arg(
         1,
         "Processes (one GPU each; gloo processes on CPU) one training job runs as: torchrun --standalone "
         "--nproc-per-node N, started by `sentemb train` itself. batch_size stays the global batch; each process "
         "encodes its share and the in-batch terms see every process's embeddings, gathered with their gradient "
-        "(sentemb.distributed). The Snakefile requests N GPUs for the job.", minimum=1)
+        "(sentemb.distributed). The Snakefile requests N GPUs for the job.", minimum=1, weights=False)
     dropout_rng: str = arg(
         "stream",
         "Where dropout masks come from. stream - torch's global generator (fast; with chunk_size each chunk's masks "
@@ -191,7 +192,7 @@ class EvaluationSettings:
         "Transfer classifier (an open choice, sentemb.transfer): pytorch = SentEval's usepytorch=True path with "
         "SimCSE's evaluation.py config (nhid 0, adam, batch 64, tenacity 5, epoch_size 4, l2reg 1e-5..1e-2), what the "
         "published SimCSE/InfoCSE transfer numbers came from; sklearn = SentEval's LogisticRegression path (faster; "
-        "see README for the cost of each).", choices=("pytorch", "sklearn"))
+        "see docs/evaluation.md for the cost of each).", choices=("pytorch", "sklearn"))
 
 
 @dataclass
@@ -339,3 +340,70 @@ class Run:
                 continue
             out[k] = v.to_dict() if k == "train" else v
         return out
+
+
+# ------------------------------------------------------------------------------------ one fingerprint
+#: train settings added after states were saved, at the value that computes what was computed
+#: before they existed: left out of the fingerprint at that value (so such a state still resumes),
+#: in it at any other (``sampler: length`` is another data order, ``eval_unit`` other checkpoints)
+ADDED_DEFAULTS = {"sampler": "random", "eval_unit": "optimizer_steps"}
+
+
+def weight_free_keys() -> tuple[str, ...]:
+    """The train settings declared ``arg(..., weights=False)``: they do not change what is trained."""
+    return tuple(f.name for f in dataclasses.fields(TrainSettings) if f.metadata.get("weights") is False)
+
+
+def _fingerprint_dict(run: Run | dict, free: tuple[str, ...]) -> dict:
+    run = Run.from_dict(run).to_dict()
+    keep = {k: run[k] for k in ("method", "backbone", "seed", "train", "method_args", "paths")}
+    if run.get("method_digest"):  # a plug-in method's file: another version is another run
+        keep["method_digest"] = run["method_digest"]
+    keep["train"] = {k: v for k, v in keep["train"].items()
+                     if k not in free and not (k in ADDED_DEFAULTS and v == ADDED_DEFAULTS[k])}
+    keep["paths"] = {k: v for k, v in keep["paths"].items() if k != "tokens"}
+    return keep
+
+
+def fingerprint(run: Run | dict) -> str:
+    """The one definition of "the same training" (issue 28 §2): the settings that change the trained
+    weights — method, backbone, seed, method arguments (and a plug-in's file digest), data paths,
+    every train setting not declared ``weights=False`` (and not an ``ADDED_DEFAULTS`` key at its old
+    value). It decides resume (``sentemb.train``), study deduplication (``sentemb.studies``) and
+    Snakemake's rerun (the only parameter of rules ``run_config`` and ``pretrain_config``). Left out:
+    the run's name, its MLflow settings (tracking, experiment, run name, study tags) and the
+    weight-free settings (``run_options``), so changing ``train.log_steps`` reruns nothing."""
+    return json.dumps(_fingerprint_dict(run, weight_free_keys()), sort_keys=True, default=str)
+
+
+#: the weight-free train settings before each was declared so (issue 28): a state saved then was
+#: fingerprinted with the others in; ``sentemb.train.resume`` accepts that fingerprint too
+LEGACY_WEIGHT_FREE = ("token_cache", "prefetch", "num_threads", "log_grad_norms", "chunk_size", "devices")
+
+
+def legacy_fingerprint(run: Run | dict) -> str:
+    """The fingerprint a state saved before ``fingerprint`` existed carries (log_steps, save_steps
+    and device were in it), so that such a state still resumes."""
+    return json.dumps(_fingerprint_dict(run, LEGACY_WEIGHT_FREE), sort_keys=True, default=str)
+
+
+def run_options(run: Run | dict) -> dict:
+    """What of a run may change without rerunning it: the weight-free train settings and the
+    MLflow settings. Rule ``run_options`` writes it; ``sentemb train --options`` applies it over
+    the run config (so a job that runs uses today's logging settings without them being a reason
+    to run)."""
+    run = Run.from_dict(run)
+    train = run.train.to_dict()
+    return {"train": {k: train[k] for k in weight_free_keys() if k in train},
+            "tracking": dict(run.tracking), "experiment": run.experiment}
+
+
+def apply_options(run: Run, options: dict, where: str = "--options") -> Run:
+    """``run`` with ``options`` (``run_options``'s mapping) applied; a weight-changing key is refused."""
+    bad = set(options.get("train") or {}) - set(weight_free_keys())
+    if bad or set(options) - {"train", "tracking", "experiment"}:
+        raise SentembError(f"{where}: only weight-free train settings ({', '.join(weight_free_keys())}), tracking and "
+                           f"experiment may be given, not {', '.join(sorted(bad or set(options) - {'train', 'tracking', 'experiment'}))}")
+    train = TrainSettings.from_dict({**run.train.to_dict(), **(options.get("train") or {})}, f"{where} train")
+    return dataclasses.replace(run, train=train, tracking=dict(options.get("tracking", run.tracking)),
+                               experiment=options.get("experiment", run.experiment))

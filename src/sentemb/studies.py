@@ -158,14 +158,18 @@ def _points(study: dict, where: str, source: str) -> tuple[list[str], list[dict[
 
 
 def _signature(config: dict, run: dict) -> str:
-    """What makes two runs the same training: method, backbone, corpus, effective train and args."""
+    """What makes two runs the same training (``sentemb.settings.fingerprint`` on the unexpanded config):
+    method, backbone, corpus, the weight-changing train settings, arguments."""
     from .methods import get_method
+
+    from .settings import weight_free_keys
 
     cls = get_method(run["method"])
     # merged, not validated: the run checks after the expansion name the key of a bad value
     margs = {**cls.arg_defaults(), **((config.get("methods") or {}).get(run["method"]) or {}),
              **(run.get("method_args") or {})}
-    train = {**config["train"], **(run.get("train") or {})}
+    # the weight-changing settings only, as sentemb.settings.fingerprint (a logging knob makes no other run)
+    train = {k: v for k, v in {**config["train"], **(run.get("train") or {})}.items() if k not in weight_free_keys()}
     return json.dumps([run["method"], run["backbone"], run.get("corpus") or config["corpus"]["name"], train, margs],
                       sort_keys=True,
                       default=str)

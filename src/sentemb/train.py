@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Callable, Iterator
 
 from . import SentembError
 from .corpus import read_corpus
-from .settings import Run, TrainSettings
+from .settings import ADDED_DEFAULTS, Run, TrainSettings, legacy_fingerprint  # noqa: F401  (ADDED_DEFAULTS: kept importable here)
 from .utils import atomic_path, write_json
 
 if TYPE_CHECKING:
@@ -389,27 +389,12 @@ def auto_chunk(per_sentence: float, free: float, batch: int, margin: float = AUT
     return None if fits >= batch else max(1, fits)
 
 
-#: train settings that change how fast a run goes or what it logs, never the weights it computes: a
-#: state saved with one value resumes under another
-SPEED_ONLY = ("token_cache", "prefetch", "num_threads", "log_grad_norms", "chunk_size", "devices")
-
-
-#: train settings added after states were saved, at the value that computes what was computed
-#: before they existed: left out of the fingerprint at that value (so such a state still resumes),
-#: in it at any other (``sampler: length`` is another data order, ``eval_unit`` other checkpoints)
-ADDED_DEFAULTS = {"sampler": "random", "eval_unit": "optimizer_steps"}
-
-
 def run_fingerprint(run: Run | dict) -> str:
-    """The settings a saved state must share to be resumed (and its MLflow run continued)."""
-    run = Run.from_dict(run).to_dict()
-    keep = {k: run[k] for k in ("method", "backbone", "seed", "train", "method_args", "paths")}
-    if run.get("method_digest"):  # a plug-in method's file: another version is another run
-        keep["method_digest"] = run["method_digest"]
-    keep["train"] = {k: v for k, v in keep["train"].items()
-                     if k not in SPEED_ONLY and not (k in ADDED_DEFAULTS and v == ADDED_DEFAULTS[k])}
-    keep["paths"] = {k: v for k, v in keep["paths"].items() if k != "tokens"}
-    return json.dumps(keep, sort_keys=True, default=str)
+    """The settings a saved state must share to be resumed (and its MLflow run continued):
+    ``sentemb.settings.fingerprint``, the one definition of "the same training"."""
+    from .settings import fingerprint
+
+    return fingerprint(run)
 
 
 def eval_due(settings: TrainSettings, step: int, accum: int, total: int) -> bool:
@@ -442,7 +427,7 @@ def resume(job: Job) -> State:
     st = None
     if job.rank == 0:  # with train.devices > 1 rank 0 decides (and cleans up) before the others read
         st = torch.load(state_file, map_location=job.device, weights_only=False) if state_file.is_file() else None
-        if st is not None and st.get("fingerprint") != job.fingerprint:
+        if st is not None and st.get("fingerprint") not in (job.fingerprint, legacy_fingerprint(job.run)):
             log.warning("%s was saved by a run with other settings: starting afresh", state_file)
             st = None
         if st is None:
@@ -1026,6 +1011,14 @@ def _cmd_train(args: argparse.Namespace) -> int:
     except json.JSONDecodeError as e:
         raise SentembError(f"{path}: not valid JSON ({e})") from None
     run = Run.from_dict(run)
+    if args.options:  # today's weight-free settings (rule run_options), over those the run config was written with
+        from .settings import apply_options
+
+        opts = Path(args.options)
+        try:
+            run = apply_options(run, json.loads(opts.read_text("utf-8")), str(opts))
+        except (OSError, json.JSONDecodeError) as e:
+            raise SentembError(f"--options {opts}: {e}") from None
     if args.device:
         run.train.device = args.device
     if args.no_track:
@@ -1066,6 +1059,9 @@ def _cmd_run_config(args: argparse.Namespace) -> int:
 def register(sub) -> None:
     p = sub.add_parser("train", help="train one run (method x backbone x seed)")
     p.add_argument("--run-config", required=True, help="resolved run JSON (see `sentemb run-config`)")
+    p.add_argument("--options", default=None, metavar="JSON",
+                   help="weight-free settings applied over the run config (sentemb.settings.run_options: log_steps, "
+                        "save_steps, threads, device, chunking, tracking); the Snakefile's rule run_options writes it")
     p.add_argument("--output-dir", required=True)
     p.add_argument("--device", default=None, help="override train.device (auto, cpu, cuda, cuda:1)")
     p.add_argument("--no-track", action="store_true", help="no MLflow run")

@@ -9,6 +9,7 @@ from sentemb.config import resolve_run, run_inputs, validate_config
 from sentemb.cache import verify_resources
 from sentemb.data import mirror_dir
 from sentemb.layout import Layout
+from sentemb.settings import fingerprint, run_options
 from sentemb.utils import expose_cli
 from sentemb.methods import get_method
 from sentemb.studies import study_inputs, study_spec

@@ -12,7 +12,7 @@ rule pretrain_config:
     output:
         f"{PRETRAIN_DIR}/pretrain_config.json",
     params:
-        run=lambda w: resolve_pretrain(config, w.method, w.backbone).to_dict(),
+        fingerprint=lambda w: fingerprint(resolve_pretrain(config, w.method, w.backbone)),
     log:
         f"{LOGS}/pretrain_config/{{method}}/{{backbone}}.log",
     wildcard_constraints:
@@ -21,12 +21,30 @@ rule pretrain_config:
     run:
         from sentemb.utils import write_json
 
-        write_json(output[0], params.run)
+        write_json(output[0], resolve_pretrain(config, wildcards.method, wildcards.backbone).to_dict())
+
+
+rule pretrain_options:
+    """The stage's weight-free settings (as rule run_options), `ancient` for rule pretrain."""
+    output:
+        f"{PRETRAIN_DIR}/pretrain_options.json",
+    params:
+        options=lambda w: run_options(resolve_pretrain(config, w.method, w.backbone)),
+    log:
+        f"{LOGS}/pretrain_options/{{method}}/{{backbone}}.log",
+    wildcard_constraints:
+        method=r"[A-Za-z0-9_-]+",
+    localrule: True
+    run:
+        from sentemb.utils import write_json
+
+        write_json(output[0], params.options)
 
 
 rule pretrain:
     input:
         run=f"{PRETRAIN_DIR}/pretrain_config.json",
+        options=ancient(f"{PRETRAIN_DIR}/pretrain_options.json"),
         model=LAYOUT.model(),
         corpus=lambda w: resolve_pretrain(config, w.method, w.backbone).paths["corpus"],
         tokens=lambda w: resolve_pretrain(config, w.method, w.backbone).paths.get("tokens", []),
@@ -51,4 +69,5 @@ rule pretrain:
     conda:
         "../envs/sentemb.yaml"
     shell:
-        "{params.gpu_env}sentemb pretrain --run-config {input.run} --output-dir {params.outdir} --quiet > {log} 2>&1"
+        "{params.gpu_env}sentemb pretrain --run-config {input.run} --options {input.options} --output-dir {params.outdir} "
+        "--quiet > {log} 2>&1"

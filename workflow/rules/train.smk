@@ -19,24 +19,44 @@ rule init_tracking:
 
 
 rule run_config:
-    """The resolved settings of one run (what `sentemb train` reads and MLflow records)."""
+    """The resolved settings of one run (what `sentemb train` reads and MLflow records). Its only
+    parameter is the run's fingerprint (sentemb.settings.fingerprint: the settings that change the
+    weights), so a logging knob reruns neither it nor the training."""
     output:
         f"{RUN_DIR}/run_config.json",
     params:
-        run=run_of,
+        fingerprint=lambda w: fingerprint(run_of(w)),
     log:
         f"{LOGS}/run_config/{{name}}/{{backbone}}/seed{{seed}}.log",
     localrule: True
     run:
         from sentemb.utils import write_json
 
-        write_json(output[0], params.run)
+        write_json(output[0], run_of(wildcards))
+
+
+rule run_options:
+    """Today's weight-free settings of the run (sentemb.settings.run_options: log_steps, save_steps,
+    threads, device, chunking, tracking), applied by `sentemb train --options`; `ancient` as the
+    train rule's input, so rewriting it reruns no training."""
+    output:
+        f"{RUN_DIR}/run_options.json",
+    params:
+        options=lambda w: run_options(run_of(w)),
+    log:
+        f"{LOGS}/run_options/{{name}}/{{backbone}}/seed{{seed}}.log",
+    localrule: True
+    run:
+        from sentemb.utils import write_json
+
+        write_json(output[0], params.options)
 
 
 rule train:
     input:
         unpack(method_inputs),
         run=f"{RUN_DIR}/run_config.json",
+        options=ancient(f"{RUN_DIR}/run_options.json"),
         model=LAYOUT.model(),
         corpus=lambda w: resolve_run(config, w.name, w.backbone, int(w.seed)).paths["corpus"],
         tokens=lambda w: resolve_run(config, w.name, w.backbone, int(w.seed)).paths.get("tokens", []),
@@ -60,4 +80,5 @@ rule train:
     conda:
         "../envs/sentemb.yaml"
     shell:
-        "{params.gpu_env}sentemb train --run-config {input.run} --output-dir {params.outdir} --quiet > {log} 2>&1"
+        "{params.gpu_env}sentemb train --run-config {input.run} --options {input.options} --output-dir {params.outdir} "
+        "--quiet > {log} 2>&1"
