@@ -15,7 +15,7 @@ them (the ``evaluate`` embedder), and cached as ``<cache>/<task>.npy`` + ``.json
 It prints one JSON line per task and implementation: dev/test accuracy (MRPC also F1), wall and
 CPU seconds of the classification (encoding excluded). SentEval's ``tools/classifier.py`` needs CUDA
 and ``utils.py`` uses ``inspect.getargspec`` (gone in Python 3.11); on a CPU-only Python 3.11 patch
-the checkout first (README "Evaluation")::
+the checkout first (docs/evaluation.md)::
 
     sed -i "s/\\.cuda()//g; s/torch.device('cuda')/torch.device('cpu')/" SentEval/senteval/tools/classifier.py
     sed -i "s/inspect.getargspec(/inspect.getfullargspec(/" SentEval/senteval/utils.py

@@ -483,7 +483,7 @@ def test_sts_unlabeled_count_on_real_senteval(shared, tmp_path):
     out = tmp_path / "sts-unlabeled.txt"
     summary = prepare_sts_corpus(root, out)
     assert out.read_text("utf-8").splitlines() == unique
-    assert summary["sentences"] == len(unique) == 30840 and len(ref) == 62198  # the counts in the README
+    assert summary["sentences"] == len(unique) == 30840 and len(ref) == 62198  # the counts in docs/configuration.md
 
 def test_mlm_head_is_loaded_from_a_checkpoint_that_has_one(tiny_bert_dir, setup, tmp_path):
     d, ref = _mlm_checkpoint(tiny_bert_dir, tmp_path)

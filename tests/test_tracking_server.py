@@ -88,7 +88,7 @@ ADMIN_PASSWORD = "sentemb-Test-pw-7"
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory):
-    """A plain server and the README's basic-auth one, started side by side."""
+    """A plain server and the basic-auth one of docs/tracking.md, started side by side."""
     root = tmp_path_factory.mktemp("mlflow_servers")
     plain = MlflowServer(root / "plain")
     auth = MlflowServer(root / "auth", app_name="basic-auth", env={
@@ -259,7 +259,7 @@ def test_malformed_uri_and_deleted_experiment_fail_at_the_start(server, tmp_path
 
 def test_basic_auth_recipe_logs_with_the_right_credentials_and_fails_at_start_with_wrong_ones(servers, tmp_path,
                                                                                              monkeypatch, capsys):
-    """The README's recipe: ``mlflow server --app-name basic-auth``, credentials in
+    """The recipe of docs/tracking.md: ``mlflow server --app-name basic-auth``, credentials in
     ``MLFLOW_TRACKING_USERNAME``/``MLFLOW_TRACKING_PASSWORD``."""
     from sentemb.cli import main
 

@@ -421,7 +421,7 @@ def test_classifier_estimate_scales_with_width_and_packs_tasks_longest_first():
 @pytest.mark.realdata
 def test_real_trec_on_minilm_matches_senteval(shared, minilm_dir):
     """all-MiniLM-L6-v2, mean pooling, TREC, the accuracies SentEval's own code (facebookresearch/SentEval,
-    kfold=10) gives on this machine (README "Evaluation"): 89.20 with usepytorch=False, 90.00 (dev
+    kfold=10) gives on this machine (docs/evaluation.md): 89.20 with usepytorch=False, 90.00 (dev
     85.23) with usepytorch=True and SimCSE's classifier config. One encoding serves both classifiers."""
     from sentemb.encoder import Embedder
 

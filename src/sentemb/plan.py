@@ -6,7 +6,7 @@ optimizer step, steps, GPU-hours at a stated MFU of the named GPU's bf16 peak, a
 flags where ``job_resources`` (runtime, mem_mb) does not cover the estimate with ``--margin`` or the
 GPU's memory is too small.
 
-How (issue 20 §3; README "What the configuration costs"):
+How (issue 20 §3; docs/plan-and-benchmarks.md):
 
 * FLOPs per optimizer step are **counted** (``sentemb.flops.counted_by_module``: every matmul,
   attention in its math form, forward and backward) on one real step of the run's own job

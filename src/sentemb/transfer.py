@@ -301,7 +301,7 @@ class _one_torch_thread:
     """Run the classifier on one intra-op torch thread, restoring the caller's setting afterwards
     (``--threads`` still sets the encoder's). Its products are 64 × d by d × classes, too small to
     share: on this project's shared 2-core machine two threads were 8–16× slower than one and gave
-    bit-identical weights (a CR fit; README "Evaluation"). One thread also makes the numbers
+    bit-identical weights (a CR fit; docs/evaluation.md). One thread also makes the numbers
     independent of the machine's thread count."""
 
     def __enter__(self):
@@ -684,10 +684,10 @@ def _classify_from_file(features: str, data_dir: str, task: str, k: int, seed: i
 
 
 #: CPU seconds of SentEval's PyTorch classifier per task for 384-d vectors (MRPC: its 768-d ``code``
-#: features), measured on this project's 2-core CPU (README "Evaluation"); the order in which worker
+#: features), measured on this project's 2-core CPU (docs/evaluation.md); the order in which worker
 #: processes take tasks (longest first) and ``sentemb plan``'s classifier estimate.
 CLASSIFIER_SECONDS_384 = {"MR": 279, "CR": 110, "SUBJ": 297, "MPQA": 273, "SST2": 26, "TREC": 28, "MRPC": 14}
-#: sklearn's path costs about this share of the PyTorch one (README "Evaluation": 69 vs 1,026 s)
+#: sklearn's path costs about this share of the PyTorch one (docs/evaluation.md: 69 vs 1,026 s)
 SKLEARN_COST_SHARE = 0.07
 #: one mini-batch step of the PyTorch classifier costs about STEP_US[0] + STEP_US[1] · features µs
 #: (``LinearProbe`` on one thread, batch 64, 2 classes, 384…4096 features; this project's CPU)
