@@ -6,6 +6,7 @@ The tiny DAG with the plug-in is in ``tests/test_workflow.py``."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -23,13 +24,15 @@ EXAMPLE = REPO / "examples" / "methods" / "debiased.py"
 
 @pytest.fixture
 def clean_registry():
-    """The registry as it was before the test (a plug-in imported here is not seen by later tests)."""
+    """The registries (methods, input kinds) as they were before the test (a plug-in imported here is not
+    seen by later tests)."""
+    import sentemb.inputs as inputs
     import sentemb.methods as methods
 
     methods.registry()
-    before = (dict(methods._REGISTRY), dict(methods._IMPORTED), dict(methods._SPEC))
+    before = (dict(methods._REGISTRY), dict(methods._IMPORTED), dict(methods._SPEC), dict(inputs.INPUTS))
     yield
-    for d, old in zip((methods._REGISTRY, methods._IMPORTED, methods._SPEC), before):
+    for d, old in zip((methods._REGISTRY, methods._IMPORTED, methods._SPEC, inputs.INPUTS), before):
         d.clear()
         d.update(old)
 
@@ -250,3 +253,80 @@ def test_check_method_refuses_an_unknown_check_and_method():
     assert p.returncode != 0 and "--check nosuch: unknown check" in p.stderr
     p = _check_method("no-such-method")
     assert p.returncode != 0 and "no-such-method" in p.stderr
+
+
+# ------------------------------------------------------------------------------------ issue 27 §3: a plug-in's input kind
+COUNTED = '''
+import json
+import os
+from pathlib import Path
+
+from sentemb.inputs import InputKind, register_input
+from sentemb.methods import register_method
+from sentemb.methods.simcse import SimCSE
+
+
+def _count_words(work, corpus, model_dir, config):
+    counts = {}
+    for line in Path(corpus).read_text("utf-8").splitlines():
+        for w in line.split():
+            counts[w] = counts.get(w, 0) + 1
+    (Path(work) / "counts.json").write_text(json.dumps(counts))
+    return Path(work) / "counts.json"
+
+
+register_input(InputKind("word_counts", "whitespace word counts of the corpus", build=_count_words))
+
+
+@register_method
+class Counted(SimCSE):
+    """SimCSE that reads an input kind of its own (the corpus's word counts)."""
+
+    name = "simcse-counted"
+
+    @classmethod
+    def requires(cls, args):
+        return ("word_counts",)
+
+    def __init__(self, encoder, tokenizer, args, ctx):
+        super().__init__(encoder, tokenizer, args, ctx)
+        self.counts = json.loads((Path(ctx.inputs["word_counts"]) / "counts.json").read_text())
+'''
+
+
+def test_a_plugins_own_input_kind_is_one_entry_built_by_the_contract_the_cli_and_the_dag(
+        clean_registry, tmp_path, monkeypatch, shared, tiny_bert_dir, tiny_corpus):
+    """Issue 27 §3: a plug-in registers an input kind with its build (``register_input``); the
+    contract's tiny world builds it, ``sentemb make-input`` makes it, and the DAG plans rule
+    ``make_input`` for it before the run's training, at results/stats/<corpus>/inputs/<kind>.<backbone>."""
+    from sentemb import testing
+    from sentemb.config import load_config, run_inputs
+    from sentemb.methods import get_method
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "counted.py").write_text(COUNTED)
+    cfg = yaml.safe_load((REPO / ".test" / "config.yaml").read_text())
+    cfg.update(method_modules=["counted.py"], studies=[], baselines={},
+               runs=[{"method": "simcse-counted", "backbone": "tiny-bert", "seeds": [1], "train": {"max_steps": 2}}])
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    config = load_config(tmp_path / "config.yaml")
+    path = run_inputs(config, "simcse-counted", "tiny-bert")["word_counts"]
+    assert path == f"{config['results_dir']}/stats/{config['corpus']['name']}/inputs/word_counts.tiny-bert"
+    # the contract's tiny world builds it (a folder), and the method reads it
+    h = testing.harness(get_method("simcse-counted"), tmp_path / "h", model_dir=tiny_bert_dir)
+    assert (Path(h.inputs["word_counts"]) / "counts.json").is_file()
+    testing.run_check("simcse-counted", "batches", h)
+    # the CLI the rule runs
+    p = subprocess.run([sys.executable, "-m", "sentemb", "make-input", "word_counts", "--corpus", str(tiny_corpus),
+                        "--model", str(tiny_bert_dir), "--method-module", "counted.py", "--output", "out/wc"],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert json.loads((tmp_path / "out/wc/counts.json").read_text())["the"] > 0
+    # the DAG: make_input for this corpus and backbone, before the training that reads it
+    p = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(tmp_path), "-n",
+                        "--configfile", str(tmp_path / "config.yaml"), "--cores", "1", "results/table1.csv"],
+                       capture_output=True, text=True, timeout=600, env={**os.environ, "SENTEMB_MIRROR": str(shared)})
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out[-3000:]
+    assert "rule make_input:" in out and "kind=word_counts" in out and path in out, out[-3000:]
+    assert "rule train:" in out

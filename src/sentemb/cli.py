@@ -31,6 +31,7 @@ COMMAND_MODULES = [
     "sentemb.benchmark",
     "sentemb.gpucheck",
     "sentemb.plan",
+    "sentemb.inputs",
 ]
 
 

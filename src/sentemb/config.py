@@ -219,9 +219,6 @@ def input_path(config: dict, name: str, *, corpus: str, backbone: str, method: s
     from .inputs import get_input
 
     kind = get_input(name, f"method '{method}' requires")
-    if kind.path is None or kind.rule is None:
-        raise SentembError(f"method '{method}' requires input '{name}', which no workflow rule makes (a plug-in input "
-                           "kind is built by sentemb check-method, plan and gpu-check, not yet by the DAG)")
     return kind.path(Layout.of(config), config, corpus, backbone, method)
 
 

@@ -12,10 +12,10 @@ An entry holds everything the pipeline needs to know about a kind of input:
   method's own ``pretrain_stage``, which those tools run themselves).
 
 A method that needs a statistic of its own registers one entry (``register_input``; in its own file
-when it is a plug-in): ``sentemb check-method``, ``plan`` and ``gpu-check`` then build it with its
-``build``. The workflow makes the built-in kinds only; a plug-in kind without a ``path`` and ``rule``
-is refused when a configured run requires it, naming the run (a generic workflow rule for plug-in
-kinds is not built yet).
+when it is a plug-in) with a ``build``: ``sentemb check-method``, ``plan`` and ``gpu-check`` build it
+with it, and the workflow's rule ``make_input`` (``sentemb make-input KIND``) makes it once per
+corpus and backbone under ``results/stats/<corpus>/inputs/<kind>.<backbone>/``. Such an input is
+the folder its ``build`` wrote into (``folder``): ``ctx.inputs[kind]`` is that folder.
 """
 
 from __future__ import annotations
@@ -42,16 +42,32 @@ class InputKind:
     #: (work dir, corpus file, model dir, config) -> path, with the package's own code (``config``: a
     #: validated config, or {} for the defaults)
     build: Callable[[Path, Path, Path, dict], Path] | None = None
+    #: the input is the folder ``build`` wrote into (a plug-in kind, made by rule ``make_input``)
+    folder: bool = False
 
 
 INPUTS: dict[str, InputKind] = {}
 
 
 def register_input(kind: InputKind) -> InputKind:
-    """Add ``kind`` to the registry; a built-in kind's name cannot be taken by another definition."""
+    """Add ``kind`` to the registry; a built-in kind's name cannot be taken by another definition. A
+    kind without a ``path`` (a plug-in's) is made by the workflow's generic rule ``make_input`` from
+    its ``build``, into ``results/stats/<corpus>/inputs/<kind>.<backbone>/``."""
+    import dataclasses
+    import re
+
     old = INPUTS.get(kind.name)
     if old is not None and old.name in BUILTIN and old is not kind:
         raise SentembError(f"input kind '{kind.name}' is a built-in one; give yours another name")
+    if not re.fullmatch(r"[A-Za-z0-9_-]+", kind.name):
+        raise SentembError(f"input kind '{kind.name}': use letters, digits, '_' and '-' only (it names a folder)")
+    if kind.path is None:
+        if kind.build is None:
+            raise SentembError(f"input kind '{kind.name}': give it a build(work, corpus, model_dir, config) function")
+        name = kind.name
+        kind = dataclasses.replace(
+            kind, rule="make_input", folder=True,
+            path=lambda layout, config, corpus, backbone, method: f"{layout.stats_dir(corpus)}/inputs/{name}.{backbone}")
     INPUTS[kind.name] = kind
     return kind
 
@@ -72,7 +88,39 @@ def build_input(name: str, work: str | Path, corpus: str | Path, model: str | Pa
         raise SentembError(f"input '{name}' is made by a stage ({kind.rule}), not from a corpus")
     work = Path(work)
     work.mkdir(parents=True, exist_ok=True)
-    return Path(kind.build(work, Path(corpus), Path(model), config or {}))
+    out = Path(kind.build(work, Path(corpus), Path(model), config or {}))
+    return work if kind.folder else out
+
+
+def _cmd_make_input(args) -> int:
+    """``sentemb make-input KIND``: a plug-in input kind built into ``--output`` (a folder, written
+    under a temporary name and renamed when complete), as rule ``make_input`` runs it."""
+    from .methods import load_method_modules
+    from .utils import atomic_path
+
+    load_method_modules(args.method_module or None, "--method-module")
+    kind = get_input(args.kind, "make-input")
+    if kind.build is None:
+        raise SentembError(f"make-input {args.kind}: made by a stage ({kind.rule}), not from a corpus")
+    for what, p in (("--corpus", args.corpus), ("--model", args.model)):
+        if not Path(p).exists():
+            raise SentembError(f"make-input {args.kind}: {what} {p} does not exist")
+    with atomic_path(args.output, is_dir=True) as tmp:
+        Path(tmp).mkdir(parents=True, exist_ok=True)
+        build_input(args.kind, tmp, args.corpus, args.model)
+    print(f"input {args.kind} -> {args.output}")
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("make-input", help="build an input kind of a plug-in method (sentemb.inputs) from a corpus")
+    p.add_argument("kind")
+    p.add_argument("--corpus", required=True)
+    p.add_argument("--model", required=True, help="the backbone's directory (its tokenizer)")
+    p.add_argument("--output", required=True, help="the folder to write")
+    p.add_argument("--method-module", action="append", default=[],
+                   help="a Python file or module that registers the kind (the config's method_modules; repeatable)")
+    p.set_defaults(func=_cmd_make_input)
 
 
 # ------------------------------------------------------------------------------------ built-in kinds

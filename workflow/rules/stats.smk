@@ -230,3 +230,28 @@ rule stats_summary:
     shell:
         "sentemb stats-summary --corpus {input.corpus:q} --freq {input.freq:q} --tfidf {input.tfidf:q} "
         "--rake {input.rake:q} {params.para} --title {params.title:q} --output {output.md:q} > {log:q} 2>&1"
+
+
+rule make_input:
+    """An input kind a plug-in method registers (sentemb.inputs.register_input), made by its own
+    build from the corpus and the backbone's tokenizer; ctx.inputs[kind] is this folder."""
+    input:
+        corpus=CORPUS_TXT,
+        model=LAYOUT.model(),
+    output:
+        directory(f"{LAYOUT.stats_dir()}/inputs/{{kind}}.{{backbone}}"),
+    params:
+        modules=lambda wc: " ".join(f"--method-module {shlex.quote(m)}" for m in config.get("method_modules") or []),
+    log:
+        f"{LOGS}/stats/{{corpus}}/inputs/{{kind}}.{{backbone}}.log",
+    wildcard_constraints:
+        kind=r"[A-Za-z0-9_-]+",
+    threads: res("stats", "cpus")
+    resources:
+        runtime=res("stats", "runtime"),
+        mem_mb=res("stats", "mem_mb"),
+    conda:
+        "../envs/sentemb.yaml"
+    shell:
+        "sentemb make-input {wildcards.kind} --corpus {input.corpus:q} --model {input.model:q} {params.modules} "
+        "--output {output:q} > {log:q} 2>&1"
