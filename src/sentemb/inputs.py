@@ -44,6 +44,8 @@ class InputKind:
     build: Callable[[Path, Path, Path, dict], Path] | None = None
     #: the input is the folder ``build`` wrote into (a plug-in kind, made by rule ``make_input``)
     folder: bool = False
+    #: made once per backbone (it reads the backbone's tokenizer), not once per corpus only
+    per_backbone: bool = False
 
 
 INPUTS: dict[str, InputKind] = {}
@@ -66,7 +68,7 @@ def register_input(kind: InputKind) -> InputKind:
             raise SentembError(f"input kind '{kind.name}': give it a build(work, corpus, model_dir, config) function")
         name = kind.name
         kind = dataclasses.replace(
-            kind, rule="make_input", folder=True,
+            kind, rule="make_input", folder=True, per_backbone=True,
             path=lambda layout, config, corpus, backbone, method: f"{layout.stats_dir(corpus)}/inputs/{name}.{backbone}")
     INPUTS[kind.name] = kind
     return kind
@@ -177,7 +179,7 @@ def _rake(work, corpus, model, config):
 BUILTIN: dict[str, InputKind] = {k.name: k for k in (
     InputKind("token_freq", "token frequencies of the corpus under the backbone's tokenizer (SARCSE's weights)",
               lambda layout, config, corpus, backbone, method: layout.token_freq(corpus, backbone),
-              "stats_token_freq", _token_freq),
+              "stats_token_freq", _token_freq, per_backbone=True),
     InputKind("tfidf", "TF-IDF of the corpus's words (UNA's hard negatives)",
               lambda layout, config, corpus, backbone, method: layout.tfidf(corpus), "stats_tfidf", _tfidf),
     InputKind("tfidf_para", "TF-IDF over the corpus and its paraphrases (UNA with paraphrase positives)",

@@ -175,9 +175,9 @@ class Counter:
 
     def input(self, name: str, corpus: Path, model: Path) -> Path:
         """Input ``name`` built on the counting corpus (``sentemb.inputs``: its ``build``)."""
-        from .inputs import build_input
+        from .inputs import build_input, get_input
 
-        key = ("input", name, str(corpus), str(model))
+        key = ("input", name, str(corpus), str(model) if get_input(name).per_backbone else "")
         if key not in self.cache:
             d = self.work / "inputs" / f"{len(self.cache)}"
             try:
