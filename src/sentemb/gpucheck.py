@@ -95,7 +95,7 @@ def _inputs_for(model: Path, corpus: Path, work: Path, device: str, methods: tup
     return out
 
 
-def _method_args(model: Path, methods: tuple[str, ...] = ("infocse",)) -> dict[str, dict]:
+def _method_args(model: Path, methods: tuple[str, ...]) -> dict[str, dict]:
     """Arguments that depend on the model's depth (``Method.args_for_depth``: InfoCSE's M^{>0} after
     half the layers, the paper's 6 of 12)."""
     from transformers import AutoConfig

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Callable, Iterator
 
 from . import SentembError
 from .corpus import read_corpus
-from .settings import ADDED_DEFAULTS, Run, TrainSettings, legacy_fingerprint  # noqa: F401  (ADDED_DEFAULTS: kept importable here)
+from .settings import Run, TrainSettings, legacy_fingerprint
 from .utils import atomic_path, write_json
 
 if TYPE_CHECKING:
