@@ -28,6 +28,9 @@ def paper_cfg():
         os.chdir(cwd)
 
 
+GEOMETRY = {"align": 0.2, "uniform": -2.0}  # STS-B test geometry, as sentemb evaluate writes it
+
+
 def _seeds(cfg, run):
     return run.get("seeds") or cfg["seeds"]
 
@@ -65,15 +68,16 @@ def test_table_paper_shows_every_published_number_on_its_run(paper_cfg, tmp_path
             meta = {"name": r["name"], "method": r["method"], "backbone": r["backbone"], "seed": s}
             d = tmp_path / "runs" / r["name"] / r["backbone"] / f"seed{s}"
             sts.append(write(d / "eval_sts.json", {**{t: 60.0 + i / 10 for t in TASKS}, "run": meta,
-                                                   "pooler": "cls_before_pooler"}))
-            if r.get("transfer", paper_cfg["evaluation"]["transfer"]):
+                                                   "pooler": "cls_before_pooler", "geometry": GEOMETRY}))
+            if paper_cfg["evaluation"]["transfer"] if r.get("transfer") is None else r["transfer"]:
                 transfer.append(write(d / "eval_transfer.json", {**{t: 80.0 for t in TRANSFER_TASKS}, "run": meta}))
             train.append(write(d / "train.json", {**meta, "best_dev_stsb": 80.0 + i / 10, "history": []}))
     for b, poolers in paper_cfg["baselines"].items():
         for pooler in poolers:
             meta = {"name": f"untrained-{pooler}", "method": "baseline", "backbone": b, "seed": 0}
             d = tmp_path / "baselines" / b / pooler
-            sts.append(write(d / "eval_sts.json", {**{t: 50.0 for t in TASKS}, "run": meta, "pooler": pooler}))
+            sts.append(write(d / "eval_sts.json", {**{t: 50.0 for t in TASKS}, "run": meta, "pooler": pooler,
+                                                   "geometry": GEOMETRY}))
             transfer.append(write(d / "eval_transfer.json", {**{t: 80.0 for t in TRANSFER_TASKS}, "run": meta,
                                                              "pooler": pooler}))
     out = tmp_path / "table_paper.csv"
@@ -96,7 +100,13 @@ def test_table_paper_shows_every_published_number_on_its_run(paper_cfg, tmp_path
     published = t[t["published"].notna()]
     got = set(zip(published["table"], published["name"], published["backbone"], published["metric"]))
     assert got == expected  # no published number on a run the papers do not report it for
-    # the dev rows carry the runs' best dev score, the sts rows their test score
+    # the dev rows carry the runs' best dev score, the sts rows their test score, the geometry rows the
+    # STS-B test geometry (only for the runs a paper reports it for)
     dev = t[(t["table"] == "dev")]
     assert len(dev) and (dev["metric"] == "STS-B").all() and (dev["reproduced"] >= 80.0).all()
     assert (t[(t["table"] == "sts")]["reproduced"] < 80.0).all()
+    geo = t[(t["table"] == "geometry")]
+    assert set(geo["metric"]) == {"align", "uniform"} and set(geo["reproduced"]) == {0.2, -2.0}
+    assert set(zip(geo["name"], geo["backbone"])) == {(e.get("name") or ("untrained-" + e["pooler"] if e["method"] ==
+                                                                          "baseline" else e["method"]), e["backbone"])
+                                                      for e in entries if e["table"] == "geometry"}
