@@ -162,7 +162,7 @@ def test_figures_are_written_and_baseline_without_history_is_omitted(tmp_path):
     files = figures(evals, trains, paper, tmp_path / "figs")
     names = sorted(p.name for p in files)
     for stem in ("table1_bars", "dev_curves", "align_uniform", "cosine_buckets", "paper_vs_reproduced"):
-        assert f"{stem}.png" in names and f"{stem}.svg" in names
+        assert f"{stem}.png" in names and f"{stem}.svg" in names and f"{stem}.pdf" in names
         img = np.asarray(Image.open(tmp_path / "figs" / f"{stem}.png").convert("L"))
         assert img.shape[0] > 200 and img.std() > 10  # not blank
 
@@ -235,6 +235,45 @@ def test_dev_rows_compare_with_the_best_dev_score_never_a_test_score(tmp_path):
     assert pd.isna(t.loc[("sts", "m-abl", "Avg"), "published"])  # the ablation's test Avg is not reported
 
 
+def test_geometry_rows_compare_alignment_and_uniformity_and_notes_are_kept(tmp_path):
+    """Issue 29 §3: a published `geometry` row (SARCSE Table 4) is compared with the runs' STS-B test
+    alignment / uniformity (eval_sts.json `geometry`), to three decimals, only for the runs and baselines
+    it names; an entry's `note` is kept by the loader and shown on its rows."""
+    from sentemb.report import collect_geometry, paper_markdown
+
+    pub = tmp_path / "paper.yaml"
+    pub.write_text("""results:
+  - {method: m, backbone: b, table: sts, source: T1, note: "T1 and T4 disagree; T1 used", scores: {Avg: 77.0}}
+  - {method: m, backbone: b, table: geometry, source: T4, scores: {align: 0.213, uniform: -2.618}}
+  - {method: baseline, backbone: b, pooler: avg_static_last, table: geometry, source: T4, scores: {align: 0.021}}
+""")
+    sts = [_sts(tmp_path / f"s{s}.json", "m", "m", "b", s, 70.0) for s in (1, 2)]  # align 0.2 + 0.01 s
+    sts += [_sts(tmp_path / "o.json", "other", "other", "b", 1, 70.0)]
+    sts += [_sts(tmp_path / "b.json", "untrained-avg_static_last", "baseline", "b", 0, 40.0, pooler="avg_static_last")]
+    sts += [_sts(tmp_path / "n.json", "m-old", "m", "b", 1, 70.0, geometry=False)]  # no geometry: left out
+    geo = collect_geometry(sts)
+    assert sorted(geo["name"]) == ["m", "m", "other", "untrained-avg_static_last"]
+    entries = load_paper_results(pub)
+    assert entries[0]["note"] == "T1 and T4 disagree; T1 used"
+    t = table_paper(collect(sts, TASKS), None, entries, None, geo).set_index(["table", "name", "metric"])
+    assert t.loc[("geometry", "m", "align"), "published"] == 0.213
+    assert t.loc[("geometry", "m", "align"), "reproduced"] == pytest.approx(0.215)  # mean of 0.21, 0.22
+    assert t.loc[("geometry", "m", "uniform"), "reproduced"] == pytest.approx(-2.15)
+    assert t.loc[("geometry", "m", "uniform"), "diff"] == pytest.approx(0.468)
+    assert t.loc[("geometry", "untrained-avg_static_last", "align"), "published"] == 0.021
+    assert t.loc[("geometry", "untrained-avg_static_last", "uniform"), "source"] == "not reported"
+    assert not any(k[0] == "geometry" and k[1] == "other" for k in t.index)  # no published geometry
+    assert ("geometry", "m", "Avg") not in t.index
+    assert t.loc[("sts", "m", "Avg"), "note"] == "T1 and T4 disagree; T1 used"
+    assert t.loc[("sts", "other", "Avg"), "note"] == "" and t.loc[("geometry", "m", "align"), "note"] == ""
+    md = paper_markdown(t.reset_index())
+    assert "| note |" in md.splitlines()[0] and "| 0.213 | 0.215 |" in md
+    p = tmp_path / "bad.yaml"
+    p.write_text("results:\n  - {method: m, backbone: b, table: geometry, source: s, scores: {alignment: 0.2}}\n")
+    with pytest.raises(SentembError, match=r"results\[0\].scores has unknown metric.*alignment"):
+        load_paper_results(p)
+
+
 def test_also_attaches_a_published_row_to_a_variant_run(tmp_path):
     pub = tmp_path / "paper.yaml"
     pub.write_text("results:\n  - {method: m, name: m-x, also: [m-code], backbone: b, table: sts, source: T,"
@@ -264,7 +303,7 @@ def test_published_rows_are_checked_against_the_configured_runs(tmp_path):
     """Issue 18 §1: a published row whose run/backbone no configured run has fails, as does a row whose
     settings the named run does not have, and a configured run with the settings of a published row
     filed under another name."""
-    from sentemb.report import check_against_config
+    from sentemb.paper_tables import check_against_config
 
     def entries(text):
         p = tmp_path / "p.yaml"
@@ -304,7 +343,7 @@ def test_every_published_number_of_the_repo_is_on_a_configured_run(monkeypatch):
     """config/paper_results.yaml against config/config.yaml (the check above, on the shipped files)."""
     from conftest import REPO
     from sentemb.config import load_config
-    from sentemb.report import check_against_config
+    from sentemb.paper_tables import check_against_config
 
     monkeypatch.chdir(REPO)
     check_against_config(load_paper_results(REPO / "config" / "paper_results.yaml"),

@@ -55,8 +55,9 @@ def test_one_key_becomes_named_runs_and_the_default_reuses_the_run():
     run = resolve_run(c, "sarcse-theta/theta=0.3", "bert", 42).to_dict()
     assert run["method_args"]["theta"] == 0.3 and run["train"]["lr"] == 1.0e-5
     assert run["study"] == "sarcse-theta" and run["point"] == {"theta": 0.3}
-    assert study_tags(run) == {"study": "sarcse-theta", "point": "theta=0.3"}
-    assert study_tags(resolve_run(c, "simcse", "bert", 1).to_dict()) == {}
+    assert study_tags(resolve_run(c, "sarcse-theta/theta=0.3", "bert", 42)) == {"study": "sarcse-theta",
+                                                                               "point": "theta=0.3"}
+    assert study_tags(resolve_run(c, "simcse", "bert", 1)) == {}
     # validation is idempotent: a second pass finds the points already there
     again = validate_config(copy.deepcopy(c))
     assert names(again) == names(c) and again["studies"][0]["expanded"] == exp
@@ -164,7 +165,7 @@ def test_figure_is_written(tmp_path, vary):
     values = {(r, s): 70.0 + i + s for i, r in enumerate(runs) for s in spec["seeds"]}
     first = spec["expanded"][0]["point"] or {"seed": 1}
     out = study_figure(spec, values, {"points": [{"at": first, "scores": {"Avg": 72.0}}]}, tmp_path / "f.png")
-    assert [p.suffix for p in out] == [".png", ".svg"] and out[0].stat().st_size > 5000
+    assert [p.suffix for p in out] == [".png", ".svg", ".pdf"] and out[0].stat().st_size > 5000
 
 
 def test_every_paper_study_is_planned_with_its_published_values(monkeypatch):
@@ -182,7 +183,8 @@ def test_every_paper_study_is_planned_with_its_published_values(monkeypatch):
                 assert p["at"]["seed"] in spec["seeds"]
                 continue
             at = {k.split(".")[-1]: v for k, v in p["at"].items()}
-            assert any(set(at) == set(q["point"]) and all(np.isclose(at[k], q["point"][k]) for k in at)
+            assert any(set(at) == set(q["point"]) and all(at[k] == q["point"][k] if isinstance(at[k], str)
+                                                           else np.isclose(at[k], q["point"][k]) for k in at)
                        for q in spec["expanded"]), (name, p["at"])
             assert set(p["scores"]) >= {spec["metric"]}, name
     runs = {r["name"] for r in c["runs"]}

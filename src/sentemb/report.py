@@ -9,11 +9,13 @@ Everything here reads the per-run JSON files (``eval_sts.json``, ``eval_transfer
   the published value lies inside it; on each STS ``Avg`` row a Welch t-test (two-sided,
   ``scipy.stats.ttest_ind(equal_var=False)``) of the per-seed Avg against the SimCSE row on the same
   backbone (UNA's ten-seed comparison). A metric the papers do not report stays empty, never 0.
-  Three tables are compared, each with its own metric: ``sts`` (test sets, ``eval_sts.json``),
-  ``transfer`` (``eval_transfer.json``) and ``dev`` (STS-B **development** Spearman, which the
+  Four tables are compared, each with its own metric: ``sts`` (test sets, ``eval_sts.json``),
+  ``transfer`` (``eval_transfer.json``), ``dev`` (STS-B **development** Spearman, which the
   papers' ablation and sensitivity tables report: compared with the run's best dev score,
-  ``best_dev_stsb`` of ``train.json``, never with a test score).
-* ``figures``: PNG + SVG under ``results/figures/``; one colour per method in every figure.
+  ``best_dev_stsb`` of ``train.json``, never with a test score) and ``geometry`` (alignment and
+  uniformity of STS-B test, the ``geometry`` of ``eval_sts.json``; SARCSE Table 4, PaSeR App. D).
+* ``figures``: PNG, SVG and PDF under ``results/figures/``, drawn with ``sentemb.figure_style`` (paper
+  sizes, colour-blind-safe styles, one look per method in every figure).
 """
 
 from __future__ import annotations
@@ -87,19 +89,23 @@ def pm_markdown(t: pd.DataFrame, metrics: list[str]) -> str:
 
 # --------------------------------------------------------------------------- paper vs reproduced
 #: the metrics each published table may hold
-PAPER_TABLES = {"sts": [*TASKS, "Avg"], "transfer": [*TRANSFER_TASKS, "Avg"], "dev": ["STSBenchmark"]}
+PAPER_TABLES = {"sts": [*TASKS, "Avg"], "transfer": [*TRANSFER_TASKS, "Avg"], "dev": ["STSBenchmark"],
+                "geometry": ["align", "uniform"]}
+#: tables compared only on the runs a paper reports them for (their metrics come from other files)
+_REPORTED_ONLY = ("dev", "geometry")
 
 
 def load_paper_results(path: str | Path) -> list[dict]:
     """``config/paper_results.yaml``: a list ``results`` of {method, backbone, [pooler], [name], [also],
-    [method_args], [train], table: sts|transfer|dev, source, scores: {metric: value}}; errors name the
-    entry and key.
+    [method_args], [train], table: sts|transfer|dev|geometry, source, [note], scores: {metric: value}};
+    errors name the entry and key. ``note`` (kept, shown in table_paper's ``note`` column) records where
+    the papers print two values for one model and which one ``scores`` holds.
 
     An entry applies to the run ``name`` (default: the method's name) on ``backbone``, and to the runs
     listed in ``also`` (runs that reproduce the same published row another way, e.g. an open choice
     taken the authors' code's way); baselines match by backbone and pooler. ``method_args`` and
     ``train`` state the settings that define the published row (beyond the method's paper defaults):
-    ``check_against_config`` verifies that every run the entry names has them, so a number cannot be
+    ``sentemb.paper_tables.check_against_config`` verifies that every run the entry names has them, so a number cannot be
     attached to a run that does not reproduce it."""
     import yaml
 
@@ -111,7 +117,8 @@ def load_paper_results(path: str | Path) -> list[dict]:
     if not isinstance(entries, list):
         raise SentembError(f"{path}: expected a list under 'results'")
     known = PAPER_TABLES
-    allowed = {"method", "backbone", "pooler", "name", "also", "method_args", "train", "table", "source", "scores"}
+    allowed = {"method", "backbone", "pooler", "name", "also", "method_args", "train", "table", "source", "note",
+               "scores"}
     seen: dict[tuple, int] = {}
     for i, e in enumerate(entries):
         if not isinstance(e, dict):
@@ -129,6 +136,8 @@ def load_paper_results(path: str | Path) -> list[dict]:
                 raise SentembError(f"{path}: results[{i}].{k} must be a mapping")
         if not isinstance(e.get("also", []), list):
             raise SentembError(f"{path}: results[{i}].also must be a list of run names")
+        if not isinstance(e.get("note", ""), str):
+            raise SentembError(f"{path}: results[{i}].note must be a string")
         for name in [_entry_name(e), *e.get("also", [])]:
             k = (name, e["backbone"], e.get("pooler"), e["table"])
             if k in seen:
@@ -142,75 +151,6 @@ def load_paper_results(path: str | Path) -> list[dict]:
             if not isinstance(v, (int, float)):
                 raise SentembError(f"{path}: results[{i}].scores.{m} must be a number, not {v!r}")
     return entries
-
-
-def check_against_config(entries: list[dict], config: dict, source: str = "paper_results.yaml") -> None:
-    """Refuse published numbers that no configured run reproduces (``config``: validated, e.g. by
-    ``sentemb.config.load_config``); errors name the entry.
-
-    * every run an entry names (``name`` or the method's own run, and ``also``) exists on its backbone,
-      with the method, and has the entry's ``method_args`` / ``train`` settings (a baseline: the
-      backbone's ``baselines`` list holds its pooler);
-    * no configured run has published numbers filed under another name: a run without an entry of
-      its own whose method arguments equal those of a run that has one (same method, backbone and
-      table; compared on every argument an entry of that method pins) would be reported as "not
-      reported" while the paper reports it. List it in that entry's ``also``, or tell it apart in
-      the entry's ``method_args`` / ``train``.
-    """
-    from .config import method_args_of
-
-    runs = {(r["name"], r["backbone"]): r for r in config["runs"]}
-
-    def resolved(r: dict) -> tuple[dict, dict]:
-        return method_args_of(config, r), {**config["train"], **(r.get("train") or {})}
-
-    covered: dict[tuple, set] = {}  # (method, backbone, table) -> run names with published numbers
-    axes: dict[str, tuple[set, set]] = {}  # method -> (method arguments, train keys) some entry pins
-    for i, e in enumerate(entries):
-        where = f"{source}: results[{i}] ({e['source']})"
-        if e["method"] == BASELINE:
-            if e.get("pooler") not in (config.get("baselines") or {}).get(e["backbone"], []):
-                raise SentembError(f"{where}: no baseline '{e['backbone']}' with pooler '{e.get('pooler')}' in "
-                                   "the config's `baselines`")
-            continue
-        m_axes, t_axes = axes.setdefault(e["method"], (set(), set()))
-        m_axes.update(e.get("method_args", {}))
-        t_axes.update(e.get("train", {}))
-        for name in [_entry_name(e), *e.get("also", [])]:
-            r = runs.get((name, e["backbone"]))
-            if r is None:
-                raise SentembError(f"{where}: no configured run '{name}' on backbone '{e['backbone']}' "
-                                   "reproduces this published row (add the run, or fix the entry's name/backbone)")
-            if r["method"] != e["method"]:
-                raise SentembError(f"{where}: run '{name}' on '{e['backbone']}' trains '{r['method']}', not "
-                                   f"'{e['method']}'")
-            margs, train = resolved(r)
-            for kind, want, have in (("method_args", e.get("method_args", {}), margs),
-                                     ("train", e.get("train", {}), train)):
-                for k, v in want.items():
-                    if have.get(k) != v:
-                        raise SentembError(f"{where}: the published row needs {kind}.{k} = {v!r}, but run "
-                                           f"'{name}' on '{e['backbone']}' has {have.get(k)!r}: the numbers "
-                                           "belong to another run")
-            covered.setdefault((e["method"], e["backbone"], e["table"]), set()).add(name)
-    def on_axes(r: dict, m_axes: set, t_axes: set) -> dict:
-        margs, train = resolved(r)
-        return {**{k: margs.get(k) for k in m_axes}, **{f"train.{k}": train.get(k) for k in t_axes}}
-
-    for (method, backbone, table), names in covered.items():
-        m_axes, t_axes = axes.get(method, (set(), set()))
-        for (name, b), r in runs.items():
-            if b != backbone or r["method"] != method or name in names or r.get("study"):
-                continue  # a study's point differs from every run in its varied setting (sentemb.studies)
-            mine = on_axes(r, m_axes, t_axes)
-            for other in sorted(names):
-                theirs = on_axes(runs[(other, backbone)], m_axes, t_axes)
-                if mine == theirs and mine:
-                    raise SentembError(
-                        f"{source}: run '{name}' on '{backbone}' has the settings of '{other}' "
-                        f"({', '.join(f'{k}={v!r}' for k, v in sorted(mine.items()))}), whose published {table} "
-                        f"numbers are filed under '{other}' only: list '{name}' in that entry's `also`, or "
-                        "pin the argument that tells them apart in the entry's method_args")
 
 
 def _key(row) -> tuple:
@@ -242,10 +182,33 @@ def collect_dev(paths: Iterable[str | Path]) -> pd.DataFrame:
     return df
 
 
+def collect_geometry(paths: Iterable[str | Path]) -> pd.DataFrame:
+    """One row per ``eval_sts.json`` with an embedding geometry (STS-B test): run metadata, pooler,
+    ``align`` and ``uniform`` (``sentemb.evaluate.geometry``); files without one are left out."""
+    import pandas as pd
+
+    rows = []
+    for p in paths:
+        d = read_json(p)
+        geo, meta = d.get("geometry") or {}, d.get("run") or {}
+        if geo.get("align") is None and geo.get("uniform") is None:
+            continue
+        missing = [k for k in META if k not in meta]
+        if missing:
+            raise SentembError(f"{p}: results lack run metadata {missing} (pass --run-meta to evaluate)")
+        rows.append({**{k: meta[k] for k in META}, "pooler": d.get("pooler"),
+                     "align": geo.get("align"), "uniform": geo.get("uniform")})
+    df = pd.DataFrame(rows, columns=[*META, "pooler", "align", "uniform"])
+    df["seed"] = df["seed"].astype(int)
+    return df
+
+
 def table_paper(sts: pd.DataFrame, transfer: pd.DataFrame | None, published: list[dict],
-                dev: pd.DataFrame | None = None) -> pd.DataFrame:
+                dev: pd.DataFrame | None = None, geometry: pd.DataFrame | None = None) -> pd.DataFrame:
     """Join the reproduced per-seed results with the published numbers (see module docstring);
-    ``dev`` (``collect_dev``) holds each run's best STS-B dev score for the ``dev`` entries."""
+    ``dev`` (``collect_dev``) holds each run's best STS-B dev score for the ``dev`` entries,
+    ``geometry`` (``collect_geometry``) its STS-B test alignment and uniformity for the ``geometry``
+    entries (three decimals). ``note``: the entry's note (two printed values, which one is used)."""
     import numpy as np
     import pandas as pd
 
@@ -258,29 +221,29 @@ def table_paper(sts: pd.DataFrame, transfer: pd.DataFrame | None, published: lis
             pub[k] = e
     rows = []
     for table, df, metrics in (("sts", sts, TASKS), ("transfer", transfer, TRANSFER_TASKS),
-                               ("dev", dev, ["STSBenchmark"])):
+                               ("dev", dev, ["STSBenchmark"]), ("geometry", geometry, PAPER_TABLES["geometry"])):
         if df is None or df.empty:
             continue
-        if table == "dev":  # only the runs a paper reports a dev score for
-            has = {(k[0], k[2]) for k in pub if k[4] == "dev"}
-            df = df[[(n, b) in has for n, b in zip(df["name"], df["backbone"])]]
-            if df.empty:
-                continue
         metrics = [m for m in metrics if m in df.columns and df[m].notna().any()]
         df = df.copy()
-        if table != "dev":
+        if table not in _REPORTED_ONLY:
             df["Avg"] = df[metrics].mean(axis=1)
+        nd = 3 if table == "geometry" else 2
         for (name, method, backbone), g in df.groupby(["name", "method", "backbone"], sort=False):
             key = _key(g.iloc[0])
             e = pub.get((None if method == BASELINE else name, *key, table))
+            if table in _REPORTED_ONLY and e is None:  # only the runs a paper reports a dev score / geometry for
+                continue
             ref = None
             if table == "sts" and method not in ("simcse", BASELINE):
                 s = df[(df["method"] == "simcse") & (df["backbone"] == backbone)]
                 if (s["name"] == "simcse").any():  # the main SimCSE row, not a SimCSE ablation
                     s = s[s["name"] == "simcse"]
                 ref = s["Avg"].tolist() if len(s) else None
-            for m in ([*metrics, "Avg"] if table != "dev" else metrics):
-                vals = g.sort_values("seed")[m].astype(float).tolist()
+            for m in ([*metrics, "Avg"] if table not in _REPORTED_ONLY else metrics):
+                vals = g.sort_values("seed")[m].dropna().astype(float).tolist()
+                if not vals:
+                    continue
                 mean = float(np.mean(vals))
                 lo, hi = ci95(vals)
                 published_v = e["scores"].get(m) if e else None
@@ -288,12 +251,14 @@ def table_paper(sts: pd.DataFrame, transfer: pd.DataFrame | None, published: lis
                        "pooler": key[2] or "", "metric": SHORT.get(m, m),
                        "published": published_v, "source": (e["source"] if e and published_v is not None
                                                              else "not reported"),
-                       "reproduced": round(mean, 2), "std": round(float(np.std(vals, ddof=1)) if len(vals) > 1 else 0.0, 2),
+                       "reproduced": round(mean, nd),
+                       "std": round(float(np.std(vals, ddof=1)) if len(vals) > 1 else 0.0, nd),
                        "n_seeds": len(vals),
-                       "diff": round(mean - published_v, 2) if published_v is not None else None,
-                       "ci95_low": None if lo is None else round(lo, 2), "ci95_high": None if hi is None else round(hi, 2),
+                       "diff": round(mean - published_v, nd) if published_v is not None else None,
+                       "ci95_low": None if lo is None else round(lo, nd), "ci95_high": None if hi is None else round(hi, nd),
                        "published_in_ci95": (None if lo is None or published_v is None else bool(lo <= published_v <= hi)),
-                       "p_welch_vs_simcse": None}
+                       "p_welch_vs_simcse": None,
+                       "note": (e.get("note") or "") if e and published_v is not None else ""}
                 if m == "Avg" and ref is not None:
                     p = welch_p(vals, ref)
                     row["p_welch_vs_simcse"] = None if p is None else round(p, 4)
@@ -313,207 +278,398 @@ def paper_markdown(t: pd.DataFrame) -> str:
 
     cols = ["table", "name", "method", "backbone", "pooler", "metric", "published", "reproduced", "std", "n_seeds",
             "diff", "ci95_low", "ci95_high", "published_in_ci95", "p_welch_vs_simcse", "source"]
+    cols += ["note"] if "note" in t.columns and t["note"].fillna("").astype(str).str.len().any() else []
     out = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
     for _, r in t.iterrows():
-        out.append("| " + " | ".join(fmt(r[c], 4 if c == "p_welch_vs_simcse" else 2) for c in cols) + " |")
+        nd = 3 if r["table"] == "geometry" else 2
+        out.append("| " + " | ".join(fmt(r[c], 4 if c == "p_welch_vs_simcse" else nd) for c in cols) + " |")
     return "\n".join(out) + "\n"
 
 
 # -------------------------------------------------------------------------------------- figures
-PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22"]
+# Drawn with sentemb.figure_style (sizes, fonts, colour-blind-safe styles, PNG + SVG + PDF). Study points
+# (runs named <study>/<point>, sentemb.studies) have their own figures (results/studies/); here they
+# appear only in dev_curves, one panel per study.
 
 
 def method_colours(methods: Iterable[str]) -> dict[str, str]:
-    """One fixed colour per method (sorted names; SimCSE first), baselines grey, in every figure."""
-    ms = sorted(set(methods) - {BASELINE}, key=lambda m: (m != "simcse", m))
-    out = {m: PALETTE[i % len(PALETTE)] for i, m in enumerate(ms)}
-    out[BASELINE] = "#7f7f7f"
-    return out
+    """The colour of each method, the same in every figure (``figure_style.METHOD_STYLES``; a plug-in
+    method: the next colour by name; baselines black)."""
+    from .figure_style import BASELINE_COLOURS, StyleBook
+
+    methods = set(methods)
+    book = StyleBook([(m, m) for m in methods - {BASELINE}])
+    return {m: (BASELINE_COLOURS[0] if m == BASELINE else book.method(m).colour) for m in methods}
 
 
-def _label(r) -> str:
+def is_study_point(name: str) -> bool:
+    """A study's point run (``<study>/<key>=<value>``, sentemb.studies.point_name)."""
+    return "/" in name
+
+
+def _label(r, backbone: bool = True) -> str:
     if r["method"] == BASELINE:
-        return f"{r['backbone']} untrained ({r.get('pooler')})"
-    return f"{r['name']} / {r['backbone']}" if r["name"] != r["method"] else f"{r['method']} / {r['backbone']}"
+        text = f"untrained ({r.get('pooler')})"
+    else:
+        text = r["name"]
+    return f"{text} / {r['backbone']}" if backbone else text
 
 
-def _save(fig, out_dir: Path, stem: str) -> list[Path]:
-    paths = []
-    for ext in ("png", "svg"):
-        p = out_dir / f"{stem}.{ext}"
-        with atomic_path(p) as tmp:
-            fig.savefig(tmp, format=ext, dpi=120, bbox_inches="tight")
-        paths.append(p)
-    return paths
+def _style_book(df: pd.DataFrame, train_metas: Iterable[dict] = ()):
+    """One StyleBook for a set of figures: every run (study points aside) and baseline they show."""
+    from .figure_style import StyleBook
+
+    runs = {(r["name"], r["method"]) for _, r in df.iterrows() if r["method"] != BASELINE}
+    runs |= {(m["name"], m["method"]) for m in train_metas}
+    runs = {r for r in runs if not is_study_point(r[0])}
+    baselines = {(r["backbone"], r["pooler"]) for _, r in df.iterrows() if r["method"] == BASELINE}
+    return StyleBook(runs, baselines)
 
 
-def sts_bars(evals: pd.DataFrame, colours: dict[str, str]):
-    """Table 1 as grouped bars per task, error bars = std over seeds (``evals``: ``collect`` of eval_sts.json)."""
-    import matplotlib.pyplot as plt
+def _seed_note(counts: Iterable[int]) -> str:
+    counts = list(counts)
+    if counts and all(n == 1 for n in counts):
+        return "1 seed each: no spread"
+    return ""
+
+
+def sts_bars(evals: pd.DataFrame, book):
+    """Table 1 as a dot plot (the figure ``table1_bars``): one row per run and untrained baseline,
+    grouped by backbone, one panel per STS task and the Avg; dot = mean over seeds, whisker = ±1
+    sample std over seeds; a run with one seed says so. Each task's axis spans the trained runs (at
+    least ``MIN_SCORE_SPAN`` points): an untrained baseline below it is an arrow with its value at the
+    axis' edge, so that 30 points of untrained [CLS] do not flatten the methods' differences. Study
+    points are left to their studies."""
+    import textwrap
+
     import numpy as np
+    from matplotlib.ticker import MaxNLocator
 
-    df = evals.copy()
-    df["label"] = [_label(r) for _, r in df.iterrows()]
+    from .figure_style import MIN_SCORE_SPAN, SMALL_FONT_SIZE, TEXT_WIDTH, new_figure, score_limits, thin_ticklabels
+
+    df = evals[[not is_study_point(n) for n in evals["name"]]].copy()
     tasks = [t for t in TASKS if df[t].notna().any()]
     df["Avg"] = df[tasks].mean(axis=1)
     cols = tasks + ["Avg"]
-    g = df.groupby("label", sort=False)
-    mean, std = g[cols].mean(), g[cols].std(ddof=1).fillna(0.0)
-    meth = g["method"].first()
-    fig, ax = plt.subplots(figsize=(max(7, 1.2 * len(cols) * max(1, len(mean)) ** 0.5), 4))
-    w = 0.8 / max(1, len(mean))
-    x = np.arange(len(cols))
-    for i, lab in enumerate(mean.index):
-        hatch = "//" if meth[lab] == BASELINE else None
-        ax.bar(x + (i - (len(mean) - 1) / 2) * w, mean.loc[lab], w, yerr=std.loc[lab], capsize=2, label=lab,
-               color=colours[meth[lab]], alpha=0.9 if i % 2 == 0 else 0.65, hatch=hatch, edgecolor="black", linewidth=0.3)
-    ax.set_xticks(x, [SHORT.get(c, c) for c in cols])
-    ax.set_ylabel("Spearman ρ × 100")
-    ax.set_xlabel("STS task")
-    ax.set_title("STS results (mean over seeds, bars = ±1 std)")
-    ax.axhline(0, color="black", linewidth=0.5)
-    ax.legend(fontsize=7, loc="best")
+    df["pooler"] = df["pooler"].where(df["method"] == BASELINE, None)
+    g = df.groupby(["backbone", "name", "method"], sort=False, dropna=False)
+    mean, std = g[cols].mean(), g[cols].std(ddof=1)
+    n = g["seed"].nunique()
+    pooler = g["pooler"].first()
+    backbones = list(dict.fromkeys(df["backbone"]))
+    rows = {b: sorted([k for k in mean.index if k[0] == b],
+                      key=lambda k: book.order({"name": k[1], "method": k[2], "pooler": pooler[k]})) for b in backbones}
+    all_one = _seed_note(n[k] for k in mean.index if k[2] != BASELINE)
+    sizes = [max(len(rows[b]), 5) for b in backbones]  # room for the backbone's name beside its rows
+    fig, axes = new_figure(TEXT_WIDTH, 0.8 + 0.14 * sum(sizes) + 0.12 * len(backbones), nrows=len(backbones),
+                           ncols=len(cols), sharex="col", sharey="row", gridspec_kw={"height_ratios": sizes})
+    outside = False
+    for c, col in enumerate(cols):
+        scale = [k for k in mean.index if k[2] != BASELINE] or list(mean.index)
+        lo = np.nanmin([mean.loc[k, col] - np.nan_to_num(std.loc[k, col]) for k in scale])
+        hi = np.nanmax([mean.loc[k, col] + np.nan_to_num(std.loc[k, col]) for k in scale])
+        xlim = score_limits(lo, hi, MIN_SCORE_SPAN, pad=0.22)
+        for r, b in enumerate(backbones):
+            ax = axes[r, c]
+            for i, k in enumerate(rows[b]):
+                row = {"backbone": k[0], "name": k[1], "method": k[2], "pooler": pooler[k]}
+                s = std.loc[k, col] if n[k] > 1 else None
+                v = mean.loc[k, col]
+                ax.errorbar([v], [i], xerr=None if s is None else [[s], [s]], elinewidth=0.8,
+                            label=_label(row, backbone=False), **book.of(row).points(markersize=4))
+                if v < xlim[0] or v > xlim[1]:  # off the axis (an untrained baseline): an arrow and the value
+                    outside = True
+                    left = v < xlim[0]
+                    ax.text(xlim[0] if left else xlim[1], i, f"← {v:.0f}" if left else f"{v:.0f} →",
+                            ha="left" if left else "right", va="center", fontsize=SMALL_FONT_SIZE - 1,
+                            color=book.of(row).colour)
+            ax.set_ylim(len(rows[b]) - 0.5, -0.5)
+            ax.grid(axis="x", linewidth=0.4, color="0.88")
+            ax.set_axisbelow(True)
+            if c == 0:
+                labels = []
+                for k in rows[b]:
+                    text = _label({"backbone": k[0], "name": k[1], "method": k[2], "pooler": pooler[k]}, backbone=False)
+                    labels.append(text + (" (1 seed)" if n[k] == 1 and k[2] != BASELINE and not all_one else ""))
+                ax.set_yticks(range(len(rows[b])), labels)
+                ax.set_ylabel("\n".join(textwrap.wrap(b, 12, break_on_hyphens=True)))
+            else:
+                ax.tick_params(axis="y", left=False)
+            if r == 0:
+                ax.set_title(SHORT.get(col, col))
+        axes[0, c].set_xlim(*xlim)
+        axes[-1, c].xaxis.set_major_locator(MaxNLocator(nbins=3, steps=[1, 2, 5, 10]))
+    fig.supxlabel("Spearman ρ × 100 (dot: mean over seeds, whisker: ±1 std)" + (f"; {all_one}" if all_one else "")
+                  + ("; ← value: below the axis" if outside else ""), fontsize=SMALL_FONT_SIZE + 1)
+    for c in range(len(cols)):
+        thin_ticklabels(axes[-1, c], "x")
     return fig
 
 
-def dev_curves(train_paths: list[Path], colours: dict[str, str]):
-    """STS-B dev curves from train.json (runs without history are omitted): mean, min–max band over seeds."""
-    import matplotlib.pyplot as plt
+def dev_histories(train_paths: Iterable[str | Path]) -> dict[tuple[str, str, str], dict[int, pd.Series]]:
+    """{(name, method, backbone): {seed: Series of the STS-B dev Spearman × 100 by step}} from
+    train.json files; runs without a dev history (baselines, no evaluation) are left out."""
     import pandas as pd
 
-    curves = {}
+    out: dict[tuple[str, str, str], dict[int, pd.Series]] = {}
     for p in train_paths:
         d = read_json(p)
         hist = [h for h in d.get("history") or [] if "dev_stsb" in h]  # (log-step records carry grad norms only)
         meta = ({k: d[k] for k in META} if all(k in d for k in META) else None) or _meta_from_path(Path(p))
         if not hist or meta is None:
             continue
-        key = (meta["name"], meta["method"], meta["backbone"])
-        curves.setdefault(key, []).append(pd.Series({h["step"]: h["dev_stsb"] for h in hist}))
-    fig, ax = plt.subplots(figsize=(6.5, 4))
-    for (name, method, backbone), series in curves.items():
+        series = pd.Series({h["step"]: h["dev_stsb"] for h in hist})
+        out.setdefault((meta["name"], meta["method"], meta["backbone"]), {})[int(meta["seed"])] = series
+    return out
+
+
+def dev_panel(ax, curves: dict[str, list], styles: list, legend_title: str | None = None) -> None:
+    """Draw dev curves into ``ax``: per entry (legend label -> per-seed Series) the mean over seeds as a
+    line in its style, the min–max band over seeds, "(1 seed)" after a one-seed entry (or "1 seed each"
+    in the legend title); the legend beside the axes; a score axis of at least ``MIN_SCORE_SPAN`` points.
+    Single evaluations at one step (a short study's points) are spread sideways so none hides another."""
+    import numpy as np
+    import pandas as pd
+
+    from .figure_style import legend_outside, score_limits
+
+    note = _seed_note(len(s) for s in curves.values())
+    steps = sorted({x for series in curves.values() for s in series for x in s.index})
+    single = len(curves) > 1 and all(len(s) == 1 for series in curves.values() for s in series)
+    dodge = (min(np.diff(steps)) if len(steps) > 1 else max(steps[0], 1)) * 0.3 / len(curves) if single else 0
+    lo, hi = np.inf, -np.inf
+    for i, ((label, series), style) in enumerate(zip(curves.items(), styles)):
         m = pd.concat(series, axis=1).sort_index()
-        c = colours.get(method, "#000000")
-        ax.plot(m.index, m.mean(axis=1), color=c, marker="o", markersize=3,
-                label=f"{name} / {backbone} ({m.shape[1]} seed{'s' if m.shape[1] > 1 else ''})")
-        ax.fill_between(m.index, m.min(axis=1), m.max(axis=1), color=c, alpha=0.2)
-    ax.set_xlabel("optimizer step")
-    ax.set_ylabel("STS-B dev Spearman ρ × 100")
-    ax.set_title("Model-selection signal during training (mean, min–max band over seeds)")
-    if curves:
-        ax.legend(fontsize=7)
-    else:
-        ax.text(0.5, 0.5, "no training history", ha="center", va="center", transform=ax.transAxes)
+        x = m.index + (i - (len(curves) - 1) / 2) * dodge
+        ax.plot(x, m.mean(axis=1), label=label + (" (1 seed)" if m.shape[1] == 1 and not note else ""),
+                **style.line(markersize=3.5 if single else 3))
+        if m.shape[1] > 1:
+            ax.fill_between(x, m.min(axis=1), m.max(axis=1), color=style.colour, alpha=0.15, linewidth=0)
+        lo, hi = min(lo, float(m.min().min())), max(hi, float(m.max().max()))
+    ax.set_ylim(*score_limits(lo, hi))
+    if single:
+        ax.set_xticks(steps)
+        ax.set_xlim(steps[0] - dodge * len(curves), steps[-1] + dodge * len(curves))
+    ax.set_xlabel("optimizer step" + (" (points spread sideways)" if single else ""))
+    ax.set_ylabel("STS-B dev ρ × 100")
+    title = "\n".join(t for t in (legend_title, note) if t) or None
+    short = max(len(label) for label in curves) <= 12
+    legend_outside(ax, title=title, alignment="left", ncols=2 if len(curves) > 14 and short else 1)
+
+
+def dev_curves(train_paths: list[Path], book):
+    """STS-B dev curves from train.json, one panel per backbone: each run's mean over seeds, band =
+    min–max over seeds. Runs without history (baselines) are omitted, and so are study points: each
+    study's figure holds its points' curves (``sentemb.studies``)."""
+    from .figure_style import COLUMN_WIDTH, TEXT_WIDTH, new_figure
+
+    runs = {k: v for k, v in dev_histories(train_paths).items() if not is_study_point(k[0])}
+    backbones = list(dict.fromkeys(k[2] for k in runs))
+    if not backbones:
+        fig, axes = new_figure(COLUMN_WIDTH, 1.8)
+        axes[0, 0].text(0.5, 0.5, "no training history", ha="center", va="center", transform=axes[0, 0].transAxes)
+        axes[0, 0].set_axis_off()
+        return fig
+    ncols = 1 if len(backbones) == 1 else 2
+    grid = [backbones[i:i + ncols] for i in range(0, len(backbones), ncols)]
+    per = {b: sorted([k for k in runs if k[2] == b], key=lambda k: book.order({"name": k[0], "method": k[1]}))
+           for b in backbones}
+    heights = [max(1.9, 0.45 + 0.135 * max(len(per[b]) for b in row)) for row in grid]
+    fig, axes = new_figure(TEXT_WIDTH if ncols == 2 else 4.2, sum(heights), nrows=len(grid), ncols=ncols,
+                           gridspec_kw={"height_ratios": heights})
+    for ax in axes.flat[len(backbones):]:
+        ax.set_axis_off()
+    for ax, b in zip(axes.flat, backbones):
+        dev_panel(ax, {k[0]: list(runs[k].values()) for k in per[b]}, [book.run(k[0], k[1]) for k in per[b]])
+        ax.set_title(b, loc="left")
     return fig
 
 
-def align_uniform(evals: list[dict], colours: dict[str, str]):
-    """Alignment-uniformity scatter (SimCSE Fig. 2), one point per run (mean over seeds)."""
-    import matplotlib.pyplot as plt
+def _geometry(evals: list[dict]) -> pd.DataFrame:
+    """One row per run × backbone (study points aside): align and uniform, mean over seeds."""
     import pandas as pd
 
     geo = []
     for d in evals:
         gm = d.get("geometry") or {}
-        if gm.get("align") is not None and gm.get("uniform") is not None:
-            r = d["run"]
-            geo.append({"label": _label({**r, "pooler": d.get("pooler")}), "method": r["method"],
-                        "align": gm["align"], "uniform": gm["uniform"]})
-    fig, ax = plt.subplots(figsize=(5.5, 4.5))
-    if geo:
-        gdf = pd.DataFrame(geo).groupby(["label", "method"], sort=False)[["align", "uniform"]].mean().reset_index()
-        for _, r in gdf.iterrows():
-            ax.scatter(r["uniform"], r["align"], color=colours.get(r["method"], "#000"), s=50,
-                       marker="s" if r["method"] == BASELINE else "o", label=r["label"])
-            ax.annotate(r["label"], (r["uniform"], r["align"]), fontsize=7, xytext=(4, 4), textcoords="offset points")
-        ax.legend(fontsize=7)
-    else:
-        ax.text(0.5, 0.5, "no geometry (STS-B not evaluated)", ha="center", va="center", transform=ax.transAxes)
-    ax.set_xlabel("ℓ_uniform (lower = more uniform)")
-    ax.set_ylabel("ℓ_align (lower = better aligned)")
-    ax.set_title("Alignment vs uniformity on STS-B test")
+        r = d["run"]
+        if gm.get("align") is None or gm.get("uniform") is None or is_study_point(r["name"]):
+            continue
+        geo.append({"backbone": r["backbone"], "name": r["name"], "method": r["method"],
+                    "pooler": d.get("pooler") if r["method"] == BASELINE else None,
+                    "align": gm["align"], "uniform": gm["uniform"]})
+    if not geo:
+        return pd.DataFrame(columns=["backbone", "name", "method", "pooler", "align", "uniform"])
+    return (pd.DataFrame(geo).groupby(["backbone", "name", "method", "pooler"], sort=False, dropna=False)
+            [["align", "uniform"]].mean().reset_index())
+
+
+def align_uniform(evals: list[dict], book):
+    """Alignment-uniformity scatter (SimCSE Fig. 2), one panel per backbone, one point per run and
+    baseline (mean over seeds), each labelled beside it where every label finds room clear of every
+    point and each other, else all named in one legend under the panels (a run keeps its look in every
+    panel)."""
+    import math
+
+    from .figure_style import COLUMN_WIDTH, TEXT_WIDTH, new_figure, place_labels
+
+    gdf = _geometry(evals)
+    backbones = list(dict.fromkeys(gdf["backbone"]))
+    if not backbones:
+        fig, axes = new_figure(COLUMN_WIDTH, 1.8)
+        axes[0, 0].text(0.5, 0.5, "no geometry (STS-B not evaluated)", ha="center", va="center",
+                        transform=axes[0, 0].transAxes)
+        axes[0, 0].set_axis_off()
+        return fig
+    ncols = 1 if len(backbones) == 1 else 2
+    nrows = -(-len(backbones) // ncols)
+    width, height = (TEXT_WIDTH if ncols == 2 else 4.2), 2.7 * nrows
+    fig, axes = new_figure(width, height, nrows=nrows, ncols=ncols)
+    for ax in axes.flat[len(backbones):]:
+        ax.set_axis_off()
+    panels, entries = [], {}
+    for ax, b in zip(axes.flat, backbones):
+        sub = gdf[gdf["backbone"] == b]
+        sub = sub.iloc[sorted(range(len(sub)), key=lambda i: book.order(sub.iloc[i]))].reset_index(drop=True)
+        for _, r in sub.iterrows():  # baselines last, on top: a run on the same spot stays visible around them
+            label = _label(r, backbone=False) if r["method"] != BASELINE or ncols == 1 else _label(r)
+            (line,) = ax.plot([r["uniform"]], [r["align"]], label=label,
+                              **book.of(r).points(markersize=4.5 if r["method"] == BASELINE else 6))
+            entries.setdefault(label, (book.order(r), line))
+        _pad_limits(ax, sub["uniform"], sub["align"])
+        ax.set_xlabel(r"$\ell_{\mathrm{uniform}}$ (lower: more uniform)")
+        ax.set_ylabel(r"$\ell_{\mathrm{align}}$ (lower: better aligned)")
+        ax.set_title(b, loc="left")
+        panels.append((ax, sub))
+    labelled = True
+    for ax, sub in panels:
+        labelled = labelled and place_labels(ax, list(sub["uniform"]), list(sub["align"]),
+                                             [_label(r, backbone=False) for _, r in sub.iterrows()])
+    if not labelled:  # one legend for all panels, under them
+        for ax, _ in panels:
+            for t in list(ax.texts):
+                t.remove()
+        order = sorted(entries.items(), key=lambda kv: kv[1][0])
+        ncol = 3 if ncols == 2 else 2
+        fig.set_size_inches(width, height + 0.3 + 0.14 * math.ceil(len(order) / ncol))
+        fig.legend([line for _, (_, line) in order], [label for label, _ in order], loc="outside lower center",
+                   ncols=ncol)
     return fig
 
 
-def cosine_buckets(evals: list[dict], colours: dict[str, str]):
-    """Cosine-similarity violins per gold bucket, one panel per run (seeds pooled)."""
-    import matplotlib.pyplot as plt
+def _pad_limits(ax, xs, ys, frac: float = 0.18) -> None:
+    """Limits with room around the points for their labels."""
+    for values, setter in ((list(xs), ax.set_xlim), (list(ys), ax.set_ylim)):
+        lo, hi = min(values), max(values)
+        span = (hi - lo) or max(abs(hi) * 0.1, 0.05)
+        setter(lo - frac * span, hi + frac * span)
+
+
+def cosine_buckets(evals: list[dict], book):
+    """Cosine-similarity violins per gold bucket, one panel per run and baseline (study points aside),
+    seeds pooled, in rows of at most six."""
+    import textwrap
+
+    from .figure_style import SMALL_FONT_SIZE, TEXT_WIDTH, new_figure
 
     panels: dict[tuple, dict[str, list]] = {}
     for d in evals:
         gm = d.get("geometry") or {}
-        if not gm.get("cosine_buckets"):
-            continue
         r = d["run"]
-        k = (_label({**r, "pooler": d.get("pooler")}), r["method"])
+        if not gm.get("cosine_buckets") or is_study_point(r["name"]):
+            continue
+        k = (r["backbone"], r["name"], r["method"], d.get("pooler") if r["method"] == BASELINE else None)
         for b, v in gm["cosine_buckets"].items():
             panels.setdefault(k, {}).setdefault(b, []).extend(v.get("cosines", []))
+    backbones = list(dict.fromkeys(k[0] for k in panels))
+    panels = dict(sorted(panels.items(), key=lambda kv: (backbones.index(kv[0][0]), book.order(
+        {"name": kv[0][1], "method": kv[0][2], "pooler": kv[0][3]}))))
     n = max(1, len(panels))
-    fig, axes = plt.subplots(1, n, figsize=(3.2 * n + 0.5, 3.6), sharey=True, squeeze=False)
-    for ax, ((lab, method), buckets) in zip(axes[0], panels.items()):
+    ncols = min(n, 6 if n > 8 else 4)
+    nrows = -(-n // ncols)
+    fig, axes = new_figure(TEXT_WIDTH, 0.35 + (1.0 if nrows > 4 else 1.45) * nrows, nrows=nrows, ncols=ncols,
+                           sharey=True)
+    for ax in axes.flat[len(panels):]:
+        ax.set_axis_off()
+    for ax, ((backbone, name, method, pooler), buckets) in zip(axes.flat, panels.items()):
+        row = {"backbone": backbone, "name": name, "method": method, "pooler": pooler}
         names = list(buckets)
         data = [buckets[b] for b in names]
         pos = [i for i, v in enumerate(data) if len(v) > 1]
         if pos:
             parts = ax.violinplot([data[i] for i in pos], positions=pos, showmeans=True, widths=0.8)
             for body in parts["bodies"]:
-                body.set_facecolor(colours.get(method, "#000"))
-                body.set_alpha(0.6)
+                body.set_facecolor(book.of(row).colour)
+                body.set_edgecolor(book.of(row).colour)
+                body.set_alpha(0.55)
             for k in ("cmeans", "cmins", "cmaxes", "cbars"):
                 parts[k].set_color("black")
-                parts[k].set_linewidth(0.8)
-        ax.set_xticks(range(len(names)), names)
-        ax.set_xlabel("gold similarity bucket")
-        ax.set_title(lab, fontsize=8)
-    axes[0][0].set_ylabel("cosine similarity of the pair")
+                parts[k].set_linewidth(0.6)
+        ax.set_xticks(range(len(names)), [b.split("-")[0] for b in names])
+        title = "\n".join(textwrap.wrap(_label(row, backbone=False), 20, break_on_hyphens=True))
+        ax.set_title(f"{title}\n{backbone}", fontsize=SMALL_FONT_SIZE)
+    fig.supylabel("cosine similarity of the pair", fontsize=SMALL_FONT_SIZE + 1)
     if not panels:
-        axes[0][0].text(0.5, 0.5, "no geometry", ha="center", va="center", transform=axes[0][0].transAxes)
-    fig.suptitle("STS-B test: cosine similarity per gold-score bucket", fontsize=10)
+        axes[0, 0].text(0.5, 0.5, "no geometry", ha="center", va="center", transform=axes[0, 0].transAxes)
+    fig.supxlabel("gold similarity bucket (from its lower bound: 0 = 0–1 … 4 = 4–5)", fontsize=SMALL_FONT_SIZE + 1)
     return fig
 
 
-def paper_vs_reproduced(paper: pd.DataFrame | None, colours: dict[str, str]):
-    """Paper vs reproduced Avg (points with the seeds' 95 % interval): one horizontal panel per table
-    (STS, transfer), only the rows the papers report, one line per run so that 50 rows stay readable."""
-    import matplotlib.pyplot as plt
+def paper_vs_reproduced(paper: pd.DataFrame | None, book):
+    """Paper vs reproduced Avg (points with the seeds' 95 % interval): one panel per table (STS,
+    transfer) for the trained runs and one for the untrained baselines (each on its own scale, of at
+    least ``MIN_SCORE_SPAN`` points), only the rows the papers report, one line per run; the published
+    value a hollow star; "(1 seed)" after a run with one seed (no interval)."""
     import pandas as pd
+    from matplotlib.lines import Line2D
+
+    from .figure_style import TEXT_WIDTH, legend_outside, new_figure, score_limits
 
     rows = paper[(paper["metric"] == "Avg")] if paper is not None else pd.DataFrame()
     if len(rows):
         rows = rows[rows["published"].notna()]
-    tables = [t for t in ("sts", "transfer") if len(rows) and (rows["table"] == t).any()]
-    if tables:
-        sizes = [int((rows["table"] == t).sum()) for t in tables]
-        fig, axes = plt.subplots(len(tables), 1, figsize=(7.5, 1.2 + 0.24 * sum(sizes) + 0.6 * len(tables)),
-                                 gridspec_kw={"height_ratios": sizes}, squeeze=False)
-        for ax, table in zip(axes[:, 0], tables):
-            sub = rows[rows["table"] == table].reset_index(drop=True)
-            for i, r in sub.iterrows():
-                c = colours.get(r["method"], "#000")
-                lo, hi = r["ci95_low"], r["ci95_high"]
-                if lo is not None and hi is not None and lo == lo:
-                    ax.errorbar(r["reproduced"], i, xerr=[[r["reproduced"] - lo], [hi - r["reproduced"]]], fmt="o",
-                                color=c, capsize=3)
-                else:
-                    ax.plot(r["reproduced"], i, "o", color=c)
-                ax.plot(r["published"], i, marker="*", markersize=11, color=c, markeredgecolor="black", linestyle="none")
-            ax.set_yticks(range(len(sub)), [_label(r) for _, r in sub.iterrows()], fontsize=7)
-            ax.invert_yaxis()
-            ax.grid(axis="x", alpha=0.3)
-            ax.set_xlabel("STS Avg (Spearman × 100)" if table == "sts" else "transfer Avg (accuracy × 100)", fontsize=8)
-        axes[0, 0].plot([], [], "o", color="grey", label="reproduced (mean, 95% CI over seeds)")
-        axes[0, 0].plot([], [], "*", color="grey", markeredgecolor="black", markersize=11, linestyle="none",
-                        label="published")
-        axes[0, 0].legend(fontsize=7, loc="lower right")
-        axes[0, 0].set_title("Published vs reproduced average (rows the papers report)")
-    else:
-        fig, ax = plt.subplots(figsize=(6.5, 3))
-        ax.text(0.5, 0.5, "no published numbers for these runs\n(the papers report BERT/RoBERTa runs on wiki1m: "
-                "config/config.yaml and config/paper_results.yaml)", ha="center", va="center", fontsize=9,
-                transform=ax.transAxes)
-        ax.set_axis_off()
-        ax.set_title("Published vs reproduced average")
-    fig.tight_layout()
+    base = rows["method"] == BASELINE if len(rows) else None
+    tables = [(t, b) for t in ("sts", "transfer") for b in (False, True)
+              if len(rows) and ((rows["table"] == t) & (base == b)).any()]
+    if not tables:
+        fig, axes = new_figure(TEXT_WIDTH, 1.2)
+        axes[0, 0].text(0.5, 0.5, "no published numbers for these runs\n(the papers report BERT/RoBERTa runs on "
+                        "wiki1m: config/config.yaml and config/paper_results.yaml)", ha="center", va="center",
+                        transform=axes[0, 0].transAxes)
+        axes[0, 0].set_axis_off()
+        return fig
+    sizes = [max(2, int(((rows["table"] == t) & (base == b)).sum())) for t, b in tables]
+    fig, axes = new_figure(TEXT_WIDTH, 0.9 + 0.17 * sum(sizes) + 0.45 * len(tables), nrows=len(tables), ncols=1,
+                           gridspec_kw={"height_ratios": sizes})
+    star = {"marker": "*", "markersize": 8, "fillstyle": "none", "color": "black", "markeredgewidth": 0.7,
+            "linestyle": "none"}
+    for ax, (table, baselines) in zip(axes[:, 0], tables):
+        sub = rows[(rows["table"] == table) & (base == baselines)].reset_index(drop=True)
+        xs = []
+        labels = []
+        for i, row in sub.iterrows():
+            r = {**row.to_dict()}  # a table_paper row (not settings): NaN where a column is empty
+            r["pooler"] = r["pooler"] if isinstance(r.get("pooler"), str) and r["pooler"] else None
+            style = book.of(r)
+            lo, hi = r.get("ci95_low"), r.get("ci95_high")
+            has_ci = lo is not None and hi is not None and lo == lo and hi == hi
+            err = [[r["reproduced"] - lo], [hi - r["reproduced"]]] if has_ci else None
+            ax.errorbar([r["reproduced"]], [i], xerr=err, elinewidth=0.8, **style.points(markersize=4))
+            ax.plot([r["published"]], [i], **star)
+            xs += [r["reproduced"], r["published"], *([lo, hi] if has_ci else [])]
+            n = r.get("n_seeds")
+            one = n is not None and n == n and int(n) == 1 and r["method"] != BASELINE
+            labels.append(_label(r) + (" (1 seed)" if one else ""))
+        ax.set_yticks(range(len(sub)), labels)
+        ax.set_ylim(len(sub) - 0.5, -0.5)
+        ax.grid(axis="x", linewidth=0.4, color="0.88")
+        ax.set_axisbelow(True)
+        ax.set_xlim(*score_limits(min(xs), max(xs)))
+        ax.set_xlabel(("STS Avg (Spearman ρ × 100)" if table == "sts" else "transfer Avg (accuracy × 100)")
+                      + (", untrained baselines" if baselines else ""))
+    handles = [Line2D([], [], marker="o", color="0.35", linestyle="none", markersize=4),
+               Line2D([], [], **star)]
+    legend_outside(axes[0, 0], handles, ["reproduced: mean over seeds, 95 % t-interval", "published"], where="top")
     return fig
 
 
@@ -521,29 +677,38 @@ def paper_vs_reproduced(paper: pd.DataFrame | None, colours: dict[str, str]):
 FIGURES = ("table1_bars", "dev_curves", "align_uniform", "cosine_buckets", "paper_vs_reproduced")
 
 
-def figures(eval_paths: list[Path], train_paths: list[Path], paper: pd.DataFrame | None, out_dir: str | Path) -> list[Path]:
-    """Write every figure (``FIGURES``) as PNG + SVG into ``out_dir``; returns the files written."""
-    import matplotlib
+def draw_figures(eval_paths: list[Path], train_paths: list[Path], paper: pd.DataFrame | None):
+    """Yield (stem, figure) for every figure of ``FIGURES``, drawn in ``figure_style.paper_style``;
+    the caller saves and closes each before the next is drawn."""
+    from .figure_style import paper_style
 
-    matplotlib.use("Agg")
+    df = collect(eval_paths, TASKS)
+    evals = [read_json(p) for p in eval_paths]
+    metas = [{k: d[k] for k in META} for d in map(read_json, train_paths) if all(k in d for k in META)]
+    book = _style_book(df, metas)
+    draw = {
+        "table1_bars": lambda: sts_bars(df, book),
+        "dev_curves": lambda: dev_curves(train_paths, book),
+        "align_uniform": lambda: align_uniform(evals, book),
+        "cosine_buckets": lambda: cosine_buckets(evals, book),
+        "paper_vs_reproduced": lambda: paper_vs_reproduced(paper, book),
+    }
+    with paper_style():
+        for stem in FIGURES:
+            yield stem, draw[stem]()
+
+
+def figures(eval_paths: list[Path], train_paths: list[Path], paper: pd.DataFrame | None, out_dir: str | Path) -> list[Path]:
+    """Write every figure (``FIGURES``) as PNG, SVG and PDF into ``out_dir``; returns the files written."""
     import matplotlib.pyplot as plt
+
+    from .figure_style import save
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    df = collect(eval_paths, TASKS)
-    evals = [read_json(p) for p in eval_paths]
-    colours = method_colours(df["method"])
-    draw = {
-        "table1_bars": lambda: sts_bars(df, colours),
-        "dev_curves": lambda: dev_curves(train_paths, colours),
-        "align_uniform": lambda: align_uniform(evals, colours),
-        "cosine_buckets": lambda: cosine_buckets(evals, colours),
-        "paper_vs_reproduced": lambda: paper_vs_reproduced(paper, colours),
-    }
     written: list[Path] = []
-    for stem in FIGURES:
-        fig = draw[stem]()
-        written += _save(fig, out_dir, stem)
+    for stem, fig in draw_figures(eval_paths, train_paths, paper):
+        written += save(fig, out_dir / stem)
         plt.close(fig)
     return written
 
@@ -586,13 +751,15 @@ def _cmd_table_paper(args) -> int:
     sts = collect(args.sts, TASKS)
     tr = collect(args.transfer, [*TRANSFER_TASKS]) if args.transfer else None
     dev = collect_dev(args.train) if args.train else None
-    t = table_paper(sts, tr, load_paper_results(args.published), dev)
+    t = table_paper(sts, tr, load_paper_results(args.published), dev, collect_geometry(args.sts))
     _write(t, args.output, args.markdown, paper_markdown(t),
            "Published vs reproduced (mean ± sample std over seeds; `diff` = reproduced − published; 95% t-interval "
            "over seeds; `p_welch_vs_simcse`: Welch t-test of the per-seed STS Avg against SimCSE on the same "
            "backbone). `table`: `sts` = test sets, `transfer` = SentEval transfer accuracy, `dev` = STS-B "
            "development Spearman (the run's best, by which it kept its checkpoint), as the papers' ablation "
-           "tables report it. Empty `published` = not reported by the papers. Baseline `avg_static_last` is the pooling "
+           "tables report it; `geometry` = alignment / uniformity of STS-B test (pairs with gold >= 4; SARCSE "
+           "Table 4, PaSeR App. D). `note`: where a paper prints two values for the row, which one is used. "
+           "Empty `published` = not reported by the papers. Baseline `avg_static_last` is the pooling "
            "the papers' \"first-last avg.\" rows used (static embeddings + last layer); `avg_first_last` is "
            "SimCSE's later code (first + last Transformer layer).")
     return 0
@@ -624,7 +791,7 @@ def register(sub) -> None:
     p.add_argument("--output", required=True)
     p.add_argument("--markdown", default=None)
     p.set_defaults(func=_cmd_table_paper)
-    p = sub.add_parser("figures", help="PNG + SVG figures from the per-run JSON files")
+    p = sub.add_parser("figures", help="PNG, SVG and PDF figures from the per-run JSON files")
     p.add_argument("--evals", nargs="+", required=True, help="eval_sts.json files")
     p.add_argument("--train", nargs="*", default=[], help="train.json files (history -> dev curves)")
     p.add_argument("--paper", default=None, help="table_paper.csv")

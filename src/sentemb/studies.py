@@ -35,7 +35,7 @@ A study varies run keys over values and becomes ordinary named runs::
 
 The table ``results/studies/<name>.csv/.md``: one row per point with the value(s), the run,
 ``n_seeds``, ``mean``, ``std`` (sample), the seeds' 95 % t-interval and the published value; the
-figure ``results/studies/<name>.png/.svg``. Published values come from ``config/paper_results.yaml``,
+figure ``results/studies/<name>.png/.svg/.pdf``. Published values come from ``config/paper_results.yaml``,
 section ``studies`` (see ``load_published``).
 """
 
@@ -134,9 +134,9 @@ def _check_train(validator, train: dict, where: str, source: str) -> None:
 
 def _points(study: dict, where: str, source: str) -> tuple[list[str], list[dict[str, Any]]]:
     """(run keys, points as {run key: value}) of a study: the grid of ``vary``, or ``points``."""
-    if study.get("vary") and study.get("points"):
+    if study["vary"] and study["points"]:
         raise _err(source, f"'{where}': give either `vary` (a grid) or `points` (a list), not both")
-    if study.get("vary"):
+    if study["vary"]:
         vary = study["vary"]
         keys = list(vary)
         for k in keys:
@@ -145,7 +145,7 @@ def _points(study: dict, where: str, source: str) -> tuple[list[str], list[dict[
             if len(set(map(json.dumps, vary[k]))) != len(vary[k]):
                 raise _err(source, f"'{where}.vary.{k}': a value appears twice")
         return keys, [dict(zip(keys, combo)) for combo in itertools.product(*(vary[k] for k in keys))]
-    if study.get("points"):
+    if study["points"]:
         keys = list(study["points"][0])
         for j, p in enumerate(study["points"]):
             if set(p) != set(keys):
@@ -166,11 +166,10 @@ def _signature(config: dict, run: dict) -> str:
 
     cls = get_method(run["method"])
     # merged, not validated: the run checks after the expansion name the key of a bad value
-    margs = {**cls.arg_defaults(), **((config.get("methods") or {}).get(run["method"]) or {}),
-             **(run.get("method_args") or {})}
+    margs = {**cls.arg_defaults(), **config["methods"].get(run["method"], {}), **run["method_args"]}
     # the weight-changing settings only, as sentemb.settings.fingerprint (a logging knob makes no other run)
-    train = {k: v for k, v in {**config["train"], **(run.get("train") or {})}.items() if k not in weight_free_keys()}
-    return json.dumps([run["method"], run["backbone"], run.get("corpus") or config["corpus"]["name"], train, margs],
+    train = {k: v for k, v in {**config["train"], **run["train"]}.items() if k not in weight_free_keys()}
+    return json.dumps([run["method"], run["backbone"], run["corpus"] or config["corpus"]["name"], train, margs],
                       sort_keys=True,
                       default=str)
 
@@ -181,8 +180,9 @@ def expand_studies(config: dict, source: str = "config") -> dict:
     Called by ``validate_config`` after the schema (defaults filled) and before the run checks, so the
     points are validated as every run is. Idempotent: a second call finds its runs already there."""
     from .methods import registry
+    from .settings import run_defaults
 
-    studies = config.get("studies") or []
+    studies = config["studies"]
     if not studies:
         return config
     validator = _train_validator()
@@ -204,16 +204,16 @@ def expand_studies(config: dict, source: str = "config") -> dict:
         cls = registry()[study["method"]]
         if study["metric"] not in METRICS:
             raise _err(source, f"'{where}.metric': {study['metric']!r} is not one of {', '.join(METRICS)}")
-        if not study.get("evaluate", True) and study["metric"] != DEV_METRIC:
+        if not study["evaluate"] and study["metric"] != DEV_METRIC:
             raise _err(source, f"'{where}.metric': a study with evaluate: false has only the dev score "
                                f"({DEV_METRIC}), not {study['metric']!r}")
         try:
-            cls.validate_args(study.get("method_args") or {}, f"{where}.method_args")
+            cls.validate_args(study["method_args"], f"{where}.method_args")
         except SentembError as e:
             raise _err(source, str(e)) from None
-        _check_train(validator, study.get("train") or {}, f"{where}.train", source)
+        _check_train(validator, study["train"], f"{where}.train", source)
         keys, points = _points(study, where, source)
-        label = "vary" if study.get("vary") else "points"
+        label = "vary" if study["vary"] else "points"
         for k in keys:
             prefix, _, arg = k.partition(".")
             if prefix not in _PREFIXES or not arg or "." in arg:
@@ -229,44 +229,41 @@ def expand_studies(config: dict, source: str = "config") -> dict:
                 else:
                     _check_train(validator, {arg: v}, f"{where}.{label}.train", source)
         short = short_keys(keys)
-        seeds = list(study.get("seeds") or config["seeds"])
+        seeds = list(study["seeds"] or config["seeds"])
         expanded = []
         for p in points:
             point = {short[k]: v for k, v in p.items()}
             name = point_name(study["name"], point, f"{where}.{label}")
-            run = {"name": name, "method": study["method"], "backbone": study["backbone"],
-                   "method_args": {**(study.get("method_args") or {}),
+            run = {**run_defaults(), "name": name, "method": study["method"], "backbone": study["backbone"],
+                   "method_args": {**study["method_args"],
                                    **{k.split(".", 1)[1]: v for k, v in p.items() if k.startswith("method_args.")}},
-                   "train": {**(study.get("train") or {}),
+                   "train": {**study["train"],
                              **{k.split(".", 1)[1]: v for k, v in p.items() if k.startswith("train.")}},
-                   "seeds": seeds, "study": study["name"], "point": point}
-            if study.get("corpus") is not None:
-                run["corpus"] = study["corpus"]
-            if not study.get("evaluate", True):
-                run["evaluate"] = False
-            if study.get("transfer") is not None or metric_source(study["metric"]) == "eval_transfer":
-                run["transfer"] = bool(study.get("transfer", True))
+                   "seeds": seeds, "study": study["name"], "point": point, "corpus": study["corpus"],
+                   "evaluate": study["evaluate"]}
+            if study["transfer"] is not None or metric_source(study["metric"]) == "eval_transfer":
+                run["transfer"] = True if study["transfer"] is None else study["transfer"]
             sig = _signature(config, run)
             target = sigs.get(sig)
             if target is None:
-                if any(r.get("name") == name and r["backbone"] == run["backbone"] for r in config["runs"]):
+                if any((r["name"] or r["method"]) == name and r["backbone"] == run["backbone"] for r in config["runs"]):
                     raise _err(source, f"'{where}': a run named '{name}' on '{run['backbone']}' exists with other "
                                        "settings; rename the study or the run")
                 config["runs"].append(run)
                 sigs[sig] = target = run
             else:
                 _add_seeds(config, target, seeds)
-                if study.get("evaluate", True):
-                    target.pop("evaluate", None)
-                if run.get("transfer"):
+                if study["evaluate"]:
+                    target["evaluate"] = True
+                if run["transfer"]:
                     target["transfer"] = True
-            expanded.append({"point": point, "run": target.get("name") or target["method"],
+            expanded.append({"point": point, "run": target["name"] or target["method"],
                              "reused": target is not run and target.get("study") != study["name"]})
         study["expanded"] = expanded
         study["seeds"] = seeds
         if not keys:
-            ref = study.get("reference") or "simcse"
-            match = [r for r in config["runs"] if (r.get("name") or r["method"]) == ref
+            ref = study["reference"] or "simcse"
+            match = [r for r in config["runs"] if (r["name"] or r["method"]) == ref
                      and r["backbone"] == study["backbone"]]
             if not match:
                 raise _err(source, f"'{where}.reference': no run '{ref}' on '{study['backbone']}' to set the seeds "
@@ -277,7 +274,7 @@ def expand_studies(config: dict, source: str = "config") -> dict:
 
 
 def _add_seeds(config: dict, run: dict, seeds: list[int]) -> None:
-    have = list(run.get("seeds") or config["seeds"])
+    have = list(run["seeds"] or config["seeds"])
     missing = [s for s in seeds if s not in have]
     if missing:
         run["seeds"] = have + missing
@@ -286,7 +283,7 @@ def _add_seeds(config: dict, run: dict, seeds: list[int]) -> None:
 def study_runs(study: dict) -> list[tuple[str, str]]:
     """(run name, role) of a study after expansion: every point's run, then the seeds study's reference."""
     out = [(p["run"], "point") for p in study["expanded"]]
-    if study.get("reference"):
+    if study["reference"]:
         out.append((study["reference"], "reference"))
     return out
 
@@ -310,7 +307,8 @@ def load_published(path: str | Path | None) -> dict[str, dict]:
             - {at: {seed: 42}, scores: {Avg: 75.32}}
 
     ``scores`` are keyed by study metric names (``best_dev_stsb`` = STS-B dev Spearman × 100); a seeds
-    study's ``at`` holds ``seed``."""
+    study's ``at`` holds ``seed``. ``note`` (a string, kept) records where the paper prints two values
+    for one point or mean and which one is used (``config/paper_tables.yaml`` names the printed rows)."""
     import yaml
 
     if not path:
@@ -324,9 +322,11 @@ def load_published(path: str | Path | None) -> dict[str, dict]:
         where = f"{path}: studies[{i}]"
         if not isinstance(e, dict) or "study" not in e or "source" not in e:
             raise SentembError(f"{where}: needs `study` and `source`")
-        extra = set(e) - {"study", "source", "points", "reference"}
+        extra = set(e) - {"study", "source", "note", "points", "reference"}
         if extra:
             raise SentembError(f"{where}: unknown key(s) {sorted(extra)}")
+        if not isinstance(e.get("note", ""), str):
+            raise SentembError(f"{where}.note: a string")
         for part in ("points", "reference"):
             for j, p in enumerate(e.get(part) or []):
                 if not isinstance(p, dict) or not isinstance(p.get("at"), dict) or not isinstance(p.get("scores"), dict):
@@ -442,120 +442,254 @@ def study_markdown(spec: dict, table, source: str | None) -> str:
 
 
 # ------------------------------------------------------------------------------------ figure
-def _positions(values: list[Any]) -> tuple[list[float], list[str], bool]:
-    """x positions of point values: numeric where they are numbers on one scale, else evenly spaced
-    (categories, or numbers spanning over two decades such as λ from 0 to 5e-2)."""
-    labels = [format_value(v, "value") for v in values]
-    numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
-    if numeric:
-        nz = [abs(v) for v in values if v]
-        if not nz or max(nz) / min(nz) < 100:
-            return [float(v) for v in values], labels, True
-    return [float(i) for i in range(len(values))], labels, False
+def _metric_label(metric: str) -> str:
+    """A study metric's axis label."""
+    from .report import SHORT
+
+    if metric == DEV_METRIC:
+        return "STS-B dev ρ × 100 (best)"
+    if metric == "Avg":
+        return "STS Avg (Spearman ρ × 100)"
+    if metric in TRANSFER_TASKS:
+        return f"{metric} accuracy × 100"
+    return f"{SHORT.get(metric, metric)} Spearman ρ × 100"
 
 
-def study_figure(spec: dict, values: dict[tuple[str, int], float], published: dict | None, out: str | Path) -> list[Path]:
-    """PNG + SVG: the metric against the varied value (mean, ± 1 std band, each seed a dot, published
-    values as red crosses); two keys: a heat map of the mean (published in brackets); a seeds study:
-    each seed of the study and its reference, their means with the 95 % t-interval, published seeds."""
-    import matplotlib
+def _sorted_values(values: list[Any]) -> list[Any]:
+    """Distinct point values in axis order: by value where all are numbers, else as configured."""
+    distinct = list({json.dumps(v): v for v in values}.values())
+    if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in distinct):
+        return sorted(distinct)
+    return distinct
 
-    matplotlib.use("Agg")
+
+def _seed_values(values: dict[tuple[str, int], float], run: str, seeds: list[int]) -> list[float]:
+    return [values[(run, s)] for s in seeds if (run, s) in values]
+
+
+def _points_in_order(spec: dict) -> list[dict]:
+    """The study's expanded points sorted by their values (key by key)."""
+    keys = list(spec["expanded"][0]["point"])
+    orders = {k: [json.dumps(v) for v in _sorted_values([p["point"][k] for p in spec["expanded"]])] for k in keys}
+    return sorted(spec["expanded"], key=lambda p: [orders[k].index(json.dumps(p["point"][k])) for k in keys])
+
+
+def study_train_inputs(config: dict, study: dict) -> list[str]:
+    """The train.json of every run and seed of the study (its points' STS-B dev curves in the figure)."""
+    return [f"{Layout.of(config).run_dir(name, study['backbone'], s)}/train.json"
+            for name, _ in study_runs(study) for s in study["seeds"]]
+
+
+def study_figure(spec: dict, values: dict[tuple[str, int], float], published: dict | None, out: str | Path,
+                 histories: dict | None = None) -> list[Path]:
+    """The study's figure as PNG, SVG and PDF beside ``out`` (``draw_study_figure``)."""
     import matplotlib.pyplot as plt
+
+    from .figure_style import save
+
+    fig = draw_study_figure(spec, values, published, histories)
+    written = save(fig, Path(out).with_suffix(""))
+    plt.close(fig)
+    return written
+
+
+def draw_study_figure(spec: dict, values: dict[tuple[str, int], float], published: dict | None,
+                      histories: dict | None = None):
+    """The study's figure (``sentemb.figure_style``), returned unsaved. Left: the metric against the
+    varied value (mean; with several seeds each seed and the ±1 std band, with one "1 seed"; published
+    values as black crosses; a log axis where the values span a decade); two keys: a heat map of the
+    mean (published in brackets); a seeds study: each seed of the study and of its reference, their
+    means with the 95 % t-interval, the published seeds. Right, where ``histories``
+    (``sentemb.report.dev_histories`` of the study's train.json) has the points: each point's STS-B
+    dev curve. Score axes and the heat map's colours span at least ``MIN_SCORE_SPAN`` points."""
+    from .figure_style import COLUMN_WIDTH, FONT_SIZE, TEXT_WIDTH, new_figure, paper_style, thin_ticklabels
+
+    published = published or {}
+    keys = list(spec["expanded"][0]["point"])
+    curves, styles, legend_title = _study_curves(spec, histories or {})
+    with paper_style():
+        grid = len(keys) == 2 and not spec.get("reference")
+        height = max(3.0 if not grid else 1.4 + 0.3 * len({json.dumps(p["point"][keys[1]]) for p in spec["expanded"]}),
+                     0.6 + 0.135 * (len(curves) + 2) if curves else 0)
+        if curves:
+            fig, axes = new_figure(TEXT_WIDTH, height, ncols=2, gridspec_kw={"width_ratios": [1, 1.2]})
+        else:
+            fig, axes = new_figure(COLUMN_WIDTH * (1.45 if grid else 1.25), height)
+        ax = axes[0, 0]
+        if spec.get("reference"):
+            _seeds_panel(ax, spec, values, published)
+        elif grid:
+            _grid_panel(fig, ax, spec, values, published, keys)
+        else:
+            _curve_panel(ax, spec, values, published, keys[0])
+        if curves:
+            from .report import dev_panel
+
+            dev_panel(axes[0, 1], curves, styles, legend_title)
+            axes[0, 1].set_title("STS-B dev during training", loc="left")
+        fig.suptitle(f"{spec['name']}: {spec['method']} on {spec['backbone']}", fontsize=FONT_SIZE)
+        if not grid and not spec.get("reference"):
+            thin_ticklabels(ax, "x")
+    return fig
+
+
+def _study_curves(spec: dict, histories: dict) -> tuple[dict, list, str | None]:
+    """The dev curves of the study's runs: (legend label -> per-seed Series, styles, legend title)."""
+    from .figure_style import Style, StyleBook, series_styles
+
+    seeds = set(spec["seeds"])
+
+    def of(run: str) -> list:
+        return [series for (name, _, backbone), by_seed in histories.items()
+                if name == run and backbone == spec["backbone"] for seed, series in by_seed.items() if seed in seeds]
+
+    if spec.get("reference"):
+        run = spec["expanded"][0]["run"]
+        curves = {f"{run} (study)": of(run), f"{spec['reference']} (reference)": of(spec["reference"])}
+        styles = [StyleBook([(spec["method"], spec["method"])]).method(spec["method"]),
+                  Style("#555555", "s", "--", "none")]
+        title = None
+    else:
+        points = _points_in_order(spec)
+        curves = {", ".join(format_value(v, k) for k, v in p["point"].items()): of(p["run"]) for p in points}
+        styles = series_styles(len(curves))
+        title = ", ".join(points[0]["point"])
+    kept = [(label, c, s) for (label, c), s in zip(curves.items(), styles) if c]
+    if not kept:
+        return {}, [], None
+    return {label: c for label, c, _ in kept}, [s for *_, s in kept], title
+
+
+def _curve_panel(ax, spec: dict, values: dict, published: dict, key: str) -> None:
     import numpy as np
 
+    from .figure_style import StyleBook, legend_outside, score_limits, value_axis, value_scale
+
+    metric, seeds = spec["metric"], spec["seeds"]
+    own = StyleBook([(spec["method"], spec["method"])]).method(spec["method"])
+    points = _points_in_order(spec)
+    order = [p["point"][key] for p in points]
+    pos = value_axis(ax, order, [format_value(v, key) for v in order])
+    per_point = [_seed_values(values, p["run"], seeds) for p in points]
+    mean = np.array([np.mean(v) if v else np.nan for v in per_point])
+    std = np.array([np.std(v, ddof=1) if len(v) > 1 else np.nan for v in per_point])
+    shown: list[float] = [x for v in per_point for x in v]
+    if any(len(v) > 1 for v in per_point):
+        xs = [x for x, v in zip(pos, per_point) for _ in v]
+        ax.plot(xs, [y for v in per_point for y in v], label="each seed",
+                **{**own.points(markersize=2.5), "fillstyle": "none", "alpha": 0.7})
+        ax.fill_between(pos, mean - std, mean + std, color=own.colour, alpha=0.18, linewidth=0,
+                        label="±1 std over seeds")
+        shown += list(mean - std) + list(mean + std)
+    n = len(seeds)
+    scale = value_scale(order)
+    joined = scale != "category"  # categories have no order: their points stand alone
+    ax.plot(pos, mean, label=f"reproduced (mean of {n} seeds)" if n > 1 else "reproduced (1 seed)",
+            **(own.line() if joined else own.points(markersize=5)))
+    pub = [(x, published_at(published.get("points"), p["point"], metric)) for x, p in zip(pos, points)]
+    pub = [(x, y) for x, y in pub if y is not None]
+    if pub:
+        ax.plot([x for x, _ in pub], [y for _, y in pub], color="black", marker="x",
+                linestyle="--" if joined else "none", linewidth=0.8, markersize=4, label="published")
+        shown += [y for _, y in pub]
+    shown = [y for y in shown if y == y]
+    if shown:
+        ax.set_ylim(*score_limits(min(shown), max(shown)))
+    if not joined:
+        ax.set_xlim(-0.5, len(order) - 0.5)
+    ax.set_xlabel(key + {"log": " (log scale)", "symlog": " (log scale; 0 at the left)"}.get(scale, ""))
+    ax.set_ylabel(_metric_label(metric))
+    legend_outside(ax, where="top", ncols=2)
+
+
+def _grid_panel(fig, ax, spec: dict, values: dict, published: dict, keys: list[str]) -> None:
+    import numpy as np
+
+    from .figure_style import SMALL_FONT_SIZE, score_limits
+
+    metric, seeds = spec["metric"], spec["seeds"]
+    xs = _sorted_values([p["point"][keys[0]] for p in spec["expanded"]])
+    ys = _sorted_values([p["point"][keys[1]] for p in spec["expanded"]])
+    xi = {json.dumps(v): i for i, v in enumerate(xs)}
+    yi = {json.dumps(v): i for i, v in enumerate(ys)}
+    grid = np.full((len(ys), len(xs)), np.nan)
+    cells = []
+    for p in spec["expanded"]:
+        vals = _seed_values(values, p["run"], seeds)
+        cx, cy = xi[json.dumps(p["point"][keys[0]])], yi[json.dumps(p["point"][keys[1]])]
+        if vals:
+            grid[cy, cx] = float(np.mean(vals))
+        cells.append((cx, cy, published_at(published.get("points"), p["point"], metric)))
+    finite = grid[np.isfinite(grid)]
+    lo, hi = score_limits(float(finite.min()), float(finite.max()), pad=0.0) if finite.size else (0.0, 100.0)
+    ax.set_facecolor("0.93")  # a cell that is not a point of the study
+    im = ax.imshow(np.ma.masked_invalid(grid), origin="lower", cmap="viridis", vmin=lo, vmax=hi, aspect="auto")
+    n = len(seeds)
+    fig.colorbar(im, ax=ax, label=f"{_metric_label(metric)}\n" + (f"mean of {n} seeds" if n > 1 else "1 seed"))
+    for cx, cy, pub in cells:
+        v = grid[cy, cx]
+        text = "" if np.isnan(v) else f"{v:.1f}"
+        if pub is not None:
+            text += f"\n({pub:.1f})"
+        if not text:
+            continue
+        r, g, b, _ = im.cmap(im.norm(v)) if not np.isnan(v) else (1, 1, 1, 1)
+        dark = 0.299 * r + 0.587 * g + 0.114 * b < 0.5  # white text on dark cells, black on light
+        ax.text(cx, cy, text, ha="center", va="center", fontsize=SMALL_FONT_SIZE - 0.5,
+                color="white" if dark else "black")
+    ax.set_xticks(range(len(xs)), [format_value(v, "x") for v in xs])
+    ax.set_yticks(range(len(ys)), [format_value(v, "y") for v in ys])
+    ax.set_xlabel(keys[0])
+    ax.set_ylabel(keys[1])
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(True)
+    ax.set_title("cell: mean (published)" if any(pub is not None for *_, pub in cells) else "cell: mean",
+                 loc="left", fontsize=SMALL_FONT_SIZE)
+
+
+def _seeds_panel(ax, spec: dict, values: dict, published: dict) -> None:
+    import numpy as np
+
+    from .figure_style import Style, StyleBook, legend_outside, score_limits
     from .tables import ci95
 
     metric, seeds = spec["metric"], spec["seeds"]
-    published = published or {}
-    keys = list(spec["expanded"][0]["point"])
-    title = f"{spec['name']} ({spec['method']}, {spec['backbone']})"
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    if spec.get("reference"):
-        groups = [("study: " + spec["expanded"][0]["run"], spec["expanded"][0]["run"], published.get("points")),
-                  ("reference: " + spec["reference"], spec["reference"], published.get("reference"))]
-        for x, (label, run, pubs) in enumerate(groups):
-            vals = [values[(run, s)] for s in seeds if (run, s) in values]
-            jitter = np.linspace(-0.12, 0.12, max(len(vals), 1))[: len(vals)]
-            ax.scatter(x + jitter, vals, s=18, color="#1f77b4" if x == 0 else "#7f7f7f", alpha=0.8, zorder=3)
-            if vals:
-                lo, hi = ci95(vals)
-                m = float(np.mean(vals))
-                err = [[m - lo], [hi - m]] if lo is not None else None
-                ax.errorbar([x + 0.3], [m], yerr=err, fmt="o", color="black", capsize=4, zorder=4,
-                            label="mean, 95 % t-interval" if x == 0 else None)
-            pv = [published_at(pubs, {"seed": s}, metric) for s in seeds]
-            pv = [p for p in pv if p is not None]
-            if pv:
-                ax.scatter([x - 0.3] * len(pv), pv, marker="x", color="#d62728", zorder=3,
-                           label="published (per seed)" if x == 0 else None)
-        ax.set_xticks([0, 1], [g[0] for g in groups])
-        ax.set_xlim(-0.6, 1.6)
-        ax.set_ylabel(metric)
-        ax.legend(fontsize=8)
-    elif len(keys) == 2:
-        xs = list(dict.fromkeys(p["point"][keys[0]] for p in spec["expanded"]))
-        ys = list(dict.fromkeys(p["point"][keys[1]] for p in spec["expanded"]))
-        grid = np.full((len(ys), len(xs)), np.nan)
-        for p in spec["expanded"]:
-            vals = [values[(p["run"], s)] for s in seeds if (p["run"], s) in values]
-            if vals:
-                grid[ys.index(p["point"][keys[1]]), xs.index(p["point"][keys[0]])] = float(np.mean(vals))
-        im = ax.imshow(grid, origin="lower", cmap="viridis", aspect="auto")
-        fig.colorbar(im, ax=ax, label=f"{metric} (mean over seeds)")
-        for p in spec["expanded"]:
-            cx, cy = xs.index(p["point"][keys[0]]), ys.index(p["point"][keys[1]])
-            pub = published_at(published.get("points"), p["point"], metric)
-            text = "" if np.isnan(grid[cy, cx]) else f"{grid[cy, cx]:.2f}"
-            if pub is not None:
-                text += f"\n({pub:.2f})"
-            ax.text(cx, cy, text, ha="center", va="center", fontsize=7, color="white")
-        ax.set_xticks(range(len(xs)), [format_value(v, "x") for v in xs])
-        ax.set_yticks(range(len(ys)), [format_value(v, "y") for v in ys])
-        ax.set_xlabel(keys[0])
-        ax.set_ylabel(keys[1])
-        title += "; (published)"
-    else:
-        key = keys[0]
-        pts = spec["expanded"]
-        x, labels, numeric = _positions([p["point"][key] for p in pts])
-        order = np.argsort(x)
-        mean, std = [], []
-        for i in order:
-            vals = [values[(pts[i]["run"], s)] for s in seeds if (pts[i]["run"], s) in values]
-            ax.scatter([x[i]] * len(vals), vals, s=12, color="#1f77b4", alpha=0.5, zorder=3)
-            mean.append(float(np.mean(vals)) if vals else np.nan)
-            std.append(float(np.std(vals, ddof=1)) if len(vals) > 1 else 0.0)
-        xo, mean, std = np.asarray(x)[order], np.asarray(mean), np.asarray(std)
-        ax.plot(xo, mean, "-o", color="#1f77b4", label=f"reproduced (mean of {len(seeds)} seed{'s' if len(seeds) > 1 else ''})")
-        if len(seeds) > 1:
-            ax.fill_between(xo, mean - std, mean + std, color="#1f77b4", alpha=0.2, label="± 1 std over seeds")
-        pub = [(x[i], published_at(published.get("points"), pts[i]["point"], metric)) for i in order]
-        pub = [(a, b) for a, b in pub if b is not None]
-        if pub:
-            ax.plot([a for a, _ in pub], [b for _, b in pub], "--x", color="#d62728", label="published")
-        if not numeric:
-            ax.set_xticks(x, labels)
-        ax.set_xlabel(key)
-        ax.set_ylabel(metric)
-        ax.legend(fontsize=8)
-    ax.set_title(title, fontsize=10)
-    fig.tight_layout()
-    out = Path(out)
-    written = []
-    for ext in ("png", "svg"):
-        path = out.with_suffix(f".{ext}")
-        with atomic_path(path) as tmp:
-            fig.savefig(tmp, format=ext, dpi=120)
-        written.append(path)
-    plt.close(fig)
-    return written
+    own = StyleBook([(spec["method"], spec["method"])]).method(spec["method"])
+    other = Style("#555555", "s", "--", "none")
+    run = spec["expanded"][0]["run"]
+    groups = [("study", run, published.get("points"), own),
+              ("reference", spec["reference"], published.get("reference"), other)]
+    shown: list[float] = []
+    for x, (role, name, pubs, style) in enumerate(groups):
+        vals = _seed_values(values, name, seeds)
+        jitter = np.linspace(-0.12, 0.12, max(len(vals), 1))[: len(vals)]
+        ax.plot(x + jitter, vals, label=f"each seed ({role})", **style.points(markersize=3.5))
+        shown += vals
+        if vals:
+            lo, hi = ci95(vals)
+            m = float(np.mean(vals))
+            err = [[m - lo], [hi - m]] if lo is not None else None
+            ax.errorbar([x + 0.3], [m], yerr=err, color="black", marker="D", markersize=3.5, linestyle="none",
+                        label="mean, 95 % t-interval" if x == 0 else None)
+            shown += [m] + ([lo, hi] if lo is not None else [])
+        pv = [p for p in (published_at(pubs, {"seed": s}, metric) for s in seeds) if p is not None]
+        if pv:
+            first = "published (per seed)" not in ax.get_legend_handles_labels()[1]
+            ax.plot([x - 0.3] * len(pv), pv, marker="x", color="black", linestyle="none", markersize=4,
+                    label="published (per seed)" if first else None)
+            shown += pv
+    ax.set_xticks([0, 1], [f"{run}\n(study)", f"{spec['reference']}\n(reference)"])
+    ax.set_xlim(-0.6, 1.6)
+    if shown:
+        ax.set_ylim(*score_limits(min(shown), max(shown)))
+    ax.set_ylabel(_metric_label(metric))
+    legend_outside(ax, where="top", ncols=1)
 
 
 # ------------------------------------------------------------------------------------ CLI
 def study_spec(config: dict, name: str) -> dict:
     """The expanded study ``name`` of a validated config (what ``sentemb study --spec`` reads)."""
-    for s in config.get("studies") or []:
+    for s in config["studies"]:
         if s["name"] == name:
             return copy.deepcopy(s)
     raise SentembError(f"no study named '{name}' in config key 'studies'")
@@ -576,7 +710,9 @@ def _cmd_study(args: argparse.Namespace) -> int:
         with atomic_path(args.markdown) as tmp:
             tmp.write_text(md, "utf-8")
     if args.figure:
-        study_figure(spec, values, published, args.figure)
+        from .report import dev_histories
+
+        study_figure(spec, values, published, args.figure, dev_histories(args.train) if args.train else None)
     print(md)
     return 0
 
@@ -589,14 +725,17 @@ def register(sub) -> None:
     p.add_argument("--published", default=None, help="config/paper_results.yaml (its `studies` section)")
     p.add_argument("--output", required=True, help="CSV")
     p.add_argument("--markdown", default=None)
-    p.add_argument("--figure", default=None, help="figure path; .png and .svg are written")
+    p.add_argument("--figure", default=None, help="figure path (.png); .svg and .pdf are written beside it")
+    p.add_argument("--train", nargs="*", default=[], help="the points' train.json files: their STS-B dev curves "
+                                                         "beside the figure's main panel")
     p.set_defaults(func=_cmd_study)
 
 
-def study_tags(run: dict) -> dict[str, str]:
-    """MLflow tags of a study point's training run: ``study`` and ``point`` (``theta=0.3``)."""
-    if not run.get("study"):
+def study_tags(run) -> dict[str, str]:
+    """MLflow tags of a study point's training run (a ``sentemb.settings.Run``): ``study`` and
+    ``point`` (``theta=0.3``)."""
+    if not run.study:
         return {}
-    point = run.get("point") or {}
-    return {"study": run["study"],
+    point = run.point or {}
+    return {"study": run.study,
             "point": ",".join(f"{k}={format_value(v, k)}" for k, v in point.items()) or SEEDS_POINT}

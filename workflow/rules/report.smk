@@ -1,5 +1,8 @@
 # Stage `report`: tables and figures from the per-run metrics JSON files (issue 12). The HTML report:
 #   snakemake --report results/report.html   (after the targets are built)
+# Figures: PNG (in the report), SVG and PDF, drawn with sentemb.figure_style (issue 29 §2).
+
+from sentemb.studies import study_train_inputs
 
 
 rule table1:
@@ -64,6 +67,7 @@ rule figures:
             for f in FIGURES
         },
         **{f"{f}_svg": LAYOUT.figure(f, "svg") for f in FIGURES},
+        **{f"{f}_pdf": LAYOUT.figure(f, "pdf") for f in FIGURES},
     params:
         outdir=lambda wildcards, output: os.path.dirname(output[0]),
     log:
@@ -96,6 +100,7 @@ rule study:
     input:
         spec=LAYOUT.study(ext="spec.json"),
         results=lambda w: study_inputs(config, STUDIES[w.study]),
+        train=lambda w: study_train_inputs(config, STUDIES[w.study]),  # the points' dev curves
         published=PAPER_RESULTS,
     output:
         csv=report(LAYOUT.study(ext="csv"), caption="../report/study.rst", category="Studies",
@@ -104,14 +109,16 @@ rule study:
         png=report(LAYOUT.study(ext="png"), caption="../report/study.rst", category="Studies",
                    subcategory="{study}"),
         svg=LAYOUT.study(ext="svg"),
+        pdf=LAYOUT.study(ext="pdf"),
     log:
         f"{LOGS}/studies/{{study}}.log",
     localrule: True
     conda:
         "../envs/sentemb.yaml"
     shell:
-        "sentemb study --spec {input.spec} --inputs {input.results} --published {input.published}"
-        " --output {output.csv} --markdown {output.md} --figure {output.png} > {log} 2>&1"
+        "sentemb study --spec {input.spec} --inputs {input.results} --train {input.train}"
+        " --published {input.published} --output {output.csv} --markdown {output.md} --figure {output.png}"
+        " > {log} 2>&1"
 
 
 rule studies:
