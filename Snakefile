@@ -21,6 +21,7 @@ include: "workflow/rules/pretrain.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/report.smk"
+include: "workflow/rules/cards.smk"
 
 
 rule all:
@@ -29,6 +30,7 @@ rule all:
         LAYOUT.table("table1", "md"),
         REPORT_TARGETS,
         STATS_TARGETS,
+        card_outputs(),
     default_target: True
 
 

@@ -60,16 +60,16 @@ def jobs(workdir):
     """(name, backbone, seed) of every training job the tiny config declares (its study's points included)."""
     import contextlib
 
-    from sentemb.config import load_config
+    from sentemb.config import jobs, load_config
 
     with contextlib.chdir(workdir):  # method_modules are relative to the working directory
         cfg = load_config(workdir / "config.yaml")
-    return [(r["name"], r["backbone"], s) for r in cfg["runs"] for s in (r.get("seeds") or cfg["seeds"])]
+    return [tuple(j) for j in jobs(cfg)]
 
 
 @pytest.fixture(scope="module")
 def ran(workdir, env):
-    smk(workdir, "--cores", "2", "results/table1.csv", "report_all", "stats", env=env)
+    smk(workdir, "--cores", "2", "results/table1.csv", "report_all", "stats", "model_cards", env=env)
     return workdir
 
 
@@ -208,8 +208,35 @@ def test_every_job_is_an_mlflow_run(ran):
 
 
 def test_rerun_has_nothing_to_do(ran, env):
-    p = smk(ran, "-n", "results/table1.csv", "report_all", env=env)
+    p = smk(ran, "-n", "results/table1.csv", "report_all", "model_cards", env=env)  # the cards rerun nothing
     assert "Nothing to be done" in p.stdout + p.stderr
+
+
+def test_every_exported_model_has_a_card_with_its_results(ran):
+    """Issue 29 §1: each run's model/README.md parses with huggingface_hub and its model-index holds
+    the run's eval_sts.json (STS-B test) and eval_transfer.json; a dev-only run's card has no results."""
+    from huggingface_hub import ModelCard
+
+    cfg = yaml.safe_load((ran / "config.yaml").read_text())
+    for name, backbone, seed in jobs(ran):
+        d = ran / "results" / "runs" / name / backbone / f"seed{seed}"
+        card = ModelCard.load(d / "model" / "README.md")
+        assert card.data.library_name == "sentence-transformers" and f"sentemb run {name}," in card.text
+        assert card.data.base_model is None  # the tiny backbone is randomly initialised: no base model
+        got = {(e.dataset_type, e.metric_type): e.metric_value for e in card.data.eval_results or []}
+        if (d / "eval_sts.json").is_file():
+            sts = json.loads((d / "eval_sts.json").read_text())
+            assert got[("mteb/stsbenchmark-sts", "cosine_spearman")] == sts["STSBenchmark"], d
+            assert len([k for k in got if k[1] == "cosine_spearman"]) == len(TASKS)
+        else:
+            assert not got and "Not evaluated yet" in card.text, d
+        if (d / "eval_transfer.json").is_file():
+            assert got[("SentEval/TREC", "accuracy")] == json.loads((d / "eval_transfer.json").read_text())["TREC"]
+        marker = json.loads((d / "model_card.json").read_text())
+        assert marker["card"] == str(Path("results/runs") / name / backbone / f"seed{seed}" / "model" / "README.md")
+    sarcse = ModelCard.load(ran / "results/runs/sarcse/tiny-bert/seed1/model/README.md")
+    assert "trust_remote_code=True" in sarcse.text  # its own sentence-transformers module
+    assert cfg["corpus"]["name"] in sarcse.text
 
 
 def test_editing_a_plugin_reruns_its_jobs_and_nothing_else(ran, env):

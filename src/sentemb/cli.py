@@ -32,19 +32,24 @@ COMMAND_MODULES = [
     "sentemb.gpucheck",
     "sentemb.plan",
     "sentemb.inputs",
+    "sentemb.model_card",
 ]
+
+#: commands whose module imports no torch: ``sentemb <command>`` builds only that module's parser, so
+#: a rule that runs once per run (``model_card``) starts in a fraction of a second
+LIGHT_COMMANDS = {"model-card": "sentemb.model_card"}
 
 
 #: commands that may run on a GPU: they claim a GPU slot when $SENTEMB_GPU_SLOTS is set
 GPU_COMMANDS = {"train", "evaluate", "evaluate-transfer", "encode-transfer", "pretrain", "paraphrase", "benchmark"}
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(modules: list[str] = COMMAND_MODULES) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sentemb", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"sentemb {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name in COMMAND_MODULES:
+    for name in modules:
         try:
             mod = importlib.import_module(name)
         except ModuleNotFoundError as e:  # a stage not built yet must not break the others
@@ -56,7 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    command = next((a for a in argv if not a.startswith("-")), None)
+    parser = build_parser([LIGHT_COMMANDS[command]] if command in LIGHT_COMMANDS else COMMAND_MODULES)
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,

@@ -14,15 +14,18 @@ sync per log/eval/save instead of per step, and the dev set is tokenized and pad
 these change what is computed: the losses are the same step by step with them off (tested).
 
 Outputs of ``train(run, out_dir)``:
-    out_dir/model/       the best checkpoint by STS-B dev (HF + sentence-transformers layout)
+    out_dir/model/       the best checkpoint by STS-B dev (HF + sentence-transformers layout), with
+                         its model card without results (README.md, sentemb.model_card)
     out_dir/train.json   summary (best dev, steps, throughput, history: one record per evaluated or,
-                         with train.log_grad_norms, logged step: dev_stsb, train/grad_norm/<term>)
+                         with train.log_grad_norms, logged step: dev_stsb, train/grad_norm/<term>;
+                         provenance: git commit, corpus sha256 and size, framework versions)
     out_dir/.work/       resume state; removed after success
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import math
@@ -882,6 +885,19 @@ def evaluate_and_keep(job: Job, state: State) -> float:
     return dev
 
 
+def write_card_without_results(model_dir: Path, run: dict, summary: dict) -> None:
+    """The exported model's card before any evaluation (``sentemb.model_card``: a model is never
+    anonymous; rule ``model_card`` adds the results). A failure to write it is logged, not raised:
+    it must not cost the trained model."""
+    from .model_card import write_export_card
+
+    try:
+        write_export_card(model_dir, run, summary)
+    except Exception as e:  # noqa: BLE001 - the card is secondary to the weights
+        log.warning("run '%s': no model card written (%s: %s); `sentemb model-card` writes it later",
+                    run.get("name"), type(e).__name__, e)
+
+
 def export_to(job: Job, path: Path, extra: dict) -> None:
     with atomic_path(path, is_dir=True) as tmp:
         job.method.export(tmp, job.pooler, meta={**job.meta, "pooler": job.pooler, **extra})
@@ -915,15 +931,19 @@ def finish(job: Job, state: State, t_start: float) -> dict:
                 "history": state.history, **summary_extra}
     if not (job.work / "best").is_dir():
         raise SentembError(f"run '{job.run.name}': no checkpoint was evaluated (set train.eval_at_end: true)")
+    from .model_card import training_provenance
+
     summary = {
         **job.meta, "steps": job.total, "best_step": state.best["step"], "best_dev_stsb": state.best["dev"],
         "history": state.history, "train_seconds_this_process": round(time.perf_counter() - t_start, 2),
         "pooler": job.pooler, "device": str(job.device), "precision": str(job.amp or "fp32"),
         "chunk_size": job.chunk or job.settings.batch_size, "chunked": job.chunk is not None, **summary_extra,
+        "provenance": training_provenance(job.run.to_dict(), len(job.sentences)),  # commit, corpus digest (the card)
     }
     with atomic_path(job.out_dir / "model", is_dir=True) as tmp:
         shutil.rmtree(tmp)
         shutil.copytree(job.work / "best", tmp)
+        write_card_without_results(tmp, job.run.to_dict(), summary)
     write_json(job.out_dir / "train.json", summary)
     if state.best["dev"] is not None:
         job.tracker.log_metrics({"dev/best": state.best["dev"]}, job.total)
@@ -951,12 +971,12 @@ def train(run: Run | dict, out_dir: str | Path, *, progress: bool = True, stop_a
     lead = run.train.devices == 1 or int(os.environ.get("RANK", "0")) == 0
     # The MLflow run is opened first, so that bad input also ends as a FAILED run with the error. A
     # job that will resume its own saved state continues its own run (see Tracker's `marker`).
-    tracker = Tracker(uri=run.tracking.get("uri"), experiment=run.experiment,
-                      enabled=lead and run.tracking.get("enabled", True),
+    tracker = Tracker(uri=run.tracking.uri, experiment=run.experiment,
+                      enabled=lead and run.tracking.enabled,
                       run_name=run.run_name or f"train/{run.name}/{run.backbone}/seed{seed}",
-                      tags={**meta, "rule": run.rule or "train", **study_tags(run.to_dict())}, params=run.to_dict(),
+                      tags={**meta, "rule": run.rule or "train", **study_tags(run)}, params=run.to_dict(),
                       marker=out_dir / ".mlflow_run.json", key=run_fingerprint(run),
-                      resume=(out_dir / ".work" / "last.pt").is_file(), wait_s=run.tracking.get("wait_s"))
+                      resume=(out_dir / ".work" / "last.pt").is_file(), wait_s=run.tracking.wait_s)
     with tracker:
         corpus = Path(run.paths.get("corpus") or "")
         if corpus.is_file() and not tracker.continued:  # lineage: the Dataset column in MLflow
@@ -1022,7 +1042,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if args.device:
         run.train.device = args.device
     if args.no_track:
-        run.tracking = {**run.tracking, "enabled": False}
+        run.tracking = dataclasses.replace(run.tracking, enabled=False)
     from . import distributed
 
     if run.train.devices > 1 and not distributed.under_torchrun():
