@@ -42,6 +42,17 @@ def import_graph() -> dict[str, set[str]]:
                 targets.add(base)
                 targets.update(f"{base}.{a.name}" for a in node.names)  # `from . import rake`: a module
         graph[name] = {t for t in targets if t in mods and t != name}
+    # the imports made by name at run time count too: the method registry imports every built-in
+    # method module of its package, the CLI every command module it lists
+    from sentemb.methods import _NOT_METHODS
+
+    graph["sentemb.methods"] |= {m for m in mods if m.rpartition(".")[0] == "sentemb.methods"
+                                 and m.rpartition(".")[2] not in _NOT_METHODS}
+    cli = "sentemb.cli" if "sentemb.cli" in mods else None
+    if cli:
+        for node in ast.walk(ast.parse(mods[cli].read_text("utf-8"))):
+            if isinstance(node, ast.Constant) and node.value in mods and node.value != cli:
+                graph[cli].add(node.value)
     return graph
 
 
@@ -73,6 +84,9 @@ def test_the_graph_sees_every_kind_of_import():
     assert "sentemb.methods" in g["sentemb.config"]  # inside a function
     assert "sentemb.stats.tfidf" in g["sentemb.methods.una"]  # two levels up, a submodule
     assert "sentemb.stats.rake" in g["sentemb.stats.cli"]  # `from .rake import ...` inside a function
+    assert "sentemb.methods.arccse" in g["sentemb.methods"]  # the registry's import by name
+    assert "sentemb.methods.cli" not in g["sentemb.methods"]
+    assert "sentemb.train" in g["sentemb.cli"]  # a command module the CLI imports by name
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
 

@@ -16,6 +16,7 @@ from conftest import TINY_WORDS
 from sentemb import SentembError
 from sentemb.methods import MethodContext, get_method
 from sentemb.methods.infocse import InfoCSE, InfoCSEPretrain, aux_mlm_loss, mask_tokens
+from sentemb.settings import TrackingSettings
 from sentemb.pretrain import run_pretrain
 
 SENTS = ["a man plays the guitar", "the dog runs in the park", "red car", "a cat sits on the mat",
@@ -382,7 +383,7 @@ def test_pretrain_cli_resumes_bit_identically_and_logs_its_own_mlflow_run(tiny_b
     corpus = pretrained.parent.parent / "corpus.txt"
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     run = _run(tiny_bert_dir, corpus, max_steps=3)
-    run.tracking = {"enabled": True, "uri": uri}
+    run.tracking = TrackingSettings(enabled=True, uri=uri)
     (tmp_path / "pre.json").write_text(json.dumps(run.to_dict()))
     with pytest.raises(KeyboardInterrupt):  # a kill after step 1 (the shared loop's test hook)
         train(run, tmp_path / "resumed", method_cls=InfoCSEPretrain, stop_after=1, progress=False)

@@ -27,16 +27,20 @@ def test_the_plan_has_a_row_for_every_job_of_the_dag_and_a_total(test_plan):
     by_kind = {}
     for r in rows:
         by_kind.setdefault(r.kind, []).append(r.job)
-    # the Snakefile's jobs (workflow/rules/common.smk: JOBS, TESTED, TRANSFER_RUNS, BASELINES)
-    jobs = [f"{r['name']}/{r['backbone']}/seed{s}" for r in config["runs"] for s in (r.get("seeds") or config["seeds"])]
+    # the Snakefile's jobs (sentemb.config: jobs, tested, baselines, as workflow/rules/common.smk reads them)
+    from sentemb.config import baselines as baselines_of, jobs as jobs_of, tested as tested_of
+
+    jobs = [f"{j.name}/{j.backbone}/seed{j.seed}" for j in jobs_of(config)]
     assert sorted(by_kind["train"]) == sorted(jobs)
-    tested = [f"{r['name']}/{r['backbone']}/seed{s}" for r in config["runs"] if r.get("evaluate", True)
-              for s in (r.get("seeds") or config["seeds"])]
-    baselines = [f"baseline/{b}/{p}" for b, ps in (config.get("baselines") or {}).items() for p in ps]
+    tested = [f"{j.name}/{j.backbone}/seed{j.seed}" for j in jobs_of(config) if (j.name, j.backbone) in tested_of(config)]
+    baselines = [f"baseline/{b}/{p}" for b, p in baselines_of(config)]
     assert sorted(by_kind["evaluate"]) == sorted(tested + baselines)
     assert config["evaluation"]["transfer"] and sorted(by_kind["transfer"]) == sorted(tested + baselines)
     assert by_kind["pretrain"] == ["infocse/tiny-bert"]
     assert len(by_kind["paraphrase"]) == stats_settings(config)["paraphrase"]["shards"]
+    # a transfer encoding encodes the configured tasks' sentences only (.test: TREC, 5,952 sentences)
+    assert config["evaluation"]["transfer_tasks"] == ["TREC"]
+    assert {r.steps for r in rows if r.kind == "transfer"} == {5952}
     # SentEval's classifier: a job without a GPU after every transfer encoding (issue 26 §4)
     assert sorted(by_kind["classify"]) == sorted(by_kind["transfer"])
     for r in rows:
@@ -117,7 +121,7 @@ def test_a_training_job_is_planned_with_the_chunk_and_devices_it_would_use():
 
     config = load_config(TEST_CONFIG)
     r = next(r for r in config["runs"] if r["method"] == "simcse")
-    base = resolve_run(config, r["name"], r["backbone"], (r.get("seeds") or config["seeds"])[0])
+    base = resolve_run(config, r["name"], r["backbone"], (r["seeds"] or config["seeds"])[0])
     layers = depth(backbone_architecture(config, base.backbone))
     cpu = 1 / CUDA_ACTIVATION_RATIO  # the CPU's measured activations per CUDA byte
     m = Measure(layers=layers, flops=1e12, flops_layer=1e11, act_bytes=4e9 * cpu, act_layer=1e9 * cpu, trainable=10**8,

@@ -86,7 +86,7 @@ def _cases():
     config = load_config(CONFIG)
     seen, cases = {}, []
     for r in config["runs"]:
-        run = resolve_run(config, r["name"], r["backbone"], (r.get("seeds") or config["seeds"])[0])
+        run = resolve_run(config, r["name"], r["backbone"], (r["seeds"] or config["seeds"])[0])
         key = step_key(run, architecture_of(run.backbone_hub_id))
         if key not in seen:
             seen[key] = run

@@ -7,13 +7,12 @@ import dataclasses
 import json
 
 import pytest
-import yaml
 
 from conftest import REPO
 
 from sentemb import SentembError
 from sentemb.args import specs
-from sentemb.config import load_config, load_schema, resolve_run, validate_config
+from sentemb.config import jobs, load_config, load_schema, resolve_run, validate_config
 from sentemb.settings import SECTIONS, EvaluationSettings, JobResources, Run, StatsSettings, TrainSettings
 
 BASE = {"backbones": {"b": {"hub_id": "x/y"}}, "runs": [{"method": "simcse", "backbone": "b"}]}
@@ -34,9 +33,8 @@ def _leaves(cls, obj=None, prefix=""):
 @pytest.mark.parametrize("section", sorted(SECTIONS))
 def test_the_schema_section_is_the_settings_class(section):
     """Keys, defaults, allowed values: what validation fills in is exactly the dataclass's defaults,
-    and the raw YAML schema declares none of these keys itself (one source)."""
-    raw = yaml.safe_load((REPO / "src/sentemb/schemas/config.schema.yaml").read_text())
-    assert raw["properties"][section] in ({}, None)
+    and no hand-written schema is left beside the classes (one source)."""
+    assert not list((REPO / "src").rglob("*.schema.*")) and not (REPO / "workflow/schemas").exists()
     filled = validate_config(json.loads(json.dumps(BASE)))[section]
     cls = SECTIONS[section]
     want = {}
@@ -98,7 +96,7 @@ def test_train_settings_from_a_mapping_name_the_key():
         TrainSettings.from_dict({"precision": "fp8"})
     s = TrainSettings.from_dict({"lr": 1e-4, "batch_size": 8})
     assert (s.lr, s.batch_size, s.epochs) == (1e-4, 8, 1)
-    assert list(s.to_dict())[:2] == ["lr", "batch_size"]  # the given order first (run config JSON)
+    assert list(s.to_dict())[:2] == ["epochs", "max_steps"]  # declaration order (the fingerprint sorts keys)
 
 
 def test_stats_and_evaluation_defaults_are_the_classes():
@@ -112,36 +110,36 @@ def test_stats_and_evaluation_defaults_are_the_classes():
 
 def test_a_setting_added_at_its_old_behaviour_reruns_nothing_and_runs_round_trip(monkeypatch):
     """Issue 28 §2 (replacing the golden hashes of the run JSON): a train setting added with the
-    default that computes what was computed before (``OMIT_AT_DEFAULT``: left out of the run's JSON;
-    ``ADDED_DEFAULTS``: left out of the fingerprint) changes neither the JSON nor the fingerprint when
-    given explicitly at that value, and does at any other; every resolved run survives a JSON round
+    default that computes what was computed before (``ADDED_DEFAULTS``, left out of the fingerprint at
+    that value; or weight-free, left out at any value) changes no fingerprint when given explicitly at
+    that value, and a weight-changing one does at any other; every resolved run survives a JSON round
     trip; and a run's fingerprint is that of its JSON (the train job's view)."""
     import dataclasses
 
     from sentemb.pretrain import resolve_pretrain
-    from sentemb.settings import ADDED_DEFAULTS, OMIT_AT_DEFAULT, fingerprint
+    from sentemb.settings import ADDED_DEFAULTS, fingerprint
 
     monkeypatch.chdir(REPO)
     cfg = load_config(REPO / ".test/config.yaml")
-    runs = [resolve_run(cfg, r["name"], r["backbone"], seed) for r in cfg["runs"] for seed in r.get("seeds") or cfg["seeds"]]
+    runs = [resolve_run(cfg, *job) for job in jobs(cfg)]
     runs.append(resolve_pretrain(cfg, "infocse", "tiny-bert"))
     others = {"chunk_size": 8, "dropout_rng": "keyed", "devices": 2, "sampler": "length", "eval_unit": "micro_batches"}
     for run in runs:
         assert isinstance(run, Run) and isinstance(run.train, TrainSettings)
         again = Run.from_dict(json.loads(json.dumps(run.to_dict())))
         assert again.to_dict() == run.to_dict() and fingerprint(again) == fingerprint(run)
-        for key, old in {**OMIT_AT_DEFAULT, **ADDED_DEFAULTS}.items():
+        for key, old in {"chunk_size": None, "devices": 1, **ADDED_DEFAULTS}.items():
             # the run as written before the key existed (no such key) and with the key at its old value
             at_old = dataclasses.replace(run, train=dataclasses.replace(run.train, **{key: old}))
             before = at_old.to_dict()
             before["train"] = {k: v for k, v in before["train"].items() if k != key}
             before = Run.from_dict(before)
             assert fingerprint(at_old) == fingerprint(before), (run.name, key)
-            if key in OMIT_AT_DEFAULT:
-                assert at_old.to_dict() == before.to_dict(), (run.name, key)
             moved = dataclasses.replace(run, train=dataclasses.replace(run.train, **{key: others[key]}))
             if key in ADDED_DEFAULTS:  # the weight-changing ones: another value is another run
                 assert fingerprint(moved) != fingerprint(at_old), (run.name, key)
+            else:
+                assert fingerprint(moved) == fingerprint(at_old), (run.name, key)
 
 
 def test_config_readme_is_the_generated_listing():
@@ -152,3 +150,65 @@ def test_config_readme_is_the_generated_listing():
     for key in ("`train.batch_size`", "`evaluation.precision`", "`stats.paraphrase.model.hub_id`",
                 "`job_resources.pretrain.runtime`", "`methods.simcse.temperature`", "`runs[].train`"):
         assert key in text
+
+
+# --------------------------------------------------------------------- issue 28 §1: one typed tree
+def test_the_whole_schema_is_generated_from_the_typed_tree():
+    """Every top-level key is a field of ``Config`` with its help, the schema is ``schema_of(Config)``
+    (no section written by hand), and a validated config reads as attributes with its defaults."""
+    from sentemb.args import schema_of
+    from sentemb.settings import Config, RunSpec, TrackingSettings
+
+    schema = load_schema()
+    fields = [f.name for f in dataclasses.fields(Config)]
+    assert list(schema["properties"]) == fields and schema["required"] == ["backbones", "runs"]
+    assert schema["properties"]["runs"]["items"] == schema_of(RunSpec)
+    assert all(p.get("description") for p in schema["properties"].values())
+    cfg = Config.of(validate_config({**json.loads(json.dumps(BASE)), "tracking": {"uri": "sqlite:///x.db"}}))
+    assert cfg.tracking == TrackingSettings(enabled=True, uri="sqlite:///x.db", wait_s=None)
+    run = cfg.runs[0]
+    assert (run.name, run.evaluate, run.transfer, run.seeds, run.corpus) == ("simcse", True, None, None, None)
+    assert cfg.seeds_of(run) == [42] and cfg.corpus_of(run) == "wiki1m" and not cfg.transfers(run)
+    assert cfg.backbones["b"].hub_id == "x/y" and cfg.backbones["b"].random_init is None
+    assert cfg.job_resources.train.gpu == 1 and cfg.evaluation.batch_size == 128
+
+
+def test_jobs_tested_transfer_runs_and_baselines_enumerate_the_config():
+    """The job enumeration the Snakefile, ``plan`` and the tests share, against a hand-listed config:
+    per-run seeds, a dev-only run, a per-run transfer switch over evaluation.transfer, a study's
+    points (one reusing an existing run), baselines."""
+    from sentemb.config import Job, baselines, jobs, tested, transfer_runs
+
+    config = {
+        "backbones": {"b": {"hub_id": "x/y"}, "c": {"hub_id": "x/z"}},
+        "seeds": [1, 2],
+        "evaluation": {"transfer": True},
+        "runs": [{"method": "simcse", "backbone": "b"},
+                 {"method": "simcse", "backbone": "c", "seeds": [7], "transfer": False},
+                 {"method": "sarcse", "backbone": "b", "name": "cheap", "evaluate": False}],
+        "studies": [{"name": "t", "method": "simcse", "backbone": "b", "seeds": [3],
+                     "vary": {"method_args.temperature": [0.05, 0.1]}}],
+        "baselines": {"b": ["avg", "cls"], "c": ["avg_first_last"]},
+    }
+    config = validate_config(config)
+    assert jobs(config) == [Job("simcse", "b", 1), Job("simcse", "b", 2), Job("simcse", "b", 3),  # 0.05 = simcse
+                            Job("simcse", "c", 7), Job("cheap", "b", 1), Job("cheap", "b", 2),
+                            Job("t/temperature=0.1", "b", 3)]
+    assert tested(config) == {("simcse", "b"), ("simcse", "c"), ("t/temperature=0.1", "b")}
+    assert transfer_runs(config) == {("simcse", "b"), ("t/temperature=0.1", "b")}
+    assert baselines(config) == [("b", "avg"), ("b", "cls"), ("c", "avg_first_last")]
+
+
+def test_no_settings_default_is_written_twice_in_the_code():
+    """Issue 28: the schema fills every default of a validated config (``Config``), so reading a
+    setting with a fallback (``run.get("evaluate", True)``, ``config.get("baselines") or {}``) is a
+    second, possibly different, default. None is left in ``src/`` or the workflow."""
+    import re
+
+    receivers = r"\b(config|cfg|run|r|study|spec|tracking|stats|train|evaluation|corpus|para|block|margs|settings)"
+    pattern = re.compile(receivers + r"""(\[[^\]]+\])*\.get\(\s*["'][A-Za-z_]+["']\s*(,|\)\s*or\b)""")
+    files = [*(REPO / "src").rglob("*.py"), *(REPO / "workflow").rglob("*.smk"), REPO / "Snakefile"]
+    found = [f"{p.relative_to(REPO)}:{i}: {line.strip()}" for p in files
+             for i, line in enumerate(p.read_text("utf-8").splitlines(), 1)
+             if pattern.search(line) and not line.lstrip().startswith("#")]
+    assert not found, "\n".join(found)

@@ -5,6 +5,7 @@ import multiprocessing as mp
 
 import pytest
 
+from sentemb.settings import TrackingSettings
 from sentemb.tracking import Tracker, init_store, resolve_uri
 
 
@@ -80,7 +81,7 @@ def _train_cfg(tiny_bert_dir, tiny_corpus, tiny_senteval, uri, **over):
     from test_train import run_cfg
 
     cfg = run_cfg(tiny_bert_dir, tiny_corpus, tiny_senteval, **over)
-    cfg.tracking = {"enabled": True, "uri": uri}
+    cfg.tracking = TrackingSettings(enabled=True, uri=uri)
     return cfg
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import typing
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -21,7 +22,8 @@ from . import SentembError
 def arg(default: Any, help: str, choices: Sequence[Any] | None = None, *, minimum: float | None = None,
         maximum: float | None = None, exclusive_minimum: float | None = None,
         exclusive_maximum: float | None = None, pattern: str | None = None, min_items: int | None = None,
-        weights: bool = True) -> Any:
+        weights: bool = True, required: bool = False, key_pattern: str | None = None,
+        schema: Any = None) -> Any:
     """Declare one setting: ``temperature: float = arg(0.05, "τ of Eq. 1", exclusive_minimum=0)``.
     ``choices`` are the allowed values (of each item, for a list); the bounds are JSON-schema's and
     are enforced wherever the setting is given (``check_mapping``: the config's ``methods.<name>``,
@@ -29,10 +31,17 @@ def arg(default: Any, help: str, choices: Sequence[Any] | None = None, *, minimu
     (list, dict, a settings dataclass) is copied for every instance. ``weights=False``: the setting
     does not change what is trained (how often to log, threads, where batches are built), so it is
     left out of the run's fingerprint (``sentemb.settings.fingerprint``): changing it reruns no job
-    and a saved state still resumes."""
+    and a saved state still resumes.
+
+    For the config tree (``sentemb.settings.Config``): ``required`` - the key must be given (no
+    default in the schema; the field's default is only a placeholder); ``key_pattern`` - the names
+    of a mapping's entries (``backbones``); ``min_items`` - items of a list or entries of a mapping;
+    ``schema`` - a callable giving the property's JSON schema where the type cannot say it (a
+    ``runs[].train`` override: the train keys without their defaults)."""
     meta = {"help": help, "choices": tuple(choices) if choices else None, "minimum": minimum, "maximum": maximum,
             "exclusive_minimum": exclusive_minimum, "exclusive_maximum": exclusive_maximum, "pattern": pattern,
-            "min_items": min_items, "weights": weights}
+            "min_items": min_items, "weights": weights, "required": required, "key_pattern": key_pattern,
+            "schema": schema}
     if isinstance(default, (list, dict)) or dataclasses.is_dataclass(default):
         return field(default_factory=lambda: copy.deepcopy(default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -156,23 +165,66 @@ def bound_error(meta: dict, value: Any) -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=None)
+def hints_of(cls: type) -> dict[str, Any]:
+    """``typing.get_type_hints`` of a settings class, once per class (a 700-run config builds
+    thousands of them)."""
+    return typing.get_type_hints(cls)
+
+
+def _inner_dataclass(tp: Any) -> tuple[str, type] | None:
+    """("one", D) for D or D | None, ("list", D) for list[D], ("map", D) for dict[str, D], else None."""
+    if _is_union(tp):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return _inner_dataclass(args[0]) if len(args) == 1 else None
+    if dataclasses.is_dataclass(tp):
+        return "one", tp
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is list and args and dataclasses.is_dataclass(args[0]):
+        return "list", args[0]
+    if origin is dict and len(args) == 2 and dataclasses.is_dataclass(args[1]):
+        return "map", args[1]
+    return None
+
+
 def build(cls: type, values: dict | None = None):
     """An instance of settings dataclass ``cls`` from a (validated) mapping; nested settings
-    dataclasses are built from their sub-mappings over the field's default instance."""
+    dataclasses are built from their sub-mappings over the field's default instance, lists and
+    mappings of settings item by item."""
     values = dict(values or {})
-    hints = typing.get_type_hints(cls)
+    hints = hints_of(cls)
     for f in fields(cls):
-        tp = hints[f.name]
-        if f.name in values and dataclasses.is_dataclass(tp) and isinstance(values[f.name], dict):
-            base = to_dict(default_of(f))
-            values[f.name] = build(tp, {**base, **values[f.name]})
+        if f.name not in values or values[f.name] is None:
+            continue
+        inner = _inner_dataclass(hints[f.name])
+        if inner is None:
+            continue
+        kind, sub = inner
+        v = values[f.name]
+        if kind == "one" and isinstance(v, dict):
+            default = default_of(f)
+            base = to_dict(default) if dataclasses.is_dataclass(default) else {}
+            values[f.name] = build(sub, {**base, **v})
+        elif kind == "list":
+            values[f.name] = [build(sub, x) if isinstance(x, dict) else x for x in v]
+        elif kind == "map":
+            values[f.name] = {k: build(sub, x) if isinstance(x, dict) else x for k, x in v.items()}
     return cls(**values)
+
+
+def _plain(v: Any) -> Any:
+    if dataclasses.is_dataclass(v):
+        return to_dict(v)
+    if isinstance(v, list):
+        return [_plain(x) for x in v]
+    if isinstance(v, dict):
+        return {k: _plain(x) for k, x in v.items()}
+    return copy.deepcopy(v)
 
 
 def to_dict(obj) -> dict:
     """The mapping form of a settings instance (nested settings as mappings), in field order."""
-    return {f.name: (to_dict(v) if dataclasses.is_dataclass(v := getattr(obj, f.name)) else copy.deepcopy(v))
-            for f in fields(obj)}
+    return {f.name: _plain(getattr(obj, f.name)) for f in fields(obj)}
 
 
 # ----------------------------------------------------------------------------------- JSON schema
@@ -187,39 +239,73 @@ def _json_type(tp: Any) -> list[str]:
     return [_JSON.get(origin or tp, "object" if dataclasses.is_dataclass(tp) else "string")]
 
 
+def _value_schema(tp: Any, meta: dict, defaults: bool) -> dict:
+    """The JSON schema of one value of annotation ``tp`` (a list's item, a mapping's entry, a leaf)."""
+    choices = list(meta["choices"]) if meta.get("choices") else None
+    inner = _inner_dataclass(tp)
+    nullable = _is_union(tp) and type(None) in typing.get_args(tp)
+    if inner is not None and inner[0] != "one":
+        kind, sub = inner
+        p = {"type": "array", "items": schema_of(sub, defaults)} if kind == "list" else \
+            {"type": "object", "additionalProperties": schema_of(sub, defaults)}
+    elif inner is not None:
+        p = schema_of(inner[1], defaults)
+    elif typing.get_origin(tp) is list or (_is_union(tp) and any(typing.get_origin(a) is list for a in typing.get_args(tp))):
+        lst = tp if typing.get_origin(tp) is list else next(a for a in typing.get_args(tp) if typing.get_origin(a) is list)
+        args = typing.get_args(lst)
+        p = {"type": ["array", "null"] if nullable else "array"}
+        p["items"] = {"enum": choices} if choices else ({"type": _json_type(args[0])[0]} if args else {})
+    elif typing.get_origin(tp) is dict and len(typing.get_args(tp)) == 2 and typing.get_args(tp)[1] is not Any:
+        p = {"type": "object", "additionalProperties": _value_schema(typing.get_args(tp)[1], meta, defaults)}
+        return p
+    elif choices:
+        p = {"enum": choices}
+    else:
+        types = _json_type(tp)
+        p = {"type": types[0] if len(types) == 1 else types}
+    if nullable and inner is not None:
+        p["type"] = [p.get("type", "object"), "null"]
+    return p
+
+
 def schema_of(cls: type, defaults: bool = True, default_instance: Any = None) -> dict:
     """The JSON-schema object of settings dataclass ``cls`` (what ``sentemb.config`` validates a
-    config section with): one property per field with its type, allowed values, bounds, help and,
-    with ``defaults``, its default (from ``default_instance`` when given, e.g. one kind of job
-    resources). Nested settings dataclasses become nested objects."""
-    hints = typing.get_type_hints(cls)
-    props = {}
+    config section with, and the whole config from ``sentemb.settings.Config``): one property per
+    field with its type, allowed values, bounds, help and, with ``defaults``, its default (from
+    ``default_instance`` when given, e.g. one kind of job resources). Nested settings dataclasses
+    become nested objects, lists and mappings of them arrays and objects of their schema; a
+    ``required`` field is listed in ``required`` and has no default."""
+    hints = hints_of(cls)
+    props, required = {}, []
     for f in fields(cls):
         tp, meta = hints[f.name], f.metadata
         value = getattr(default_instance, f.name) if default_instance is not None else default_of(f)
-        if dataclasses.is_dataclass(tp):
+        if meta.get("schema") is not None:
+            p = dict(meta["schema"]())
+            if defaults and not meta.get("required"):
+                p["default"] = copy.deepcopy(value)
+        elif dataclasses.is_dataclass(tp):
             p = schema_of(tp, defaults, value)
             if defaults:
                 p["default"] = {}
         else:
-            p = {}
-            choices = list(meta["choices"]) if meta.get("choices") else None
-            if typing.get_origin(tp) is list:
-                p["type"] = "array"
-                p["items"] = {"enum": choices} if choices else {"type": _json_type(typing.get_args(tp)[0])[0]}
-            elif choices:
-                p["enum"] = choices
-            else:
-                types = _json_type(tp)
-                p["type"] = types[0] if len(types) == 1 else types
+            p = _value_schema(tp, meta, defaults)
             for key, name in (("minimum", "minimum"), ("maximum", "maximum"), ("exclusive_minimum", "exclusiveMinimum"),
-                              ("exclusive_maximum", "exclusiveMaximum"), ("pattern", "pattern"),
-                              ("min_items", "minItems")):
+                              ("exclusive_maximum", "exclusiveMaximum"), ("pattern", "pattern")):
                 if meta.get(key) is not None:
                     p[name] = meta[key]
-            if defaults:
-                p["default"] = copy.deepcopy(value)
+            if meta.get("min_items") is not None:
+                p["minProperties" if p.get("type") == "object" else "minItems"] = meta["min_items"]
+            if meta.get("key_pattern") is not None:
+                p["propertyNames"] = {"pattern": meta["key_pattern"]}
+            if defaults and not meta.get("required"):
+                p["default"] = _plain(value)
+        if meta.get("required"):
+            required.append(f.name)
         if meta.get("help"):
             p["description"] = meta["help"]
         props[f.name] = p
-    return {"type": "object", "additionalProperties": False, "properties": props}
+    out = {"type": "object", "additionalProperties": False, "properties": props}
+    if required:
+        out["required"] = required
+    return out

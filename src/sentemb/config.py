@@ -1,6 +1,8 @@
 """Configuration: load YAML, fill defaults from the JSON schema, validate with errors naming the key.
 
-The same schema (``workflow/schemas/config.schema.yaml``) is used by the Snakefile and the CLI.
+The schema is generated from the typed tree ``sentemb.settings.Config`` (``load_schema``); the
+Snakefile and the CLI validate with it. ``jobs``, ``tested``, ``transfer_runs`` and ``baselines``
+enumerate what a validated config makes: the Snakefile, ``sentemb plan`` and the tests read them.
 """
 
 from __future__ import annotations
@@ -9,36 +11,42 @@ import copy
 import functools
 import json
 import os
-from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import jsonschema
 import yaml
 
 from . import SentembError
+from .args import schema_of
 from .layout import Layout
-from .settings import Run, TrainSettings
+from .settings import Config, Run, TrainSettings
 
 
 def load_schema() -> dict:
-    """The config schema: ``schemas/config.schema.yaml`` with its generated sections (``train``,
-    ``runs[].train``, ``evaluation``, ``stats``, ``job_resources``) filled in from the settings
-    classes (``sentemb.settings``), where each of their keys and defaults is declared once."""
+    """The config's JSON schema, generated whole from the typed tree ``sentemb.settings.Config``
+    (each key declared there once, with its default, type, bounds and help). ``sentemb
+    config-schema`` prints it; ``config/README.md`` is generated from it (``sentemb config-keys``)."""
     return copy.deepcopy(_parsed_schema())
 
 
 @functools.lru_cache(maxsize=1)
 def _parsed_schema() -> dict:
     # built once per process: method checks ask for it per run (hundreds of runs with studies)
-    from .settings import SECTIONS, section_schema
+    import dataclasses
 
-    text = resources.files("sentemb").joinpath("schemas/config.schema.yaml").read_text("utf-8")
-    schema = yaml.safe_load(text)
-    for name in SECTIONS:
-        schema["properties"][name] = section_schema(name)
-    schema["properties"]["runs"]["items"]["properties"]["train"] = section_schema("train", defaults=False)
-    schema["properties"]["studies"]["items"]["properties"]["train"] = section_schema("train", defaults=False)
+    from .args import hints_of
+    from .settings import Config
+
+    schema = {"$schema": "https://json-schema.org/draft/2020-12/schema", "title": "sentemb workflow configuration",
+              "description": "Generated from sentemb.settings.Config (sentemb config-schema); validated by "
+                             "sentemb.config.validate_config, which fills in the defaults.",
+              **schema_of(Config)}
+    hints = hints_of(Config)
+    for f in dataclasses.fields(Config):  # a section's description: its class's (as config/README.md shows it)
+        tp = hints[f.name]
+        if dataclasses.is_dataclass(tp) and tp.__doc__:
+            schema["properties"][f.name]["description"] = " ".join(tp.__doc__.split("\n\n")[0].split())
     return schema
 
 
@@ -71,22 +79,22 @@ def validate_config(config: dict, source: str = "config") -> dict:
     """
     from .methods import load_method_modules
 
-    # The user's methods first: the checks below (and the DAG) see them like the built-in ones.
-    try:
-        load_method_modules(config.get("method_modules"))
-    except SentembError as e:
-        raise SentembError(f"invalid configuration in {source}: config key {e}") from None
     schema = load_schema()
     # Defaults first (a second pass validates the completed document and reports all errors).
     errors = sorted(_DefaultValidator(schema).iter_errors(config), key=lambda e: list(e.absolute_path))
     if errors:
         msgs = [f"  - config key '{_key_path(e)}': {e.message}" for e in errors[:10]]
         raise SentembError(f"invalid configuration in {source}:\n" + "\n".join(msgs))
+    # The user's methods next: the checks below (and the DAG) see them like the built-in ones.
+    try:
+        load_method_modules(config["method_modules"])
+    except SentembError as e:
+        raise SentembError(f"invalid configuration in {source}: config key {e}") from None
     from .methods import registry
     from .studies import expand_studies
 
     expand_studies(config, source)  # each study point becomes a run (or reuses one): checked as every run
-    for backbone in config.get("baselines") or {}:
+    for backbone in config["baselines"]:
         if backbone not in config["backbones"]:
             raise SentembError(
                 f"invalid configuration in {source}: config key 'baselines.{backbone}': "
@@ -105,14 +113,13 @@ def validate_config(config: dict, source: str = "config") -> dict:
                 f"unknown method '{run['method']}' (registered: {sorted(registry())})"
             )
         known = known_corpora(config)
-        if run.get("corpus") is not None and run["corpus"] not in known:
+        if run["corpus"] is not None and run["corpus"] not in known:
             raise SentembError(
                 f"invalid configuration in {source}: config key 'runs[{i}].corpus': unknown corpus "
                 f"'{run['corpus']}' (known: {', '.join(known)}; the configured corpus is corpus.name)"
             )
-        run.setdefault("name", run["method"])
-        run.setdefault("train", {})
-        run.setdefault("method_args", {})
+        if run["name"] is None:
+            run["name"] = run["method"]
         key = (run["name"], run["backbone"])
         if key in seen:
             raise SentembError(
@@ -141,8 +148,8 @@ def validate_config(config: dict, source: str = "config") -> dict:
     try:
         for i, run in enumerate(config["runs"]):
             cls = registry()[run["method"]]
-            where = (f"studies[{run['study']}] point {json.dumps(run.get('point'), sort_keys=True)}: method_args"
-                     if run.get("study") else f"runs[{i}].method_args")
+            where = (f"studies[{run['study']}] point {json.dumps(run['point'], sort_keys=True)}: method_args"
+                     if run["study"] else f"runs[{i}].method_args")
             cls.check(cls.make_args(method_args_of(config, run)), config, where)
     except SentembError as e:
         raise SentembError(f"invalid configuration in {source}: config key {e}") from None
@@ -190,7 +197,7 @@ def find_run(config: dict, name: str, backbone: str) -> dict:
 
 def corpus_of(config: dict, run: dict) -> str:
     """The name of the corpus a run trains on (``runs[].corpus``, default ``corpus.name``)."""
-    return run.get("corpus") or config["corpus"]["name"]
+    return run["corpus"] or config["corpus"]["name"]
 
 
 def method_args_of(config: dict, run: dict) -> dict[str, Any]:
@@ -201,9 +208,9 @@ def method_args_of(config: dict, run: dict) -> dict[str, Any]:
     cls = get_method(run["method"])
     i = next((k for k, r in enumerate(config["runs"]) if r is run), None)
     where = f"runs[{i}].method_args" if i is not None else "method_args"
-    base = cls.resolve_args((config.get("methods") or {}).get(run["method"], {}), where=f"methods.{run['method']}")
-    cls.validate_args(run.get("method_args") or {}, where)
-    return {**base, **(run.get("method_args") or {})}
+    base = cls.resolve_args(config["methods"].get(run["method"], {}), where=f"methods.{run['method']}")
+    cls.validate_args(run["method_args"], where)
+    return {**base, **run["method_args"]}
 
 
 def run_requires(config: dict, run: dict) -> tuple[str, ...]:
@@ -244,7 +251,7 @@ def resolve_run(config: dict, name: str, backbone: str, seed: int, *, method: st
     if method is None:
         run = find_run(config, name, backbone)
         method, corpus = run["method"], corpus_of(config, run)
-        train = {**config["train"], **run.get("train", {})}
+        train = {**config["train"], **run["train"]}
         method_args, inputs = method_args_of(config, run), run_inputs(config, name, backbone)
     settings = TrainSettings.from_dict(copy.deepcopy(train))
     from .methods import get_method, method_source
@@ -255,11 +262,44 @@ def resolve_run(config: dict, name: str, backbone: str, seed: int, *, method: st
     return Run(
         name=name, method=method, backbone=backbone, backbone_hub_id=config["backbones"][backbone]["hub_id"],
         seed=int(seed), train=settings, method_args=method_args, experiment=config["experiment"],
-        # tracking.wait_s left unset (null) is not written into the run: its settings, and so the
-        # rule's params, stay those of a configuration from before the key existed (no re-runs).
-        tracking={k: v for k, v in config["tracking"].items() if not (k == "wait_s" and v is None)},
+        tracking=config["tracking"],  # not in the fingerprint: changing it reruns nothing (rule run_options)
         corpus=corpus, **extra,
-        **({k: run[k] for k in ("study", "point") if k in run} if run is not None else {}),  # tags its MLflow run
+        **({k: run[k] for k in ("study", "point") if run[k] is not None} if run is not None else {}),  # MLflow tags
         paths=Layout.of(config).job_paths(corpus, backbone, inputs, token_cache=settings.token_cache),
     )
 
+
+
+# ----------------------------------------------------------------------------- what a config makes
+class Job(NamedTuple):
+    """One training job: a run (``name`` on ``backbone``) with one seed."""
+
+    name: str
+    backbone: str
+    seed: int
+
+
+def jobs(config: dict | Config) -> list[Job]:
+    """Every training job of a validated config, in ``runs`` order: each run × its seeds
+    (``runs[].seeds``, else ``seeds``). The Snakefile's targets, ``sentemb plan`` and the tests
+    enumerate with this."""
+    cfg = Config.of(config)
+    return [Job(cfg.run_name(r), r.backbone, s) for r in cfg.runs for s in cfg.seeds_of(r)]
+
+
+def tested(config: dict | Config) -> set[tuple[str, str]]:
+    """(name, backbone) of the runs evaluated on the test sets (``runs[].evaluate``)."""
+    cfg = Config.of(config)
+    return {(cfg.run_name(r), r.backbone) for r in cfg.runs if r.evaluate}
+
+
+def transfer_runs(config: dict | Config) -> set[tuple[str, str]]:
+    """(name, backbone) of the runs with SentEval transfer tasks (``runs[].transfer``, else
+    ``evaluation.transfer``; only runs that are evaluated)."""
+    cfg = Config.of(config)
+    return {(cfg.run_name(r), r.backbone) for r in cfg.runs if cfg.transfers(r)}
+
+
+def baselines(config: dict | Config) -> list[tuple[str, str]]:
+    """(backbone, pooler) of every untrained baseline (``baselines``)."""
+    return [(b, p) for b, poolers in Config.of(config).baselines.items() for p in poolers]

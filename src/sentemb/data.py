@@ -50,7 +50,7 @@ MIRROR_ENV = "SENTEMB_MIRROR"
 
 def mirror_dir(config: dict) -> Path | None:
     """The local mirror directory: ``$SENTEMB_MIRROR`` if set, else config key ``mirror``."""
-    value = os.environ.get(MIRROR_ENV) or config.get("mirror")
+    value = os.environ.get(MIRROR_ENV) or config["mirror"]
     if not value:
         return None
     p = Path(value).expanduser()

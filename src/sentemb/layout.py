@@ -114,5 +114,5 @@ class Layout:
         return f"{self.results}/figures/{name}.{ext}"
 
     def study(self, name: str = "{study}", ext: str = "csv") -> str:
-        """A study's table (csv, md), figure (png, svg) or expanded spec (spec.json) (sentemb.studies)."""
+        """A study's table (csv, md), figure (png, svg, pdf) or expanded spec (spec.json) (sentemb.studies)."""
         return f"{self.results}/studies/{name}.{ext}"

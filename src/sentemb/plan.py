@@ -95,7 +95,8 @@ EVAL_LEN = 64  # padded tokens per evaluated sentence (SentEval sentences are mo
 DEV_SENTENCES = 3000  # STS-B dev: 1,500 pairs
 #: SentEval's test-time sentences: STS12-16 + STS-B test + SICK test (the evaluated pairs x 2)
 STS_SENTENCES = 37_700
-#: SentEval transfer sentences per task, and all seven (122,639)
+#: SentEval transfer sentences per task (a transfer encoding job encodes those of
+#: evaluation.transfer_tasks), and all seven (122,639)
 TRANSFER_TASK_SENTENCES = {"MR": 10662, "CR": 3775, "SUBJ": 10000, "MPQA": 10606, "SST2": 70042, "TREC": 5952,
                            "MRPC": 11602}
 TRANSFER_SENTENCES = sum(TRANSFER_TASK_SENTENCES.values())
@@ -466,7 +467,7 @@ def plan(config: dict, gpu: str = DEFAULT_GPU, mfu: float | None = DEFAULT_MFU, 
     """Every job of the configuration's DAG with its estimate (see the module docstring)."""
     import torch
 
-    from .config import resolve_run
+    from .config import baselines, jobs, resolve_run, tested, transfer_runs
     from .methods import get_method
     from .pretrain import resolve_pretrain
     from .shapes import backbone_architecture
@@ -490,24 +491,24 @@ def plan(config: dict, gpu: str = DEFAULT_GPU, mfu: float | None = DEFAULT_MFU, 
                 rows.append(_train_row("pretrain", f"{method}/{b}", run, m, counter.encode(backbone_architecture(config, run.backbone))[0], config,
                                        gpu, mfu, margin, resources["pretrain"], cls.pretrain_stage))
         # training and its evaluations
-        seeds = config["seeds"]
         evaluations = []  # (job, architecture, with transfer)
-        for r in config["runs"]:
-            for seed in r.get("seeds") or seeds:
-                run = resolve_run(config, r["name"], r["backbone"], seed)
-                m = counter.measure(run)
-                label = f"{r['name']}/{r['backbone']}/seed{seed}"
-                rows.append(_train_row("train", label, run, m, counter.encode(backbone_architecture(config, run.backbone))[0], config, gpu, mfu,
-                                       margin, resources["train"]))
-                if r.get("evaluate", True):
-                    evaluations.append((label, backbone_architecture(config, r["backbone"]), r.get("transfer", config["evaluation"]["transfer"])))
-        for b, poolers in (config.get("baselines") or {}).items():
-            evaluations += [(f"baseline/{b}/{p}", backbone_architecture(config, b), config["evaluation"]["transfer"])
-                            for p in poolers]
+        evaluated, transferred = tested(config), transfer_runs(config)
+        for job in jobs(config):  # the Snakefile's training jobs (sentemb.config.jobs)
+            run = resolve_run(config, job.name, job.backbone, job.seed)
+            m = counter.measure(run)
+            label = f"{job.name}/{job.backbone}/seed{job.seed}"
+            rows.append(_train_row("train", label, run, m, counter.encode(backbone_architecture(config, run.backbone))[0], config, gpu, mfu,
+                                   margin, resources["train"]))
+            if (job.name, job.backbone) in evaluated:
+                evaluations.append((label, backbone_architecture(config, job.backbone),
+                                    (job.name, job.backbone) in transferred))
+        evaluations += [(f"baseline/{b}/{p}", backbone_architecture(config, b), config["evaluation"]["transfer"])
+                        for b, p in baselines(config)]
         peak = _peak(gpu)
         for label, arch, transfer in evaluations:
             encode, params = counter.encode(arch)
-            for kind, n in (("evaluate", STS_SENTENCES), ("transfer", TRANSFER_SENTENCES)):
+            transfer_n = sum(TRANSFER_TASK_SENTENCES[t] for t in config["evaluation"]["transfer_tasks"])
+            for kind, n in (("evaluate", STS_SENTENCES), ("transfer", transfer_n)):
                 if kind == "transfer" and not transfer:
                     continue
                 hours = n * encode / (mfu_for(arch, mfu) * peak / 2) / 3600  # fp32: TF32 at half the bf16 peak
@@ -536,7 +537,7 @@ def _classify_row(config: dict, label: str, arch, res: dict, gpu: str, margin: f
     n = sum(TRANSFER_TASK_SENTENCES[t] for t in tasks)
     feats = sum(TRANSFER_TASK_SENTENCES[t] * feature_dim(t, dim, ev["mrpc_features"]) for t in tasks) * 4
     row = Row("classify", label, 0, 0.0, n, 0.0, 0.0, HOST_BASE_GB + 2 * feats / 1e9,
-              cpu_hours=sum(secs) / 3600, wall_hours=classifier_wall_seconds(secs, res.get("cpus", 1)) / 3600)
+              cpu_hours=sum(secs) / 3600, wall_hours=classifier_wall_seconds(secs, res["cpus"]) / 3600)
     row = _flag(row, gpu, res, margin)
     if res.get("gpu"):
         row.flags.append(f"holds {res['gpu']} GPU idle (job_resources.classify.gpu: the classifier runs on the CPU)")
@@ -562,7 +563,7 @@ def _paraphrase_rows(config: dict, gpu: str, res: dict, margin: float) -> list[R
     corpora = [c for c in run_corpora(config) or [config["corpus"]["name"]] if needs_paraphrases(config, c)]
     if not corpora:
         return []
-    shape = {k: v for k, v in (para["model"].get("random_init") or PEGASUS_LARGE_SHAPE).items() if k != "model_type"}
+    shape = {k: v for k, v in (para["model"]["random_init"] or PEGASUS_LARGE_SHAPE).items() if k != "model_type"}
     shape = {**{"vocab_size": PEGASUS_LARGE_SHAPE["vocab_size"]}, **shape}
     with torch.device("meta"):
         model = PegasusForConditionalGeneration(PegasusConfig(**shape))

@@ -10,6 +10,7 @@ training loop (``sentemb.train.train`` with the stage's Method class: resumable 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 
 from . import SentembError
@@ -34,11 +35,11 @@ def resolve_pretrain(config: dict, method: str, backbone: str) -> Run:
         raise SentembError(f"backbone '{backbone}' is not declared in config key 'backbones' "
                            f"(declared: {sorted(config['backbones'])})")
     for i, run in enumerate(config["runs"]):
-        if run["method"] == method and "pretrain" in (run.get("method_args") or {}):
+        if run["method"] == method and "pretrain" in run["method_args"]:
             raise SentembError(f"config key 'runs[{i}].method_args.pretrain': the pretraining stage is shared by "
                                f"every run of '{method}' on a backbone; set it in methods.{method}.pretrain")
-    margs = cls.resolve_args((config.get("methods") or {}).get(method, {}), where=f"methods.{method}")
-    block = margs.get("pretrain") or {}
+    margs = cls.resolve_args(config["methods"].get(method, {}), where=f"methods.{method}")
+    block = margs["pretrain"] or {}
     train_keys = {f.name for f in fields(TrainSettings)}
     train = {**config["train"], **cls.pretrain_train_defaults, **{k: v for k, v in block.items() if k in train_keys}}
     stage = PretrainStage(**{f.name: block[f.name] for f in fields(PretrainStage) if f.name in block})
@@ -69,7 +70,7 @@ def _cmd_pretrain(args: argparse.Namespace) -> int:
     if args.device:
         run.train.device = args.device
     if args.no_track:
-        run.tracking = {**run.tracking, "enabled": False}
+        run.tracking = dataclasses.replace(run.tracking, enabled=False)
     import os
 
     from . import distributed

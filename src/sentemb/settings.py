@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import SentembError
-from .args import arg, build, check_mapping, schema_of, to_dict
+from .args import arg, build, check_mapping, default_of, schema_of, to_dict
 
 SHA256 = "^[0-9a-f]{64}$"
 POOLERS = ("cls", "cls_before_pooler", "avg", "avg_first_last", "avg_top2", "avg_static_last")
@@ -106,25 +106,15 @@ class TrainSettings:
         "keyed - every mask is a function of (seed, micro-batch, sentence, view, dropout call) (sentemb.dropout), so "
         "chunk_size gives exactly the unchunked gradient with dropout on; several times slower dropout, CPU-generated "
         "(for checks and CPU runs).", choices=("stream", "keyed"))
-    #: the key order of the mapping this was built from (the config's ``train`` order), kept by
-    #: ``to_dict`` so that a run config JSON, and with it Snakemake's params of rule run_config, stay
-    #: byte-identical to the dicts of earlier versions (a changed param would re-run every job)
-    key_order: tuple = field(default=(), init=False, repr=False, compare=False, metadata={"internal": True})
-
     @classmethod
     def from_dict(cls, values: dict | None, where: str = "train") -> TrainSettings:
         """Settings from a mapping (a run config's ``train``); unknown keys and wrong types name the key."""
         check_mapping(cls, values or {}, where, "train")
-        out = build(cls, values)
-        out.key_order = tuple(values or ())
-        return out
+        return build(cls, values)
 
     def to_dict(self) -> dict:
-        """The mapping form: the keys of the mapping it was built from in that order, then the rest
-        in declaration order."""
-        d = to_dict(self)
-        d = {k: v for k, v in d.items() if k not in OMIT_AT_DEFAULT or v != OMIT_AT_DEFAULT[k]}
-        return {**{k: d[k] for k in self.key_order if k in d}, **d}
+        """The mapping form, in declaration order."""
+        return to_dict(self)
 
     @property
     def selects_by_dev(self) -> bool:
@@ -150,12 +140,6 @@ class TrainSettings:
             raise SentembError(f"{key}: SAM (train.sam_rho {self.sam_rho}) cannot be combined with train.precision "
                                "fp16 (the gradient scaler would scale SAM's ascent step); use bf16, fp32 or auto, "
                                "or set train.sam_rho: null")
-
-
-#: train settings added after run configs were written, left out of a run's mapping form (its JSON,
-#: Snakemake's params, the resume fingerprint) at this value, which computes what was computed before
-#: they existed: a setting added with its old behaviour as default reruns no job
-OMIT_AT_DEFAULT = {"chunk_size": None, "dropout_rng": "stream", "devices": 1}
 
 
 @dataclass
@@ -274,6 +258,209 @@ class JobResources:
                               "(rule pretrain).")
 
 
+@dataclass
+class TrackingSettings:
+    """Config key ``tracking``: MLflow (``sentemb.tracking``)."""
+
+    enabled: bool = arg(True, "Log runs to MLflow.")
+    uri: str | None = arg(None, "MLflow tracking URI; null means sqlite:///mlflow.db in the working directory. "
+                          "MLFLOW_TRACKING_URI overrides.")
+    wait_s: float | None = arg(None, "Seconds a job waits for an MLflow server that does not answer before it queues "
+                               "its tracking records beside its outputs (sent when the server answers again, or by "
+                               "`sentemb sync-tracking`); null means $SENTEMB_TRACKING_WAIT_S, else "
+                               "sentemb.tracking.DEFAULT_WAIT_S (30).", minimum=0)
+
+
+NAME = "^[A-Za-z0-9_.-]+$"
+
+
+@dataclass
+class CorpusSettings:
+    """Config key ``corpus``: the training corpus, fetched from the Hugging Face Hub or the mirror
+    (``sentemb fetch-corpus``)."""
+
+    name: str = arg("wiki1m", "Name of the training corpus (resources/corpus/<name>.txt, results/stats/<name>/).",
+                    pattern=NAME)
+    hub_repo: str = arg("princeton-nlp/datasets-for-simcse", "Hugging Face dataset repository of the corpus.")
+    hub_file: str = arg("wiki1m_for_simcse.txt", "File of the corpus in hub_repo.")
+    revision: str | None = arg(None, "Revision of hub_repo (null = the default branch).")
+    mirror_path: str = arg("data/wiki1m_for_simcse.txt", "Path of the corpus under the mirror.")
+    sha256: str | None = arg(None, "sha256 of the fetched corpus file (null = not checked).", pattern=SHA256)
+    expected_lines: int | None = arg(None, "Lines the fetched file must have (null = not checked).", minimum=1)
+    max_sentences: int | None = arg(None, "Keep a seeded random sample of this many sentences (null = all).", minimum=2)
+    sample_seed: int = arg(0, "Seed of the max_sentences sample.")
+    skip_bad_lines: bool = arg(False, "Skip empty and non-UTF-8 lines (counted in the log) instead of failing.")
+
+
+@dataclass
+class SentEvalSource:
+    """Config key ``senteval``: where the SentEval data comes from (``sentemb fetch-senteval``)."""
+
+    url: str = arg("https://huggingface.co/datasets/princeton-nlp/datasets-for-simcse/resolve/main/senteval.tar",
+                   "Where the SentEval archive is fetched from (without a mirror).")
+    sha256: str | None = arg(None, "sha256 of the SentEval archive (null = not checked).", pattern=SHA256)
+    mirror_path: str = arg("data/senteval", "Path of the SentEval tree under the mirror.")
+    raw_mirror_path: str | None = arg("data/senteval-raw", "Mirror path of the STS sets as originally published "
+                                      "(cased, untokenized); only used when evaluation.data is senteval-raw.")
+
+
+@dataclass
+class Backbone:
+    """One entry of config key ``backbones``: a pretrained encoder, fetched once (``sentemb fetch-model``)."""
+
+    hub_id: str = arg("", "Hugging Face model id of the backbone.", required=True)
+    revision: str | None = arg(None, "Revision of the model (null = the default branch).")
+    mirror_path: str | None = arg(None, "Path under the mirror; null means models/<last part of hub_id>.")
+    sha256: str | None = arg(None, "sha256 of the weights file (model.safetensors or pytorch_model.bin).",
+                             pattern=SHA256)
+    random_init: dict | None = arg(None, "Build a randomly initialised model from this config (keys of the HF "
+                                   "config) and the fetched tokenizer instead of loading pretrained weights (tests, "
+                                   "throughput benchmarks).")
+
+
+def _train_override() -> dict:
+    """``runs[].train`` / ``studies[].train``: any ``train`` keys, without their defaults."""
+    return schema_of(TrainSettings, defaults=False)
+
+
+@dataclass
+class RunSpec:
+    """One entry of config key ``runs``: a method on a backbone, trained once per seed."""
+
+    method: str = arg("", "A registered method (sentemb methods).", required=True)
+    backbone: str = arg("", "A key of backbones.", required=True)
+    name: str | None = arg(None, "Row name in the tables and the output folder (null = the method name); lets one "
+                           "method run with several settings. A study's points are named <study>/<key>=<value> "
+                           "(sentemb.studies).", pattern="^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.,=-]+)?$")
+    evaluate: bool = arg(True, "false: no test-set evaluation (STS, transfer) of this run, only its training-time dev "
+                         "score (train.json best_dev_stsb); absent from table1/table_paper.")
+    study: str | None = arg(None, "Set by a study's expansion (sentemb.studies): the study this run is a point of.")
+    point: dict | None = arg(None, "Set by a study's expansion: the point's values, {key: value}.")
+    train: dict = arg({}, "Any keys of `train` (below), replacing them for this run.", schema=_train_override)
+    seeds: list[int] | None = arg(None, "Seeds of this run (null = the top-level seeds), e.g. one seed for an "
+                                  "ablation.", min_items=1)
+    transfer: bool | None = arg(None, "SentEval transfer tasks for this run (null = evaluation.transfer).")
+    method_args: dict = arg({}, "Method arguments of this run over methods.<method>.")
+    corpus: str | None = arg(None, "Training corpus of this run (null = corpus.name): the configured corpus or a "
+                             "built-in one (sts-unlabeled: the STS sentences of the SentEval tree, sentemb "
+                             "prepare-sts-corpus).", pattern=NAME)
+
+
+def run_defaults() -> dict[str, Any]:
+    """A ``runs`` entry's keys at their defaults (what the schema fills in; a study's point starts here)."""
+    return {f.name: default_of(f) for f in dataclasses.fields(RunSpec) if not f.metadata.get("required")}
+
+
+def _vary_schema() -> dict:
+    return {"type": ["object", "null"], "additionalProperties": {"type": "array", "minItems": 1}}
+
+
+def _points_schema() -> dict:
+    return {"type": ["array", "null"], "items": {"type": "object", "minProperties": 1}}
+
+
+@dataclass
+class StudySpec:
+    """One entry of config key ``studies`` (``sentemb.studies``): run keys varied over values."""
+
+    name: str = arg("", "Name of the study (results/studies/<name>.*).", required=True, pattern=NAME)
+    method: str = arg("", "A registered method.", required=True)
+    backbone: str = arg("", "A key of backbones.", required=True)
+    corpus: str | None = arg(None, "Training corpus of every point (null = corpus.name).", pattern=NAME)
+    method_args: dict = arg({}, "Arguments every point shares.")
+    train: dict = arg({}, "`train` keys every point shares.", schema=_train_override)
+    seeds: list[int] | None = arg(None, "Seeds of every point (null = the top-level seeds).", min_items=1)
+    transfer: bool | None = arg(None, "Transfer tasks for the points' runs (null = only when the metric is a "
+                                "transfer task).")
+    evaluate: bool = arg(True, "false: the points' new runs skip the test sets (metric best_dev_stsb only; a cheap "
+                         "study).")
+    vary: dict | None = arg(None, "Run keys (method_args.<arg>, train.<key>) -> lists of values; several keys: their "
+                            "grid.", schema=_vary_schema)
+    points: list | None = arg(None, "Explicit points (when not a grid): [{method_args.m: 10, method_args.n: 1}, ...].",
+                              schema=_points_schema)
+    metric: str = arg("Avg", "STS task, Avg (eval_sts.json), best_dev_stsb (train.json) or a transfer task.")
+    reference: str | None = arg(None, "A seeds study (no vary/points): the run it is set against on the same seeds "
+                                "(null = simcse).")
+    expanded: list | None = arg(None, "Filled by validation: [{point, run, reused}], the run each point maps to.")
+
+
+def _baselines_schema() -> dict:
+    return {"type": "object", "additionalProperties": {"type": "array", "minItems": 1, "items": {"enum": list(POOLERS)}}}
+
+
+@dataclass
+class Config:
+    """The whole configuration (``sentemb.config.load_config``): every section a typed class with its
+    defaults declared here once. The JSON schema (``sentemb.config.load_schema``) and
+    ``config/README.md`` (``sentemb config-keys``) are generated from it; ``Config.of`` gives the
+    typed tree of a validated config mapping, and the job enumeration (``jobs``, ``tested``,
+    ``transfer_runs``, ``baselines``) reads it."""
+
+    experiment: str = arg("sentemb", "MLflow experiment name.")
+    local_gpus: int | None = arg(None, "GPUs on this machine for local runs (profiles/local, --resources gpu=N). Each "
+                                 "GPU job then claims its own GPU (a lock per slot under .snakemake/gpu_slots, "
+                                 "CUDA_VISIBLE_DEVICES set before CUDA starts; freed on exit, crash or kill). Leave "
+                                 "null on Slurm, which assigns GPUs itself.", minimum=1)
+    mirror: str | None = arg(None, "Local directory laid out like the shared/ data folder (data/senteval, "
+                             "data/senteval-raw, data/wiki1m_*.txt, models/<name>, nltk_data). When set (or "
+                             "SENTEMB_MIRROR is set) every fetch rule copies from it instead of the network. Relative "
+                             "paths are relative to the working directory.")
+    resources_dir: str = arg("resources", "Where fetched and prepared inputs are cached.")
+    results_dir: str = arg("results", "Where statistics, runs, pretraining stages and tables are written.")
+    tracking: TrackingSettings = arg(TrackingSettings(), "MLflow tracking.")
+    corpus: CorpusSettings = arg(CorpusSettings(), "The training corpus.")
+    senteval: SentEvalSource = arg(SentEvalSource(), "The SentEval data.")
+    backbones: dict[str, Backbone] = arg({}, "Pretrained encoders by name (the names runs[].backbone refers to).",
+                                         required=True, min_items=1, key_pattern=NAME)
+    train: TrainSettings = arg(TrainSettings(), "The shared training loop's settings.")
+    method_modules: list[str] = arg([], "The user's own methods: Python files (paths relative to the working "
+                                    "directory) or importable module names, imported before the config is validated; "
+                                    "their @register_method classes are methods like the built-in ones "
+                                    "(docs/methods/writing-a-method.md). Installed packages can also register through "
+                                    "the entry-point group sentemb.methods.")
+    methods: dict[str, dict] = arg({}, "Per-method hyperparameters (keys are registered method names); merged with "
+                                   "each method's defaults.")
+    runs: list[RunSpec] = arg([], "The training runs: each method × backbone × seed is one job.", required=True,
+                              min_items=1)
+    studies: list[StudySpec] = arg([], "Sensitivity studies (sentemb.studies): each varies run keys over values; "
+                                   "every point becomes a run named <study>/<key>=<value> (or reuses a run with equal "
+                                   "settings), with a table and a figure under results/studies/. Published values: "
+                                   "config/paper_results.yaml, section `studies`.")
+    seeds: list[int] = arg([42], "Seeds of every run (runs[].seeds overrides).", min_items=1)
+    evaluation: EvaluationSettings = arg(EvaluationSettings(), "Test-time evaluation.")
+    baselines: dict[str, list[str]] = arg({}, "Untrained backbones evaluated as they are (rows marked "
+                                          "method=baseline in every table): backbone -> list of poolers, e.g. "
+                                          "{bert-base-uncased: [avg_static_last, avg_first_last]}.",
+                                          schema=_baselines_schema)
+    paper_results: str | None = arg(None, "Published numbers for results/table_paper.csv (null = "
+                                    "config/paper_results.yaml of the repository).")
+    stats: StatsSettings = arg(StatsSettings(), "Corpus statistics.")
+    job_resources: JobResources = arg(JobResources(), "Snakemake resources per rule kind.")
+
+    @classmethod
+    def of(cls, config: dict | Config) -> Config:
+        """The typed tree of a validated config mapping (``sentemb.config.validate_config``)."""
+        return config if isinstance(config, Config) else build(cls, config)
+
+    # ------------------------------------------------------------------ per run, defaults resolved
+    def run_name(self, run: RunSpec) -> str:
+        """``runs[].name``, else the method's name."""
+        return run.name or run.method
+
+    def seeds_of(self, run: RunSpec) -> list[int]:
+        """``runs[].seeds``, else the top-level ``seeds``."""
+        return list(run.seeds or self.seeds)
+
+    def corpus_of(self, run: RunSpec) -> str:
+        """``runs[].corpus``, else ``corpus.name``."""
+        return run.corpus or self.corpus.name
+
+    def transfers(self, run: RunSpec) -> bool:
+        """Does the run get the transfer tasks? ``runs[].transfer``, else ``evaluation.transfer``;
+        never for a run without test-set evaluation."""
+        return run.evaluate and (self.evaluation.transfer if run.transfer is None else run.transfer)
+
+
 #: config sections generated from a settings class (``sentemb.config.load_schema``)
 SECTIONS: dict[str, type] = {"train": TrainSettings, "evaluation": EvaluationSettings, "stats": StatsSettings,
                              "job_resources": JobResources}
@@ -307,7 +494,7 @@ class Run:
     paths: dict = field(default_factory=dict)  # model, corpus, senteval, stats, inputs{name: path}, tokens
     backbone_hub_id: str | None = None
     experiment: str = "sentemb"
-    tracking: dict = field(default_factory=dict)  # enabled, uri
+    tracking: TrackingSettings = field(default_factory=TrackingSettings)  # a mapping is read as one
     corpus: str | None = None
     run_name: str | None = None  # MLflow run name (default train/<name>/<backbone>/seed<seed>)
     rule: str | None = None  # MLflow tag "rule" (default train)
@@ -322,6 +509,11 @@ class Run:
               "corpus", "run_name", "rule", "paths", "progress", "study", "point", "method_module", "method_digest")
     _OPTIONAL = ("backbone_hub_id", "corpus", "run_name", "rule", "progress", "study", "point", "method_module",
                  "method_digest")
+
+    def __post_init__(self):
+        if not isinstance(self.tracking, TrackingSettings):  # a run config's mapping (missing keys: defaults)
+            check_mapping(TrackingSettings, self.tracking or {}, "run config: tracking", "tracking")
+            self.tracking = build(TrackingSettings, self.tracking)
 
     @classmethod
     def from_dict(cls, values: dict | Run) -> Run:
@@ -338,7 +530,7 @@ class Run:
             v = getattr(self, k)
             if k in self._OPTIONAL and v is None:
                 continue
-            out[k] = v.to_dict() if k == "train" else v
+            out[k] = v.to_dict() if k == "train" else to_dict(v) if k == "tracking" else v
         return out
 
 
@@ -346,7 +538,7 @@ class Run:
 #: train settings added after states were saved, at the value that computes what was computed
 #: before they existed: left out of the fingerprint at that value (so such a state still resumes),
 #: in it at any other (``sampler: length`` is another data order, ``eval_unit`` other checkpoints)
-ADDED_DEFAULTS = {"sampler": "random", "eval_unit": "optimizer_steps"}
+ADDED_DEFAULTS = {"sampler": "random", "eval_unit": "optimizer_steps", "dropout_rng": "stream"}
 
 
 def weight_free_keys() -> tuple[str, ...]:
@@ -357,7 +549,7 @@ def weight_free_keys() -> tuple[str, ...]:
 def _fingerprint_dict(run: Run | dict, free: tuple[str, ...]) -> dict:
     run = Run.from_dict(run).to_dict()
     keep = {k: run[k] for k in ("method", "backbone", "seed", "train", "method_args", "paths")}
-    if run.get("method_digest"):  # a plug-in method's file: another version is another run
+    if run["method_digest"] if "method_digest" in run else None:  # a plug-in method's file: another version is another run
         keep["method_digest"] = run["method_digest"]
     keep["train"] = {k: v for k, v in keep["train"].items()
                      if k not in free and not (k in ADDED_DEFAULTS and v == ADDED_DEFAULTS[k])}
@@ -395,7 +587,7 @@ def run_options(run: Run | dict) -> dict:
     run = Run.from_dict(run)
     train = run.train.to_dict()
     return {"train": {k: train[k] for k in weight_free_keys() if k in train},
-            "tracking": dict(run.tracking), "experiment": run.experiment}
+            "tracking": to_dict(run.tracking), "experiment": run.experiment}
 
 
 def apply_options(run: Run, options: dict, where: str = "--options") -> Run:
@@ -405,5 +597,5 @@ def apply_options(run: Run, options: dict, where: str = "--options") -> Run:
         raise SentembError(f"{where}: only weight-free train settings ({', '.join(weight_free_keys())}), tracking and "
                            f"experiment may be given, not {', '.join(sorted(bad or set(options) - {'train', 'tracking', 'experiment'}))}")
     train = TrainSettings.from_dict({**run.train.to_dict(), **(options.get("train") or {})}, f"{where} train")
-    return dataclasses.replace(run, train=train, tracking=dict(options.get("tracking", run.tracking)),
+    return dataclasses.replace(run, train=train, tracking=options["tracking"] if "tracking" in options else run.tracking,
                                experiment=options.get("experiment", run.experiment))

@@ -464,10 +464,10 @@ def _workflow_settings(args) -> tuple[str, str, Path, float]:
     from .config import load_config
 
     config = load_config(args.config)
-    tracking = config.get("tracking") or {}
-    uri = args.tracking_uri or resolve_uri(tracking.get("uri"))
+    tracking = config["tracking"]
+    uri = args.tracking_uri or resolve_uri(tracking["uri"])
     check_uri(uri)
-    return uri, config["experiment"], Path(args.results_dir or config["results_dir"]), wait_time(tracking.get("wait_s"))
+    return uri, config["experiment"], Path(args.results_dir or config["results_dir"]), wait_time(tracking["wait_s"])
 
 
 def _cmd_sync(args) -> int:

@@ -5,7 +5,8 @@ import re
 import shlex
 
 from sentemb import SentembError
-from sentemb.config import resolve_run, run_inputs, validate_config
+from sentemb.config import baselines, jobs, resolve_run, run_inputs, tested, transfer_runs, validate_config
+from sentemb.settings import Config
 from sentemb.cache import verify_resources
 from sentemb.data import mirror_dir
 from sentemb.layout import Layout
@@ -20,6 +21,8 @@ try:
     _mirror = mirror_dir(config)
 except SentembError as e:
     raise WorkflowError(str(e))
+# The typed tree of the validated config (sentemb.settings.Config): every default already filled in.
+CFG = Config.of(config)
 # Every path of the DAG (sentemb.layout); its methods' defaults are the wildcards: LAYOUT.model() is
 # resources/models/{backbone}.
 LAYOUT = Layout.of(config)
@@ -27,7 +30,7 @@ LAYOUT = Layout.of(config)
 # Cached downloads damaged since they were verified (truncated weights, an edited STS file) are moved
 # aside here so that they are fetched again (sentemb.cache); in the main process only, not in every job.
 if workflow.is_main_process:
-    verify_resources(config["resources_dir"])
+    verify_resources(CFG.resources_dir)
 
 # Rules call the `sentemb` CLI: find the one installed with this Snakemake's Python even when its
 # virtual environment is not activated (a per-rule conda env, when used, still comes first).
@@ -35,19 +38,18 @@ expose_cli()
 
 LOGS = "logs"
 MIRROR = str(_mirror) if _mirror else ""
-SEEDS = config["seeds"]
-RUNS = [(r["name"], r["backbone"]) for r in config["runs"]]
-# (name, backbone, seed) of every training job: runs[].seeds, else the global seeds
-JOBS = [(r["name"], r["backbone"], s) for r in config["runs"] for s in (r.get("seeds") or SEEDS)]
+RUNS = [(r.name, r.backbone) for r in CFG.runs]
+# (name, backbone, seed) of every training job: runs[].seeds, else the global seeds (sentemb.config.jobs)
+JOBS = jobs(CFG)
 RUN_DIR = LAYOUT.run_dir()
-TRACKING = config["tracking"]["enabled"]
-TRACKING_MARKER = LAYOUT.tracking_marker(config["experiment"])
+TRACKING = CFG.tracking.enabled
+TRACKING_MARKER = LAYOUT.tracking_marker(CFG.experiment)
 # Every job (train, evaluate) waits this long for an absent MLflow server, then queues (sentemb.tracking)
-if config["tracking"].get("wait_s") is not None:
-    os.environ.update(SENTEMB_TRACKING_WAIT_S=str(config["tracking"]["wait_s"]))  # set here, read by jobs
-EVAL_DATA = LAYOUT.eval_data(config["evaluation"]["data"])
+if CFG.tracking.wait_s is not None:
+    os.environ.update(SENTEMB_TRACKING_WAIT_S=str(CFG.tracking.wait_s))  # set here, read by jobs
+EVAL_DATA = LAYOUT.eval_data(CFG.evaluation.data)
 # Several local GPUs: GPU jobs claim one each (sentemb.gpu_slots); empty on Slurm / one GPU.
-GPU_ENV = f"SENTEMB_GPU_SLOTS={config['local_gpus']} " if config.get("local_gpus") else ""
+GPU_ENV = f"SENTEMB_GPU_SLOTS={CFG.local_gpus} " if CFG.local_gpus else ""
 
 
 def devices_of(wildcards):
@@ -69,7 +71,7 @@ def train_gpus(wildcards):
 
 def train_gpu_env(wildcards):
     """GPU_ENV of a training job: with local_gpus, it claims train.devices slots at once."""
-    if not config.get("local_gpus"):
+    if not CFG.local_gpus:
         return ""
     n = devices_of(wildcards)
     return GPU_ENV + (f"SENTEMB_JOB_GPUS={n} " if n > 1 else "")
@@ -77,7 +79,7 @@ def train_gpu_env(wildcards):
 
 wildcard_constraints:
     name="|".join(re.escape(n) for n in sorted({n for n, _ in RUNS})),  # a study's point: <study>/<key>=<value>
-    backbone="|".join(sorted(config["backbones"])),
+    backbone="|".join(sorted(CFG.backbones)),
     seed=r"\d+",
     corpus=r"[A-Za-z0-9_.-]+",
     pooler="cls|cls_before_pooler|avg|avg_first_last|avg_top2|avg_static_last",
@@ -96,7 +98,7 @@ def shell_options(**options):
 def res(kind, key):
     """Snakemake resources of a rule kind (config key job_resources.<kind>; every key has its
     default, sentemb.settings.JobResources)."""
-    return config["job_resources"][kind][key]
+    return getattr(getattr(CFG.job_resources, kind), key)
 
 
 def run_of(wildcards):
@@ -111,15 +113,15 @@ def method_inputs(wildcards):
 
 def eval_pooler(wildcards):
     """The run's evaluation pooler: config evaluation.pooler, else what its method exports."""
-    if config["evaluation"]["pooler"]:
-        return config["evaluation"]["pooler"]
+    if CFG.evaluation.pooler:
+        return CFG.evaluation.pooler
     run = run_of(wildcards)
     cls = get_method(run["method"])
     return cls.pooler_for(cls.make_args(run["method_args"]))
 
 
 # runs with test-set evaluation (runs[].evaluate: false = dev only, e.g. a cheap study's points)
-TESTED = {(r["name"], r["backbone"]) for r in config["runs"] if r.get("evaluate", True)}
+TESTED = tested(CFG)
 
 
 def eval_outputs():
@@ -129,21 +131,20 @@ def eval_outputs():
 
 # --- report end of the DAG (issue 12): transfer tasks, untrained baselines, paper table, figures
 # runs with transfer tasks: runs[].transfer, else evaluation.transfer
-TRANSFER_RUNS = {(r["name"], r["backbone"]) for r in config["runs"]
-                 if r.get("transfer", config["evaluation"]["transfer"]) and r.get("evaluate", True)}
+TRANSFER_RUNS = transfer_runs(CFG)
 TRANSFER = bool(TRANSFER_RUNS)
 # (backbone, pooler) of every untrained baseline (config `baselines`)
-BASELINES = [(b, p) for b, ps in (config.get("baselines") or {}).items() for p in ps]
+BASELINES = baselines(CFG)
 BASE_DIR = LAYOUT.baseline_dir()
-PAPER_RESULTS = config.get("paper_results") or os.path.join(workflow.basedir, "config", "paper_results.yaml")
+PAPER_RESULTS = CFG.paper_results or os.path.join(workflow.basedir, "config", "paper_results.yaml")
 
 
 def tracking_opts():
     """The MLflow options of `sentemb evaluate` / `evaluate-transfer` (empty when tracking is off)."""
     if not TRACKING:
         return ""
-    return f"--track --experiment {config['experiment']}" + (
-        f" --tracking-uri {config['tracking']['uri']}" if config["tracking"]["uri"] else "")
+    return f"--track --experiment {CFG.experiment}" + (
+        f" --tracking-uri {CFG.tracking.uri}" if CFG.tracking.uri else "")
 
 
 def baseline_outputs(kind="sts"):
@@ -163,8 +164,8 @@ def train_summaries():
 
 
 # Studies (sentemb.studies): results/studies/<name>.csv/.md/.png/.svg; their points are ordinary runs
-STUDIES = {s["name"]: s for s in config.get("studies") or []}
-STUDY_TARGETS = [LAYOUT.study(n, ext) for n in STUDIES for ext in ("csv", "md", "png", "svg")]
+STUDIES = {s["name"]: s for s in config["studies"]}
+STUDY_TARGETS = [LAYOUT.study(n, ext) for n in STUDIES for ext in ("csv", "md", "png", "svg", "pdf")]
 
 
 wildcard_constraints:
@@ -174,6 +175,26 @@ wildcard_constraints:
 REPORT_TARGETS = (
     STUDY_TARGETS
     + [LAYOUT.table("table_paper", "csv"), LAYOUT.table("table_paper", "md")]
-    + [LAYOUT.figure(f, ext) for f in FIGURES for ext in ("png", "svg")]
+    + [LAYOUT.figure(f, ext) for f in FIGURES for ext in ("png", "svg", "pdf")]
     + ([LAYOUT.table("table_transfer", "csv"), LAYOUT.table("table_transfer", "md")] if TRANSFER else [])
 )
+
+
+# --- model cards (issue 29 §1; rule model_card in cards.smk)
+def card_evaluations(wildcards):
+    """What the card reports: eval_sts.json (runs evaluated on the test sets) and eval_transfer.json
+    (runs with transfer tasks); nothing for a dev-only run (runs[].evaluate: false)."""
+    key = (wildcards.name, wildcards.backbone)
+    return ([f"{RUN_DIR}/eval_sts.json"] if key in TESTED else []) + (
+        [f"{RUN_DIR}/eval_transfer.json"] if key in TRANSFER_RUNS else [])
+
+
+def card_dataset(wildcards):
+    """`--dataset HUB_ID` when the run trains on the configured corpus (config corpus.hub_repo);
+    nothing for a corpus the pipeline builds itself (sts-unlabeled)."""
+    corpus = run_of(wildcards).get("corpus") or CFG.corpus.name
+    return shell_options(dataset=CFG.corpus.hub_repo if corpus == CFG.corpus.name else None)
+
+
+def card_outputs():
+    return [f"{LAYOUT.run_dir(n, b, s)}/model_card.json" for n, b, s in JOBS]

@@ -12,16 +12,16 @@ rule fetch_corpus:
     benchmark:
         f"benchmarks/data/fetch_corpus_{{corpus}}.tsv"
     wildcard_constraints:
-        corpus=re.escape(config["corpus"]["name"]),
+        corpus=re.escape(CFG.corpus.name),
     params:
-        repo=config["corpus"]["hub_repo"],
-        file=config["corpus"]["hub_file"],
+        repo=CFG.corpus.hub_repo,
+        file=CFG.corpus.hub_file,
         opts=lambda wc: shell_options(
-            revision=config["corpus"]["revision"],
-            sha256=config["corpus"]["sha256"],
-            expected_lines=config["corpus"]["expected_lines"],
+            revision=CFG.corpus.revision,
+            sha256=CFG.corpus.sha256,
+            expected_lines=CFG.corpus.expected_lines,
             mirror=MIRROR,
-            mirror_path=config["corpus"]["mirror_path"],
+            mirror_path=CFG.corpus.mirror_path,
         ),
     localrule: True
     retries: 2
@@ -43,12 +43,12 @@ rule prepare_corpus:
     benchmark:
         f"benchmarks/data/prepare_corpus_{{corpus}}.tsv"
     wildcard_constraints:
-        corpus=re.escape(config["corpus"]["name"]),
+        corpus=re.escape(CFG.corpus.name),
     params:
         opts=lambda wc: shell_options(
-            max_sentences=config["corpus"]["max_sentences"], seed=config["corpus"]["sample_seed"]
+            max_sentences=CFG.corpus.max_sentences, seed=CFG.corpus.sample_seed
         ),
-        skip="--skip-bad-lines" if config["corpus"]["skip_bad_lines"] else "",
+        skip="--skip-bad-lines" if CFG.corpus.skip_bad_lines else "",
     conda:
         "../envs/sentemb.yaml"
     shell:
@@ -63,10 +63,10 @@ rule fetch_senteval:
         f"{LOGS}/data/fetch_senteval.log",
     params:
         opts=lambda wc: shell_options(
-            url=config["senteval"]["url"],
-            sha256=config["senteval"]["sha256"],
+            url=CFG.senteval.url,
+            sha256=CFG.senteval.sha256,
             mirror=MIRROR,
-            mirror_path=config["senteval"]["mirror_path"],
+            mirror_path=CFG.senteval.mirror_path,
         ),
     localrule: True
     retries: 2
@@ -82,7 +82,7 @@ rule fetch_senteval_raw:
     log:
         f"{LOGS}/data/fetch_senteval_raw.log",
     params:
-        opts=lambda wc: shell_options(mirror=MIRROR, mirror_path=config["senteval"]["raw_mirror_path"]),
+        opts=lambda wc: shell_options(mirror=MIRROR, mirror_path=CFG.senteval.raw_mirror_path),
     localrule: True
     conda:
         "../envs/sentemb.yaml"
@@ -96,15 +96,15 @@ rule fetch_model:
     log:
         f"{LOGS}/data/fetch_model_{{backbone}}.log",
     wildcard_constraints:
-        backbone="|".join(map(re.escape, config["backbones"])),
+        backbone="|".join(map(re.escape, CFG.backbones)),
     params:
-        hub_id=lambda wc: config["backbones"][wc.backbone]["hub_id"],
+        hub_id=lambda wc: CFG.backbones[wc.backbone].hub_id,
         opts=lambda wc: shell_options(
-            revision=config["backbones"][wc.backbone]["revision"],
-            sha256=config["backbones"][wc.backbone]["sha256"],
+            revision=CFG.backbones[wc.backbone].revision,
+            sha256=CFG.backbones[wc.backbone].sha256,
             mirror=MIRROR,
-            mirror_path=config["backbones"][wc.backbone]["mirror_path"],
-            random_init=config["backbones"][wc.backbone]["random_init"],
+            mirror_path=CFG.backbones[wc.backbone].mirror_path,
+            random_init=CFG.backbones[wc.backbone].random_init,
         ),
     localrule: True
     retries: 2

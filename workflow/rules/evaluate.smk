@@ -11,10 +11,10 @@ rule evaluate:
     params:
         gpu_env=GPU_ENV,
         pooler=eval_pooler,
-        tasks=",".join(config["evaluation"]["tasks"]),
-        setting=config["evaluation"]["setting"],
-        batch_size=config["evaluation"]["batch_size"],
-        precision=config["evaluation"]["precision"],
+        tasks=",".join(CFG.evaluation.tasks),
+        setting=CFG.evaluation.setting,
+        batch_size=CFG.evaluation.batch_size,
+        precision=CFG.evaluation.precision,
         method=lambda w: run_of(w)["method"],
         track=tracking_opts(),
     log:
@@ -49,9 +49,9 @@ rule encode_transfer:
     params:
         gpu_env=GPU_ENV,
         pooler=eval_pooler,
-        tasks=",".join(config["evaluation"]["transfer_tasks"]),
-        batch_size=config["evaluation"]["batch_size"],
-        precision=config["evaluation"]["precision"],
+        tasks=",".join(CFG.evaluation.transfer_tasks),
+        batch_size=CFG.evaluation.batch_size,
+        precision=CFG.evaluation.precision,
     log:
         f"{LOGS}/encode_transfer/{{name}}/{{backbone}}/seed{{seed}}.log",
     benchmark:
@@ -79,9 +79,9 @@ rule evaluate_transfer:
         f"{RUN_DIR}/eval_transfer.json",
     params:
         pooler=eval_pooler,
-        tasks=",".join(config["evaluation"]["transfer_tasks"]),
-        mrpc=config["evaluation"]["mrpc_features"],
-        classifier=config["evaluation"]["transfer_classifier"],
+        tasks=",".join(CFG.evaluation.transfer_tasks),
+        mrpc=CFG.evaluation.mrpc_features,
+        classifier=CFG.evaluation.transfer_classifier,
         method=lambda w: run_of(w)["method"],
         track=tracking_opts(),
     log:
@@ -114,10 +114,10 @@ rule evaluate_baseline:
         f"{BASE_DIR}/eval_sts.json",
     params:
         gpu_env=GPU_ENV,
-        tasks=",".join(config["evaluation"]["tasks"]),
-        setting=config["evaluation"]["setting"],
-        batch_size=config["evaluation"]["batch_size"],
-        precision=config["evaluation"]["precision"],
+        tasks=",".join(CFG.evaluation.tasks),
+        setting=CFG.evaluation.setting,
+        batch_size=CFG.evaluation.batch_size,
+        precision=CFG.evaluation.precision,
         track=tracking_opts(),
     log:
         f"{LOGS}/evaluate_baseline/{{backbone}}/{{pooler}}.log",
@@ -145,9 +145,9 @@ rule encode_baseline_transfer:
         temp(f"{BASE_DIR}/transfer_features.npz"),
     params:
         gpu_env=GPU_ENV,
-        tasks=",".join(config["evaluation"]["transfer_tasks"]),
-        batch_size=config["evaluation"]["batch_size"],
-        precision=config["evaluation"]["precision"],
+        tasks=",".join(CFG.evaluation.transfer_tasks),
+        batch_size=CFG.evaluation.batch_size,
+        precision=CFG.evaluation.precision,
     log:
         f"{LOGS}/encode_baseline_transfer/{{backbone}}/{{pooler}}.log",
     threads: res("evaluate", "cpus")
@@ -172,9 +172,9 @@ rule evaluate_baseline_transfer:
     output:
         f"{BASE_DIR}/eval_transfer.json",
     params:
-        tasks=",".join(config["evaluation"]["transfer_tasks"]),
-        mrpc=config["evaluation"]["mrpc_features"],
-        classifier=config["evaluation"]["transfer_classifier"],
+        tasks=",".join(CFG.evaluation.transfer_tasks),
+        mrpc=CFG.evaluation.mrpc_features,
+        classifier=CFG.evaluation.transfer_classifier,
         track=tracking_opts(),
     log:
         f"{LOGS}/evaluate_baseline_transfer/{{backbone}}/{{pooler}}.log",

@@ -211,7 +211,7 @@ rule paraphrase_merge:
 rule stats_summary:
     input:
         corpus=CORPUS_TXT,
-        freq=expand(LAYOUT.token_freq(), backbone=config["backbones"], allow_missing=True),
+        freq=expand(LAYOUT.token_freq(), backbone=CFG.backbones, allow_missing=True),
         tfidf=LAYOUT.tfidf(),
         rake=LAYOUT.rake(top_k=RAKE_TOP_K),
         paraphrases=lambda wc: [LAYOUT.paraphrases(wc.corpus)] if needs_paraphrases(config, wc.corpus) else [],
@@ -241,7 +241,7 @@ rule make_input:
     output:
         directory(f"{LAYOUT.stats_dir()}/inputs/{{kind}}.{{backbone}}"),
     params:
-        modules=lambda wc: " ".join(f"--method-module {shlex.quote(m)}" for m in config.get("method_modules") or []),
+        modules=lambda wc: " ".join(f"--method-module {shlex.quote(m)}" for m in CFG.method_modules),
     log:
         f"{LOGS}/stats/{{corpus}}/inputs/{{kind}}.{{backbone}}.log",
     wildcard_constraints:

@@ -7,8 +7,8 @@ rule init_tracking:
     output:
         TRACKING_MARKER,
     params:
-        experiment=config["experiment"],
-        uri=f"--tracking-uri {config['tracking']['uri']}" if config["tracking"]["uri"] else "",
+        experiment=CFG.experiment,
+        uri=f"--tracking-uri {CFG.tracking.uri}" if CFG.tracking.uri else "",
     log:
         f"{LOGS}/init_tracking.log",
     localrule: True

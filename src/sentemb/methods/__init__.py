@@ -2,7 +2,8 @@
 
 Where methods come from:
 
-* the built-in ones: every module of this package except ``base`` and ``cli``, imported on first use;
+* the built-in ones: every module of this package except ``base``, ``registry`` and ``cli``, imported
+  on first use (they register with ``.registry.register_method``, never importing this package);
 * installed packages: the entry-point group ``sentemb.methods`` (each entry point is imported);
 * the user's own code: the config key ``method_modules`` (Python files relative to the working
   directory, or importable module names), imported before the config is validated
@@ -25,28 +26,13 @@ import sys
 from pathlib import Path
 
 from .base import WEIGHTED, Encoded, Method, MethodContext, arg
+from .registry import _REGISTRY, register_method
 
-_NOT_METHODS = {"base", "cli"}
-_REGISTRY: dict[str, type[Method]] = {}
+_NOT_METHODS = {"base", "cli", "registry"}
 _LOADED = False
 _IMPORTED: dict[str, str] = {}  # method_modules entry (a file resolved) -> module name
 _SPEC: dict[str, str] = {}  # module name -> the method_modules entry it was imported by
 ENTRY_POINT_GROUP = "sentemb.methods"
-
-
-def register_method(cls: type[Method]) -> type[Method]:
-    """Class decorator: register ``cls`` under ``cls.name``. A name of a built-in method cannot be
-    taken by another class (a plug-in cannot silently replace one of the six); a plug-in imported
-    again (the same file from another path) replaces its earlier class."""
-    from .. import SentembError
-
-    old = _REGISTRY.get(cls.name)
-    if (old is not None and old.__module__.startswith(__name__ + ".")
-            and (old.__module__, old.__qualname__) != (cls.__module__, cls.__qualname__)):
-        raise SentembError(f"method '{cls.name}' of {cls.__module__}.{cls.__qualname__}: the name is the built-in "
-                           f"{old.__module__}.{old.__qualname__}'s; give the class another `name`")
-    _REGISTRY[cls.name] = cls
-    return cls
 
 
 def registry() -> dict[str, type[Method]]:

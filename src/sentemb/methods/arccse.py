@@ -76,7 +76,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import SentembError
-from . import register_method
+from .registry import register_method
 from .base import WEIGHTED, Encoded, arg
 from .simcse import SimCSE, info_nce
 

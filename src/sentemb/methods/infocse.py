@@ -76,7 +76,7 @@ from torch import nn
 
 from .. import SentembError
 from ..models import MLMHead, MLPHead, mlm_head_state, read_weights
-from . import register_method
+from .registry import register_method
 from ..args import check_mapping, fields, to_dict
 from ..settings import PretrainStage
 from .base import WEIGHTED, Encoded, Method, arg, slice_rows
@@ -336,10 +336,8 @@ class InfoCSE(Method):
     def layers_needed(cls, args):
         """The state after ``skip_from`` layers is read, and with ``init: backbone`` the upper
         ``head_layers`` layers are copied into the auxiliary network."""
-        need = int(args.get("skip_from", cls.arg_defaults()["skip_from"])) + 1
-        if args.get("init") == "backbone":
-            need = max(need, int(args.get("head_layers", cls.arg_defaults()["head_layers"])))
-        return need
+        a = cls.make_args(args)
+        return max(a.skip_from + 1, a.head_layers if a.init == "backbone" else 0)
 
     # ------------------------------------------------------------------ construction
     def __init__(self, encoder, tokenizer, args, ctx):

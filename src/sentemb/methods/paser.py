@@ -90,7 +90,7 @@ from torch import nn
 
 from .. import SentembError
 from ..models import MLMHead, mlm_head_state, read_weights
-from . import register_method
+from .registry import register_method
 from .base import WEIGHTED, Encoded, Method, arg, slice_rows
 
 log = logging.getLogger(__name__)
@@ -361,9 +361,7 @@ class PaSeR(Method):
 
     @classmethod
     def check(cls, args, config, where="method_args"):
-        from ..stats.workflow import stats_settings
-
-        kmax = int(stats_settings(config)["rake_top_k"])
+        kmax = int(config["stats"]["rake_top_k"])  # a validated config: the default is filled in
         if args.top_k > kmax:
             raise SentembError(f"{where}.top_k: {args.top_k} is above 'stats.rake_top_k' ({kmax}), "
                                "the number of RAKE phrases kept per line; raise stats.rake_top_k or lower top_k")

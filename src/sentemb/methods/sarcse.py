@@ -104,7 +104,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import SentembError
-from . import register_method
+from .registry import register_method
 from .base import WEIGHTED, Encoded, Method, arg
 from .simcse import info_nce
 

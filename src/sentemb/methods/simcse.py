@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from dataclasses import dataclass
 
 from ..models import MLPHead
-from . import register_method
+from .registry import register_method
 from .base import WEIGHTED, Encoded, Method, arg
 
 

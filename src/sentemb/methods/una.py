@@ -63,7 +63,7 @@ import torch.nn.functional as F
 
 from .. import SentembError
 from ..models import MLPHead
-from . import register_method
+from .registry import register_method
 from .base import WEIGHTED, Encoded, Method, arg
 
 _META_KEYS = ("negatives", "replaced", "empty_paraphrases")

@@ -17,13 +17,13 @@ def stats_settings(config: dict) -> dict:
     """
     from ..settings import StatsSettings
 
-    s = StatsSettings.from_dict(config.get("stats")).to_dict()  # defaults: sentemb.settings.StatsSettings
+    s = StatsSettings.from_dict(config["stats"]).to_dict()
     para = s["paraphrase"]
     para["model_name"] = para["model"]["hub_id"].rstrip("/").split("/")[-1]
     if para["enabled"] is None:
         from ..config import run_requires
 
-        needed = {n for r in config.get("runs", []) for n in run_requires(config, r)}
+        needed = {n for r in config["runs"] for n in run_requires(config, r)}
         para["enabled"] = bool(s["tfidf_with_paraphrases"] or needed & {"paraphrases", "tfidf_para"})
     s["paraphrase"] = para
     return s
@@ -35,7 +35,7 @@ def run_corpora(config: dict) -> list[str]:
     from ..config import corpus_of
 
     out: list[str] = []
-    for r in config.get("runs", []):
+    for r in config["runs"]:
         c = corpus_of(config, r)
         if c not in out:
             out.append(c)
@@ -49,13 +49,12 @@ def needs_paraphrases(config: dict, corpus: str) -> bool:
     for nothing."""
     from ..config import corpus_of, run_requires
 
-    s = config.get("stats") or {}
-    explicit = (s.get("paraphrase") or {}).get("enabled")
+    explicit = config["stats"]["paraphrase"]["enabled"]
     if explicit is not None and corpus == config["corpus"]["name"]:
         return bool(explicit)
-    if s.get("tfidf_with_paraphrases"):
+    if config["stats"]["tfidf_with_paraphrases"]:
         return True
-    needed = {n for r in config.get("runs", []) if corpus_of(config, r) == corpus for n in run_requires(config, r)}
+    needed = {n for r in config["runs"] if corpus_of(config, r) == corpus for n in run_requires(config, r)}
     return bool(needed & {"paraphrases", "tfidf_para"})
 
 
