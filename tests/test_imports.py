@@ -83,10 +83,9 @@ def test_the_graph_sees_every_kind_of_import():
     assert "sentemb.encoder" in g["sentemb.methods.base"]  # module level, relative
     assert "sentemb.methods" in g["sentemb.config"]  # inside a function
     assert "sentemb.stats.tfidf" in g["sentemb.methods.una"]  # two levels up, a submodule
-    assert "sentemb.stats.rake" in g["sentemb.stats.cli"]  # `from .rake import ...` inside a function
+    assert "sentemb.stats.rake" in g["sentemb.cli.stats"]  # `from ..stats.rake import ...` inside a function
     assert "sentemb.methods.arccse" in g["sentemb.methods"]  # the registry's import by name
-    assert "sentemb.methods.cli" not in g["sentemb.methods"]
-    assert "sentemb.train" in g["sentemb.cli"]  # a command module the CLI imports by name
+    assert "sentemb.cli.train" in g["sentemb.cli"]  # a command module the CLI imports by name
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
 
@@ -94,3 +93,34 @@ def test_the_graph_sees_every_kind_of_import():
 def test_no_import_cycle_in_sentemb():
     cycle = find_cycle(import_graph())
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_the_cli_is_one_package_and_validation_sits_above_the_methods():
+    """Issue 28 §3/§1: argparse lives in ``sentemb.cli`` only; no method module (nor the registry)
+    imports the configuration, the studies or the CLI, which import them."""
+    g = import_graph()
+    with_argparse = [name for name, path in modules().items() if not name.startswith("sentemb.cli")
+                     and "argparse" in {n.id for n in ast.walk(ast.parse(path.read_text("utf-8")))
+                                        if isinstance(n, ast.Name)} | _imported(path)]
+    assert not with_argparse, with_argparse
+    methods = [m for m in g if m == "sentemb.methods" or m.startswith("sentemb.methods.")]
+    reach = set()
+    todo = [m for m in methods if m != "sentemb.methods"]
+    while todo:  # everything a method module imports, transitively
+        m = todo.pop()
+        for n in g[m] - reach:
+            reach.add(n)
+            todo.append(n)
+    assert not reach & {"sentemb.config", "sentemb.studies"} and not any(m.startswith("sentemb.cli") for m in reach), \
+        sorted(reach & {"sentemb.config", "sentemb.studies"})
+    assert {"sentemb.methods", "sentemb.studies"} <= g["sentemb.config"]
+
+
+def _imported(path: Path) -> set[str]:
+    out = set()
+    for n in ast.walk(ast.parse(path.read_text("utf-8"))):
+        if isinstance(n, ast.Import):
+            out.update(a.name for a in n.names)
+        elif isinstance(n, ast.ImportFrom) and not n.level:
+            out.add((n.module or "").split(".")[0])
+    return out

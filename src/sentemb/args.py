@@ -151,6 +151,15 @@ def meta_of(cls: type, name: str) -> dict:
     return next(f.metadata for f in dataclasses.fields(cls) if f.name == name)
 
 
+def value_range(meta: dict) -> str | None:
+    """A declared range as an interval, e.g. ``[0, 180)``, ``(0, inf)``; None without bounds."""
+    lo = (f"[{meta['minimum']:g}" if meta.get("minimum") is not None
+          else f"({meta['exclusive_minimum']:g}" if meta.get("exclusive_minimum") is not None else None)
+    hi = (f"{meta['maximum']:g}]" if meta.get("maximum") is not None
+          else f"{meta['exclusive_maximum']:g})" if meta.get("exclusive_maximum") is not None else None)
+    return None if lo is None and hi is None else f"{lo or '(-inf'}, {hi or 'inf)'}"
+
+
 def bound_error(meta: dict, value: Any) -> str | None:
     """Why ``value`` (a number, or each number of a list) breaks the declared bounds, or None.
     ``min_items`` of a list too; None (an optional setting left unset) is never out of range."""

@@ -8,7 +8,6 @@ output (a test keeps them equal): ``sentemb config-keys > config/README.md``.
 
 from __future__ import annotations
 
-import argparse
 import json
 
 HEADER = """# Configuration keys
@@ -94,7 +93,7 @@ def config_keys_markdown() -> str:
     out += ["## `methods.<method>` (and `runs[].method_args`)", "",
             "Each method's arguments (`sentemb methods` lists them with the inputs they need).", ""]
     from .args import meta_of
-    from .methods.cli import value_range
+    from .args import value_range
 
     from .methods import method_source
 
@@ -106,24 +105,3 @@ def config_keys_markdown() -> str:
                 for s in cls.arg_specs()]
         out += [f"### `{m}`", ""] + (_table(rows) if rows else ["(no arguments)"]) + [""]
     return "\n".join(out).rstrip() + "\n"
-
-
-def _cmd_config_keys(args: argparse.Namespace) -> int:
-    print(config_keys_markdown(), end="")
-    return 0
-
-
-def _cmd_config_schema(args: argparse.Namespace) -> int:
-    from .config import load_schema
-
-    print(json.dumps(load_schema(), indent=2))
-    return 0
-
-
-def register(sub) -> None:
-    p = sub.add_parser("config-keys", help="every config key with its type, default and meaning (markdown; "
-                                          "config/README.md)")
-    p.set_defaults(func=_cmd_config_keys)
-    p = sub.add_parser("config-schema", help="the config's JSON schema, generated from sentemb.settings.Config "
-                                            "(for editors and Snakemake's validate)")
-    p.set_defaults(func=_cmd_config_schema)

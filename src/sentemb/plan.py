@@ -50,7 +50,6 @@ task) are not in the FLOPs, and paraphrase generation is a rough formula (memory
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import gc
 import json
@@ -614,27 +613,3 @@ def format_plan(rows: list[Row], gpu: str, mfu: float | None) -> str:
     lines += [f"total: {sum(by_kind.values()):.1f} GPU-hours on {gpu} at {at}, "
               f"{len(rows)} jobs, {len(flagged)} flagged (an estimate; see docs/gpu/h200-2026-11-26.md)"]
     return "\n".join(lines)
-
-
-def _cmd_plan(args: argparse.Namespace) -> int:
-    from .config import load_config
-
-    config = load_config(args.config)
-    rows = plan(config, args.gpu, args.mfu, args.margin)
-    if args.json:
-        Path(args.json).write_text(json.dumps([dataclasses.asdict(r) for r in rows], indent=1))
-    print(format_plan(rows, args.gpu.upper(), args.mfu))
-    return 0
-
-
-def register(sub) -> None:
-    p = sub.add_parser("plan", help="estimate every job's FLOPs, GPU-hours and GPU memory (CPU only, no network)")
-    p.add_argument("--config", required=True)
-    p.add_argument("--gpu", default=DEFAULT_GPU, help=f"GPU the estimate is for ({', '.join(GPU_MEMORY_GB)})")
-    p.add_argument("--mfu", type=float, default=DEFAULT_MFU,
-                   help="share of the GPU's bf16 peak a training step reaches (default: measured on an H200, "
-                        "0.24 for hidden 768, 0.30 for 1024)")
-    p.add_argument("--margin", type=float, default=DEFAULT_MARGIN,
-                   help="flag a job whose runtime or mem_mb request is below the estimate x this")
-    p.add_argument("--json", default=None, help="also write the rows as JSON here")
-    p.set_defaults(func=_cmd_plan)

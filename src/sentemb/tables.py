@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import argparse
 import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Sequence
 
 from . import SentembError
 from .senteval import TASKS
-from .utils import atomic_path, read_json
+from .utils import read_json
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -17,7 +16,6 @@ if TYPE_CHECKING:
 
 #: the run metadata every result file carries (``sentemb evaluate --run-meta``)
 META = ("name", "method", "backbone", "seed")
-
 
 
 def ci95(values) -> tuple[float, float] | tuple[None, None]:
@@ -79,24 +77,3 @@ def to_markdown(t: pd.DataFrame) -> str:
     for _, r in t.iterrows():
         lines.append("| " + " | ".join(f"{v:.2f}" if isinstance(v, float) else str(v) for v in r) + " |")
     return "\n".join(lines) + "\n"
-
-
-def _cmd_table(args: argparse.Namespace) -> int:
-    t = table1(collect(args.inputs))
-    with atomic_path(args.output) as tmp:
-        t.to_csv(tmp, index=False)
-    if args.markdown:
-        with atomic_path(args.markdown) as tmp:
-            tmp.write_text(
-                "Spearman × 100 on STS (SentEval protocol, 'all' setting for STS12–16, test splits for "
-                "STS-B and SICK-R); mean over seeds, `std` = std of Avg over seeds.\n\n" + to_markdown(t), "utf-8")
-    print(to_markdown(t))
-    return 0
-
-
-def register(sub) -> None:
-    p = sub.add_parser("table", help="aggregate evaluation JSONs into results/table1.csv (+ .md)")
-    p.add_argument("--inputs", nargs="+", required=True)
-    p.add_argument("--output", required=True)
-    p.add_argument("--markdown", default=None)
-    p.set_defaults(func=_cmd_table)

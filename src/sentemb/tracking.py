@@ -16,7 +16,6 @@ import json
 import logging
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 from urllib.parse import urlparse
@@ -24,8 +23,8 @@ from urllib.parse import urlparse
 from . import SentembError
 from .tracking_store import (ARTIFACT_DIR, DEFAULT_URI, _retry, _sqlite_path, _store_lock,  # noqa: F401
                             init_store, resolve_uri)
-from .tracking_queue import (PENDING, QUEUE_NAME, Queue, Sender, TrackingUnavailable, Unresolved, call, http_status,
-                             is_remote, new_ref, replay, sync_all)
+from .tracking_queue import (PENDING, QUEUE_NAME, Queue, Sender, TrackingUnavailable, Unresolved, call,  # noqa: F401
+                             http_status, is_remote, new_ref, replay, sync_all)
 
 log = logging.getLogger(__name__)
 DEFAULT_WAIT_S = 30.0  # config tracking.wait_s: how long a job waits for an absent server before queueing
@@ -433,100 +432,3 @@ def set_note(uri: str, experiment: str, table_md: Path, wait_s: float = 10.0) ->
             f"\n\n{table_md.read_text('utf-8')}")
     sender.do(sender.client.set_experiment_tag, exp_id, NOTE_TAG, text)
     return True
-
-
-def _cmd_init(args) -> int:
-    from .utils import write_json
-
-    uri = resolve_uri(args.tracking_uri)
-    check_uri(uri)
-    exp_id = None
-    try:
-        exp_id = call(init_store, uri, args.experiment, wait_s=wait_time()) if is_remote(uri) else \
-            init_store(uri, args.experiment)
-        print(f"MLflow store {uri}: experiment '{args.experiment}' (id {exp_id})")
-    except TrackingUnavailable as e:  # jobs queue their records and send them when it answers
-        print(f"MLflow server {uri} not answering ({e}): jobs keep their tracking records in "
-              f"<run dir>/{QUEUE_NAME} until it answers; `sentemb sync-tracking` sends them")
-    except SentembError:
-        raise
-    except Exception as e:
-        if not is_remote(uri):
-            raise
-        raise SentembError(refused_message(uri, e)) from None
-    if args.output:
-        write_json(args.output, {"tracking_uri": uri, "experiment": args.experiment, "experiment_id": exp_id})
-    return 0
-
-
-def _workflow_settings(args) -> tuple[str, str, Path, float]:
-    """(tracking URI, experiment, results directory, wait) from ``--config`` and the overrides."""
-    from .config import load_config
-
-    config = load_config(args.config)
-    tracking = config["tracking"]
-    uri = args.tracking_uri or resolve_uri(tracking["uri"])
-    check_uri(uri)
-    return uri, config["experiment"], Path(args.results_dir or config["results_dir"]), wait_time(tracking["wait_s"])
-
-
-def _cmd_sync(args) -> int:
-    uri, experiment, results, wait_s = _workflow_settings(args)
-    res = sync_all(results, uri, wait_s=max(wait_s, 30.0))
-    print(f"{res['queues']} tracking queue(s) under {results}: {res['sent']} record(s) sent to {uri}, "
-          f"{res['waiting']} waiting" + (f" ({res['busy']} queue(s) in use by running jobs)" if res["busy"] else ""))
-    if res["error"]:
-        print(f"sentemb sync-tracking: {res['error']}", file=sys.stderr)
-        return 1
-    try:
-        if set_note(uri, experiment, results / "table1.md"):
-            print(f"experiment '{experiment}': description note := {results / 'table1.md'}")
-    except Exception as e:  # the note is a convenience; the runs are what sync is for
-        log.warning("could not set the experiment note: %s", e)
-    return 0 if not res["waiting"] else 1
-
-
-def _cmd_ui(args) -> int:
-    uri, experiment, results, _ = _workflow_settings(args)
-    exp_id = None
-    try:
-        exp_id = Sender(uri, 10.0).experiment_id(experiment)
-        set_note(uri, experiment, results / "table1.md")
-    except Exception as e:
-        log.warning("MLflow store %s: %s", uri, str(e).splitlines()[0] if str(e) else type(e).__name__)
-    if is_remote(uri):  # a server already serves the UI
-        print(ui_link(uri, exp_id))
-        return 0
-    link = ui_link(f"http://{args.host}:{args.port}", exp_id)
-    cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", args.host,
-           "--port", str(args.port), "--workers", "1"]
-    if args.print_only:
-        print(link)
-        return 0
-    print(f"MLflow UI on {uri}: open {link}   (Ctrl-C stops it)", flush=True)
-    proc = subprocess.Popen(cmd, env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
-    try:
-        return proc.wait()
-    except KeyboardInterrupt:
-        proc.terminate()
-        return proc.wait()
-
-
-def register(sub) -> None:
-    p = sub.add_parser("init-tracking", help="create the MLflow store and experiment once, before parallel jobs")
-    p.add_argument("--experiment", required=True)
-    p.add_argument("--tracking-uri", default=None)
-    p.add_argument("--output", default=None, help="marker JSON for the workflow")
-    p.set_defaults(func=_cmd_init)
-    for name, func, text in (
-            ("sync-tracking", _cmd_sync, "send the tracking records jobs queued while the MLflow server was away"),
-            ("ui", _cmd_ui, "MLflow's UI on the configured store; prints the link to the runs table")):
-        p = sub.add_parser(name, help=text)
-        p.add_argument("--config", default="config/config.yaml", help="the workflow's config (default: %(default)s)")
-        p.add_argument("--tracking-uri", default=None, help="default: $MLFLOW_TRACKING_URI, else config tracking.uri")
-        p.add_argument("--results-dir", default=None, help="default: config results_dir")
-        if name == "ui":
-            p.add_argument("--host", default="127.0.0.1")
-            p.add_argument("--port", type=int, default=5000)
-            p.add_argument("--print-only", action="store_true", help="print the link, start nothing")
-        p.set_defaults(func=func)

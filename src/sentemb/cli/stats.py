@@ -6,26 +6,26 @@ import argparse
 
 
 def _freq(a):
-    from .frequency import write_token_frequencies
+    from ..stats.frequency import write_token_frequencies
 
     write_token_frequencies(a.corpus, a.tokenizer, a.output, batch_size=a.batch_size)
 
 
 def _tfidf(a):
-    from .tfidf import write_tfidf
+    from ..stats.tfidf import write_tfidf
 
     write_tfidf([a.corpus, *a.extra], a.output, workers=a.workers, chunk_size=a.chunk_size)
 
 
 def _rake(a):
-    from .rake import write_rake
+    from ..stats.rake import write_rake
 
     write_rake(a.corpus, a.nltk_data, a.output, top_k=a.top_k, workers=a.workers,
                chunk_size=a.chunk_size)
 
 
 def _paraphrase(a):
-    from .paraphrase import paraphrase_shard
+    from ..stats.paraphrase import paraphrase_shard
 
     if a.threads:
         import torch
@@ -38,13 +38,13 @@ def _paraphrase(a):
 
 
 def _merge(a):
-    from .paraphrase import merge_paraphrases
+    from ..stats.paraphrase import merge_paraphrases
 
     merge_paraphrases(a.inputs, a.corpus, a.output)
 
 
 def _summary(a):
-    from .summary import write_summary
+    from ..stats.summary import write_summary
 
     write_summary(a.output, title=a.title, corpus=a.corpus, freq=a.freq, tfidf=a.tfidf,
                   rake=a.rake, paraphrases=a.paraphrases)

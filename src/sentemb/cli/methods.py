@@ -8,8 +8,8 @@ import json
 
 def describe(name: str | None = None) -> list[dict]:
     """Machine-readable description of the registered methods (or of one)."""
-    from ..args import meta_of
-    from . import get_method, method_source, registry
+    from ..args import meta_of, value_range
+    from ..methods import get_method, method_source, registry
 
     names = [name] if name else sorted(registry())
     out = []
@@ -31,15 +31,6 @@ def describe(name: str | None = None) -> list[dict]:
     return out
 
 
-def value_range(meta: dict) -> str | None:
-    """A declared range as an interval, e.g. ``[0, 180)``, ``(0, inf)``; None without bounds."""
-    lo = (f"[{meta['minimum']:g}" if meta.get("minimum") is not None
-          else f"({meta['exclusive_minimum']:g}" if meta.get("exclusive_minimum") is not None else None)
-    hi = (f"{meta['maximum']:g}]" if meta.get("maximum") is not None
-          else f"{meta['exclusive_maximum']:g})" if meta.get("exclusive_maximum") is not None else None)
-    return None if lo is None and hi is None else f"{lo or '(-inf'}, {hi or 'inf)'}"
-
-
 def format_methods(desc: list[dict]) -> str:
     lines = []
     for m in desc:
@@ -58,7 +49,7 @@ def format_methods(desc: list[dict]) -> str:
 
 
 def _cmd_methods(args: argparse.Namespace) -> int:
-    from . import load_method_modules
+    from ..methods import load_method_modules
 
     if args.config:  # its method_modules (the user's methods) are imported when it is validated
         from ..config import load_config
@@ -90,7 +81,7 @@ def _cmd_check_method(args: argparse.Namespace) -> int:
 
     from .. import SentembError
     from .. import testing
-    from . import get_method, load_method_modules, method_source
+    from ..methods import get_method, load_method_modules, method_source
 
     if args.list:
         for name, fn in testing.CHECKS.items():

@@ -1,4 +1,5 @@
-"""The ``sentemb`` command line. Each module contributes its subcommands through ``register``.
+"""The ``sentemb`` command line: one module of this package per stage contributes its subcommands
+through ``register``; the domain modules it calls carry no argparse code (issue 28 §3).
 
 Heavy imports (torch, transformers, mlflow) happen inside the command functions, so ``sentemb
 --help`` is instant.
@@ -11,33 +12,33 @@ import importlib
 import logging
 import sys
 
-from . import SentembError, __version__
+from .. import SentembError, __version__
 
-# Modules that define ``register(subparsers)``; each adds one or more subcommands.
+# Modules of this package that define ``register(subparsers)``; each adds one or more subcommands.
 COMMAND_MODULES = [
-    "sentemb.data",
-    "sentemb.stats.cli",
-    "sentemb.methods.cli",
-    "sentemb.config_keys",
-    "sentemb.tokens",
-    "sentemb.train",
-    "sentemb.pretrain",
-    "sentemb.evaluate",
-    "sentemb.transfer",
-    "sentemb.tables",
-    "sentemb.report",
-    "sentemb.studies",
-    "sentemb.tracking",
-    "sentemb.benchmark",
-    "sentemb.gpucheck",
-    "sentemb.plan",
-    "sentemb.inputs",
-    "sentemb.model_card",
+    "sentemb.cli.data",
+    "sentemb.cli.stats",
+    "sentemb.cli.methods",
+    "sentemb.cli.config_keys",
+    "sentemb.cli.tokens",
+    "sentemb.cli.train",
+    "sentemb.cli.pretrain",
+    "sentemb.cli.evaluate",
+    "sentemb.cli.transfer",
+    "sentemb.cli.tables",
+    "sentemb.cli.report",
+    "sentemb.cli.studies",
+    "sentemb.cli.tracking",
+    "sentemb.cli.benchmark",
+    "sentemb.cli.gpucheck",
+    "sentemb.cli.plan",
+    "sentemb.cli.inputs",
+    "sentemb.cli.model_card",
 ]
 
 #: commands whose module imports no torch: ``sentemb <command>`` builds only that module's parser, so
 #: a rule that runs once per run (``model_card``) starts in a fraction of a second
-LIGHT_COMMANDS = {"model-card": "sentemb.model_card"}
+LIGHT_COMMANDS = {"model-card": "sentemb.cli.model_card"}
 
 
 #: commands that may run on a GPU: they claim a GPU slot when $SENTEMB_GPU_SLOTS is set
@@ -45,7 +46,8 @@ GPU_COMMANDS = {"train", "evaluate", "evaluate-transfer", "encode-transfer", "pr
 
 
 def build_parser(modules: list[str] = COMMAND_MODULES) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="sentemb", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="sentemb", description="sentemb: train, evaluate and compare unsupervised "
+                                     "sentence embeddings (SimCSE and five successors) under one protocol.")
     parser.add_argument("--version", action="version", version=f"sentemb {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -72,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         if args.command in GPU_COMMANDS:
-            from .gpu_slots import claim_from_env
+            from ..gpu_slots import claim_from_env
 
             claim_from_env()  # before torch touches CUDA: one GPU per job (config local_gpus)
         rc = args.func(args)

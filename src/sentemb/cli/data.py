@@ -1,0 +1,111 @@
+"""``sentemb`` commands of ``sentemb.data``: their arguments (paths and overrides) and how they
+call it."""
+
+from __future__ import annotations
+
+import json
+import os
+from .. import SentembError
+from ..data import (
+    MIRROR_ENV, fetch_corpus, fetch_model, fetch_nltk, fetch_senteval, fetch_senteval_raw, prepare_corpus,
+    prepare_sts_corpus)
+
+
+def _mirror(args) -> str | None:
+    return args.mirror or os.environ.get(MIRROR_ENV) or None
+
+
+def _random_init_arg(text: str | None) -> dict | None:
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise SentembError(f"--random-init: not valid JSON ({e}): {text!r}") from None
+    if not isinstance(value, dict):
+        raise SentembError(f"--random-init: expected a JSON object of HF config keys, got {text!r}")
+    return value
+
+
+def _cmd_fetch_corpus(args) -> None:
+    fetch_corpus(args.output, hub_repo=args.hub_repo, hub_file=args.hub_file, revision=args.revision,
+                 mirror=_mirror(args), mirror_path=args.mirror_path, sha256=args.sha256,
+                 expected_lines=args.expected_lines)
+
+
+def _cmd_prepare_corpus(args) -> None:
+    prepare_corpus(args.input, args.output, max_sentences=args.max_sentences, seed=args.seed,
+                   skip_bad_lines=args.skip_bad_lines)
+
+
+def _cmd_prepare_sts_corpus(args) -> None:
+    prepare_sts_corpus(args.senteval, args.output, keep_duplicates=args.keep_duplicates)
+
+
+def _cmd_fetch_senteval(args) -> None:
+    fetch = fetch_senteval_raw if args.raw else fetch_senteval
+    default = "data/senteval-raw" if args.raw else "data/senteval"
+    fetch(args.output, url=args.url, sha256=args.sha256, mirror=_mirror(args), mirror_path=args.mirror_path or default)
+
+
+def _cmd_fetch_model(args) -> None:
+    fetch_model(args.output, hub_id=args.hub_id, revision=args.revision, mirror=_mirror(args),
+                mirror_path=args.mirror_path, sha256=args.sha256, random_init=_random_init_arg(args.random_init))
+
+
+def _cmd_fetch_nltk(args) -> None:
+    packages = [p.strip() for p in args.packages.split(",") if p.strip()]
+    if not packages:
+        raise SentembError("--packages: give at least one NLTK package name")
+    kw = {"mirror_path": args.mirror_path} if args.mirror_path else {}
+    fetch_nltk(args.output, packages=packages, mirror=_mirror(args), **kw)
+
+
+def register(subparsers) -> None:
+    """Add the fetch-* and prepare-corpus subcommands."""
+    def command(name, func, help, **required):
+        p = subparsers.add_parser(name, help=help, description=help)
+        for flag, kw in required.items():
+            p.add_argument(f"--{flag.replace('_', '-')}", required=True, **kw)
+        p.set_defaults(func=func)
+        return p
+
+    def mirror_opts(p):
+        p.add_argument("--mirror", help=f"local mirror directory laid out like the shared/ data folder (default ${MIRROR_ENV})")
+        p.add_argument("--mirror-path", help="path of the input inside the mirror")
+
+    p = command("fetch-corpus", _cmd_fetch_corpus, "Fetch the raw training corpus and verify it.",
+                output={}, hub_repo={}, hub_file={})
+    p.add_argument("--revision")
+    p.add_argument("--sha256")
+    p.add_argument("--expected-lines", type=int)
+    mirror_opts(p)
+
+    p = command("prepare-corpus", _cmd_prepare_corpus, "Check the raw corpus line by line and (sub)sample it.",
+                input={}, output={})
+    p.add_argument("--max-sentences", type=int)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--skip-bad-lines", action="store_true", help="skip empty and non-UTF-8 lines instead of failing")
+
+    p = command("prepare-sts-corpus", _cmd_prepare_sts_corpus,
+                "Write the sts-unlabeled corpus: the sentences of STS12-16 (test), STS-B and SICK (all "
+                "splits) from a SentEval tree, deduplicated.", senteval={}, output={})
+    p.add_argument("--keep-duplicates", action="store_true", help="keep repeated sentences")
+
+    p = command("fetch-senteval", _cmd_fetch_senteval, "Fetch the SentEval STS/SICK data and verify the pair counts.",
+                output={})
+    p.add_argument("--url", help="archive (tar, tar.gz, zip) to download when no mirror is used")
+    p.add_argument("--sha256")
+    p.add_argument("--raw", action="store_true", help="the STS sets as originally published (data/senteval-raw)")
+    mirror_opts(p)
+
+    p = command("fetch-model", _cmd_fetch_model, "Fetch a pretrained encoder and check that it loads.",
+                output={}, hub_id={})
+    p.add_argument("--revision")
+    p.add_argument("--sha256", help="sha256 of the weights file")
+    p.add_argument("--random-init", help="JSON object of HF config keys: build a random model instead")
+    mirror_opts(p)
+
+    p = command("fetch-nltk", _cmd_fetch_nltk, "Fetch NLTK data packages and check that they load.", output={})
+    p.add_argument("--packages", default="stopwords,wordnet", help="comma-separated NLTK package ids")
+    mirror_opts(p)

@@ -1,0 +1,117 @@
+"""``sentemb`` commands of ``sentemb.evaluate``: their arguments (paths and overrides) and how they
+call it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from .. import SentembError
+from ..senteval import TASKS
+from ..evaluate import embedder_for, evaluate_sts, format_scores
+
+
+# ---------------------------------------------------------------------------------------- CLI
+def _cmd_evaluate(args: argparse.Namespace) -> int:
+    import torch
+
+    from ..utils import write_json
+
+    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    unknown = [t for t in tasks if t not in TASKS]
+    if unknown:
+        raise SentembError(f"--tasks: unknown task(s) {unknown} (known: {','.join(TASKS)})")
+    if not Path(args.model).is_dir():
+        raise SentembError(f"--model: model directory not found: {args.model}")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    t0 = time.time()
+    embedder = embedder_for(args.model, args.pooler, device=args.device, batch_size=args.batch_size,
+                            max_length=args.max_length, progress=not args.quiet, precision=args.precision)
+    res = evaluate_sts(embedder, args.data_dir, tasks, args.setting)
+    secs = time.time() - t0
+    out = {t: round(res[t], 4) for t in tasks}
+    out["avg"] = round(res["avg"], 4)
+    out.update({
+        "setting": args.setting, "pooler": args.pooler, "model": str(args.model), "data_dir": str(args.data_dir),
+        "tasks": tasks, "n_sentences": res["n_sentences"], "seconds": round(secs, 2),
+        "sentences_per_second": round(res["n_sentences"] / max(secs, 1e-9), 1),
+        "details": res["details"],
+    })
+    if "geometry" in res:
+        out["geometry"] = res["geometry"]
+    if args.run_meta:
+        meta = dict(kv.split("=", 1) for kv in args.run_meta)
+        if "seed" in meta:
+            meta["seed"] = int(meta["seed"])
+        out["run"] = meta
+    print(format_scores(out, tasks))
+    # The JSON is the job's real output: it appears (atomically) only once everything, tracking
+    # included, has succeeded; MLflow gets a copy as artifact.
+    if args.track:
+        import tempfile
+
+        from ..tracking import Tracker
+
+        tags = {**out.get("run", {}), **dict(kv.split("=", 1) for kv in args.tag)}
+        tags.setdefault("rule", "evaluate")
+        train_run = _training_run_id(args.model)
+        out_path = Path(args.output)
+        # Nested under the training run; a rerun after a kill retires the interrupted run (marker).
+        with Tracker(uri=args.tracking_uri, experiment=args.experiment, run_name=args.run_name or f"eval:{args.model}",
+                     tags=tags, params={"pooler": args.pooler, "setting": args.setting, "tasks": ",".join(tasks),
+                                        "model": str(args.model), "data_dir": str(args.data_dir)},
+                     marker=out_path.with_name(f".{out_path.name}.mlflow_run.json"), parent_run_id=train_run) as tr:
+            test = {f"test/{t}": out[t] for t in tasks} | {"test/avg": out["avg"]}
+            geo = out.get("geometry") or {}
+            test |= {f"test/{k}": geo[k] for k in ("align", "uniform") if geo.get(k) is not None}
+            test |= {f"test/cos_mean_{k}": v["mean"] for k, v in geo.get("cosine_buckets", {}).items()
+                     if v["mean"] is not None}
+            tr.log_metrics(test)
+            if train_run:  # the test scores next to the training run's hyperparameters, in one MLflow view
+                tr.log_metrics_to(train_run, test)
+            with tempfile.TemporaryDirectory() as d:
+                art = Path(d) / Path(args.output).name
+                art.write_text(json.dumps(out, indent=2) + "\n", encoding="utf-8")
+                tr.log_artifact(art)
+    write_json(args.output, out)
+    return 0
+
+
+def _training_run_id(model_dir) -> str | None:
+    """The MLflow run that trained ``model_dir`` (recorded in its sentemb.json), if any."""
+    meta = Path(model_dir) / "sentemb.json"
+    try:
+        return json.loads(meta.read_text("utf-8")).get("mlflow_run_id") if meta.is_file() else None
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def register(sub) -> None:
+    from .. import POOLERS
+
+    p = sub.add_parser("evaluate", help="STS evaluation (SentEval protocol) of a model directory")
+    p.add_argument("--model", required=True, help="Hugging Face model directory or a sentemb checkpoint")
+    p.add_argument("--pooler", required=True, choices=[*POOLERS, "method"],
+                   help="how to pool the encoder's outputs; 'method': the embedder the training method defines "
+                        "(read from the model's sentemb.json)")
+    p.add_argument("--data-dir", required=True, help="SentEval data root (holds STS/ and SICK/)")
+    p.add_argument("--tasks", default=",".join(TASKS))
+    p.add_argument("--setting", default="all", choices=["all", "mean", "wmean"])
+    p.add_argument("--output", required=True, help="metrics JSON")
+    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--max-length", type=int, default=None, help="default: the model's maximum")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--precision", default="fp32", choices=["auto", "bf16", "fp32"],
+                   help="fp32 (default, as SentEval and the papers); bf16: autocast; auto: bf16 on CUDA only")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--run-meta", action="append", default=[], metavar="KEY=VALUE",
+                   help="run metadata stored in the JSON (name, method, backbone, seed) for the tables")
+    p.add_argument("--track", action="store_true", help="record an MLflow run")
+    p.add_argument("--experiment", default="sentemb")
+    p.add_argument("--tracking-uri", default=None)
+    p.add_argument("--run-name", default=None)
+    p.add_argument("--tag", action="append", default=[], metavar="KEY=VALUE")
+    p.set_defaults(func=_cmd_evaluate)

@@ -1,0 +1,93 @@
+"""``sentemb`` commands of ``sentemb.gpucheck``: their arguments (paths and overrides) and how they
+call it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from .. import SentembError
+from ..gpucheck import _row, check, methods_to_check
+
+
+def _cmd_gpu_check(args: argparse.Namespace) -> int:
+    import torch
+
+    if not args.cpu and not torch.cuda.is_available():
+        print("sentemb gpu-check: no CUDA device is visible (torch.cuda.is_available() is False; torch "
+              f"{torch.__version__}, CUDA build {torch.version.cuda}). Run it on a GPU node, e.g. "
+              "`srun --gpus=1 sentemb gpu-check`, with a CUDA build of torch in the environment.", file=sys.stderr)
+        return 2
+    from ..benchmark import _method_args as parse_method_args
+    from ..shapes import ARCHITECTURES, write_model_dir
+
+    shared = Path(args.shared)
+    minilm = shared / "models" / "all-MiniLM-L6-v2"
+    model = Path(args.model) if args.model else minilm
+    sts_model = Path(args.sts_model) if args.sts_model else (minilm if args.model in ARCHITECTURES else model)
+    corpus = Path(args.corpus) if args.corpus else shared / "data" / "wiki1m_head.txt"
+    senteval = Path(args.senteval) if args.senteval else shared / "data" / "senteval"
+    for what, p in (("--model", model), ("--sts-model", sts_model), ("--corpus", corpus), ("--senteval", senteval)):
+        if not p.exists() and not (what == "--model" and args.model in ARCHITECTURES):
+            raise SentembError(f"{what}: {p} does not exist (give it, or --shared pointing at a shared/ folder)")
+    if args.model in ARCHITECTURES:  # random weights at the published shape (the speed and memory are the same)
+        os.environ.setdefault("SENTEMB_SHARED", str(shared))  # its BERT tokenizer: the mirror's MiniLM vocabulary
+        model = write_model_dir(args.model, Path(tempfile.mkdtemp(prefix="sentemb-gpucheck-model-")) / args.model)
+    device = "cpu" if args.cpu else "cuda"
+    batches = tuple(args.batch_size or ((8,) if args.cpu else (64, 512)))
+    from ..methods import load_method_modules
+
+    if args.config:  # its method_modules (the user's methods) are imported when it is validated
+        from ..config import load_config
+
+        load_config(args.config)
+    load_method_modules(args.method_module or None, "--method-module")
+    methods = methods_to_check(args.method)
+    t = time.perf_counter()
+    os.environ.setdefault("SENTEMB_SHARED", str(shared))  # the NLTK data of PaSeR's RAKE input, MiniLM's vocabulary
+    lines = check(model, corpus, senteval, device, batches, args.steps, args.warmup,
+                  args.max_len, methods, not args.no_dag, Path(__file__).resolve().parents[2],
+                  tuple(t for t in args.sts_tasks.split(",") if t) if args.sts_tasks else None, sts_model,
+                  parse_method_args(args.method_args, list(methods)), None if args.no_epoch else args.epoch_batch)
+    lines.append(_row("gpu-check wall time", f"{time.perf_counter() - t:.0f} s", ""))
+    if args.output:
+        Path(args.output).write_text("\n".join(lines) + "\n")
+        Path(args.output).with_suffix(".json").write_text(json.dumps({"lines": lines}, indent=2))
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("gpu-check", help="measure on the visible CUDA device what CPU machines cannot (paste the table)")
+    p.add_argument("--shared", default=str(Path.cwd().parent / "shared"),
+                   help="a folder laid out like shared/ (models/all-MiniLM-L6-v2, data/wiki1m_head.txt, data/senteval)")
+    p.add_argument("--model", default=None,
+                   help="model directory, or an architecture name (bert-base-uncased, bert-large-uncased, roberta-base, "
+                        "roberta-large): random weights at the published shape (default: the mirror's MiniLM)")
+    p.add_argument("--sts-model", default=None,
+                   help="real weights for the STS rows (fp32/bf16, one epoch): default --model, or the mirror's MiniLM "
+                        "when --model is an architecture name")
+    p.add_argument("--method-args", action="append", default=[], metavar="NAME=JSON",
+                   help="arguments of one method, e.g. 'paser={\"eda\": \"rs\"}' (repeatable)")
+    p.add_argument("--epoch-batch", type=int, default=64, help="batch of the one-epoch SimCSE run (default 64)")
+    p.add_argument("--no-epoch", action="store_true", help="skip the one-epoch SimCSE run")
+    p.add_argument("--corpus", default=None)
+    p.add_argument("--senteval", default=None)
+    p.add_argument("--batch-size", type=int, action="append", help="default 64 and 512")
+    p.add_argument("--method", action="append", metavar="NAME",
+                   help="a registered method (repeatable; default every one: the six and imported plug-ins)")
+    p.add_argument("--config", default=None, help="a config whose method_modules (the user's methods) to import")
+    p.add_argument("--method-module", action="append", default=[],
+                   help="a Python file or module with @register_method classes (repeatable)")
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--max-len", type=int, default=32)
+    p.add_argument("--no-dag", action="store_true", help="skip the tiny DAG")
+    p.add_argument("--sts-tasks", default=None, help="comma-separated STS tasks of the fp32/bf16 comparison (default all 7)")
+    p.add_argument("--output", default=None, help="also write the table (Markdown) here")
+    p.add_argument("--cpu", action="store_true",
+                   help="run the same checks on the CPU at a toy size (tests; the figures mean nothing for a GPU)")
+    p.set_defaults(func=_cmd_gpu_check)

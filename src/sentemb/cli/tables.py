@@ -1,0 +1,29 @@
+"""``sentemb`` commands of ``sentemb.tables``: their arguments (paths and overrides) and how they
+call it."""
+
+from __future__ import annotations
+
+import argparse
+from ..utils import atomic_path
+from ..tables import collect, table1, to_markdown
+
+
+def _cmd_table(args: argparse.Namespace) -> int:
+    t = table1(collect(args.inputs))
+    with atomic_path(args.output) as tmp:
+        t.to_csv(tmp, index=False)
+    if args.markdown:
+        with atomic_path(args.markdown) as tmp:
+            tmp.write_text(
+                "Spearman × 100 on STS (SentEval protocol, 'all' setting for STS12–16, test splits for "
+                "STS-B and SICK-R); mean over seeds, `std` = std of Avg over seeds.\n\n" + to_markdown(t), "utf-8")
+    print(to_markdown(t))
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("table", help="aggregate evaluation JSONs into results/table1.csv (+ .md)")
+    p.add_argument("--inputs", nargs="+", required=True)
+    p.add_argument("--output", required=True)
+    p.add_argument("--markdown", default=None)
+    p.set_defaults(func=_cmd_table)
