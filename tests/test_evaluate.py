@@ -151,10 +151,60 @@ def test_test_time_encoding_is_fp32_unless_asked(tiny_bert_dir):
     assert np.allclose(got, ref, atol=1e-5)
     bf16 = Embedder.from_dir(tiny_bert_dir, "avg", device="cpu", precision="bf16")(sents)
     assert not np.allclose(bf16, ref, atol=1e-5)  # bf16 is really a different (rounded) encoding
-    # the CLI defaults follow
+    # the CLI defaults follow: none in the parser, the declared one (EvaluationSettings) when unset
     from sentemb.cli import build_parser
+    from sentemb.cli.spec import apply_spec, evaluation_defaults
 
     p = build_parser()
-    for cmd in ("evaluate", "evaluate-transfer"):
+    for cmd in ("evaluate", "evaluate-transfer", "encode-transfer"):
         args = p.parse_args([cmd, "--model", "m", "--pooler", "avg", "--data-dir", "d", "--output", "o"])
+        assert args.precision is None, cmd
+        apply_spec(args, evaluation_defaults("precision"))
         assert args.precision == "fp32", cmd
+
+
+def test_an_evaluation_job_reads_its_resolved_spec(tmp_path):
+    """Issue 28 §3: ``eval_spec`` resolves one evaluation job's settings (a run's pooler is its
+    method's unless evaluation.pooler says otherwise; a baseline's is its own), each kind holding
+    only its own settings; the command fills what the command line leaves unset from ``--spec`` and
+    ``--tracking``, then from the declared defaults, and an explicit option wins."""
+    from sentemb.cli import build_parser
+    from sentemb.cli.spec import apply_spec, evaluation_defaults
+    from sentemb.config import eval_spec, tracking_options, validate_config
+
+    config = validate_config({"backbones": {"b": {"hub_id": "x/y"}}, "experiment": "e",
+                              "runs": [{"method": "simcse", "backbone": "b"}, {"method": "infocse", "backbone": "b"}],
+                              "evaluation": {"tasks": ["STS12", "SICKRelatedness"], "transfer_tasks": ["MR"],
+                                             "transfer_classifier": "sklearn", "batch_size": 16}})
+    sts = eval_spec(config, "sts", "b", name="simcse", seed=3)
+    assert sts == {"pooler": "cls_before_pooler", "tasks": ["STS12", "SICKRelatedness"], "setting": "all",
+                   "batch_size": 16, "precision": "fp32",
+                   "run_meta": {"name": "simcse", "method": "simcse", "backbone": "b", "seed": 3},
+                   "run_name": "eval/simcse/b/seed3", "tag": {}}
+    assert eval_spec(config, "encode_transfer", "b", name="simcse", seed=3) == {
+        "pooler": "cls_before_pooler", "tasks": ["MR"], "batch_size": 16, "precision": "fp32"}
+    base = eval_spec(config, "transfer", "b", pooler="avg")
+    assert base == {"pooler": "avg", "tasks": ["MR"], "mrpc_features": "paper", "classifier": "sklearn",
+                    "run_meta": {"name": "untrained-avg", "method": "baseline", "backbone": "b", "seed": 0},
+                    "run_name": "baseline-transfer/b/avg", "tag": {"rule": "evaluate-baseline-transfer"}}
+    assert tracking_options(config) == {"track": True, "experiment": "e", "tracking_uri": None}
+    spec, track = tmp_path / "spec.json", tmp_path / "tracking.json"
+    spec.write_text(json.dumps(sts))
+    track.write_text(json.dumps(tracking_options(config)))
+    p = build_parser()
+    args = p.parse_args(["evaluate", "--model", "m", "--data-dir", "d", "--output", "o", "--spec", str(spec),
+                         "--tracking", str(track), "--batch-size", "8"])
+    apply_spec(args, evaluation_defaults("tasks", "setting", "batch_size", "precision", "experiment"),
+               required=("pooler",))
+    assert (args.pooler, args.tasks, args.setting, args.batch_size, args.precision) == (
+        "cls_before_pooler", "STS12,SICKRelatedness", "all", 8, "fp32")  # --batch-size given: it wins
+    assert sorted(args.run_meta) == ["backbone=b", "method=simcse", "name=simcse", "seed=3"]
+    assert (args.track, args.experiment, args.tracking_uri, args.run_name) == (True, "e", None, "eval/simcse/b/seed3")
+    bare = p.parse_args(["evaluate", "--model", "m", "--data-dir", "d", "--output", "o"])
+    with pytest.raises(SentembError, match="missing --pooler"):
+        apply_spec(bare, evaluation_defaults("tasks"), required=("pooler",))
+    (tmp_path / "bad.json").write_text(json.dumps({"poolr": "avg"}))
+    bad = p.parse_args(["evaluate", "--model", "m", "--data-dir", "d", "--output", "o", "--spec",
+                        str(tmp_path / "bad.json")])
+    with pytest.raises(SentembError, match="'poolr' is not an option"):
+        apply_spec(bad, {})

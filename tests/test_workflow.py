@@ -300,6 +300,33 @@ def test_a_logging_knob_reruns_nothing_and_one_runs_lr_only_that_run(ran, env):
     assert "Nothing to be done" in (lambda p: p.stdout + p.stderr)(smk(ran, "-n", "results/table1.csv", env=env))
 
 
+def test_tracking_settings_rerun_nothing_and_an_evaluation_setting_only_its_kind(ran, env):
+    """Issue 28 §2/§3: evaluation jobs read their resolved settings (rule eval_spec) and the MLflow
+    settings as `ancient` (rule tracking_options): a new tracking URI plans no training or
+    evaluation; a new transfer classifier plans the transfer classification (and the encoding its
+    temporary features need), neither STS evaluation nor training."""
+    cfg_file = ran / "config.yaml"
+    text = cfg_file.read_text()
+    cfg = yaml.safe_load(text)
+    heavy = {"train", "pretrain", "evaluate", "evaluate_baseline", "encode_transfer", "evaluate_transfer",
+             "encode_baseline_transfer", "evaluate_baseline_transfer", "run_config", "pretrain_config"}
+    try:
+        moved = dict(cfg, tracking={**(cfg.get("tracking") or {}), "uri": f"sqlite:///{ran / 'elsewhere.db'}"})
+        cfg_file.write_text(yaml.safe_dump(moved, sort_keys=False))
+        planned = _planned((lambda p: p.stdout + p.stderr)(smk(ran, "-n", "results/table1.csv", "report_all", env=env)))
+        assert not set(planned) & heavy, planned
+        assert "init_tracking" in planned and "tracking_options" in planned, planned  # the change is seen
+        other = "sklearn" if cfg.get("evaluation", {}).get("transfer_classifier") != "sklearn" else "pytorch"
+        cfg_file.write_text(yaml.safe_dump(dict(cfg, evaluation={**cfg["evaluation"], "transfer_classifier": other}),
+                                           sort_keys=False))
+        planned = _planned((lambda p: p.stdout + p.stderr)(smk(ran, "-n", "results/table1.csv", "report_all", env=env)))
+        assert planned.get("evaluate_transfer") and planned.get("eval_spec"), planned
+        assert not set(planned) & {"train", "pretrain", "evaluate", "evaluate_baseline", "run_config"}, planned
+    finally:
+        cfg_file.write_text(text)
+    assert "Nothing to be done" in (lambda p: p.stdout + p.stderr)(smk(ran, "-n", "results/table1.csv", env=env))
+
+
 def test_malformed_config_names_the_key(tmp_path, env):
     cfg = (REPO / ".test" / "config.yaml").read_text().replace("lr: 1.0e-4", "lr: fast")
     (tmp_path / "config.yaml").write_text(cfg)

@@ -357,3 +357,36 @@ def padding_waste(model_dir, corpus, batch_size, max_len, seed=0, max_batches=20
     fr = [1 - lengths[idx].sum() / (len(idx) * lengths[idx].max())
           for idx in batch_schedule(len(sentences), batch_size, 1, seed)[:max_batches]]
     return float(np.mean(fr)), float(np.percentile(fr, 10)), float(np.percentile(fr, 90)), len(fr)
+
+
+def _peak(device, override):
+    import torch
+
+    if override:
+        return override
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((v for k, v in PEAK_BF16_TFLOPS.items() if k in name), None)
+
+
+def _method_args(items: list[str], methods: list[str]) -> dict[str, dict]:
+    """``--method-args`` values: ``NAME=JSON`` for one method, or plain JSON for the one non-simcse method."""
+    import json
+
+    out: dict[str, dict] = {}
+    for it in items:
+        name, _, text = it.partition("=") if not it.lstrip().startswith("{") else ("", "", it)
+        if not name:
+            others = [m for m in methods if m != "simcse"] or ["simcse"]
+            if len(others) != 1:
+                raise SentembError("--method-args: with several methods write NAME=JSON")
+            name = others[0]
+        try:
+            val = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise SentembError(f"--method-args {it!r}: not valid JSON ({e})") from None
+        if not isinstance(val, dict):
+            raise SentembError(f"--method-args {it!r}: must be a JSON object")
+        out[name] = {**out.get(name, {}), **val}
+    return out

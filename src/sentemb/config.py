@@ -303,3 +303,48 @@ def transfer_runs(config: dict | Config) -> set[tuple[str, str]]:
 def baselines(config: dict | Config) -> list[tuple[str, str]]:
     """(backbone, pooler) of every untrained baseline (``baselines``)."""
     return [(b, p) for b, poolers in Config.of(config).baselines.items() for p in poolers]
+
+
+# ----------------------------------------------------------------------- one evaluation job's settings
+#: the evaluation jobs that read a resolved spec (``eval_spec``): STS, transfer encoding, transfer
+#: classification; each rule reruns when its own kind's settings change, not another's
+EVAL_KINDS = ("sts", "encode_transfer", "transfer")
+
+
+def eval_spec(config: dict, kind: str, backbone: str, *, name: str | None = None, seed: int | None = None,
+              pooler: str | None = None) -> dict[str, Any]:
+    """The resolved settings of one evaluation job (issue 28 §3), what rule ``eval_spec`` writes and
+    ``sentemb evaluate`` / ``encode-transfer`` / ``evaluate-transfer --spec`` read: a trained run
+    (``name``, ``seed``; its pooler is ``evaluation.pooler``, else its method's) or an untrained
+    baseline (``pooler``). The keys are the commands' option names; only the settings of ``kind``
+    are in it, so changing ``evaluation.transfer_classifier`` reruns no STS evaluation or encoding."""
+    from .methods import get_method
+
+    if kind not in EVAL_KINDS:
+        raise SentembError(f"evaluation kind '{kind}' is not one of {', '.join(EVAL_KINDS)}")
+    ev = config["evaluation"]
+    if name is not None:
+        run = find_run(config, name, backbone)
+        cls = get_method(run["method"])
+        pooler = ev["pooler"] or cls.pooler_for(cls.make_args(method_args_of(config, run)))
+        meta = {"name": name, "method": run["method"], "backbone": backbone, "seed": int(seed)}
+        run_name, tag = f"{'eval' if kind == 'sts' else 'transfer'}/{name}/{backbone}/seed{seed}", {}
+    else:
+        meta = {"name": f"untrained-{pooler}", "method": "baseline", "backbone": backbone, "seed": 0}
+        run_name = f"{'baseline' if kind == 'sts' else 'baseline-transfer'}/{backbone}/{pooler}"
+        tag = {"rule": "evaluate-baseline" if kind == "sts" else "evaluate-baseline-transfer"}
+    if kind == "sts":
+        return {"pooler": pooler, "tasks": list(ev["tasks"]), "setting": ev["setting"], "batch_size": ev["batch_size"],
+                "precision": ev["precision"], "run_meta": meta, "run_name": run_name, "tag": tag}
+    if kind == "encode_transfer":
+        return {"pooler": pooler, "tasks": list(ev["transfer_tasks"]), "batch_size": ev["batch_size"],
+                "precision": ev["precision"]}
+    return {"pooler": pooler, "tasks": list(ev["transfer_tasks"]), "mrpc_features": ev["mrpc_features"],
+            "classifier": ev["transfer_classifier"], "run_meta": meta, "run_name": run_name, "tag": tag}
+
+
+def tracking_options(config: dict) -> dict[str, Any]:
+    """Where evaluation jobs record (``--tracking``, rule ``tracking_options``): weight-free like
+    ``sentemb.settings.run_options``, so a new URI or experiment reruns no evaluation."""
+    return {"track": config["tracking"]["enabled"], "experiment": config["experiment"],
+            "tracking_uri": config["tracking"]["uri"]}

@@ -183,3 +183,12 @@ def format_scores(scores: dict, tasks: Sequence[str]) -> str:
     head = " | ".join(f"{t:>15}" for t in [*tasks, "avg"])
     vals = " | ".join(f"{scores[t]:>15.2f}" for t in [*tasks, "avg"])
     return f"{head}\n{vals}"
+
+
+def _training_run_id(model_dir) -> str | None:
+    """The MLflow run that trained ``model_dir`` (recorded in its sentemb.json), if any."""
+    meta = Path(model_dir) / "sentemb.json"
+    try:
+        return json.loads(meta.read_text("utf-8")).get("mlflow_run_id") if meta.is_file() else None
+    except (OSError, json.JSONDecodeError):
+        return None

@@ -95,6 +95,14 @@ class Layout:
         """Written once the MLflow experiment exists (rule ``init_tracking``)."""
         return f"{self.results}/.tracking/{experiment}.json"
 
+    def tracking_options(self) -> str:
+        """Where evaluation jobs record (rule ``tracking_options``, ``sentemb.config.tracking_options``)."""
+        return f"{self.results}/.tracking/options.json"
+
+    def eval_spec(self, run_dir: str, kind: str = "{kind}") -> str:
+        """The resolved settings of one evaluation job of a run or baseline directory (rule ``eval_spec``)."""
+        return f"{run_dir}/spec_{kind}.json"
+
     def job_paths(self, corpus: str, backbone: str, inputs: dict[str, str], token_cache: bool) -> dict[str, str]:
         """The ``paths`` of a resolved run or pretraining stage (what ``sentemb.train.train`` reads)."""
         return {

@@ -4,15 +4,15 @@ import os
 import re
 import shlex
 
-from sentemb import SentembError
-from sentemb.config import baselines, jobs, resolve_run, run_inputs, tested, transfer_runs, validate_config
+from sentemb import POOLERS, SentembError
+from sentemb.config import (EVAL_KINDS, baselines, eval_spec, jobs, resolve_run, run_inputs, tested, tracking_options,
+                            transfer_runs, validate_config)
 from sentemb.settings import Config
 from sentemb.cache import verify_resources
 from sentemb.data import mirror_dir
 from sentemb.layout import Layout
 from sentemb.settings import fingerprint, run_options
 from sentemb.utils import expose_cli
-from sentemb.methods import get_method
 from sentemb.studies import study_inputs, study_spec
 from sentemb.report import FIGURES
 
@@ -44,6 +44,7 @@ JOBS = jobs(CFG)
 RUN_DIR = LAYOUT.run_dir()
 TRACKING = CFG.tracking.enabled
 TRACKING_MARKER = LAYOUT.tracking_marker(CFG.experiment)
+TRACKING_OPTIONS = LAYOUT.tracking_options()
 # Every job (train, evaluate) waits this long for an absent MLflow server, then queues (sentemb.tracking)
 if CFG.tracking.wait_s is not None:
     os.environ.update(SENTEMB_TRACKING_WAIT_S=str(CFG.tracking.wait_s))  # set here, read by jobs
@@ -82,7 +83,8 @@ wildcard_constraints:
     backbone="|".join(sorted(CFG.backbones)),
     seed=r"\d+",
     corpus=r"[A-Za-z0-9_.-]+",
-    pooler="cls|cls_before_pooler|avg|avg_first_last|avg_top2|avg_static_last",
+    pooler="|".join(POOLERS),
+    kind="|".join(EVAL_KINDS),
 
 
 def shell_options(**options):
@@ -111,22 +113,12 @@ def method_inputs(wildcards):
     return run_inputs(config, wildcards.name, wildcards.backbone)
 
 
-def eval_pooler(wildcards):
-    """The run's evaluation pooler: config evaluation.pooler, else what its method exports."""
-    if CFG.evaluation.pooler:
-        return CFG.evaluation.pooler
-    run = run_of(wildcards)
-    cls = get_method(run["method"])
-    return cls.pooler_for(cls.make_args(run["method_args"]))
-
-
 # runs with test-set evaluation (runs[].evaluate: false = dev only, e.g. a cheap study's points)
 TESTED = tested(CFG)
 
 
 def eval_outputs():
     return [f"{LAYOUT.run_dir(n, b, s)}/eval_sts.json" for n, b, s in JOBS if (n, b) in TESTED]
-
 
 
 # --- report end of the DAG (issue 12): transfer tasks, untrained baselines, paper table, figures
@@ -137,14 +129,6 @@ TRANSFER = bool(TRANSFER_RUNS)
 BASELINES = baselines(CFG)
 BASE_DIR = LAYOUT.baseline_dir()
 PAPER_RESULTS = CFG.paper_results or os.path.join(workflow.basedir, "config", "paper_results.yaml")
-
-
-def tracking_opts():
-    """The MLflow options of `sentemb evaluate` / `evaluate-transfer` (empty when tracking is off)."""
-    if not TRACKING:
-        return ""
-    return f"--track --experiment {CFG.experiment}" + (
-        f" --tracking-uri {CFG.tracking.uri}" if CFG.tracking.uri else "")
 
 
 def baseline_outputs(kind="sts"):
@@ -192,7 +176,7 @@ def card_evaluations(wildcards):
 def card_dataset(wildcards):
     """`--dataset HUB_ID` when the run trains on the configured corpus (config corpus.hub_repo);
     nothing for a corpus the pipeline builds itself (sts-unlabeled)."""
-    corpus = run_of(wildcards).get("corpus") or CFG.corpus.name
+    corpus = resolve_run(config, wildcards.name, wildcards.backbone, int(wildcards.seed)).corpus
     return shell_options(dataset=CFG.corpus.hub_repo if corpus == CFG.corpus.name else None)
 
 

@@ -1,22 +1,67 @@
 # Stage `evaluate`: STS under the SentEval protocol (methods.md §0) for every trained run.
+# Each job reads its resolved settings (rule eval_spec, sentemb.config.eval_spec: the only params,
+# so a job reruns when its own kind's settings change) and the MLflow settings (rule
+# tracking_options, read as `ancient`: a new URI or experiment reruns nothing); the commands get
+# paths only (issue 28 §3).
+
+
+rule tracking_options:
+    """Where evaluation jobs record (sentemb.config.tracking_options); after the experiment exists."""
+    input:
+        TRACKING_MARKER if TRACKING else [],
+    output:
+        TRACKING_OPTIONS,
+    params:
+        options=tracking_options(config),
+    log:
+        f"{LOGS}/tracking_options.log",
+    localrule: True
+    run:
+        from sentemb.utils import write_json
+
+        write_json(output[0], params.options)
+
+
+rule eval_spec:
+    """The resolved settings of one evaluation job of a run (kind: sts, encode_transfer, transfer)."""
+    output:
+        LAYOUT.eval_spec(RUN_DIR),
+    params:
+        spec=lambda w: eval_spec(config, w.kind, w.backbone, name=w.name, seed=int(w.seed)),
+    log:
+        f"{LOGS}/eval_spec/{{name}}/{{backbone}}/seed{{seed}}/{{kind}}.log",
+    localrule: True
+    run:
+        from sentemb.utils import write_json
+
+        write_json(output[0], params.spec)
+
+
+rule baseline_eval_spec:
+    """The resolved settings of one evaluation job of an untrained baseline."""
+    output:
+        LAYOUT.eval_spec(BASE_DIR),
+    params:
+        spec=lambda w: eval_spec(config, w.kind, w.backbone, pooler=w.pooler),
+    log:
+        f"{LOGS}/eval_spec/baseline/{{backbone}}/{{pooler}}/{{kind}}.log",
+    localrule: True
+    run:
+        from sentemb.utils import write_json
+
+        write_json(output[0], params.spec)
 
 
 rule evaluate:
     input:
         model=f"{RUN_DIR}/model",
         data=EVAL_DATA,
-        tracking=TRACKING_MARKER if TRACKING else [],
+        spec=LAYOUT.eval_spec(RUN_DIR, "sts"),
+        tracking=ancient(TRACKING_OPTIONS),
     output:
         f"{RUN_DIR}/eval_sts.json",
     params:
         gpu_env=GPU_ENV,
-        pooler=eval_pooler,
-        tasks=",".join(CFG.evaluation.tasks),
-        setting=CFG.evaluation.setting,
-        batch_size=CFG.evaluation.batch_size,
-        precision=CFG.evaluation.precision,
-        method=lambda w: run_of(w)["method"],
-        track=tracking_opts(),
     log:
         f"{LOGS}/evaluate/{{name}}/{{backbone}}/seed{{seed}}.log",
     benchmark:
@@ -29,12 +74,8 @@ rule evaluate:
     conda:
         "../envs/sentemb.yaml"
     shell:
-        "{params.gpu_env}sentemb evaluate --model {input.model} --pooler {params.pooler} --data-dir {input.data}"
-        " --tasks {params.tasks} --setting {params.setting} --batch-size {params.batch_size}"
-        " --precision {params.precision}"
-        " --output {output} --quiet --run-meta name={wildcards.name} --run-meta method={params.method}"
-        " --run-meta backbone={wildcards.backbone} --run-meta seed={wildcards.seed}"
-        " --run-name eval/{wildcards.name}/{wildcards.backbone}/seed{wildcards.seed} {params.track} > {log} 2>&1"
+        "{params.gpu_env}sentemb evaluate --model {input.model} --data-dir {input.data} --spec {input.spec}"
+        " --tracking {input.tracking} --output {output} --quiet > {log} 2>&1"
 
 
 # SentEval transfer tasks (issue 12 §1) for every run, when evaluation.transfer is set: the sentences
@@ -44,14 +85,11 @@ rule encode_transfer:
     input:
         model=f"{RUN_DIR}/model",
         data=LAYOUT.eval_data("senteval"),
+        spec=LAYOUT.eval_spec(RUN_DIR, "encode_transfer"),
     output:
         temp(f"{RUN_DIR}/transfer_features.npz"),
     params:
         gpu_env=GPU_ENV,
-        pooler=eval_pooler,
-        tasks=",".join(CFG.evaluation.transfer_tasks),
-        batch_size=CFG.evaluation.batch_size,
-        precision=CFG.evaluation.precision,
     log:
         f"{LOGS}/encode_transfer/{{name}}/{{backbone}}/seed{{seed}}.log",
     benchmark:
@@ -64,9 +102,8 @@ rule encode_transfer:
     conda:
         "../envs/sentemb.yaml"
     shell:
-        "{params.gpu_env}sentemb encode-transfer --model {input.model} --pooler {params.pooler} --data-dir {input.data}"
-        " --tasks {params.tasks} --batch-size {params.batch_size} --precision {params.precision} --threads {threads}"
-        " --output {output} --quiet > {log} 2>&1"
+        "{params.gpu_env}sentemb encode-transfer --model {input.model} --data-dir {input.data} --spec {input.spec}"
+        " --threads {threads} --output {output} --quiet > {log} 2>&1"
 
 
 rule evaluate_transfer:
@@ -74,16 +111,10 @@ rule evaluate_transfer:
         features=f"{RUN_DIR}/transfer_features.npz",
         model=f"{RUN_DIR}/model",
         data=LAYOUT.eval_data("senteval"),
-        tracking=TRACKING_MARKER if TRACKING else [],
+        spec=LAYOUT.eval_spec(RUN_DIR, "transfer"),
+        tracking=ancient(TRACKING_OPTIONS),
     output:
         f"{RUN_DIR}/eval_transfer.json",
-    params:
-        pooler=eval_pooler,
-        tasks=",".join(CFG.evaluation.transfer_tasks),
-        mrpc=CFG.evaluation.mrpc_features,
-        classifier=CFG.evaluation.transfer_classifier,
-        method=lambda w: run_of(w)["method"],
-        track=tracking_opts(),
     log:
         f"{LOGS}/evaluate_transfer/{{name}}/{{backbone}}/seed{{seed}}.log",
     benchmark:
@@ -96,12 +127,9 @@ rule evaluate_transfer:
     conda:
         "../envs/sentemb.yaml"
     shell:
-        "sentemb evaluate-transfer --features {input.features} --model {input.model} --pooler {params.pooler}"
-        " --data-dir {input.data} --tasks {params.tasks} --mrpc-features {params.mrpc} --classifier {params.classifier}"
-        " --workers {threads} --threads 1"
-        " --output {output} --quiet --run-meta name={wildcards.name} --run-meta method={params.method}"
-        " --run-meta backbone={wildcards.backbone} --run-meta seed={wildcards.seed}"
-        " --run-name transfer/{wildcards.name}/{wildcards.backbone}/seed{wildcards.seed} {params.track} > {log} 2>&1"
+        "sentemb evaluate-transfer --features {input.features} --model {input.model} --data-dir {input.data}"
+        " --spec {input.spec} --tracking {input.tracking} --workers {threads} --threads 1 --output {output} --quiet"
+        " > {log} 2>&1"
 
 
 # Untrained backbones as they are (config `baselines`, issue 12 §3): rows method=baseline, seed 0.
@@ -109,16 +137,12 @@ rule evaluate_baseline:
     input:
         model=LAYOUT.model(),
         data=EVAL_DATA,
-        tracking=TRACKING_MARKER if TRACKING else [],
+        spec=LAYOUT.eval_spec(BASE_DIR, "sts"),
+        tracking=ancient(TRACKING_OPTIONS),
     output:
         f"{BASE_DIR}/eval_sts.json",
     params:
         gpu_env=GPU_ENV,
-        tasks=",".join(CFG.evaluation.tasks),
-        setting=CFG.evaluation.setting,
-        batch_size=CFG.evaluation.batch_size,
-        precision=CFG.evaluation.precision,
-        track=tracking_opts(),
     log:
         f"{LOGS}/evaluate_baseline/{{backbone}}/{{pooler}}.log",
     threads: res("evaluate", "cpus")
@@ -129,25 +153,19 @@ rule evaluate_baseline:
     conda:
         "../envs/sentemb.yaml"
     shell:
-        "{params.gpu_env}sentemb evaluate --model {input.model} --pooler {wildcards.pooler} --data-dir {input.data}"
-        " --tasks {params.tasks} --setting {params.setting} --batch-size {params.batch_size}"
-        " --precision {params.precision} --output {output} --quiet"
-        " --run-meta name=untrained-{wildcards.pooler} --run-meta method=baseline"
-        " --run-meta backbone={wildcards.backbone} --run-meta seed=0 --tag rule=evaluate-baseline"
-        " --run-name baseline/{wildcards.backbone}/{wildcards.pooler} {params.track} > {log} 2>&1"
+        "{params.gpu_env}sentemb evaluate --model {input.model} --data-dir {input.data} --spec {input.spec}"
+        " --tracking {input.tracking} --output {output} --quiet > {log} 2>&1"
 
 
 rule encode_baseline_transfer:
     input:
         model=LAYOUT.model(),
         data=LAYOUT.eval_data("senteval"),
+        spec=LAYOUT.eval_spec(BASE_DIR, "encode_transfer"),
     output:
         temp(f"{BASE_DIR}/transfer_features.npz"),
     params:
         gpu_env=GPU_ENV,
-        tasks=",".join(CFG.evaluation.transfer_tasks),
-        batch_size=CFG.evaluation.batch_size,
-        precision=CFG.evaluation.precision,
     log:
         f"{LOGS}/encode_baseline_transfer/{{backbone}}/{{pooler}}.log",
     threads: res("evaluate", "cpus")
@@ -158,9 +176,8 @@ rule encode_baseline_transfer:
     conda:
         "../envs/sentemb.yaml"
     shell:
-        "{params.gpu_env}sentemb encode-transfer --model {input.model} --pooler {wildcards.pooler} --data-dir {input.data}"
-        " --tasks {params.tasks} --batch-size {params.batch_size} --precision {params.precision} --threads {threads}"
-        " --output {output} --quiet > {log} 2>&1"
+        "{params.gpu_env}sentemb encode-transfer --model {input.model} --data-dir {input.data} --spec {input.spec}"
+        " --threads {threads} --output {output} --quiet > {log} 2>&1"
 
 
 rule evaluate_baseline_transfer:
@@ -168,14 +185,10 @@ rule evaluate_baseline_transfer:
         features=f"{BASE_DIR}/transfer_features.npz",
         model=LAYOUT.model(),
         data=LAYOUT.eval_data("senteval"),
-        tracking=TRACKING_MARKER if TRACKING else [],
+        spec=LAYOUT.eval_spec(BASE_DIR, "transfer"),
+        tracking=ancient(TRACKING_OPTIONS),
     output:
         f"{BASE_DIR}/eval_transfer.json",
-    params:
-        tasks=",".join(CFG.evaluation.transfer_tasks),
-        mrpc=CFG.evaluation.mrpc_features,
-        classifier=CFG.evaluation.transfer_classifier,
-        track=tracking_opts(),
     log:
         f"{LOGS}/evaluate_baseline_transfer/{{backbone}}/{{pooler}}.log",
     threads: res("classify", "cpus")
@@ -186,9 +199,6 @@ rule evaluate_baseline_transfer:
     conda:
         "../envs/sentemb.yaml"
     shell:
-        "sentemb evaluate-transfer --features {input.features} --model {input.model} --pooler {wildcards.pooler}"
-        " --data-dir {input.data} --tasks {params.tasks} --mrpc-features {params.mrpc} --classifier {params.classifier}"
-        " --workers {threads} --threads 1 --output {output} --quiet"
-        " --run-meta name=untrained-{wildcards.pooler} --run-meta method=baseline"
-        " --run-meta backbone={wildcards.backbone} --run-meta seed=0 --tag rule=evaluate-baseline-transfer"
-        " --run-name baseline-transfer/{wildcards.backbone}/{wildcards.pooler} {params.track} > {log} 2>&1"
+        "sentemb evaluate-transfer --features {input.features} --model {input.model} --data-dir {input.data}"
+        " --spec {input.spec} --tracking {input.tracking} --workers {threads} --threads 1 --output {output} --quiet"
+        " > {log} 2>&1"

@@ -48,7 +48,7 @@ rule pretrain:
         model=LAYOUT.model(),
         corpus=lambda w: resolve_pretrain(config, w.method, w.backbone).paths["corpus"],
         tokens=lambda w: resolve_pretrain(config, w.method, w.backbone).paths.get("tokens", []),
-        tracking=TRACKING_MARKER if TRACKING else [],
+        tracking=ancient(TRACKING_MARKER) if TRACKING else [],  # a new tracking URI reruns no training
     output:
         model=directory(f"{PRETRAIN_DIR}/model"),
         summary=f"{PRETRAIN_DIR}/train.json",

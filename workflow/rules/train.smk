@@ -61,7 +61,7 @@ rule train:
         corpus=lambda w: resolve_run(config, w.name, w.backbone, int(w.seed)).paths["corpus"],
         tokens=lambda w: resolve_run(config, w.name, w.backbone, int(w.seed)).paths.get("tokens", []),
         senteval=LAYOUT.eval_data("senteval"),
-        tracking=TRACKING_MARKER if TRACKING else [],
+        tracking=ancient(TRACKING_MARKER) if TRACKING else [],  # a new tracking URI reruns no training
     output:
         model=directory(f"{RUN_DIR}/model"),
         summary=f"{RUN_DIR}/train.json",

@@ -5,19 +5,10 @@ from __future__ import annotations
 
 from .. import SentembError
 from ..benchmark import (
-    LOOP_VARIANTS, PEAK_BF16_TFLOPS, bench_chunked, bench_compile, bench_dev_eval, bench_eval,
-    bench_grad_norms, bench_method, bench_overhead, bench_st, padding_waste)
+    LOOP_VARIANTS, bench_chunked, bench_compile, bench_dev_eval, bench_eval,
+    bench_grad_norms, bench_method, bench_overhead, bench_st, padding_waste, _method_args, _peak)
 
 
-def _peak(device, override):
-    import torch
-
-    if override:
-        return override
-    if device.type != "cuda":
-        return None
-    name = torch.cuda.get_device_name(device)
-    return next((v for k, v in PEAK_BF16_TFLOPS.items() if k in name), None)
 
 
 def _cmd_overhead(args) -> int:
@@ -200,26 +191,6 @@ def _cmd_benchmark(args) -> int:
     return 0
 
 
-def _method_args(items: list[str], methods: list[str]) -> dict[str, dict]:
-    """``--method-args`` values: ``NAME=JSON`` for one method, or plain JSON for the one non-simcse method."""
-    import json
-
-    out: dict[str, dict] = {}
-    for it in items:
-        name, _, text = it.partition("=") if not it.lstrip().startswith("{") else ("", "", it)
-        if not name:
-            others = [m for m in methods if m != "simcse"] or ["simcse"]
-            if len(others) != 1:
-                raise SentembError("--method-args: with several methods write NAME=JSON")
-            name = others[0]
-        try:
-            val = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise SentembError(f"--method-args {it!r}: not valid JSON ({e})") from None
-        if not isinstance(val, dict):
-            raise SentembError(f"--method-args {it!r}: must be a JSON object")
-        out[name] = {**out.get(name, {}), **val}
-    return out
 
 
 def register(sub) -> None:

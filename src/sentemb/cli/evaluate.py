@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from .. import SentembError
 from ..senteval import TASKS
-from ..evaluate import embedder_for, evaluate_sts, format_scores
+from ..evaluate import _training_run_id, embedder_for, evaluate_sts, format_scores
 
 
 # ---------------------------------------------------------------------------------------- CLI
@@ -17,7 +17,10 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     import torch
 
     from ..utils import write_json
+    from .spec import apply_spec, evaluation_defaults
 
+    apply_spec(args, evaluation_defaults("tasks", "setting", "batch_size", "precision", "experiment"),
+               required=("pooler",))
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     unknown = [t for t in tasks if t not in TASKS]
     if unknown:
@@ -79,39 +82,35 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _training_run_id(model_dir) -> str | None:
-    """The MLflow run that trained ``model_dir`` (recorded in its sentemb.json), if any."""
-    meta = Path(model_dir) / "sentemb.json"
-    try:
-        return json.loads(meta.read_text("utf-8")).get("mlflow_run_id") if meta.is_file() else None
-    except (OSError, json.JSONDecodeError):
-        return None
 
 
 def register(sub) -> None:
     from .. import POOLERS
+    from .spec import add_spec_options
 
     p = sub.add_parser("evaluate", help="STS evaluation (SentEval protocol) of a model directory")
     p.add_argument("--model", required=True, help="Hugging Face model directory or a sentemb checkpoint")
-    p.add_argument("--pooler", required=True, choices=[*POOLERS, "method"],
+    p.add_argument("--pooler", default=None, choices=[*POOLERS, "method"],
                    help="how to pool the encoder's outputs; 'method': the embedder the training method defines "
-                        "(read from the model's sentemb.json)")
+                        "(read from the model's sentemb.json); required unless --spec gives it")
     p.add_argument("--data-dir", required=True, help="SentEval data root (holds STS/ and SICK/)")
-    p.add_argument("--tasks", default=",".join(TASKS))
-    p.add_argument("--setting", default="all", choices=["all", "mean", "wmean"])
+    p.add_argument("--tasks", default=None, help="comma-separated (default: evaluation.tasks, all seven)")
+    p.add_argument("--setting", default=None, choices=["all", "mean", "wmean"], help="default: evaluation.setting")
     p.add_argument("--output", required=True, help="metrics JSON")
-    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--batch-size", type=int, default=None, help="default: evaluation.batch_size")
     p.add_argument("--max-length", type=int, default=None, help="default: the model's maximum")
     p.add_argument("--device", default="auto")
-    p.add_argument("--precision", default="fp32", choices=["auto", "bf16", "fp32"],
-                   help="fp32 (default, as SentEval and the papers); bf16: autocast; auto: bf16 on CUDA only")
+    p.add_argument("--precision", default=None, choices=["auto", "bf16", "fp32"],
+                   help="default: evaluation.precision, fp32 as SentEval and the papers; bf16: autocast; auto: bf16 "
+                        "on CUDA only")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--run-meta", action="append", default=[], metavar="KEY=VALUE",
                    help="run metadata stored in the JSON (name, method, backbone, seed) for the tables")
     p.add_argument("--track", action="store_true", help="record an MLflow run")
-    p.add_argument("--experiment", default="sentemb")
+    p.add_argument("--experiment", default=None, help="default: the config's experiment (sentemb)")
     p.add_argument("--tracking-uri", default=None)
     p.add_argument("--run-name", default=None)
     p.add_argument("--tag", action="append", default=[], metavar="KEY=VALUE")
+    add_spec_options(p)
     p.set_defaults(func=_cmd_evaluate)

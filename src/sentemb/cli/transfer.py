@@ -10,7 +10,7 @@ from pathlib import Path
 from .. import SentembError
 from ..senteval import TRANSFER_TASKS
 from ..transfer import (
-    CLASSIFIERS, CLASSIFIER_DESCRIPTIONS, DEFAULT_CLASSIFIER, KFOLD, MRPC_FEATURES, SEED, classify_tasks,
+    CLASSIFIERS, CLASSIFIER_DESCRIPTIONS, KFOLD, MRPC_FEATURES, SEED, classify_tasks,
     encode_task, evaluate_transfer, load_transfer_task, log, read_features_meta, summarize, write_features)
 
 
@@ -29,7 +29,10 @@ def _cmd_encode(args: argparse.Namespace) -> int:
     import torch
 
     from ..evaluate import embedder_for
+    from .spec import apply_spec, evaluation_defaults
 
+    apply_spec(args, {"tasks": evaluation_defaults("transfer_tasks")["transfer_tasks"],
+                      **evaluation_defaults("batch_size", "precision")}, required=("pooler",))
     tasks = _task_list(args.tasks)
     if not Path(args.model).is_dir():
         raise SentembError(f"--model: model directory not found: {args.model}")
@@ -58,7 +61,10 @@ def _cmd_transfer(args: argparse.Namespace) -> int:
 
     from ..evaluate import _training_run_id, embedder_for
     from ..utils import write_json
+    from .spec import apply_spec, evaluation_defaults
 
+    apply_spec(args, {"tasks": evaluation_defaults("transfer_tasks")["transfer_tasks"],
+                      **evaluation_defaults("batch_size", "precision", "mrpc_features", "classifier", "experiment")})
     tasks = _task_list(args.tasks)
     if args.features:
         fmeta = read_features_meta(args.features)
@@ -144,20 +150,22 @@ def _cmd_transfer(args: argparse.Namespace) -> int:
 
 def register(sub) -> None:
     from .. import POOLERS
+    from .spec import add_spec_options
 
     e = sub.add_parser("encode-transfer", help="encode the SentEval transfer tasks' sentences (the GPU half of "
                                                "evaluate-transfer) into a features file")
     e.add_argument("--model", required=True, help="Hugging Face model directory or a sentemb checkpoint")
-    e.add_argument("--pooler", required=True, choices=[*POOLERS, "method"])
+    e.add_argument("--pooler", default=None, choices=[*POOLERS, "method"], help="required unless --spec gives it")
     e.add_argument("--data-dir", required=True, help="SentEval data root (holds MR/, CR/, SUBJ/, MPQA/, SST/, TREC/, MRPC/)")
-    e.add_argument("--tasks", default=",".join(TRANSFER_TASKS))
+    e.add_argument("--tasks", default=None, help="comma-separated (default: evaluation.transfer_tasks, all seven)")
     e.add_argument("--output", required=True, help="features file (.npz) for evaluate-transfer --features")
-    e.add_argument("--batch-size", type=int, default=128)
+    e.add_argument("--batch-size", type=int, default=None, help="default: evaluation.batch_size")
     e.add_argument("--max-length", type=int, default=None)
     e.add_argument("--device", default="auto")
-    e.add_argument("--precision", default="fp32", choices=["auto", "bf16", "fp32"])
+    e.add_argument("--precision", default=None, choices=["auto", "bf16", "fp32"], help="default: evaluation.precision")
     e.add_argument("--threads", type=int, default=None)
     e.add_argument("--quiet", action="store_true")
+    add_spec_options(e, tracking=False)
     e.set_defaults(func=_cmd_encode)
 
     p = sub.add_parser("evaluate-transfer", help="SentEval transfer tasks (a linear classifier on frozen embeddings)")
@@ -169,26 +177,29 @@ def register(sub) -> None:
     p.add_argument("--workers", type=int, default=1, help="tasks classified at once, each in a process of its own "
                    "on one thread (the same numbers as 1)")
     p.add_argument("--data-dir", required=True, help="SentEval data root (holds MR/, CR/, SUBJ/, MPQA/, SST/, TREC/, MRPC/)")
-    p.add_argument("--tasks", default=",".join(TRANSFER_TASKS))
+    p.add_argument("--tasks", default=None, help="comma-separated (default: evaluation.transfer_tasks, all seven)")
     p.add_argument("--output", required=True, help="metrics JSON")
-    p.add_argument("--mrpc-features", default="paper", choices=MRPC_FEATURES,
-                   help="paper: [u, v, |u-v|, u*v] (methods.md); code: [|u-v|, u*v] (SentEval's code)")
-    p.add_argument("--classifier", default=DEFAULT_CLASSIFIER, choices=CLASSIFIERS,
+    p.add_argument("--mrpc-features", default=None, choices=MRPC_FEATURES,
+                   help="paper: [u, v, |u-v|, u*v] (methods.md); code: [|u-v|, u*v] (SentEval's code); default: "
+                        "evaluation.mrpc_features (paper)")
+    p.add_argument("--classifier", default=None, choices=CLASSIFIERS,
                    help="pytorch: SentEval's usepytorch=True path, what the papers used; sklearn: its "
-                        "LogisticRegression path (config key evaluation.transfer_classifier)")
+                        "LogisticRegression path (default: config key evaluation.transfer_classifier, pytorch)")
     p.add_argument("--kfold", type=int, default=KFOLD)
     p.add_argument("--seed", type=int, default=SEED, help="SentEval's classifier seed")
-    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--batch-size", type=int, default=None, help="default: evaluation.batch_size (without --features)")
     p.add_argument("--max-length", type=int, default=None)
     p.add_argument("--device", default="auto")
-    p.add_argument("--precision", default="fp32", choices=["auto", "bf16", "fp32"],
-                   help="fp32 (default, as SentEval and the papers); bf16: autocast; auto: bf16 on CUDA only")
+    p.add_argument("--precision", default=None, choices=["auto", "bf16", "fp32"],
+                   help="default: evaluation.precision, fp32 as SentEval and the papers; bf16: autocast; auto: bf16 "
+                        "on CUDA only")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--quiet", action="store_true")
     p.add_argument("--run-meta", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--track", action="store_true")
-    p.add_argument("--experiment", default="sentemb")
+    p.add_argument("--experiment", default=None, help="default: the config's experiment (sentemb)")
     p.add_argument("--tracking-uri", default=None)
     p.add_argument("--run-name", default=None)
     p.add_argument("--tag", action="append", default=[], metavar="KEY=VALUE")
+    add_spec_options(p)
     p.set_defaults(func=_cmd_transfer)

@@ -1,0 +1,70 @@
+"""Options from a resolved spec (issue 28 §3): a workflow job passes paths only (``--spec``,
+``--tracking``), a person may still give any option on the command line. An option given explicitly
+wins, then the spec, then the declared default (``sentemb.settings.EvaluationSettings``), so no
+default is written in an argument parser."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from .. import SentembError
+from ..utils import read_json
+
+
+def apply_spec(args: argparse.Namespace, defaults: dict[str, Any], required: tuple[str, ...] = ()) -> None:
+    """Fill the options of ``args`` left unset (None, or an empty list for KEY=VALUE options) from
+    ``args.spec`` and ``args.tracking`` (JSON files whose keys are option names), then from
+    ``defaults``. Lists become the comma form of ``--tasks``; mappings the KEY=VALUE form. An option
+    of ``required`` still unset is an error naming it."""
+    for attr in ("spec", "tracking"):
+        path = getattr(args, attr, None)
+        if not path:
+            continue
+        spec = read_json(path, f"--{attr}")
+        if not isinstance(spec, dict):
+            raise SentembError(f"--{attr} {path}: expected a JSON object of option values")
+        for key, value in spec.items():
+            if not hasattr(args, key):
+                raise SentembError(f"--{attr} {path}: '{key}' is not an option of this command")
+            have = getattr(args, key)
+            if key == "track":
+                args.track = bool(have or value)
+            elif have is None or have == []:
+                setattr(args, key, _as_option(value))
+    for key, value in defaults.items():
+        if getattr(args, key) is None:
+            setattr(args, key, _as_option(value))
+    missing = [k for k in required if getattr(args, k) is None]
+    if missing:
+        raise SentembError("missing " + ", ".join(f"--{k.replace('_', '-')}" for k in missing)
+                           + " (give it, or a --spec that holds it)")
+
+
+def _as_option(value: Any) -> Any:
+    if isinstance(value, list):
+        return ",".join(map(str, value))
+    if isinstance(value, dict):
+        return [f"{k}={v}" for k, v in value.items()]
+    return value
+
+
+def evaluation_defaults(*keys: str) -> dict[str, Any]:
+    """The declared defaults of ``evaluation`` (and the config's ``experiment``) under the commands'
+    option names."""
+    from ..settings import Config, EvaluationSettings
+
+    ev = EvaluationSettings()
+    names = {"tasks": ev.tasks, "setting": ev.setting, "batch_size": ev.batch_size, "precision": ev.precision,
+             "transfer_tasks": ev.transfer_tasks, "mrpc_features": ev.mrpc_features,
+             "classifier": ev.transfer_classifier, "experiment": Config().experiment}
+    return {k: names[k] for k in keys}
+
+
+def add_spec_options(p: argparse.ArgumentParser, tracking: bool = True) -> None:
+    p.add_argument("--spec", default=None, help="the job's resolved settings (JSON whose keys are this command's "
+                                                "options; rule eval_spec, sentemb.config.eval_spec); an option "
+                                                "given here wins over it")
+    if tracking:
+        p.add_argument("--tracking", default=None, help="MLflow settings (JSON: track, experiment, tracking_uri; "
+                                                        "rule tracking_options)")
