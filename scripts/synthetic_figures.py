@@ -46,7 +46,7 @@ def _unit(*key) -> float:
 
 def _point_effect(run: dict, study: dict | None) -> float:
     """A smooth made-up effect of a study point's value(s): a bump around the middle of the grid."""
-    if not study or not run.get("point"):
+    if not study or not run["point"]:
         return 0.0
     effect = 0.0
     for key, value in run["point"].items():
@@ -65,7 +65,7 @@ def _point_effect(run: dict, study: dict | None) -> float:
 
 def run_avg(run: dict, study: dict | None) -> float:
     base = METHOD_AVG.get(run["method"], 76.0) + BACKBONE_SHIFT.get(run["backbone"], 0.0)
-    if run["name"] != run["method"] and not run.get("point"):
+    if run["name"] != run["method"] and not run["point"]:
         base += 1.2 * _unit("variant", run["name"]) - 0.4  # an ablation: a little off the method
     return base + _point_effect(run, study)
 
@@ -98,22 +98,26 @@ def write(path: str | Path, body: dict) -> None:
 def synthesize(config: dict) -> dict[str, list[Path]]:
     """Write every job's result files under the config's ``results_dir``; returns the file lists the
     report rules read (evals, train, transfer)."""
+    from sentemb.config import baseline_transfer, baselines, jobs, tested, transfer_runs
     from sentemb.layout import Layout
     from sentemb.transfer import TRANSFER_TASKS
 
     layout = Layout.of(config)
-    studies = {s["name"]: s for s in config.get("studies") or []}
+    studies = {s["name"]: s for s in config["studies"]}
     rng = np.random.default_rng(29)
     files: dict[str, list[Path]] = {"evals": [], "train": [], "transfer": []}
+    seeds = {}  # the Snakefile's training jobs (sentemb.config.jobs), grouped by run
+    for job in jobs(config):
+        seeds.setdefault((job.name, job.backbone), []).append(job.seed)
+    evaluated, transferred = tested(config), transfer_runs(config)
     for run in config["runs"]:
-        run = {**run, "name": run.get("name") or run["method"]}
-        study = studies.get(run.get("study") or "")
+        key = (run["name"], run["backbone"])
+        study = studies.get(run["study"] or "")
         avg = run_avg(run, study)
         steps = 1000 if run["backbone"].endswith("large") else 1500
-        every = (run.get("train") or {}).get("eval_steps") or config["train"]["eval_steps"]
-        transfer = run.get("transfer")
-        transfer = config["evaluation"]["transfer"] if transfer is None else transfer
-        for seed in run.get("seeds") or config["seeds"]:
+        every = {**config["train"], **run["train"]}["eval_steps"]  # the run's train over the shared one
+        transfer = key in transferred
+        for seed in seeds[key]:
             meta = {"name": run["name"], "method": run["method"], "backbone": run["backbone"], "seed": seed}
             d = layout.run_dir(run["name"], run["backbone"], seed)
             best = avg + 4.0 + rng.normal(0, 0.5)
@@ -122,7 +126,7 @@ def synthesize(config: dict) -> dict[str, list[Path]]:
             write(f"{d}/train.json", {**meta, "steps": steps, "best_dev_stsb": max(h["dev_stsb"] for h in history),
                                       "best_step": max(history, key=lambda h: h["dev_stsb"])["step"], "history": history})
             files["train"].append(Path(f"{d}/train.json"))
-            if run.get("evaluate", True) is False:
+            if key not in evaluated:
                 continue
             sts = sts_scores(avg, rng, 0.6)
             write(f"{d}/eval_sts.json", {**sts, "avg": sum(sts.values()) / len(sts), "pooler": "cls_before_pooler",
@@ -133,19 +137,18 @@ def synthesize(config: dict) -> dict[str, list[Path]]:
                       for t in TRANSFER_TASKS}
                 write(f"{d}/eval_transfer.json", {**tr, "run": meta, "protocol": {"classifier": "pytorch"}})
                 files["transfer"].append(Path(f"{d}/eval_transfer.json"))
-    for backbone, poolers in (config.get("baselines") or {}).items():
-        for pooler in poolers:
-            d = layout.baseline_dir(backbone, pooler)
-            meta = {"name": f"{backbone}-{pooler}", "method": "baseline", "backbone": backbone, "seed": 0}
-            avg = BASELINE_AVG.get(pooler, 50.0) + BACKBONE_SHIFT.get(backbone, 0.0)
-            sts = sts_scores(avg, rng, 0.0)
-            write(f"{d}/eval_sts.json", {**sts, "avg": sum(sts.values()) / len(sts), "pooler": pooler,
-                                         "geometry": geometry(avg, rng, True), "run": meta})
-            files["evals"].append(Path(f"{d}/eval_sts.json"))
-            if config["evaluation"]["transfer"]:
-                tr = {t: round(float(80.0 + 3 * _unit(t, pooler)), 2) for t in TRANSFER_TASKS}
-                write(f"{d}/eval_transfer.json", {**tr, "run": meta, "protocol": {"classifier": "pytorch"}})
-                files["transfer"].append(Path(f"{d}/eval_transfer.json"))
+    for backbone, pooler in baselines(config):
+        d = layout.baseline_dir(backbone, pooler)
+        meta = {"name": f"untrained-{pooler}", "method": "baseline", "backbone": backbone, "seed": 0}
+        avg = BASELINE_AVG.get(pooler, 50.0) + BACKBONE_SHIFT.get(backbone, 0.0)
+        sts = sts_scores(avg, rng, 0.0)
+        write(f"{d}/eval_sts.json", {**sts, "avg": sum(sts.values()) / len(sts), "pooler": pooler,
+                                     "geometry": geometry(avg, rng, True), "run": meta})
+        files["evals"].append(Path(f"{d}/eval_sts.json"))
+        if baseline_transfer(config):
+            tr = {t: round(float(80.0 + 3 * _unit(t, pooler)), 2) for t in TRANSFER_TASKS}
+            write(f"{d}/eval_transfer.json", {**tr, "run": meta, "protocol": {"classifier": "pytorch"}})
+            files["transfer"].append(Path(f"{d}/eval_transfer.json"))
     return files
 
 
@@ -218,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
         for p in save(fig, out / stem, args.formats):
             print(p, *(["FAILS:", *found] if found and p.suffix == ".png" else []))
         plt.close(fig)
-    for study in config.get("studies") or []:
+    for study in config["studies"]:
         values = read_values(study_inputs(config, study), study["metric"])
         histories = dev_histories(study_train_inputs(config, study))
         fig = draw_study_figure(json.loads(json.dumps(study)), values, published.get(study["name"]), histories)

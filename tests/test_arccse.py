@@ -491,7 +491,7 @@ def test_sam_rho_in_the_schema():
     assert validate_config(dict(base))["train"]["sam_rho"] is None
     with pytest.raises(SentembError, match=r"runs\[0\]\.train\.sam_rho"):
         validate_config({**base, "runs": [{"method": "arccse", "backbone": "b", "train": {"sam_rho": -1}}]})
-    with pytest.raises(SentembError, match=r"runs\[1\]\.train\.sam_rho': SAM .*cannot be combined with train\.precision fp16"):
+    with pytest.raises(SentembError, match=r"runs\[1\]\.train': SAM .*cannot be combined with train\.precision fp16"):
         validate_config({**base, "train": {"precision": "fp16"},
                          "runs": [{"method": "simcse", "backbone": "b"},
                                   {"method": "arccse", "backbone": "b", "train": {"sam_rho": 0.05}}]})

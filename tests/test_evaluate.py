@@ -153,17 +153,16 @@ def test_test_time_encoding_is_fp32_unless_asked(tiny_bert_dir):
     assert not np.allclose(bf16, ref, atol=1e-5)  # bf16 is really a different (rounded) encoding
     # the CLI defaults follow: none in the parser, the declared one (EvaluationSettings) when unset
     from sentemb.cli import build_parser
-    from sentemb.cli.spec import apply_spec, evaluation_defaults
+    from sentemb.cli.spec import evaluation_defaults
 
     p = build_parser()
     for cmd in ("evaluate", "evaluate-transfer", "encode-transfer"):
         args = p.parse_args([cmd, "--model", "m", "--pooler", "avg", "--data-dir", "d", "--output", "o"])
-        assert args.precision is None, cmd
-        apply_spec(args, evaluation_defaults("precision"))
-        assert args.precision == "fp32", cmd
+        assert args.precision is None, cmd  # no default in the parser: the command fills the declared one
+    assert evaluation_defaults("precision") == {"precision": "fp32"}
 
 
-def test_an_evaluation_job_reads_its_resolved_spec(tmp_path):
+def test_an_evaluation_job_reads_its_resolved_spec(tmp_path, monkeypatch):
     """Issue 28 §3: ``eval_spec`` resolves one evaluation job's settings (a run's pooler is its
     method's unless evaluation.pooler says otherwise; a baseline's is its own), each kind holding
     only its own settings; the command fills what the command line leaves unset from ``--spec`` and
@@ -203,8 +202,30 @@ def test_an_evaluation_job_reads_its_resolved_spec(tmp_path):
     bare = p.parse_args(["evaluate", "--model", "m", "--data-dir", "d", "--output", "o"])
     with pytest.raises(SentembError, match="missing --pooler"):
         apply_spec(bare, evaluation_defaults("tasks"), required=("pooler",))
-    (tmp_path / "bad.json").write_text(json.dumps({"poolr": "avg"}))
-    bad = p.parse_args(["evaluate", "--model", "m", "--data-dir", "d", "--output", "o", "--spec",
-                        str(tmp_path / "bad.json")])
-    with pytest.raises(SentembError, match="'poolr' is not an option"):
-        apply_spec(bad, {})
+    for doc, match in (({"poolr": "avg"}, "'poolr' is not an option"),
+                       ({"pooler": "max"}, "'pooler' = 'max' is not one of"),
+                       ({"batch_size": "eight"}, "'batch_size' = 'eight' is not int")):
+        (tmp_path / "bad.json").write_text(json.dumps(doc))
+        bad = p.parse_args(["evaluate", "--model", "m", "--data-dir", "d", "--output", "o", "--spec",
+                            str(tmp_path / "bad.json")])
+        with pytest.raises(SentembError, match=match):
+            apply_spec(bad, {})
+    # the command itself reads the spec: the embedder is built with the spec's pooler, batch size
+    # and the declared default precision (no model is loaded: the stub stops there)
+    import sentemb.cli.evaluate as cli_evaluate
+
+    seen = {}
+
+    def stub(model, pooler, **kw):
+        seen.update(pooler=pooler, **kw)
+        raise SentembError("stub: stop before encoding")
+
+    (tmp_path / "model").mkdir()
+    monkeypatch.setattr(cli_evaluate, "embedder_for", stub)
+    from sentemb.cli import main
+
+    rc = main(["evaluate", "--model", str(tmp_path / "model"), "--data-dir", "d", "--output", str(tmp_path / "o.json"),
+               "--spec", str(spec), "--tracking", str(track), "--quiet"])
+    assert rc == 2 and (seen["pooler"], seen["batch_size"], seen["precision"]) == ("cls_before_pooler", 16, "fp32")
+    with pytest.raises(SentembError, match="give a run"):
+        eval_spec(config, "sts", "b", name="simcse", seed=1, pooler="avg")

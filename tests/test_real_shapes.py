@@ -62,6 +62,9 @@ STEP_TRAIN_KEYS = ("max_len", "sam_rho", "unpad", "precision", "sampler", "dropo
 #: integer arguments that are a schedule or a count, not a shape (each method's ``schedule_args``):
 #: dropped from the dedupe key
 SCALAR_INT_ARGS = {n: set(cls.schedule_args) for n, cls in __import__("sentemb.methods", fromlist=["registry"]).registry().items()}
+#: arguments that change only which tokens a batch holds, not a tensor's shape: one step covers them
+#: (PaSeR's EDA operation: its batch builder is tested in tests/test_paser.py)
+DATA_ONLY_ARGS = {"paser": {"eda"}}
 BATCH = 4
 
 
@@ -73,7 +76,8 @@ def step_key(run, arch: str) -> str:
             return "zero" if v == 0 else "nonzero"
         return None if k in SCALAR_INT_ARGS.get(run.method, ()) else v
 
-    args = {k: reduce(k, v) for k, v in sorted(run.method_args.items()) if k != "pretrain"}
+    args = {k: reduce(k, v) for k, v in sorted(run.method_args.items())
+            if k != "pretrain" and k not in DATA_ONLY_ARGS.get(run.method, ())}
     train = {k: getattr(run.train, k) for k in STEP_TRAIN_KEYS} | {"accum": min(run.train.grad_accum, 2)}
     return json.dumps([run.method, arch, args, train], sort_keys=True, default=str)
 

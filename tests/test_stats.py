@@ -404,10 +404,13 @@ def test_cli_and_summary(corpus, tiny_tok_dir, tiny_nltk_data, tmp_path):
 
 
 def test_stats_settings_and_targets():
+    from sentemb.config import validate_config
     from sentemb.stats.workflow import stats_settings, stats_targets
 
-    cfg = {"resources_dir": "r", "results_dir": "res", "corpus": {"name": "c"},
-           "backbones": {"bert": {}, "roberta": {}}, "runs": [{"method": "simcse", "backbone": "bert"}]}
+    raw = {"resources_dir": "r", "results_dir": "res", "corpus": {"name": "c"},
+           "backbones": {"bert": {"hub_id": "x/bert"}, "roberta": {"hub_id": "x/roberta"}},
+           "runs": [{"method": "simcse", "backbone": "bert"}]}
+    cfg = validate_config(json.loads(json.dumps(raw)))
     s = stats_settings(cfg)
     assert s["rake_top_k"] == 5 and s["paraphrase"]["num_beams"] == 10
     assert s["paraphrase"]["model"]["hub_id"] == "tuner007/pegasus_paraphrase"
@@ -415,7 +418,7 @@ def test_stats_settings_and_targets():
     assert stats_targets(cfg) == ["res/stats/c/token_freq.bert.parquet", "res/stats/c/token_freq.roberta.parquet",
                                   "res/stats/c/tfidf.parquet", "res/stats/c/rake_top5.parquet",
                                   "res/stats/c/summary.md"]
-    cfg["stats"] = {"tfidf_with_paraphrases": True, "rake_top_k": 3}
+    cfg = validate_config({**json.loads(json.dumps(raw)), "stats": {"tfidf_with_paraphrases": True, "rake_top_k": 3}})
     assert stats_settings(cfg)["paraphrase"]["enabled"] is True
     assert stats_targets(cfg)[-2:] == ["res/stats/c/paraphrases.txt", "res/stats/c/tfidf_para.parquet"]
     assert "res/stats/c/rake_top3.parquet" in stats_targets(cfg)

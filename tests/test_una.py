@@ -363,10 +363,14 @@ def test_requires_and_paraphrase_planning():
     una = get_method("una")
     assert una.requires(una.make_args({})) == ("tfidf",)
     assert una.requires(una.make_args({"paraphrase": True})) == ("tfidf_para", "paraphrases")
-    cfg = {"runs": [{"method": "una", "backbone": "b"}], "stats": {}}
-    assert stats_settings(cfg)["paraphrase"]["enabled"] is False  # no paraphrase job planned
-    cfg["runs"].append({"method": "una", "backbone": "b", "name": "una-para", "method_args": {"paraphrase": True}})
-    assert stats_settings(cfg)["paraphrase"]["enabled"] is True
+    from sentemb.config import validate_config
+
+    cfg = {"backbones": {"b": {"hub_id": "x/y"}}, "runs": [{"method": "una", "backbone": "b"}]}
+    assert stats_settings(validate_config(cfg))["paraphrase"]["enabled"] is False  # no paraphrase job planned
+    cfg = {"backbones": {"b": {"hub_id": "x/y"}}, "runs": [
+        {"method": "una", "backbone": "b"},
+        {"method": "una", "backbone": "b", "name": "una-para", "method_args": {"paraphrase": True}}]}
+    assert stats_settings(validate_config(cfg))["paraphrase"]["enabled"] is True
 
 
 def test_paraphrase_line_count_mismatch_fails_before_training(tiny_bert_dir, corpus, tfidf_para, tmp_path):

@@ -80,7 +80,7 @@ def validate_config(config: dict, source: str = "config") -> dict:
     from .methods import load_method_modules
 
     schema = load_schema()
-    # Defaults first (a second pass validates the completed document and reports all errors).
+    # Defaults filled in while validating (errors reported together, each naming its key).
     errors = sorted(_DefaultValidator(schema).iter_errors(config), key=lambda e: list(e.absolute_path))
     if errors:
         msgs = [f"  - config key '{_key_path(e)}': {e.message}" for e in errors[:10]]
@@ -128,7 +128,7 @@ def validate_config(config: dict, source: str = "config") -> dict:
             )
         seen.add(key)
         TrainSettings.from_dict({**config["train"], **run["train"]}).check(
-            f"invalid configuration in {source}: config key 'runs[{i}].train.sam_rho'")
+            f"invalid configuration in {source}: config key 'runs[{i}].train'")
     for m in config["methods"]:
         if m not in registry():
             raise SentembError(
@@ -305,6 +305,12 @@ def baselines(config: dict | Config) -> list[tuple[str, str]]:
     return [(b, p) for b, poolers in Config.of(config).baselines.items() for p in poolers]
 
 
+def baseline_transfer(config: dict | Config) -> bool:
+    """Do the untrained baselines get the transfer tasks? When some run does (``transfer_runs``), so
+    that every transfer table has their rows."""
+    return bool(transfer_runs(config))
+
+
 # ----------------------------------------------------------------------- one evaluation job's settings
 #: the evaluation jobs that read a resolved spec (``eval_spec``): STS, transfer encoding, transfer
 #: classification; each rule reruns when its own kind's settings change, not another's
@@ -317,7 +323,10 @@ def eval_spec(config: dict, kind: str, backbone: str, *, name: str | None = None
     ``sentemb evaluate`` / ``encode-transfer`` / ``evaluate-transfer --spec`` read: a trained run
     (``name``, ``seed``; its pooler is ``evaluation.pooler``, else its method's) or an untrained
     baseline (``pooler``). The keys are the commands' option names; only the settings of ``kind``
-    are in it, so changing ``evaluation.transfer_classifier`` reruns no STS evaluation or encoding."""
+    are in it, so changing ``evaluation.transfer_classifier`` reruns no STS evaluation (the transfer
+    encoding reruns only because its features are temporary)."""
+    if (name is None) == (pooler is None):
+        raise SentembError("eval_spec: give a run (name and seed) or a baseline's pooler, not both or neither")
     from .methods import get_method
 
     if kind not in EVAL_KINDS:

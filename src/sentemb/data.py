@@ -488,6 +488,3 @@ def prepare_sts_corpus(senteval_dir: PathLike, output: PathLike, keep_duplicates
     write_json(f"{output}.json", summary)
     log.info("sts-unlabeled: %d sentences -> %s", len(sents), output)
     return summary
-
-
-# ----------------------------------------------------------------------------- CLI

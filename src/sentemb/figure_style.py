@@ -88,7 +88,7 @@ METHOD_STYLES = {
     "infocse": (OKABE_ITO["orange"], "v"),
     "arccse": (OKABE_ITO["sky blue"], "P"),
 }
-BASELINE = "baseline"  # the method name of an untrained backbone's rows (sentemb.report.BASELINE)
+BASELINE = "baseline"  # the method name of an untrained backbone's rows (run meta method=baseline; report reads it here)
 
 #: rcParams of every figure, applied in ``paper_style`` (a context: importing this module changes nothing)
 RC: dict[str, Any] = {

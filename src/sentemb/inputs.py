@@ -140,7 +140,7 @@ def _rake(work, corpus, model, config):
     from .stats.rake import write_rake
 
     out = work / "rake.parquet"
-    top_k = StatsSettings.from_dict(config["stats"]).rake_top_k
+    top_k = StatsSettings.from_dict(config.get("stats")).rake_top_k  # config {}: the declared defaults
     write_rake(corpus, nltk_mirror(config), out, top_k=int(top_k), workers=1)
     return out
 

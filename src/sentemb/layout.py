@@ -97,7 +97,7 @@ class Layout:
 
     def tracking_options(self) -> str:
         """Where evaluation jobs record (rule ``tracking_options``, ``sentemb.config.tracking_options``)."""
-        return f"{self.results}/.tracking/options.json"
+        return f"{self.results}/.tracking_options.json"  # not under .tracking/: an experiment could be named options
 
     def eval_spec(self, run_dir: str, kind: str = "{kind}") -> str:
         """The resolved settings of one evaluation job of a run or baseline directory (rule ``eval_spec``)."""

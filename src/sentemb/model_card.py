@@ -51,7 +51,6 @@ from .utils import atomic_path, read_json, sha256_file
 log = logging.getLogger(__name__)
 
 CARD = "README.md"  # the Hub's card file (huggingface_hub.constants.REPOCARD_NAME)
-MARKER = "model_card.json"  # the rule's output, beside model/: what was written
 
 #: sentence-transformers' card conventions (SentenceTransformerModelCardData's defaults, v6)
 LIBRARY_NAME = "sentence-transformers"

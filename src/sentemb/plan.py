@@ -466,7 +466,7 @@ def plan(config: dict, gpu: str = DEFAULT_GPU, mfu: float | None = DEFAULT_MFU, 
     """Every job of the configuration's DAG with its estimate (see the module docstring)."""
     import torch
 
-    from .config import baselines, jobs, resolve_run, tested, transfer_runs
+    from .config import baseline_transfer, baselines, jobs, resolve_run, tested, transfer_runs
     from .methods import get_method
     from .pretrain import resolve_pretrain
     from .shapes import backbone_architecture
@@ -501,7 +501,7 @@ def plan(config: dict, gpu: str = DEFAULT_GPU, mfu: float | None = DEFAULT_MFU, 
             if (job.name, job.backbone) in evaluated:
                 evaluations.append((label, backbone_architecture(config, job.backbone),
                                     (job.name, job.backbone) in transferred))
-        evaluations += [(f"baseline/{b}/{p}", backbone_architecture(config, b), config["evaluation"]["transfer"])
+        evaluations += [(f"baseline/{b}/{p}", backbone_architecture(config, b), baseline_transfer(config))
                         for b, p in baselines(config)]
         peak = _peak(gpu)
         for label, arch, transfer in evaluations:

@@ -27,12 +27,12 @@ from . import SentembError
 from .senteval import TASKS
 from .tables import META, ci95, collect, welch_p  # noqa: F401  (ci95, welch_p: public here too)
 from .transfer import CLASSIFIER_DESCRIPTIONS, TRANSFER_TASKS
+from .figure_style import BASELINE  # noqa: F401  the method name of an untrained backbone's rows (public here too)
 from .utils import read_json
 
 if TYPE_CHECKING:
     import pandas as pd
 
-BASELINE = "baseline"  # method name of an untrained backbone's rows (run meta method=baseline)
 SHORT = {"STSBenchmark": "STS-B", "SICKRelatedness": "SICK-R"}
 
 
@@ -288,8 +288,8 @@ def paper_markdown(t: pd.DataFrame) -> str:
 
 # -------------------------------------------------------------------------------------- figures
 # Drawn with sentemb.figure_style (sizes, fonts, colour-blind-safe styles, PNG + SVG + PDF). Study points
-# (runs named <study>/<point>, sentemb.studies) have their own figures (results/studies/); here they
-# appear only in dev_curves, one panel per study.
+# (runs named <study>/<point>, sentemb.studies) are left out here: each study's figure
+# (results/studies/) has their scores and their dev curves.
 
 
 def method_colours(methods: Iterable[str]) -> dict[str, str]:

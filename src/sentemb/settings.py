@@ -1,8 +1,8 @@
 """Every workflow setting with a default, declared once (``arg``: default, type, allowed values,
-bounds, one-line help). The config schema's ``train``, ``runs[].train``, ``evaluation``, ``stats``
-and ``job_resources`` sections are generated from these classes (``sentemb.config.load_schema``),
-``config/README.md`` is generated from them (``sentemb config-keys``), and the code reads the typed
-objects: ``TrainSettings`` in the training loop, ``Run`` for one resolved job.
+bounds, one-line help). ``Config`` is the whole configuration as one typed tree: the config schema
+is generated from it (``sentemb.config.load_schema``), ``config/README.md`` too (``sentemb
+config-keys``), and the code reads the typed objects: ``Config.of`` of a validated config,
+``TrainSettings`` in the training loop, ``Run`` for one resolved job.
 """
 
 from __future__ import annotations
@@ -461,7 +461,8 @@ class Config:
         return run.evaluate and (self.evaluation.transfer if run.transfer is None else run.transfer)
 
 
-#: config sections generated from a settings class (``sentemb.config.load_schema``)
+#: the config sections with a settings class of their own, by key (their schema alone:
+#: ``section_schema``, e.g. a ``runs[].train`` override checked outside the whole config)
 SECTIONS: dict[str, type] = {"train": TrainSettings, "evaluation": EvaluationSettings, "stats": StatsSettings,
                              "job_resources": JobResources}
 

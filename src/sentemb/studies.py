@@ -684,7 +684,6 @@ def _seeds_panel(ax, spec: dict, values: dict, published: dict) -> None:
     legend_outside(ax, where="top", ncols=1)
 
 
-# ------------------------------------------------------------------------------------ CLI
 def study_spec(config: dict, name: str) -> dict:
     """The expanded study ``name`` of a validated config (what ``sentemb study --spec`` reads)."""
     for s in config["studies"]:

@@ -384,8 +384,12 @@ def check_arguments(h: Harness) -> None:
             refused({spec.name: int(bad) if spec.type.startswith("int") else float(bad)}, spec.name,
                     f"'{spec.name}': {bad!r} outside its {key} {meta[key]!r}")
     try:
+        from .config import validate_config
+
         cls.validate_args(cls.arg_defaults(), "defaults")
-        cls.check(cls.make_args({}), {}, "defaults")
+        # a validated config with one run of the method at its defaults (Method.check gets one)
+        config = validate_config({"backbones": {"b": {"hub_id": "x/y"}}, "runs": [{"method": cls.name, "backbone": "b"}]})
+        cls.check(cls.make_args({}), config, "defaults")
     except SentembError as e:
         raise CheckFailed(f"the default arguments are refused: {e}") from None
     unknown = set(cls.requires(cls.make_args(h.args))) - set(INPUTS)

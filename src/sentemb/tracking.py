@@ -23,8 +23,8 @@ from urllib.parse import urlparse
 from . import SentembError
 from .tracking_store import (ARTIFACT_DIR, DEFAULT_URI, _retry, _sqlite_path, _store_lock,  # noqa: F401
                             init_store, resolve_uri)
-from .tracking_queue import (PENDING, QUEUE_NAME, Queue, Sender, TrackingUnavailable, Unresolved, call,  # noqa: F401
-                             http_status, is_remote, new_ref, replay, sync_all)
+from .tracking_queue import (PENDING, QUEUE_NAME, Queue, Sender, TrackingUnavailable, Unresolved, http_status,
+                             is_remote, new_ref, replay, sync_all)
 
 log = logging.getLogger(__name__)
 DEFAULT_WAIT_S = 30.0  # config tracking.wait_s: how long a job waits for an absent server before queueing

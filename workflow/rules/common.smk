@@ -5,7 +5,7 @@ import re
 import shlex
 
 from sentemb import POOLERS, SentembError
-from sentemb.config import (EVAL_KINDS, baselines, eval_spec, jobs, resolve_run, run_inputs, tested, tracking_options,
+from sentemb.config import (EVAL_KINDS, baseline_transfer, baselines, eval_spec, jobs, resolve_run, run_inputs, tested, tracking_options,
                             transfer_runs, validate_config)
 from sentemb.settings import Config
 from sentemb.cache import verify_resources
@@ -124,7 +124,7 @@ def eval_outputs():
 # --- report end of the DAG (issue 12): transfer tasks, untrained baselines, paper table, figures
 # runs with transfer tasks: runs[].transfer, else evaluation.transfer
 TRANSFER_RUNS = transfer_runs(CFG)
-TRANSFER = bool(TRANSFER_RUNS)
+TRANSFER = baseline_transfer(CFG)  # the baselines' transfer jobs too (sentemb.config.baseline_transfer)
 # (backbone, pooler) of every untrained baseline (config `baselines`)
 BASELINES = baselines(CFG)
 BASE_DIR = LAYOUT.baseline_dir()
@@ -147,7 +147,7 @@ def train_summaries():
     return [f"{LAYOUT.run_dir(n, b, s)}/train.json" for n, b, s in JOBS]
 
 
-# Studies (sentemb.studies): results/studies/<name>.csv/.md/.png/.svg; their points are ordinary runs
+# Studies (sentemb.studies): results/studies/<name>.csv/.md/.png/.svg/.pdf; their points are ordinary runs
 STUDIES = {s["name"]: s for s in config["studies"]}
 STUDY_TARGETS = [LAYOUT.study(n, ext) for n in STUDIES for ext in ("csv", "md", "png", "svg", "pdf")]
 

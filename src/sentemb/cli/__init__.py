@@ -52,13 +52,7 @@ def build_parser(modules: list[str] = COMMAND_MODULES) -> argparse.ArgumentParse
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in modules:
-        try:
-            mod = importlib.import_module(name)
-        except ModuleNotFoundError as e:  # a stage not built yet must not break the others
-            if e.name and e.name.startswith("sentemb"):
-                continue
-            raise
-        mod.register(sub)
+        importlib.import_module(name).register(sub)
     return parser
 
 

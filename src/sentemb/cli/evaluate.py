@@ -12,7 +12,6 @@ from ..senteval import TASKS
 from ..evaluate import _training_run_id, embedder_for, evaluate_sts, format_scores
 
 
-# ---------------------------------------------------------------------------------------- CLI
 def _cmd_evaluate(args: argparse.Namespace) -> int:
     import torch
 
@@ -80,8 +79,6 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
                 tr.log_artifact(art)
     write_json(args.output, out)
     return 0
-
-
 
 
 def register(sub) -> None:

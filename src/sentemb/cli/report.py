@@ -13,7 +13,6 @@ from ..report import (
     table_transfer, transfer_classifier)
 
 
-# ------------------------------------------------------------------------------------------ CLI
 def _write(df, csv, md_path, md_text, header):
     with atomic_path(csv) as tmp:
         df.to_csv(tmp, index=False)

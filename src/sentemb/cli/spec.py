@@ -28,6 +28,7 @@ def apply_spec(args: argparse.Namespace, defaults: dict[str, Any], required: tup
             if not hasattr(args, key):
                 raise SentembError(f"--{attr} {path}: '{key}' is not an option of this command")
             have = getattr(args, key)
+            value = _checked(args, key, value, f"--{attr} {path}")
             if key == "track":
                 args.track = bool(have or value)
             elif have is None or have == []:
@@ -39,6 +40,22 @@ def apply_spec(args: argparse.Namespace, defaults: dict[str, Any], required: tup
     if missing:
         raise SentembError("missing " + ", ".join(f"--{k.replace('_', '-')}" for k in missing)
                            + " (give it, or a --spec that holds it)")
+
+
+def _checked(args: argparse.Namespace, key: str, value: Any, where: str) -> Any:
+    """``value`` as the parser would have taken it from the command line: its type, its choices."""
+    action = (getattr(args, "_spec_actions", None) or {}).get(key)
+    if action is None or value is None or isinstance(value, (list, dict)):
+        return value
+    if action.type is not None:
+        try:
+            value = action.type(value)
+        except (TypeError, ValueError):
+            kind = getattr(action.type, "__name__", action.type)
+            raise SentembError(f"{where}: '{key}' = {value!r} is not {kind}") from None
+    if action.choices is not None and value not in action.choices:
+        raise SentembError(f"{where}: '{key}' = {value!r} is not one of {', '.join(map(str, action.choices))}")
+    return value
 
 
 def _as_option(value: Any) -> Any:
@@ -64,7 +81,8 @@ def evaluation_defaults(*keys: str) -> dict[str, Any]:
 def add_spec_options(p: argparse.ArgumentParser, tracking: bool = True) -> None:
     p.add_argument("--spec", default=None, help="the job's resolved settings (JSON whose keys are this command's "
                                                 "options; rule eval_spec, sentemb.config.eval_spec); an option "
-                                                "given here wins over it")
+                                                "given on the command line wins over it")
     if tracking:
         p.add_argument("--tracking", default=None, help="MLflow settings (JSON: track, experiment, tracking_uri; "
                                                         "rule tracking_options)")
+    p.set_defaults(_spec_actions={a.dest: a for a in p._actions})  # a spec value is checked as the option

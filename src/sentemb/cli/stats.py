@@ -56,6 +56,8 @@ def _workers(p):
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from ..settings import ParaphraseSettings, StatsSettings
+
     p = sub.add_parser("stats-freq", help="token frequency of a corpus under one tokenizer (SARCSE)")
     p.add_argument("--corpus", required=True)
     p.add_argument("--tokenizer", required=True, help="a Hugging Face model/tokenizer directory")
@@ -75,7 +77,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("stats-rake", help="RAKE top-k phrases per line (PaSeR)")
     p.add_argument("--corpus", required=True)
     p.add_argument("--nltk-data", required=True, help="NLTK data directory holding corpora/stopwords")
-    p.add_argument("--top-k", type=int, default=5)
+    p.add_argument("--top-k", type=int, default=StatsSettings().rake_top_k, help="default: stats.rake_top_k")
     p.add_argument("--output", required=True, help="parquet: line, phrases, scores")
     p.add_argument("--chunk-size", type=int, default=2000)
     _workers(p)
@@ -87,9 +89,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--shard", type=int, default=0, help="this shard takes lines shard, shard+N, ...")
     p.add_argument("--num-shards", type=int, default=1)
     p.add_argument("--output", required=True, help="shard output (JSONL line/text)")
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--num-beams", type=int, default=10)
-    p.add_argument("--max-length", type=int, default=60)
+    para = ParaphraseSettings()  # the declared defaults (config stats.paraphrase)
+    p.add_argument("--batch-size", type=int, default=para.batch_size)
+    p.add_argument("--num-beams", type=int, default=para.num_beams)
+    p.add_argument("--max-length", type=int, default=para.max_length)
     p.add_argument("--max-input-length", type=int, default=None)
     p.add_argument("--device", default="auto")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")

@@ -7,7 +7,6 @@ import argparse
 from ..tokens import TokenCache
 
 
-# ---------------------------------------------------------------------------------------- CLI
 def _cmd_tokenize(args: argparse.Namespace) -> int:
     from ..models import load_tokenizer
     from ..corpus import read_corpus

@@ -14,7 +14,6 @@ from ..transfer import (
     encode_task, evaluate_transfer, load_transfer_task, log, read_features_meta, summarize, write_features)
 
 
-# ---------------------------------------------------------------------------------------- CLI
 def _task_list(spec: str) -> list[str]:
     tasks = [t.strip() for t in spec.split(",") if t.strip()]
     unknown = [t for t in tasks if t not in TRANSFER_TASKS]
