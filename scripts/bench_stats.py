@@ -30,7 +30,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
-from sentemb.corpus import iter_lines
+from sentemb.data.corpus import iter_lines
 from sentemb.stats import default_workers
 
 M = 1_000_000

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Check ``sentemb evaluate-transfer`` against SentEval's own code on the same embeddings.
 
-Each task's unique sentences are encoded once, exactly as ``sentemb.transfer.evaluate_task`` encodes
+Each task's unique sentences are encoded once, exactly as ``sentemb.evaluate.transfer.evaluate_task`` encodes
 them (the ``evaluate`` embedder), and cached as ``<cache>/<task>.npy`` + ``.json``. Then
 
 * SentEval (a checkout of facebookresearch/SentEval given by ``--senteval``; nothing of it is in
@@ -40,8 +40,8 @@ TORCH_CLASSIFIER = {"nhid": 0, "optim": "adam", "batch_size": 64, "tenacity": 5,
 
 def encode(tasks, args) -> None:
     """Cache every task's unique sentences and their vectors (skips tasks already cached)."""
-    from sentemb.encoder import Embedder
-    from sentemb.transfer import load_transfer_task
+    from sentemb.model.encoder import Embedder
+    from sentemb.evaluate.transfer import load_transfer_task
 
     todo = [t for t in tasks if not (args.cache / f"{t}.npy").is_file()]
     if not todo:
@@ -61,7 +61,7 @@ def load(task, cache: Path):
 
 
 def run_sentemb(task, args) -> dict:
-    from sentemb.transfer import evaluate_transfer
+    from sentemb.evaluate.transfer import evaluate_transfer
 
     vecs, sents = load(task, args.cache)
 

@@ -119,7 +119,7 @@ def run_with_tracking_server_down(workdir: Path, env: dict) -> tuple[bool, bool,
     than MLflow's own retries) and restarted after it; then ``sentemb sync-tracking``. Returns (hit,
     recovered: the DAG and the sync succeeded without a rerun, the server's SQLite store)."""
     sys.path.insert(0, str(REPO / "src"))
-    from sentemb.mlflow_server import MlflowServer
+    from sentemb.tracking.server import MlflowServer
 
     server = MlflowServer(workdir / "mlflow_server").start()
     env = {**env, "MLFLOW_TRACKING_URI": server.uri, "SENTEMB_TRACKING_WAIT_S": "2",

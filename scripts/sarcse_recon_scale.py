@@ -59,7 +59,7 @@ def load_model(which: str, minilm_dir: Path, roberta_dir: Path | None, seed: int
     import torch
     from transformers import RobertaConfig, RobertaModel
 
-    from sentemb.models import load_encoder
+    from sentemb.model.backbone import load_encoder
 
     torch.manual_seed(seed)
     if which == "roberta-base" and roberta_dir is not None:
@@ -124,7 +124,7 @@ def train_trajectory(minilm_dir: Path, corpus: Path, freq: Path, reduction: str,
                      max_len: int, log_steps: int, seed: int, out_dir: Path) -> list[dict]:
     """K steps of SARCSE on MiniLM through the shared loop with ``train.log_grad_norms``; the history."""
     from sentemb.methods import get_method
-    from sentemb.train import train
+    from sentemb.train.loop import train
 
     tc = {"epochs": 1, "max_steps": steps, "batch_size": batch_size, "grad_accum": 1, "lr": 1e-5,
           "weight_decay": 0.0, "warmup_ratio": 0.0, "lr_schedule": "linear", "grad_clip": 1.0, "max_len": max_len,

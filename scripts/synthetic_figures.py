@@ -6,8 +6,8 @@ Writes plausible result files for every job of the configuration (every run × b
 points included: ``train.json`` with an STS-B dev history, ``eval_sts.json`` with the seven STS tasks and
 the geometry where the run is evaluated, ``eval_transfer.json`` where it runs the transfer tasks; every
 untrained baseline), builds the paper table from them and ``config/paper_results.yaml``, then draws the
-report figures (``sentemb.report.draw_figures``) and every study's figure
-(``sentemb.studies.draw_study_figure``) and saves them as the workflow does (PNG, SVG and PDF). The numbers are made up (fixed random seed): only the figures' layout means
+report figures (``sentemb.report.figures.draw_figures``) and every study's figure
+(``sentemb.report.studies.draw_study_figure``) and saves them as the workflow does (PNG, SVG and PDF). The numbers are made up (fixed random seed): only the figures' layout means
 anything. ``--check`` also runs the mechanical checks of tests/figure_checks.py on every figure.
 
     .venv/bin/python scripts/synthetic_figures.py                              # config/config.yaml
@@ -98,15 +98,15 @@ def write(path: str | Path, body: dict) -> None:
 def synthesize(config: dict) -> dict[str, list[Path]]:
     """Write every job's result files under the config's ``results_dir``; returns the file lists the
     report rules read (evals, train, transfer)."""
-    from sentemb.config import baseline_transfer, baselines, jobs, tested, transfer_runs
-    from sentemb.layout import Layout
-    from sentemb.transfer import TRANSFER_TASKS
+    from sentemb.config.load import baseline_transfer, baselines, jobs, tested, transfer_runs
+    from sentemb.config.paths import Layout
+    from sentemb.evaluate.transfer import TRANSFER_TASKS
 
     layout = Layout.of(config)
     studies = {s["name"]: s for s in config["studies"]}
     rng = np.random.default_rng(29)
     files: dict[str, list[Path]] = {"evals": [], "train": [], "transfer": []}
-    seeds = {}  # the Snakefile's training jobs (sentemb.config.jobs), grouped by run
+    seeds = {}  # the Snakefile's training jobs (sentemb.config.load.jobs), grouped by run
     for job in jobs(config):
         seeds.setdefault((job.name, job.backbone), []).append(job.seed)
     evaluated, transferred = tested(config), transfer_runs(config)
@@ -156,10 +156,10 @@ def paper_table(files: dict[str, list[Path]], published: Path):
     """The table ``sentemb table-paper`` writes, read back as ``sentemb figures`` reads it."""
     import pandas as pd
 
-    from sentemb.report import collect_dev, load_paper_results, table_paper
-    from sentemb.senteval import TASKS
-    from sentemb.tables import collect
-    from sentemb.transfer import TRANSFER_TASKS
+    from sentemb.report.paper import collect_dev, load_paper_results, table_paper
+    from sentemb.evaluate.senteval import TASKS
+    from sentemb.report.tables import collect
+    from sentemb.evaluate.transfer import TRANSFER_TASKS
 
     t = table_paper(collect(files["evals"], TASKS),
                     collect(files["transfer"], [*TRANSFER_TASKS]) if files["transfer"] else None,
@@ -183,10 +183,11 @@ def main(argv: list[str] | None = None) -> int:
     import matplotlib.pyplot as plt
 
     from sentemb import SentembError
-    from sentemb.config import load_config
-    from sentemb.figure_style import save
-    from sentemb.report import dev_histories, draw_figures
-    from sentemb.studies import draw_study_figure, load_published, read_values, study_inputs, study_train_inputs
+    from sentemb.config.load import load_config
+    from sentemb.report.style import save
+    from sentemb.report.figures import dev_histories, draw_figures
+    from sentemb.report.studies import draw_study_figure, load_published, read_values
+    from sentemb.config.studies import study_inputs, study_train_inputs
 
     out = Path(args.out)
     cwd = os.getcwd()

@@ -6,8 +6,8 @@ survives) and then resumed by a fresh ``train`` call."""
 import argparse
 import json
 
-from sentemb import distributed
-from sentemb.train import train
+from sentemb.train import distributed
+from sentemb.train.loop import train
 
 p = argparse.ArgumentParser()
 p.add_argument("run")

@@ -30,7 +30,7 @@ from matplotlib.transforms import Bbox
 
 TEXT_WIDTH_IN = 6.30  # the *ACL text block (16 cm)
 PAGE_HEIGHT_IN = 9.0  # its height (24.7 cm) less a short caption
-from sentemb.figure_style import MIN_FONT_SIZE as MIN_FONT_PT  # the style's floor is what is checked
+from sentemb.report.style import MIN_FONT_SIZE as MIN_FONT_PT  # the style's floor is what is checked
 _NO_LINE = ("None", "none", "", " ")
 
 

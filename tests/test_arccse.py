@@ -13,7 +13,7 @@ from sentemb import SentembError
 from sentemb.methods import MethodContext, get_method
 from sentemb.methods.arccse import arccon_loss, nested_span_masks, positive_logit, triplet_loss
 from sentemb.methods.simcse import info_nce
-from sentemb.models import load_encoder
+from sentemb.model.backbone import load_encoder
 
 LONG = [  # >= 25 words each (from the tiny vocabulary)
     "the man plays the guitar in the park and the dog runs in the street with a cat that sits on the mat "
@@ -386,11 +386,11 @@ def grad_q(w, x, a):
 
 
 def _quadratic_job(rho, accum=2, lr=0.1, wd=0.1):
-    from sentemb.train import State, build_optimizer, lr_lambda
+    from sentemb.train.loop import State, build_optimizer, lr_lambda
 
     model = Quadratic()
     opt = build_optimizer(model, lr, wd, torch.device("cpu"))
-    from sentemb.settings import TrainSettings
+    from sentemb.config.settings import TrainSettings
 
     job = SimpleNamespace(settings=TrainSettings(sam_rho=rho, grad_clip=None), accum=accum, micro=[np.array([i, i + 1]) for i in range(8)],
                           sentences=["ab", "abc", "abcd", "a", "abcde", "ab", "abc", "abcdef", "a"],
@@ -428,7 +428,7 @@ def _hand_steps(rho, n_steps, accum=2, lr=0.1, wd=0.1, betas=(0.9, 0.999), eps=1
 
 @pytest.mark.parametrize("rho", [0.05, None])
 def test_sam_step_equals_hand_computed_sam_adamw(rho):
-    from sentemb.train import optimizer_step
+    from sentemb.train.loop import optimizer_step
 
     torch.manual_seed(11)
     want, perturbed = _hand_steps(rho, 3)
@@ -454,7 +454,7 @@ def test_sam_step_equals_hand_computed_sam_adamw(rho):
 
 
 def test_sam_restores_weights_exactly():
-    from sentemb import sam
+    from sentemb.train import sam
 
     p = torch.nn.Parameter(torch.randn(5, 3))
     p.grad = torch.randn(5, 3)
@@ -474,7 +474,7 @@ def test_sam_restores_weights_exactly():
 def test_sam_with_fp16_is_refused_naming_the_key(tiny_bert_dir, tiny_senteval, tmp_path):
     from test_method_contract import run_cfg
 
-    from sentemb.train import setup
+    from sentemb.train.loop import setup
 
     inputs = {"corpus": tmp_path / "c.txt", "inputs": {}, "args": {}}
     cfg = run_cfg("arccse", tiny_bert_dir, inputs, tiny_senteval, precision="fp16", sam_rho=0.05)
@@ -483,7 +483,7 @@ def test_sam_with_fp16_is_refused_naming_the_key(tiny_bert_dir, tiny_senteval, t
 
 
 def test_sam_rho_in_the_schema():
-    from sentemb.config import validate_config
+    from sentemb.config.load import validate_config
 
     base = {"backbones": {"b": {"hub_id": "x/y"}}, "runs": [{"method": "arccse", "backbone": "b"}]}
     cfg = validate_config({**base, "train": {"sam_rho": 0.05}})
@@ -504,7 +504,7 @@ def test_resume_with_sam_is_bit_identical_and_sam_changes_training(tiny_bert_dir
     from safetensors.torch import load_file
     from test_method_contract import run_cfg
 
-    from sentemb.train import train
+    from sentemb.train.loop import train
 
     rng = random.Random(2)
     corpus = tmp_path / "corpus.txt"

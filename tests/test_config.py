@@ -4,7 +4,7 @@ import pytest
 import yaml
 
 from sentemb import SentembError
-from sentemb.config import load_config, resolve_run
+from sentemb.config.load import load_config, resolve_run
 
 REPO_CONFIGS = ["config/config.yaml", "config/demo.yaml", ".test/config.yaml"]
 

@@ -16,8 +16,8 @@ import pytest
 
 from sentemb import SentembError
 from sentemb.cli import main
-from sentemb.data import fetch_corpus, fetch_model, fetch_nltk, fetch_senteval, fetch_senteval_raw, prepare_corpus
-from sentemb.senteval import STS_SUBSETS, load_task
+from sentemb.data.fetch import fetch_corpus, fetch_model, fetch_nltk, fetch_senteval, fetch_senteval_raw, prepare_corpus
+from sentemb.evaluate.senteval import STS_SUBSETS, load_task
 from sentemb.utils import sha256_file
 
 MINILM_SHA256 = "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db"

@@ -1,4 +1,4 @@
-"""Keyed dropout (``sentemb.dropout``, ``train.dropout_rng: keyed``): a row's mask is a function of its
+"""Keyed dropout (``sentemb.model.dropout``, ``train.dropout_rng: keyed``): a row's mask is a function of its
 sentence and view, never of how the batch is cut."""
 
 import pytest
@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from sentemb import SentembError
-from sentemb.dropout import keyed, rows
+from sentemb.model.dropout import keyed, rows
 
 
 def _masks(start, stop, views=2, width=50, seed=3, micro=1):

@@ -9,10 +9,10 @@ from scipy.stats import spearmanr
 from types import SimpleNamespace
 
 from sentemb import SentembError
-from sentemb.encoder import Embedder
-from sentemb.evaluate import aggregate, cosine_pairs, evaluate_sts
-from sentemb.models import pool
-from sentemb.senteval import load_task
+from sentemb.model.encoder import Embedder
+from sentemb.evaluate.sts import aggregate, cosine_pairs, evaluate_sts
+from sentemb.model.backbone import pool
+from sentemb.evaluate.senteval import load_task
 
 
 def _outputs():
@@ -136,7 +136,7 @@ def test_test_time_encoding_is_fp32_unless_asked(tiny_bert_dir):
     """Issue 18 §3: STS and transfer encodings run in fp32 on every device by default (SentEval and
     the papers encode in fp32); bf16 autocast only when asked for. The reference is a plain fp32
     forward of the same model, pooled by hand."""
-    from sentemb.config import load_schema
+    from sentemb.config.load import load_schema
 
     assert load_schema()["properties"]["evaluation"]["properties"]["precision"]["default"] == "fp32"
     sents = ["a b c", "the cat sat on the mat", "x"]
@@ -169,7 +169,7 @@ def test_an_evaluation_job_reads_its_resolved_spec(tmp_path, monkeypatch):
     ``--tracking``, then from the declared defaults, and an explicit option wins."""
     from sentemb.cli import build_parser
     from sentemb.cli.spec import apply_spec, evaluation_defaults
-    from sentemb.config import eval_spec, tracking_options, validate_config
+    from sentemb.config.load import eval_spec, tracking_options, validate_config
 
     config = validate_config({"backbones": {"b": {"hub_id": "x/y"}}, "experiment": "e",
                               "runs": [{"method": "simcse", "backbone": "b"}, {"method": "infocse", "backbone": "b"}],

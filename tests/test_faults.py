@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from sentemb import SentembError
-from sentemb.cache import MANIFEST, check_manifest, verify_cached, write_manifest
+from sentemb.data.cache import MANIFEST, check_manifest, verify_cached, write_manifest
 from sentemb.utils import atomic_path, write_json
 
 

@@ -13,7 +13,7 @@ import pytest
 from figure_checks import TEXT_WIDTH_IN, drawn_texts, problems, series
 
 from conftest import REPO
-from sentemb.senteval import TASKS
+from sentemb.evaluate.senteval import TASKS
 
 
 # ------------------------------------------------------------------------------------ the checker itself
@@ -91,7 +91,7 @@ def _lab(hex_colour: str, matrix) -> np.ndarray:
 def test_method_colours_stay_apart_under_colour_vision_deficiencies():
     """Every two methods' colours differ by ΔE*ab ≥ 12 (clearly visible) for normal vision and the
     three dichromacies; the former matplotlib default palette fails this (red/green ΔE ≈ 5)."""
-    from sentemb.figure_style import METHOD_STYLES
+    from sentemb.report.style import METHOD_STYLES
 
     colours = [c for c, _ in METHOD_STYLES.values()]
     for name, matrix in CVD.items():
@@ -103,7 +103,7 @@ def test_method_colours_stay_apart_under_colour_vision_deficiencies():
 
 
 def test_style_book_keeps_a_run_s_look_and_tells_every_entry_apart():
-    from sentemb.figure_style import METHOD_STYLES, StyleBook
+    from sentemb.report.style import METHOD_STYLES, StyleBook
 
     runs = [("simcse", "simcse"), ("simcse-cls", "simcse"), ("una", "una"), ("una-para", "una"),
             ("una-code", "una"), ("una-simcse", "una"), ("sarcse-wo-sal", "sarcse"), ("debiased", "debiased")]
@@ -123,7 +123,7 @@ def test_style_book_keeps_a_run_s_look_and_tells_every_entry_apart():
 
 
 def test_series_styles_are_distinct_in_greyscale():
-    from sentemb.figure_style import series_styles
+    from sentemb.report.style import series_styles
 
     styles = series_styles(40)
     assert len({s.mark for s in styles}) == 40
@@ -143,7 +143,7 @@ def test_series_styles_are_distinct_in_greyscale():
     (["none", "rs", "rd"], "category"),
 ])
 def test_value_scale(values, scale):
-    from sentemb.figure_style import value_scale
+    from sentemb.report.style import value_scale
 
     assert value_scale(values) == scale
 
@@ -192,8 +192,8 @@ def _results(tmp_path):
 def _paper(evals, trains):
     import pandas as pd
 
-    from sentemb.report import collect_dev, table_paper
-    from sentemb.tables import collect
+    from sentemb.report.paper import collect_dev, table_paper
+    from sentemb.report.tables import collect
 
     published = [{"method": "simcse", "backbone": "bert", "table": "sts", "source": "T1", "scores": {"Avg": 76.25}},
                  {"method": "simcse", "name": "simcse-cls", "backbone": "bert", "table": "sts", "source": "T9",
@@ -206,7 +206,7 @@ def _paper(evals, trains):
 
 @pytest.fixture(scope="module")
 def drawn(tmp_path_factory):
-    from sentemb.report import draw_figures
+    from sentemb.report.figures import draw_figures
 
     evals, trains = _results(tmp_path_factory.mktemp("results"))
     plt = _plt()
@@ -226,7 +226,7 @@ def test_every_report_figure_passes_the_checks(drawn, stem):
 
 
 def test_table1_shows_the_seeds_spread_and_says_1_seed(drawn):
-    from sentemb.figure_style import MIN_SCORE_SPAN
+    from sentemb.report.style import MIN_SCORE_SPAN
 
     _, texts, fig = drawn["table1_bars"]
     assert "simcse-cls (1 seed)" in texts and "una-randsel (1 seed)" in texts and "simcse" in texts
@@ -263,7 +263,7 @@ def test_figures_write_png_svg_and_pdf(tmp_path):
     from PIL import Image
 
     from sentemb.cli import main
-    from sentemb.figure_style import DPI
+    from sentemb.report.style import DPI
 
     evals, trains = _results(tmp_path / "results")
     assert main(["figures", "--evals", *map(str, evals), "--train", *map(str, trains),
@@ -289,7 +289,7 @@ def _histories(spec):
 
 
 def _study(spec, values, published=None, histories=None):
-    from sentemb.studies import draw_study_figure
+    from sentemb.report.studies import draw_study_figure
 
     fig = draw_study_figure(spec, values, published, histories)
     return fig, problems(fig), [t.get_text() for t in drawn_texts(fig)]
@@ -297,7 +297,7 @@ def _study(spec, values, published=None, histories=None):
 
 def test_a_decade_of_temperature_is_a_log_axis_and_one_seed_s_noise_stays_small():
     """The demo's study: three temperatures, one seed, 0.3 points apart (issue 29's figure)."""
-    from sentemb.figure_style import MIN_SCORE_SPAN
+    from sentemb.report.style import MIN_SCORE_SPAN
 
     plt = _plt()
     spec = _spec("simcse-temperature", "temperature", [0.02, 0.05, 0.1])
@@ -334,7 +334,7 @@ def test_study_axes_follow_the_values(key, values, scale):
 
 
 def test_grid_study_colour_range_and_seeds_study():
-    from sentemb.figure_style import MIN_SCORE_SPAN
+    from sentemb.report.style import MIN_SCORE_SPAN
 
     plt = _plt()
     spec = {"name": "g", "method": "arccse", "backbone": "bert", "metric": "best_dev_stsb", "seeds": [1],

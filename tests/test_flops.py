@@ -1,4 +1,4 @@
-"""Counted FLOPs (sentemb.flops) against FLOPs written out by hand, and the benchmark's use of them."""
+"""Counted FLOPs (sentemb.ops.flops) against FLOPs written out by hand, and the benchmark's use of them."""
 
 import pytest
 import torch
@@ -7,7 +7,7 @@ import torch
 def test_counted_linear_and_attention_against_the_formula():
     """A linear layer and scaled-dot-product attention, forward + backward: 3 × the forward matmuls
     (the backward of a matmul is two matmuls of the same size), attention included."""
-    from sentemb.flops import counted
+    from sentemb.ops.flops import counted
 
     b, l, h, heads, out = 3, 8, 16, 2, 24
     x = torch.randn(b, l, h, requires_grad=True)
@@ -26,7 +26,7 @@ def test_counted_linear_and_attention_against_the_formula():
 
 
 def test_cpu_peak_is_a_positive_rate():
-    from sentemb.flops import cpu_peak_tflops
+    from sentemb.ops.flops import cpu_peak_tflops
 
     peak = cpu_peak_tflops(n=256, repeats=2)
     assert 1e-4 < peak < 100  # TFLOP/s of one CPU: between a slow core and no CPU made
@@ -43,7 +43,7 @@ def test_benchmark_counts_a_simcse_step_like_the_transformer_formula(tiny_bert_d
     from transformers import AutoConfig
 
     from conftest import TINY_WORDS
-    from sentemb.benchmark import bench_method
+    from sentemb.ops.benchmark import bench_method
 
     rng = random.Random(0)
     corpus = tmp_path / "long.txt"

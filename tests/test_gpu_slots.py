@@ -9,11 +9,11 @@ import time
 import pytest
 
 from sentemb import SentembError
-from sentemb.gpu_slots import claim, device_for_slot
+from sentemb.ops.gpu_slots import claim, device_for_slot
 
 HOLD = """
 import os, sys, time
-from sentemb.gpu_slots import claim_from_env
+from sentemb.ops.gpu_slots import claim_from_env
 claim_from_env()
 open(sys.argv[1], "w").write(os.environ["CUDA_VISIBLE_DEVICES"])
 time.sleep(float(sys.argv[2]))
@@ -61,7 +61,7 @@ def test_slots_map_onto_an_existing_cuda_visible_devices(tmp_path):
 
 def test_no_free_slot_times_out_with_a_clear_error(tmp_path):
     assert claim(1, tmp_path / "l") == 0  # this process holds slot 0
-    code = "from sentemb.gpu_slots import claim; claim(1, %r, timeout=0.5)" % str(tmp_path / "l")
+    code = "from sentemb.ops.gpu_slots import claim; claim(1, %r, timeout=0.5)" % str(tmp_path / "l")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert p.returncode != 0 and "no free GPU slot among 1" in p.stderr
 
@@ -77,7 +77,7 @@ def test_a_job_of_several_gpus_claims_them_all_at_once(tmp_path):
     assert not (tmp_path / "job1").exists() and second.poll() is None  # slot 2 alone is not enough
     assert first.wait(30) == 0 and second.wait(30) == 0
     assert len(set((tmp_path / "job1").read_text().split(","))) == 2
-    from sentemb.gpu_slots import claim_many
+    from sentemb.ops.gpu_slots import claim_many
 
     with pytest.raises(SentembError, match="a job of 4 GPUs .* with 3 local GPUs"):
         claim_many(3, 4, tmp_path / "other")

@@ -26,7 +26,7 @@ def test_the_same_checks_run_on_the_cpu(shared, tmp_path):
                         "--sts-tasks", "STSBenchmark", "--output", str(out),
                         # two of the six (the suite's time budget): no input, and SAM's second pass
                         # (ArcCSE's paper_train); every method runs the loop in the method contract, and
-                        # the inputs' builders (sentemb.inputs) run there too
+                        # the inputs' builders (sentemb.stats.inputs) run there too
                         "--method", "simcse", "--method", "arccse"], capture_output=True, text=True,
                        timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]

@@ -16,8 +16,8 @@ from conftest import TINY_WORDS
 from sentemb import SentembError
 from sentemb.methods import MethodContext, get_method
 from sentemb.methods.infocse import InfoCSE, InfoCSEPretrain, aux_mlm_loss, mask_tokens
-from sentemb.settings import TrackingSettings
-from sentemb.pretrain import run_pretrain
+from sentemb.config.settings import TrackingSettings
+from sentemb.train.pretrain import run_pretrain
 
 SENTS = ["a man plays the guitar", "the dog runs in the park", "red car", "a cat sits on the mat",
          "she eats an apple in the house", "two old men are playing music in the street"]
@@ -28,7 +28,7 @@ def _ctx(model_dir, inputs=None, seed=3):
 
 
 def _make(cls, model_dir, args, inputs=None, seed=3):
-    from sentemb.models import load_encoder
+    from sentemb.model.backbone import load_encoder
 
     enc, tok = load_encoder(model_dir, pooling_layer=False)
     return cls(enc, tok, args, _ctx(model_dir, inputs, seed))
@@ -239,7 +239,7 @@ def test_aux_input_is_h_then_the_frozen_copys_detached_states(stage2):
 
 
 def test_gradient_reaches_the_encoder_only_through_h_and_the_frozen_copy_gets_none(stage2):
-    from sentemb.train import build_optimizer
+    from sentemb.train.loop import build_optimizer
 
     m = stage2(aux_weight=1.0)
     m.train()
@@ -343,7 +343,7 @@ def test_layer_arguments_are_checked_against_the_backbone(tiny_bert_dir, pretrai
 
 # ------------------------------------------------------------------------------------ config
 def _config(**infocse):
-    from sentemb.config import validate_config
+    from sentemb.config.load import validate_config
 
     return validate_config({"backbones": {"b": {"hub_id": "x/b"}},
                             "methods": {"infocse": infocse},
@@ -353,8 +353,8 @@ def _config(**infocse):
 
 
 def test_pretrain_stage_is_keyed_by_method_and_backbone_and_read_from_one_block():
-    from sentemb.config import run_inputs
-    from sentemb.pretrain import resolve_pretrain
+    from sentemb.config.load import run_inputs
+    from sentemb.train.pretrain import resolve_pretrain
 
     cfg = _config(pretrain={"max_steps": 7, "mask_unit": "word"})
     pre = resolve_pretrain(cfg, "infocse", "b")
@@ -378,7 +378,7 @@ def test_pretrain_cli_resumes_bit_identically_and_logs_its_own_mlflow_run(tiny_b
     from mlflow.tracking import MlflowClient
 
     from sentemb.cli import main
-    from sentemb.train import train
+    from sentemb.train.loop import train
 
     corpus = pretrained.parent.parent / "corpus.txt"
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"

@@ -50,13 +50,13 @@ def run_cfg(name, model_dir, inputs, senteval, **over):
 
 
 def test_every_input_kind_has_one_entry_with_its_path_rule_and_builder():
-    """Issue 27 §3: each built-in input kind is one ``sentemb.inputs`` entry: its path in the layout,
+    """Issue 27 §3: each built-in input kind is one ``sentemb.stats.inputs`` entry: its path in the layout,
     the workflow rule that makes it (a rule of workflow/rules), and a builder (``pretrained``: the
     method's own stage, which the tools run themselves)."""
     import re
 
-    from sentemb.config import input_path, load_config
-    from sentemb.inputs import BUILTIN, INPUTS
+    from sentemb.config.load import input_path, load_config
+    from sentemb.stats.inputs import BUILTIN, INPUTS
 
     rules = set(re.findall(r"^(?:local)?rule (\w+):", "".join(p.read_text() for p in (REPO / "workflow" / "rules").glob("*.smk")),
                            re.M))
@@ -91,8 +91,8 @@ def test_log_grad_norms_leave_the_weights_bit_identical_and_reach_history_and_tr
 
     from conftest import assert_same_model
 
-    from sentemb.train import train
-    from sentemb.tracking import Tracker
+    from sentemb.train.loop import train
+    from sentemb.tracking.runs import Tracker
 
     logged = []
     monkeypatch.setattr(Tracker, "log_metrics", lambda self, metrics, step=None: logged.append((step, dict(metrics))))
@@ -118,7 +118,7 @@ def test_the_optimised_loop_gives_the_same_losses_step_by_step(name, h):
     """Issue 13's exactness test: the loop with the token cache and the prefetch thread (defaults)
     and the loop as it was (tokenizer on every step, batches built in line) give the same loss
     terms at every step, fp32, fixed seed, on the corpus's real line order (``inputs`` corpus)."""
-    from sentemb.train import State, run_steps, setup
+    from sentemb.train.loop import State, run_steps, setup
 
     def losses(**over):
         cfg = h.run(precision="fp32", model_selection="last", **over)
@@ -137,9 +137,9 @@ def test_the_optimised_loop_gives_the_same_losses_step_by_step(name, h):
 
 
 def test_padding_free_training_gives_the_padded_losses_with_dropout_off(name, h):
-    """train.unpad (sentemb.unpad) changes only which positions are computed: with dropout off, the
+    """train.unpad (sentemb.model.unpad) changes only which positions are computed: with dropout off, the
     loss terms of every step equal the padded run's (fp32 tolerance; other summation order)."""
-    from sentemb.train import State, run_steps, setup
+    from sentemb.train.loop import State, run_steps, setup
 
     def losses(unpad):
         cfg = h.run(precision="fp32", model_selection="last",
@@ -161,8 +161,8 @@ def test_every_declared_bound_is_enforced_in_the_config_naming_the_key(name, tmp
     ``runs[i].method_args``, naming the key; a value on an inclusive bound and the default pass."""
     import yaml
 
-    from sentemb.args import meta_of
-    from sentemb.config import load_config
+    from sentemb.config.fields import meta_of
+    from sentemb.config.load import load_config
 
     cls = get_method(name)
     base = yaml.safe_load((REPO / ".test" / "config.yaml").read_text())
@@ -196,7 +196,7 @@ def test_every_declared_bound_is_enforced_in_the_config_naming_the_key(name, tmp
 
 
 # ------------------------------------------------------------------------------------ bf16 (issue 20 §2)
-# The CPU autocast is the code CUDA's runs (``sentemb.train.autocast``): the same contract holds
+# The CPU autocast is the code CUDA's runs (``sentemb.train.loop.autocast``): the same contract holds
 # under ``train.precision: bf16`` as under fp32 (the tests above).
 def test_bf16_unpadded_training_resumes_bit_identically_and_exports_what_evaluate_embeds(
         name, h, tmp_path):
@@ -206,8 +206,8 @@ def test_bf16_unpadded_training_resumes_bit_identically_and_exports_what_evaluat
     best STS-B dev score."""
     from sentence_transformers import SentenceTransformer
 
-    from sentemb.evaluate import embedder_for, stsb_dev
-    from sentemb.senteval import load_task
+    from sentemb.evaluate.sts import embedder_for, stsb_dev
+    from sentemb.evaluate.senteval import load_task
 
     over = dict(precision="bf16", unpad=True, sam_rho=0.05 if name == "arccse" else None)
     cfg = h.run(**over)
@@ -227,7 +227,7 @@ def test_the_pretraining_stage_runs_under_bf16_with_unpad(name, h, tmp_path):
     and ``train.unpad``: finite fp32 losses, and a model its method then reads."""
     import json
 
-    from sentemb.pretrain import run_pretrain
+    from sentemb.train.pretrain import run_pretrain
     from sentemb.testing import tiny_run
 
     cls = get_method(name)
@@ -264,7 +264,7 @@ def test_the_pretraining_stage_runs_under_bf16_with_unpad(name, h, tmp_path):
 def test_chunked_training_gives_the_unchunked_weights_with_accumulation_and_sam(name, h):
     """3 optimizer steps of 2 accumulated micro-batches of 16 (each chunked by 4; ArcCSE with SAM, both
     of its passes chunked), dropout on and keyed: the weights equal the unchunked run's."""
-    from sentemb.train import State, run_steps, setup
+    from sentemb.train.loop import State, run_steps, setup
 
     def weights(**o):
         over = dict(dropout_rng="keyed", grad_accum=2, max_steps=3, sam_rho=0.05 if name == "arccse" else None, **o)
@@ -283,7 +283,7 @@ def test_chunked_training_gives_the_unchunked_weights_with_accumulation_and_sam(
 def test_chunked_losses_agree_under_bf16_autocast(name, h):
     """bf16 autocast, dropout keyed: the logged terms of 2 chunked steps agree with the unchunked ones
     to bf16 tolerance (relative 2e-2: 8 mantissa bits, other summation order)."""
-    from sentemb.train import State, run_steps, setup
+    from sentemb.train.loop import State, run_steps, setup
 
     def losses(**o):
         cfg = h.exact_run(precision="bf16", dropout_rng="keyed", max_steps=2, **o)
@@ -306,7 +306,7 @@ def test_chunked_training_resumes_bit_identically_and_with_another_chunk_size(na
     its optimizer state) only, for the suite's time budget."""
     import json
 
-    from sentemb.train import train
+    from sentemb.train.loop import train
 
     if name not in ("arccse", "infocse"):
         pytest.skip("chunked resume runs for ArcCSE and InfoCSE (every method resumes and chunks in the contract)")
@@ -376,7 +376,7 @@ def test_two_processes_compose_with_chunking_keyed_dropout_and_resume_across_a_k
     """Under ``torchrun`` directly: 2 processes, each chunking its share by 4, dropout on and keyed
     (the single process's masks), ArcCSE with SAM; killed after 1 step and resumed: the
     uninterrupted single-process weights."""
-    from sentemb.train import train
+    from sentemb.train.loop import train
 
     if name not in ("arccse", "una"):
         pytest.skip("run for the methods with the most varied rows (ArcCSE's triplets, UNA's negatives)")

@@ -1,7 +1,7 @@
 """Model cards (issue 29 §1): every exported model carries a README.md that huggingface_hub parses,
 whose results are the run's evaluation files, and which says how to load the model.
 
-Real tiny models are trained and exported (``sentemb.train.train``), evaluated with the real
+Real tiny models are trained and exported (``sentemb.train.loop.train``), evaluated with the real
 ``sentemb evaluate`` (so eval_sts.json has its real format), and the card is read back with
 ``huggingface_hub.ModelCard.load``; expectations come from those files, from hashlib/git run here,
 and from the facts the test writes itself (the published numbers, the backbone's own card).
@@ -24,7 +24,7 @@ from huggingface_hub import ModelCard
 from sentemb import SentembError
 from sentemb.cli import main as cli
 from sentemb.testing import SENTS, tiny_run
-from sentemb.train import train
+from sentemb.train.loop import train
 
 from conftest import REPO
 
@@ -240,7 +240,7 @@ def test_the_model_still_loads_and_embeds_after_its_card(evaluated, simcse):
     import numpy as np
     from sentence_transformers import SentenceTransformer
 
-    from sentemb.evaluate import embedder_for
+    from sentemb.evaluate.sts import embedder_for
 
     st = SentenceTransformer(str(simcse / "model"), device="cpu").encode(SENTS, convert_to_numpy=True)
     ours = embedder_for(simcse / "model", "cls_before_pooler", device="cpu")(SENTS)
@@ -303,7 +303,7 @@ def test_bad_results_are_an_error_naming_the_file_and_leave_the_card_whole(evalu
         doc["STSBenchmark"] = "n/a"
         f.write_text(json.dumps(doc))
     with pytest.raises(SentembError, match=re.escape(str(f))):
-        from sentemb.model_card import write_run_card
+        from sentemb.report.model_card import write_run_card
 
         write_run_card(d)
     assert (d / "model" / "README.md").read_bytes() == before
@@ -315,7 +315,7 @@ def test_a_run_without_its_resolved_settings_is_an_error_naming_the_file(evaluat
     shutil.copytree(simcse, d)
     (d / "run_config.json").unlink()
     assert cli(["model-card", "--run-dir", str(d)]) == 2  # SentembError -> exit 2, message on stderr
-    from sentemb.model_card import write_run_card
+    from sentemb.report.model_card import write_run_card
 
     with pytest.raises(SentembError, match=re.escape(str(d / "run_config.json"))):
         write_run_card(d)
@@ -325,7 +325,7 @@ def test_a_run_without_its_resolved_settings_is_an_error_naming_the_file(evaluat
 def test_a_randomly_initialised_backbone_is_no_base_model(simcse, tmp_path):
     """A backbone built by `fetch_model` with random_init (the tiny DAG's) has only a borrowed
     tokenizer: no base_model, no license, and the body says so."""
-    from sentemb.model_card import CardInputs, render
+    from sentemb.report.model_card import CardInputs, render
 
     d = tmp_path / "random"
     d.mkdir()
@@ -340,7 +340,7 @@ def test_a_randomly_initialised_backbone_is_no_base_model(simcse, tmp_path):
 
 
 def test_a_plugin_method_is_named_by_its_file_and_digest(simcse):
-    from sentemb.model_card import CardInputs, render
+    from sentemb.report.model_card import CardInputs, render
 
     plugin = REPO / "examples" / "methods" / "debiased.py"
     run = {**json.loads((simcse / "run_config.json").read_text()), "name": "debiased-simcse",
@@ -354,7 +354,7 @@ def test_a_plugin_method_is_named_by_its_file_and_digest(simcse):
 def test_every_builtin_method_has_a_citation_on_its_page():
     """The card's BibTeX comes from docs/methods/<method>.md: every registered method has one."""
     from sentemb.methods import registry
-    from sentemb.model_card import method_page
+    from sentemb.report.model_card import method_page
 
     for name, cls in registry().items():
         if not cls.__module__.startswith("sentemb.methods."):

@@ -12,10 +12,10 @@ import pytest
 
 from conftest import REPO
 from sentemb.cli import main
-from sentemb.config import load_config
-from sentemb.report import SHORT, load_paper_results
-from sentemb.senteval import TASKS
-from sentemb.transfer import TRANSFER_TASKS
+from sentemb.config.load import load_config
+from sentemb.report.paper import SHORT, load_paper_results
+from sentemb.evaluate.senteval import TASKS
+from sentemb.evaluate.transfer import TRANSFER_TASKS
 
 
 @pytest.fixture(scope="module")

@@ -7,10 +7,10 @@ import statistics
 import pytest
 
 from conftest import REPO, SHARED
-from sentemb.paper_tables import (audit_paper, audit_references, audit_text, counts, labels, load_inventory,
+from sentemb.report.paper_tables import (audit_paper, audit_references, audit_text, counts, labels, load_inventory,
                                   mentions, normalise)
-from sentemb.report import load_paper_results
-from sentemb.studies import load_published
+from sentemb.report.paper import load_paper_results
+from sentemb.report.studies import load_published
 
 PAPER_RESULTS = REPO / "config" / "paper_results.yaml"
 INVENTORY = REPO / "config" / "paper_tables.yaml"

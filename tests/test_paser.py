@@ -47,7 +47,7 @@ def setup(tmp_path):
 
 
 def make(model_dir, corpus, rake, nltk=None, seed=3, **args):
-    from sentemb.models import load_encoder
+    from sentemb.model.backbone import load_encoder
 
     enc, tok = load_encoder(model_dir, pooling_layer=False)
     inputs = {"rake": rake, "nltk": nltk or corpus.parent}
@@ -370,7 +370,7 @@ def test_rake_file_not_line_aligned_is_refused_naming_both_files(tiny_bert_dir, 
 
 
 def test_rake_alignment_error_before_step_1(tiny_bert_dir, tiny_senteval, tmp_path):
-    from sentemb.train import train
+    from sentemb.train.loop import train
 
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("".join(s + "\n" for s in SENTS * 4))
@@ -406,7 +406,7 @@ def _config(**run):
 
 
 def test_config_corpus_and_top_k_checks():
-    from sentemb.config import resolve_run, validate_config
+    from sentemb.config.load import resolve_run, validate_config
     from sentemb.stats.workflow import run_corpora, stats_targets
 
     with pytest.raises(SentembError, match=r"runs\[1\]\.corpus.*unknown corpus 'nope'.*sts-unlabeled"):
@@ -475,7 +475,7 @@ def test_prepare_sts_corpus_on_a_tiny_tree(tiny_senteval, tmp_path):
 
 @pytest.mark.realdata
 def test_sts_unlabeled_count_on_real_senteval(shared, tmp_path):
-    from sentemb.data import prepare_sts_corpus
+    from sentemb.data.fetch import prepare_sts_corpus
 
     root = shared / "data" / "senteval"
     ref = _reference_sts(root)
@@ -613,7 +613,7 @@ def test_code_form_head_resumes_bit_identically(tiny_bert_dir, tiny_senteval, tm
     history of an uninterrupted run."""
     from conftest import assert_same_model
 
-    from sentemb.train import train
+    from sentemb.train.loop import train
 
     d, _ = _mlm_checkpoint(tiny_bert_dir, tmp_path)
     corpus = tmp_path / "corpus.txt"

@@ -12,23 +12,23 @@ TEST_CONFIG = REPO / ".test" / "config.yaml"
 
 @pytest.fixture(scope="module")
 def test_plan():
-    from sentemb.config import load_config
-    from sentemb.plan import plan
+    from sentemb.config.load import load_config
+    from sentemb.ops.plan import plan
 
     config = load_config(TEST_CONFIG)
     return config, plan(config, "h100")
 
 
 def test_the_plan_has_a_row_for_every_job_of_the_dag_and_a_total(test_plan):
-    from sentemb.plan import format_plan
+    from sentemb.ops.plan import format_plan
     from sentemb.stats.workflow import stats_settings
 
     config, rows = test_plan
     by_kind = {}
     for r in rows:
         by_kind.setdefault(r.kind, []).append(r.job)
-    # the Snakefile's jobs (sentemb.config: jobs, tested, baselines, as workflow/rules/common.smk reads them)
-    from sentemb.config import baselines as baselines_of, jobs as jobs_of, tested as tested_of
+    # the Snakefile's jobs (sentemb.config.load: jobs, tested, baselines, as workflow/rules/common.smk reads them)
+    from sentemb.config.load import baselines as baselines_of, jobs as jobs_of, tested as tested_of
 
     jobs = [f"{j.name}/{j.backbone}/seed{j.seed}" for j in jobs_of(config)]
     assert sorted(by_kind["train"]) == sorted(jobs)
@@ -61,9 +61,9 @@ def test_counted_simcse_step_at_real_width_matches_the_transformer_formula(tmp_p
     and batch 64: 6·N per token for the encoder's dense weights plus 12·layers·h·L per token for
     attention (PaLM App. B), two views per sentence, every sentence max_len tokens. Left out of
     the formula: the MLP head and the 2B×2B similarity (< 0.1%)."""
-    from sentemb.config import load_config
-    from sentemb.plan import plan
-    from sentemb.shapes import ARCHITECTURES
+    from sentemb.config.load import load_config
+    from sentemb.ops.plan import plan
+    from sentemb.ops.shapes import ARCHITECTURES
 
     over = {"backbones": {"bert-base-uncased": {"hub_id": "google-bert/bert-base-uncased",
                                                 "mirror_path": "models/bert-base-uncased"}},
@@ -82,7 +82,7 @@ def test_counted_simcse_step_at_real_width_matches_the_transformer_formula(tmp_p
     assert train.params == pytest.approx(108_891_648 + h * h + h, rel=1e-6)  # + SimCSE's MLP head
     # a step's time = max(FLOPs / (MFU x peak), the host floor x 12 layers x 1 pass), plus the STS-B
     # dev evaluations (fp32: half the peak); at batch 64 the floor binds (as the H200 measured)
-    from sentemb.plan import STEP_FLOOR_S_PER_LAYER
+    from sentemb.ops.plan import STEP_FLOOR_S_PER_LAYER
 
     assert train.flops_step / (0.5 * 989e12) < STEP_FLOOR_S_PER_LAYER * layers
     assert train.gpu_hours >= train.steps * STEP_FLOOR_S_PER_LAYER * layers / 3600
@@ -91,7 +91,7 @@ def test_counted_simcse_step_at_real_width_matches_the_transformer_formula(tmp_p
 
 
 def test_flags_name_what_is_not_covered():
-    from sentemb.plan import Row, _flag
+    from sentemb.ops.plan import Row, _flag
 
     row = _flag(Row("train", "x", params=1, gpu_hours=2.0, mem_gb=100.0, host_gb=10.0), "H100",
                 {"runtime": 120, "mem_mb": 12000}, 1.5)
@@ -105,7 +105,7 @@ def test_flags_name_what_is_not_covered():
 
 def test_unknown_gpu_is_refused():
     from sentemb import SentembError
-    from sentemb.plan import plan
+    from sentemb.ops.plan import plan
 
     with pytest.raises(SentembError, match="--gpu B300: unknown GPU"):
         plan({"job_resources": {}}, "b300")
@@ -117,9 +117,9 @@ def test_a_training_job_is_planned_with_the_chunk_and_devices_it_would_use():
     ``train.devices``, and the chunked step's extra forward in its FLOPs."""
     import dataclasses
 
-    from sentemb.config import load_config, resolve_run
-    from sentemb.plan import CUDA_ACTIVATION_RATIO, CUDA_OVERHEAD_GB, GPU_MEMORY_GB, Measure, _train_row
-    from sentemb.shapes import backbone_architecture, depth
+    from sentemb.config.load import load_config, resolve_run
+    from sentemb.ops.plan import CUDA_ACTIVATION_RATIO, CUDA_OVERHEAD_GB, GPU_MEMORY_GB, Measure, _train_row
+    from sentemb.ops.shapes import backbone_architecture, depth
 
     config = load_config(TEST_CONFIG)
     r = next(r for r in config["runs"] if r["method"] == "simcse")
@@ -158,8 +158,8 @@ def test_the_transfer_classifier_is_planned_as_cpu_time_and_its_runtime_checked(
     """issue 26 §4: the classifier's CPU time per task (the measured 384-d seconds scaled to the
     vectors' width), its wall time on job_resources.classify.cpus, a runtime that does not cover it
     flagged, and a classify job that would hold a GPU flagged."""
-    from sentemb.plan import _classify_row, format_plan
-    from sentemb.transfer import CLASSIFIER_SECONDS_384, classifier_seconds
+    from sentemb.ops.plan import _classify_row, format_plan
+    from sentemb.evaluate.transfer import CLASSIFIER_SECONDS_384, classifier_seconds
 
     config = {"evaluation": {"transfer_tasks": list(CLASSIFIER_SECONDS_384), "mrpc_features": "code",
                              "transfer_classifier": "pytorch"}}
@@ -185,7 +185,7 @@ def test_the_step_time_is_compute_or_the_host_floor_and_passes_are_counted(tiny_
     """``step_seconds`` = max(FLOPs / (MFU x peak), floor x layers x passes), the MFU measured by width
     (``mfu_for``); the counted step's encoder passes: SimCSE 1 (both views in one forward), ArcCSE 2
     (the views, the triplets), with SAM 4 (every pass again at w + e)."""
-    from sentemb.plan import MEASURED_MFU, STEP_FLOOR_S_PER_LAYER, _count, mfu_for, step_seconds
+    from sentemb.ops.plan import MEASURED_MFU, STEP_FLOOR_S_PER_LAYER, _count, mfu_for, step_seconds
     from sentemb.testing import tiny_run
 
     assert step_seconds(1e12, 12, 1, 989e12, 0.24) == pytest.approx(12 * STEP_FLOOR_S_PER_LAYER)

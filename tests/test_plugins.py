@@ -26,7 +26,7 @@ EXAMPLE = REPO / "examples" / "methods" / "debiased.py"
 def clean_registry():
     """The registries (methods, input kinds) as they were before the test (a plug-in imported here is not
     seen by later tests)."""
-    import sentemb.inputs as inputs
+    import sentemb.stats.inputs as inputs
     import sentemb.methods as methods
 
     methods.registry()
@@ -84,9 +84,9 @@ def test_a_plugin_is_a_method_its_digest_in_its_runs_only(clean_registry, tmp_pa
     """``method_modules`` (a path relative to the working directory): registered, its arguments
     validated like a built-in's, its runs carry ``method_module`` and the sha256 of its file, and
     editing the file changes those runs' settings (so Snakemake reruns them) and no other run's."""
-    from sentemb.config import load_config, resolve_run
+    from sentemb.config.load import load_config, resolve_run
     from sentemb.methods import get_method, registry
-    from sentemb.train import run_fingerprint
+    from sentemb.train.loop import run_fingerprint
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "mine").mkdir()
@@ -116,7 +116,7 @@ def test_a_plugin_is_a_method_its_digest_in_its_runs_only(clean_registry, tmp_pa
 
 
 def test_bad_plugins_are_refused_naming_the_key(clean_registry, tmp_path, monkeypatch):
-    from sentemb.config import load_config
+    from sentemb.config.load import load_config
 
     monkeypatch.chdir(tmp_path)
     cfg = yaml.safe_load((REPO / ".test" / "config.yaml").read_text())
@@ -162,7 +162,7 @@ def test_a_training_job_imports_its_runs_plugin(tiny_bert_dir, tiny_corpus, tmp_
 
 
 def test_the_example_config_runs_it_next_to_simcse(clean_registry, monkeypatch):
-    from sentemb.config import load_config, resolve_run
+    from sentemb.config.load import load_config, resolve_run
 
     monkeypatch.chdir(REPO)  # its method_modules path is relative to the repository root
     config = load_config(REPO / "examples" / "methods" / "config.yaml")
@@ -261,7 +261,7 @@ import json
 import os
 from pathlib import Path
 
-from sentemb.inputs import InputKind, register_input
+from sentemb.stats.inputs import InputKind, register_input
 from sentemb.methods import register_method
 from sentemb.methods.simcse import SimCSE
 
@@ -300,7 +300,7 @@ def test_a_plugins_own_input_kind_is_one_entry_built_by_the_contract_the_cli_and
     contract's tiny world builds it, ``sentemb make-input`` makes it, and the DAG plans rule
     ``make_input`` for it before the run's training, at results/stats/<corpus>/inputs/<kind>.<backbone>."""
     from sentemb import testing
-    from sentemb.config import load_config, run_inputs
+    from sentemb.config.load import load_config, run_inputs
     from sentemb.methods import get_method
 
     monkeypatch.chdir(tmp_path)

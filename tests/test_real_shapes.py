@@ -2,17 +2,17 @@
 at its backbone's real widths.
 
 The published shapes are kept here (``PUBLISHED``, written out independently of
-``sentemb.shapes.ARCHITECTURES``, which must agree with them). For every run the configuration
+``sentemb.ops.shapes.ARCHITECTURES``, which must agree with them). For every run the configuration
 defines (study points included), the job is built as ``sentemb train`` builds it
-(``resolve_run`` -> ``Run`` -> ``sentemb.train.setup``) on a random-weight model at the real hidden
+(``resolve_run`` -> ``Run`` -> ``sentemb.train.loop.setup``) on a random-weight model at the real hidden
 size, heads, intermediate size, vocabulary, positions and type vocabulary, with a stand-in tokenizer
-of the backbone's family (``sentemb.shapes.write_model_dir``), and ``run_steps`` takes one optimizer
+of the backbone's family (``sentemb.ops.shapes.write_model_dir``), and ``run_steps`` takes one optimizer
 step at batch 4 and the run's ``max_len``. A run added to the configuration is covered without
 editing this file.
 
 Depth: 2 Transformer layers, except where a method reads a given layer: InfoCSE's ``skip_from``
 (the auxiliary network's input is the state after that layer, so the backbone needs ``skip_from + 1``
-layers; ``sentemb.shapes.layers_needed``). No other method depends on depth: every layer of an
+layers; ``sentemb.ops.shapes.layers_needed``). No other method depends on depth: every layer of an
 encoder has the same shape.
 
 Dedupe (the suite's budget): runs that would take the same step are tested once. The key is the
@@ -84,8 +84,8 @@ def step_key(run, arch: str) -> str:
 
 def _cases():
     """(id, run) of every distinct step of the configuration's runs, the first run of each kept."""
-    from sentemb.config import load_config, resolve_run
-    from sentemb.shapes import architecture_of
+    from sentemb.config.load import load_config, resolve_run
+    from sentemb.ops.shapes import architecture_of
 
     config = load_config(CONFIG)
     seen, cases = {}, []
@@ -102,7 +102,7 @@ CONFIG_DICT, CASES = _cases()
 
 
 def test_published_shapes_are_the_architectures_the_package_builds():
-    from sentemb.shapes import ARCHITECTURES, hf_config, parameter_count
+    from sentemb.ops.shapes import ARCHITECTURES, hf_config, parameter_count
 
     assert set(ARCHITECTURES) == set(PUBLISHED)
     for arch, want in PUBLISHED.items():
@@ -114,7 +114,7 @@ def test_published_shapes_are_the_architectures_the_package_builds():
 
 
 def test_every_configured_backbone_has_a_published_architecture_and_every_run_a_case():
-    from sentemb.shapes import architecture_of
+    from sentemb.ops.shapes import architecture_of
 
     for name, b in CONFIG_DICT["backbones"].items():
         assert architecture_of(b["hub_id"]) == name
@@ -143,7 +143,7 @@ _CACHE: dict = {}
 
 
 def model_dir(workdir: Path, arch: str, layers: int) -> Path:
-    from sentemb.shapes import write_model_dir
+    from sentemb.ops.shapes import write_model_dir
 
     key = ("model", arch, layers)
     if key not in _CACHE:
@@ -191,7 +191,7 @@ def build_input(name: str, run, workdir: Path, corpus: Path, model: Path, arch: 
 
 def pretrained_stage(run, d: Path, corpus: Path, model: Path) -> Path:
     """The method's pretraining stage as the workflow resolves it (``resolve_pretrain``), one step."""
-    from sentemb.pretrain import resolve_pretrain, run_pretrain
+    from sentemb.train.pretrain import resolve_pretrain, run_pretrain
 
     stage = resolve_pretrain(CONFIG_DICT, run.method, run.backbone)
     stage = local(stage, corpus, model, {})
@@ -214,8 +214,8 @@ def local(run, corpus: Path, model: Path, inputs: dict):
 @pytest.mark.parametrize("run", CASES)
 def test_one_optimizer_step_at_the_real_widths(run, workdir, corpus):
     from sentemb.methods import get_method
-    from sentemb.shapes import architecture_of, layers_needed
-    from sentemb.train import State, run_steps, setup
+    from sentemb.ops.shapes import architecture_of, layers_needed
+    from sentemb.train.loop import State, run_steps, setup
 
     arch = architecture_of(run.backbone_hub_id)
     layers = layers_needed(run.method, run.method_args)

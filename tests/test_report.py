@@ -9,10 +9,11 @@ import pandas as pd
 import pytest
 
 from sentemb import SentembError
-from sentemb.report import (ci95, collect, figures, load_paper_results, method_colours, table_paper,
-                            table_transfer, welch_p)
-from sentemb.senteval import TASKS
-from sentemb.transfer import TRANSFER_TASKS
+from sentemb.report.tables import ci95, collect, welch_p
+from sentemb.report.figures import figures, method_colours
+from sentemb.report.paper import load_paper_results, table_paper, table_transfer
+from sentemb.evaluate.senteval import TASKS
+from sentemb.evaluate.transfer import TRANSFER_TASKS
 
 
 def _sts(path, name, method, backbone, seed, base, pooler="cls_before_pooler", geometry=True):
@@ -47,7 +48,7 @@ def test_transfer_table_mean_and_std(tmp_path):
 
 def test_transfer_table_header_names_the_classifier(tmp_path):
     from sentemb.cli import main
-    from sentemb.report import transfer_classifier
+    from sentemb.report.paper import transfer_classifier
 
     def with_protocol(p, classifier):
         d = json.loads(p.read_text())
@@ -178,7 +179,7 @@ def test_bad_report_config_names_the_key(patch, key):
     import yaml
 
     from conftest import REPO
-    from sentemb.config import validate_config
+    from sentemb.config.load import validate_config
 
     cfg = yaml.safe_load((REPO / ".test" / "config.yaml").read_text())
     for k, v in patch.items():
@@ -208,7 +209,7 @@ def _train_json(path, name, method, backbone, seed, dev):
 def test_dev_rows_compare_with_the_best_dev_score_never_a_test_score(tmp_path):
     """Issue 18 §1: a published STS-B *dev* number (ablation tables) is compared with the run's best dev
     Spearman from train.json; the run's STS-B test score (eval_sts.json) stays on its `sts` row."""
-    from sentemb.report import collect_dev
+    from sentemb.report.paper import collect_dev
 
     pub = tmp_path / "paper.yaml"
     pub.write_text("""results:
@@ -239,7 +240,7 @@ def test_geometry_rows_compare_alignment_and_uniformity_and_notes_are_kept(tmp_p
     """Issue 29 §3: a published `geometry` row (SARCSE Table 4) is compared with the runs' STS-B test
     alignment / uniformity (eval_sts.json `geometry`), to three decimals, only for the runs and baselines
     it names; an entry's `note` is kept by the loader and shown on its rows."""
-    from sentemb.report import collect_geometry, paper_markdown
+    from sentemb.report.paper import collect_geometry, paper_markdown
 
     pub = tmp_path / "paper.yaml"
     pub.write_text("""results:
@@ -291,7 +292,7 @@ def test_also_attaches_a_published_row_to_a_variant_run(tmp_path):
 
 
 def _mini_config(runs, baselines=None):
-    from sentemb.config import validate_config
+    from sentemb.config.load import validate_config
 
     cfg = {"experiment": "x", "corpus": {"name": "c", "hub_repo": "r", "hub_file": "f"},
            "backbones": {"bert": {"hub_id": "h"}}, "runs": runs, "baselines": baselines or {}}
@@ -303,7 +304,7 @@ def test_published_rows_are_checked_against_the_configured_runs(tmp_path):
     """Issue 18 §1: a published row whose run/backbone no configured run has fails, as does a row whose
     settings the named run does not have, and a configured run with the settings of a published row
     filed under another name."""
-    from sentemb.paper_tables import check_against_config
+    from sentemb.report.paper_tables import check_against_config
 
     def entries(text):
         p = tmp_path / "p.yaml"
@@ -342,8 +343,8 @@ def test_published_rows_are_checked_against_the_configured_runs(tmp_path):
 def test_every_published_number_of_the_repo_is_on_a_configured_run(monkeypatch):
     """config/paper_results.yaml against config/config.yaml (the check above, on the shipped files)."""
     from conftest import REPO
-    from sentemb.config import load_config
-    from sentemb.paper_tables import check_against_config
+    from sentemb.config.load import load_config
+    from sentemb.report.paper_tables import check_against_config
 
     monkeypatch.chdir(REPO)
     check_against_config(load_paper_results(REPO / "config" / "paper_results.yaml"),

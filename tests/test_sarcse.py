@@ -13,7 +13,7 @@ from sentemb import SentembError
 from sentemb.methods import MethodContext, get_method
 from sentemb.methods.sarcse import (KERNEL_SIZES, TextCNNDecoder, TextCNNEncoder, compact, reconstruction_loss,
                                     token_weights)
-from sentemb.models import load_encoder
+from sentemb.model.backbone import load_encoder
 
 SENTS = ["a man plays the guitar", "the dog runs in the park", "red car", "cat",
          "she eats an apple in the house", "two old men are playing music in the street"]
@@ -366,7 +366,7 @@ def test_a_frequency_table_of_another_tokenizer_is_refused_before_step_1(tiny_be
 def test_export_at_paper_size_gives_1497_dims_in_every_loader(tiny_roberta_dir, tmp_path):
     from sentence_transformers import SentenceTransformer
 
-    from sentemb.evaluate import embedder_for
+    from sentemb.evaluate.sts import embedder_for
 
     m = make(tiny_roberta_dir, decoder=False)  # 500 channels, 3 integrating channels
     dev = m.embedder("method", torch.device("cpu"))(SENTS)

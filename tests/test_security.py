@@ -6,8 +6,8 @@ import tarfile
 import pytest
 
 from sentemb import SentembError
-from sentemb.config import load_config
-from sentemb.data import _extract
+from sentemb.config.load import load_config
+from sentemb.data.fetch import _extract
 
 
 def _tar(path, members):

@@ -1,4 +1,4 @@
-"""Issue 19 §1: every setting declared once (``sentemb.settings``), the schema generated from it, a
+"""Issue 19 §1: every setting declared once (``sentemb.config.settings``), the schema generated from it, a
 resolved run a typed ``Run`` whose mapping form and resume fingerprint did not change."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import pytest
 from conftest import REPO
 
 from sentemb import SentembError
-from sentemb.args import specs
-from sentemb.config import jobs, load_config, load_schema, resolve_run, validate_config
-from sentemb.settings import SECTIONS, EvaluationSettings, JobResources, Run, StatsSettings, TrainSettings
+from sentemb.config.fields import specs
+from sentemb.config.load import jobs, load_config, load_schema, resolve_run, validate_config
+from sentemb.config.settings import SECTIONS, EvaluationSettings, JobResources, Run, StatsSettings, TrainSettings
 
 BASE = {"backbones": {"b": {"hub_id": "x/y"}}, "runs": [{"method": "simcse", "backbone": "b"}]}
 
@@ -116,8 +116,8 @@ def test_a_setting_added_at_its_old_behaviour_reruns_nothing_and_runs_round_trip
     trip; and a run's fingerprint is that of its JSON (the train job's view)."""
     import dataclasses
 
-    from sentemb.pretrain import resolve_pretrain
-    from sentemb.settings import ADDED_DEFAULTS, fingerprint
+    from sentemb.train.pretrain import resolve_pretrain
+    from sentemb.config.settings import ADDED_DEFAULTS, fingerprint
 
     monkeypatch.chdir(REPO)
     cfg = load_config(REPO / ".test/config.yaml")
@@ -143,7 +143,7 @@ def test_a_setting_added_at_its_old_behaviour_reruns_nothing_and_runs_round_trip
 
 
 def test_config_readme_is_the_generated_listing():
-    from sentemb.config_keys import config_keys_markdown
+    from sentemb.config.reference import config_keys_markdown
 
     text = config_keys_markdown()
     assert (REPO / "config/README.md").read_text("utf-8") == text, "run: sentemb config-keys > config/README.md"
@@ -156,7 +156,7 @@ def test_config_readme_is_the_generated_listing():
 def test_the_whole_schema_is_generated_from_the_typed_tree():
     """Every top-level key is a field of ``Config`` with its help, the schema is ``schema_of(Config)``
     (no section written by hand), and a validated config reads as attributes with its defaults."""
-    from sentemb.settings import Config, TrackingSettings
+    from sentemb.config.settings import Config, TrackingSettings
 
     schema = load_schema()
     fields = [f.name for f in dataclasses.fields(Config)]
@@ -176,7 +176,7 @@ def test_jobs_tested_transfer_runs_and_baselines_enumerate_the_config():
     """The job enumeration the Snakefile, ``plan`` and the tests share, against a hand-listed config:
     per-run seeds, a dev-only run, a per-run transfer switch over evaluation.transfer, a study's
     points (one reusing an existing run), baselines."""
-    from sentemb.config import Job, baselines, jobs, tested, transfer_runs
+    from sentemb.config.load import Job, baselines, jobs, tested, transfer_runs
 
     config = {
         "backbones": {"b": {"hub_id": "x/y"}, "c": {"hub_id": "x/z"}},

@@ -8,7 +8,7 @@ import torch
 
 from sentemb.methods import MethodContext, get_method
 from sentemb.methods.simcse import info_nce
-from sentemb.models import load_encoder
+from sentemb.model.backbone import load_encoder
 
 
 def reference_info_nce(z1: np.ndarray, z2: np.ndarray, tau: float) -> float:
@@ -70,8 +70,8 @@ def test_dropout_views_differ_and_gradients_reach_encoder_and_mlp(tiny_bert_dir)
 
 
 def test_mlp_used_in_training_only(tiny_bert_dir, tmp_path):
-    from sentemb.encoder import Embedder
-    from sentemb.models import export
+    from sentemb.model.encoder import Embedder
+    from sentemb.model.backbone import export
 
     m = _method(tiny_bert_dir)
     m.eval()
@@ -107,8 +107,8 @@ def test_pooler_for_mlp_settings():
 def test_export_loads_in_sentence_transformers_with_the_same_pooling(tiny_bert_dir, tmp_path, pooler):
     from sentence_transformers import SentenceTransformer
 
-    from sentemb.encoder import Embedder
-    from sentemb.models import export
+    from sentemb.model.encoder import Embedder
+    from sentemb.model.backbone import export
 
     m = _method(tiny_bert_dir, mlp="always")
     with torch.no_grad():
@@ -122,7 +122,7 @@ def test_export_loads_in_sentence_transformers_with_the_same_pooling(tiny_bert_d
 
 def test_export_refuses_a_pooler_sentence_transformers_cannot_express(tiny_bert_dir, tmp_path):
     from sentemb import SentembError
-    from sentemb.models import export
+    from sentemb.model.backbone import export
 
     m = _method(tiny_bert_dir)
     with pytest.raises(SentembError, match="avg_top2"):
@@ -132,7 +132,7 @@ def test_export_refuses_a_pooler_sentence_transformers_cannot_express(tiny_bert_
 def test_dev_embedder_with_mlp_always_is_the_current_mlp_on_cls(tiny_bert_dir, tmp_path):
     """Review fix (issue 6 §4): with ``mlp: always`` model selection must score MLP([CLS]) of the
     current weights, not the encoder's pooler slot (BERT's NSP pooler or a stale copy)."""
-    from sentemb.models import load_encoder
+    from sentemb.model.backbone import load_encoder
 
     enc, tok = load_encoder(tiny_bert_dir, pooling_layer=False)
     assert getattr(enc, "pooler", None) is None  # the pretrained NSP pooler is not loaded in training
@@ -151,7 +151,7 @@ def test_dev_embedder_with_mlp_always_is_the_current_mlp_on_cls(tiny_bert_dir, t
             want = torch.tanh(cls @ m.mlp.dense.weight.T + m.mlp.dense.bias).numpy()
         np.testing.assert_allclose(got, want, atol=1e-5)
     # and the export's `cls` pooler is that same MLP (written into the checkpoint's pooler slot)
-    from sentemb.evaluate import embedder_for
+    from sentemb.evaluate.sts import embedder_for
 
     m.export(tmp_path / "m", pooler, meta={"method": "simcse"})
     np.testing.assert_allclose(embedder_for(tmp_path / "m", pooler, device="cpu")(sents), want, atol=1e-5)

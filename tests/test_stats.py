@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from sentemb import SentembError
-from sentemb.corpus import count_corpus_lines, iter_lines
+from sentemb.data.corpus import count_corpus_lines, iter_lines
 from sentemb.stats import read_metadata
 
 CORPUS = [
@@ -404,7 +404,7 @@ def test_cli_and_summary(corpus, tiny_tok_dir, tiny_nltk_data, tmp_path):
 
 
 def test_stats_settings_and_targets():
-    from sentemb.config import validate_config
+    from sentemb.config.load import validate_config
     from sentemb.stats.workflow import stats_settings, stats_targets
 
     raw = {"resources_dir": "r", "results_dir": "res", "corpus": {"name": "c"},

@@ -10,9 +10,9 @@ from scipy import stats
 
 from conftest import REPO
 from sentemb import SentembError
-from sentemb.config import load_config, resolve_run, validate_config
-from sentemb.studies import (format_value, load_published, point_name, read_values, study_figure,
-                             study_table, study_tags)
+from sentemb.config.load import load_config, resolve_run, validate_config
+from sentemb.report.studies import load_published, read_values, study_figure, study_table
+from sentemb.config.studies import format_value, point_name, study_tags
 
 BASE = {
     "backbones": {"bert": {"hub_id": "google-bert/bert-base-uncased"}},

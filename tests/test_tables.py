@@ -6,8 +6,8 @@ import statistics
 import pytest
 
 from sentemb import SentembError
-from sentemb.senteval import TASKS
-from sentemb.tables import collect, table1
+from sentemb.evaluate.senteval import TASKS
+from sentemb.report.tables import collect, table1
 
 
 def _eval_json(path, name, backbone, seed, base):

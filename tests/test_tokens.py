@@ -1,4 +1,4 @@
-"""The corpus token cache (sentemb.tokens, issue 13): its batches are the tokenizer's batches.
+"""The corpus token cache (sentemb.data.tokens, issue 13): its batches are the tokenizer's batches.
 
 The reference is always the tokenizer itself, called as the methods called it before the cache:
 ``tokenizer(sentences, padding=True, truncation=True, max_length=L, return_tensors="pt")``.
@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from sentemb import SentembError
-from sentemb.models import load_tokenizer
-from sentemb.tokens import TokenCache, tokenizer_fingerprint
+from sentemb.model.backbone import load_tokenizer
+from sentemb.data.tokens import TokenCache, tokenizer_fingerprint
 
 from conftest import TINY_WORDS
 
@@ -124,8 +124,8 @@ def test_tokenize_corpus_command_writes_the_cache(tiny_bert_dir, tmp_path):
 @pytest.mark.realdata
 def test_the_real_corpus_under_the_real_tokenizer_gives_the_tokenizers_batches(minilm_dir, shared):
     """Every batch of the training schedule of the real Wikipedia sample under MiniLM's WordPiece."""
-    from sentemb.corpus import read_corpus
-    from sentemb.train import batch_schedule
+    from sentemb.data.corpus import read_corpus
+    from sentemb.train.loop import batch_schedule
 
     corpus = shared / "data" / "wiki1m_head.txt"
     tok = load_tokenizer(minilm_dir)

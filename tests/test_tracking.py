@@ -5,8 +5,8 @@ import multiprocessing as mp
 
 import pytest
 
-from sentemb.settings import TrackingSettings
-from sentemb.tracking import Tracker, init_store, resolve_uri
+from sentemb.config.settings import TrackingSettings
+from sentemb.tracking.runs import Tracker, init_store, resolve_uri
 
 
 def _job(uri: str, i: int) -> None:
@@ -87,7 +87,7 @@ def _train_cfg(tiny_bert_dir, tiny_corpus, tiny_senteval, uri, **over):
 
 def test_a_resumed_job_continues_its_own_run_without_logging_a_step_twice(tiny_bert_dir, tiny_corpus, tiny_senteval,
                                                                           tmp_path):
-    from sentemb.train import train
+    from sentemb.train.loop import train
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     cfg = _train_cfg(tiny_bert_dir, tiny_corpus, tiny_senteval, uri, save_steps=2)
@@ -111,7 +111,7 @@ def test_a_fresh_restart_marks_the_crashed_run_killed_and_a_rerun_supersedes(tin
                                                                             tiny_senteval, tmp_path):
     import shutil
 
-    from sentemb.train import train
+    from sentemb.train.loop import train
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     cfg = _train_cfg(tiny_bert_dir, tiny_corpus, tiny_senteval, uri)
@@ -134,7 +134,7 @@ def test_a_fresh_restart_marks_the_crashed_run_killed_and_a_rerun_supersedes(tin
 
 def test_a_failing_job_ends_failed_with_the_error(tiny_bert_dir, tmp_path, tiny_senteval):
     from sentemb import SentembError
-    from sentemb.train import train
+    from sentemb.train.loop import train
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     bad = tmp_path / "corpus.txt"
@@ -149,7 +149,7 @@ def test_a_failing_job_ends_failed_with_the_error(tiny_bert_dir, tmp_path, tiny_
 def test_evaluation_is_nested_under_the_training_run_and_logs_test_scores_onto_it(tiny_bert_dir, tiny_corpus,
                                                                                    tiny_senteval, tmp_path):
     from sentemb.cli import main
-    from sentemb.train import train
+    from sentemb.train.loop import train
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     train(_train_cfg(tiny_bert_dir, tiny_corpus, tiny_senteval, uri), tmp_path / "run", progress=False)

@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from conftest import REPO
-from sentemb.mlflow_server import MlflowServer, free_port
+from sentemb.tracking.server import MlflowServer, free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.realdata]
 EXPERIMENT = "sentemb-test"
@@ -157,7 +157,7 @@ def test_the_dag_survives_the_server_and_makes_the_same_tables(dags):
 
 @pytest.mark.parametrize("name", ["killed", "away"])
 def test_after_sync_the_store_holds_what_an_uninterrupted_run_holds(dags, name):
-    from sentemb.tracking_queue import find_queues
+    from sentemb.tracking.queue import find_queues
 
     p = dags["syncs"][name]
     assert p.returncode == 0, p.stdout + p.stderr

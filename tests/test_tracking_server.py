@@ -18,9 +18,9 @@ import pytest
 
 from conftest import REPO
 from sentemb import SentembError
-from sentemb.mlflow_server import MlflowServer, free_port
-from sentemb.tracking import Tracker
-from sentemb.tracking_queue import Queue, sync_all
+from sentemb.tracking.server import MlflowServer, free_port
+from sentemb.tracking.runs import Tracker
+from sentemb.tracking.queue import Queue, sync_all
 
 pytestmark = [pytest.mark.integration]
 

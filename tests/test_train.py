@@ -9,8 +9,8 @@ import torch
 from safetensors.torch import load_file
 
 from sentemb import SentembError
-from sentemb.corpus import read_corpus
-from sentemb.train import batch_schedule, train
+from sentemb.data.corpus import read_corpus
+from sentemb.train.loop import batch_schedule, train
 
 from conftest import assert_same_model
 from conftest import simcse_run as run_cfg
@@ -138,7 +138,7 @@ def test_the_fingerprint_is_the_weight_changing_settings_declared_by_each_settin
     fingerprint is blind to exactly those, and to the MLflow settings, and sees every other one."""
     import dataclasses
 
-    from sentemb.settings import TrainSettings, fingerprint, run_options, weight_free_keys
+    from sentemb.config.settings import TrainSettings, fingerprint, run_options, weight_free_keys
 
     base = run_cfg(tiny_bert_dir, tiny_corpus, tiny_senteval)
     free = set(weight_free_keys())
@@ -170,7 +170,7 @@ def test_a_state_resumes_across_a_logging_change_and_from_before_the_fingerprint
     """A state saved with log_steps 1 resumes with log_steps 2 (to the uninterrupted weights); a state
     saved by the code before ``fingerprint`` (its fingerprint had log_steps, save_steps, device in it)
     still resumes."""
-    from sentemb.settings import legacy_fingerprint
+    from sentemb.config.settings import legacy_fingerprint
 
     cfg = run_cfg(tiny_bert_dir, tiny_corpus, tiny_senteval)
     full = train(cfg, tmp_path / "full", progress=False)
@@ -192,7 +192,7 @@ def test_a_state_resumes_across_a_logging_change_and_from_before_the_fingerprint
 
 
 def test_train_options_apply_only_weight_free_settings(tiny_bert_dir, tiny_corpus, tiny_senteval, tmp_path):
-    from sentemb.settings import apply_options, run_options
+    from sentemb.config.settings import apply_options, run_options
 
     cfg = run_cfg(tiny_bert_dir, tiny_corpus, tiny_senteval)
     opts = run_options(cfg)
@@ -208,7 +208,7 @@ def test_a_state_saved_with_the_fast_paths_resumes_without_them_bit_identically(
                                                                                  tiny_senteval, tmp_path):
     """token_cache/prefetch change speed, not results: a kill under one setting resumes under the
     other (same state, same MLflow run) and ends with the weights of an uninterrupted run."""
-    from sentemb.train import run_fingerprint
+    from sentemb.train.loop import run_fingerprint
 
     fast = run_cfg(tiny_bert_dir, tiny_corpus, tiny_senteval, token_cache=True, prefetch=True)
     slow = run_cfg(tiny_bert_dir, tiny_corpus, tiny_senteval, token_cache=False, prefetch=False)
@@ -223,8 +223,8 @@ def test_a_state_saved_with_the_fast_paths_resumes_without_them_bit_identically(
 
 def test_the_workflows_token_cache_is_read_and_a_wrong_one_refused(tiny_bert_dir, tiny_corpus, tiny_senteval,
                                                                    tmp_path, monkeypatch):
-    from sentemb.models import load_tokenizer
-    from sentemb.tokens import TokenCache
+    from sentemb.model.backbone import load_tokenizer
+    from sentemb.data.tokens import TokenCache
 
     tok = load_tokenizer(tiny_bert_dir)
     TokenCache.build(read_corpus(tiny_corpus), tok, corpus=tiny_corpus).save(tmp_path / "tokens.tiny")
@@ -268,10 +268,10 @@ def test_a_build_error_in_the_prefetch_thread_reaches_the_loop(tiny_bert_dir, ti
 def test_the_loops_dev_evaluation_tokenizes_the_dev_set_once(tiny_bert_dir, tiny_senteval, monkeypatch):
     """stsb_dev with the training-time embedder (Method.embedder): the second evaluation gives the
     same score without tokenizing anything."""
-    from sentemb.evaluate import stsb_dev
+    from sentemb.evaluate.sts import stsb_dev
     from sentemb.methods import MethodContext, get_method
-    from sentemb.models import load_encoder
-    from sentemb.senteval import load_task
+    from sentemb.model.backbone import load_encoder
+    from sentemb.evaluate.senteval import load_task
 
     enc, tok = load_encoder(tiny_bert_dir, pooling_layer=False)
     m = get_method("simcse")(enc, tok, {}, MethodContext(max_len=16, seed=0))
@@ -287,8 +287,8 @@ def test_the_loops_dev_evaluation_tokenizes_the_dev_set_once(tiny_bert_dir, tiny
 
 
 def test_the_dev_embedder_tokenizes_the_dev_set_once(tiny_bert_dir, monkeypatch):
-    from sentemb.encoder import Embedder
-    from sentemb.models import load_encoder
+    from sentemb.model.encoder import Embedder
+    from sentemb.model.backbone import load_encoder
 
     enc, tok = load_encoder(tiny_bert_dir)
     sents = ["the dog runs", "a man plays the guitar in the park", "the dog runs", "red car"]
@@ -308,7 +308,7 @@ def test_the_dev_embedder_tokenizes_the_dev_set_once(tiny_bert_dir, monkeypatch)
 def test_compiled_loop_gives_the_eager_losses(tiny_bert_dir, tiny_corpus, tiny_senteval):
     """train.compile: true gives the losses of the eager loop to fp32 tolerance, dropout included."""
     torch._dynamo.reset()
-    from sentemb.train import State, run_steps, setup
+    from sentemb.train.loop import State, run_steps, setup
 
     def losses(compile):
         cfg = run_cfg(tiny_bert_dir, tiny_corpus, tiny_senteval, precision="fp32", compile=compile, max_steps=3,
@@ -377,7 +377,7 @@ def test_length_sampler_drops_a_trailing_batch_of_one_and_keeps_the_random_defau
 
 
 def test_sentence_lengths_are_whitespace_words():
-    from sentemb.train import sentence_lengths
+    from sentemb.train.loop import sentence_lengths
 
     assert sentence_lengths(["a b  c", "x", " one\ttwo "]).tolist() == [3, 1, 2]
 
@@ -386,7 +386,7 @@ def test_length_sampler_in_the_loop_resumes_bit_identically_with_or_without_the_
         tiny_bert_dir, tiny_corpus, tiny_senteval, tmp_path):
     """setup builds the length schedule from the corpus; a kill with the token cache resumes without
     it (and the other way round) to the uninterrupted run's history and weights."""
-    from sentemb.train import run_fingerprint, sentence_lengths, setup
+    from sentemb.train.loop import run_fingerprint, sentence_lengths, setup
 
     fast = run_cfg(tiny_bert_dir, tiny_corpus, tiny_senteval, sampler="length", token_cache=True, grad_accum=2,
                    epochs=2)
@@ -418,8 +418,8 @@ def test_length_sampler_in_the_loop_resumes_bit_identically_with_or_without_the_
 def test_eval_cadence_in_micro_batches_follows_arccse_training_steps():
     from dataclasses import replace
 
-    from sentemb.settings import TrainSettings
-    from sentemb.train import eval_due
+    from sentemb.config.settings import TrainSettings
+    from sentemb.train.loop import eval_due
 
     tc = TrainSettings(eval_steps=125, eval_unit="micro_batches", eval_at_end=False)
     # arccse-accum64 on wiki1m: 1e6 // 32 = 31250 micro-batches, 64 per update -> 488 updates
@@ -475,9 +475,9 @@ def test_a_run_without_dev_evaluation_exits_0(tiny_bert_dir, tiny_corpus, tiny_s
 @pytest.mark.parametrize("key,good,bad", [("sampler", "length", "sorted"),
                                           ("eval_unit", "micro_batches", "updates")])
 def test_sampler_and_eval_unit_in_the_schema(key, good, bad):
-    from sentemb.args import specs
-    from sentemb.config import load_schema, validate_config
-    from sentemb.settings import TrainSettings
+    from sentemb.config.fields import specs
+    from sentemb.config.load import load_schema, validate_config
+    from sentemb.config.settings import TrainSettings
 
     schema = load_schema()["properties"]
     choices = next(s.choices for s in specs(TrainSettings) if s.name == key)
@@ -496,7 +496,7 @@ def test_sampler_and_eval_unit_in_the_schema(key, good, bad):
 
 def test_the_grad_norm_benchmark_times_both_variants(tiny_bert_dir, tiny_corpus):
     """``sentemb benchmark --grad-norms`` (the cost of train.log_grad_norms) runs the loop off and on."""
-    from sentemb.benchmark import bench_grad_norms
+    from sentemb.ops.benchmark import bench_grad_norms
 
     r = bench_grad_norms(tiny_bert_dir, tiny_corpus, 16, steps=1, warmup=1, device=torch.device("cpu"), max_len=16,
                          precision="fp32", rounds=1)
@@ -509,7 +509,7 @@ def test_chunk_size_auto_is_the_whole_batch_on_cpu_and_is_reported(tiny_bert_dir
     and in ``train.json``; a number at least the batch is no chunking either."""
     import logging
 
-    with caplog.at_level(logging.INFO, logger="sentemb.train"):
+    with caplog.at_level(logging.INFO, logger="sentemb.train.loop"):
         s = train(run_cfg(tiny_bert_dir, tiny_corpus, tiny_senteval, chunk_size="auto", max_steps=1), tmp_path / "a",
                   progress=False)
     assert s["chunk_size"] == 16 and s["chunked"] is False
@@ -518,7 +518,7 @@ def test_chunk_size_auto_is_the_whole_batch_on_cpu_and_is_reported(tiny_bert_dir
 
 
 def test_auto_chunk_is_the_largest_that_fits_the_margin():
-    from sentemb.train import auto_chunk
+    from sentemb.train.loop import auto_chunk
 
     mb = 2**20
     assert auto_chunk(10 * mb, 1000 * mb, 64, margin=0.7) is None  # 70 sentences fit: the whole batch
@@ -528,7 +528,7 @@ def test_auto_chunk_is_the_largest_that_fits_the_margin():
 
 @pytest.mark.parametrize("value", ["big", 0, 2.5])
 def test_a_bad_chunk_size_is_refused_naming_the_key(value):
-    from sentemb.config import validate_config
+    from sentemb.config.load import validate_config
 
     base = {"backbones": {"b": {"hub_id": "x/y"}}, "runs": [{"method": "simcse", "backbone": "b"}]}
     for good in (None, 8, "auto"):
@@ -540,7 +540,7 @@ def test_a_bad_chunk_size_is_refused_naming_the_key(value):
 
 
 def test_keyed_dropout_is_refused_with_unpad():
-    from sentemb.settings import TrainSettings
+    from sentemb.config.settings import TrainSettings
 
     with pytest.raises(SentembError, match="train.dropout_rng keyed .* train.unpad"):
         TrainSettings.from_dict({"dropout_rng": "keyed", "unpad": True}).check("train")
@@ -548,7 +548,7 @@ def test_keyed_dropout_is_refused_with_unpad():
 
 def test_the_chunked_benchmark_times_both_variants(tiny_bert_dir, tiny_corpus):
     """``sentemb benchmark --chunked N``: the loop whole and in chunks of N (and keyed)."""
-    from sentemb.benchmark import bench_chunked
+    from sentemb.ops.benchmark import bench_chunked
 
     r = bench_chunked(tiny_bert_dir, tiny_corpus, 16, steps=1, warmup=0, device=torch.device("cpu"), max_len=16,
                       precision="fp32", chunk_size=4, rounds=1, keyed=True)

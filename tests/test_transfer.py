@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from sentemb import SentembError
-from sentemb.evaluate import GOLD_BUCKETS, alignment, evaluate_sts, geometry, gold_bucket, uniformity
-from sentemb.transfer import (REGS_INNER, REGS_KFOLD, REGS_TORCH, TASK_FILES, LinearProbe, TorchProbeConfig,
+from sentemb.evaluate.sts import GOLD_BUCKETS, alignment, evaluate_sts, geometry, gold_bucket, uniformity
+from sentemb.evaluate.transfer import (REGS_INNER, REGS_KFOLD, REGS_TORCH, TASK_FILES, LinearProbe, TorchProbeConfig,
                               evaluate_transfer, inner_kfold, inner_kfold_torch, kfold, kfold_torch,
                               load_transfer_task, mrpc_features, split_classifier, split_classifier_torch)
 
@@ -251,7 +251,7 @@ def test_bad_transfer_classifier_in_config_names_the_key(value):
     import yaml
 
     from conftest import REPO
-    from sentemb.config import validate_config
+    from sentemb.config.load import validate_config
 
     cfg = yaml.safe_load((REPO / ".test" / "config.yaml").read_text())
     cfg["evaluation"]["transfer_classifier"] = value
@@ -392,7 +392,7 @@ def test_features_that_do_not_match_the_data_are_refused(tmp_path, tiny_bert_dir
     assert classify("--tasks", "TREC") == 2 and not out.exists()  # not encoded
     with (root / "CR" / "custrev.pos").open("a", encoding="latin-1") as f:
         f.write("a sentence added after encoding\n")
-    from sentemb.transfer import load_transfer_task, read_features
+    from sentemb.evaluate.transfer import load_transfer_task, read_features
 
     with pytest.raises(SentembError, match=r"features\.npz.*CR.*other sentences"):
         read_features(feats, load_transfer_task(root, "CR"))
@@ -404,7 +404,7 @@ def test_features_that_do_not_match_the_data_are_refused(tmp_path, tiny_bert_dir
 
 
 def test_classifier_estimate_scales_with_width_and_packs_tasks_longest_first():
-    from sentemb.transfer import CLASSIFIER_SECONDS_384, classifier_seconds, classifier_wall_seconds
+    from sentemb.evaluate.transfer import CLASSIFIER_SECONDS_384, classifier_seconds, classifier_wall_seconds
 
     tasks = list(CLASSIFIER_SECONDS_384)
     at384 = [classifier_seconds(t, 384, mrpc_mode="code") for t in tasks]
@@ -423,7 +423,7 @@ def test_real_trec_on_minilm_matches_senteval(shared, minilm_dir):
     """all-MiniLM-L6-v2, mean pooling, TREC, the accuracies SentEval's own code (facebookresearch/SentEval,
     kfold=10) gives on this machine (docs/evaluation.md): 89.20 with usepytorch=False, 90.00 (dev
     85.23) with usepytorch=True and SimCSE's classifier config. One encoding serves both classifiers."""
-    from sentemb.encoder import Embedder
+    from sentemb.model.encoder import Embedder
 
     emb = Embedder.from_dir(minilm_dir, "avg", device="cpu")
     memo = {}
@@ -478,7 +478,7 @@ def test_geometry_fields():
 
 
 def test_geometry_comes_from_the_sts_evaluation(tiny_senteval):
-    from sentemb.senteval import load_task
+    from sentemb.evaluate.senteval import load_task
 
     calls = []
 
@@ -500,7 +500,7 @@ def test_avg_static_last_pooler_is_embeddings_plus_last_layer(tiny_bert_dir):
     computed here from the model's modules directly."""
     import torch
 
-    from sentemb.encoder import Embedder
+    from sentemb.model.encoder import Embedder
 
     emb = Embedder.from_dir(tiny_bert_dir, "avg_static_last", device="cpu")
     got = emb(["the dog runs", "a cat"])

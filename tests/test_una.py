@@ -16,7 +16,7 @@ from sentemb import SentembError
 from sentemb.methods import MethodContext, get_method
 from sentemb.methods.una import (UNAAugmenter, replacement_probabilities, sample_replacement,
                                  simcse_hard_negative_loss, symmetric_nt_xent)
-from sentemb.models import load_encoder
+from sentemb.model.backbone import load_encoder
 
 from conftest import TINY_WORDS
 
@@ -332,7 +332,7 @@ def test_batches_are_deterministic_in_seed_and_micro(tiny_bert_dir, corpus, tfid
 def test_negatives_on_the_same_steps_after_a_resume(tiny_bert_dir, corpus, tfidf, tiny_senteval, tmp_path,
                                                     monkeypatch):
     from sentemb.methods.una import UNA
-    from sentemb.train import train
+    from sentemb.train.loop import train
 
     seen = []
     orig = UNA.build_batch
@@ -363,7 +363,7 @@ def test_requires_and_paraphrase_planning():
     una = get_method("una")
     assert una.requires(una.make_args({})) == ("tfidf",)
     assert una.requires(una.make_args({"paraphrase": True})) == ("tfidf_para", "paraphrases")
-    from sentemb.config import validate_config
+    from sentemb.config.load import validate_config
 
     cfg = {"backbones": {"b": {"hub_id": "x/y"}}, "runs": [{"method": "una", "backbone": "b"}]}
     assert stats_settings(validate_config(cfg))["paraphrase"]["enabled"] is False  # no paraphrase job planned

@@ -1,4 +1,4 @@
-"""Padding-free training forward (sentemb.unpad, train.unpad; issue 13).
+"""Padding-free training forward (sentemb.model.unpad, train.unpad; issue 13).
 
 The reference is the model's own padded forward: with dropout off, packing the real tokens and
 attending within each sentence must give the same states on every real token, and the same
@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from sentemb import SentembError
-from sentemb.models import load_encoder
-from sentemb.unpad import install, packed_forward
+from sentemb.model.backbone import load_encoder
+from sentemb.model.unpad import install, packed_forward
 
 from conftest import assert_same_model, simcse_run
 
@@ -68,7 +68,7 @@ def test_gradients_equal_the_padded_forwards(model_dir):
 
 
 def test_evaluation_and_other_calls_use_the_models_own_forward(tiny_bert_dir, monkeypatch):
-    import sentemb.unpad as unpad
+    import sentemb.model.unpad as unpad
 
     enc, tok = load_encoder(tiny_bert_dir, pooling_layer=False)
     install(enc)
@@ -100,7 +100,7 @@ def test_a_deep_copy_runs_its_own_weights(tiny_bert_dir):
 def test_unsupported_encoders_and_settings_are_refused_by_key(tiny_bert_dir, tiny_corpus, tiny_senteval, tmp_path):
     from transformers import DistilBertConfig, DistilBertModel
 
-    from sentemb.train import train
+    from sentemb.train.loop import train
 
     distil = DistilBertModel(DistilBertConfig(vocab_size=50, dim=16, n_layers=1, n_heads=2, hidden_dim=32))
     with pytest.raises(SentembError, match="train.unpad: padding-free training supports .* not 'distilbert'"):
@@ -112,7 +112,7 @@ def test_unsupported_encoders_and_settings_are_refused_by_key(tiny_bert_dir, tin
 
 
 def test_unpadded_training_resumes_bit_identically(tiny_bert_dir, tiny_corpus, tiny_senteval, tmp_path):
-    from sentemb.train import train
+    from sentemb.train.loop import train
 
     run = simcse_run(tiny_bert_dir, tiny_corpus, tiny_senteval, unpad=True)
     full = train(run, tmp_path / "full", progress=False)

@@ -2,7 +2,7 @@
 
 __version__ = "0.1.0"
 
-#: sentence poolers (SimCSE's names), see sentemb.models.pool
+#: sentence poolers (SimCSE's names), see sentemb.model.backbone.pool
 POOLERS = ("cls", "cls_before_pooler", "avg", "avg_first_last", "avg_top2", "avg_static_last")
 
 

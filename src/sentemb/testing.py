@@ -43,8 +43,8 @@ or from the command line: ``sentemb check-method my-method --method-module my_me
 
 A method whose defaults do not suit a 2-layer, hidden-32 encoder declares its overrides in the
 class attribute ``contract_args`` (e.g. InfoCSE's ``skip_from: 1``). Inputs (``Method.requires``)
-are built on the tiny corpus by their ``sentemb.inputs`` entries; a method that needs a kind of input
-of its own registers one (``sentemb.inputs.register_input``) with a ``build`` function.
+are built on the tiny corpus by their ``sentemb.stats.inputs`` entries; a method that needs a kind of input
+of its own registers one (``sentemb.stats.inputs.register_input``) with a ``build`` function.
 """
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ def tiny_encoder_dir(root: str | Path) -> Path:
 
 def tiny_senteval(root: str | Path, n: int = 12) -> Path:
     """A SentEval-shaped tree (STS12–16, STS-B, SICK) with ``n`` scored pairs per file of tiny words."""
-    from .senteval import STS_SUBSETS
+    from .evaluate.senteval import STS_SUBSETS
 
     root = Path(root)
     rng = random.Random(0)
@@ -158,9 +158,9 @@ def tiny_corpus(path: str | Path, lines: int = 64, seed: int = 1, words: tuple[i
 
 
 def tiny_train(**over):
-    """The contract's train settings (``sentemb.settings.TrainSettings``): batch 16, max_len 16, lr
+    """The contract's train settings (``sentemb.config.settings.TrainSettings``): batch 16, max_len 16, lr
     1e-3, STS-B dev every 2 steps, every step logged, on CPU; ``over`` replaces any of them."""
-    from .settings import TrainSettings
+    from .config.settings import TrainSettings
 
     base = TrainSettings(batch_size=16, max_len=16, lr=1e-3, eval_steps=2, log_steps=1, save_steps=100, device="cpu")
     return replace(base, **over)
@@ -168,11 +168,11 @@ def tiny_train(**over):
 
 def tiny_run(model, corpus, senteval=None, method="simcse", *, seed=7, method_args=None, inputs=None, name=None,
              method_cls=None, **train_over):
-    """A resolved run (``sentemb.settings.Run``) of ``method`` on the tiny encoder (``tiny_train``
+    """A resolved run (``sentemb.config.settings.Run``) of ``method`` on the tiny encoder (``tiny_train``
     settings, ``train_over`` replacing some), no MLflow; ``inputs``: the method's inputs by name.
     ``method_cls``: a class not in the registry (its module is recorded for a training subprocess)."""
     from .methods import get_method, method_source
-    from .settings import Run
+    from .config.settings import Run
 
     cls = method_cls or get_method(method)
     source = {}
@@ -183,15 +183,15 @@ def tiny_run(model, corpus, senteval=None, method="simcse", *, seed=7, method_ar
                method_args=cls.resolve_args(method_args or {}), experiment="t",
                tracking={"enabled": False, "uri": None},
                paths={"model": str(model), "corpus": str(corpus), "senteval": str(senteval) if senteval else None,
-                      "stats": None, "inputs": {k: str(v) for k, v in (inputs or {}).items()}}, **source)
+                      "inputs": {k: str(v) for k, v in (inputs or {}).items()}}, **source)
 
 
 # ------------------------------------------------------------------------------------ inputs
 def build_inputs(cls, args: dict, work: Path, corpus: Path, model_dir: Path) -> dict[str, Path]:
-    """Every input ``cls.requires(args)`` declares, built on the tiny corpus by its ``sentemb.inputs``
+    """Every input ``cls.requires(args)`` declares, built on the tiny corpus by its ``sentemb.stats.inputs``
     entry (a plug-in's own kind too, once its file ran ``register_input``); ``pretrained``: the
     method's own pretraining stage, 1 step. ``CheckSkipped`` where one cannot be built here."""
-    from .inputs import InputUnavailable, build_input, get_input
+    from .stats.inputs import InputUnavailable, build_input, get_input
 
     built = {}
     for n in cls.requires(cls.make_args(args)):
@@ -206,7 +206,7 @@ def build_inputs(cls, args: dict, work: Path, corpus: Path, model_dir: Path) -> 
 
 def _pretrained(cls, args, work, corpus, model_dir) -> Path:
     """The method's own pretraining stage (``Method.pretrain_stage``), 1 step on the tiny corpus."""
-    from .pretrain import run_pretrain
+    from .train.pretrain import run_pretrain
 
     if cls.pretrain_stage is None:
         raise SentembError(f"method '{cls.name}' requires 'pretrained' but has no pretrain_stage")
@@ -243,7 +243,7 @@ class Harness:
     def make(self, seed: int = 3, inputs: dict | None = None):
         """The method built on the tiny encoder (``max_len`` 16)."""
         from .methods import MethodContext
-        from .models import load_encoder
+        from .model.backbone import load_encoder
 
         enc, tok = load_encoder(self.model_dir, pooling_layer=False)
         ctx = MethodContext(max_len=16, seed=seed, backbone="tiny", model_dir=self.model_dir,
@@ -323,7 +323,7 @@ def step_gradients(cfg, method_cls=None) -> tuple[dict, Any]:
     the chunk size the loop chose."""
     import torch
 
-    from .train import accumulate_gradients, micro_batches, setup
+    from .train.loop import accumulate_gradients, micro_batches, setup
 
     with setup(cfg, "/nonexistent", method_cls) as job:
         torch.manual_seed(11)
@@ -335,7 +335,7 @@ def step_gradients(cfg, method_cls=None) -> tuple[dict, Any]:
 def kill_and_resume(cfg, out: Path, what: str, method_cls=None) -> dict:
     """Train ``cfg`` uninterrupted, and again killed after 1 step and resumed: the same history and
     bit-identical exported weights. Returns the uninterrupted run's summary."""
-    from .train import train
+    from .train.loop import train
 
     full = train(cfg, out / "full", progress=False, method_cls=method_cls)
     try:
@@ -355,8 +355,8 @@ def check_arguments(h: Harness) -> None:
     """Typed arguments: unknown and mistyped values refused naming the key, every argument
     documented, defaults inside their choices and bounds, every bound refusing a value just outside
     it (``where.<arg>: <value>``), and the declared inputs known kinds."""
-    from .args import meta_of
-    from .inputs import INPUTS
+    from .config.fields import meta_of
+    from .stats.inputs import INPUTS
 
     cls, name = h.cls, h.name
 
@@ -384,7 +384,7 @@ def check_arguments(h: Harness) -> None:
             refused({spec.name: int(bad) if spec.type.startswith("int") else float(bad)}, spec.name,
                     f"'{spec.name}': {bad!r} outside its {key} {meta[key]!r}")
     try:
-        from .config import validate_config
+        from .config.load import validate_config
 
         cls.validate_args(cls.arg_defaults(), "defaults")
         # a validated config with one run of the method at its defaults (Method.check gets one)
@@ -394,7 +394,7 @@ def check_arguments(h: Harness) -> None:
         raise CheckFailed(f"the default arguments are refused: {e}") from None
     unknown = set(cls.requires(cls.make_args(h.args))) - set(INPUTS)
     _require(not unknown, f"requires() names unknown input kinds {sorted(unknown)} (known: {', '.join(INPUTS)}; "
-             "register yours with sentemb.inputs.register_input)")
+             "register yours with sentemb.stats.inputs.register_input)")
 
 
 def check_batches(h: Harness) -> None:
@@ -402,7 +402,7 @@ def check_batches(h: Harness) -> None:
     same with the corpus's token cache in ``ctx`` (what the loop gives) as with the tokenizer."""
     import torch
 
-    from .tokens import TokenCache
+    from .data.tokens import TokenCache
 
     lines = list(range(len(SENTS)))
     a = h.make().build_batch(SENTS, step=0, lines=lines, micro=7)
@@ -463,11 +463,11 @@ def check_loss(h: Harness) -> None:
 
 
 def check_bf16(h: Harness) -> None:
-    """Under bf16 autocast (``sentemb.train.autocast``, the code CUDA's runs): the encoder's linear
+    """Under bf16 autocast (``sentemb.train.loop.autocast``, the code CUDA's runs): the encoder's linear
     layers run in bf16, every term stays fp32 and finite, and an fp32 gradient reaches the encoder."""
     import torch
 
-    from .train import autocast
+    from .train.loop import autocast
 
     torch.manual_seed(0)
     m = h.make()
@@ -494,7 +494,7 @@ def check_export(h: Harness) -> None:
     import numpy as np
     import torch
 
-    from .evaluate import embedder_for
+    from .evaluate.sts import embedder_for
 
     torch.manual_seed(0)
     m = h.make()
@@ -532,7 +532,7 @@ def check_grad_norms(h: Harness) -> None:
     import torch
 
     from .methods.base import WEIGHTED
-    from .train import State, _rng_state, _set_rng_state, micro_batches, run_steps, setup
+    from .train.loop import State, _rng_state, _set_rng_state, micro_batches, run_steps, setup
 
     cfg = h.run(precision="fp32", model_selection="last", prefetch=False, grad_accum=2, max_steps=2,
                 log_grad_norms=True)
@@ -601,7 +601,7 @@ def check_devices(h: Harness) -> None:
     (the chunked check's tolerance); only rank 0 wrote ``train.json``."""
     from safetensors.torch import load_file
 
-    from .train import train
+    from .train.loop import train
 
     out = h.scratch("devices")
     over = dict(dropout_rng="keyed", grad_accum=2)

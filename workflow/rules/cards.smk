@@ -1,5 +1,5 @@
 # Stage `model_card` (issue 29 §1): every exported model carries a model card (model/README.md) with
-# the run's results (sentemb.model_card). `sentemb train` already wrote the card without results when
+# the run's results (sentemb.report.model_card). `sentemb train` already wrote the card without results when
 # it exported the model; this rule rewrites it once the run's evaluations exist. Its declared output
 # is <run dir>/model_card.json: model/ stays the train rule's directory output, whose age Snakemake
 # reads from model/.snakemake_timestamp, so the card written into it makes no rule look outdated.

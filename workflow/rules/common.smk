@@ -5,30 +5,30 @@ import re
 import shlex
 
 from sentemb import POOLERS, SentembError
-from sentemb.config import (EVAL_KINDS, baseline_transfer, baselines, eval_spec, jobs, resolve_run, run_inputs, tested, tracking_options,
+from sentemb.config.load import (EVAL_KINDS, baseline_transfer, baselines, eval_spec, jobs, resolve_run, run_inputs, tested, tracking_options,
                             transfer_runs, validate_config)
-from sentemb.settings import Config
-from sentemb.cache import verify_resources
-from sentemb.data import mirror_dir
-from sentemb.layout import Layout
-from sentemb.settings import fingerprint, run_options
+from sentemb.config.settings import Config
+from sentemb.data.cache import verify_resources
+from sentemb.data.fetch import mirror_dir
+from sentemb.config.paths import Layout
+from sentemb.config.settings import fingerprint, run_options
 from sentemb.utils import expose_cli
-from sentemb.studies import study_inputs, study_spec
-from sentemb.report import FIGURES
+from sentemb.config.studies import study_inputs, study_spec
+from sentemb.report.figures import FIGURES
 
 try:
     validate_config(config, source="the Snakemake config")
     _mirror = mirror_dir(config)
 except SentembError as e:
     raise WorkflowError(str(e))
-# The typed tree of the validated config (sentemb.settings.Config): every default already filled in.
+# The typed tree of the validated config (sentemb.config.settings.Config): every default already filled in.
 CFG = Config.of(config)
-# Every path of the DAG (sentemb.layout); its methods' defaults are the wildcards: LAYOUT.model() is
+# Every path of the DAG (sentemb.config.paths); its methods' defaults are the wildcards: LAYOUT.model() is
 # resources/models/{backbone}.
 LAYOUT = Layout.of(config)
 
 # Cached downloads damaged since they were verified (truncated weights, an edited STS file) are moved
-# aside here so that they are fetched again (sentemb.cache); in the main process only, not in every job.
+# aside here so that they are fetched again (sentemb.data.cache); in the main process only, not in every job.
 if workflow.is_main_process:
     verify_resources(CFG.resources_dir)
 
@@ -39,28 +39,28 @@ expose_cli()
 LOGS = "logs"
 MIRROR = str(_mirror) if _mirror else ""
 RUNS = [(r.name, r.backbone) for r in CFG.runs]
-# (name, backbone, seed) of every training job: runs[].seeds, else the global seeds (sentemb.config.jobs)
+# (name, backbone, seed) of every training job: runs[].seeds, else the global seeds (sentemb.config.load.jobs)
 JOBS = jobs(CFG)
 RUN_DIR = LAYOUT.run_dir()
 TRACKING = CFG.tracking.enabled
 TRACKING_MARKER = LAYOUT.tracking_marker(CFG.experiment)
 TRACKING_OPTIONS = LAYOUT.tracking_options()
-# Every job (train, evaluate) waits this long for an absent MLflow server, then queues (sentemb.tracking)
+# Every job (train, evaluate) waits this long for an absent MLflow server, then queues (sentemb.tracking.runs)
 if CFG.tracking.wait_s is not None:
     os.environ.update(SENTEMB_TRACKING_WAIT_S=str(CFG.tracking.wait_s))  # set here, read by jobs
 EVAL_DATA = LAYOUT.eval_data(CFG.evaluation.data)
-# Several local GPUs: GPU jobs claim one each (sentemb.gpu_slots); empty on Slurm / one GPU.
+# Several local GPUs: GPU jobs claim one each (sentemb.ops.gpu_slots); empty on Slurm / one GPU.
 GPU_ENV = f"SENTEMB_GPU_SLOTS={CFG.local_gpus} " if CFG.local_gpus else ""
 
 
 def devices_of(wildcards):
-    """train.devices of a training job: its processes, one GPU each (sentemb.distributed)."""
+    """train.devices of a training job: its processes, one GPU each (sentemb.train.distributed)."""
     return resolve_run(config, wildcards.name, wildcards.backbone, int(wildcards.seed)).train.devices
 
 
 def pretrain_devices(wildcards):
-    """train.devices of a pretraining stage: its processes, one GPU each (sentemb.distributed)."""
-    from sentemb.pretrain import resolve_pretrain
+    """train.devices of a pretraining stage: its processes, one GPU each (sentemb.train.distributed)."""
+    from sentemb.train.pretrain import resolve_pretrain
 
     return resolve_pretrain(config, wildcards.method, wildcards.backbone).train.devices
 
@@ -99,7 +99,7 @@ def shell_options(**options):
 
 def res(kind, key):
     """Snakemake resources of a rule kind (config key job_resources.<kind>; every key has its
-    default, sentemb.settings.JobResources)."""
+    default, sentemb.config.settings.JobResources)."""
     return getattr(getattr(CFG.job_resources, kind), key)
 
 
@@ -109,7 +109,7 @@ def run_of(wildcards):
 
 def method_inputs(wildcards):
     """Every input the run's method declares (Method.requires(args)), from the same package
-    function that writes them into the run config (sentemb.config.run_inputs)."""
+    function that writes them into the run config (sentemb.config.load.run_inputs)."""
     return run_inputs(config, wildcards.name, wildcards.backbone)
 
 
@@ -124,7 +124,7 @@ def eval_outputs():
 # --- report end of the DAG (issue 12): transfer tasks, untrained baselines, paper table, figures
 # runs with transfer tasks: runs[].transfer, else evaluation.transfer
 TRANSFER_RUNS = transfer_runs(CFG)
-TRANSFER = baseline_transfer(CFG)  # the baselines' transfer jobs too (sentemb.config.baseline_transfer)
+TRANSFER = baseline_transfer(CFG)  # the baselines' transfer jobs too (sentemb.config.load.baseline_transfer)
 # (backbone, pooler) of every untrained baseline (config `baselines`)
 BASELINES = baselines(CFG)
 BASE_DIR = LAYOUT.baseline_dir()
@@ -147,7 +147,7 @@ def train_summaries():
     return [f"{LAYOUT.run_dir(n, b, s)}/train.json" for n, b, s in JOBS]
 
 
-# Studies (sentemb.studies): results/studies/<name>.csv/.md/.png/.svg/.pdf; their points are ordinary runs
+# Studies (sentemb.config.studies, sentemb.report.studies): results/studies/<name>.csv/.md/.png/.svg/.pdf; their points are ordinary runs
 STUDIES = {s["name"]: s for s in config["studies"]}
 STUDY_TARGETS = [LAYOUT.study(n, ext) for n in STUDIES for ext in ("csv", "md", "png", "svg", "pdf")]
 

@@ -1,5 +1,5 @@
-# Data acquisition: thin wrappers around `sentemb fetch-*` / `sentemb prepare-corpus` (sentemb.data).
-# Expects LAYOUT (sentemb.layout), MIRROR (mirror directory or ""), LOGS and shell_options from common.smk.
+# Data acquisition: thin wrappers around `sentemb fetch-*` / `sentemb prepare-corpus` (sentemb.data.fetch).
+# Expects LAYOUT (sentemb.config.paths), MIRROR (mirror directory or ""), LOGS and shell_options from common.smk.
 
 import re
 
@@ -131,7 +131,7 @@ rule fetch_nltk:
 
 rule prepare_sts_corpus:
     """Built-in corpus `sts-unlabeled` (runs[].corpus): the sentences of STS12-16 (test), STS-B and
-    SICK (all splits) from the fetched SentEval tree, deduplicated (sentemb.data.sts_sentences)."""
+    SICK (all splits) from the fetched SentEval tree, deduplicated (sentemb.data.fetch.sts_sentences)."""
     input:
         LAYOUT.eval_data("senteval"),
     output:

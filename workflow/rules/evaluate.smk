@@ -1,12 +1,12 @@
 # Stage `evaluate`: STS under the SentEval protocol (methods.md §0) for every trained run.
-# Each job reads its resolved settings (rule eval_spec, sentemb.config.eval_spec: the only params,
+# Each job reads its resolved settings (rule eval_spec, sentemb.config.load.eval_spec: the only params,
 # so a job reruns when its own kind's settings change) and the MLflow settings (rule
 # tracking_options, read as `ancient`: a new URI or experiment reruns nothing); the commands get
 # paths only (issue 28 §3).
 
 
 rule tracking_options:
-    """Where evaluation jobs record (sentemb.config.tracking_options); after the experiment exists."""
+    """Where evaluation jobs record (sentemb.config.load.tracking_options); after the experiment exists."""
     input:
         TRACKING_MARKER if TRACKING else [],
     output:

@@ -1,8 +1,8 @@
 # Stage `pretrain`: a method's pretraining stage (Method.pretrain_stage), once per method x backbone (not
 # per seed or run). Settings: methods.<method>.pretrain. A run whose method requires `pretrained`
-# reads results/pretrain/{method}/{backbone}/model (sentemb.layout, sentemb.config.input_path), so its training jobs
+# reads results/pretrain/{method}/{backbone}/model (sentemb.config.paths, sentemb.config.load.input_path), so its training jobs
 # depend on this rule.
-from sentemb.pretrain import resolve_pretrain
+from sentemb.train.pretrain import resolve_pretrain
 
 PRETRAIN_DIR = LAYOUT.pretrain_dir()
 
@@ -48,7 +48,7 @@ rule pretrain:
         model=LAYOUT.model(),
         corpus=lambda w: resolve_pretrain(config, w.method, w.backbone).paths["corpus"],
         tokens=lambda w: resolve_pretrain(config, w.method, w.backbone).paths.get("tokens", []),
-        tracking=ancient(TRACKING_MARKER) if TRACKING else [],  # a new tracking URI reruns no training
+        tracking=ancient(TRACKING_OPTIONS),  # after the experiment exists; a new URI, experiment or tracking.enabled reruns no training
     output:
         model=directory(f"{PRETRAIN_DIR}/model"),
         summary=f"{PRETRAIN_DIR}/train.json",

@@ -1,8 +1,8 @@
 # Stage `report`: tables and figures from the per-run metrics JSON files (issue 12). The HTML report:
 #   snakemake --report results/report.html   (after the targets are built)
-# Figures: PNG (in the report), SVG and PDF, drawn with sentemb.figure_style (issue 29 §2).
+# Figures: PNG (in the report), SVG and PDF, drawn with sentemb.report.style (issue 29 §2).
 
-from sentemb.studies import study_train_inputs
+from sentemb.config.studies import study_train_inputs
 
 
 rule table1:

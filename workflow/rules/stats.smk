@@ -1,7 +1,7 @@
 # Stage `stats`: corpus statistics computed once per corpus; training jobs only read them
 # (shared/docs/methods.md §1-3). Thin rules around `sentemb stats-*` / `sentemb paraphrase*`
 # (sentemb.stats). Expects LAYOUT, LOGS, MIRROR, shell_options and res() from common.smk.
-# Outputs (sentemb.layout), under results/stats/<corpus>/:
+# Outputs (sentemb.config.paths), under results/stats/<corpus>/:
 #   token_freq.<backbone>.parquet   token frequency per backbone tokenizer (SARCSE)
 #   tokens.<backbone>/              the corpus's token ids under that tokenizer (training reads them)
 #   tfidf.parquet                   TF-IDF over the corpus (+ paraphrases if stats.tfidf_with_paraphrases)
@@ -72,7 +72,7 @@ rule stats_token_freq:
 
 rule tokenize:
     """The corpus tokenized once per backbone tokenizer (memory-mapped ids; training steps read it
-    instead of running the tokenizer: sentemb.tokens)."""
+    instead of running the tokenizer: sentemb.data.tokens)."""
     input:
         corpus=CORPUS_TXT,
         model=LAYOUT.model(),
@@ -233,7 +233,7 @@ rule stats_summary:
 
 
 rule make_input:
-    """An input kind a plug-in method registers (sentemb.inputs.register_input), made by its own
+    """An input kind a plug-in method registers (sentemb.stats.inputs.register_input), made by its own
     build from the corpus and the backbone's tokenizer; ctx.inputs[kind] is this folder."""
     input:
         corpus=CORPUS_TXT,

@@ -20,7 +20,7 @@ rule init_tracking:
 
 rule run_config:
     """The resolved settings of one run (what `sentemb train` reads and MLflow records). Its only
-    parameter is the run's fingerprint (sentemb.settings.fingerprint: the settings that change the
+    parameter is the run's fingerprint (sentemb.config.settings.fingerprint: the settings that change the
     weights), so a logging knob reruns neither it nor the training."""
     output:
         f"{RUN_DIR}/run_config.json",
@@ -36,7 +36,7 @@ rule run_config:
 
 
 rule run_options:
-    """Today's weight-free settings of the run (sentemb.settings.run_options: log_steps, save_steps,
+    """Today's weight-free settings of the run (sentemb.config.settings.run_options: log_steps, save_steps,
     threads, device, chunking, tracking), applied by `sentemb train --options`; `ancient` as the
     train rule's input, so rewriting it reruns no training."""
     output:
@@ -61,7 +61,7 @@ rule train:
         corpus=lambda w: resolve_run(config, w.name, w.backbone, int(w.seed)).paths["corpus"],
         tokens=lambda w: resolve_run(config, w.name, w.backbone, int(w.seed)).paths.get("tokens", []),
         senteval=LAYOUT.eval_data("senteval"),
-        tracking=ancient(TRACKING_MARKER) if TRACKING else [],  # a new tracking URI reruns no training
+        tracking=ancient(TRACKING_OPTIONS),  # after the experiment exists; a new URI, experiment or tracking.enabled reruns no training
     output:
         model=directory(f"{RUN_DIR}/model"),
         summary=f"{RUN_DIR}/train.json",

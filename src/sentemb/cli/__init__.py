@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         if args.command in GPU_COMMANDS:
-            from ..gpu_slots import claim_from_env
+            from ..ops.gpu_slots import claim_from_env
 
             claim_from_env()  # before torch touches CUDA: one GPU per job (config local_gpus)
         rc = args.func(args)

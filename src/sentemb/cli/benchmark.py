@@ -1,10 +1,10 @@
-"""``sentemb`` commands of ``sentemb.benchmark``: their arguments (paths and overrides) and how they
+"""``sentemb`` commands of ``sentemb.ops.benchmark``: their arguments (paths and overrides) and how they
 call it."""
 
 from __future__ import annotations
 
 from .. import SentembError
-from ..benchmark import (
+from ..ops.benchmark import (
     LOOP_VARIANTS, bench_chunked, bench_compile, bench_dev_eval, bench_eval,
     bench_grad_norms, bench_method, bench_overhead, bench_st, padding_waste, _method_args, _peak)
 
@@ -115,7 +115,7 @@ def _cmd_benchmark(args) -> int:
     if args.chunked:
         return _cmd_chunked(args)
 
-    from ..train import read_corpus
+    from ..train.loop import read_corpus
     from ..utils import resolve_device
 
     device = resolve_device(args.device)
@@ -135,7 +135,7 @@ def _cmd_benchmark(args) -> int:
     peak = _peak(device, args.peak_tflops)
     peak_what = "given" if args.peak_tflops else "bf16 dense, by GPU name"
     if peak is None and device.type == "cpu":
-        from ..flops import cpu_peak_tflops
+        from ..ops.flops import cpu_peak_tflops
 
         peak, peak_what = cpu_peak_tflops(), "fp32 matmul 2048x2048 measured now"
     per_method = []
@@ -168,7 +168,7 @@ def _cmd_benchmark(args) -> int:
           f"precision {args.precision} | {args.steps} timed steps after {args.warmup} warm-up"
           + (f" | SAM rho {args.sam_rho} (every method)" if args.sam_rho else ""))
     print(f"peak: {f'{peak:.3f} TFLOP/s ({peak_what})' if peak else 'unknown (give --peak-tflops)'}; "
-          "TFLOP/s = counted matmul FLOPs of the padded batches (sentemb.flops) / time")
+          "TFLOP/s = counted matmul FLOPs of the padded batches (sentemb.ops.flops) / time")
     print(f"{'what':<36} {'sentences/s':>12} {'tokens/s':>12} {'ms/step':>9} {'TFLOP/s':>8} {'of peak':>8}")
     for what, sps, tps, ms, tf, u in rows:
         print(f"{what:<36} {sps:>12.1f} {tps:>12.0f} {ms if ms is not None else float('nan'):>9.1f} "

@@ -1,11 +1,11 @@
-"""``sentemb`` commands of ``sentemb.config_keys``: their arguments (paths and overrides) and how they
+"""``sentemb`` commands of ``sentemb.config.reference``: their arguments (paths and overrides) and how they
 call it."""
 
 from __future__ import annotations
 
 import argparse
 import json
-from ..config_keys import config_keys_markdown
+from ..config.reference import config_keys_markdown
 
 
 def _cmd_config_keys(args: argparse.Namespace) -> int:
@@ -14,7 +14,7 @@ def _cmd_config_keys(args: argparse.Namespace) -> int:
 
 
 def _cmd_config_schema(args: argparse.Namespace) -> int:
-    from ..config import load_schema
+    from ..config.load import load_schema
 
     print(json.dumps(load_schema(), indent=2))
     return 0
@@ -24,6 +24,6 @@ def register(sub) -> None:
     p = sub.add_parser("config-keys", help="every config key with its type, default and meaning (markdown; "
                                           "config/README.md)")
     p.set_defaults(func=_cmd_config_keys)
-    p = sub.add_parser("config-schema", help="the config's JSON schema, generated from sentemb.settings.Config "
+    p = sub.add_parser("config-schema", help="the config's JSON schema, generated from sentemb.config.settings.Config "
                                             "(for editors and Snakemake's validate)")
     p.set_defaults(func=_cmd_config_schema)

@@ -1,4 +1,4 @@
-"""``sentemb`` commands of ``sentemb.data``: their arguments (paths and overrides) and how they
+"""``sentemb`` commands of ``sentemb.data.fetch``: their arguments (paths and overrides) and how they
 call it."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 from .. import SentembError
-from ..data import (
+from ..data.fetch import (
     MIRROR_ENV, fetch_corpus, fetch_model, fetch_nltk, fetch_senteval, fetch_senteval_raw, prepare_corpus,
     prepare_sts_corpus)
 

@@ -1,4 +1,4 @@
-"""``sentemb`` commands of ``sentemb.evaluate``: their arguments (paths and overrides) and how they
+"""``sentemb`` commands of ``sentemb.evaluate.sts``: their arguments (paths and overrides) and how they
 call it."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import json
 import time
 from pathlib import Path
 from .. import SentembError
-from ..senteval import TASKS
-from ..evaluate import _training_run_id, embedder_for, evaluate_sts, format_scores
+from ..evaluate.senteval import TASKS
+from ..evaluate.sts import _training_run_id, embedder_for, evaluate_sts, format_scores
 
 
 def _cmd_evaluate(args: argparse.Namespace) -> int:
@@ -54,7 +54,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     if args.track:
         import tempfile
 
-        from ..tracking import Tracker
+        from ..tracking.runs import Tracker
 
         tags = {**out.get("run", {}), **dict(kv.split("=", 1) for kv in args.tag)}
         tags.setdefault("rule", "evaluate")

@@ -1,4 +1,4 @@
-"""``sentemb`` commands of ``sentemb.gpucheck``: their arguments (paths and overrides) and how they
+"""``sentemb`` commands of ``sentemb.ops.gpucheck``: their arguments (paths and overrides) and how they
 call it."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import tempfile
 import time
 from pathlib import Path
 from .. import SentembError
-from ..gpucheck import _row, check, methods_to_check
+from ..ops.gpucheck import _row, check, methods_to_check
 
 
 def _cmd_gpu_check(args: argparse.Namespace) -> int:
@@ -22,8 +22,8 @@ def _cmd_gpu_check(args: argparse.Namespace) -> int:
               f"{torch.__version__}, CUDA build {torch.version.cuda}). Run it on a GPU node, e.g. "
               "`srun --gpus=1 sentemb gpu-check`, with a CUDA build of torch in the environment.", file=sys.stderr)
         return 2
-    from ..benchmark import _method_args as parse_method_args
-    from ..shapes import ARCHITECTURES, write_model_dir
+    from ..ops.benchmark import _method_args as parse_method_args
+    from ..ops.shapes import ARCHITECTURES, write_model_dir
 
     shared = Path(args.shared)
     minilm = shared / "models" / "all-MiniLM-L6-v2"
@@ -42,7 +42,7 @@ def _cmd_gpu_check(args: argparse.Namespace) -> int:
     from ..methods import load_method_modules
 
     if args.config:  # its method_modules (the user's methods) are imported when it is validated
-        from ..config import load_config
+        from ..config.load import load_config
 
         load_config(args.config)
     load_method_modules(args.method_module or None, "--method-module")
@@ -50,7 +50,7 @@ def _cmd_gpu_check(args: argparse.Namespace) -> int:
     t = time.perf_counter()
     os.environ.setdefault("SENTEMB_SHARED", str(shared))  # the NLTK data of PaSeR's RAKE input, MiniLM's vocabulary
     lines = check(model, corpus, senteval, device, batches, args.steps, args.warmup,
-                  args.max_len, methods, not args.no_dag, Path(__file__).resolve().parents[2],
+                  args.max_len, methods, not args.no_dag, Path(__file__).resolve().parents[3],
                   tuple(t for t in args.sts_tasks.split(",") if t) if args.sts_tasks else None, sts_model,
                   parse_method_args(args.method_args, list(methods)), None if args.no_epoch else args.epoch_batch)
     lines.append(_row("gpu-check wall time", f"{time.perf_counter() - t:.0f} s", ""))

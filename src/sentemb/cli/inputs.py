@@ -1,11 +1,11 @@
-"""``sentemb`` commands of ``sentemb.inputs``: their arguments (paths and overrides) and how they
+"""``sentemb`` commands of ``sentemb.stats.inputs``: their arguments (paths and overrides) and how they
 call it."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from .. import SentembError
-from ..inputs import build_input, get_input
+from ..stats.inputs import build_input, get_input
 
 
 def _cmd_make_input(args) -> int:
@@ -29,7 +29,7 @@ def _cmd_make_input(args) -> int:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("make-input", help="build an input kind of a plug-in method (sentemb.inputs) from a corpus")
+    p = sub.add_parser("make-input", help="build an input kind of a plug-in method (sentemb.stats.inputs) from a corpus")
     p.add_argument("kind")
     p.add_argument("--corpus", required=True)
     p.add_argument("--model", required=True, help="the backbone's directory (its tokenizer)")

@@ -8,7 +8,7 @@ import json
 
 def describe(name: str | None = None) -> list[dict]:
     """Machine-readable description of the registered methods (or of one)."""
-    from ..args import meta_of, value_range
+    from ..config.fields import meta_of, value_range
     from ..methods import get_method, method_source, registry
 
     names = [name] if name else sorted(registry())
@@ -52,7 +52,7 @@ def _cmd_methods(args: argparse.Namespace) -> int:
     from ..methods import load_method_modules
 
     if args.config:  # its method_modules (the user's methods) are imported when it is validated
-        from ..config import load_config
+        from ..config.load import load_config
 
         load_config(args.config)
     load_method_modules(args.method_module or None, "--method-module")
@@ -90,7 +90,7 @@ def _cmd_check_method(args: argparse.Namespace) -> int:
     if not args.name:
         raise SentembError("check-method: name a method (sentemb methods lists them)")
     if args.config:  # its method_modules (the user's methods) are imported when it is validated
-        from ..config import load_config
+        from ..config.load import load_config
 
         load_config(args.config)
     load_method_modules(args.method_module or None, "--method-module")

@@ -1,10 +1,10 @@
-"""``sentemb`` commands of ``sentemb.model_card``: their arguments (paths and overrides) and how they
+"""``sentemb`` commands of ``sentemb.report.model_card``: their arguments (paths and overrides) and how they
 call it."""
 
 from __future__ import annotations
 
 import argparse
-from ..model_card import write_run_card
+from ..report.model_card import write_run_card
 
 
 def _cmd_model_card(args: argparse.Namespace) -> int:

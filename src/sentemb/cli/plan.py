@@ -1,4 +1,4 @@
-"""``sentemb`` commands of ``sentemb.plan``: their arguments (paths and overrides) and how they
+"""``sentemb`` commands of ``sentemb.ops.plan``: their arguments (paths and overrides) and how they
 call it."""
 
 from __future__ import annotations
@@ -7,11 +7,11 @@ import argparse
 import dataclasses
 import json
 from pathlib import Path
-from ..plan import DEFAULT_GPU, DEFAULT_MARGIN, DEFAULT_MFU, GPU_MEMORY_GB, format_plan, plan
+from ..ops.plan import DEFAULT_GPU, DEFAULT_MARGIN, DEFAULT_MFU, GPU_MEMORY_GB, format_plan, plan
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
-    from ..config import load_config
+    from ..config.load import load_config
 
     config = load_config(args.config)
     rows = plan(config, args.gpu, args.mfu, args.margin)

@@ -1,4 +1,4 @@
-"""``sentemb`` commands of ``sentemb.pretrain``: their arguments (paths and overrides) and how they
+"""``sentemb`` commands of ``sentemb.train.pretrain``: their arguments (paths and overrides) and how they
 call it."""
 
 from __future__ import annotations
@@ -6,15 +6,15 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from pathlib import Path
-from ..settings import Run
+from ..config.settings import Run
+from ..train.pretrain import resolve_pretrain, run_pretrain
 from ..utils import read_json, write_json
-from ..pretrain import resolve_pretrain, run_pretrain
 
 
 def _cmd_pretrain(args: argparse.Namespace) -> int:
     run = Run.from_dict(read_json(args.run_config, "run config"))
     if args.options:  # today's weight-free settings (rule pretrain_options), as `sentemb train --options`
-        from ..settings import apply_options
+        from ..config.settings import apply_options
 
         run = apply_options(run, read_json(args.options, "options"), str(args.options))
     if args.device:
@@ -23,9 +23,9 @@ def _cmd_pretrain(args: argparse.Namespace) -> int:
         run.tracking = dataclasses.replace(run.tracking, enabled=False)
     import os
 
-    from .. import distributed
+    from ..train import distributed
 
-    if run.train.devices > 1 and not distributed.under_torchrun():  # as `sentemb train` (sentemb.distributed)
+    if run.train.devices > 1 and not distributed.under_torchrun():  # as `sentemb train` (sentemb.train.distributed)
         distributed.relaunch("pretrain", args, run.train.devices, f"pretraining stage of '{run.method}'")
         summary = read_json(Path(args.output_dir) / "train.json", "train summary")
     else:
@@ -41,7 +41,7 @@ def _cmd_pretrain(args: argparse.Namespace) -> int:
 
 
 def _cmd_pretrain_config(args: argparse.Namespace) -> int:
-    from ..config import load_config
+    from ..config.load import load_config
 
     cfg = load_config(args.config)
     write_json(args.output, resolve_pretrain(cfg, args.method, args.backbone).to_dict())
@@ -52,7 +52,7 @@ def register(sub) -> None:
     p = sub.add_parser("pretrain", help="run a method's pretraining stage (once per method x backbone)")
     p.add_argument("--run-config", required=True, help="resolved stage JSON (see `sentemb pretrain-config`)")
     p.add_argument("--options", default=None, metavar="JSON", help="weight-free settings over the stage JSON "
-                   "(sentemb.settings.run_options), as for `sentemb train`")
+                   "(sentemb.config.settings.run_options), as for `sentemb train`")
     p.add_argument("--output-dir", required=True)
     p.add_argument("--device", default=None, help="override train.device (auto, cpu, cuda, cuda:1)")
     p.add_argument("--no-track", action="store_true", help="no MLflow run")

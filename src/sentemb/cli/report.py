@@ -1,16 +1,16 @@
-"""``sentemb`` commands of ``sentemb.report``: their arguments (paths and overrides) and how they
+"""``sentemb`` commands of ``sentemb.report.paper`` and ``sentemb.report.figures``: their arguments (paths and overrides) and how they
 call it."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from ..senteval import TASKS
-from ..tables import collect
-from ..transfer import CLASSIFIER_DESCRIPTIONS, TRANSFER_TASKS
+from ..evaluate.senteval import TASKS
+from ..evaluate.transfer import CLASSIFIER_DESCRIPTIONS, TRANSFER_TASKS
+from ..report.tables import collect
 from ..utils import atomic_path
-from ..report import (
-    collect_dev, collect_geometry, figures, load_paper_results, paper_markdown, pm_markdown, table_paper,
-    table_transfer, transfer_classifier)
+from ..report.paper import (collect_dev, collect_geometry, load_paper_results, paper_markdown, pm_markdown, table_paper,
+                            table_transfer, transfer_classifier)
+from ..report.figures import figures
 
 
 def _write(df, csv, md_path, md_text, header):

@@ -1,6 +1,6 @@
 """Options from a resolved spec (issue 28 §3): a workflow job passes paths only (``--spec``,
 ``--tracking``), a person may still give any option on the command line. An option given explicitly
-wins, then the spec, then the declared default (``sentemb.settings.EvaluationSettings``), so no
+wins, then the spec, then the declared default (``sentemb.config.settings.EvaluationSettings``), so no
 default is written in an argument parser."""
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def _as_option(value: Any) -> Any:
 def evaluation_defaults(*keys: str) -> dict[str, Any]:
     """The declared defaults of ``evaluation`` (and the config's ``experiment``) under the commands'
     option names."""
-    from ..settings import Config, EvaluationSettings
+    from ..config.settings import Config, EvaluationSettings
 
     ev = EvaluationSettings()
     names = {"tasks": ev.tasks, "setting": ev.setting, "batch_size": ev.batch_size, "precision": ev.precision,
@@ -80,7 +80,7 @@ def evaluation_defaults(*keys: str) -> dict[str, Any]:
 
 def add_spec_options(p: argparse.ArgumentParser, tracking: bool = True) -> None:
     p.add_argument("--spec", default=None, help="the job's resolved settings (JSON whose keys are this command's "
-                                                "options; rule eval_spec, sentemb.config.eval_spec); an option "
+                                                "options; rule eval_spec, sentemb.config.load.eval_spec); an option "
                                                 "given on the command line wins over it")
     if tracking:
         p.add_argument("--tracking", default=None, help="MLflow settings (JSON: track, experiment, tracking_uri; "

@@ -56,7 +56,7 @@ def _workers(p):
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from ..settings import ParaphraseSettings, StatsSettings
+    from ..config.settings import ParaphraseSettings, StatsSettings
 
     p = sub.add_parser("stats-freq", help="token frequency of a corpus under one tokenizer (SARCSE)")
     p.add_argument("--corpus", required=True)

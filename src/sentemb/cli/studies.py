@@ -1,4 +1,4 @@
-"""``sentemb`` commands of ``sentemb.studies``: their arguments (paths and overrides) and how they
+"""``sentemb`` commands of ``sentemb.report.studies``: their arguments (paths and overrides) and how they
 call it."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import argparse
 import json
 from pathlib import Path
 from .. import SentembError
+from ..report.studies import load_published, read_values, study_figure, study_markdown, study_table
 from ..utils import atomic_path
-from ..studies import load_published, read_values, study_figure, study_markdown, study_table
 
 
 def _cmd_study(args: argparse.Namespace) -> int:
@@ -26,7 +26,7 @@ def _cmd_study(args: argparse.Namespace) -> int:
         with atomic_path(args.markdown) as tmp:
             tmp.write_text(md, "utf-8")
     if args.figure:
-        from ..report import dev_histories
+        from ..report.figures import dev_histories
 
         study_figure(spec, values, published, args.figure, dev_histories(args.train) if args.train else None)
     print(md)

@@ -1,11 +1,11 @@
-"""``sentemb`` commands of ``sentemb.tables``: their arguments (paths and overrides) and how they
+"""``sentemb`` commands of ``sentemb.report.tables``: their arguments (paths and overrides) and how they
 call it."""
 
 from __future__ import annotations
 
 import argparse
+from ..report.tables import collect, table1, to_markdown
 from ..utils import atomic_path
-from ..tables import collect, table1, to_markdown
 
 
 def _cmd_table(args: argparse.Namespace) -> int:

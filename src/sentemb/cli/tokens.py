@@ -1,15 +1,15 @@
-"""``sentemb`` commands of ``sentemb.tokens``: their arguments (paths and overrides) and how they
+"""``sentemb`` commands of ``sentemb.data.tokens``: their arguments (paths and overrides) and how they
 call it."""
 
 from __future__ import annotations
 
 import argparse
-from ..tokens import TokenCache
+from ..data.tokens import TokenCache
 
 
 def _cmd_tokenize(args: argparse.Namespace) -> int:
-    from ..models import load_tokenizer
-    from ..corpus import read_corpus
+    from ..model.backbone import load_tokenizer
+    from ..data.corpus import read_corpus
 
     tok = load_tokenizer(args.model)
     sentences = read_corpus(args.corpus)

@@ -1,4 +1,4 @@
-"""``sentemb`` commands of ``sentemb.tracking``: their arguments (paths and overrides) and how they
+"""``sentemb`` commands of ``sentemb.tracking.runs``: their arguments (paths and overrides) and how they
 call it."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 from .. import SentembError
-from ..tracking_store import init_store, resolve_uri
-from ..tracking_queue import QUEUE_NAME, Sender, TrackingUnavailable, call, is_remote, sync_all
-from ..tracking import check_uri, log, refused_message, set_note, ui_link, wait_time
+from ..tracking.queue import QUEUE_NAME, Sender, TrackingUnavailable, call, is_remote, sync_all
+from ..tracking.runs import check_uri, log, refused_message, set_note, ui_link, wait_time
+from ..tracking.store import init_store, resolve_uri
 
 
 def _cmd_init(args) -> int:
@@ -39,7 +39,7 @@ def _cmd_init(args) -> int:
 
 def _workflow_settings(args) -> tuple[str, str, Path, float]:
     """(tracking URI, experiment, results directory, wait) from ``--config`` and the overrides."""
-    from ..config import load_config
+    from ..config.load import load_config
 
     config = load_config(args.config)
     tracking = config["tracking"]

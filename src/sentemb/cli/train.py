@@ -1,4 +1,4 @@
-"""``sentemb`` commands of ``sentemb.train``: their arguments (paths and overrides) and how they
+"""``sentemb`` commands of ``sentemb.train.loop``: their arguments (paths and overrides) and how they
 call it."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import json
 import os
 from pathlib import Path
 from .. import SentembError
-from ..settings import Run
+from ..config.settings import Run
+from ..train.loop import train
 from ..utils import write_json
-from ..train import train
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
@@ -24,7 +24,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         raise SentembError(f"{path}: not valid JSON ({e})") from None
     run = Run.from_dict(run)
     if args.options:  # today's weight-free settings (rule run_options), over those the run config was written with
-        from ..settings import apply_options
+        from ..config.settings import apply_options
 
         opts = Path(args.options)
         try:
@@ -35,7 +35,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         run.train.device = args.device
     if args.no_track:
         run.tracking = dataclasses.replace(run.tracking, enabled=False)
-    from .. import distributed
+    from ..train import distributed
 
     if run.train.devices > 1 and not distributed.under_torchrun():
         distributed.relaunch("train", args, run.train.devices, f"run '{run.name}'")
@@ -61,7 +61,7 @@ def _summary_line(summary: dict) -> str:
 
 
 def _cmd_run_config(args: argparse.Namespace) -> int:
-    from ..config import load_config, resolve_run
+    from ..config.load import load_config, resolve_run
 
     cfg = load_config(args.config)
     write_json(args.output, resolve_run(cfg, args.name, args.backbone, args.seed).to_dict())
@@ -72,7 +72,7 @@ def register(sub) -> None:
     p = sub.add_parser("train", help="train one run (method x backbone x seed)")
     p.add_argument("--run-config", required=True, help="resolved run JSON (see `sentemb run-config`)")
     p.add_argument("--options", default=None, metavar="JSON",
-                   help="weight-free settings applied over the run config (sentemb.settings.run_options: log_steps, "
+                   help="weight-free settings applied over the run config (sentemb.config.settings.run_options: log_steps, "
                         "save_steps, threads, device, chunking, tracking); the Snakefile's rule run_options writes it")
     p.add_argument("--output-dir", required=True)
     p.add_argument("--device", default=None, help="override train.device (auto, cpu, cuda, cuda:1)")

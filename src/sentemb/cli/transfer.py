@@ -1,4 +1,4 @@
-"""``sentemb`` commands of ``sentemb.transfer``: their arguments (paths and overrides) and how they
+"""``sentemb`` commands of ``sentemb.evaluate.transfer``: their arguments (paths and overrides) and how they
 call it."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import json
 import time
 from pathlib import Path
 from .. import SentembError
-from ..senteval import TRANSFER_TASKS
-from ..transfer import (
+from ..evaluate.senteval import TRANSFER_TASKS
+from ..evaluate.transfer import (
     CLASSIFIERS, CLASSIFIER_DESCRIPTIONS, KFOLD, MRPC_FEATURES, SEED, classify_tasks,
     encode_task, evaluate_transfer, load_transfer_task, log, read_features_meta, summarize, write_features)
 
@@ -27,7 +27,7 @@ def _cmd_encode(args: argparse.Namespace) -> int:
     encoded once), written for ``sentemb evaluate-transfer --features`` (the CPU half)."""
     import torch
 
-    from ..evaluate import embedder_for
+    from ..evaluate.sts import embedder_for
     from .spec import apply_spec, evaluation_defaults
 
     apply_spec(args, {"tasks": evaluation_defaults("transfer_tasks")["transfer_tasks"],
@@ -58,7 +58,7 @@ def _cmd_encode(args: argparse.Namespace) -> int:
 def _cmd_transfer(args: argparse.Namespace) -> int:
     import torch
 
-    from ..evaluate import _training_run_id, embedder_for
+    from ..evaluate.sts import _training_run_id, embedder_for
     from ..utils import write_json
     from .spec import apply_spec, evaluation_defaults
 
@@ -123,7 +123,7 @@ def _cmd_transfer(args: argparse.Namespace) -> int:
     if args.track:
         import tempfile
 
-        from ..tracking import Tracker
+        from ..tracking.runs import Tracker
 
         tags = {**out.get("run", {}), **dict(kv.split("=", 1) for kv in args.tag)}
         tags.setdefault("rule", "evaluate-transfer")

@@ -23,7 +23,7 @@ Training, per batch of B sentences:
   ``triplets`` (|T|, the number of triplets in the batch).
 
 Optimisation is AdamW with Sharpness-Aware Minimization: that is the loop's ``train.sam_rho``
-(``sentemb.sam``; 0.05 in the ArcCSE runs, Foret et al.'s default, as the paper gives none).
+(``sentemb.train.sam``; 0.05 in the ArcCSE runs, Foret et al.'s default, as the paper gives none).
 
 Open choices (methods.md §5 **open**), with the switch that changes each:
 
@@ -41,13 +41,13 @@ Open choices (methods.md §5 **open**), with the switch that changes each:
   (``grad_accum: 64``). In-batch negatives are those of one micro-batch either way. "We evaluate
   our model every 125 training steps" counts the same steps: updates of 64 sentences in the paper
   runs (``eval_steps: 125``), micro-batches of 32 in ``arccse-accum64`` (``train.eval_unit:
-  micro_batches``, ``sentemb.train.eval_due``: 249 checks in its 488 updates instead of 3).
+  micro_batches``, ``sentemb.train.loop.eval_due``: 249 checks in its 488 updates instead of 3).
 * Maximum lengths: ArcCon truncates at ``train.max_len`` (the runs: 512 = the longest sentence of
   the batch for base models, 32 for large, as the paper); triplets have their own
   ``triplet_max_len`` (default 512 = the longest of the batch, capped at the model's position
   limit), since ≥ 25-word sentences exceed 32 tokens.
 * §4.1 "During training, the sentences are sampled by length": the loop's ``train.sampler:
-  length`` (``sentemb.train.batch_schedule``), set in the ArcCSE runs: per epoch, batches of
+  length`` (``sentemb.train.loop.batch_schedule``), set in the ArcCSE runs: per epoch, batches of
   neighbours in whitespace-word-count order (ties in seeded random order), batch order shuffled.
   Open: the paper gives neither the length unit nor how batches are ordered; words (not word
   pieces) keep the schedule tokenizer-free. Bucketing changes which sentences are each other's
@@ -76,8 +76,8 @@ import torch
 import torch.nn.functional as F
 
 from .. import SentembError
-from .registry import register_method
 from .base import WEIGHTED, Encoded, arg
+from .registry import register_method
 from .simcse import SimCSE, info_nce
 
 TRIPLET_KEYS = ("tri_input_ids", "tri_attention_mask", "tri_index")

@@ -1,6 +1,6 @@
 """The interface between the shared training loop and a method.
 
-The loop (``sentemb.train``) owns data order, optimisation, precision, evaluation, checkpoints and
+The loop (``sentemb.train.loop``) owns data order, optimisation, precision, evaluation, checkpoints and
 tracking. A method owns only
 
 1. its typed arguments (``Args``, a dataclass declared once in the method's module),
@@ -35,7 +35,7 @@ too; frozen ones set ``requires_grad = False`` and the optimizer leaves them out
 sentence embedding is not a pooled encoder output declares ``eval_pooler = "method"`` and
 overrides ``embedder``, ``export`` and ``load_embedder``.
 
-Gradient caching for free (``sentemb.train.chunked_backward``; Gao et al. 2021, "Scaling Deep
+Gradient caching for free (``sentemb.train.loop.chunked_backward``; Gao et al. 2021, "Scaling Deep
 Contrastive Learning Batch Size under Memory Limited Setup"): with ``train.chunk_size: N`` the loop
 encodes the batch N sentences at a time without a graph, computes (b) and its gradient with respect
 to ``emb`` once, then re-encodes each chunk with its graph (the chunk's random state replayed, so
@@ -63,10 +63,10 @@ import torch
 from torch import nn
 
 from .. import SentembError
-from ..args import ArgSpec, arg, build, check_mapping, specs  # noqa: F401  (arg, ArgSpec: public here too)
-from ..encoder import EmbedFn, Embedder
+from ..config.fields import ArgSpec, arg, build, check_mapping, specs  # noqa: F401  (arg, ArgSpec: public here too)
+from ..model.encoder import EmbedFn, Embedder
 
-#: Names a method may list in ``requires(args)``; ``sentemb.config.run_inputs`` maps each to a path.
+#: Names a method may list in ``requires(args)``; ``sentemb.config.load.run_inputs`` maps each to a path.
 INPUT_NAMES = ("token_freq", "tfidf", "tfidf_para", "rake", "paraphrases", "nltk", "pretrained")
 
 #: The key of ``losses(batch)``'s result holding the weighted terms: ``{name: w·L_name}``, each a
@@ -130,9 +130,8 @@ class MethodContext:
     #: every input the method declared in ``requires(args)``, by name (see INPUT_NAMES)
     inputs: dict[str, Path] = field(default_factory=dict)
     corpus: Path | None = None  # the training corpus (one sentence per line; line i <-> index i)
-    #: the corpus tokenized once (``sentemb.tokens.TokenCache``), set by the loop; ``Method.tokenize`` reads it
+    #: the corpus tokenized once (``sentemb.data.tokens.TokenCache``), set by the loop; ``Method.tokenize`` reads it
     tokens: Any = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def input(self, name: str) -> Path:
         """The path of declared input ``name``; a clear error if the run was not given it."""
@@ -358,7 +357,7 @@ class Method(nn.Module):
     def export(self, out_dir: Path, pooler: str, meta: dict[str, Any]) -> None:
         """Write the trained sentence encoder to ``out_dir`` (HF + sentence-transformers layout).
         ``meta`` (method, name, backbone, seed, step, dev) goes into ``sentemb.json``."""
-        from ..models import export, max_length_of
+        from ..model.backbone import export, max_length_of
 
         export(self.encoder, self.tokenizer, out_dir, pooler=pooler, head=self.export_head(),
                max_seq_length=max_length_of(self.encoder, self.tokenizer), meta=meta)

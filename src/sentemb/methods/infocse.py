@@ -75,12 +75,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import SentembError
-from ..models import MLMHead, MLPHead, mlm_head_state, read_weights
-from .registry import register_method
-from ..args import check_mapping, fields, to_dict
-from ..settings import PretrainStage
+from ..config.fields import check_mapping, fields, to_dict
+from ..config.settings import PretrainStage
+from ..model.backbone import MLMHead, MLPHead, mlm_head_state, read_weights
 from .base import WEIGHTED, Encoded, Method, arg, slice_rows
-from ..masking import mask_tokens  # noqa: F401  (public here too: BERT's MLM corruption)
+from .registry import register_method
+from .masking import mask_tokens  # noqa: F401  (public here too: BERT's MLM corruption)
 from .simcse import info_nce
 
 log = logging.getLogger(__name__)
@@ -567,7 +567,7 @@ def validate_pretrain_block(block: Any, where: str) -> None:
     """``methods.infocse.pretrain``: train keys (``TrainSettings``) and ``PretrainBlock``'s; errors name the key."""
     import jsonschema
 
-    from ..settings import section_schema
+    from ..config.settings import section_schema
 
     if not isinstance(block, dict):
         raise SentembError(f"{where}: must be a mapping, not {type(block).__name__}")

@@ -89,9 +89,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import SentembError
-from ..models import MLMHead, mlm_head_state, read_weights
-from .registry import register_method
+from ..model.backbone import MLMHead, mlm_head_state, read_weights
 from .base import WEIGHTED, Encoded, Method, arg, slice_rows
+from .registry import register_method
 
 log = logging.getLogger(__name__)
 
@@ -272,7 +272,7 @@ def read_rake(path, corpus, top_k: int) -> list[list[str]]:
     files and counts) when it is not line-aligned with ``corpus`` or keeps fewer than ``top_k``."""
     import pyarrow.parquet as pq
 
-    from ..corpus import count_corpus_lines
+    from ..data.corpus import count_corpus_lines
     from ..stats import read_metadata
 
     meta_k = read_metadata(path).get("top_k")
@@ -418,10 +418,10 @@ class PaSeR(Method):
         return ids if len(ids) > 1 else []
 
     def mlm_mask(self, input_ids: torch.Tensor, special: torch.Tensor, rng):
-        """BERT's MLM corruption (``sentemb.masking.mask_tokens``): each non-special token chosen with
+        """BERT's MLM corruption (``sentemb.methods.masking.mask_tokens``): each non-special token chosen with
         p = mlm_prob; of those 80% → [MASK], 10% → a random token, 10% unchanged. Returns (inputs,
         labels with −100 elsewhere)."""
-        from ..masking import mask_tokens
+        from .masking import mask_tokens
 
         x, y = mask_tokens(input_ids.numpy(), ~special.numpy(), self.args.mlm_prob, rng,
                            self.tokenizer.mask_token_id, len(self.tokenizer))
@@ -498,7 +498,7 @@ class PaSeR(Method):
         sel = labels != -100
         n_tok = (batch["dec_labels"] != -100).sum()
         if chunk["dec_rows"].numel() and bool(sel.any()):
-            from ..dropout import rows
+            from ..model.dropout import rows
 
             with rows(chunk["dec_rows"]):  # keyed dropout: decoder row r belongs to sentence dec_rows[r]
                 logits = self.decoder(chunk["dec_input_ids"], chunk["dec_attention_mask"], memory[chunk["dec_rows"]])

@@ -104,8 +104,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import SentembError
-from .registry import register_method
 from .base import WEIGHTED, Encoded, Method, arg
+from .registry import register_method
 from .simcse import info_nce
 
 KERNEL_SIZES = (3, 4, 5)  # the paper's TextCNN windows (Eq. 3)
@@ -386,7 +386,7 @@ class SARCSE(Method):
         return SarcseEmbedder(self.encoder, self.tokenizer, self.head, self.special_ids, device=device, precision="fp32")
 
     def export(self, out_dir, pooler, meta):
-        from ..models import export, max_length_of
+        from ..model.backbone import export, max_length_of
 
         out_dir = Path(out_dir)
         # the encoder (HF layout) with a placeholder pooling module, then the SARCSE module in its place
@@ -404,7 +404,7 @@ class SARCSE(Method):
 
     @classmethod
     def load_embedder(cls, model_dir, device, batch_size=128, precision="fp32"):
-        from ..models import load_encoder
+        from ..model.backbone import load_encoder
 
         model_dir = Path(model_dir)
         encoder, tokenizer = load_encoder(model_dir, device=device)
@@ -440,7 +440,7 @@ class SarcseEmbedder:
     no truncation below the model's maximum (methods.md §0)."""
 
     def __init__(self, encoder, tokenizer, head, special_ids, *, device, batch_size=128, precision="fp32"):
-        from ..models import max_length_of
+        from ..model.backbone import max_length_of
 
         self.encoder, self.tokenizer, self.head, self.special_ids = encoder, tokenizer, head, special_ids
         self.device, self.batch_size, self.precision = torch.device(device), batch_size, precision

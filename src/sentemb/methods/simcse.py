@@ -17,9 +17,9 @@ import torch.nn.functional as F
 
 from dataclasses import dataclass
 
-from ..models import MLPHead
-from .registry import register_method
+from ..model.backbone import MLPHead
 from .base import WEIGHTED, Encoded, Method, arg
+from .registry import register_method
 
 
 def info_nce(z1: torch.Tensor, z2: torch.Tensor, temperature: float) -> torch.Tensor:

@@ -62,9 +62,9 @@ import torch
 import torch.nn.functional as F
 
 from .. import SentembError
-from ..models import MLPHead
-from .registry import register_method
+from ..model.backbone import MLPHead
 from .base import WEIGHTED, Encoded, Method, arg
+from .registry import register_method
 
 _META_KEYS = ("negatives", "replaced", "empty_paraphrases")
 
@@ -326,11 +326,11 @@ class UNA(Method):
     def _read_paraphrases(path, corpus) -> list[str]:
         """All paraphrases, one per corpus line; a line count that differs from the corpus's fails
         here, i.e. before step 1."""
-        from ..corpus import iter_lines
+        from ..data.corpus import iter_lines
 
         para = list(iter_lines(path))
         if corpus is not None:
-            from ..corpus import count_corpus_lines
+            from ..data.corpus import count_corpus_lines
 
             n = count_corpus_lines(corpus)
             if n != len(para):
@@ -391,7 +391,7 @@ class UNA(Method):
 
     def encode(self, batch) -> Encoded:
         """u_k = MLP([CLS]) of every row: ``pairs`` (a_1, p_1, …) and ``negatives`` (the ã rows)."""
-        from ..dropout import rows
+        from ..model.dropout import rows
 
         model_in = {k: v for k, v in batch.items() if k not in _META_KEYS}
         n_neg = int(batch["negatives"])

@@ -6,7 +6,7 @@
 * :mod:`.paraphrase` — sharded, resumable seq2seq paraphrasing (UNA positives, §3).
 * :mod:`.summary` — a short human-readable summary per corpus.
 
-Corpora are read by :mod:`sentemb.corpus` (its line convention): empty lines are kept, so every
+Corpora are read by :mod:`sentemb.data.corpus` (its line convention): empty lines are kept, so every
 output stays aligned with the corpus lines: an empty line has no TF-IDF terms and is not a
 document, gets no RAKE phrases, and an empty paraphrase.
 """
@@ -17,7 +17,7 @@ import os
 from collections.abc import Iterable, Iterator
 from itertools import islice
 
-from ..layout import Layout
+from ..config.paths import Layout
 
 
 def chunked(items: Iterable, size: int) -> Iterator[list]:

@@ -18,7 +18,7 @@ import os
 
 import numpy as np
 
-from ..corpus import iter_lines
+from ..data.corpus import iter_lines
 from . import chunked, write_parquet
 
 log = logging.getLogger(__name__)

@@ -29,11 +29,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .. import SentembError
-from ..corpus import count_corpus_lines, iter_lines
+from ..data.corpus import count_corpus_lines, iter_lines
 
 log = logging.getLogger(__name__)
-
-DEFAULT_MODEL = "tuner007/pegasus_paraphrase"
 
 # Shape of google/pegasus-large (which tuner007/pegasus_paraphrase fine-tunes), for benchmarks.
 PEGASUS_LARGE_SHAPE = dict(

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import os
 
-from ..corpus import iter_lines
+from ..data.corpus import iter_lines
 from . import chunked, default_workers, parallel_map
 
 log = logging.getLogger(__name__)

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from statistics import mean, median
 
-from ..corpus import iter_lines
+from ..data.corpus import iter_lines
 from . import read_metadata
 
 SARCSE_THRESHOLD = (1 - 0.1) / 50  # freq above which f(w) = max(θ, 1 − λ·freq) hits θ

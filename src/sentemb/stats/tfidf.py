@@ -25,7 +25,7 @@ import math
 import os
 from collections.abc import Sequence
 
-from ..corpus import iter_lines
+from ..data.corpus import iter_lines
 from . import chunked, default_workers, parallel_map, write_parquet
 
 log = logging.getLogger(__name__)

@@ -1,11 +1,11 @@
 """The statistics stage's settings as the workflow reads them (``workflow/rules/stats.smk``): the
 config section ``stats`` with defaults, the corpora some run trains on, which need paraphrases, and
 every statistic's path. Apart from ``sentemb.stats`` (the writers), since these read the validated
-config: the writers do not depend on the config module (no import cycle through ``sentemb.inputs``)."""
+config: the writers do not depend on the config module (no import cycle through ``sentemb.stats.inputs``)."""
 
 from __future__ import annotations
 
-from ..layout import Layout
+from ..config.paths import Layout
 
 
 def stats_settings(config: dict) -> dict:
@@ -15,13 +15,13 @@ def stats_settings(config: dict) -> dict:
     ``tfidf_with_paraphrases`` is set or a configured run's method lists "paraphrases" or
     "tfidf_para" in ``Method.requires(args)``. ``paraphrase.model_name`` names the model's directory.
     """
-    from ..settings import StatsSettings
+    from ..config.settings import StatsSettings
 
     s = StatsSettings.from_dict(config["stats"]).to_dict()
     para = s["paraphrase"]
     para["model_name"] = para["model"]["hub_id"].rstrip("/").split("/")[-1]
     if para["enabled"] is None:
-        from ..config import run_requires
+        from ..config.load import run_requires
 
         needed = {n for r in config["runs"] for n in run_requires(config, r)}
         para["enabled"] = bool(s["tfidf_with_paraphrases"] or needed & {"paraphrases", "tfidf_para"})
@@ -32,7 +32,7 @@ def stats_settings(config: dict) -> dict:
 def run_corpora(config: dict) -> list[str]:
     """The corpora some run trains on (``runs[].corpus``, default ``corpus.name``), in first-use
     order; statistics are computed once for each of them."""
-    from ..config import corpus_of
+    from ..config.load import corpus_of
 
     out: list[str] = []
     for r in config["runs"]:
@@ -47,7 +47,7 @@ def needs_paraphrases(config: dict, corpus: str) -> bool:
     requires them; ``stats.paraphrase.enabled`` (true/false) decides for the configured corpus
     (``corpus.name``) only, so a built-in corpus of one run (sts-unlabeled) is never paraphrased
     for nothing."""
-    from ..config import corpus_of, run_requires
+    from ..config.load import corpus_of, run_requires
 
     explicit = config["stats"]["paraphrase"]["enabled"]
     if explicit is not None and corpus == config["corpus"]["name"]:

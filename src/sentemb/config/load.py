@@ -1,0 +1,359 @@
+"""Configuration: load YAML, fill defaults from the JSON schema, validate with errors naming the key.
+
+The schema is generated from the typed tree ``sentemb.config.settings.Config`` (``load_schema``); the
+Snakefile and the CLI validate with it. ``jobs``, ``tested``, ``transfer_runs`` and ``baselines``
+enumerate what a validated config makes: the Snakefile, ``sentemb plan`` and the tests read them.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+import os
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import jsonschema
+import yaml
+
+from .. import SentembError
+from .fields import schema_of
+from .paths import Layout
+from .settings import Config, Run, TrainSettings
+
+
+def load_schema() -> dict:
+    """The config's JSON schema, generated whole from the typed tree ``sentemb.config.settings.Config``
+    (each key declared there once, with its default, type, bounds and help). ``sentemb
+    config-schema`` prints it; ``config/README.md`` is generated from it (``sentemb config-keys``)."""
+    return copy.deepcopy(_parsed_schema())
+
+
+@functools.lru_cache(maxsize=1)
+def _parsed_schema() -> dict:
+    # built once per process: method checks ask for it per run (hundreds of runs with studies)
+    import dataclasses
+
+    from .fields import hints_of
+    from .settings import Config
+
+    schema = {"$schema": "https://json-schema.org/draft/2020-12/schema", "title": "sentemb workflow configuration",
+              "description": "Generated from sentemb.config.settings.Config (sentemb config-schema); validated by "
+                             "sentemb.config.load.validate_config, which fills in the defaults.",
+              **schema_of(Config)}
+    hints = hints_of(Config)
+    for f in dataclasses.fields(Config):  # a section's description: its class's (as config/README.md shows it)
+        tp = hints[f.name]
+        if dataclasses.is_dataclass(tp) and tp.__doc__:
+            schema["properties"][f.name]["description"] = " ".join(tp.__doc__.split("\n\n")[0].split())
+    return schema
+
+
+def _extend_with_default(validator_class):
+    validate_properties = validator_class.VALIDATORS["properties"]
+
+    def set_defaults(validator, properties, instance, schema):
+        if isinstance(instance, dict):
+            for prop, sub in properties.items():
+                if isinstance(sub, dict) and "default" in sub and prop not in instance:
+                    instance[prop] = copy.deepcopy(sub["default"])
+        yield from validate_properties(validator, properties, instance, schema)
+
+    return jsonschema.validators.extend(validator_class, {"properties": set_defaults})
+
+
+_DefaultValidator = _extend_with_default(jsonschema.Draft202012Validator)
+
+
+def _key_path(error: jsonschema.ValidationError) -> str:
+    parts = [str(p) if not isinstance(p, int) else f"[{p}]" for p in error.absolute_path]
+    return ".".join(parts).replace(".[", "[") or "<top level>"
+
+
+def validate_config(config: dict, source: str = "config") -> dict:
+    """Fill defaults and validate ``config`` in place; raise SentembError naming the bad key.
+
+    Also checks what a schema cannot: that every run names a declared backbone and a registered
+    method, and that run names are unique per backbone.
+    """
+    from ..methods import load_method_modules
+
+    schema = load_schema()
+    # Defaults filled in while validating (errors reported together, each naming its key).
+    errors = sorted(_DefaultValidator(schema).iter_errors(config), key=lambda e: list(e.absolute_path))
+    if errors:
+        msgs = [f"  - config key '{_key_path(e)}': {e.message}" for e in errors[:10]]
+        raise SentembError(f"invalid configuration in {source}:\n" + "\n".join(msgs))
+    # The user's methods next: the checks below (and the DAG) see them like the built-in ones.
+    try:
+        load_method_modules(config["method_modules"])
+    except SentembError as e:
+        raise SentembError(f"invalid configuration in {source}: config key {e}") from None
+    from ..methods import registry
+    from .studies import expand_studies
+
+    expand_studies(config, source)  # each study point becomes a run (or reuses one): checked as every run
+    for backbone in config["baselines"]:
+        if backbone not in config["backbones"]:
+            raise SentembError(
+                f"invalid configuration in {source}: config key 'baselines.{backbone}': "
+                f"'{backbone}' is not one of the declared backbones {sorted(config['backbones'])}"
+            )
+    seen = set()
+    for i, run in enumerate(config["runs"]):
+        if run["backbone"] not in config["backbones"]:
+            raise SentembError(
+                f"invalid configuration in {source}: config key 'runs[{i}].backbone': "
+                f"'{run['backbone']}' is not one of the declared backbones {sorted(config['backbones'])}"
+            )
+        if run["method"] not in registry():
+            raise SentembError(
+                f"invalid configuration in {source}: config key 'runs[{i}].method': "
+                f"unknown method '{run['method']}' (registered: {sorted(registry())})"
+            )
+        known = known_corpora(config)
+        if run["corpus"] is not None and run["corpus"] not in known:
+            raise SentembError(
+                f"invalid configuration in {source}: config key 'runs[{i}].corpus': unknown corpus "
+                f"'{run['corpus']}' (known: {', '.join(known)}; the configured corpus is corpus.name)"
+            )
+        if run["name"] is None:
+            run["name"] = run["method"]
+        key = (run["name"], run["backbone"])
+        if key in seen:
+            raise SentembError(
+                f"invalid configuration in {source}: config key 'runs[{i}].name': run "
+                f"'{run['name']}' on backbone '{run['backbone']}' appears twice; give one a distinct name"
+            )
+        seen.add(key)
+        TrainSettings.from_dict({**config["train"], **run["train"]}).check(
+            f"invalid configuration in {source}: config key 'runs[{i}].train'")
+    for m in config["methods"]:
+        if m not in registry():
+            raise SentembError(
+                f"invalid configuration in {source}: config key 'methods.{m}': unknown method "
+                f"(registered: {sorted(registry())})"
+            )
+    # Method arguments against each method's declared Args (errors name the key).
+    try:
+        for m, margs in config["methods"].items():
+            registry()[m].validate_args(margs, f"methods.{m}")
+        for i, run in enumerate(config["runs"]):
+            registry()[run["method"]].validate_args(run["method_args"], f"runs[{i}].method_args")
+    except SentembError as e:
+        raise SentembError(f"invalid configuration in {source}: config key {e}") from None
+    # A method's rules across its arguments and against the config (``Method.check``), on every
+    # run's resolved arguments; a study's point is named by its study.
+    try:
+        for i, run in enumerate(config["runs"]):
+            cls = registry()[run["method"]]
+            where = (f"studies[{run['study']}] point {json.dumps(run['point'], sort_keys=True)}: method_args"
+                     if run["study"] else f"runs[{i}].method_args")
+            cls.check(cls.make_args(method_args_of(config, run)), config, where)
+    except SentembError as e:
+        raise SentembError(f"invalid configuration in {source}: config key {e}") from None
+    return config
+
+
+def known_corpora(config: dict) -> list[str]:
+    """Corpus names a run may train on: the configured ``corpus.name`` and the built-in ones."""
+    from ..data.fetch import BUILTIN_CORPORA
+
+    return [config["corpus"]["name"]] + [c for c in BUILTIN_CORPORA if c != config["corpus"]["name"]]
+
+
+def load_config(path: str | os.PathLike, overrides: dict | None = None) -> dict:
+    """Read a YAML config file, apply ``overrides`` (a nested dict), validate and return it."""
+    path = Path(path)
+    if not path.is_file():
+        raise SentembError(f"config file not found: {path}")
+    try:
+        config = yaml.safe_load(path.read_text("utf-8")) or {}
+    except yaml.YAMLError as e:
+        raise SentembError(f"config file {path} is not valid YAML: {e}") from None
+    if not isinstance(config, dict):
+        raise SentembError(f"config file {path} must hold a mapping at the top level")
+    if overrides:
+        _deep_update(config, overrides)
+    return validate_config(config, source=str(path))
+
+
+def _deep_update(base: dict, upd: dict) -> dict:
+    for k, v in upd.items():
+        if isinstance(v, dict) and isinstance(base.get(k), dict):
+            _deep_update(base[k], v)
+        else:
+            base[k] = v
+    return base
+
+
+def find_run(config: dict, name: str, backbone: str) -> dict:
+    for run in config["runs"]:
+        if run["name"] == name and run["backbone"] == backbone:
+            return run
+    raise SentembError(f"no run named '{name}' on backbone '{backbone}' in config key 'runs'")
+
+
+def corpus_of(config: dict, run: dict) -> str:
+    """The name of the corpus a run trains on (``runs[].corpus``, default ``corpus.name``)."""
+    return run["corpus"] or config["corpus"]["name"]
+
+
+def method_args_of(config: dict, run: dict) -> dict[str, Any]:
+    """A run's method arguments: the method's declared defaults, then ``methods.<method>``, then
+    the run's ``method_args`` (each layer validated, errors naming the key)."""
+    from ..methods import get_method
+
+    cls = get_method(run["method"])
+    i = next((k for k, r in enumerate(config["runs"]) if r is run), None)
+    where = f"runs[{i}].method_args" if i is not None else "method_args"
+    base = cls.resolve_args(config["methods"].get(run["method"], {}), where=f"methods.{run['method']}")
+    cls.validate_args(run["method_args"], where)
+    return {**base, **run["method_args"]}
+
+
+def run_requires(config: dict, run: dict) -> tuple[str, ...]:
+    """The inputs (``INPUT_NAMES``) the method of configured ``run`` declares with its arguments."""
+    from ..methods import get_method
+
+    cls = get_method(run["method"])
+    return cls.requires(cls.make_args(method_args_of(config, run)))
+
+
+def input_path(config: dict, name: str, *, corpus: str, backbone: str, method: str) -> str:
+    """Where the workflow puts input ``name`` (its ``sentemb.stats.inputs`` entry's ``path``)."""
+    from ..stats.inputs import get_input
+
+    kind = get_input(name, f"method '{method}' requires")
+    return kind.path(Layout.of(config), config, corpus, backbone, method)
+
+
+def run_inputs(config: dict, name: str, backbone: str) -> dict[str, str]:
+    """Every input the method of run ``name`` on ``backbone`` declares (``Method.requires(args)``),
+    name -> path. The train rule's ``input:`` and ``resolve_run``'s ``paths.inputs`` both come from
+    here, so the DAG and the run cannot disagree."""
+    run = find_run(config, name, backbone)
+    needed = run_requires(config, run)
+    corpus = corpus_of(config, run)
+    return {n: input_path(config, n, corpus=corpus, backbone=backbone, method=run["method"]) for n in needed}
+
+
+def resolve_run(config: dict, name: str, backbone: str, seed: int, *, method: str | None = None,
+                train: dict | None = None, method_args: dict | None = None, corpus: str | None = None,
+                inputs: dict | None = None, **extra) -> Run:
+    """The complete, self-contained settings of one training job (``Run.to_dict()`` is what
+    ``sentemb train`` reads and MLflow records as params). ``train`` = the config's ``train``
+    updated by the run's. A pretraining stage (``sentemb.train.pretrain.resolve_pretrain``) gives its
+    own ``method``, ``train``, ``method_args``, ``corpus``, ``inputs`` and ``extra`` fields
+    (``run_name``, ``rule``) instead of a configured run's."""
+    run = None
+    if method is None:
+        run = find_run(config, name, backbone)
+        method, corpus = run["method"], corpus_of(config, run)
+        train = {**config["train"], **run["train"]}
+        method_args, inputs = method_args_of(config, run), run_inputs(config, name, backbone)
+    settings = TrainSettings.from_dict(copy.deepcopy(train))
+    from ..methods import get_method, method_source
+
+    source = method_source(get_method(method))  # a method from the user's code: its file's digest
+    if source:
+        extra = {"method_module": source[0], "method_digest": source[1], **extra}
+    return Run(
+        name=name, method=method, backbone=backbone, backbone_hub_id=config["backbones"][backbone]["hub_id"],
+        seed=int(seed), train=settings, method_args=method_args, experiment=config["experiment"],
+        tracking=config["tracking"],  # not in the fingerprint: changing it reruns nothing (rule run_options)
+        corpus=corpus, **extra,
+        **({k: run[k] for k in ("study", "point") if run[k] is not None} if run is not None else {}),  # MLflow tags
+        paths=Layout.of(config).job_paths(corpus, backbone, inputs, token_cache=settings.token_cache),
+    )
+
+
+
+# ----------------------------------------------------------------------------- what a config makes
+class Job(NamedTuple):
+    """One training job: a run (``name`` on ``backbone``) with one seed."""
+
+    name: str
+    backbone: str
+    seed: int
+
+
+def jobs(config: dict | Config) -> list[Job]:
+    """Every training job of a validated config, in ``runs`` order: each run × its seeds
+    (``runs[].seeds``, else ``seeds``). The Snakefile's targets, ``sentemb plan`` and the tests
+    enumerate with this."""
+    cfg = Config.of(config)
+    return [Job(cfg.run_name(r), r.backbone, s) for r in cfg.runs for s in cfg.seeds_of(r)]
+
+
+def tested(config: dict | Config) -> set[tuple[str, str]]:
+    """(name, backbone) of the runs evaluated on the test sets (``runs[].evaluate``)."""
+    cfg = Config.of(config)
+    return {(cfg.run_name(r), r.backbone) for r in cfg.runs if r.evaluate}
+
+
+def transfer_runs(config: dict | Config) -> set[tuple[str, str]]:
+    """(name, backbone) of the runs with SentEval transfer tasks (``runs[].transfer``, else
+    ``evaluation.transfer``; only runs that are evaluated)."""
+    cfg = Config.of(config)
+    return {(cfg.run_name(r), r.backbone) for r in cfg.runs if cfg.transfers(r)}
+
+
+def baselines(config: dict | Config) -> list[tuple[str, str]]:
+    """(backbone, pooler) of every untrained baseline (``baselines``)."""
+    return [(b, p) for b, poolers in Config.of(config).baselines.items() for p in poolers]
+
+
+def baseline_transfer(config: dict | Config) -> bool:
+    """Do the untrained baselines get the transfer tasks? When some run does (``transfer_runs``), so
+    that every transfer table has their rows."""
+    return bool(transfer_runs(config))
+
+
+# ----------------------------------------------------------------------- one evaluation job's settings
+#: the evaluation jobs that read a resolved spec (``eval_spec``): STS, transfer encoding, transfer
+#: classification; each rule reruns when its own kind's settings change, not another's
+EVAL_KINDS = ("sts", "encode_transfer", "transfer")
+
+
+def eval_spec(config: dict, kind: str, backbone: str, *, name: str | None = None, seed: int | None = None,
+              pooler: str | None = None) -> dict[str, Any]:
+    """The resolved settings of one evaluation job (issue 28 §3), what rule ``eval_spec`` writes and
+    ``sentemb evaluate`` / ``encode-transfer`` / ``evaluate-transfer --spec`` read: a trained run
+    (``name``, ``seed``; its pooler is ``evaluation.pooler``, else its method's) or an untrained
+    baseline (``pooler``). The keys are the commands' option names; only the settings of ``kind``
+    are in it, so changing ``evaluation.transfer_classifier`` reruns no STS evaluation (the transfer
+    encoding reruns only because its features are temporary)."""
+    if (name is None) == (pooler is None):
+        raise SentembError("eval_spec: give a run (name and seed) or a baseline's pooler, not both or neither")
+    from ..methods import get_method
+
+    if kind not in EVAL_KINDS:
+        raise SentembError(f"evaluation kind '{kind}' is not one of {', '.join(EVAL_KINDS)}")
+    ev = config["evaluation"]
+    if name is not None:
+        run = find_run(config, name, backbone)
+        cls = get_method(run["method"])
+        pooler = ev["pooler"] or cls.pooler_for(cls.make_args(method_args_of(config, run)))
+        meta = {"name": name, "method": run["method"], "backbone": backbone, "seed": int(seed)}
+        run_name, tag = f"{'eval' if kind == 'sts' else 'transfer'}/{name}/{backbone}/seed{seed}", {}
+    else:
+        meta = {"name": f"untrained-{pooler}", "method": "baseline", "backbone": backbone, "seed": 0}
+        run_name = f"{'baseline' if kind == 'sts' else 'baseline-transfer'}/{backbone}/{pooler}"
+        tag = {"rule": "evaluate-baseline" if kind == "sts" else "evaluate-baseline-transfer"}
+    if kind == "sts":
+        return {"pooler": pooler, "tasks": list(ev["tasks"]), "setting": ev["setting"], "batch_size": ev["batch_size"],
+                "precision": ev["precision"], "run_meta": meta, "run_name": run_name, "tag": tag}
+    if kind == "encode_transfer":
+        return {"pooler": pooler, "tasks": list(ev["transfer_tasks"]), "batch_size": ev["batch_size"],
+                "precision": ev["precision"]}
+    return {"pooler": pooler, "tasks": list(ev["transfer_tasks"]), "mrpc_features": ev["mrpc_features"],
+            "classifier": ev["transfer_classifier"], "run_meta": meta, "run_name": run_name, "tag": tag}
+
+
+def tracking_options(config: dict) -> dict[str, Any]:
+    """Where evaluation jobs record (``--tracking``, rule ``tracking_options``): weight-free like
+    ``sentemb.config.settings.run_options``, so a new URI or experiment reruns no evaluation."""
+    return {"track": config["tracking"]["enabled"], "experiment": config["experiment"],
+            "tracking_uri": config["tracking"]["uri"]}

@@ -1,0 +1,2 @@
+"""Evaluation under the SentEval protocol: STS (:mod:`.sts`, sets read by :mod:`.senteval`) and the
+transfer tasks (:mod:`.transfer`)."""

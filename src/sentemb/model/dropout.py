@@ -1,0 +1,176 @@
+"""Keyed dropout (``train.dropout_rng: keyed``): every dropout mask a function of what it masks.
+
+With torch's global generator, the masks of a forward pass over R rows are drawn as one tensor, so
+they depend on how the batch is cut: gradient caching (``train.chunk_size``) or several processes
+would draw other masks than one pass over the whole batch, and SimCSE's augmentation *is* the
+dropout mask. Here the mask of row r in the k-th dropout call of a chunk's forward passes is drawn
+from a generator seeded with ``(seed, micro-batch, k, sentence, view)``: the sentence's index in
+the micro-batch and which of its views the row is. The same sentence view gets the same mask
+however the batch is chunked, so a chunked gradient equals the unchunked one with dropout on.
+
+Rows are matched to sentences by the loop's context (``keyed``: the chunk holds sentences
+``[start, stop)`` of the micro-batch): a forward over R = v·n rows of a chunk of n sentences is
+read as v views of the n sentences, view-major ([x_1..x_n, x_1..x_n], as SimCSE doubles a batch).
+A method whose rows are laid out otherwise (UNA's pairs, PaSeR's decoder rows) says so with
+``rows(sentence, view)`` around that forward; a tensor that fits neither is an error, never a
+silent fallback to the global generator.
+
+What it intercepts while a context is active: ``torch.nn.functional.dropout`` (``nn.Dropout``,
+Hugging Face's eager attention) and ``torch.nn.functional.scaled_dot_product_attention`` with
+``dropout_p > 0`` (Hugging Face's SDPA attention, ``nn.MultiheadAttention``), computed in its math
+form with the keyed mask on the attention weights. Outside a context both are torch's own.
+
+Cost: one CPU generator seeding and draw per row and dropout call, and the masks copied to the
+device; the padding width of a chunk must equal the batch's (``Method.chunk`` keeps it), since a
+row's mask is drawn at its padded shape. Meant for checks and CPU runs; ``stream`` stays the default.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from .. import SentembError
+
+_MASK64 = (1 << 64) - 1
+_ORIGINAL = {"dropout": F.dropout, "sdpa": F.scaled_dot_product_attention}
+_LOCAL = threading.local()
+_INSTALLED = False
+
+
+def _splitmix(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def mix(*parts: int) -> int:
+    """A 63-bit seed from integers (splitmix64 chained over them)."""
+    h = 0
+    for p in parts:
+        h = _splitmix(h ^ (int(p) & _MASK64))
+    return h >> 1
+
+
+@dataclass
+class _Context:
+    seed: int
+    micro: int
+    start: int
+    stop: int
+    calls: int = 0
+    override: list = field(default_factory=list)  # stack of (sentence (R,), view (R,)) chunk-local
+
+    def row_keys(self, rows: int) -> tuple[list[int], list[int]]:
+        n = self.stop - self.start
+        if self.override:
+            sent, view = self.override[-1]
+            if len(sent) != rows:
+                raise SentembError(f"keyed dropout: a tensor of {rows} rows inside rows() declaring {len(sent)}")
+            return [self.start + int(s) for s in sent], [int(v) for v in view]
+        if n <= 0 or rows % n:
+            raise SentembError(f"keyed dropout: a tensor of {rows} rows in a chunk of {n} sentences is not v views of "
+                               "them; declare its rows with sentemb.model.dropout.rows(sentence, view) around that forward")
+        return [self.start + r % n for r in range(rows)], [r // n for r in range(rows)]
+
+    def keep_mask(self, shape: torch.Size, p: float, device: torch.device) -> torch.Tensor:
+        """Bool (R, ...) mask, True = kept (probability 1 − p), row r from its own generator."""
+        call = self.calls
+        self.calls += 1
+        sent, view = self.row_keys(shape[0])
+        g = torch.Generator()
+        rows = []
+        for s, v in zip(sent, view):
+            g.manual_seed(mix(self.seed, self.micro, call, s, v))
+            rows.append(torch.rand(shape[1:], generator=g) >= p)
+        mask = torch.stack(rows) if rows else torch.zeros(shape, dtype=torch.bool)
+        return mask.to(device, non_blocking=True)
+
+
+def _current() -> _Context | None:
+    stack = getattr(_LOCAL, "stack", None)
+    return stack[-1] if stack else None
+
+
+def _dropout(input: torch.Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> torch.Tensor:
+    ctx = _current()
+    if ctx is None or not training or p == 0.0 or input.dim() == 0:
+        return _ORIGINAL["dropout"](input, p, training, inplace)
+    if p >= 1.0:
+        return input.mul_(0.0) if inplace else input * 0.0
+    mask = ctx.keep_mask(input.shape, p, input.device).to(input.dtype)
+    scale = 1.0 / (1.0 - p)
+    return input.mul_(mask).mul_(scale) if inplace else input * mask * scale
+
+
+def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False, **kw):
+    ctx = _current()
+    if ctx is None or dropout_p == 0.0:
+        if enable_gqa:
+            kw["enable_gqa"] = True
+        return _ORIGINAL["sdpa"](query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                                 scale=scale, **kw)
+    # the math form of torch's documented reference implementation, with the keyed mask
+    L, S = query.size(-2), key.size(-2)
+    scale = 1.0 / math.sqrt(query.size(-1)) if scale is None else scale
+    if enable_gqa:
+        key = key.repeat_interleave(query.size(-3) // key.size(-3), -3)
+        value = value.repeat_interleave(query.size(-3) // value.size(-3), -3)
+    scores = query @ key.transpose(-2, -1) * scale
+    if is_causal:
+        causal = torch.ones(L, S, dtype=torch.bool, device=query.device).tril()
+        scores = scores.masked_fill(~causal, float("-inf"))
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            scores = scores.masked_fill(~attn_mask, float("-inf"))
+        else:
+            scores = scores + attn_mask
+    weights = torch.softmax(scores, dim=-1)
+    weights = _dropout(weights, dropout_p, True)
+    return weights.to(value.dtype) @ value
+
+
+def _install() -> None:
+    global _INSTALLED
+    if not _INSTALLED:
+        F.dropout = _dropout
+        F.scaled_dot_product_attention = _sdpa
+        _INSTALLED = True
+
+
+@contextmanager
+def keyed(seed: int, micro: int, start: int, stop: int):
+    """Inside: dropout masks keyed by sentences ``[start, stop)`` of micro-batch ``micro``."""
+    _install()
+    stack = getattr(_LOCAL, "stack", None)
+    if stack is None:
+        stack = _LOCAL.stack = []
+    stack.append(_Context(int(seed), int(micro), int(start), int(stop)))
+    try:
+        yield stack[-1]
+    finally:
+        stack.pop()
+
+
+@contextmanager
+def rows(sentence, view=0):
+    """Inside a ``keyed`` context: the forward passes here run over rows whose sentences (indices
+    within the chunk) and views are these, e.g. UNA's interleaved a_1, p_1, a_2, p_2:
+    ``rows([0, 0, 1, 1], [0, 1, 0, 1])``. Outside a context it does nothing."""
+    ctx = _current()
+    if ctx is None:
+        yield
+        return
+    sentence = [int(s) for s in torch.as_tensor(sentence).flatten().tolist()]
+    view = [int(view)] * len(sentence) if isinstance(view, int) else [int(v) for v in torch.as_tensor(view).tolist()]
+    ctx.override.append((sentence, view))
+    try:
+        yield
+    finally:
+        ctx.override.pop()

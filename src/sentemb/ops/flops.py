@@ -1,0 +1,60 @@
+"""Counted FLOPs and a device's peak: what "share of peak" (MFU) is measured against.
+
+``counted(fn)`` runs ``fn`` under ``torch.utils.flop_counter.FlopCounterMode`` with SDPA forced to its
+math backend, so every matmul of the step is counted, attention included (the fused CPU/CUDA
+attention kernels are not all registered with the counter; their math form is the same FLOPs).
+Counting a real optimizer step covers every method's own work without a formula per method: both
+SimCSE views, SAM's second forward/backward, InfoCSE's and PaSeR's extra networks, SARCSE's decoder.
+Only matmul-like ops are counted (as in the MFU convention of PaLM, Chowdhery et al. 2022, App. B);
+element-wise work is not.
+
+``cpu_peak_tflops()`` is the CPU's own ceiling measured in the same process: the best of a few large
+fp32 matmuls on the threads torch uses. On CUDA the peak is the GPU's bf16 dense figure by name
+(``sentemb.ops.benchmark.PEAK_BF16_TFLOPS``).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+
+def counted(fn: Callable[[], Any]) -> tuple[Any, float]:
+    """``(fn(), FLOPs)``: the floating-point operations of the matmuls ``fn`` runs (forward and
+    backward), with scaled-dot-product attention in its math form so that it is counted too."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with sdpa_kernel([SDPBackend.MATH]), FlopCounterMode(display=False) as fc:
+        out = fn()
+    return out, float(fc.get_total_flops())
+
+
+def counted_by_module(fn: Callable[[], Any]) -> tuple[Any, float, dict[str, float]]:
+    """``counted`` with the FLOPs attributed to each module (forward and backward), by the name
+    ``FlopCounterMode`` gives it (the first module called, then the attribute path:
+    ``BertModel.encoder.layer.0``)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with sdpa_kernel([SDPBackend.MATH]), FlopCounterMode(display=False) as fc:
+        out = fn()
+    per_module = {name: float(sum(ops.values())) for name, ops in fc.get_flop_counts().items()}
+    return out, float(fc.get_total_flops()), per_module
+
+
+def cpu_peak_tflops(n: int = 2048, repeats: int = 5) -> float:
+    """This CPU's fp32 matmul throughput in TFLOP/s: the best of ``repeats`` ``n``×``n`` products
+    (2·n³ FLOPs each) after one warm-up, on ``torch.get_num_threads()`` threads."""
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(n, n, generator=g)
+    b = torch.randn(n, n, generator=g)
+    torch.mm(a, b)
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        torch.mm(a, b)
+        best = min(best, time.perf_counter() - t)
+    return 2.0 * n**3 / best / 1e12

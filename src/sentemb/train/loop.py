@@ -1,0 +1,1018 @@
+"""The one training loop every method shares (in the spirit of nanoGPT's ``train.py``).
+
+It owns data order, optimisation (AdamW, linear decay, grad clipping, optional Sharpness-Aware
+Minimization: ``train.sam_rho``), precision (bf16 autocast on CUDA, fp32 on CPU; methods compute
+logits and losses in fp32), periodic STS-B dev evaluation
+with best-checkpoint selection (methods.md §0), resumable checkpoints, and MLflow logging (with
+``train.log_grad_norms``, each weighted loss term's gradient norm on log steps: ``sentemb.train.grad_norms``).
+A method contributes only its batch construction and loss terms (``sentemb.methods.base.Method``).
+
+What keeps a step's critical path to the model (issue 13): the corpus is tokenized once
+(``train.token_cache``, ``sentemb.data.tokens``), the next step's batches are built in a background
+thread and pinned (``train.prefetch``, ``Prefetcher``), loss finiteness is checked with one host
+sync per log/eval/save instead of per step, and the dev set is tokenized and padded once. None of
+these change what is computed: the losses are the same step by step with them off (tested).
+
+Outputs of ``train(run, out_dir)``:
+    out_dir/model/       the best checkpoint by STS-B dev (HF + sentence-transformers layout), with
+                         its model card without results (README.md, sentemb.report.model_card)
+    out_dir/train.json   summary (best dev, steps, throughput, history: one record per evaluated or,
+                         with train.log_grad_norms, logged step: dev_stsb, train/grad_norm/<term>;
+                         provenance: git commit, corpus sha256 and size, framework versions)
+    out_dir/.work/       resume state; removed after success
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import random
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Iterator
+
+from .. import SentembError
+from ..config.settings import Run, TrainSettings, legacy_fingerprint
+from ..data.corpus import read_corpus
+from ..utils import atomic_path, write_json
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+
+    from ..methods import Method
+    from ..tracking.runs import Tracker
+
+log = logging.getLogger(__name__)
+
+
+def sentence_lengths(sentences: list[str]) -> np.ndarray:
+    """The length ``train.sampler: length`` sorts by: whitespace-separated words of the raw line.
+    Open choice (ArcCSE §4.1 says only "sampled by length"): words, not word pieces, so that the
+    schedule needs no tokenizer, is the same with ``train.token_cache`` on or off and on every
+    backbone, and counts what the paper's other length rule counts ("sentences with less than 25
+    words", ``ArcCSE.Args.min_words``)."""
+    import numpy as np
+
+    return np.fromiter((len(s.split()) for s in sentences), dtype=np.int64, count=len(sentences))
+
+
+def batch_schedule(n: int, batch_size: int, epochs: float, seed: int, lengths: "np.ndarray | None" = None
+                   ) -> list[np.ndarray]:
+    """Micro-batches of corpus indices, a pure function of the arguments (resume rebuilds it).
+
+    ``lengths`` None (``train.sampler: random``, the default): a fresh seeded permutation per epoch
+    cut into consecutive batches, no length bucketing (bucketing changes which sentences are each
+    other's in-batch negatives).
+
+    ``lengths`` given (``train.sampler: length``; ArcCSE §4.1: "During training, the sentences are
+    sampled by length", with each batch padded to its longest sentence): per epoch, the corpus in
+    order of length (ties broken by the epoch's seeded permutation, so equal-length groups differ
+    between epochs) is cut into consecutive batches of ``batch_size`` neighbours, and the order of
+    those batches is shuffled by the same epoch generator. Every sentence once per epoch, as with
+    ``random``; gradient accumulation groups consecutive micro-batches of the shuffled order.
+
+    Either way a trailing batch of one sentence is dropped (no negatives)."""
+    import numpy as np
+
+    if lengths is not None and len(lengths) != n:
+        raise SentembError(f"batch_schedule: {len(lengths)} lengths for {n} sentences")
+    per_epoch = n // batch_size + (1 if n % batch_size >= 2 else 0)
+    total = max(1, int(round(epochs * per_epoch)))
+    out: list[np.ndarray] = []
+    epoch = 0
+    while len(out) < total:
+        rng = np.random.default_rng([seed, epoch])
+        perm = rng.permutation(n)
+        if lengths is not None:
+            perm = perm[np.argsort(np.asarray(lengths)[perm], kind="stable")]
+        chunks = [c for c in (perm[i : i + batch_size] for i in range(0, n, batch_size)) if len(c) >= 2]
+        if lengths is not None:
+            chunks = [chunks[int(k)] for k in rng.permutation(len(chunks))]
+        out.extend(chunks)
+        epoch += 1
+    return out[:total]
+
+
+def _precision(name: str, device: torch.device) -> torch.dtype | None:
+    import torch
+
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported() else None
+    return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}[name]
+
+
+def autocast(device: torch.device, precision: "str | torch.dtype | None"):
+    """The loop's autocast context on ``device``: ``precision`` a ``train.precision`` name or the
+    autocast dtype (None = fp32, autocast off)."""
+    import torch
+
+    dtype = _precision(precision, device) if isinstance(precision, str) else precision
+    return torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None)
+
+
+def _rng_state() -> dict:
+    import numpy as np
+    import torch
+
+    st = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        st["cuda"] = torch.cuda.get_rng_state_all()
+    return st
+
+
+def _set_rng_state(st: dict) -> None:
+    import numpy as np
+    import torch
+
+    random.setstate(st["python"])
+    np.random.set_state(st["numpy"])
+    torch.set_rng_state(st["torch"])
+    if "cuda" in st and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(st["cuda"])
+
+
+def build_optimizer(module: torch.nn.Module, lr: float, weight_decay: float, device: torch.device):
+    """AdamW; biases and LayerNorm weights are not decayed (the HF Trainer's convention)."""
+    import torch
+
+    decay, no_decay = [], []
+    for n, p in module.named_parameters():
+        if not p.requires_grad:
+            continue
+        (no_decay if p.ndim < 2 or "LayerNorm" in n or "layer_norm" in n else decay).append(p)
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=lr, fused=device.type == "cuda")
+
+
+def lr_lambda(schedule: str, total: int, warmup: int):
+    def f(step: int) -> float:
+        if warmup and step < warmup:
+            return step / warmup
+        if schedule == "constant":
+            return 1.0
+        return max(0.0, (total - step) / max(1, total - warmup))
+
+    return f
+
+
+# ----------------------------------------------------------------------------------- the loop
+# A run is a sequence of named stages over two small objects: ``Job`` (what is fixed once set up)
+# and ``State`` (what changes every step and is saved for resume). ``train`` at the bottom reads
+# top to bottom: set up, resume, then per optimizer step: one step, log, evaluate-and-keep, save.
+
+
+@dataclass
+class Job:
+    """Everything fixed after set-up (``setup`` returns it complete): settings, data, the method
+    (encoder + heads), optimisation, the dev embedder, the tracker and the batch prefetcher."""
+
+    run: Run
+    out_dir: Path
+    work: Path  # resume state and best export: out_dir/.work
+    settings: TrainSettings  # run.train
+    seed: int
+    device: "torch.device"
+    amp: "torch.dtype | None"  # autocast dtype, None = fp32
+    sentences: list[str]
+    dev_pairs: list
+    method: "Method"
+    step_fn: Callable[[dict], dict]  # method.losses, or its torch.compile'd version
+    pooler: str
+    micro: list  # micro-batches of corpus line indices (batch_schedule)
+    accum: int
+    total: int  # optimizer steps
+    opt: "torch.optim.Optimizer"
+    sched: "torch.optim.lr_scheduler.LRScheduler"
+    scaler: "torch.amp.GradScaler"
+    fingerprint: str  # resume only a state saved under the same settings
+    meta: dict
+    tracker: "Tracker"  # MLflow (a disabled one outside ``train``)
+    embedder: Callable | None = None  # the STS-B dev embedder (model_selection: best_dev)
+    prefetch: "Prefetcher | None" = None  # next step's batches built in the background (train.prefetch)
+    chunk: int | None = None  # sentences per chunk of gradient caching (train.chunk_size resolved); None = whole
+    rank: int = 0  # this process among train.devices (sentemb.train.distributed); only rank 0 writes
+    world: int = 1
+
+    def close(self) -> None:
+        """Stop the prefetch thread (``train`` does; so should a caller of ``setup``)."""
+        if self.prefetch is not None:
+            self.prefetch.close()
+
+    def __enter__(self) -> Job:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+@dataclass
+class State:
+    """What changes during training; ``step``, ``best`` and ``history`` are saved for resume."""
+
+    step: int = 0
+    best: dict = field(default_factory=lambda: {"dev": -math.inf, "step": 0})
+    history: list = field(default_factory=list)
+    # logging window (since the last log)
+    sum_terms: dict = field(default_factory=dict)
+    n_terms: int = 0
+    n_sent: int = 0
+    n_tok: int = 0
+    t_log: float = 0.0
+    # (step, isfinite(loss) on device, detached terms) not yet checked: one host sync per check
+    pending: list = field(default_factory=list)
+    # train.log_grad_norms: {term: ‖∇ weighted term‖} of the step to be logged (sentemb.train.grad_norms)
+    grad_norms: dict = field(default_factory=dict)
+    # the detached loss terms of the last micro-batch (benchmarks and tests read them per step)
+    terms: dict = field(default_factory=dict)
+
+
+def setup(run: Run | dict, out_dir: str | Path, method_cls: "type[Method] | None" = None,
+          tracker: "Tracker | None" = None) -> Job:
+    """Stage 1, set-up: device and precision, data (bad input fails here, before step 1), the
+    method around a freshly loaded encoder (in training mode), the batch schedule, optimizer and LR
+    schedule, the dev embedder and the prefetcher: a complete ``Job`` for ``run_steps``. Without
+    ``tracker``, nothing is tracked. A caller other than ``train`` closes it (``with setup(...)``)."""
+    import torch
+
+    from ..methods import MethodContext, get_method
+    from ..model.backbone import load_encoder
+    from ..evaluate.senteval import load_task
+    from ..tracking.runs import Tracker
+    from ..utils import resolve_device, seed_everything
+
+    run = Run.from_dict(run)
+    out_dir = Path(out_dir)
+    settings, paths, seed = run.train, run.paths, int(run.seed)
+    settings.check(f"run '{run.name}'")
+    from . import distributed
+
+    device = resolve_device(distributed.init(settings.devices, settings.device, f"run '{run.name}'"))
+    if settings.num_threads:
+        torch.set_num_threads(settings.num_threads)
+    amp = _precision(settings.precision, device)
+    if device.type == "cuda":
+        if hasattr(torch.backends.cuda.matmul, "fp32_precision"):  # torch >= 2.9
+            torch.backends.cuda.matmul.fp32_precision = "tf32"
+            torch.backends.cudnn.conv.fp32_precision = "tf32"
+        else:
+            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+
+    sentences = read_corpus(paths["corpus"])
+    dev_pairs = load_task(paths["senteval"], "STSBenchmark", "dev") if settings.selects_by_dev else []
+    seed_everything(seed)
+    # BERT's pretrained NSP pooler is neither loaded nor computed (methods.md §0).
+    encoder, tokenizer = load_encoder(paths["model"], dropout=settings.dropout, pooling_layer=False)
+    if run.method_module and method_cls is None:  # a method from the user's code (config method_modules)
+        from ..methods import import_method_module
+
+        import_method_module(run.method_module, f"run '{run.name}': method_module")
+    method_cls = method_cls or get_method(run.method)  # a pretraining stage passes its own class
+    tokens = None
+    if settings.token_cache:  # the workflow's cache (paths.tokens), else tokenized here, once
+        from ..data.tokens import load_or_build
+
+        tokens = load_or_build(paths.get("tokens"), tokenizer, sentences, paths["corpus"])
+    ctx = MethodContext(max_len=settings.max_len, seed=seed, backbone=run.backbone, model_dir=Path(paths["model"]),
+                        inputs={k: Path(v) for k, v in paths.get("inputs", {}).items()}, corpus=Path(paths["corpus"]),
+                        tokens=tokens)
+    method = method_cls(encoder, tokenizer, run.method_args, ctx).to(device)
+    if settings.unpad:
+        if settings.compile:
+            raise SentembError(f"run '{run.name}': train.unpad and train.compile cannot be combined (the packed "
+                               "length changes every step, so the compiled graph would be rebuilt); set one to false")
+        from ..model.unpad import install
+
+        install(method.encoder, where=f"run '{run.name}': train.unpad")
+    step_fn = method.losses
+    if settings.compile:
+        import torch._inductor.config
+
+        # Dropout drawn by the eager kernels from the global generator, not by Inductor's own
+        # Philox: the compiled run sees the same dropout masks (and losses) as an eager one.
+        torch._inductor.config.fallback_random = True
+        step_fn = torch.compile(method.losses)
+
+    lengths = sentence_lengths(sentences) if settings.sampler == "length" else None
+    micro = batch_schedule(len(sentences), settings.batch_size, settings.epochs, seed, lengths)
+    accum = settings.grad_accum
+    total = len(micro) // accum
+    if settings.max_steps:
+        total = min(total, settings.max_steps)
+    if total < 1:
+        raise SentembError(f"run '{run.name}': the corpus gives no full optimizer step "
+                           f"({len(micro)} micro-batches, grad_accum {accum})")
+    if settings.selects_by_dev and not any(eval_due(settings, s, accum, total) for s in range(1, total + 1)):
+        raise SentembError(f"run '{run.name}': no STS-B dev evaluation would select a checkpoint: "
+                           f"train.eval_steps ({settings.eval_steps} {settings.eval_unit}) is beyond the run ({total} "
+                           f"optimizer steps of {accum} micro-batches) and train.eval_at_end is false; lower "
+                           "train.eval_steps, set train.eval_at_end: true, or set train.model_selection: last")
+    opt = build_optimizer(method, settings.lr, settings.weight_decay, device)
+    warmup = int(settings.warmup_ratio * total)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(settings.lr_schedule, total, warmup))
+    scaler = torch.amp.GradScaler(device.type, enabled=amp is torch.float16)
+    pooler = method_cls.pooler_for(method.args)
+    job = Job(run=run, out_dir=out_dir, work=out_dir / ".work", settings=settings, seed=seed, device=device, amp=amp,
+              sentences=sentences, dev_pairs=dev_pairs, method=method, step_fn=step_fn, pooler=pooler, micro=micro,
+              accum=accum, total=total, opt=opt, sched=sched, scaler=scaler, fingerprint=run_fingerprint(run),
+              meta={"method": run.method, "name": run.name, "backbone": run.backbone, "seed": seed},
+              tracker=tracker if tracker is not None else Tracker(enabled=False))
+    if tracker is not None and tracker.run_id:
+        job.meta["mlflow_run_id"] = tracker.run_id  # evaluation jobs log their test scores onto this run
+    # the dev embedder reads the method's modules by reference: built now, it sees the resumed weights
+    job.embedder = method.embedder(pooler, device) if settings.selects_by_dev else None
+    job.rank, job.world = distributed.rank(), distributed.world_size()
+    method.train()
+    job.chunk = resolve_chunk_size(job)
+    job.prefetch = Prefetcher(job) if settings.prefetch else None
+    return job
+
+
+#: share of the GPU's free memory that ``train.chunk_size: auto`` plans to fill
+AUTO_CHUNK_MARGIN = 0.7
+
+
+def resolve_chunk_size(job: Job) -> int | None:
+    """``train.chunk_size`` as a number of sentences, None for the whole micro-batch.
+
+    ``auto``: on CPU the whole batch (host memory is not the bound). On CUDA, one chunk of 4
+    sentences of the first micro-batch is run forward and backward and its peak memory above the
+    model's is measured; the chunk is the largest that fits ``AUTO_CHUNK_MARGIN`` of the free memory
+    at that per-sentence cost (at least 1; None when the whole batch fits). The gradients of that
+    probe are discarded. The choice is logged and written to ``train.json`` (``chunk_size``)."""
+    import torch
+
+    size, batch = job.settings.chunk_size, job.settings.batch_size
+    if size is None:
+        return None
+    if size != "auto":
+        return int(size) if int(size) < batch else None
+    if job.device.type != "cuda":
+        log.info("train.chunk_size auto: the whole batch (%d sentences) on %s", batch, job.device)
+        return None
+    probe_n = min(4, batch)
+    (m, full), = micro_batches(job, 0)[:1]
+    full = {k: v.to(job.device) for k, v in full.items()}
+    part = job.method.chunk(full, 0, probe_n)
+    torch.cuda.synchronize(job.device)
+    base = torch.cuda.memory_allocated(job.device)
+    torch.cuda.reset_peak_memory_stats(job.device)
+    rng = _device_rng(job.device)
+    with autocast(job.device, job.amp):
+        enc = job.method.encode(part)
+        out = job.method.row_terms(enc, part, full)
+    from ..methods.base import WEIGHTED
+
+    loss = sum(v.float().sum() for v in enc.batch.values()) + sum(out[WEIGHTED].values(), torch.zeros((), device=job.device))
+    loss.backward()
+    per_sentence = max(1, torch.cuda.max_memory_allocated(job.device) - base) / probe_n
+    job.opt.zero_grad(set_to_none=True)
+    _set_device_rng(rng, job.device)
+    free, _ = torch.cuda.mem_get_info(job.device)
+    chosen = auto_chunk(per_sentence, free, batch)
+    log.info("train.chunk_size auto: %.1f MB per sentence, %.1f GB free -> %s", per_sentence / 2**20, free / 2**30,
+             "the whole batch" if chosen is None else f"chunks of {chosen} sentences")
+    return chosen
+
+
+def auto_chunk(per_sentence: float, free: float, batch: int, margin: float = AUTO_CHUNK_MARGIN) -> int | None:
+    """The chunk ``train.chunk_size: auto`` picks: the most sentences whose graph (``per_sentence``
+    bytes each, measured) fits ``margin`` of ``free`` bytes; None when the whole batch fits, at
+    least 1 otherwise."""
+    fits = int(margin * free // max(per_sentence, 1))
+    return None if fits >= batch else max(1, fits)
+
+
+def run_fingerprint(run: Run | dict) -> str:
+    """The settings a saved state must share to be resumed (and its MLflow run continued):
+    ``sentemb.config.settings.fingerprint``, the one definition of "the same training"."""
+    from ..config.settings import fingerprint
+
+    return fingerprint(run)
+
+
+def eval_due(settings: TrainSettings, step: int, accum: int, total: int) -> bool:
+    """Whether STS-B dev is evaluated after optimizer step ``step`` (1-based) of ``total``.
+
+    ``train.eval_unit: optimizer_steps`` (default; methods.md §0, SimCSE's code: the HF Trainer's
+    ``eval_steps`` counts parameter updates): after every ``eval_steps``-th update.
+    ``micro_batches``: ``eval_steps`` counts forward/backward passes over ``batch_size`` sentences,
+    ArcCSE §4.1's "training steps" ("update the parameters every 64 steps ... We evaluate our model
+    every 125 training steps"). Weights change only at updates, so the check for micro-batch
+    k·eval_steps is made after the update that completes it: after step s when a multiple of
+    ``eval_steps`` lies in (accum·(s−1), accum·s]. Several multiples in one update give one check.
+    ``train.eval_at_end`` adds the last step either way."""
+    if not settings.selects_by_dev:
+        return False
+    if step == total and settings.eval_at_end:
+        return True
+    every = settings.eval_steps
+    if settings.eval_unit == "micro_batches":
+        return step * accum // every > (step - 1) * accum // every
+    return step % every == 0
+
+
+def resume(job: Job) -> State:
+    """Stage 2, resume: continue from ``.work/last.pt`` if it was saved by this very run (same
+    settings); otherwise start afresh (a stale ``.work`` is removed)."""
+    import torch
+
+    state_file = job.work / "last.pt"
+    st = None
+    if job.rank == 0:  # with train.devices > 1 rank 0 decides (and cleans up) before the others read
+        st = torch.load(state_file, map_location=job.device, weights_only=False) if state_file.is_file() else None
+        if st is not None and st.get("fingerprint") not in (job.fingerprint, legacy_fingerprint(job.run)):
+            log.warning("%s was saved by a run with other settings: starting afresh", state_file)
+            st = None
+        if st is None:
+            shutil.rmtree(job.work, ignore_errors=True)
+    if job.world > 1:
+        from .distributed import barrier, broadcast
+
+        barrier()
+        if broadcast(st is not None) and job.rank != 0:
+            st = torch.load(state_file, map_location=job.device, weights_only=False)
+    if st is None:
+        return State()
+    job.method.load_state_dict(st["method"])
+    job.opt.load_state_dict(st["optimizer"])
+    job.sched.load_state_dict(st["scheduler"])
+    job.scaler.load_state_dict(st["scaler"])
+    state = State(step=st["step"], best=st["best"], history=st["history"])
+    _set_rng_state(st["rng"])
+    kept = job.work / "best" / "sentemb.json"  # the best export can be newer than the last state save
+    if kept.is_file():
+        meta_best = json.loads(kept.read_text("utf-8"))
+        if meta_best.get("dev_stsb", -math.inf) > state.best["dev"]:
+            state.best = {"dev": meta_best["dev_stsb"], "step": meta_best["step"]}
+    log.info("resumed from %s at step %d/%d", state_file, state.step, job.total)
+    return state
+
+
+def micro_batches(job: Job, step: int, pin: bool = False) -> list[tuple[int, dict]]:
+    """The method-built CPU batches of optimizer step ``step``: (global micro index, batch) per
+    micro-batch. Deterministic in (seed, micro), so a resumed or re-run step sees the same data.
+    ``pin``: in page-locked memory, so that the copy to the GPU is asynchronous."""
+    out = []
+    for k in range(job.accum):
+        m = step * job.accum + k
+        idx = job.micro[m]
+        batch = job.method.build_batch([job.sentences[i] for i in idx], step=step, lines=idx, micro=m)
+        if pin:
+            batch = {key: v.pin_memory() for key, v in batch.items()}
+        out.append((m, batch))
+    return out
+
+
+class Prefetcher:
+    """Builds the next optimizer step's micro-batches (``micro_batches``) in one background thread
+    while the current step computes, so batch construction is off the critical path; pinned memory
+    on CUDA. Batches depend only on (seed, micro), never on the global RNG or the weights, so the
+    data are the same as without it (``train.prefetch: false``)."""
+
+    def __init__(self, job: Job):
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.job, self.pin = job, job.device.type == "cuda"
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="sentemb-batches")
+        self.pending = None  # (step, Future)
+
+    def get(self, step: int) -> list[tuple[int, dict]]:
+        """The batches of ``step`` (built ahead if it was the step asked for next), and start
+        building ``step + 1``."""
+        if self.pending is not None and self.pending[0] == step:
+            batches = self.pending[1].result()
+        else:
+            self.wait()
+            batches = micro_batches(self.job, step, self.pin)
+        self.pending = None
+        if step + 1 < self.job.total:
+            self.pending = (step + 1, self.pool.submit(micro_batches, self.job, step + 1, self.pin))
+        return batches
+
+    def wait(self) -> None:
+        """Let the batch in flight finish (before the main thread uses the tokenizer itself, e.g. to
+        evaluate: a fast tokenizer must not be used by two threads at once). Its error, if any, is
+        raised by the ``get`` that wants it."""
+        from concurrent.futures import wait
+
+        if self.pending is not None:
+            wait([self.pending[1]])
+
+    def close(self) -> None:
+        self.pending = None
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+def accumulate_gradients(job: Job, batches: list[tuple[int, dict]], state: State | None) -> None:
+    """Forward and backward over the step's micro-batches (loss / accum each), each in chunks of
+    ``job.chunk`` sentences when set (``chunked_backward``). With ``state``, the loss terms and
+    throughput counts are recorded for logging and the finiteness check, and, with
+    ``train.log_grad_norms`` on a step that will be logged, each weighted term's gradient norm."""
+    import torch
+
+    from ..methods.base import WEIGHTED
+
+    probe = None
+    if state is not None and job.settings.log_grad_norms and logs_at(job, state.step + 1):
+        from .grad_norms import TermGradNorms
+
+        probe = TermGradNorms(job.method.grad_norm_parameters(), job.accum, job.scaler, parts=bool(job.chunk))
+    world = getattr(job, "world", 1)
+    for m, batch in batches:
+        if state is not None:
+            state.n_sent += len(job.micro[m])
+            if "attention_mask" in batch:
+                state.n_tok += int(batch["attention_mask"].sum())
+        batch = {key: v.to(job.device, non_blocking=True) for key, v in batch.items()}
+        chunk = getattr(job, "chunk", None)
+        lo = hi = 0
+        if chunk or world > 1:  # only then are the batch's rows counted (any step_fn works unchunked)
+            n = job.method.n_sentences(batch)
+            lo, hi = (0, n) if world == 1 else _share(n, job.rank, world)
+        if chunk and chunk < hi - lo:
+            terms = chunked_backward(job, batch, m, probe, lo, hi)
+            loss = terms["loss"]
+        elif world > 1:
+            terms = sharded_backward(job, batch, m, lo, hi)
+            loss = terms["loss"]
+        else:
+            with autocast(job.device, job.amp), keyed_dropout(job, m, 0, batch):
+                terms = job.step_fn(batch)
+            weighted = terms.pop(WEIGHTED, None)  # graph-carrying weighted terms: never logged as such
+            loss = terms["loss"]
+            if probe is not None:
+                probe.add(weighted or {"loss": loss})
+            job.scaler.scale(loss / job.accum).backward()
+        if state is None:
+            continue
+        detached = state.terms = {key: v.detach() for key, v in terms.items()}
+        state.pending.append((state.step + 1, torch.isfinite(loss.detach()), detached))  # checked without a sync
+        for key, v in detached.items():
+            state.sum_terms[key] = state.sum_terms[key] + v if key in state.sum_terms else v
+        state.n_terms += 1
+    if world > 1:  # the step's gradient: summed over ranks once (sentemb.train.distributed)
+        from .distributed import reduce_gradients
+
+        reduce_gradients(job.method.parameters())
+    if probe is not None:
+        state.grad_norms = probe.norms()
+
+
+def _share(n: int, r: int, world: int) -> tuple[int, int]:
+    from .distributed import share
+
+    return share(n, r, world)
+
+
+def sharded_backward(job: Job, batch: dict, micro: int, lo: int, hi: int) -> dict:
+    """One micro-batch on one of ``job.world`` ranks (``train.devices``, ``sentemb.train.distributed``):
+    this rank encodes sentences ``[lo, hi)``; the in-batch terms are computed on every rank's
+    embeddings, gathered with their gradient, and back-propagated as L/world (the gather's backward
+    sums the ranks' copies of ∂L/∂E); the per-sentence terms of the share as they are (normalised
+    by the whole batch). Returns the micro-batch's logged terms summed over ranks, as ``losses``."""
+    from .distributed import gather_rows, sum_scalars
+    from ..methods.base import WEIGHTED, add_terms, total_loss
+
+    method, world = job.method, job.world
+    local = method.chunk(batch, lo, hi)
+    logged, weighted_total, parts = {}, {}, []
+    with autocast(job.device, job.amp), keyed_dropout(job, micro, lo, hi):
+        enc = method.encode(local)
+        if method.has_batch_terms:
+            emb = {k: gather_rows(v)[0] for k, v in enc.batch.items()}
+            out = method.batch_terms(emb, batch)
+            weighted = out.pop(WEIGHTED)
+            add_terms(logged, {k: v.detach() for k, v in out.items()})
+            add_terms(weighted_total, {k: v.detach() for k, v in weighted.items()})
+            if weighted:
+                parts.append(total_loss(weighted) / world)
+        rows = method.row_terms(enc, local, batch)
+    weighted = rows.pop(WEIGHTED)
+    add_terms(logged, sum_scalars({k: v.detach() for k, v in rows.items()}))
+    add_terms(weighted_total, sum_scalars({k: v.detach() for k, v in weighted.items()}))
+    if weighted:
+        parts.append(total_loss(weighted))
+    loss = sum(parts[1:], parts[0]) if parts else None
+    if loss is not None and loss.requires_grad:
+        job.scaler.scale(loss / job.accum).backward()
+    return {"loss": total_loss(weighted_total), **logged}
+
+
+def keyed_dropout(job: Job, micro: int, start: int, stop: "int | dict"):
+    """The dropout context of sentences ``[start, stop)`` of micro-batch ``micro`` (``stop`` a
+    whole batch: all its sentences): keyed masks (``sentemb.model.dropout``) with ``train.dropout_rng:
+    keyed``, nothing otherwise."""
+    from contextlib import nullcontext
+
+    if job.settings.dropout_rng != "keyed":
+        return nullcontext()
+    from ..model.dropout import keyed
+
+    if isinstance(stop, dict):
+        stop = job.method.n_sentences(stop)
+    return keyed(job.seed, micro, start, stop)
+
+
+def _device_rng(device: "torch.device") -> dict:
+    import torch
+
+    st = {"cpu": torch.get_rng_state()}
+    if device.type == "cuda":
+        st["cuda"] = torch.cuda.get_rng_state(device)
+    return st
+
+
+def _set_device_rng(st: dict, device: "torch.device") -> None:
+    import torch
+
+    torch.set_rng_state(st["cpu"])
+    if "cuda" in st:
+        torch.cuda.set_rng_state(st["cuda"], device)
+
+
+def chunked_backward(job: Job, batch: dict, micro: int, probe=None, lo: int = 0, hi: int | None = None) -> dict:
+    """Gradient caching (Gao et al. 2021, §3.2) of one micro-batch, ``job.chunk`` sentences at a time
+    (``Method`` docstring, steps a-c):
+
+    1. each chunk is encoded without a graph (``Method.encode``), its random state recorded first;
+    2. the in-batch terms (``Method.batch_terms``) are computed on the concatenated embeddings E and
+       back-propagated once: ∂L/∂E is cached (and parameters used there, e.g. a projection, get
+       their gradient);
+    3. each chunk is encoded again with its graph under its recorded random state (the same dropout
+       masks as in 1, on CPU and CUDA), and ∂L/∂E of its rows is back-propagated through it together
+       with its per-sentence terms (``Method.row_terms``, normalised by the whole batch).
+
+    The parameters' gradient is that of the unchunked loss on the same masks; memory holds one
+    chunk's graph. A method without in-batch terms (``has_batch_terms = False``) needs only step 3,
+    once. Per-sentence terms draw their dropout from a stream of their own per chunk (seeded from
+    the global generator), so they never reuse the numbers of the next chunk's encoding.
+
+    With ``train.devices`` > 1 this rank chunks its share ``[lo, hi)`` of the sentences; step 2
+    runs on every rank's embeddings (gathered, ``sentemb.train.distributed``) and this rank keeps the
+    cached gradient of its own rows; per-sentence terms are logged summed over ranks. Returns the
+    detached logged terms and ``loss``, as ``Method.losses``."""
+    import torch
+
+    from ..methods.base import WEIGHTED, add_terms, total_loss
+
+    method, device, size = job.method, job.device, job.chunk
+    world = getattr(job, "world", 1)
+    hi = method.n_sentences(batch) if hi is None else hi
+    bounds = [(s, min(s + size, hi)) for s in range(lo, hi, size)]
+    chunks = [method.chunk(batch, s, e) for s, e in bounds]
+    scale = lambda t: job.scaler.scale(t / job.accum)  # noqa: E731  (as the unchunked backward scales)
+    logged: dict = {}  # in-batch terms (the same on every rank)
+    weighted_total: dict = {}
+    row_logged: dict = {}  # per-sentence terms (this rank's share)
+    row_weighted: dict = {}
+    cached: dict = {}  # key -> ∂(scaled L_batch)/∂E of this rank's rows
+    term_grads: dict = {}  # term -> {key -> ∂(scaled term)/∂E}  (log_grad_norms)
+    if method.has_batch_terms:
+        states, parts = [], []
+        with torch.no_grad():
+            for (s, e), c in zip(bounds, chunks):
+                states.append(_device_rng(device))
+                with autocast(device, job.amp), keyed_dropout(job, micro, s, e):
+                    parts.append(method.encode(c).batch)
+        row_seed = int(torch.randint(0, 2**62, (1,)))  # after pass 1: the stream continues from here
+        after = _device_rng(device)
+        keys = list(parts[0])
+        emb = {k: torch.cat([p[k] for p in parts], 0).detach() for k in keys}
+        offset = {k: 0 for k in keys}
+        if world > 1:  # every rank's rows, in rank order; this rank's start at offset[k]
+            from .distributed import gather_rows
+
+            for k in keys:
+                emb[k], sizes = gather_rows(emb[k], with_grad=False)
+                offset[k] = sum(sizes[: job.rank])
+        for v in emb.values():
+            if v.is_floating_point():
+                v.requires_grad_(True)
+        with autocast(device, job.amp):
+            out = method.batch_terms(emb, batch)
+        weighted = out.pop(WEIGHTED)
+        add_terms(logged, {k: v.detach() for k, v in out.items()})
+        add_terms(weighted_total, {k: v.detach() for k, v in weighted.items()})
+        leaves = [emb[k] for k in keys if emb[k].requires_grad]
+        if probe is not None:
+            for name, t in weighted.items():
+                if t.requires_grad:
+                    grads = torch.autograd.grad(scale(t), leaves + probe.params, retain_graph=True, allow_unused=True)
+                    term_grads[name] = dict(zip([k for k in keys if emb[k].requires_grad], grads[:len(leaves)]))
+                    probe.add_grads(name, grads[len(leaves):])
+        if weighted:
+            loss_b = total_loss(weighted)
+            if loss_b.requires_grad:  # /world: parameters used here get their gradient on every rank
+                scale(loss_b / world).backward()
+        for k in keys:
+            if emb[k].requires_grad and emb[k].grad is not None:
+                n_local = sum(p[k].size(0) for p in parts)
+                g = emb[k].grad[offset[k] : offset[k] + n_local]
+                cached[k] = g * world if world > 1 else g
+    for i, ((s, e), c) in enumerate(zip(bounds, chunks)):
+        if method.has_batch_terms:
+            _set_device_rng(states[i], device)
+        with autocast(device, job.amp), keyed_dropout(job, micro, s, e):
+            enc = method.encode(c)
+            if method.has_batch_terms and job.settings.dropout_rng != "keyed":
+                torch.manual_seed((row_seed + i) % 2**63)  # the chunk's per-sentence terms: a stream of their own
+            rows = method.row_terms(enc, c, batch)
+        weighted = rows.pop(WEIGHTED)
+        add_terms(row_logged, {k: v.detach() for k, v in rows.items()})
+        add_terms(row_weighted, {k: v.detach() for k, v in weighted.items()})
+        outputs, grads = [], []
+        for k, g in cached.items():
+            lo = sum(parts[j][k].size(0) for j in range(i))
+            outputs.append(enc.batch[k])
+            grads.append(g[lo : lo + parts[i][k].size(0)])
+        if probe is not None:
+            for name, tg in term_grads.items():
+                outs = [enc.batch[k] for k in tg if tg[k] is not None]
+                if outs:
+                    lo = {k: sum(parts[j][k].size(0) for j in range(i)) for k in tg}
+                    gs = [tg[k][lo[k] : lo[k] + parts[i][k].size(0)] for k in tg if tg[k] is not None]
+                    probe.add_grads(name, torch.autograd.grad(outs, probe.params, gs, retain_graph=True, allow_unused=True))
+            for name, t in weighted.items():
+                if t.requires_grad:
+                    probe.add_grads(name, torch.autograd.grad(scale(t), probe.params, retain_graph=True, allow_unused=True))
+        if weighted:
+            row_loss = total_loss(weighted)
+            if row_loss.requires_grad:
+                outputs.append(scale(row_loss))
+                grads.append(None)
+        if outputs:
+            torch.autograd.backward(outputs, grads)
+    if method.has_batch_terms:
+        _set_device_rng(after, device)
+    if world > 1:
+        from .distributed import sum_scalars
+
+        row_logged, row_weighted = sum_scalars(row_logged), sum_scalars(row_weighted)
+    add_terms(logged, row_logged)
+    add_terms(weighted_total, row_weighted)
+    return {"loss": total_loss(weighted_total), **logged}
+
+
+def apply_update(job: Job) -> None:
+    """Clip the gradient norm, step optimizer, grad scaler and LR schedule, clear gradients."""
+    import torch
+
+    if job.settings.grad_clip:
+        job.scaler.unscale_(job.opt)
+        torch.nn.utils.clip_grad_norm_(job.method.parameters(), job.settings.grad_clip)
+    job.scaler.step(job.opt)
+    job.scaler.update()
+    job.sched.step()
+    job.opt.zero_grad(set_to_none=True)
+
+
+def sam_gradients(job: Job, batches: list[tuple[int, dict]], state: State) -> None:
+    """Sharpness-Aware Minimization (``train.sam_rho``; Foret et al. 2021, Eqs. 2-3, ``sentemb.train.sam``):
+    the gradient g at w (its loss terms are the ones logged), w ← w + ρ·g/‖g‖, the gradient again at
+    the perturbed weights on the same micro-batches with the same dropout masks (the RNG state is
+    rewound, and the batches themselves are the kept ones, built from the (seed, micro) generators),
+    then w restored exactly; ``apply_update`` clips and steps with that second gradient."""
+    from . import sam
+
+    rng = _rng_state()
+    accumulate_gradients(job, batches, state)
+    saved = sam.ascend([p for group in job.opt.param_groups for p in group["params"]], job.settings.sam_rho)
+    job.opt.zero_grad(set_to_none=True)
+    _set_rng_state(rng)  # same dropout masks in the second pass
+    accumulate_gradients(job, batches, None)
+    sam.restore(saved)
+
+
+def optimizer_step(job: Job, state: State) -> None:
+    """Stage 3, one optimizer step: build the micro-batches, accumulate gradients (twice, at w and
+    at w + ε̂, with ``train.sam_rho``), update."""
+    batches = job.prefetch.get(state.step) if job.prefetch is not None else micro_batches(job, state.step)
+    if getattr(job, "world", 1) > 1 and job.settings.dropout_rng == "stream":  # per rank and step (sentemb.train.distributed)
+        import torch
+
+        from .distributed import step_seed
+
+        torch.manual_seed(step_seed(job.seed, state.step, job.rank))
+    if job.settings.sam_rho:
+        sam_gradients(job, batches, state)
+    else:
+        accumulate_gradients(job, batches, state)
+    apply_update(job)
+    state.step += 1
+
+
+def check_finite(job: Job, state: State) -> None:
+    """Raise on the first non-finite loss since the last check (one device sync per check, so the
+    GPU is not stalled every step); runs before every log, evaluation and checkpoint."""
+    import torch
+
+    if not state.pending:
+        return
+    flags = torch.stack([f for _, f, _ in state.pending]).cpu()
+    if not bool(flags.all()):
+        bad_step, _, terms = state.pending[int((~flags).nonzero()[0])]
+        shown = {key: float(v) for key, v in terms.items()}
+        raise SentembError(f"run '{job.run.name}' seed {job.seed}: loss is {shown['loss']} at step {bad_step} "
+                           f"(terms {shown}); lower the learning rate or train in fp32")
+    state.pending.clear()
+
+
+def logs_at(job: Job, step: int) -> bool:
+    """Is the optimizer step that brings the count to ``step`` logged (``train.log_steps``, and the last)?"""
+    return step % job.settings.log_steps == 0 or step == job.total
+
+
+def history_entry(state: State) -> dict:
+    """The ``train.json`` history record of the current step (one per step: grad norms, dev score)."""
+    if not state.history or state.history[-1]["step"] != state.step:
+        state.history.append({"step": state.step})
+    return state.history[-1]
+
+
+def log_step(job: Job, state: State) -> dict:
+    """Stage 4, log: mean loss terms since the last log, learning rate, throughput -> MLflow; with
+    ``train.log_grad_norms``, the step's per-term gradient norms (also into the history)."""
+    check_finite(job, state)
+    now = time.perf_counter()
+    dt = now - state.t_log
+    metrics = {f"train/{key}": float(v) / state.n_terms for key, v in state.sum_terms.items()}
+    metrics.update({"train/lr": job.sched.get_last_lr()[0], "train/sentences_per_s": state.n_sent / dt,
+                    "train/tokens_per_s": state.n_tok / dt})
+    if state.grad_norms:
+        norms = {f"train/grad_norm/{key}": float(v) for key, v in state.grad_norms.items()}
+        metrics.update(norms)
+        history_entry(state).update(norms)
+        state.grad_norms = {}
+    job.tracker.log_metrics(metrics, state.step)
+    state.sum_terms, state.n_terms, state.n_sent, state.n_tok = {}, 0, 0, 0
+    state.t_log = now
+    return metrics
+
+
+def evaluate_and_keep(job: Job, state: State) -> float:
+    """Stage 5, evaluate and keep: STS-B dev Spearman of the current weights; a new best is
+    exported to ``.work/best`` (atomically). Evaluation time is not counted as training time."""
+    from ..evaluate.sts import stsb_dev
+
+    check_finite(job, state)
+    t0 = time.perf_counter()
+    if job.prefetch is not None:
+        job.prefetch.wait()
+    dev = stsb_dev(job.embedder, job.dev_pairs) if job.rank == 0 else None
+    if job.world > 1:  # rank 0 evaluates, the others wait for its score: one history, one decision
+        from .distributed import broadcast
+
+        dev = broadcast(dev)
+    history_entry(state)["dev_stsb"] = dev
+    if dev > state.best["dev"]:
+        state.best.update(dev=dev, step=state.step)
+        if job.rank == 0:
+            export_to(job, job.work / "best", {"step": state.step, "dev_stsb": dev})
+    job.method.train()
+    job.tracker.log_metrics({"dev/stsb_spearman": dev, "dev/best": state.best["dev"]}, state.step)
+    log.info("step %d: STS-B dev %.2f (best %.2f at step %d)", state.step, dev, state.best["dev"], state.best["step"])
+    state.t_log += time.perf_counter() - t0
+    return dev
+
+
+def write_card_without_results(model_dir: Path, run: dict, summary: dict) -> None:
+    """The exported model's card before any evaluation (``sentemb.report.model_card``: a model is never
+    anonymous; rule ``model_card`` adds the results). A failure to write it is logged, not raised:
+    it must not cost the trained model."""
+    from ..report.model_card import write_export_card
+
+    try:
+        write_export_card(model_dir, run, summary)
+    except Exception as e:  # noqa: BLE001 - the card is secondary to the weights
+        log.warning("run '%s': no model card written (%s: %s); `sentemb model-card` writes it later",
+                    run.get("name"), type(e).__name__, e)
+
+
+def export_to(job: Job, path: Path, extra: dict) -> None:
+    with atomic_path(path, is_dir=True) as tmp:
+        job.method.export(tmp, job.pooler, meta={**job.meta, "pooler": job.pooler, **extra})
+
+
+def save_state(job: Job, state: State) -> None:
+    """Stage 6, save: everything needed to continue bit-identically (weights, optimizer, schedule,
+    scaler, step, best, history, RNG states), written atomically to ``.work/last.pt``."""
+    import torch
+
+    check_finite(job, state)  # never checkpoint weights that a non-finite loss has touched
+    if job.rank != 0:  # the weights are the same on every rank; rank 0 saves them
+        return
+    with atomic_path(job.work / "last.pt") as tmp:
+        torch.save({"fingerprint": job.fingerprint, "method": job.method.state_dict(), "optimizer": job.opt.state_dict(),
+                    "scheduler": job.sched.state_dict(), "scaler": job.scaler.state_dict(), "step": state.step,
+                    "best": state.best, "history": state.history, "rng": _rng_state()}, tmp)
+
+
+def finish(job: Job, state: State, t_start: float) -> dict:
+    """Stage 7, finish: the best checkpoint (or, with ``model_selection: last``, the final weights)
+    becomes ``model/``; ``train.json`` summarises the run."""
+    check_finite(job, state)
+    if not job.settings.selects_by_dev:
+        if job.rank == 0:
+            export_to(job, job.work / "best", {"step": state.step})
+        state.best = {"dev": None, "step": state.step}
+    summary_extra = {"devices": job.world} if job.world > 1 else {}
+    if job.rank != 0:  # only rank 0 writes
+        return {**job.meta, "steps": job.total, "best_step": state.best["step"], "best_dev_stsb": state.best["dev"],
+                "history": state.history, **summary_extra}
+    if not (job.work / "best").is_dir():
+        raise SentembError(f"run '{job.run.name}': no checkpoint was evaluated (set train.eval_at_end: true)")
+    from ..report.model_card import training_provenance
+
+    summary = {
+        **job.meta, "steps": job.total, "best_step": state.best["step"], "best_dev_stsb": state.best["dev"],
+        "history": state.history, "train_seconds_this_process": round(time.perf_counter() - t_start, 2),
+        "pooler": job.pooler, "device": str(job.device), "precision": str(job.amp or "fp32"),
+        "chunk_size": job.chunk or job.settings.batch_size, "chunked": job.chunk is not None, **summary_extra,
+        "provenance": training_provenance(job.run.to_dict(), len(job.sentences)),  # commit, corpus digest (the card)
+    }
+    with atomic_path(job.out_dir / "model", is_dir=True) as tmp:
+        shutil.rmtree(tmp)
+        shutil.copytree(job.work / "best", tmp)
+        write_card_without_results(tmp, job.run.to_dict(), summary)
+    write_json(job.out_dir / "train.json", summary)
+    if state.best["dev"] is not None:
+        job.tracker.log_metrics({"dev/best": state.best["dev"]}, job.total)
+    job.tracker.log_artifact(job.out_dir / "train.json")
+    job.tracker.set_tags({"best_step": state.best["step"]})
+    return summary
+
+
+def train(run: Run | dict, out_dir: str | Path, *, progress: bool = True, stop_after: int | None = None,
+          method_cls: "type[Method] | None" = None) -> dict:
+    """Train one run (a resolved run, see ``sentemb.config.load.resolve_run``) into ``out_dir``.
+
+    ``stop_after`` ends the process-equivalent of a kill after that many optimizer steps (tests).
+    ``method_cls`` replaces the registered class of ``run.method`` (a pretraining stage,
+    ``Method.pretrain_stage``, runs this loop with that Method subclass and ``model_selection: last``).
+    """
+    from ..config.studies import study_tags
+    from ..tracking.runs import Tracker
+
+    run = Run.from_dict(run)
+    out_dir = Path(out_dir)
+    seed = int(run.seed)
+    meta = {"method": run.method, "name": run.name, "backbone": run.backbone, "seed": seed}
+    # train.devices > 1: one of several processes (sentemb.train.distributed); only rank 0 tracks and writes
+    lead = run.train.devices == 1 or int(os.environ.get("RANK", "0")) == 0
+    # The MLflow run is opened first, so that bad input also ends as a FAILED run with the error. A
+    # job that will resume its own saved state continues its own run (see Tracker's `marker`).
+    tracker = Tracker(uri=run.tracking.uri, experiment=run.experiment,
+                      enabled=lead and run.tracking.enabled,
+                      run_name=run.run_name or f"train/{run.name}/{run.backbone}/seed{seed}",
+                      tags={**meta, "rule": run.rule or "train", **study_tags(run)}, params=run.to_dict(),
+                      marker=out_dir / ".mlflow_run.json", key=run_fingerprint(run),
+                      resume=(out_dir / ".work" / "last.pt").is_file(), wait_s=run.tracking.wait_s)
+    with tracker:
+        corpus = Path(run.paths.get("corpus") or "")
+        if corpus.is_file() and not tracker.continued:  # lineage: the Dataset column in MLflow
+            tracker.log_dataset(corpus, name=run.corpus or corpus.stem)
+        with setup(run, out_dir, method_cls, tracker) as job:
+            state = resume(job)
+            bar = None
+            if progress and lead:
+                from tqdm import tqdm
+
+                bar = tqdm(total=job.total, initial=state.step, desc=f"train {run.name}", unit="step",
+                           file=sys.stderr, mininterval=1 if sys.stderr.isatty() else 30)
+            t_start = state.t_log = time.perf_counter()
+            for _ in run_steps(job, state, bar=bar):
+                if stop_after is not None and state.step >= stop_after and state.step < job.total:
+                    save_state(job, state)
+                    raise KeyboardInterrupt(f"stopped after {state.step} steps (test hook)")
+        if bar is not None:
+            bar.close()
+        summary = finish(job, state, t_start)
+    if lead:
+        shutil.rmtree(job.work, ignore_errors=True)
+    return summary
+
+
+def run_steps(job: Job, state: State, steps: int | None = None, bar=None) -> Iterator[State]:
+    """The loop, yielding ``state`` after each optimizer step: up to ``steps`` more steps (default:
+    until ``job.total``), each followed, when due, by its log, evaluate-and-keep and save stages.
+    ``train`` drives it; so do the benchmarks and the tests, which thus run the loop's own code."""
+    end = job.total if steps is None else min(job.total, state.step + steps)
+    while state.step < end:
+        optimizer_step(job, state)
+        if bar is not None:
+            bar.update(1)
+        if logs_at(job, state.step):
+            metrics = log_step(job, state)
+            if bar is not None:
+                bar.set_postfix(loss=f"{metrics['train/loss']:.4f}")
+        if eval_due(job.settings, state.step, job.accum, job.total):
+            evaluate_and_keep(job, state)
+        if state.step % job.settings.save_steps == 0 and state.step != job.total:
+            save_state(job, state)
+        yield state
