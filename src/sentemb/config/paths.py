@@ -109,6 +109,10 @@ class Layout:
             "model": self.model(backbone),
             "corpus": self.corpus(corpus),
             "senteval": self.eval_data("senteval"),
+            # read by nothing (a method reads its declared ``inputs``), but part of every fingerprint
+            # saved so far (``sentemb.config.settings.fingerprint`` hashes the data paths): dropping
+            # it would rerun every finished training and stop every saved state from resuming
+            "stats": self.stats_dir(corpus),
             "inputs": inputs,
             **({"tokens": self.tokens(corpus, backbone)} if token_cache else {}),
         }

@@ -492,7 +492,7 @@ class Run:
     seed: int
     train: TrainSettings = field(default_factory=TrainSettings)
     method_args: dict = field(default_factory=dict)  # the method's resolved Args, as a mapping
-    paths: dict = field(default_factory=dict)  # model, corpus, senteval, inputs{name: path}, tokens
+    paths: dict = field(default_factory=dict)  # model, corpus, senteval, stats, inputs{name: path}, tokens
     backbone_hub_id: str | None = None
     experiment: str = "sentemb"
     tracking: TrackingSettings = field(default_factory=TrackingSettings)  # a mapping is read as one
