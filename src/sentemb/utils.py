@@ -74,6 +74,17 @@ def read_json(path: str | os.PathLike, what: str = "results"):
         raise SentembError(f"cannot read {what} {path}: {e}") from None
 
 
+def json_object(text: str, where: str, what: str = "a JSON object") -> dict:
+    """``text`` parsed as a JSON object (a command-line value); an error naming ``where`` otherwise."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise SentembError(f"{where}: not valid JSON ({e}): {text!r}") from None
+    if not isinstance(value, dict):
+        raise SentembError(f"{where}: expected {what}, got {text!r}")
+    return value
+
+
 def write_text(path: str | os.PathLike, text: str) -> None:
     with atomic_path(path) as tmp:
         tmp.write_text(text, encoding="utf-8")

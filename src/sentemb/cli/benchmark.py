@@ -46,7 +46,9 @@ def _cmd_overhead(args) -> int:
     return 0
 
 
-def _cmd_grad_norms(args) -> int:
+def _bench_setup(args) -> tuple:
+    """The device (and its name as printed), the methods, their ``--method-args`` and ``--input``
+    paths of a method benchmark."""
     import torch
 
     from ..utils import resolve_device
@@ -56,8 +58,11 @@ def _cmd_grad_norms(args) -> int:
         torch.set_num_threads(args.threads)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu x{torch.get_num_threads()} threads"
     methods = args.method or ["simcse"]
-    margs = _method_args(args.method_args, methods)
-    inputs = dict(kv.split("=", 1) for kv in args.input)
+    return device, name, methods, _method_args(args.method_args, methods), dict(kv.split("=", 1) for kv in args.input)
+
+
+def _cmd_grad_norms(args) -> int:
+    device, name, methods, margs, inputs = _bench_setup(args)
     print(f"model {args.model} | device {name} | batch {args.batch_size} | max_len {args.max_len} | "
           f"precision {args.precision} | median of {args.rounds} rounds of {args.steps} steps after {args.warmup} warm-up")
     print(f"{'method':<10} {'terms':<28} {'ms/step off':>12} {'ms/step on':>11} {'ms per logged step':>19} "
@@ -74,17 +79,7 @@ def _cmd_grad_norms(args) -> int:
 
 
 def _cmd_chunked(args) -> int:
-    import torch
-
-    from ..utils import resolve_device
-
-    device = resolve_device(args.device)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu x{torch.get_num_threads()} threads"
-    methods = args.method or ["simcse"]
-    margs = _method_args(args.method_args, methods)
-    inputs = dict(kv.split("=", 1) for kv in args.input)
+    device, name, methods, margs, inputs = _bench_setup(args)
     print(f"model {args.model} | device {name} | batch {args.batch_size} | chunks of {args.chunked} | max_len "
           f"{args.max_len} | precision {args.precision} | median of {args.rounds} rounds of {args.steps} steps after "
           f"{args.warmup} warm-up")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+
 from ..config.reference import config_keys_markdown
 
 

@@ -3,9 +3,10 @@ call it."""
 
 from __future__ import annotations
 
-import json
 import os
+
 from .. import SentembError
+from ..utils import json_object
 from ..data.fetch import (
     MIRROR_ENV, fetch_corpus, fetch_model, fetch_nltk, fetch_senteval, fetch_senteval_raw, prepare_corpus,
     prepare_sts_corpus)
@@ -16,15 +17,7 @@ def _mirror(args) -> str | None:
 
 
 def _random_init_arg(text: str | None) -> dict | None:
-    if text is None:
-        return None
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise SentembError(f"--random-init: not valid JSON ({e}): {text!r}") from None
-    if not isinstance(value, dict):
-        raise SentembError(f"--random-init: expected a JSON object of HF config keys, got {text!r}")
-    return value
+    return None if text is None else json_object(text, "--random-init", "a JSON object of HF config keys")
 
 
 def _cmd_fetch_corpus(args) -> None:

@@ -7,6 +7,7 @@ import argparse
 import json
 import time
 from pathlib import Path
+
 from .. import SentembError
 from ..evaluate.senteval import TASKS
 from ..evaluate.sts import _training_run_id, embedder_for, evaluate_sts, format_scores

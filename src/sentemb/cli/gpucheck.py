@@ -10,6 +10,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
 from .. import SentembError
 from ..ops.gpucheck import _row, check, methods_to_check
 

@@ -4,6 +4,7 @@ call it."""
 from __future__ import annotations
 
 from pathlib import Path
+
 from .. import SentembError
 from ..stats.inputs import build_input, get_input
 

@@ -4,6 +4,7 @@ call it."""
 from __future__ import annotations
 
 import argparse
+
 from ..report.model_card import write_run_card
 
 

@@ -4,6 +4,7 @@ call it."""
 from __future__ import annotations
 
 from pathlib import Path
+
 from ..evaluate.senteval import TASKS
 from ..evaluate.transfer import CLASSIFIER_DESCRIPTIONS, TRANSFER_TASKS
 from ..report.tables import collect

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+
 from .. import SentembError
 from ..report.studies import load_published, read_values, study_figure, study_markdown, study_table
 from ..utils import atomic_path

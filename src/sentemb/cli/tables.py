@@ -4,6 +4,7 @@ call it."""
 from __future__ import annotations
 
 import argparse
+
 from ..report.tables import collect, table1, to_markdown
 from ..utils import atomic_path
 

@@ -4,6 +4,7 @@ call it."""
 from __future__ import annotations
 
 import argparse
+
 from ..data.tokens import TokenCache
 
 

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+
 from .. import SentembError
 from ..tracking.queue import QUEUE_NAME, Sender, TrackingUnavailable, call, is_remote, sync_all
 from ..tracking.runs import check_uri, log, refused_message, set_note, ui_link, wait_time

@@ -5,49 +5,61 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 from pathlib import Path
-from .. import SentembError
+
 from ..config.settings import Run
 from ..train.loop import train
-from ..utils import write_json
+from ..utils import read_json, write_json
 
 
-def _cmd_train(args: argparse.Namespace) -> int:
-    path = Path(args.run_config)
-    if not path.is_file():
-        raise SentembError(f"--run-config: file not found: {path}")
-    try:
-        run = json.loads(path.read_text("utf-8"))
-    except json.JSONDecodeError as e:
-        raise SentembError(f"{path}: not valid JSON ({e})") from None
-    run = Run.from_dict(run)
-    if args.options:  # today's weight-free settings (rule run_options), over those the run config was written with
+def job_run(args: argparse.Namespace, what: str) -> Run:
+    """The resolved run (or pretraining stage) of ``--run-config``, with today's weight-free settings
+    of ``--options`` over it (rule ``run_options``/``pretrain_options``), then ``--device`` and
+    ``--no-track``: what ``sentemb train`` and ``sentemb pretrain`` both run."""
+    run = Run.from_dict(read_json(args.run_config, f"--run-config ({what})"))
+    if args.options:
         from ..config.settings import apply_options
 
-        opts = Path(args.options)
-        try:
-            run = apply_options(run, json.loads(opts.read_text("utf-8")), str(opts))
-        except (OSError, json.JSONDecodeError) as e:
-            raise SentembError(f"--options {opts}: {e}") from None
+        run = apply_options(run, read_json(args.options, "--options"), str(args.options))
     if args.device:
         run.train.device = args.device
     if args.no_track:
         run.tracking = dataclasses.replace(run.tracking, enabled=False)
+    return run
+
+
+def run_job(command: str, args: argparse.Namespace, run: Run, label: str, fn) -> dict | None:
+    """``fn(run, output_dir, progress=...)`` in this process, or on ``train.devices`` processes
+    (``sentemb.train.distributed``: the command relaunched under torchrun); the summary it wrote,
+    None on a rank other than 0."""
     from ..train import distributed
 
     if run.train.devices > 1 and not distributed.under_torchrun():
-        distributed.relaunch("train", args, run.train.devices, f"run '{run.name}'")
-        summary = json.loads((Path(args.output_dir) / "train.json").read_text("utf-8"))
-    else:
-        try:
-            summary = train(run, args.output_dir, progress=not args.quiet)
-        finally:
-            distributed.shutdown()
-        if int(os.environ.get("RANK", "0")) != 0:  # under torchrun: rank 0 reports
-            return 0
-    print(f"{_summary_line(summary)} -> {Path(args.output_dir) / 'model'}")
+        distributed.relaunch(command, args, run.train.devices, label)
+        return read_json(Path(args.output_dir) / "train.json", "train summary")
+    try:
+        summary = fn(run, args.output_dir, progress=not args.quiet)
+    finally:
+        distributed.shutdown()
+    return summary if int(os.environ.get("RANK", "0")) == 0 else None  # under torchrun: rank 0 reports
+
+
+def add_job_arguments(p: argparse.ArgumentParser, run_help: str, options_help: str) -> None:
+    """The arguments of a training job (``sentemb train``, ``sentemb pretrain``): what ``job_run`` reads."""
+    p.add_argument("--run-config", required=True, help=run_help)
+    p.add_argument("--options", default=None, metavar="JSON", help=options_help)
+    p.add_argument("--output-dir", required=True)
+    p.add_argument("--device", default=None, help="override train.device (auto, cpu, cuda, cuda:1)")
+    p.add_argument("--no-track", action="store_true", help="no MLflow run")
+    p.add_argument("--quiet", action="store_true")
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    run = job_run(args, "run config")
+    summary = run_job("train", args, run, f"run '{run.name}'", train)
+    if summary is not None:
+        print(f"{_summary_line(summary)} -> {Path(args.output_dir) / 'model'}")
     return 0
 
 
@@ -70,14 +82,10 @@ def _cmd_run_config(args: argparse.Namespace) -> int:
 
 def register(sub) -> None:
     p = sub.add_parser("train", help="train one run (method x backbone x seed)")
-    p.add_argument("--run-config", required=True, help="resolved run JSON (see `sentemb run-config`)")
-    p.add_argument("--options", default=None, metavar="JSON",
-                   help="weight-free settings applied over the run config (sentemb.config.settings.run_options: log_steps, "
-                        "save_steps, threads, device, chunking, tracking); the Snakefile's rule run_options writes it")
-    p.add_argument("--output-dir", required=True)
-    p.add_argument("--device", default=None, help="override train.device (auto, cpu, cuda, cuda:1)")
-    p.add_argument("--no-track", action="store_true", help="no MLflow run")
-    p.add_argument("--quiet", action="store_true")
+    add_job_arguments(p, "resolved run JSON (see `sentemb run-config`)",
+                      "weight-free settings applied over the run config (sentemb.config.settings.run_options: "
+                      "log_steps, save_steps, threads, device, chunking, tracking); the Snakefile's rule run_options "
+                      "writes it")
     p.set_defaults(func=_cmd_train)
     q = sub.add_parser("run-config", help="write the resolved settings of one run from a config file")
     q.add_argument("--config", required=True)

@@ -7,6 +7,7 @@ import argparse
 import json
 import time
 from pathlib import Path
+
 from .. import SentembError
 from ..evaluate.senteval import TRANSFER_TASKS
 from ..evaluate.transfer import (

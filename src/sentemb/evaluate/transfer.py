@@ -47,6 +47,7 @@ All sentences of a task are encoded once (unique sentences, length-sorted batche
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -637,31 +638,38 @@ def write_features(path: str | Path, vectors: dict[str, np.ndarray], tasks: Sequ
     return path
 
 
-def read_features_meta(path: str | Path) -> dict:
-    """The JSON ``meta`` of a features file; a clear error naming the file when it is not one."""
+@contextlib.contextmanager
+def _features(path: str | Path):
+    """The open features file and its checked JSON ``meta`` (one read of the archive); a clear error
+    naming the file when it is not one."""
     import zipfile
 
     path = Path(path)
     if not path.is_file():
         raise SentembError(f"transfer features file not found: {path} (written by `sentemb encode-transfer`)")
     try:
-        with np.load(path, allow_pickle=False) as z:
-            meta = json.loads(str(z["meta"]))
+        z = np.load(path, allow_pickle=False)
+        meta = json.loads(str(z["meta"]))
     except (zipfile.BadZipFile, OSError, ValueError, KeyError, json.JSONDecodeError) as e:
         raise SentembError(f"{path}: not a transfer features file of `sentemb encode-transfer` ({e!r}); "
                            "delete it and encode again") from None
-    if meta.get("format") != FEATURES_FORMAT:
-        raise SentembError(f"{path}: features format {meta.get('format')!r}, this sentemb reads {FEATURES_FORMAT}; "
-                           "encode again")
-    return meta
+    with z:
+        if meta.get("format") != FEATURES_FORMAT:
+            raise SentembError(f"{path}: features format {meta.get('format')!r}, this sentemb reads "
+                               f"{FEATURES_FORMAT}; encode again")
+        yield z, meta
+
+
+def read_features_meta(path: str | Path) -> dict:
+    """The JSON ``meta`` of a features file; a clear error naming the file when it is not one."""
+    with _features(path) as (_, meta):
+        return meta
 
 
 def read_features(path: str | Path, task: TransferTask) -> np.ndarray:
     """The vectors of ``task`` from a features file, checked against the task's sentences as they
     are read now (a changed data file or another task list is an error, never a silent mismatch)."""
-    path = Path(path)
-    read_features_meta(path)
-    with np.load(path, allow_pickle=False) as z:
+    with _features(path) as (z, _):
         if task.name not in z.files:
             held = sorted(f for f in z.files if f != "meta" and not f.endswith(".digest"))
             raise SentembError(f"{path}: no vectors of transfer task {task.name} (it holds {', '.join(held)}); "

@@ -372,7 +372,7 @@ def _peak(device, override):
 
 def _method_args(items: list[str], methods: list[str]) -> dict[str, dict]:
     """``--method-args`` values: ``NAME=JSON`` for one method, or plain JSON for the one non-simcse method."""
-    import json
+    from ..utils import json_object
 
     out: dict[str, dict] = {}
     for it in items:
@@ -382,11 +382,5 @@ def _method_args(items: list[str], methods: list[str]) -> dict[str, dict]:
             if len(others) != 1:
                 raise SentembError("--method-args: with several methods write NAME=JSON")
             name = others[0]
-        try:
-            val = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise SentembError(f"--method-args {it!r}: not valid JSON ({e})") from None
-        if not isinstance(val, dict):
-            raise SentembError(f"--method-args {it!r}: must be a JSON object")
-        out[name] = {**out.get(name, {}), **val}
+        out[name] = {**out.get(name, {}), **json_object(text, f"--method-args {it!r}")}
     return out
