@@ -25,7 +25,7 @@ except SentembError as e:
 CFG = Config.of(config)
 # Every path of the DAG (sentemb.config.paths); its methods' defaults are the wildcards: LAYOUT.model() is
 # resources/models/{backbone}.
-LAYOUT = Layout.of(config)
+LAYOUT = Layout.of(CFG)
 
 # Cached downloads damaged since they were verified (truncated weights, an edited STS file) are moved
 # aside here so that they are fetched again (sentemb.data.cache); in the main process only, not in every job.
@@ -55,14 +55,14 @@ GPU_ENV = f"SENTEMB_GPU_SLOTS={CFG.local_gpus} " if CFG.local_gpus else ""
 
 def devices_of(wildcards):
     """train.devices of a training job: its processes, one GPU each (sentemb.train.distributed)."""
-    return resolve_run(config, wildcards.name, wildcards.backbone, int(wildcards.seed)).train.devices
+    return resolve_run(CFG, wildcards.name, wildcards.backbone, int(wildcards.seed)).train.devices
 
 
 def pretrain_devices(wildcards):
     """train.devices of a pretraining stage: its processes, one GPU each (sentemb.train.distributed)."""
     from sentemb.train.pretrain import resolve_pretrain
 
-    return resolve_pretrain(config, wildcards.method, wildcards.backbone).train.devices
+    return resolve_pretrain(CFG, wildcards.method, wildcards.backbone).train.devices
 
 
 def train_gpus(wildcards):
@@ -104,13 +104,13 @@ def res(kind, key):
 
 
 def run_of(wildcards):
-    return resolve_run(config, wildcards.name, wildcards.backbone, int(wildcards.seed)).to_dict()
+    return resolve_run(CFG, wildcards.name, wildcards.backbone, int(wildcards.seed)).to_dict()
 
 
 def method_inputs(wildcards):
     """Every input the run's method declares (Method.requires(args)), from the same package
     function that writes them into the run config (sentemb.config.load.run_inputs)."""
-    return run_inputs(config, wildcards.name, wildcards.backbone)
+    return run_inputs(CFG, wildcards.name, wildcards.backbone)
 
 
 # runs with test-set evaluation (runs[].evaluate: false = dev only, e.g. a cheap study's points)
@@ -176,7 +176,7 @@ def card_evaluations(wildcards):
 def card_dataset(wildcards):
     """`--dataset HUB_ID` when the run trains on the configured corpus (config corpus.hub_repo);
     nothing for a corpus the pipeline builds itself (sts-unlabeled)."""
-    corpus = resolve_run(config, wildcards.name, wildcards.backbone, int(wildcards.seed)).corpus
+    corpus = resolve_run(CFG, wildcards.name, wildcards.backbone, int(wildcards.seed)).corpus
     return shell_options(dataset=CFG.corpus.hub_repo if corpus == CFG.corpus.name else None)
 
 

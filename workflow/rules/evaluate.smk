@@ -12,7 +12,7 @@ rule tracking_options:
     output:
         TRACKING_OPTIONS,
     params:
-        options=tracking_options(config),
+        options=tracking_options(CFG),
     log:
         f"{LOGS}/tracking_options.log",
     localrule: True
@@ -27,7 +27,7 @@ rule eval_spec:
     output:
         LAYOUT.eval_spec(RUN_DIR),
     params:
-        spec=lambda w: eval_spec(config, w.kind, w.backbone, name=w.name, seed=int(w.seed)),
+        spec=lambda w: eval_spec(CFG, w.kind, w.backbone, name=w.name, seed=int(w.seed)),
     log:
         f"{LOGS}/eval_spec/{{name}}/{{backbone}}/seed{{seed}}/{{kind}}.log",
     localrule: True
@@ -42,7 +42,7 @@ rule baseline_eval_spec:
     output:
         LAYOUT.eval_spec(BASE_DIR),
     params:
-        spec=lambda w: eval_spec(config, w.kind, w.backbone, pooler=w.pooler),
+        spec=lambda w: eval_spec(CFG, w.kind, w.backbone, pooler=w.pooler),
     log:
         f"{LOGS}/eval_spec/baseline/{{backbone}}/{{pooler}}/{{kind}}.log",
     localrule: True

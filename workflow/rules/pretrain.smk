@@ -12,7 +12,7 @@ rule pretrain_config:
     output:
         f"{PRETRAIN_DIR}/pretrain_config.json",
     params:
-        fingerprint=lambda w: fingerprint(resolve_pretrain(config, w.method, w.backbone)),
+        fingerprint=lambda w: fingerprint(resolve_pretrain(CFG, w.method, w.backbone)),
     log:
         f"{LOGS}/pretrain_config/{{method}}/{{backbone}}.log",
     wildcard_constraints:
@@ -21,7 +21,7 @@ rule pretrain_config:
     run:
         from sentemb.utils import write_json
 
-        write_json(output[0], resolve_pretrain(config, wildcards.method, wildcards.backbone).to_dict())
+        write_json(output[0], resolve_pretrain(CFG, wildcards.method, wildcards.backbone).to_dict())
 
 
 rule pretrain_options:
@@ -29,7 +29,7 @@ rule pretrain_options:
     output:
         f"{PRETRAIN_DIR}/pretrain_options.json",
     params:
-        options=lambda w: run_options(resolve_pretrain(config, w.method, w.backbone)),
+        options=lambda w: run_options(resolve_pretrain(CFG, w.method, w.backbone)),
     log:
         f"{LOGS}/pretrain_options/{{method}}/{{backbone}}.log",
     wildcard_constraints:
@@ -46,8 +46,8 @@ rule pretrain:
         run=f"{PRETRAIN_DIR}/pretrain_config.json",
         options=ancient(f"{PRETRAIN_DIR}/pretrain_options.json"),
         model=LAYOUT.model(),
-        corpus=lambda w: resolve_pretrain(config, w.method, w.backbone).paths["corpus"],
-        tokens=lambda w: resolve_pretrain(config, w.method, w.backbone).paths.get("tokens", []),
+        corpus=lambda w: resolve_pretrain(CFG, w.method, w.backbone).paths["corpus"],
+        tokens=lambda w: resolve_pretrain(CFG, w.method, w.backbone).paths.get("tokens", []),
         tracking=ancient(TRACKING_OPTIONS),  # after the experiment exists; a new URI, experiment or tracking.enabled reruns no training
     output:
         model=directory(f"{PRETRAIN_DIR}/model"),

@@ -99,8 +99,8 @@ rule study_spec:
 rule study:
     input:
         spec=LAYOUT.study(ext="spec.json"),
-        results=lambda w: study_inputs(config, STUDIES[w.study]),
-        train=lambda w: study_train_inputs(config, STUDIES[w.study]),  # the points' dev curves
+        results=lambda w: study_inputs(CFG, STUDIES[w.study]),
+        train=lambda w: study_train_inputs(CFG, STUDIES[w.study]),  # the points' dev curves
         published=PAPER_RESULTS,
     output:
         csv=report(LAYOUT.study(ext="csv"), caption="../report/study.rst", category="Studies",

@@ -15,7 +15,7 @@ import shlex
 
 from sentemb.stats.workflow import needs_paraphrases, stats_settings, stats_targets
 
-STATS = stats_settings(config)  # config section `stats` with defaults (sentemb.stats.workflow.stats_settings)
+STATS = stats_settings(CFG)  # config section `stats` with defaults (sentemb.stats.workflow.stats_settings)
 _PARA = STATS["paraphrase"]
 PARA_MODEL = _PARA["model"]
 PARA_DIR = LAYOUT.paraphraser(_PARA["model_name"])
@@ -24,7 +24,7 @@ RAKE_TOP_K = int(STATS["rake_top_k"])
 CORPUS_TXT = LAYOUT.corpus()
 # All statistics of every corpus some run trains on (runs[].corpus), for `rule all` (paraphrases
 # only for a corpus that needs them).
-STATS_TARGETS = stats_targets(config)
+STATS_TARGETS = stats_targets(CFG)
 
 rule fetch_paraphraser:
     """The seq2seq paraphrase model (default tuner007/pegasus_paraphrase), via `sentemb fetch-model`."""
@@ -214,7 +214,7 @@ rule stats_summary:
         freq=expand(LAYOUT.token_freq(), backbone=CFG.backbones, allow_missing=True),
         tfidf=LAYOUT.tfidf(),
         rake=LAYOUT.rake(top_k=RAKE_TOP_K),
-        paraphrases=lambda wc: [LAYOUT.paraphrases(wc.corpus)] if needs_paraphrases(config, wc.corpus) else [],
+        paraphrases=lambda wc: [LAYOUT.paraphrases(wc.corpus)] if needs_paraphrases(CFG, wc.corpus) else [],
     output:
         md=report(LAYOUT.stats_summary(ext="md"), caption="../report/stats_summary.rst", category="Corpus statistics"),
         json=LAYOUT.stats_summary(ext="json"),

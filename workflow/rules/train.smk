@@ -58,8 +58,8 @@ rule train:
         run=f"{RUN_DIR}/run_config.json",
         options=ancient(f"{RUN_DIR}/run_options.json"),
         model=LAYOUT.model(),
-        corpus=lambda w: resolve_run(config, w.name, w.backbone, int(w.seed)).paths["corpus"],
-        tokens=lambda w: resolve_run(config, w.name, w.backbone, int(w.seed)).paths.get("tokens", []),
+        corpus=lambda w: resolve_run(CFG, w.name, w.backbone, int(w.seed)).paths["corpus"],
+        tokens=lambda w: resolve_run(CFG, w.name, w.backbone, int(w.seed)).paths.get("tokens", []),
         senteval=LAYOUT.eval_data("senteval"),
         tracking=ancient(TRACKING_OPTIONS),  # after the experiment exists; a new URI, experiment or tracking.enabled reruns no training
     output:

@@ -18,9 +18,9 @@ import jsonschema
 import yaml
 
 from .. import SentembError
-from .fields import schema_of
+from .fields import build, schema_of
 from .paths import Layout
-from .settings import Config, Run, TrainSettings
+from .settings import Config, Run, RunSpec, TrainSettings
 
 
 def load_schema() -> dict:
@@ -101,6 +101,7 @@ def validate_config(config: dict, source: str = "config") -> dict:
                 f"'{backbone}' is not one of the declared backbones {sorted(config['backbones'])}"
             )
     seen = set()
+    known = _known_corpora(config["corpus"]["name"])
     for i, run in enumerate(config["runs"]):
         if run["backbone"] not in config["backbones"]:
             raise SentembError(
@@ -112,7 +113,6 @@ def validate_config(config: dict, source: str = "config") -> dict:
                 f"invalid configuration in {source}: config key 'runs[{i}].method': "
                 f"unknown method '{run['method']}' (registered: {sorted(registry())})"
             )
-        known = known_corpora(config)
         if run["corpus"] is not None and run["corpus"] not in known:
             raise SentembError(
                 f"invalid configuration in {source}: config key 'runs[{i}].corpus': unknown corpus "
@@ -150,17 +150,22 @@ def validate_config(config: dict, source: str = "config") -> dict:
             cls = registry()[run["method"]]
             where = (f"studies[{run['study']}] point {json.dumps(run['point'], sort_keys=True)}: method_args"
                      if run["study"] else f"runs[{i}].method_args")
-            cls.check(cls.make_args(method_args_of(config, run)), config, where)
+            margs = _method_args(cls, run["method"], config["methods"], run["method_args"], f"runs[{i}].method_args")
+            cls.check(cls.make_args(margs), config, where)
     except SentembError as e:
         raise SentembError(f"invalid configuration in {source}: config key {e}") from None
     return config
 
 
-def known_corpora(config: dict) -> list[str]:
+def known_corpora(config: dict | Config) -> list[str]:
     """Corpus names a run may train on: the configured ``corpus.name`` and the built-in ones."""
+    return _known_corpora(Config.of(config).corpus.name)
+
+
+def _known_corpora(name: str) -> list[str]:
     from ..data.fetch import BUILTIN_CORPORA
 
-    return [config["corpus"]["name"]] + [c for c in BUILTIN_CORPORA if c != config["corpus"]["name"]]
+    return [name] + [c for c in BUILTIN_CORPORA if c != name]
 
 
 def load_config(path: str | os.PathLike, overrides: dict | None = None) -> dict:
@@ -188,58 +193,79 @@ def _deep_update(base: dict, upd: dict) -> dict:
     return base
 
 
-def find_run(config: dict, name: str, backbone: str) -> dict:
-    for run in config["runs"]:
-        if run["name"] == name and run["backbone"] == backbone:
+def _spec(run: dict | RunSpec) -> RunSpec:
+    """A ``runs`` entry as the tree holds it (a validated mapping's entry is converted)."""
+    return run if isinstance(run, RunSpec) else build(RunSpec, run)
+
+
+def find_run(config: dict | Config, name: str, backbone: str) -> RunSpec:
+    """The configured run ``name`` on ``backbone`` (``runs[].name`` defaults to the method's name)."""
+    cfg = Config.of(config)
+    for run in cfg.runs:
+        if cfg.run_name(run) == name and run.backbone == backbone:
             return run
     raise SentembError(f"no run named '{name}' on backbone '{backbone}' in config key 'runs'")
 
 
-def corpus_of(config: dict, run: dict) -> str:
+def corpus_of(config: dict | Config, run: dict | RunSpec) -> str:
     """The name of the corpus a run trains on (``runs[].corpus``, default ``corpus.name``)."""
-    return run["corpus"] or config["corpus"]["name"]
+    return Config.of(config).corpus_of(_spec(run))
 
 
-def method_args_of(config: dict, run: dict) -> dict[str, Any]:
+def _method_args(cls, method: str, methods: dict, method_args: dict, where: str) -> dict[str, Any]:
+    """Method ``method``'s (class ``cls``) declared defaults, then ``methods.<method>`` (of the
+    mapping ``methods``), then the run's ``method_args``: the one resolution, for a validated
+    mapping's run (``validate_config``) and the tree's (``method_args_of``)."""
+    base = cls.resolve_args(methods.get(method, {}), where=f"methods.{method}")
+    cls.validate_args(method_args, where)
+    return {**base, **method_args}
+
+
+def method_args_of(config: dict | Config, run: dict | RunSpec) -> dict[str, Any]:
     """A run's method arguments: the method's declared defaults, then ``methods.<method>``, then
     the run's ``method_args`` (each layer validated, errors naming the key)."""
     from ..methods import get_method
 
-    cls = get_method(run["method"])
-    i = next((k for k, r in enumerate(config["runs"]) if r is run), None)
+    cfg, spec = Config.of(config), _spec(run)
+    cls = get_method(spec.method)
+    i = next((k for k, r in enumerate(cfg.runs) if r is spec), None)
+    if i is None and spec is not run:  # a mapping's entry: the equal one of the tree
+        i = next((k for k, r in enumerate(cfg.runs) if r == spec), None)
     where = f"runs[{i}].method_args" if i is not None else "method_args"
-    base = cls.resolve_args(config["methods"].get(run["method"], {}), where=f"methods.{run['method']}")
-    cls.validate_args(run["method_args"], where)
-    return {**base, **run["method_args"]}
+    return _method_args(cls, spec.method, cfg.methods, spec.method_args, where)
 
 
-def run_requires(config: dict, run: dict) -> tuple[str, ...]:
+def run_requires(config: dict | Config, run: dict | RunSpec) -> tuple[str, ...]:
     """The inputs (``INPUT_NAMES``) the method of configured ``run`` declares with its arguments."""
     from ..methods import get_method
 
-    cls = get_method(run["method"])
-    return cls.requires(cls.make_args(method_args_of(config, run)))
+    cfg, spec = Config.of(config), _spec(run)
+    cls = get_method(spec.method)
+    return cls.requires(cls.make_args(method_args_of(cfg, spec)))
 
 
-def input_path(config: dict, name: str, *, corpus: str, backbone: str, method: str) -> str:
-    """Where the workflow puts input ``name`` (its ``sentemb.stats.inputs`` entry's ``path``)."""
+def input_path(config: dict | Config, name: str, *, corpus: str, backbone: str, method: str) -> str:
+    """Where the workflow puts input ``name`` (its ``sentemb.stats.inputs`` entry's ``path``, given
+    the layout and the config tree)."""
     from ..stats.inputs import get_input
 
+    cfg = Config.of(config)
     kind = get_input(name, f"method '{method}' requires")
-    return kind.path(Layout.of(config), config, corpus, backbone, method)
+    return kind.path(Layout.of(cfg), cfg, corpus, backbone, method)
 
 
-def run_inputs(config: dict, name: str, backbone: str) -> dict[str, str]:
+def run_inputs(config: dict | Config, name: str, backbone: str) -> dict[str, str]:
     """Every input the method of run ``name`` on ``backbone`` declares (``Method.requires(args)``),
     name -> path. The train rule's ``input:`` and ``resolve_run``'s ``paths.inputs`` both come from
     here, so the DAG and the run cannot disagree."""
-    run = find_run(config, name, backbone)
-    needed = run_requires(config, run)
-    corpus = corpus_of(config, run)
-    return {n: input_path(config, n, corpus=corpus, backbone=backbone, method=run["method"]) for n in needed}
+    cfg = Config.of(config)
+    run = find_run(cfg, name, backbone)
+    needed = run_requires(cfg, run)
+    corpus = cfg.corpus_of(run)
+    return {n: input_path(cfg, n, corpus=corpus, backbone=backbone, method=run.method) for n in needed}
 
 
-def resolve_run(config: dict, name: str, backbone: str, seed: int, *, method: str | None = None,
+def resolve_run(config: dict | Config, name: str, backbone: str, seed: int, *, method: str | None = None,
                 train: dict | None = None, method_args: dict | None = None, corpus: str | None = None,
                 inputs: dict | None = None, **extra) -> Run:
     """The complete, self-contained settings of one training job (``Run.to_dict()`` is what
@@ -247,12 +273,15 @@ def resolve_run(config: dict, name: str, backbone: str, seed: int, *, method: st
     updated by the run's. A pretraining stage (``sentemb.train.pretrain.resolve_pretrain``) gives its
     own ``method``, ``train``, ``method_args``, ``corpus``, ``inputs`` and ``extra`` fields
     (``run_name``, ``rule``) instead of a configured run's."""
+    import dataclasses
+
+    cfg = Config.of(config)
     run = None
     if method is None:
-        run = find_run(config, name, backbone)
-        method, corpus = run["method"], corpus_of(config, run)
-        train = {**config["train"], **run["train"]}
-        method_args, inputs = method_args_of(config, run), run_inputs(config, name, backbone)
+        run = find_run(cfg, name, backbone)
+        method, corpus = run.method, cfg.corpus_of(run)
+        train = {**cfg.train.to_dict(), **run.train}
+        method_args, inputs = method_args_of(cfg, run), run_inputs(cfg, name, backbone)
     settings = TrainSettings.from_dict(copy.deepcopy(train))
     from ..methods import get_method, method_source
 
@@ -260,14 +289,15 @@ def resolve_run(config: dict, name: str, backbone: str, seed: int, *, method: st
     if source:
         extra = {"method_module": source[0], "method_digest": source[1], **extra}
     return Run(
-        name=name, method=method, backbone=backbone, backbone_hub_id=config["backbones"][backbone]["hub_id"],
-        seed=int(seed), train=settings, method_args=method_args, experiment=config["experiment"],
-        tracking=config["tracking"],  # not in the fingerprint: changing it reruns nothing (rule run_options)
+        name=name, method=method, backbone=backbone, backbone_hub_id=cfg.backbones[backbone].hub_id,
+        seed=int(seed), train=settings, method_args=method_args, experiment=cfg.experiment,
+        # not in the fingerprint: changing it reruns nothing (rule run_options); a copy, not the tree's
+        tracking=dataclasses.replace(cfg.tracking),
         corpus=corpus, **extra,
-        **({k: run[k] for k in ("study", "point") if run[k] is not None} if run is not None else {}),  # MLflow tags
-        paths=Layout.of(config).job_paths(corpus, backbone, inputs, token_cache=settings.token_cache),
+        **({k: getattr(run, k) for k in ("study", "point") if getattr(run, k) is not None}
+           if run is not None else {}),  # MLflow tags
+        paths=Layout.of(cfg).job_paths(corpus, backbone, inputs, token_cache=settings.token_cache),
     )
-
 
 
 # ----------------------------------------------------------------------------- what a config makes
@@ -317,7 +347,7 @@ def baseline_transfer(config: dict | Config) -> bool:
 EVAL_KINDS = ("sts", "encode_transfer", "transfer")
 
 
-def eval_spec(config: dict, kind: str, backbone: str, *, name: str | None = None, seed: int | None = None,
+def eval_spec(config: dict | Config, kind: str, backbone: str, *, name: str | None = None, seed: int | None = None,
               pooler: str | None = None) -> dict[str, Any]:
     """The resolved settings of one evaluation job (issue 28 §3), what rule ``eval_spec`` writes and
     ``sentemb evaluate`` / ``encode-transfer`` / ``evaluate-transfer --spec`` read: a trained run
@@ -331,29 +361,30 @@ def eval_spec(config: dict, kind: str, backbone: str, *, name: str | None = None
 
     if kind not in EVAL_KINDS:
         raise SentembError(f"evaluation kind '{kind}' is not one of {', '.join(EVAL_KINDS)}")
-    ev = config["evaluation"]
+    cfg = Config.of(config)
+    ev = cfg.evaluation
     if name is not None:
-        run = find_run(config, name, backbone)
-        cls = get_method(run["method"])
-        pooler = ev["pooler"] or cls.pooler_for(cls.make_args(method_args_of(config, run)))
-        meta = {"name": name, "method": run["method"], "backbone": backbone, "seed": int(seed)}
+        run = find_run(cfg, name, backbone)
+        cls = get_method(run.method)
+        pooler = ev.pooler or cls.pooler_for(cls.make_args(method_args_of(cfg, run)))
+        meta = {"name": name, "method": run.method, "backbone": backbone, "seed": int(seed)}
         run_name, tag = f"{'eval' if kind == 'sts' else 'transfer'}/{name}/{backbone}/seed{seed}", {}
     else:
         meta = {"name": f"untrained-{pooler}", "method": "baseline", "backbone": backbone, "seed": 0}
         run_name = f"{'baseline' if kind == 'sts' else 'baseline-transfer'}/{backbone}/{pooler}"
         tag = {"rule": "evaluate-baseline" if kind == "sts" else "evaluate-baseline-transfer"}
     if kind == "sts":
-        return {"pooler": pooler, "tasks": list(ev["tasks"]), "setting": ev["setting"], "batch_size": ev["batch_size"],
-                "precision": ev["precision"], "run_meta": meta, "run_name": run_name, "tag": tag}
+        return {"pooler": pooler, "tasks": list(ev.tasks), "setting": ev.setting, "batch_size": ev.batch_size,
+                "precision": ev.precision, "run_meta": meta, "run_name": run_name, "tag": tag}
     if kind == "encode_transfer":
-        return {"pooler": pooler, "tasks": list(ev["transfer_tasks"]), "batch_size": ev["batch_size"],
-                "precision": ev["precision"]}
-    return {"pooler": pooler, "tasks": list(ev["transfer_tasks"]), "mrpc_features": ev["mrpc_features"],
-            "classifier": ev["transfer_classifier"], "run_meta": meta, "run_name": run_name, "tag": tag}
+        return {"pooler": pooler, "tasks": list(ev.transfer_tasks), "batch_size": ev.batch_size,
+                "precision": ev.precision}
+    return {"pooler": pooler, "tasks": list(ev.transfer_tasks), "mrpc_features": ev.mrpc_features,
+            "classifier": ev.transfer_classifier, "run_meta": meta, "run_name": run_name, "tag": tag}
 
 
-def tracking_options(config: dict) -> dict[str, Any]:
+def tracking_options(config: dict | Config) -> dict[str, Any]:
     """Where evaluation jobs record (``--tracking``, rule ``tracking_options``): weight-free like
     ``sentemb.config.settings.run_options``, so a new URI or experiment reruns no evaluation."""
-    return {"track": config["tracking"]["enabled"], "experiment": config["experiment"],
-            "tracking_uri": config["tracking"]["uri"]}
+    cfg = Config.of(config)
+    return {"track": cfg.tracking.enabled, "experiment": cfg.experiment, "tracking_uri": cfg.tracking.uri}

@@ -1,8 +1,9 @@
 """Where every file of the pipeline lives: one spelling of each path, for the Snakemake rules and
 the package alike.
 
-``Layout.of(config)`` places fetched inputs under the config's ``resources_dir`` and everything
-computed under its ``results_dir``. Every argument defaults to its Snakemake wildcard, so one
+``Layout.of(config)`` (the config tree, ``sentemb.config.settings.Config``, or a validated mapping)
+places fetched inputs under the config's ``resources_dir`` and everything computed under its
+``results_dir``. Every argument defaults to its Snakemake wildcard, so one
 method gives both a rule's pattern and one job's path: ``layout.model()`` is
 ``resources/models/{backbone}``, ``layout.model("bert")`` is ``resources/models/bert``.
 """
@@ -10,6 +11,10 @@ method gives both a rule's pattern and one job's path: ``layout.model()`` is
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .settings import Config
 
 
 @dataclass(frozen=True)
@@ -18,8 +23,12 @@ class Layout:
     results: str  # config results_dir: statistics, pretraining stages, runs, baselines, tables, figures
 
     @classmethod
-    def of(cls, config: dict) -> Layout:
-        return cls(config["resources_dir"], config["results_dir"])
+    def of(cls, config: dict | Config) -> Layout:
+        """The layout of a config: its tree (``sentemb.config.settings.Config``) or a validated mapping."""
+        from .settings import Config
+
+        cfg = Config.of(config)
+        return cls(cfg.resources_dir, cfg.results_dir)
 
     # ------------------------------------------------------------------ resources (data.smk)
     def raw_corpus(self, corpus: str = "{corpus}") -> str:

@@ -61,6 +61,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import SentembError
+from ..config.settings import Config
 
 log = logging.getLogger(__name__)
 
@@ -152,8 +153,8 @@ class Counter:
     """Counts steps and encodes on CPU, cached per distinct job shape (model dirs, corpora, inputs
     under one temporary directory)."""
 
-    def __init__(self, config: dict, work: Path):
-        self.config, self.work = config, Path(work)
+    def __init__(self, config: dict | Config, work: Path):
+        self.config, self.work = Config.of(config), Path(work)
         self.cache: dict = {}
 
     def model_dir(self, arch: str | dict, layers: int) -> Path:
@@ -211,14 +212,14 @@ class Counter:
     def measure(self, run, method_cls=None) -> Measure:
         """Count one optimizer step (one micro-batch) of ``run`` at ``MICRO`` sentences."""
         from ..methods import get_method
-        from .shapes import backbone_architecture, layers_needed
+        from .shapes import layers_needed
 
         cls = method_cls or get_method(run.method)
         args = dict(run.method_args)
         if "pretrained" in get_method(run.method).requires(get_method(run.method).make_args(args)) and method_cls is None:
             # InfoCSE from its stage-1 checkpoint: the same networks as init: backbone (other initial weights)
             args["init"] = "backbone"
-        arch = backbone_architecture(self.config, run.backbone)
+        arch = architecture(self.config, run.backbone)
         layers = layers_needed(run.method, args)
         t = run.train
         key = ("measure", cls.__name__, json.dumps(_reduced(run.method, args), sort_keys=True, default=str),
@@ -340,17 +341,27 @@ def _count(run, method_cls) -> Measure:
 
 
 # ---------------------------------------------------------------------------------------- the plan
-def corpus_lines(config: dict, corpus: str) -> int:
+def architecture(config: dict | Config, backbone: str) -> str | dict:
+    """The architecture of configured ``backbone`` (``sentemb.ops.shapes.backbone_architecture``,
+    read from the config tree): its ``random_init`` shape when it has one, else its ``hub_id``'s."""
+    from .shapes import architecture_of
+
+    spec = Config.of(config).backbones[backbone]
+    return dict(spec.random_init) if spec.random_init else architecture_of(spec.hub_id)
+
+
+def corpus_lines(config: dict | Config, corpus: str) -> int:
     """Training sentences of ``corpus``: the prepared file's lines if present, else
     ``corpus.expected_lines`` (the configured corpus) or ``STS_UNLABELED_LINES``."""
     from ..utils import count_lines
 
-    path = Path(config["resources_dir"]) / "corpus" / f"{corpus}.txt"
+    cfg = Config.of(config)
+    path = Path(cfg.resources_dir) / "corpus" / f"{corpus}.txt"
     if path.is_file():
         return count_lines(path)
-    c = config["corpus"]
-    if corpus == c["name"] and (c.get("expected_lines") or c.get("max_sentences")):
-        return min(int(n) for n in (c.get("expected_lines"), c.get("max_sentences")) if n)
+    c = cfg.corpus
+    if corpus == c.name and (c.expected_lines or c.max_sentences):
+        return min(int(n) for n in (c.expected_lines, c.max_sentences) if n)
     if corpus == "sts-unlabeled":
         return STS_UNLABELED_LINES
     raise SentembError(f"sentemb plan: the size of corpus '{corpus}' is unknown (set corpus.expected_lines or "
@@ -386,17 +397,18 @@ def plan_chunk(setting, share: int, per_sentence_gb: float, free_gb: float) -> i
     return auto_chunk(per_sentence_gb * 1e9, max(free_gb, 0.0) * 1e9, share, AUTO_CHUNK_MARGIN)  # bytes, as the loop
 
 
-def _train_row(kind, label, run, m: Measure, encode: float, config, gpu, mfu, margin, res, method_cls=None) -> Row:
+def _train_row(kind, label, run, m: Measure, encode: float, config: dict | Config, gpu, mfu, margin, res, method_cls=None) -> Row:
     """One training (or pretraining) job. Memory is per GPU: weights, gradients and AdamW state on
     every one of ``train.devices``, activations of one chunk (``plan_chunk``) or of the GPU's share
     of the batch. GPU-hours add the chunked step's extra forward (1/3 of the counted forward +
     backward) where the method has in-batch terms (``Method.has_batch_terms``)."""
     from ..methods import get_method
-    from .shapes import backbone_architecture, depth
+    from .shapes import depth
 
+    cfg = Config.of(config)
     t = run.train
     cls = method_cls or get_method(run.method)
-    arch = backbone_architecture(config, run.backbone)
+    arch = architecture(cfg, run.backbone)
     layers = depth(arch)
     at = m.at(layers)
     mfu = mfu_for(arch, mfu)
@@ -408,7 +420,7 @@ def _train_row(kind, label, run, m: Measure, encode: float, config, gpu, mfu, ma
     chunk = plan_chunk(t.chunk_size, share, per_sentence, GPU_MEMORY_GB[gpu.upper()] - static)
     extra = 4 / 3 if chunk is not None and cls.has_batch_terms else 1.0
     flops_step = at["flops"] * scale * t.grad_accum * extra
-    steps, evals = schedule(t, corpus_lines(config, run.corpus))
+    steps, evals = schedule(t, corpus_lines(cfg, run.corpus))
     peak = _peak(gpu)
     if chunk is not None:  # per chunk: the grad passes, and the in-batch terms' no-grad forward
         passes = -(-share // chunk) * (m.grad_passes + (1 / 3 if cls.has_batch_terms else 0.0))
@@ -461,7 +473,7 @@ def _flag(row: Row, gpu: str, res: dict, margin: float) -> Row:
     return row
 
 
-def plan(config: dict, gpu: str = DEFAULT_GPU, mfu: float | None = DEFAULT_MFU, margin: float = DEFAULT_MARGIN,
+def plan(config: dict | Config, gpu: str = DEFAULT_GPU, mfu: float | None = DEFAULT_MFU, margin: float = DEFAULT_MARGIN,
          work: str | Path | None = None) -> list[Row]:
     """Every job of the configuration's DAG with its estimate (see the module docstring)."""
     import torch
@@ -469,44 +481,45 @@ def plan(config: dict, gpu: str = DEFAULT_GPU, mfu: float | None = DEFAULT_MFU, 
     from ..config.load import baseline_transfer, baselines, jobs, resolve_run, tested, transfer_runs
     from ..methods import get_method
     from ..train.pretrain import resolve_pretrain
-    from .shapes import backbone_architecture
+    from ..config.fields import to_dict
     gpu = gpu.upper()
     if gpu not in GPU_MEMORY_GB:
         raise SentembError(f"--gpu {gpu}: unknown GPU (known: {', '.join(sorted(GPU_MEMORY_GB))})")
     _peak(gpu)
-    resources = config["job_resources"]
+    cfg = Config.of(config)
+    resources = to_dict(cfg.job_resources)  # rule kind -> {gpu, runtime, mem_mb, cpus}
     torch.manual_seed(0)
     rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="sentemb-plan-", dir=work) as tmp:
-        counter = Counter(config, Path(tmp))
+        counter = Counter(cfg, Path(tmp))
         # pretraining stages: once per method and backbone a run of it reads
-        for method in sorted({r["method"] for r in config["runs"] if get_method(r["method"]).pretrain_stage}):
+        for method in sorted({r.method for r in cfg.runs if get_method(r.method).pretrain_stage}):
             cls = get_method(method)
-            backbones = sorted({r["backbone"] for r in config["runs"] if r["method"] == method
-                                and "pretrained" in _requires(config, r)})
+            backbones = sorted({r.backbone for r in cfg.runs if r.method == method
+                                and "pretrained" in _requires(cfg, r)})
             for b in backbones:
-                run = resolve_pretrain(config, method, b)
+                run = resolve_pretrain(cfg, method, b)
                 m = counter.measure(run, cls.pretrain_stage)
-                rows.append(_train_row("pretrain", f"{method}/{b}", run, m, counter.encode(backbone_architecture(config, run.backbone))[0], config,
+                rows.append(_train_row("pretrain", f"{method}/{b}", run, m, counter.encode(architecture(cfg, run.backbone))[0], cfg,
                                        gpu, mfu, margin, resources["pretrain"], cls.pretrain_stage))
         # training and its evaluations
         evaluations = []  # (job, architecture, with transfer)
-        evaluated, transferred = tested(config), transfer_runs(config)
-        for job in jobs(config):  # the Snakefile's training jobs (sentemb.config.load.jobs)
-            run = resolve_run(config, job.name, job.backbone, job.seed)
+        evaluated, transferred = tested(cfg), transfer_runs(cfg)
+        for job in jobs(cfg):  # the Snakefile's training jobs (sentemb.config.load.jobs)
+            run = resolve_run(cfg, job.name, job.backbone, job.seed)
             m = counter.measure(run)
             label = f"{job.name}/{job.backbone}/seed{job.seed}"
-            rows.append(_train_row("train", label, run, m, counter.encode(backbone_architecture(config, run.backbone))[0], config, gpu, mfu,
+            rows.append(_train_row("train", label, run, m, counter.encode(architecture(cfg, run.backbone))[0], cfg, gpu, mfu,
                                    margin, resources["train"]))
             if (job.name, job.backbone) in evaluated:
-                evaluations.append((label, backbone_architecture(config, job.backbone),
+                evaluations.append((label, architecture(cfg, job.backbone),
                                     (job.name, job.backbone) in transferred))
-        evaluations += [(f"baseline/{b}/{p}", backbone_architecture(config, b), baseline_transfer(config))
-                        for b, p in baselines(config)]
+        evaluations += [(f"baseline/{b}/{p}", architecture(cfg, b), baseline_transfer(cfg))
+                        for b, p in baselines(cfg)]
         peak = _peak(gpu)
         for label, arch, transfer in evaluations:
             encode, params = counter.encode(arch)
-            transfer_n = sum(TRANSFER_TASK_SENTENCES[t] for t in config["evaluation"]["transfer_tasks"])
+            transfer_n = sum(TRANSFER_TASK_SENTENCES[t] for t in cfg.evaluation.transfer_tasks)
             for kind, n in (("evaluate", STS_SENTENCES), ("transfer", transfer_n)):
                 if kind == "transfer" and not transfer:
                     continue
@@ -515,12 +528,12 @@ def plan(config: dict, gpu: str = DEFAULT_GPU, mfu: float | None = DEFAULT_MFU, 
                           HOST_BASE_GB + 8 * params / 1e9)
                 rows.append(_flag(row, gpu, resources["evaluate"], margin))
             if transfer:
-                rows.append(_classify_row(config, label, arch, resources["classify"], gpu, margin))
-        rows.extend(_paraphrase_rows(config, gpu, resources["paraphrase"], margin))
+                rows.append(_classify_row(cfg, label, arch, resources["classify"], gpu, margin))
+        rows.extend(_paraphrase_rows(cfg, gpu, resources["paraphrase"], margin))
     return rows
 
 
-def _classify_row(config: dict, label: str, arch, res: dict, gpu: str, margin: float) -> Row:
+def _classify_row(config: dict | Config, label: str, arch, res: dict, gpu: str, margin: float) -> Row:
     """SentEval's transfer classifier on the encoded vectors: CPU seconds per task from the measured
     384-d figures scaled to the vectors' width (``transfer.classifier_seconds``), wall time with
     ``job_resources.classify.cpus`` tasks at once (longest first); a job that would hold a GPU
@@ -528,13 +541,13 @@ def _classify_row(config: dict, label: str, arch, res: dict, gpu: str, margin: f
     from .shapes import fields_of
     from ..evaluate.transfer import classifier_seconds, classifier_wall_seconds, feature_dim
 
-    ev = config["evaluation"]
-    tasks = ev["transfer_tasks"]
+    ev = Config.of(config).evaluation
+    tasks = ev.transfer_tasks
     dim = int(fields_of(arch)["hidden_size"])
-    secs = [classifier_seconds(t, dim, mrpc_mode=ev["mrpc_features"], classifier=ev["transfer_classifier"])
+    secs = [classifier_seconds(t, dim, mrpc_mode=ev.mrpc_features, classifier=ev.transfer_classifier)
             for t in tasks]
     n = sum(TRANSFER_TASK_SENTENCES[t] for t in tasks)
-    feats = sum(TRANSFER_TASK_SENTENCES[t] * feature_dim(t, dim, ev["mrpc_features"]) for t in tasks) * 4
+    feats = sum(TRANSFER_TASK_SENTENCES[t] * feature_dim(t, dim, ev.mrpc_features) for t in tasks) * 4
     row = Row("classify", label, 0, 0.0, n, 0.0, 0.0, HOST_BASE_GB + 2 * feats / 1e9,
               cpu_hours=sum(secs) / 3600, wall_hours=classifier_wall_seconds(secs, res["cpus"]) / 3600)
     row = _flag(row, gpu, res, margin)
@@ -549,20 +562,21 @@ def _requires(config, r) -> tuple:
     return run_requires(config, r)
 
 
-def _paraphrase_rows(config: dict, gpu: str, res: dict, margin: float) -> list[Row]:
+def _paraphrase_rows(config: dict | Config, gpu: str, res: dict, margin: float) -> list[Row]:
     """Beam-search paraphrase shards (rough): per sentence the encoder's 2·N_enc·T plus, per beam
     and generated token, the decoder's 2·N_dec and the output projection's 2·d·V."""
     import torch
     from transformers import PegasusConfig, PegasusForConditionalGeneration
 
-    from ..stats.workflow import needs_paraphrases, run_corpora, stats_settings
+    from ..stats.workflow import needs_paraphrases, run_corpora
     from ..stats.paraphrase import PEGASUS_LARGE_SHAPE
 
-    para = stats_settings(config)["paraphrase"]
-    corpora = [c for c in run_corpora(config) or [config["corpus"]["name"]] if needs_paraphrases(config, c)]
+    cfg = Config.of(config)
+    para = cfg.stats.paraphrase
+    corpora = [c for c in run_corpora(cfg) or [cfg.corpus.name] if needs_paraphrases(cfg, c)]
     if not corpora:
         return []
-    shape = {k: v for k, v in (para["model"]["random_init"] or PEGASUS_LARGE_SHAPE).items() if k != "model_type"}
+    shape = {k: v for k, v in (para.model.random_init or PEGASUS_LARGE_SHAPE).items() if k != "model_type"}
     shape = {**{"vocab_size": PEGASUS_LARGE_SHAPE["vocab_size"]}, **shape}
     with torch.device("meta"):
         model = PegasusForConditionalGeneration(PegasusConfig(**shape))
@@ -570,18 +584,18 @@ def _paraphrase_rows(config: dict, gpu: str, res: dict, margin: float) -> list[R
     n_dec = sum(p.numel() for p in model.model.decoder.layers.parameters())
     params = sum(p.numel() for p in model.parameters())
     d, v = model.config.d_model, model.config.vocab_size
-    per_sentence = 2 * n_enc * PARAPHRASE_INPUT_LEN + para["num_beams"] * para["max_length"] * (2 * n_dec + 2 * d * v)
+    per_sentence = 2 * n_enc * PARAPHRASE_INPUT_LEN + para.num_beams * para.max_length * (2 * n_dec + 2 * d * v)
     # KV cache of a batch: beams x (self + cross) keys and values per decoder layer, fp32
-    kv = (para["batch_size"] * para["num_beams"] * model.config.decoder_layers * 4 * d
-          * (para["max_length"] + PARAPHRASE_INPUT_LEN) * 4)
+    kv = (para.batch_size * para.num_beams * model.config.decoder_layers * 4 * d
+          * (para.max_length + PARAPHRASE_INPUT_LEN) * 4)
     rows = []
     for c in corpora:
-        lines = corpus_lines(config, c)
-        for shard in range(para["shards"]):
-            n = len(range(shard, lines, para["shards"]))
+        lines = corpus_lines(cfg, c)
+        for shard in range(para.shards):
+            n = len(range(shard, lines, para.shards))
             hours = per_sentence * n / (GEN_MFU * _peak(gpu)) / 3600
-            row = Row("paraphrase", f"{c}/shard{shard}of{para['shards']}", params, per_sentence * para["batch_size"],
-                      math.ceil(n / para["batch_size"]), hours, (4 * params + kv) / 1e9 + CUDA_OVERHEAD_GB,
+            row = Row("paraphrase", f"{c}/shard{shard}of{para.shards}", params, per_sentence * para.batch_size,
+                      math.ceil(n / para.batch_size), hours, (4 * params + kv) / 1e9 + CUDA_OVERHEAD_GB,
                       HOST_BASE_GB + 4 * params / 1e9)
             rows.append(_flag(row, gpu, res, margin))
     return rows

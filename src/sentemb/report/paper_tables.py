@@ -375,13 +375,16 @@ def check_against_config(entries: list[dict], config: dict, source: str = "paper
       the entry's ``method_args`` / ``train``.
     """
     from ..config.load import method_args_of
+    from ..config.settings import Config
     from .style import BASELINE
     from .paper import _entry_name
 
     runs = {(r["name"], r["backbone"]): r for r in config["runs"]}
+    cfg = Config.of(config)  # built once: method_args_of reads the typed tree
+    specs = {id(r): spec for r, spec in zip(config["runs"], cfg.runs)}
 
     def resolved(r: dict) -> tuple[dict, dict]:
-        return method_args_of(config, r), {**config["train"], **r["train"]}
+        return method_args_of(cfg, specs[id(r)]), {**config["train"], **r["train"]}
 
     covered: dict[tuple, set] = {}  # (method, backbone, table) -> run names with published numbers
     axes: dict[str, tuple[set, set]] = {}  # method -> (method arguments, train keys) some entry pins

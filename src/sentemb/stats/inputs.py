@@ -2,8 +2,9 @@
 
 An entry holds everything the pipeline needs to know about a kind of input:
 
-* ``path``: where the workflow puts it in the results layout (``config.input_path``, so the train
-  rule's ``input:`` and the run's ``paths.inputs`` cannot disagree);
+* ``path``: where the workflow puts it in the results layout (``sentemb.config.load.input_path``, so
+  the train rule's ``input:`` and the run's ``paths.inputs`` cannot disagree), from the layout and
+  the config tree (``sentemb.config.settings.Config``);
 * ``rule``: the workflow rule that makes it (``workflow/rules/*.smk``);
 * ``build``: how to make it from a corpus file with the package's own code, in a scratch folder,
   for the tools that need one without the workflow: ``sentemb plan`` counts a step on it,
@@ -35,7 +36,8 @@ class InputUnavailable(SentembError):
 class InputKind:
     name: str
     what: str
-    #: (layout, config, corpus, backbone, method) -> the path the workflow writes; None: not in the DAG
+    #: (layout, cfg, corpus, backbone, method) -> the path the workflow writes (``cfg``: the config
+    #: tree, ``sentemb.config.settings.Config``); None: not in the DAG
     path: Callable[..., str] | None = None
     #: the workflow rule (or ``sentemb`` command) that makes it
     rule: str | None = None
@@ -69,7 +71,7 @@ def register_input(kind: InputKind) -> InputKind:
         name = kind.name
         kind = dataclasses.replace(
             kind, rule="make_input", folder=True, per_backbone=True,
-            path=lambda layout, config, corpus, backbone, method: f"{layout.stats_dir(corpus)}/inputs/{name}.{backbone}")
+            path=lambda layout, cfg, corpus, backbone, method: f"{layout.stats_dir(corpus)}/inputs/{name}.{backbone}")
     INPUTS[kind.name] = kind
     return kind
 
@@ -81,10 +83,17 @@ def get_input(name: str, where: str = "input") -> InputKind:
     return INPUTS[name]
 
 
-def build_input(name: str, work: str | Path, corpus: str | Path, model: str | Path, config: dict | None = None) -> Path:
+def build_input(name: str, work: str | Path, corpus: str | Path, model: str | Path, config=None) -> Path:
     """Input ``name`` made from ``corpus`` (and ``model``'s tokenizer) under ``work`` with its
-    ``build``; ``config``: a validated config whose ``stats`` settings and ``resources_dir`` apply
-    (None: the defaults)."""
+    ``build``; ``config``: a validated config (its tree or its mapping) whose ``stats`` settings and
+    ``resources_dir`` apply (None: the defaults). A ``build`` receives the mapping (its interface,
+    plug-ins' included)."""
+    import dataclasses
+
+    from ..config.fields import to_dict
+
+    if dataclasses.is_dataclass(config):  # the tree (sentemb.config.settings.Config): its mapping form
+        config = to_dict(config)
     kind = get_input(name)
     if kind.build is None:
         raise SentembError(f"input '{name}' is made by a stage ({kind.rule}), not from a corpus")
@@ -126,7 +135,8 @@ def nltk_mirror(config: dict | None = None) -> Path:
     mirror's ``shared/nltk_data``; ``InputUnavailable`` naming where it was looked for."""
     from ..ops.shapes import shared_dirs
 
-    places = [Path(config["resources_dir"]) / "nltk_data"] if (config or {}).get("resources_dir") else []
+    resources = (config or {}).get("resources_dir")  # a build's config mapping (``build_input``)
+    places = [Path(resources) / "nltk_data"] if resources else []
     places += [d / "nltk_data" for d in shared_dirs()]
     for d in places:
         if d.is_dir():
@@ -147,24 +157,24 @@ def _rake(work, corpus, model, config):
 
 BUILTIN: dict[str, InputKind] = {k.name: k for k in (
     InputKind("token_freq", "token frequencies of the corpus under the backbone's tokenizer (SARCSE's weights)",
-              lambda layout, config, corpus, backbone, method: layout.token_freq(corpus, backbone),
+              lambda layout, cfg, corpus, backbone, method: layout.token_freq(corpus, backbone),
               "stats_token_freq", _token_freq, per_backbone=True),
     InputKind("tfidf", "TF-IDF of the corpus's words (UNA's hard negatives)",
-              lambda layout, config, corpus, backbone, method: layout.tfidf(corpus), "stats_tfidf", _tfidf),
+              lambda layout, cfg, corpus, backbone, method: layout.tfidf(corpus), "stats_tfidf", _tfidf),
     InputKind("tfidf_para", "TF-IDF over the corpus and its paraphrases (UNA with paraphrase positives)",
-              lambda layout, config, corpus, backbone, method: layout.tfidf_para(corpus), "stats_tfidf_para",
+              lambda layout, cfg, corpus, backbone, method: layout.tfidf_para(corpus), "stats_tfidf_para",
               lambda w, c, m, cfg: _tfidf(w, c, m, cfg, para=True)),
     InputKind("paraphrases", "one PEGASUS paraphrase per corpus line (UNA's positives)",
-              lambda layout, config, corpus, backbone, method: layout.paraphrases(corpus), "paraphrase_merge",
+              lambda layout, cfg, corpus, backbone, method: layout.paraphrases(corpus), "paraphrase_merge",
               _paraphrases),
     InputKind("rake", "RAKE phrases per corpus line, the top stats.rake_top_k (PaSeR's masking)",
-              lambda layout, config, corpus, backbone, method: layout.rake(corpus, int(config["stats"]["rake_top_k"])),
+              lambda layout, cfg, corpus, backbone, method: layout.rake(corpus, int(cfg.stats.rake_top_k)),
               "stats_rake", _rake),
     InputKind("nltk", "NLTK stopwords and WordNet (PaSeR's synonym replacement)",
-              lambda layout, config, corpus, backbone, method: layout.nltk(), "fetch_nltk",
+              lambda layout, cfg, corpus, backbone, method: layout.nltk(), "fetch_nltk",
               lambda w, c, m, cfg: nltk_mirror(cfg)),
     InputKind("pretrained", "the method's own pretraining stage's model (Method.pretrain_stage: InfoCSE's stage 1)",
-              lambda layout, config, corpus, backbone, method: f"{layout.pretrain_dir(method, backbone)}/model",
+              lambda layout, cfg, corpus, backbone, method: f"{layout.pretrain_dir(method, backbone)}/model",
               "pretrain", None),
 )}
 INPUTS.update(BUILTIN)

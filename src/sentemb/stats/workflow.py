@@ -1,74 +1,75 @@
 """The statistics stage's settings as the workflow reads them (``workflow/rules/stats.smk``): the
 config section ``stats`` with defaults, the corpora some run trains on, which need paraphrases, and
 every statistic's path. Apart from ``sentemb.stats`` (the writers), since these read the validated
-config: the writers do not depend on the config module (no import cycle through ``sentemb.stats.inputs``)."""
+config: the writers do not depend on the config module (no import cycle through ``sentemb.stats.inputs``).
+
+Each function takes the config tree (``sentemb.config.settings.Config``; the Snakefile passes its
+``CFG``) or a validated mapping, and reads the tree's attributes."""
 
 from __future__ import annotations
 
 from ..config.paths import Layout
+from ..config.settings import Config
 
 
-def stats_settings(config: dict) -> dict:
+def stats_settings(config: dict | Config) -> dict:
     """The config section ``stats`` with defaults filled in (used by workflow/rules/stats.smk).
 
     ``paraphrase.enabled`` is resolved to a bool: if unset (null), paraphrases are made when
     ``tfidf_with_paraphrases`` is set or a configured run's method lists "paraphrases" or
     "tfidf_para" in ``Method.requires(args)``. ``paraphrase.model_name`` names the model's directory.
     """
-    from ..config.settings import StatsSettings
-
-    s = StatsSettings.from_dict(config["stats"]).to_dict()
+    cfg = Config.of(config)
+    s = cfg.stats.to_dict()
     para = s["paraphrase"]
-    para["model_name"] = para["model"]["hub_id"].rstrip("/").split("/")[-1]
-    if para["enabled"] is None:
+    para["model_name"] = cfg.stats.paraphrase.model.hub_id.rstrip("/").split("/")[-1]
+    if cfg.stats.paraphrase.enabled is None:
         from ..config.load import run_requires
 
-        needed = {n for r in config["runs"] for n in run_requires(config, r)}
-        para["enabled"] = bool(s["tfidf_with_paraphrases"] or needed & {"paraphrases", "tfidf_para"})
-    s["paraphrase"] = para
+        needed = {n for r in cfg.runs for n in run_requires(cfg, r)}
+        para["enabled"] = bool(cfg.stats.tfidf_with_paraphrases or needed & {"paraphrases", "tfidf_para"})
     return s
 
 
-def run_corpora(config: dict) -> list[str]:
+def run_corpora(config: dict | Config) -> list[str]:
     """The corpora some run trains on (``runs[].corpus``, default ``corpus.name``), in first-use
     order; statistics are computed once for each of them."""
-    from ..config.load import corpus_of
-
+    cfg = Config.of(config)
     out: list[str] = []
-    for r in config["runs"]:
-        c = corpus_of(config, r)
+    for r in cfg.runs:
+        c = cfg.corpus_of(r)
         if c not in out:
             out.append(c)
     return out
 
 
-def needs_paraphrases(config: dict, corpus: str) -> bool:
+def needs_paraphrases(config: dict | Config, corpus: str) -> bool:
     """Paraphrases of ``corpus``: when ``tfidf_with_paraphrases`` is set or a run on this corpus
     requires them; ``stats.paraphrase.enabled`` (true/false) decides for the configured corpus
     (``corpus.name``) only, so a built-in corpus of one run (sts-unlabeled) is never paraphrased
     for nothing."""
-    from ..config.load import corpus_of, run_requires
+    from ..config.load import run_requires
 
-    explicit = config["stats"]["paraphrase"]["enabled"]
-    if explicit is not None and corpus == config["corpus"]["name"]:
+    cfg = Config.of(config)
+    explicit = cfg.stats.paraphrase.enabled
+    if explicit is not None and corpus == cfg.corpus.name:
         return bool(explicit)
-    if config["stats"]["tfidf_with_paraphrases"]:
+    if cfg.stats.tfidf_with_paraphrases:
         return True
-    needed = {n for r in config["runs"] if corpus_of(config, r) == corpus for n in run_requires(config, r)}
+    needed = {n for r in cfg.runs if cfg.corpus_of(r) == corpus for n in run_requires(cfg, r)}
     return bool(needed & {"paraphrases", "tfidf_para"})
 
 
-def stats_targets(config: dict, corpus: str | None = None, paraphrases: bool | None = None) -> list[str]:
+def stats_targets(config: dict | Config, corpus: str | None = None, paraphrases: bool | None = None) -> list[str]:
     """Paths of all statistics of ``corpus`` for ``rule all``; without ``corpus``, of every corpus
     some run uses (``run_corpora``). The paraphrase outputs only if ``paraphrases`` (default: when
     that corpus needs them, see ``needs_paraphrases``)."""
+    cfg = Config.of(config)
     if corpus is None:
-        return [t for c in run_corpora(config) or [config["corpus"]["name"]]
-                for t in stats_targets(config, c, paraphrases)]
-    layout = Layout.of(config)
-    targets = [layout.token_freq(corpus, b) for b in config["backbones"]]
-    targets += [layout.tfidf(corpus), layout.rake(corpus, stats_settings(config)["rake_top_k"]),
-                layout.stats_summary(corpus)]
-    if needs_paraphrases(config, corpus) if paraphrases is None else paraphrases:
+        return [t for c in run_corpora(cfg) or [cfg.corpus.name] for t in stats_targets(cfg, c, paraphrases)]
+    layout = Layout.of(cfg)
+    targets = [layout.token_freq(corpus, b) for b in cfg.backbones]
+    targets += [layout.tfidf(corpus), layout.rake(corpus, cfg.stats.rake_top_k), layout.stats_summary(corpus)]
+    if needs_paraphrases(cfg, corpus) if paraphrases is None else paraphrases:
         targets += [layout.paraphrases(corpus), layout.tfidf_para(corpus)]
     return targets
