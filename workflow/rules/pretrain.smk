@@ -48,7 +48,8 @@ rule pretrain:
         model=LAYOUT.model(),
         corpus=lambda w: resolve_pretrain(CFG, w.method, w.backbone).paths["corpus"],
         tokens=lambda w: resolve_pretrain(CFG, w.method, w.backbone).paths.get("tokens", []),
-        tracking=ancient(TRACKING_OPTIONS),  # after the experiment exists; a new URI, experiment or tracking.enabled reruns no training
+        # after the experiment exists; a new URI, experiment or tracking.enabled reruns no training
+        tracking=ancient(TRACKING_OPTIONS),
     output:
         model=directory(f"{PRETRAIN_DIR}/model"),
         summary=f"{PRETRAIN_DIR}/train.json",

@@ -61,7 +61,8 @@ rule train:
         corpus=lambda w: resolve_run(CFG, w.name, w.backbone, int(w.seed)).paths["corpus"],
         tokens=lambda w: resolve_run(CFG, w.name, w.backbone, int(w.seed)).paths.get("tokens", []),
         senteval=LAYOUT.eval_data("senteval"),
-        tracking=ancient(TRACKING_OPTIONS),  # after the experiment exists; a new URI, experiment or tracking.enabled reruns no training
+        # after the experiment exists; a new URI, experiment or tracking.enabled reruns no training
+        tracking=ancient(TRACKING_OPTIONS),
     output:
         model=directory(f"{RUN_DIR}/model"),
         summary=f"{RUN_DIR}/train.json",

@@ -61,6 +61,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import SentembError
+from .shapes import backbone_architecture
 from ..config.settings import Config
 
 log = logging.getLogger(__name__)
@@ -219,7 +220,7 @@ class Counter:
         if "pretrained" in get_method(run.method).requires(get_method(run.method).make_args(args)) and method_cls is None:
             # InfoCSE from its stage-1 checkpoint: the same networks as init: backbone (other initial weights)
             args["init"] = "backbone"
-        arch = architecture(self.config, run.backbone)
+        arch = backbone_architecture(self.config, run.backbone)
         layers = layers_needed(run.method, args)
         t = run.train
         key = ("measure", cls.__name__, json.dumps(_reduced(run.method, args), sort_keys=True, default=str),
@@ -341,15 +342,6 @@ def _count(run, method_cls) -> Measure:
 
 
 # ---------------------------------------------------------------------------------------- the plan
-def architecture(config: dict | Config, backbone: str) -> str | dict:
-    """The architecture of configured ``backbone`` (``sentemb.ops.shapes.backbone_architecture``,
-    read from the config tree): its ``random_init`` shape when it has one, else its ``hub_id``'s."""
-    from .shapes import architecture_of
-
-    spec = Config.of(config).backbones[backbone]
-    return dict(spec.random_init) if spec.random_init else architecture_of(spec.hub_id)
-
-
 def corpus_lines(config: dict | Config, corpus: str) -> int:
     """Training sentences of ``corpus``: the prepared file's lines if present, else
     ``corpus.expected_lines`` (the configured corpus) or ``STS_UNLABELED_LINES``."""
@@ -408,7 +400,7 @@ def _train_row(kind, label, run, m: Measure, encode: float, config: dict | Confi
     cfg = Config.of(config)
     t = run.train
     cls = method_cls or get_method(run.method)
-    arch = architecture(cfg, run.backbone)
+    arch = backbone_architecture(cfg, run.backbone)
     layers = depth(arch)
     at = m.at(layers)
     mfu = mfu_for(arch, mfu)
@@ -500,7 +492,7 @@ def plan(config: dict | Config, gpu: str = DEFAULT_GPU, mfu: float | None = DEFA
             for b in backbones:
                 run = resolve_pretrain(cfg, method, b)
                 m = counter.measure(run, cls.pretrain_stage)
-                rows.append(_train_row("pretrain", f"{method}/{b}", run, m, counter.encode(architecture(cfg, run.backbone))[0], cfg,
+                rows.append(_train_row("pretrain", f"{method}/{b}", run, m, counter.encode(backbone_architecture(cfg, run.backbone))[0], cfg,
                                        gpu, mfu, margin, resources["pretrain"], cls.pretrain_stage))
         # training and its evaluations
         evaluations = []  # (job, architecture, with transfer)
@@ -509,12 +501,12 @@ def plan(config: dict | Config, gpu: str = DEFAULT_GPU, mfu: float | None = DEFA
             run = resolve_run(cfg, job.name, job.backbone, job.seed)
             m = counter.measure(run)
             label = f"{job.name}/{job.backbone}/seed{job.seed}"
-            rows.append(_train_row("train", label, run, m, counter.encode(architecture(cfg, run.backbone))[0], cfg, gpu, mfu,
+            rows.append(_train_row("train", label, run, m, counter.encode(backbone_architecture(cfg, run.backbone))[0], cfg, gpu, mfu,
                                    margin, resources["train"]))
             if (job.name, job.backbone) in evaluated:
-                evaluations.append((label, architecture(cfg, job.backbone),
+                evaluations.append((label, backbone_architecture(cfg, job.backbone),
                                     (job.name, job.backbone) in transferred))
-        evaluations += [(f"baseline/{b}/{p}", architecture(cfg, b), baseline_transfer(cfg))
+        evaluations += [(f"baseline/{b}/{p}", backbone_architecture(cfg, b), baseline_transfer(cfg))
                         for b, p in baselines(cfg)]
         peak = _peak(gpu)
         for label, arch, transfer in evaluations:

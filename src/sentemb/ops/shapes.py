@@ -65,11 +65,14 @@ def architecture_of(hub_id: str) -> str:
     return name
 
 
-def backbone_architecture(config: dict, backbone: str) -> str | dict:
-    """The architecture of configured ``backbone``: its ``random_init`` shape (HF config keys with
-    ``model_type``) when it has one, else the published one of its ``hub_id``."""
-    spec = config["backbones"][backbone]
-    return dict(spec["random_init"]) if spec["random_init"] else architecture_of(spec["hub_id"])
+def backbone_architecture(config, backbone: str) -> str | dict:
+    """The architecture of configured ``backbone`` (``config``: a validated mapping or the tree): its
+    ``random_init`` shape (HF config keys with ``model_type``) when it has one, else the published one
+    of its ``hub_id``."""
+    from ..config.settings import Config
+
+    spec = Config.of(config).backbones[backbone]
+    return dict(spec.random_init) if spec.random_init else architecture_of(spec.hub_id)
 
 
 def fields_of(arch: str | dict) -> dict:
