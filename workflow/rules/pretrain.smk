@@ -48,8 +48,10 @@ rule pretrain:
         model=LAYOUT.model(),
         corpus=lambda w: resolve_pretrain(CFG, w.method, w.backbone).paths["corpus"],
         tokens=lambda w: resolve_pretrain(CFG, w.method, w.backbone).paths.get("tokens", []),
-        # after the experiment exists; a new URI, experiment or tracking.enabled reruns no training
-        tracking=ancient(TRACKING_OPTIONS),
+        # a new tracking URI reruns no training. The experiment's marker stays the input (not the
+        # MLflow settings file, which would spare training a new experiment or tracking.enabled):
+        # Snakemake reruns a job whose set of inputs changed, so moving it reruns every trained job once
+        tracking=ancient(TRACKING_MARKER) if TRACKING else [],
     output:
         model=directory(f"{PRETRAIN_DIR}/model"),
         summary=f"{PRETRAIN_DIR}/train.json",

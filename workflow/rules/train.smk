@@ -61,8 +61,10 @@ rule train:
         corpus=lambda w: resolve_run(CFG, w.name, w.backbone, int(w.seed)).paths["corpus"],
         tokens=lambda w: resolve_run(CFG, w.name, w.backbone, int(w.seed)).paths.get("tokens", []),
         senteval=LAYOUT.eval_data("senteval"),
-        # after the experiment exists; a new URI, experiment or tracking.enabled reruns no training
-        tracking=ancient(TRACKING_OPTIONS),
+        # a new tracking URI reruns no training. The experiment's marker stays the input (not the
+        # MLflow settings file, which would spare training a new experiment or tracking.enabled):
+        # Snakemake reruns a job whose set of inputs changed, so moving it reruns every trained job once
+        tracking=ancient(TRACKING_MARKER) if TRACKING else [],
     output:
         model=directory(f"{RUN_DIR}/model"),
         summary=f"{RUN_DIR}/train.json",

@@ -83,10 +83,9 @@ def config_keys_markdown() -> str:
            + ", ".join(f"`{k}`" for k in weight_free_keys())
            + " (nor does `job_resources`). A job that does run uses their current values (rule `run_options`). "
            "An evaluation job reruns when the `evaluation` keys of its own kind change (STS, transfer encoding, "
-           "transfer classification: rule `eval_spec`, `sentemb.config.load.eval_spec`). The MLflow settings "
-           "(`experiment`, `tracking.uri`, `tracking.enabled`, `tracking.wait_s`) rerun no training or evaluation: "
-           "jobs read them from `results/.tracking_options.json` (rule `tracking_options`, an `ancient` input) "
-           "and from their `run_options`; a job that runs records where they now point.", ""]
+           "transfer classification: rule `eval_spec`, `sentemb.config.load.eval_spec`); `tracking.uri` and "
+           "`tracking.wait_s` rerun no job. `experiment` and `tracking.enabled` rerun no evaluation, but they do "
+           "rerun training (the training rule's input is the experiment's tracking marker, or none).", ""]
     required = tuple(schema.get("required", ()))
     simple = {k: p for k, p in schema["properties"].items() if "properties" not in p or not p["properties"]}
     out += ["## Top level", ""] + _table(_rows(simple, "", required)) + [""]

@@ -649,11 +649,15 @@ def _features(path: str | Path):
         raise SentembError(f"transfer features file not found: {path} (written by `sentemb encode-transfer`)")
     try:
         z = np.load(path, allow_pickle=False)
-        meta = json.loads(str(z["meta"]))
-    except (zipfile.BadZipFile, OSError, ValueError, KeyError, json.JSONDecodeError) as e:
+    except (zipfile.BadZipFile, OSError, ValueError) as e:
         raise SentembError(f"{path}: not a transfer features file of `sentemb encode-transfer` ({e!r}); "
                            "delete it and encode again") from None
     with z:
+        try:
+            meta = json.loads(str(z["meta"]))
+        except (zipfile.BadZipFile, OSError, ValueError, KeyError, json.JSONDecodeError) as e:
+            raise SentembError(f"{path}: not a transfer features file of `sentemb encode-transfer` ({e!r}); "
+                               "delete it and encode again") from None
         if meta.get("format") != FEATURES_FORMAT:
             raise SentembError(f"{path}: features format {meta.get('format')!r}, this sentemb reads "
                                f"{FEATURES_FORMAT}; encode again")

@@ -2,7 +2,7 @@
 
 Where methods come from:
 
-* the built-in ones: every module of this package except ``base`` and ``registry``, imported
+* the built-in ones: every module of this package except ``base``, ``registry`` and ``masking``, imported
   on first use (they register with ``.registry.register_method``, never importing this package);
 * installed packages: the entry-point group ``sentemb.methods`` (each entry point is imported);
 * the user's own code: the config key ``method_modules`` (Python files relative to the working
@@ -28,7 +28,7 @@ from pathlib import Path
 from .base import WEIGHTED, Encoded, Method, MethodContext, arg
 from .registry import _REGISTRY, register_method
 
-_NOT_METHODS = {"base", "registry"}
+_NOT_METHODS = {"base", "registry", "masking"}
 _LOADED = False
 _IMPORTED: dict[str, str] = {}  # method_modules entry (a file resolved) -> module name
 _SPEC: dict[str, str] = {}  # module name -> the method_modules entry it was imported by

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 
 def method_colours(methods: Iterable[str]) -> dict[str, str]:
-    """The colour of each method, the same in every figure (``figure_style.METHOD_STYLES``; a plug-in
+    """The colour of each method, the same in every figure (``style.METHOD_STYLES``; a plug-in
     method: the next colour by name; baselines black)."""
     from .style import BASELINE_COLOURS, StyleBook
 
@@ -409,7 +409,7 @@ FIGURES = ("table1_bars", "dev_curves", "align_uniform", "cosine_buckets", "pape
 
 
 def draw_figures(eval_paths: list[Path], train_paths: list[Path], paper: pd.DataFrame | None):
-    """Yield (stem, figure) for every figure of ``FIGURES``, drawn in ``figure_style.paper_style``;
+    """Yield (stem, figure) for every figure of ``FIGURES``, drawn in ``style.paper_style``;
     the caller saves and closes each before the next is drawn."""
     from .style import paper_style
 
