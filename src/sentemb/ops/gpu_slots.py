@@ -29,36 +29,13 @@ ENV_LOCK_DIR = "SENTEMB_GPU_LOCK_DIR"
 ENV_JOB_GPUS = "SENTEMB_JOB_GPUS"
 DEFAULT_LOCK_DIR = ".snakemake/gpu_slots"
 
-_held = None  # the open lock file of this process's slot (kept open = slot held)
-_held_many: list = []  # claim_many: the open lock files of this process's slots
+_held: list = []  # the open lock files of this process's slots (kept open = slots held)
 
 
 def claim(n_slots: int, lock_dir: str | os.PathLike = DEFAULT_LOCK_DIR, *, timeout: float | None = None,
           poll: float = 0.5) -> int:
     """Block until one of ``n_slots`` slots is free, hold it for the life of the process, return its index."""
-    global _held
-    if n_slots < 1:
-        raise SentembError(f"${ENV_SLOTS}: needs a positive number of GPU slots, not {n_slots}")
-    d = Path(lock_dir)
-    d.mkdir(parents=True, exist_ok=True)
-    t0 = time.monotonic()
-    while True:
-        for i in range(n_slots):
-            fh = open(d / f"gpu{i}.lock", "a+")
-            try:
-                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                fh.close()
-                continue
-            fh.seek(0)
-            fh.truncate()
-            fh.write(f"{os.getpid()}\n")
-            fh.flush()
-            _held = fh
-            return i
-        if timeout is not None and time.monotonic() - t0 > timeout:
-            raise SentembError(f"no free GPU slot among {n_slots} in {d} after {timeout:.0f} s")
-        time.sleep(poll)
+    return claim_many(n_slots, 1, lock_dir, timeout=timeout, poll=poll)[0]
 
 
 def claim_many(n_slots: int, count: int, lock_dir: str | os.PathLike = DEFAULT_LOCK_DIR, *,
@@ -66,6 +43,8 @@ def claim_many(n_slots: int, count: int, lock_dir: str | os.PathLike = DEFAULT_L
     """Block until ``count`` of ``n_slots`` slots are free at once, hold them all for the life of the
     process, return their indices (all or none: slots taken while others are missing are released
     before waiting again)."""
+    if n_slots < 1:
+        raise SentembError(f"${ENV_SLOTS}: needs a positive number of GPU slots, not {n_slots}")
     if count > n_slots:
         raise SentembError(f"a job of {count} GPUs (train.devices) cannot run with {n_slots} local GPUs "
                            f"(config local_gpus)")
@@ -90,12 +69,13 @@ def claim_many(n_slots: int, count: int, lock_dir: str | os.PathLike = DEFAULT_L
                 fh.truncate()
                 fh.write(f"{os.getpid()}\n")
                 fh.flush()
-            _held_many.extend(fh for _, fh in got)
+            _held.extend(fh for _, fh in got)
             return [i for i, _ in got]
         for _, fh in got:
             fh.close()  # releases the lock
         if timeout is not None and time.monotonic() - t0 > timeout:
-            raise SentembError(f"no {count} free GPU slots among {n_slots} in {d} after {timeout:.0f} s")
+            want = "free GPU slot" if count == 1 else f"{count} free GPU slots"
+            raise SentembError(f"no {want} among {n_slots} in {d} after {timeout:.0f} s")
         time.sleep(poll)
 
 
