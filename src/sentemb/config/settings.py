@@ -106,6 +106,23 @@ class TrainSettings:
         "keyed - every mask is a function of (seed, micro-batch, sentence, view, dropout call) (sentemb.model.dropout), so "
         "chunk_size gives exactly the unchunked gradient with dropout on; several times slower dropout, CPU-generated "
         "(for checks and CPU runs).", choices=("stream", "keyed"))
+    buckets: list | str | None = arg(
+        "auto",
+        "Bounded step shapes (sentemb.data.buckets): every variable width of a batch (the sentences, ArcCSE's triplet "
+        "rows, PaSeR's decoder rows, ...) is padded up to the smallest of a few widths instead of to its longest row, "
+        "so one epoch meets a handful of kernel shapes. auto - 16, 24, 32, 48, 64, 128, 256, 512 cut at max_len, on "
+        "CUDA only (on a CPU padding is pure cost); none - pad to the longest row; a list of widths - those, on every "
+        "device. Padded positions are masked, so the real tokens' results are the same; with dropout_rng stream the "
+        "masks are drawn over the padded shape (another random run, as chunk_size).", weights=False,
+        schema=lambda: {"oneOf": [{"type": "string", "enum": ["auto", "none"]}, {"type": "null"},
+                                  {"type": "array", "items": {"type": "integer", "minimum": 1}, "minItems": 1}]})
+    workers: int = arg(
+        0,
+        "Processes that build the batches (sentemb.train.batches): 0 - in the loop's process (a background thread "
+        "with prefetch, else in line); N - N worker processes building the next steps' micro-batches ahead. Batches "
+        "are a function of (seed, micro-batch), so the weights are the same either way. The wait for data is logged "
+        "as train/data_wait (seconds per step).", minimum=0, weights=False)
+
     @classmethod
     def from_dict(cls, values: dict | None, where: str = "train") -> TrainSettings:
         """Settings from a mapping (a run config's ``train``); unknown keys and wrong types name the key."""
@@ -126,6 +143,9 @@ class TrainSettings:
         config key or the run). SAM's ascent step would be scaled by fp16's gradient scaler."""
         if isinstance(self.chunk_size, str) and self.chunk_size != "auto":
             raise SentembError(f"{key}: train.chunk_size {self.chunk_size!r} is not a number of sentences, auto or null")
+        from ..data.buckets import resolve_buckets
+
+        resolve_buckets(self.buckets, self.max_len, "cuda", f"{key}: train.buckets")
         if self.dropout_rng == "keyed" and self.unpad:
             raise SentembError(f"{key}: train.dropout_rng keyed needs padded rows (one per sentence view); it cannot be "
                                "combined with train.unpad (packed tokens)")
@@ -540,7 +560,8 @@ class Run:
 #: train settings added after states were saved, at the value that computes what was computed
 #: before they existed: left out of the fingerprint at that value (so such a state still resumes),
 #: in it at any other (``sampler: length`` is another data order, ``eval_unit`` other checkpoints)
-ADDED_DEFAULTS = {"sampler": "random", "eval_unit": "optimizer_steps", "dropout_rng": "stream"}
+ADDED_DEFAULTS = {"sampler": "random", "eval_unit": "optimizer_steps", "dropout_rng": "stream", "buckets": "auto",
+                  "workers": 0}
 
 
 def weight_free_keys() -> tuple[str, ...]:

@@ -132,6 +132,9 @@ class MethodContext:
     corpus: Path | None = None  # the training corpus (one sentence per line; line i <-> index i)
     #: the corpus tokenized once (``sentemb.data.tokens.TokenCache``), set by the loop; ``Method.tokenize`` reads it
     tokens: Any = None
+    #: the run's bucket widths (``train.buckets`` resolved for its device, ``sentemb.data.buckets``), None
+    #: to pad every width to its longest row; a method pads each variable width with ``self.width(n)``
+    buckets: tuple[int, ...] | None = None
 
     def input(self, name: str) -> Path:
         """The path of declared input ``name``; a clear error if the run was not given it."""
@@ -276,14 +279,37 @@ class Method(nn.Module):
         return g
 
     # ------------------------------------------------------------------ training
+    def width(self, n: int) -> int:
+        """The padded width of a row group whose longest row has ``n`` positions: the smallest of the
+        run's buckets that holds it (``train.buckets``, ``sentemb.data.buckets.bucket_width``), ``n``
+        without buckets. Every variable width a method builds goes through it, so that one epoch
+        meets a few step shapes."""
+        from ..data.buckets import bucket_width
+
+        return bucket_width(n, self.ctx.buckets)
+
     def tokenize(self, sentences: Sequence[str], lines: Sequence[int] | None = None) -> dict[str, torch.Tensor]:
         """``tokenizer(sentences, padding=True, truncation=True, max_length=ctx.max_len)`` as CPU
         tensors; read from the corpus's token cache (no tokenizer call) when the loop has one and
         ``lines`` (the sentences' corpus line indices) are given: the same tensors either way."""
         if self.ctx.tokens is not None and lines is not None:
-            return self.ctx.tokens.batch(lines, self.ctx.max_len)
-        return dict(self.tokenizer(list(sentences), padding=True, truncation=True, max_length=self.ctx.max_len,
-                                   return_tensors="pt"))
+            out = self.ctx.tokens.batch(lines, self.ctx.max_len)
+        else:
+            out = dict(self.tokenizer(list(sentences), padding=True, truncation=True, max_length=self.ctx.max_len,
+                                      return_tensors="pt"))
+        return self.pad_rows(out)
+
+    def pad_rows(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """A tokenizer's output (``input_ids``, ``attention_mask``, ``token_type_ids``, ...) padded on
+        the right to ``self.width`` of its width: ids with the pad token, everything else with 0
+        (left-padding tokenizers are not bucketed). Unchanged without buckets."""
+        from ..data.buckets import pad_to
+
+        if not self.ctx.buckets or "input_ids" not in batch or getattr(self.tokenizer, "padding_side", "right") == "left":
+            return batch
+        w = self.width(int(batch["input_ids"].size(1)))
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        return {k: pad_to(v, w, pad if k == "input_ids" else 0) if v.dim() == 2 else v for k, v in batch.items()}
 
     def build_batch(self, sentences: list[str], step: int = 0, *, lines: Sequence[int] | None = None,
                     micro: int = 0) -> dict[str, torch.Tensor]:

@@ -240,6 +240,7 @@ def setup(run: Run | dict, out_dir: str | Path, method_cls: "type[Method] | None
     ``tracker``, nothing is tracked. A caller other than ``train`` closes it (``with setup(...)``)."""
     import torch
 
+    from ..data.buckets import resolve_buckets
     from ..methods import MethodContext, get_method
     from ..model.backbone import load_encoder
     from ..evaluate.senteval import load_task
@@ -280,7 +281,7 @@ def setup(run: Run | dict, out_dir: str | Path, method_cls: "type[Method] | None
         tokens = load_or_build(paths.get("tokens"), tokenizer, sentences, paths["corpus"])
     ctx = MethodContext(max_len=settings.max_len, seed=seed, backbone=run.backbone, model_dir=Path(paths["model"]),
                         inputs={k: Path(v) for k, v in paths.get("inputs", {}).items()}, corpus=Path(paths["corpus"]),
-                        tokens=tokens)
+                        tokens=tokens, buckets=resolve_buckets(settings.buckets, settings.max_len, device.type))
     method = method_cls(encoder, tokenizer, run.method_args, ctx).to(device)
     if settings.unpad:
         if settings.compile:
