@@ -53,7 +53,8 @@ def _cmd_gpu_check(args: argparse.Namespace) -> int:
     lines = check(model, corpus, senteval, device, batches, args.steps, args.warmup,
                   args.max_len, methods, not args.no_dag, Path(__file__).resolve().parents[3],
                   tuple(t for t in args.sts_tasks.split(",") if t) if args.sts_tasks else None, sts_model,
-                  parse_method_args(args.method_args, list(methods)), None if args.no_epoch else args.epoch_batch)
+                  parse_method_args(args.method_args, list(methods)), None if args.no_epoch else args.epoch_batch,
+                  host=args.host or args.only_host, classic=not args.only_host)
     lines.append(_row("gpu-check wall time", f"{time.perf_counter() - t:.0f} s", ""))
     if args.output:
         Path(args.output).write_text("\n".join(lines) + "\n")
@@ -89,6 +90,10 @@ def register(sub) -> None:
     p.add_argument("--no-dag", action="store_true", help="skip the tiny DAG")
     p.add_argument("--sts-tasks", default=None, help="comma-separated STS tasks of the fp32/bf16 comparison (default all 7)")
     p.add_argument("--output", default=None, help="also write the table (Markdown) here")
+    p.add_argument("--host", action="store_true",
+                   help="also the host rows (sentemb.ops.hostcheck): first steps with train.buckets none/auto, "
+                        "train.workers 0/2, STS-B dev evaluation fp32/bf16, and a CUDA-graph probe of the step")
+    p.add_argument("--only-host", action="store_true", help="only the host rows (and the methods' inputs they need)")
     p.add_argument("--cpu", action="store_true",
                    help="run the same checks on the CPU at a toy size (tests; the figures mean nothing for a GPU)")
     p.set_defaults(func=_cmd_gpu_check)

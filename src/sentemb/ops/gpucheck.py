@@ -124,7 +124,8 @@ def _pretrain_stage(cls, model: Path, corpus: Path, out: Path, device: str) -> P
 def check(model: Path, corpus: Path, senteval: Path, device_name: str, batches: tuple[int, ...],
           steps: int, warmup: int, max_len: int, methods: tuple[str, ...], dag: bool, repo: Path,
           sts_tasks: tuple[str, ...] | None = None, sts_model: Path | None = None,
-          method_args: dict[str, dict] | None = None, epoch_batch: int | None = 64) -> list[str]:
+          method_args: dict[str, dict] | None = None, epoch_batch: int | None = 64, host: bool = False,
+          classic: bool = True) -> list[str]:
     import torch
 
     from .benchmark import _peak, bench_method, bench_st
@@ -155,7 +156,7 @@ def check(model: Path, corpus: Path, senteval: Path, device_name: str, batches: 
     inputs = _inputs_for(model, corpus, work / "stats", device_name, methods, margs)
     sts_model = sts_model or model
     simcse_step = {}
-    for b in batches:
+    for b in batches if classic else ():
         for m in methods:
             if cuda:
                 torch.cuda.reset_peak_memory_stats(device)
@@ -181,7 +182,7 @@ def check(model: Path, corpus: Path, senteval: Path, device_name: str, batches: 
             lines.append(_row(f"train sentence-transformers MNRL B={b} bf16",
                               f"{b * steps / s2:.0f} sent/s, {1000 * s2 / steps:.0f} ms/step", "same model, batch, max_len"))
     # gradient caching: the same step in chunks of a quarter of the batch (memory bound, one extra forward)
-    if "simcse" in methods:
+    if "simcse" in methods and classic:
         for b in batches:
             c = max(1, b // 4)
             if cuda:
@@ -194,6 +195,14 @@ def check(model: Path, corpus: Path, senteval: Path, device_name: str, batches: 
             lines.append(_row(f"train simcse B={b} bf16 chunk_size {c}",
                               f"{b * steps / secs:.0f} sent/s, {1000 * secs / steps:.0f} ms/step",
                               f"gradient caching{ratio}{mem}"))
+    if host:  # issue 36/37: first steps with and without buckets, worker processes, dev evaluation, graph probe
+        from . import hostcheck
+
+        step = simcse_step.get(64, (None,))[0]
+        for r in hostcheck.rows(model, corpus, senteval, device_name, work, margs, inputs, step):
+            lines.append(_row(*r))
+    if not classic:
+        return lines
     lines.append(_row(*_devices_row(model, corpus, device_name, max(batches), max(steps, 5), max_len, work)))
     # bf16 vs fp32 evaluation of the same model
     scores = {}

@@ -1,0 +1,235 @@
+"""The host-side rows of ``sentemb gpu-check`` (issue 36; groundwork of issue 37): what a fast GPU step
+leaves the host to pay.
+
+- ``first_steps``: a method's first steps on real length-sampled batches with ``train.buckets`` none
+  and auto. Every new padded width is new kernel shapes and allocator blocks (ArcCSE paid 548 ms/step
+  for its first 13 steps on an H200); with buckets the widths are few and the cost is paid a few
+  times. Reports ms/step of the first and the next steps and the distinct batch shapes met.
+- ``workers``: ``sentemb train`` of a method for a few dozen steps with ``train.workers`` 0 and N,
+  reading the loop's own ``data_wait_s_per_step`` from ``train.json`` (seconds per step the loop
+  waited for its batches).
+- ``dev_eval``: one STS-B dev evaluation (3,000 sentences, the model-selection signal every 125
+  steps) in fp32 and bf16, and its share of a run at the measured step.
+- ``graph_probe``: the loop's own ``method.losses`` of one static batch, forward, backward, clip and
+  fused AdamW, eager against the same captured once as a CUDA graph and replayed (``torch.cuda.graph``;
+  dropout stays on: CUDA's Philox generator advances its offset on every replay). It measures how far
+  the host floor of issue 37 is from the GPU's own time; it is a probe, not the graphed strategy
+  (no LR schedule, no loss logging, one shape).
+
+Each function returns ``(what, value, note)`` rows for ``gpucheck._row``; a failure becomes the row's
+value ("FAILED: ...") so one broken probe does not cost the others.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+Row = tuple[str, str, str]
+
+
+def _sync(device) -> None:
+    import torch
+
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def _first_line(e: BaseException) -> str:
+    return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:240]}"
+
+
+def first_steps(model: Path, corpus: Path, device: str, batch: int, max_len: int, method: str, margs: dict | None,
+                inputs: dict, train: dict, buckets, first: int = 15, then: int = 15) -> Row:
+    """``first`` + ``then`` optimizer steps of ``method`` from a fresh job (``train`` overrides the
+    benchmark's settings, e.g. ArcCSE's ``sampler: length``, ``grad_accum``, ``sam_rho``), each step
+    timed to a device sync; the distinct shapes of the built batches (every tensor's shape)."""
+    from .benchmark import _bench_run
+    from ..train.loop import State, run_steps, setup
+
+    what = (f"first steps {method} B={batch}x{train.get('grad_accum', 1)} max_len {max_len} "
+            f"{'sam ' if train.get('sam_rho') else ''}sampler {train.get('sampler', 'random')}, buckets {buckets}")
+    try:
+        run = _bench_run(model, corpus, batch, device, max_len, "bf16", method, 10**9, margs, inputs,
+                         prefetch=False, buckets=buckets, **train)
+        with setup(run, "/nonexistent-gpucheck-output") as job:
+            build, shapes = job.method.build_batch, set()
+
+            def recording(*a, **k):
+                out = build(*a, **k)
+                shapes.add(tuple(sorted((key, tuple(v.shape)) for key, v in out.items())))
+                return out
+
+            job.method.build_batch = recording
+            state, times = State(), []
+            for _ in range(first + then):
+                _sync(job.device)
+                t = time.perf_counter()
+                for _ in run_steps(job, state, 1):
+                    pass
+                _sync(job.device)
+                times.append(time.perf_counter() - t)
+        a, b = times[:first], times[first:]
+        return (what, f"{1000 * sum(a) / len(a):.0f} ms/step (steps 1-{first}), {1000 * sum(b) / max(len(b), 1):.0f} "
+                      f"ms/step (steps {first + 1}-{first + then})",
+                f"{len(shapes)} distinct batch shapes; slowest step {1000 * max(times):.0f} ms")
+    except Exception as e:  # noqa: BLE001 - a probe's failure is its row
+        return what, f"FAILED: {_first_line(e)}", ""
+
+
+def workers(model: Path, corpus: Path, device: str, batch: int, max_len: int, method: str, margs: dict | None,
+            inputs: dict, n_workers: int, steps: int, work: Path, train: dict | None = None) -> Row:
+    """``sentemb train`` of ``method`` for ``steps`` steps (no dev evaluation) with ``train.workers``
+    ``n_workers``; the loop's wait for data per step (``train.json``: ``data_wait_s_per_step``)."""
+    from .benchmark import _bench_run
+    from ..utils import read_json, write_json
+
+    what = f"train {method} B={batch} {steps} steps, workers {n_workers}"
+    run = _bench_run(model, corpus, batch, device, max_len, "bf16", method, 10, margs, inputs, max_steps=steps,
+                     workers=n_workers, **(train or {}))
+    cfg, out = work / f"workers-{method}-{n_workers}.json", work / f"workers-{method}-{n_workers}"
+    write_json(cfg, run.to_dict())
+    t = time.perf_counter()
+    p = subprocess.run([sys.executable, "-m", "sentemb", "train", "--run-config", str(cfg), "--output-dir", str(out),
+                        "--no-track", "--quiet"], capture_output=True, text=True)
+    secs = time.perf_counter() - t
+    if p.returncode:
+        return what, "FAILED", (p.stderr.strip().splitlines() or [""])[-1][:300]
+    s = read_json(out / "train.json")
+    loop = float(s.get("train_seconds_this_process") or secs)
+    wait = s.get("data_wait_s_per_step")
+    wait_s = f"{1000 * float(wait):.1f} ms/step waiting for data" if wait is not None else "data wait not recorded"
+    return (what, f"{1000 * loop / steps:.0f} ms/step in the loop; {wait_s}",
+            f"{secs:.0f} s end to end with start-up and export")
+
+
+def dev_eval(model: Path, senteval: Path, device: str, step_s: float | None, eval_steps: int = 125) -> list[Row]:
+    """One STS-B dev evaluation of ``model`` ([CLS] pooling, as the loop's dev embedder) in fp32 and
+    bf16: seconds (second call: the first builds the embedder's padded plan), and with ``step_s`` its
+    share of a run that evaluates every ``eval_steps`` steps of that length."""
+    from ..evaluate.senteval import load_task
+    from ..evaluate.sts import embedder_for, stsb_dev
+
+    rows = []
+    try:
+        pairs = load_task(senteval, "STSBenchmark", "dev")
+        for prec in ("fp32", "bf16"):
+            emb = embedder_for(model, "cls_before_pooler", device=device, batch_size=256, precision=prec)
+            stsb_dev(emb, pairs)  # warm-up
+            _sync(device)
+            t = time.perf_counter()
+            score = stsb_dev(emb, pairs)
+            _sync(device)
+            secs = time.perf_counter() - t
+            share = (f"; {100 * secs / (eval_steps * step_s + secs):.1f}% of a run evaluating every {eval_steps} steps "
+                     f"of {1000 * step_s:.0f} ms") if step_s else ""
+            rows.append((f"STS-B dev evaluation {prec} ({Path(model).name}, 3,000 sentences, batch 256)",
+                         f"{secs:.2f} s", f"Spearman {score:.2f}{share}"))
+    except Exception as e:  # noqa: BLE001
+        rows.append(("STS-B dev evaluation", f"FAILED: {_first_line(e)}", ""))
+    return rows
+
+
+def graph_probe(model: Path, corpus: Path, device: str, batch: int, max_len: int, steps: int = 20, warmup: int = 5,
+                method: str = "simcse", margs: dict | None = None, inputs: dict | None = None) -> Row:
+    """The loop's ``method.losses`` on one static micro-batch (the first of the schedule, padded to
+    ``max_len``), bf16 autocast, backward, clip 1.0, fused capturable AdamW: ms/step eager, then the
+    same step captured once as a CUDA graph and replayed."""
+    import torch
+
+    from .benchmark import _bench_run
+    from ..train.loop import autocast, micro_batches, setup
+
+    what = f"graph probe {method} B={batch} max_len {max_len} (static shape)"
+    try:
+        run = _bench_run(model, corpus, batch, device, max_len, "bf16", method, 10**9, margs, inputs,
+                         prefetch=False, buckets=[max_len])
+        with setup(run, "/nonexistent-gpucheck-output") as job:
+            dev, method_ = job.device, job.method
+            (_, cpu_batch), = micro_batches(job, 0)[:1]
+            static = {k: v.to(dev) for k, v in cpu_batch.items()}
+            params = [p for p in method_.parameters() if p.requires_grad]
+            opt = torch.optim.AdamW(params, lr=3e-5, fused=True, capturable=True)
+
+            def step():
+                with autocast(dev, job.amp):
+                    loss = method_.losses(static)["loss"]
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(params, 1.0, foreach=True)
+                opt.step()
+                return loss
+
+            def timed(fn, n):
+                _sync(dev)
+                t = time.perf_counter()
+                for _ in range(n):
+                    fn()
+                _sync(dev)
+                return (time.perf_counter() - t) / n
+
+            def eager():
+                step()
+                opt.zero_grad(set_to_none=True)
+
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(warmup):
+                    eager()
+            torch.cuda.current_stream().wait_stream(side)
+            eager_s = timed(eager, steps)
+            graph = torch.cuda.CUDAGraph()
+            opt.zero_grad(set_to_none=True)  # backward allocates .grad from the graph's pool
+            with torch.cuda.graph(graph):
+                loss = step()
+            for _ in range(warmup):
+                graph.replay()
+            graph_s = timed(graph.replay, steps)
+            first, again = float(loss), (graph.replay(), float(loss))[1]
+        return (what, f"eager {1000 * eager_s:.1f} ms/step, graphed {1000 * graph_s:.1f} ms/step "
+                      f"({eager_s / graph_s:.1f}x)",
+                f"forward+backward+clip+fused AdamW; loss after two replays {first:.4f} -> {again:.4f} "
+                "(finite and moving: the weights update and the dropout masks are fresh)")
+    except Exception as e:  # noqa: BLE001
+        return what, f"FAILED: {_first_line(e)}", ""
+
+
+def rows(model: Path, corpus: Path, senteval: Path, device: str, work: Path, margs: dict, inputs: dict,
+         step_s: float | None, steps: int = 40) -> list[Row]:
+    """The host rows on this device: ArcCSE's paper configuration's first steps with and without
+    buckets (BERT-base: B 32 x 2, max_len 512, SAM, length-sampled), PaSeR and ArcCSE with workers 0
+    and 2, STS-B dev evaluation, and the graph probe at B 64 and 512. On a CPU (``gpu-check --cpu``,
+    the tests) the same code at a toy size: batches of 4, 2 + 2 first steps, 3 steps per worker row."""
+    from ..methods import get_method
+
+    toy = not device.startswith("cuda")
+    first, then, steps = (2, 2, 3) if toy else (15, 15, steps)
+    small = (lambda b: 4) if toy else (lambda b: b)  # noqa: E731
+
+    out: list[Row] = []
+    arc = {"grad_accum": 2, "sam_rho": 0.05, "sampler": "length"}
+    if "arccse" in inputs and not any(isinstance(v, Exception) for v in inputs["arccse"].values()):
+        ins = {n: str(v) for n, v in inputs["arccse"].items()}
+        for b in ("none", "auto"):
+            out.append(first_steps(model, corpus, device, small(32), 512, "arccse", margs.get("arccse"), ins, arc, b,
+                                   first, then))
+    for m, extra in (("paser", {}), ("arccse", arc)):
+        if m not in inputs or any(isinstance(v, Exception) for v in inputs[m].values()):
+            continue
+        ins = {n: str(v) for n, v in inputs[m].items()}
+        for n in (0, 2):
+            out.append(workers(model, corpus, device, small(64 if m == "paser" else 32), 32, m, margs.get(m), ins, n, steps,
+                               work, {**get_method(m).paper_train, **extra}))
+    probes = []
+    for b in (64, 512):
+        if device.startswith("cuda"):
+            probes.append(graph_probe(model, corpus, device, b, 32))
+        else:
+            probes.append((f"graph probe simcse B={b}", "skipped", "CUDA graphs need a CUDA device"))
+    if step_s is None and probes and "eager " in probes[0][1]:  # the probe's eager B 64 step
+        step_s = float(probes[0][1].split("eager ")[1].split(" ms")[0]) / 1000
+    out += dev_eval(model, senteval, device, step_s)
+    return out + probes
