@@ -1,0 +1,43 @@
+"""``sentemb.ops.hostcheck`` (gpu-check's host rows) on the CPU with the tiny model: the same code the GPU
+runs, so the rows cannot rot between lent GPUs."""
+
+from pathlib import Path
+
+from sentemb.ops import hostcheck
+
+
+def test_first_steps_counts_fewer_shapes_with_buckets(tiny_bert_dir, tmp_path):
+    import random
+
+    from sentemb.testing import TINY_WORDS
+
+    rng = random.Random(3)
+    corpus = tmp_path / "corpus.txt"  # 1-25 words a line: 3-27 tokens with [CLS] and [SEP]
+    corpus.write_text("".join(" ".join(rng.choice(TINY_WORDS) for _ in range(rng.randint(1, 25))) + "\n"
+                              for _ in range(64)))
+    rows = {str(b): hostcheck.first_steps(tiny_bert_dir, corpus, "cpu", 2, 32, "simcse", None, {}, {}, b, 3, 3)
+            for b in ("none", [8, 16])}
+    shapes = {}
+    for b, (what, value, note) in rows.items():
+        assert "FAILED" not in value, value
+        assert "ms/step (steps 1-3)" in value and "ms/step (steps 4-6)" in value
+        shapes[b] = int(note.split(" distinct")[0])
+    # pairs padded to their longer row take several widths in six steps; padded to the buckets 8, 16 and
+    # max_len 32, at most three
+    assert shapes["[8, 16]"] <= 3 < shapes["none"], shapes
+
+
+def test_dev_eval_rows_time_both_precisions(tiny_bert_dir, tiny_senteval):
+    rows = hostcheck.dev_eval(tiny_bert_dir, tiny_senteval, "cpu", step_s=0.01, eval_steps=125)
+    assert [r[0].split()[3] for r in rows] == ["fp32", "bf16"], rows
+    for what, value, note in rows:
+        secs = float(value.split()[0])
+        share = float(note.split("; ")[1].split("%")[0])
+        lo, hi = (100 * x / (125 * 0.01 + x) for x in (secs - 0.005, secs + 0.005))  # secs printed to 0.01
+        assert lo - 0.05 <= share <= hi + 0.05, (value, note)
+
+
+def test_graph_probe_is_skipped_without_cuda(tiny_bert_dir, tiny_corpus, tiny_senteval, tmp_path: Path):
+    rows = hostcheck.rows(tiny_bert_dir, tiny_corpus, tiny_senteval, "cpu", tmp_path, {}, {}, None)
+    probes = [r for r in rows if r[0].startswith("graph probe")]
+    assert len(probes) == 2 and all(r[1] == "skipped" for r in probes), probes
