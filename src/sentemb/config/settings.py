@@ -105,7 +105,10 @@ class TrainSettings:
         "are drawn when the chunk is encoded, so they are not those of an unchunked run, only distributed alike). "
         "keyed - every mask is a function of (seed, micro-batch, sentence, view, dropout call) (sentemb.model.dropout), so "
         "chunk_size gives exactly the unchunked gradient with dropout on; several times slower dropout, CPU-generated "
-        "(for checks and CPU runs).", choices=("stream", "keyed"))
+        "(for checks and CPU runs). counter - the same keys hashed on the tensor's own device with integer tensor ops "
+        "(no generator state, no host round trip; a position's mask does not depend on the padded width, so buckets "
+        "leave it alone): chunked, sharded and bucketed runs equal the plain one with dropout on. Other masks than "
+        "keyed's and stream's, so another random run.", choices=("stream", "keyed", "counter"))
     buckets: list | str | None = arg(
         "auto",
         "Bounded step shapes (sentemb.data.buckets): every variable width of a batch (the sentences, ArcCSE's triplet "
@@ -146,16 +149,16 @@ class TrainSettings:
         from ..data.buckets import resolve_buckets
 
         resolve_buckets(self.buckets, self.max_len, "cuda", f"{key}: train.buckets")
-        if self.dropout_rng == "keyed" and self.unpad:
-            raise SentembError(f"{key}: train.dropout_rng keyed needs padded rows (one per sentence view); it cannot be "
-                               "combined with train.unpad (packed tokens)")
+        if self.dropout_rng in ("keyed", "counter") and self.unpad:
+            raise SentembError(f"{key}: train.dropout_rng {self.dropout_rng} needs padded rows (one per sentence view); it "
+                               "cannot be combined with train.unpad (packed tokens)")
         if self.devices > 1 and self.log_grad_norms:
             raise SentembError(f"{key}: train.log_grad_norms is not supported with train.devices {self.devices} (the "
                                "per-term norms would be one process's share); set one of them back")
         if self.devices > 1 and self.compile:
             raise SentembError(f"{key}: train.compile cannot be combined with train.devices {self.devices}")
-        if self.dropout_rng == "keyed" and self.compile:
-            raise SentembError(f"{key}: train.dropout_rng keyed cannot be combined with train.compile")
+        if self.dropout_rng in ("keyed", "counter") and self.compile:
+            raise SentembError(f"{key}: train.dropout_rng {self.dropout_rng} cannot be combined with train.compile")
         if self.sam_rho and self.precision == "fp16":
             raise SentembError(f"{key}: SAM (train.sam_rho {self.sam_rho}) cannot be combined with train.precision "
                                "fp16 (the gradient scaler would scale SAM's ascent step); use bf16, fp32 or auto, "

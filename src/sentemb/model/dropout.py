@@ -20,9 +20,21 @@ Hugging Face's eager attention) and ``torch.nn.functional.scaled_dot_product_att
 ``dropout_p > 0`` (Hugging Face's SDPA attention, ``nn.MultiheadAttention``), computed in its math
 form with the keyed mask on the attention weights. Outside a context both are torch's own.
 
-Cost: one CPU generator seeding and draw per row and dropout call, and the masks copied to the
-device; the padding width of a chunk must equal the batch's (``Method.chunk`` keeps it), since a
-row's mask is drawn at its padded shape. Meant for checks and CPU runs; ``stream`` stays the default.
+Two ways to draw a keyed mask (``mode``):
+
+- ``generator`` (``train.dropout_rng: keyed``): one CPU generator seeding and draw per row and
+  dropout call, and the masks copied to the device; the padding width of a chunk must equal the
+  batch's (``Method.chunk`` keeps it), since a row's mask is drawn at its padded shape, element by
+  element in flat order (so an attention-weight mask also depends on the padded width). Meant for
+  checks and CPU runs; ``stream`` stays the default.
+- ``counter`` (``train.dropout_rng: counter``; issue 37 §2): a counter-based mask computed on the
+  tensor's own device with integer tensor ops, no generator state: element (r, i_1, …, i_k) is kept
+  when a hash of (row key, i_1, …, i_k) is at or above p·2^24, the row key a hash of (seed,
+  micro-batch, dropout call, sentence, view). Each coordinate enters the hash on its own, so a real
+  position's mask does not depend on the padded width either (``train.buckets`` leaves it alone), nor
+  on chunking or processes. No host round trip and no generator to advance: the form a captured
+  CUDA graph can replay (with the micro-batch key as a device tensor). The hash is murmur3's 32-bit
+  finaliser over int64 tensors holding 32-bit words; its top 24 bits give the uniform draw.
 """
 
 from __future__ import annotations
@@ -58,6 +70,41 @@ def mix(*parts: int) -> int:
     return h >> 1
 
 
+_M32 = 0xFFFFFFFF
+
+
+def _fmix32(x: torch.Tensor) -> torch.Tensor:
+    """murmur3's 32-bit finaliser on an int64 tensor of 32-bit words (products wrap in int64; their
+    low 32 bits, kept by the mask, are the uint32 product's)."""
+    x = x ^ (x >> 16)
+    x = (x * 0x85EBCA6B) & _M32
+    x = x ^ (x >> 13)
+    x = (x * 0xC2B2AE35) & _M32
+    return x ^ (x >> 16)
+
+
+#: odd 32-bit constants that separate the coordinates of a mask element before hashing
+_COORD = (0x9E3779B1, 0x85EBCA77, 0xC2B2AE3D, 0x27D4EB2F, 0x165667B1, 0xD3A2646C, 0xFD7046C5, 0xB55A4F09)
+
+
+def counter_keep_mask(key: int, sentences: torch.Tensor, views: torch.Tensor, shape, p: float) -> torch.Tensor:
+    """The ``counter`` mask (module docstring): bool ``shape`` (R, ...), True = kept with probability
+    1 − p; row r keyed by ``(key, sentences[r], views[r])`` (int64 tensors on the mask's device),
+    element (r, i_1, …) by its coordinates, each hashed in on its own."""
+    dev = sentences.device
+    lo, hi = key & _M32, (key >> 32) & _M32
+    h = _fmix32(((sentences & _M32) ^ lo))
+    h = _fmix32(h ^ ((views * _COORD[0]) & _M32) ^ hi)
+    dims = list(shape[1:])
+    h = h.view(-1, *([1] * len(dims)))
+    for i, d in enumerate(dims):
+        idx = torch.arange(d, device=dev, dtype=torch.int64)
+        idx = _fmix32((idx * _COORD[(i + 1) % len(_COORD)] + i) & _M32)
+        h = _fmix32(h ^ idx.view(*([1] * (i + 1)), d, *([1] * (len(dims) - i - 1))))
+    h = h.expand(*shape) if h.shape != tuple(shape) else h
+    return (h >> 8) >= int(round(p * (1 << 24)))
+
+
 @dataclass
 class _Context:
     seed: int
@@ -66,6 +113,7 @@ class _Context:
     stop: int
     calls: int = 0
     override: list = field(default_factory=list)  # stack of (sentence (R,), view (R,)) chunk-local
+    mode: str = "generator"  # or "counter" (module docstring)
 
     def row_keys(self, rows: int) -> tuple[list[int], list[int]]:
         n = self.stop - self.start
@@ -84,6 +132,10 @@ class _Context:
         call = self.calls
         self.calls += 1
         sent, view = self.row_keys(shape[0])
+        if self.mode == "counter":
+            st = torch.tensor(sent, dtype=torch.int64).to(device, non_blocking=True)
+            vt = torch.tensor(view, dtype=torch.int64).to(device, non_blocking=True)
+            return counter_keep_mask(mix(self.seed, self.micro, call), st, vt, shape, p)
         g = torch.Generator()
         rows = []
         for s, v in zip(sent, view):
@@ -145,13 +197,16 @@ def _install() -> None:
 
 
 @contextmanager
-def keyed(seed: int, micro: int, start: int, stop: int):
-    """Inside: dropout masks keyed by sentences ``[start, stop)`` of micro-batch ``micro``."""
+def keyed(seed: int, micro: int, start: int, stop: int, mode: str = "generator"):
+    """Inside: dropout masks keyed by sentences ``[start, stop)`` of micro-batch ``micro``, drawn
+    the ``mode`` way (``generator`` or ``counter``, module docstring)."""
+    if mode not in ("generator", "counter"):
+        raise SentembError(f"keyed dropout: mode {mode!r} is not generator or counter")
     _install()
     stack = getattr(_LOCAL, "stack", None)
     if stack is None:
         stack = _LOCAL.stack = []
-    stack.append(_Context(int(seed), int(micro), int(start), int(stop)))
+    stack.append(_Context(int(seed), int(micro), int(start), int(stop), mode=mode))
     try:
         yield stack[-1]
     finally:

@@ -1,0 +1,86 @@
+"""Counter-based keyed dropout (``sentemb.model.dropout``, mode ``counter``; issue 37 §2): masks computed
+from (seed, micro-batch, call, sentence, view, coordinates) with integer tensor ops. Checked against
+what a mask must be: its rate, its independence, and its invariance to chunking and padding."""
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from sentemb.model.dropout import counter_keep_mask, keyed, mix
+
+
+def _mask(shape, p, key=mix(7, 3, 0), sentences=None, views=None):
+    r = shape[0]
+    s = torch.arange(r) if sentences is None else torch.as_tensor(sentences)
+    v = torch.zeros(r, dtype=torch.int64) if views is None else torch.as_tensor(views)
+    return counter_keep_mask(key, s, v, shape, p)
+
+
+def test_rate_is_the_configured_one():
+    for p in (0.1, 0.5):
+        m = _mask((64, 32, 96), p)
+        n = m.numel()
+        kept = float(m.float().mean())
+        sigma = math.sqrt(p * (1 - p) / n)
+        assert abs(kept - (1 - p)) < 5 * sigma, (p, kept)
+        # per row and per feature too: no row or coordinate is favoured
+        rows = m.float().mean(dim=(1, 2))
+        assert float(rows.std()) < 4 * math.sqrt(p * (1 - p) / (32 * 96)), p
+        feats = m.float().mean(dim=(0, 1))
+        assert float(feats.std()) < 4 * math.sqrt(p * (1 - p) / (64 * 32)), p
+
+
+def test_masks_are_uncorrelated_between_views_calls_and_neighbours():
+    a = _mask((256, 128), 0.5, views=torch.zeros(256, dtype=torch.int64)).float()
+    b = _mask((256, 128), 0.5, views=torch.ones(256, dtype=torch.int64)).float()
+    c = _mask((256, 128), 0.5, key=mix(7, 3, 1)).float()  # the next dropout call
+    d = _mask((256, 128), 0.5, key=mix(7, 4, 0)).float()  # the next micro-batch
+    bound = 5 / math.sqrt(a.numel())
+    for other in (b, c, d):
+        assert abs(float(torch.corrcoef(torch.stack([a.flatten(), other.flatten()]))[0, 1])) < bound
+    # neighbouring positions and rows
+    assert abs(float(torch.corrcoef(torch.stack([a[:, :-1].flatten(), a[:, 1:].flatten()]))[0, 1])) < bound
+    assert abs(float(torch.corrcoef(torch.stack([a[:-1].flatten(), a[1:].flatten()]))[0, 1])) < bound
+
+
+def test_a_position_keeps_its_mask_whatever_the_padded_width():
+    hidden = _mask((8, 20, 16), 0.1)
+    wider = _mask((8, 32, 16), 0.1)
+    assert torch.equal(hidden, wider[:, :20])
+    attn = _mask((8, 4, 20, 20), 0.1)
+    attn_wide = _mask((8, 4, 32, 32), 0.1)
+    assert torch.equal(attn, attn_wide[:, :, :20, :20])
+
+
+def test_chunks_draw_the_unchunked_masks():
+    torch.manual_seed(0)
+    x = torch.randn(16, 10, 8)  # two views of 8 sentences, view-major as SimCSE doubles a batch
+    with keyed(5, 2, 0, 8, mode="counter"):
+        whole = F.dropout(x, 0.3, True)
+    parts = []
+    for lo, hi in ((0, 3), (3, 8)):
+        rows = torch.cat([x[lo:hi], x[8 + lo : 8 + hi]])
+        with keyed(5, 2, lo, hi, mode="counter"):
+            parts.append(F.dropout(rows, 0.3, True))
+    got = torch.cat([parts[0][:3], parts[1][:5], parts[0][3:], parts[1][5:]])
+    assert torch.equal(whole, got)
+    # the two views of a sentence get different masks, and the kept values are scaled by 1/(1-p)
+    assert not torch.equal(whole[0] != 0, whole[8] != 0)
+    kept = whole != 0
+    assert torch.allclose(whole[kept], x[kept] / 0.7)
+
+
+def test_another_step_or_seed_draws_other_masks():
+    x = torch.ones(4, 64)
+    with keyed(5, 2, 0, 4, mode="counter"):
+        a = F.dropout(x, 0.5, True)
+        a2 = F.dropout(x, 0.5, True)  # the next call of the same forward
+    with keyed(5, 3, 0, 4, mode="counter"):
+        b = F.dropout(x, 0.5, True)
+    with keyed(6, 2, 0, 4, mode="counter"):
+        c = F.dropout(x, 0.5, True)
+    with keyed(5, 2, 0, 4, mode="counter"):
+        again = F.dropout(x, 0.5, True)
+    assert torch.equal(a, again)
+    assert not torch.equal(a, a2) and not torch.equal(a, b) and not torch.equal(a, c)
