@@ -13,7 +13,10 @@ attention, pooled over never, and carry label -100 where a loss reads labels. Wi
 ``train.dropout_rng: stream`` the dropout masks are drawn over the padded shape, so a bucketed run
 draws other masks for the same tokens: another random run with the same distribution, as
 ``train.chunk_size`` and ``train.unpad`` are (the setting is left out of the run's fingerprint).
-With ``dropout_rng: keyed`` the masks are a function of the position, so the two runs are equal.
+With ``dropout_rng: keyed`` a hidden state's mask is the same at every real position, but an
+attention-weight mask is drawn in flat order over the padded (heads, L, L), so it is not. With
+``dropout_rng: counter`` every mask element is a hash of its coordinates, so a bucketed run equals
+the unbucketed one with dropout on (``sentemb.model.dropout``).
 
 The setting:
 - ``auto`` (default): ``AUTO_LADDER`` cut at ``max_len`` on CUDA (where shapes cost), no bucketing
