@@ -10,11 +10,11 @@ import torch.nn.functional as F
 from sentemb.model.dropout import counter_keep_mask, keyed, mix
 
 
-def _mask(shape, p, key=mix(7, 3, 0), sentences=None, views=None):
+def _mask(shape, p, key=mix(7, 3), sentences=None, views=None, call=0):
     r = shape[0]
     s = torch.arange(r) if sentences is None else torch.as_tensor(sentences)
     v = torch.zeros(r, dtype=torch.int64) if views is None else torch.as_tensor(views)
-    return counter_keep_mask(key, s, v, shape, p)
+    return counter_keep_mask(key, s, v, shape, p, call)
 
 
 def test_rate_is_the_configured_one():
@@ -34,8 +34,8 @@ def test_rate_is_the_configured_one():
 def test_masks_are_uncorrelated_between_views_calls_and_neighbours():
     a = _mask((256, 128), 0.5, views=torch.zeros(256, dtype=torch.int64)).float()
     b = _mask((256, 128), 0.5, views=torch.ones(256, dtype=torch.int64)).float()
-    c = _mask((256, 128), 0.5, key=mix(7, 3, 1)).float()  # the next dropout call
-    d = _mask((256, 128), 0.5, key=mix(7, 4, 0)).float()  # the next micro-batch
+    c = _mask((256, 128), 0.5, call=1).float()  # the next dropout call
+    d = _mask((256, 128), 0.5, key=mix(7, 4)).float()  # the next micro-batch
     bound = 5 / math.sqrt(a.numel())
     for other in (b, c, d):
         assert abs(float(torch.corrcoef(torch.stack([a.flatten(), other.flatten()]))[0, 1])) < bound
@@ -84,3 +84,22 @@ def test_another_step_or_seed_draws_other_masks():
         again = F.dropout(x, 0.5, True)
     assert torch.equal(a, again)
     assert not torch.equal(a, a2) and not torch.equal(a, b) and not torch.equal(a, c)
+
+
+def test_a_key_tensor_replaces_seed_and_micro():
+    """What a captured graph does: one key tensor, the step's key copied into it before each replay."""
+    from sentemb.model.dropout import key_words
+
+    x = torch.ones(4, 64)
+    key = key_words(mix(5, 2))
+    with keyed(0, 0, 0, 4, mode="counter", key=key):
+        a = F.dropout(x, 0.5, True)
+    with keyed(5, 2, 0, 4, mode="counter"):
+        b = F.dropout(x, 0.5, True)
+    assert torch.equal(a, b)
+    key.copy_(key_words(mix(5, 3)))
+    with keyed(0, 0, 0, 4, mode="counter", key=key):
+        c = F.dropout(x, 0.5, True)
+    with keyed(5, 3, 0, 4, mode="counter"):
+        d = F.dropout(x, 0.5, True)
+    assert torch.equal(c, d) and not torch.equal(a, c)

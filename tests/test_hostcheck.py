@@ -40,4 +40,12 @@ def test_dev_eval_rows_time_both_precisions(tiny_bert_dir, tiny_senteval):
 def test_graph_probe_is_skipped_without_cuda(tiny_bert_dir, tiny_corpus, tiny_senteval, tmp_path: Path):
     rows = hostcheck.rows(tiny_bert_dir, tiny_corpus, tiny_senteval, "cpu", tmp_path, {}, {}, None)
     probes = [r for r in rows if r[0].startswith("graph probe")]
-    assert len(probes) == 2 and all(r[1] == "skipped" for r in probes), probes
+    assert len(probes) == 4 and all(r[1] == "skipped" for r in probes), probes
+
+
+def test_graph_probe_eager_half_runs_with_both_dropouts(tiny_bert_dir, tiny_corpus):
+    for dropout in ("stream", "counter"):
+        what, value, note = hostcheck.graph_probe(tiny_bert_dir, tiny_corpus, "cpu", 4, 16, steps=2, warmup=1,
+                                                  dropout=dropout)
+        assert value.startswith("eager ") and "graphed n/a" in value, (what, value)
+        assert float(value.split()[1]) > 0 and f"{dropout} dropout" in what

@@ -87,19 +87,30 @@ def _fmix32(x: torch.Tensor) -> torch.Tensor:
 _COORD = (0x9E3779B1, 0x85EBCA77, 0xC2B2AE3D, 0x27D4EB2F, 0x165667B1, 0xD3A2646C, 0xFD7046C5, 0xB55A4F09)
 
 
-def counter_keep_mask(key: int, sentences: torch.Tensor, views: torch.Tensor, shape, p: float) -> torch.Tensor:
+def key_words(key: int, device=None) -> torch.Tensor:
+    """A 63-bit key (``mix``) as the int64 tensor [low 32 bits, high 32 bits] the counter mask reads
+    (on ``device``; a captured graph keeps one such tensor and copies each step's key into it)."""
+    return torch.tensor([key & _M32, (key >> 32) & _M32], dtype=torch.int64, device=device)
+
+
+def counter_keep_mask(key, sentences: torch.Tensor, views: torch.Tensor, shape, p: float, call: int = 0
+                      ) -> torch.Tensor:
     """The ``counter`` mask (module docstring): bool ``shape`` (R, ...), True = kept with probability
-    1 − p; row r keyed by ``(key, sentences[r], views[r])`` (int64 tensors on the mask's device),
-    element (r, i_1, …) by its coordinates, each hashed in on its own."""
+    1 − p. ``key``: the (seed, micro-batch) key, an int (``mix``) or its ``key_words`` tensor on the
+    mask's device; ``call``: the dropout call's index in the forward; row r keyed by ``sentences[r]``
+    and ``views[r]`` (int64 tensors on the mask's device); element (r, i_1, …) by its coordinates,
+    each hashed in on its own. Only tensor ops on the device: nothing syncs with the host."""
     dev = sentences.device
-    lo, hi = key & _M32, (key >> 32) & _M32
-    h = _fmix32(((sentences & _M32) ^ lo))
+    words = key if isinstance(key, torch.Tensor) else key_words(int(key), dev)
+    lo, hi = words[0], words[1]
+    h = _fmix32((sentences & _M32) ^ lo)
     h = _fmix32(h ^ ((views * _COORD[0]) & _M32) ^ hi)
+    h = _fmix32(h ^ ((int(call) * _COORD[1] + 0x5BD1E995) & _M32))
     dims = list(shape[1:])
     h = h.view(-1, *([1] * len(dims)))
     for i, d in enumerate(dims):
         idx = torch.arange(d, device=dev, dtype=torch.int64)
-        idx = _fmix32((idx * _COORD[(i + 1) % len(_COORD)] + i) & _M32)
+        idx = _fmix32((idx * _COORD[(i + 2) % len(_COORD)] + i) & _M32)
         h = _fmix32(h ^ idx.view(*([1] * (i + 1)), d, *([1] * (len(dims) - i - 1))))
     h = h.expand(*shape) if h.shape != tuple(shape) else h
     return (h >> 8) >= int(round(p * (1 << 24)))
@@ -114,6 +125,18 @@ class _Context:
     calls: int = 0
     override: list = field(default_factory=list)  # stack of (sentence (R,), view (R,)) chunk-local
     mode: str = "generator"  # or "counter" (module docstring)
+    key: torch.Tensor | None = None  # counter: the (seed, micro) key words, given (a graph's) or made per device
+
+    def row_tensors(self, rows: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """``row_keys`` as int64 tensors on ``device``; the default layout (v views of the chunk's
+        sentences, view-major) made there from ``arange``, with no host data."""
+        n = self.stop - self.start
+        if self.override:
+            sent, view = self.row_keys(rows)
+            return (torch.as_tensor(sent, dtype=torch.int64).to(device), torch.as_tensor(view, dtype=torch.int64).to(device))
+        self.row_keys(rows)  # the same check of the layout
+        r = torch.arange(rows, device=device, dtype=torch.int64)
+        return self.start + r % n, r // n
 
     def row_keys(self, rows: int) -> tuple[list[int], list[int]]:
         n = self.stop - self.start
@@ -131,11 +154,12 @@ class _Context:
         """Bool (R, ...) mask, True = kept (probability 1 − p), row r from its own generator."""
         call = self.calls
         self.calls += 1
-        sent, view = self.row_keys(shape[0])
         if self.mode == "counter":
-            st = torch.tensor(sent, dtype=torch.int64).to(device, non_blocking=True)
-            vt = torch.tensor(view, dtype=torch.int64).to(device, non_blocking=True)
-            return counter_keep_mask(mix(self.seed, self.micro, call), st, vt, shape, p)
+            if self.key is None or self.key.device != torch.device(device):
+                self.key = key_words(mix(self.seed, self.micro), device)
+            st, vt = self.row_tensors(shape[0], torch.device(device))
+            return counter_keep_mask(self.key, st, vt, shape, p, call)
+        sent, view = self.row_keys(shape[0])
         g = torch.Generator()
         rows = []
         for s, v in zip(sent, view):
@@ -197,16 +221,18 @@ def _install() -> None:
 
 
 @contextmanager
-def keyed(seed: int, micro: int, start: int, stop: int, mode: str = "generator"):
+def keyed(seed: int, micro: int, start: int, stop: int, mode: str = "generator", key: torch.Tensor | None = None):
     """Inside: dropout masks keyed by sentences ``[start, stop)`` of micro-batch ``micro``, drawn
-    the ``mode`` way (``generator`` or ``counter``, module docstring)."""
+    the ``mode`` way (``generator`` or ``counter``, module docstring). ``key``: with ``counter``, the
+    ``key_words`` tensor to read the (seed, micro-batch) key from (a captured graph's static input;
+    ``seed`` and ``micro`` are then ignored for the masks)."""
     if mode not in ("generator", "counter"):
         raise SentembError(f"keyed dropout: mode {mode!r} is not generator or counter")
     _install()
     stack = getattr(_LOCAL, "stack", None)
     if stack is None:
         stack = _LOCAL.stack = []
-    stack.append(_Context(int(seed), int(micro), int(start), int(stop), mode=mode))
+    stack.append(_Context(int(seed), int(micro), int(start), int(stop), mode=mode, key=key))
     try:
         yield stack[-1]
     finally:

@@ -134,16 +134,22 @@ def dev_eval(model: Path, senteval: Path, device: str, step_s: float | None, eva
 
 
 def graph_probe(model: Path, corpus: Path, device: str, batch: int, max_len: int, steps: int = 20, warmup: int = 5,
-                method: str = "simcse", margs: dict | None = None, inputs: dict | None = None) -> Row:
+                method: str = "simcse", margs: dict | None = None, inputs: dict | None = None,
+                dropout: str = "stream") -> Row:
     """The loop's ``method.losses`` on one static micro-batch (the first of the schedule, padded to
     ``max_len``), bf16 autocast, backward, clip 1.0, fused capturable AdamW: ms/step eager, then the
-    same step captured once as a CUDA graph and replayed."""
+    same step captured once as a CUDA graph and replayed. ``dropout``: ``stream`` (torch's generator;
+    CUDA graphs advance its Philox offset on every replay) or ``counter`` (``sentemb.model.dropout``'s
+    hashed masks, keyed by a device tensor that gets the next micro-batch's key before each replay)."""
+    import contextlib
+
     import torch
 
     from .benchmark import _bench_run
+    from ..model.dropout import key_words, keyed, mix
     from ..train.loop import autocast, micro_batches, setup
 
-    what = f"graph probe {method} B={batch} max_len {max_len} (static shape)"
+    what = f"graph probe {method} B={batch} max_len {max_len} (static shape, {dropout} dropout)"
     try:
         run = _bench_run(model, corpus, batch, device, max_len, "bf16", method, 10**9, margs, inputs,
                          prefetch=False, buckets=[max_len])
@@ -152,10 +158,20 @@ def graph_probe(model: Path, corpus: Path, device: str, batch: int, max_len: int
             (_, cpu_batch), = micro_batches(job, 0)[:1]
             static = {k: v.to(dev) for k, v in cpu_batch.items()}
             params = [p for p in method_.parameters() if p.requires_grad]
-            opt = torch.optim.AdamW(params, lr=3e-5, fused=True, capturable=True)
+            opt = torch.optim.AdamW(params, lr=3e-5, fused=dev.type == "cuda", capturable=dev.type == "cuda")
+            key, n = key_words(mix(0, 0), dev), method_.n_sentences(static)
+            micro = [0]
 
-            def step():
-                with autocast(dev, job.amp):
+            def masks(refresh: bool):
+                if dropout != "counter":
+                    return contextlib.nullcontext()
+                if refresh:  # eager: the next micro-batch's key (a capture reads the key tensor as it is)
+                    micro[0] += 1
+                    key.copy_(key_words(mix(0, micro[0])))
+                return keyed(0, 0, 0, n, mode="counter", key=key)
+
+            def step(refresh: bool = True):
+                with autocast(dev, job.amp), masks(refresh):
                     loss = method_.losses(static)["loss"]
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(params, 1.0, foreach=True)
@@ -174,6 +190,11 @@ def graph_probe(model: Path, corpus: Path, device: str, batch: int, max_len: int
                 step()
                 opt.zero_grad(set_to_none=True)
 
+            if dev.type != "cuda":  # the eager half only (tests run it on the CPU)
+                for _ in range(warmup):
+                    eager()
+                eager_s = timed(eager, steps)
+                return what, f"eager {1000 * eager_s:.1f} ms/step, graphed n/a", "CUDA graphs need a CUDA device"
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
@@ -184,11 +205,17 @@ def graph_probe(model: Path, corpus: Path, device: str, batch: int, max_len: int
             graph = torch.cuda.CUDAGraph()
             opt.zero_grad(set_to_none=True)  # backward allocates .grad from the graph's pool
             with torch.cuda.graph(graph):
-                loss = step()
+                loss = step(refresh=False)
             for _ in range(warmup):
                 graph.replay()
-            graph_s = timed(graph.replay, steps)
-            first, again = float(loss), (graph.replay(), float(loss))[1]
+            def replay():
+                if dropout == "counter":
+                    micro[0] += 1
+                    key.copy_(key_words(mix(0, micro[0])))
+                graph.replay()
+
+            graph_s = timed(replay, steps)
+            first, again = float(loss), (replay(), float(loss))[1]
         return (what, f"eager {1000 * eager_s:.1f} ms/step, graphed {1000 * graph_s:.1f} ms/step "
                       f"({eager_s / graph_s:.1f}x)",
                 f"forward+backward+clip+fused AdamW; loss after two replays {first:.4f} -> {again:.4f} "
@@ -224,11 +251,11 @@ def rows(model: Path, corpus: Path, senteval: Path, device: str, work: Path, mar
             out.append(workers(model, corpus, device, small(64 if m == "paser" else 32), 32, m, margs.get(m), ins, n, steps,
                                work, {**get_method(m).paper_train, **extra}))
     probes = []
-    for b in (64, 512):
+    for b, dropout in ((64, "stream"), (64, "counter"), (512, "stream"), (512, "counter")):
         if device.startswith("cuda"):
-            probes.append(graph_probe(model, corpus, device, b, 32))
+            probes.append(graph_probe(model, corpus, device, b, 32, dropout=dropout))
         else:
-            probes.append((f"graph probe simcse B={b}", "skipped", "CUDA graphs need a CUDA device"))
+            probes.append((f"graph probe simcse B={b} ({dropout} dropout)", "skipped", "CUDA graphs need a CUDA device"))
     if step_s is None and probes and "eager " in probes[0][1]:  # the probe's eager B 64 step
         step_s = float(probes[0][1].split("eager ")[1].split(" ms")[0]) / 1000
     out += dev_eval(model, senteval, device, step_s)
