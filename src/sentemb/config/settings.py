@@ -563,8 +563,7 @@ class Run:
 #: train settings added after states were saved, at the value that computes what was computed
 #: before they existed: left out of the fingerprint at that value (so such a state still resumes),
 #: in it at any other (``sampler: length`` is another data order, ``eval_unit`` other checkpoints)
-ADDED_DEFAULTS = {"sampler": "random", "eval_unit": "optimizer_steps", "dropout_rng": "stream", "buckets": "auto",
-                  "workers": 0}
+ADDED_DEFAULTS = {"sampler": "random", "eval_unit": "optimizer_steps", "dropout_rng": "stream"}
 
 
 def weight_free_keys() -> tuple[str, ...]:
@@ -596,7 +595,9 @@ def fingerprint(run: Run | dict) -> str:
 
 #: the weight-free train settings before each was declared so (issue 28): a state saved then was
 #: fingerprinted with the others in; ``sentemb.train.loop.resume`` accepts that fingerprint too
-LEGACY_WEIGHT_FREE = ("token_cache", "prefetch", "num_threads", "log_grad_norms", "chunk_size", "devices")
+LEGACY_WEIGHT_FREE = ("token_cache", "prefetch", "num_threads", "log_grad_norms", "chunk_size", "devices",
+                      # weight-free settings added since (issue 36): absent from such a state's settings too
+                      "buckets", "workers")
 
 
 def legacy_fingerprint(run: Run | dict) -> str:

@@ -50,11 +50,15 @@ def first_steps(model: Path, corpus: Path, device: str, batch: int, max_len: int
     from .benchmark import _bench_run
     from ..train.loop import State, run_steps, setup
 
-    what = (f"first steps {method} B={batch}x{train.get('grad_accum', 1)} max_len {max_len} "
-            f"{'sam ' if train.get('sam_rho') else ''}sampler {train.get('sampler', 'random')}, buckets {buckets}")
     try:
         run = _bench_run(model, corpus, batch, device, max_len, "bf16", method, 10**9, margs, inputs,
                          prefetch=False, buckets=buckets, **train)
+    except Exception as e:  # noqa: BLE001 - a probe's failure is its row
+        return f"first steps {method} B={batch}", f"FAILED: {_first_line(e)}", ""
+    t = run.train
+    what = (f"first steps {method} B={batch}x{t.grad_accum} max_len {max_len} {'sam ' if t.sam_rho else ''}"
+            f"sampler {t.sampler}, buckets {buckets}")
+    try:
         with setup(run, "/nonexistent-gpucheck-output") as job:
             build, shapes = job.method.build_batch, set()
 
