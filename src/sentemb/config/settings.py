@@ -113,7 +113,8 @@ class TrainSettings:
         "auto",
         "Bounded step shapes (sentemb.data.buckets): every variable width of a batch (the sentences, ArcCSE's triplet "
         "rows, PaSeR's decoder rows, ...) is padded up to the smallest of a few widths instead of to its longest row, "
-        "so one epoch meets a handful of kernel shapes. auto - 16, 24, 32, 48, 64, 128, 256, 512 cut at max_len, on "
+        "so one epoch meets a handful of kernel shapes. auto - 24, 32, 48, 64, 96, 128, 256, 512 cut at max_len (a "
+        "group that may pass max_len, such as ArcCSE's triplets, goes on in half-octaves up to its own limit), on "
         "CUDA only (on a CPU padding is pure cost); none - pad to the longest row; a list of widths - those, on every "
         "device. Padded positions are masked, so the real tokens' results are the same; with dropout_rng stream the "
         "masks are drawn over the padded shape (another random run, as chunk_size).", weights=False,

@@ -62,6 +62,14 @@ Open choices (methods.md §5 **open**), with the switch that changes each:
   ``span_p`` = 0.2 clipped at ``max_span`` = 10; spans are added until exactly round(rate·n) units
   are masked (the last span is cut to fit).
 * The "≥ 25 words" filter (``min_words``) counts whitespace-separated words of the raw sentence.
+
+Bucketed widths (``train.buckets``, ``sentemb.data.buckets``): the ArcCon rows are padded to a
+bucket of their longest row and the triplet rows to a bucket of theirs, which may pass ``max_len``
+(32 in the large runs) up to the triplets' truncation (``triplet_max_len`` within the model's
+positions): past the last bucket the widths double up to it (``Method.width(n, limit)``: 64, 128,
+256, 512 at ``max_len`` 32). Spans are drawn over each sentence's own units and padded positions are
+attention 0, so every logged term is the same with and without buckets (``tests/test_buckets.py``).
+The number of triplet rows, 3·|T|, varies per batch (the sentences with ≥ ``min_words`` words).
 """
 
 from __future__ import annotations
@@ -209,6 +217,7 @@ class ArcCSE(SimCSE):
                        "or none", choices=("train_only", "always", "none"))
 
     eval_pooler = "cls_before_pooler"
+    width_groups = {"tri_": "triplets"}  # the triplet rows' own width (``Method.width``)
     schedule_args = ("min_words", "max_span")  # which sentences form triplets: rows, not shapes
     paper_train = {"sam_rho": 0.05}  # SAM, as config/config.yaml trains ArcCSE
     contract_args = {"min_words": 5}  # the contract's short sentences form triplets too
@@ -241,7 +250,8 @@ class ArcCSE(SimCSE):
 
     def build_triplets(self, sentences: Sequence[str], rng: np.random.Generator) -> dict[str, torch.Tensor]:
         """The rows [s_1..s_T, s′_1..s′_T, s″_1..s″_T] of the sentences with ≥ ``min_words`` words,
-        padded to the longest: ``tri_input_ids``, ``tri_attention_mask`` of shape (3T, L); (0, 1)
+        padded to a bucket of the longest (``Method.width``, the longest itself without buckets):
+        ``tri_input_ids``, ``tri_attention_mask`` of shape (3T, L); (0, 1)
         when there is no such sentence; ``tri_index`` (T,): each triplet's sentence in the batch."""
         a, tok = self.args, self.tokenizer
         index = [i for i, s in enumerate(sentences) if len(s.split()) >= a.min_words]
@@ -268,7 +278,8 @@ class ArcCSE(SimCSE):
                 else:
                     views[v].append([t for t, u in zip(ids, unit) if u not in hidden])
         rows = views[0] + views[1] + views[2]
-        width = max(len(r) for r in rows)
+        # to a bucket (train.buckets), past max_len up to the triplets' own truncation (positions)
+        width = self.width(max(len(r) for r in rows), limit=self._triplet_len())
         pad = tok.pad_token_id or 0
         ids = torch.full((len(rows), width), pad, dtype=torch.long)
         att = torch.zeros((len(rows), width), dtype=torch.long)

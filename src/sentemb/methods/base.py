@@ -187,6 +187,9 @@ class Method(nn.Module):
     #: integer arguments that change which steps or rows do extra work, not the shapes of a step
     #: (UNA's alpha and radius): ``sentemb plan`` counts one step per shape, so it leaves them out
     schedule_args: ClassVar[tuple[str, ...]] = ()
+    #: the groups of row tensors a batch holds besides the sentences' (``sentemb.data.buckets.batch_shapes``):
+    #: key prefix -> group name (ArcCSE ``{"tri_": "triplets"}``); each group has one padded width
+    width_groups: ClassVar[dict[str, str]] = {}
     #: train settings the paper trains the method with that a one-step measurement should use
     #: (``sentemb gpu-check``; a run sets them in its config): ArcCSE's SAM ``{"sam_rho": 0.05}``
     paper_train: ClassVar[dict[str, Any]] = {}
@@ -279,14 +282,16 @@ class Method(nn.Module):
         return g
 
     # ------------------------------------------------------------------ training
-    def width(self, n: int) -> int:
+    def width(self, n: int, limit: int | None = None) -> int:
         """The padded width of a row group whose longest row has ``n`` positions: the smallest of the
         run's buckets that holds it (``train.buckets``, ``sentemb.data.buckets.bucket_width``), ``n``
         without buckets. Every variable width a method builds goes through it, so that one epoch
-        meets a few step shapes."""
+        meets a few step shapes. ``limit``: the group's own longest possible width when it may pass
+        ``max_len`` (ArcCSE's triplets: their truncation, within the model's positions); beyond the
+        last bucket the widths then double up to it (``bucket_width``)."""
         from ..data.buckets import bucket_width
 
-        return bucket_width(n, self.ctx.buckets)
+        return bucket_width(n, self.ctx.buckets, limit)
 
     def tokenize(self, sentences: Sequence[str], lines: Sequence[int] | None = None) -> dict[str, torch.Tensor]:
         """``tokenizer(sentences, padding=True, truncation=True, max_length=ctx.max_len)`` as CPU

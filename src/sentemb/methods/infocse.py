@@ -50,6 +50,10 @@ Choices the paper leaves **open** (switches):
 * ``mlp: batchnorm``: the authors' code's ``--batchnorm`` head, taken to be DiffCSE's projection
   (Linear → BatchNorm → ReLU → Linear → BatchNorm without affine; the code InfoCSE builds on).
 * Random replacement tokens are drawn from the whole vocabulary (BERT / HF collator convention).
+* Bucketed widths (``train.buckets``): the masks of both stages are drawn over the batch's real
+  width (its longest row), not the bucket it is padded to (``mask_tokens(width=)``), so a batch is
+  masked alike with and without buckets; the padding columns are attention 0 and label -100, and
+  the losses on the real tokens are unchanged (``tests/test_buckets.py``).
 
 Presets: the paper values are the defaults; ``infocse-code`` in ``config/config.yaml`` carries the
 code's (2 epochs, lr 7e-6, ``mlp: batchnorm``, mask 0.3 on large). Ablations: ``init: backbone``
@@ -403,9 +407,14 @@ class InfoCSE(Method):
     # ------------------------------------------------------------------ batches
     def _mask(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, rate: float, rng,
               word_ids: np.ndarray | None = None):
+        """BERT's corruption of the attended non-special tokens (``mask_tokens``), drawn over the
+        batch's real width (its longest row): a batch padded to a bucket gets the same masks."""
         ids = input_ids.numpy()
-        maskable = (attention_mask.numpy() == 1) & ~np.isin(ids, self.tokenizer.all_special_ids)
-        x, y = mask_tokens(ids, maskable, rate, rng, self.tokenizer.mask_token_id, len(self.tokenizer), word_ids)
+        am = attention_mask.numpy()
+        maskable = (am == 1) & ~np.isin(ids, self.tokenizer.all_special_ids)
+        width = int(am.sum(1).max()) if am.size else None
+        x, y = mask_tokens(ids, maskable, rate, rng, self.tokenizer.mask_token_id, len(self.tokenizer), word_ids,
+                           width=width)
         return torch.from_numpy(x).to(input_ids.dtype), torch.from_numpy(y).long()
 
     def build_batch(self, sentences, step=0, *, lines=None, micro=0):
@@ -514,7 +523,10 @@ class InfoCSEPretrain(Method):
             enc = self.tokenizer(sentences, padding=True, truncation=True, max_length=self.ctx.max_len,
                                  return_tensors="pt")
             word_ids = np.array([[-1 if w is None else w for w in enc.word_ids(i)] for i in range(len(sentences))])
-            batch = dict(enc)
+            batch = self.pad_rows(dict(enc))
+            pad = batch["input_ids"].size(1) - word_ids.shape[1]
+            if pad > 0:  # bucket padding: no word there
+                word_ids = np.pad(word_ids, ((0, 0), (0, pad)), constant_values=-1)
         else:
             batch = self.tokenize(sentences, lines)
         x, y = InfoCSE._mask(self, batch["input_ids"], batch["attention_mask"], self.stage["mask_rate"],

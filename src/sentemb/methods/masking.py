@@ -7,11 +7,25 @@ import numpy as np
 
 
 def mask_tokens(input_ids: np.ndarray, maskable: np.ndarray, rate: float, rng: np.random.Generator, mask_id: int,
-                vocab_size: int, word_ids: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+                vocab_size: int, word_ids: np.ndarray | None = None, width: int | None = None
+                ) -> tuple[np.ndarray, np.ndarray]:
     """BERT's MLM corruption (Devlin et al. 2019; InfoCSE §2 "BERT's MLM objective"): each maskable
     position (or each word, with ``word_ids``: -1 = not a word) is chosen with probability ``rate``;
     a chosen token becomes [MASK] with p 0.8, a uniformly random token with p 0.1, stays with p 0.1.
-    Returns (x̂, labels) with labels = the original id at chosen positions, -100 elsewhere."""
+    Returns (x̂, labels) with labels = the original id at chosen positions, -100 elsewhere.
+
+    ``width``: the batch's real width (its longest row, before bucket padding, ``train.buckets``).
+    The draws are made over the first ``width`` columns only, so that a batch padded to a bucket
+    gets the masks of the unpadded one (the draws' shape is the random stream's); the columns past
+    it stay as they are with label -100."""
+    if width is not None and width < input_ids.shape[1]:
+        if maskable[:, width:].any():
+            raise ValueError(f"mask_tokens: maskable positions beyond the real width {width}")
+        x, y = mask_tokens(input_ids[:, :width], maskable[:, :width], rate, rng, mask_id, vocab_size,
+                           None if word_ids is None else word_ids[:, :width])
+        out, labels = input_ids.copy(), np.full(input_ids.shape, -100, dtype=y.dtype)
+        out[:, :width], labels[:, :width] = x, y
+        return out, labels
     shape = input_ids.shape
     if word_ids is None:
         chosen = (rng.random(shape) < rate) & maskable

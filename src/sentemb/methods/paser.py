@@ -54,6 +54,13 @@ Open choices (the paper and code leave them open; taken here, switches where che
   n = max(1, int(ratio · #unmasked words)) replacements/swaps; deletion probability = ratio.
 * **MLM input:** s after EDA, in its own forward pass (as SimCSE's auxiliary MLM), so E_s is
   computed from the uncorrupted s.
+* **Bucketed widths** (``train.buckets``): [s; s̃] are padded to a bucket of their longest row
+  (``Method.pad_rows``) and the decoder rows to a bucket of theirs, which may pass ``max_len`` up
+  to ``max_target_len`` (the decoder's positions; widths double past the last bucket:
+  ``Method.width(n, limit)``); padded decoder positions are attention 0 and label −100. The MLM
+  masks are drawn over the real width of [s; s̃] (``mask_tokens(width=)``), so a batch is masked
+  alike with and without buckets and every logged term is unchanged (``tests/test_buckets.py``).
+  The number of decoder rows (sentences with a surviving phrase) varies per batch.
 * **Small backbones:** the decoder's width is the encoder's hidden size h (it shares the word
   embeddings); ``decoder_heads`` must divide h (16 does for 768, 384 and 32), otherwise a config
   error names ``decoder_heads``.
@@ -350,6 +357,7 @@ class PaSeR(Method):
         mlm_weight: float = arg(1.0, "weight of L_MLM in L = w·L_MLM + L_gen", minimum=0)
 
     eval_pooler = "cls_before_pooler"
+    width_groups = {"dec_": "decoder"}  # the decoder rows' own width (``Method.width``)
     schedule_args = ("top_k",)  # phrases kept per line: which words are masked, not how many rows
     contract_args = {"decoder_layers": 1, "decoder_ffn": 64}
     contract_no_dropout = {"decoder_dropout": 0.0}
@@ -417,14 +425,15 @@ class PaSeR(Method):
             ids += piece
         return ids if len(ids) > 1 else []
 
-    def mlm_mask(self, input_ids: torch.Tensor, special: torch.Tensor, rng):
+    def mlm_mask(self, input_ids: torch.Tensor, special: torch.Tensor, rng, width: int | None = None):
         """BERT's MLM corruption (``sentemb.methods.masking.mask_tokens``): each non-special token chosen with
         p = mlm_prob; of those 80% → [MASK], 10% → a random token, 10% unchanged. Returns (inputs,
-        labels with −100 elsewhere)."""
+        labels with −100 elsewhere). ``width``: the batch's real width (the draws cover its columns
+        only, so bucket padding does not change them)."""
         from .masking import mask_tokens
 
         x, y = mask_tokens(input_ids.numpy(), ~special.numpy(), self.args.mlm_prob, rng,
-                           self.tokenizer.mask_token_id, len(self.tokenizer))
+                           self.tokenizer.mask_token_id, len(self.tokenizer), width=width)
         return torch.from_numpy(x), torch.from_numpy(y)
 
     def build_batch(self, sentences, step=0, *, lines=None, micro=0):
@@ -438,11 +447,14 @@ class PaSeR(Method):
         m_aug = [self.eda(m.text, rng) for m in masked]
         b = len(sentences)
         enc = tok(s_aug + m_aug, padding=True, truncation=True, max_length=self.ctx.max_len, return_tensors="pt")
+        real = int(enc["input_ids"].size(1))  # the longest row: MLM draws are made over it
+        enc = self.pad_rows(dict(enc))  # to the bucket (train.buckets)
         ids, att = enc["input_ids"], enc["attention_mask"]
         surviving = (ids[b:] == tok.mask_token_id).sum(1).tolist()
         tgts = [self.targets(m, n) for m, n in zip(masked, surviving)]
         rows = [i for i, t in enumerate(tgts) if t]
-        t_len = max((len(tgts[i]) - 1 for i in rows), default=1)
+        # decoder rows: to a bucket too, beyond max_len up to the decoder's positions (max_target_len)
+        t_len = self.width(max((len(tgts[i]) - 1 for i in rows), default=1), limit=self.args.max_target_len)
         dec_in = torch.full((len(rows), t_len), tok.pad_token_id, dtype=torch.long)
         dec_att = torch.zeros((len(rows), t_len), dtype=torch.long)
         dec_lab = torch.full((len(rows), t_len), -100, dtype=torch.long)
@@ -454,7 +466,7 @@ class PaSeR(Method):
         s_ids, s_att = ids[:b], att[:b]
         special = torch.tensor([tok.get_special_tokens_mask(x, already_has_special_tokens=True)
                                 for x in s_ids.tolist()], dtype=torch.bool) | (s_att == 0)
-        mlm_ids, mlm_lab = self.mlm_mask(s_ids, special, rng)
+        mlm_ids, mlm_lab = self.mlm_mask(s_ids, special, rng, width=real)
         return {"input_ids": ids, "attention_mask": att, "dec_rows": torch.tensor(rows, dtype=torch.long),
                 "dec_input_ids": dec_in, "dec_attention_mask": dec_att, "dec_labels": dec_lab,
                 "mlm_input_ids": mlm_ids, "mlm_labels": mlm_lab}

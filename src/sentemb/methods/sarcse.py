@@ -79,6 +79,12 @@ here and switchable where cheap:
 * MSE over the d features (``mse_reduction``): ``sum`` (default, ‖x_i − x'_i‖²) or ``mean`` (the
   literal "mean-square error", d times smaller): see "The weight of L_R" above.
 
+Bucketed widths (``train.buckets``): the rows are padded to a bucket of the longest
+(``Method.pad_rows``), and the compacted real-token states X then keep that width (Lc = L instead
+of the longest row's N; ``compact(width=)``): the convolutions' valid positions, the pooling and
+the reconstruction mask read each sentence's own N, so Z, L_I, L_R and L_R⁺ are those of the
+unpadded batch (``tests/test_buckets.py``), and a step has one shape per bucket.
+
 Ablations: ``self_adaptive: false`` (f ≡ 1, "w/o SAL"); ``decoder: false`` ("w/o SAL & decoder":
 PLM + TextCNN encoder, contrastive only; no token frequencies needed). The θ and batch-size studies
 are named runs with ``theta`` / ``train.batch_size`` set.
@@ -157,15 +163,18 @@ def real_token_mask(input_ids: torch.Tensor, attention_mask: torch.Tensor, speci
     return attention_mask.bool() & ~torch.isin(input_ids, special)
 
 
-def compact(x: torch.Tensor, mask: torch.Tensor, min_len: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def compact(x: torch.Tensor, mask: torch.Tensor, min_len: int, width: int | None = None
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Move each row's real positions to the front, in order: returns (x_c, mask_c, index).
 
     x: (B, L, ...) ; mask: (B, L) bool. x_c: (B, Lc, ...) with zeros after the row's N real
-    positions, Lc = max(max N, min_len); index: (B, Lc) source positions (for gathering ids)."""
+    positions, Lc = max(max N, min_len); index: (B, Lc) source positions (for gathering ids).
+    ``width`` (≥ every N, e.g. L): Lc = max(width, min_len) instead, a width that does not depend on
+    the data (a bucketed batch's, ``train.buckets``) and needs no read of N on the host."""
     B, L = mask.shape
     n = mask.sum(1)  # (B,)
     order = torch.argsort((~mask).to(torch.int8), dim=1, stable=True)  # real positions first, in order
-    lc = max(int(n.max()) if B else 0, min_len)
+    lc = max(int(width) if width is not None else (int(n.max()) if B else 0), min_len)
     if lc > L:
         order = torch.cat([order, order.new_zeros(B, lc - L)], 1)
     index = order[:, :lc]  # (B, Lc)
@@ -340,7 +349,10 @@ class SARCSE(Method):
         doubled = {k: torch.cat([v, v], 0) for k, v in batch.items()}  # rows [x_1..x_B, x_1..x_B]
         hidden = self.encoder(**doubled, return_dict=True).last_hidden_state  # (2B, L, d)
         mask = real_token_mask(doubled["input_ids"], doubled["attention_mask"], self.special_ids)  # (2B, L)
-        x_c, mask_c, index = compact(hidden, mask, max(KERNEL_SIZES))  # (2B, Lc, d), (2B, Lc)
+        # Lc: the longest row's real tokens; with buckets the padded width L (a bucket: one shape per
+        # bucket and no host read of the lengths; the same Z and L_R on the real tokens)
+        x_c, mask_c, index = compact(hidden, mask, max(KERNEL_SIZES),
+                                     width=hidden.size(1) if self.ctx.buckets else None)  # (2B, Lc, d), (2B, Lc)
         z, valid, argmax = self.head(x_c, mask_c)  # (2B, co_c, co_t − 1)
         out = {"z": z.flatten(1)}
         if self.decoder is not None:

@@ -43,6 +43,10 @@ Open choices (documented, switchable):
   ``replacement: random`` draws uniformly from the whole vocabulary (term itself excluded under
   ``exclude_self``).
 * A window whose s-mass is zero (all s = 0 but the term) is sampled uniformly.
+* Bucketed widths (``train.buckets``): all rows (anchors, positives, negatives) are tokenized
+  together and padded to a bucket of the longest (``Method.pad_rows``); padded positions are
+  attention 0, so the loss is unchanged (``tests/test_buckets.py``). The number of rows is 2B on
+  steps without negatives and 4B (``loss: simcse``: 3B) on the steps with them.
 * An empty paraphrase line means "no paraphrase": the anchor's copy is used and counted
   (logged term ``empty_paraphrases``). The paper evaluates every 100 batches: set
   ``train.eval_steps: 100`` in a run.
@@ -371,7 +375,7 @@ class UNA(Method):
             rows += negs
             n_neg = len(negs)
         enc = self.tokenizer(rows, padding=True, truncation=True, max_length=self.ctx.max_len, return_tensors="pt")
-        out = dict(enc)
+        out = self.pad_rows(dict(enc))  # to a bucket of the longest row (train.buckets)
         out.update(negatives=torch.tensor(n_neg, dtype=torch.int64), replaced=torch.tensor(share, dtype=torch.float32),
                    empty_paraphrases=torch.tensor(n_empty, dtype=torch.int64))
         return out
