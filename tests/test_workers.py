@@ -178,3 +178,41 @@ def test_bf16_dev_evaluation_of_minilm_is_within_0_05_of_fp32(minilm_dir, shared
         print(f"STS-B dev (750 pairs) {precision}: {scores[precision]:.3f} in {time.perf_counter() - t0:.2f} s")
     assert abs(scores["bf16"] - scores["fp32"]) <= 0.05, scores
     assert scores["fp32"] > 80
+
+
+class _Synonyms:
+    """Item i: the synset names of a slice of words, read through one WordNet reader."""
+
+    def __init__(self, reader, words, per=50):
+        self.reader, self.words, self.per = reader, words, per
+
+    def __len__(self):
+        return len(self.words) // self.per
+
+    def __getitem__(self, i):
+        return [[s.name() for s in self.reader.synsets(w)] for w in self.words[i * self.per : (i + 1) * self.per]]
+
+
+def test_forked_workers_read_wordnet_through_files_of_their_own(tmp_path):
+    """PaSeR's EDA reads WordNet (seek + readline on files the reader keeps open): workers forked from a
+    process whose reader had opened them shared their offsets and read each other's lines. With
+    ``own_wordnet_files`` (run by every worker) 2 workers give the parent's synsets."""
+    import multiprocessing as mp
+
+    from torch.utils.data import DataLoader
+
+    from sentemb.methods.paser import load_wordnet
+    from sentemb.stats.inputs import InputUnavailable, nltk_mirror
+    from sentemb.train.batches import _worker_init
+
+    try:
+        reader = load_wordnet(nltk_mirror())
+    except (InputUnavailable, SentembError) as e:
+        pytest.skip(str(e))
+    lemmas = sorted(w for w in reader.all_lemma_names("n") if w.isalpha())
+    _Synonyms(reader, lemmas[1::97][:200])[0]  # the parent opens the data files (other words: none cached)
+    ds = _Synonyms(reader, lemmas[::11][:4000], per=20)
+    loader = DataLoader(ds, batch_size=None, num_workers=2, worker_init_fn=_worker_init,
+                        multiprocessing_context=mp.get_context("fork"))
+    got = list(loader)
+    assert got == [ds[i] for i in range(len(ds))]

@@ -18,7 +18,9 @@ anywhere, ahead of time, and the weights are the same:
   its own for the workers' base seed (by default the DataLoader draws it from the global generator,
   which would shift every later dropout mask: another random run).
   ``TOKENIZERS_PARALLELISM=false`` is set before the fork (a Rust tokenizer used by the parent
-  must not be used with its thread pool in a forked child). The workers are shut down by
+  must not be used with its thread pool in a forked child), and NLTK's WordNet reader reopens its
+  data files in each worker (``own_wordnet_files``: inherited open files share their offset across
+  processes, which corrupts PaSeR's synonym look-ups). The workers are shut down by
   ``close`` (``Job.close``: at the end, on an error, on KeyboardInterrupt); an exception in a
   worker's ``build_batch`` is raised in the loop by the step that wants the batch, carrying the
   method's message and the worker's traceback; a worker that dies is reported by the DataLoader.
@@ -123,6 +125,32 @@ def _worker_init(_worker_id: int) -> None:
     # a forked worker builds batches one at a time: no tokenizer thread pool, one torch thread
     # (the DataLoader sets the latter itself)
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    own_wordnet_files()
+
+
+def own_wordnet_files() -> None:
+    """In a forked worker: NLTK's ``WordNetCorpusReader`` reads synsets by ``seek`` + ``readline`` on
+    data files it keeps open (``_data_file_map``). Files opened before the fork share one file
+    offset with the parent and every sibling worker, so concurrent look-ups read each other's lines
+    (PaSeR's EDA synonym replacement then fails with ``'NoneType' object has no attribute 'lemmas'``
+    or, worse, gets another word's synonyms). Here every reader reopens its data files on first use
+    in this process. Nothing to do where NLTK's WordNet reader was never imported."""
+    import sys
+
+    mod = sys.modules.get("nltk.corpus.reader.wordnet")
+    if mod is None or getattr(mod.WordNetCorpusReader._data_file, "_sentemb_per_process", False):
+        return
+    inherited = mod.WordNetCorpusReader._data_file
+    pid = os.getpid()
+
+    def _data_file(self, pos):
+        if self.__dict__.get("_sentemb_pid") != pid:
+            self._data_file_map = {}  # the parent's open files are left to it (not closed: shared offsets)
+            self._sentemb_pid = pid
+        return inherited(self, pos)
+
+    _data_file._sentemb_per_process = True
+    mod.WordNetCorpusReader._data_file = _data_file
 
 
 class WorkerBatches:
