@@ -39,11 +39,9 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from .loop import Job, State
-
+# ``Job`` and ``State`` in the annotations are ``sentemb.train.loop``'s (not imported: loop imports this)
 log = logging.getLogger(__name__)
 
 

@@ -7,16 +7,22 @@ with best-checkpoint selection (methods.md §0), resumable checkpoints, and MLfl
 ``train.log_grad_norms``, each weighted loss term's gradient norm on log steps: ``sentemb.train.grad_norms``).
 A method contributes only its batch construction and loss terms (``sentemb.methods.base.Method``).
 
-What keeps a step's critical path to the model (issue 13): the corpus is tokenized once
-(``train.token_cache``, ``sentemb.data.tokens``), the next step's batches are built in a background
-thread and pinned (``train.prefetch``, ``Prefetcher``), loss finiteness is checked with one host
-sync per log/eval/save instead of per step, and the dev set is tokenized and padded once. None of
-these change what is computed: the losses are the same step by step with them off (tested).
+What keeps a step's critical path to the model (issues 13, 36): the corpus is tokenized once
+(``train.token_cache``, ``sentemb.data.tokens``), the next steps' batches are built ahead and pinned
+(``sentemb.train.batches``: ``train.workers: N`` forked worker processes, else with ``train.prefetch``
+one background thread), loss finiteness is checked with one host sync per log/eval/save instead of
+per step, and the dev set is tokenized and padded once. None of these change what is computed: the
+losses and weights are the same step by step with them off (tested). What is left is measured: the
+time the loop waits for its batches (``train/data_wait`` per step in MLflow; ``data_wait_s``,
+``data_wait_s_per_step`` in ``train.json``) and the time in dev evaluation (``dev/eval_s``;
+``dev_eval_s``, ``dev_eval_share``), whose precision is ``train.eval_precision`` (fp32, or bf16: a
+weights setting, as it can keep another checkpoint).
 
 Outputs of ``train(run, out_dir)``:
     out_dir/model/       the best checkpoint by STS-B dev (HF + sentence-transformers layout), with
                          its model card without results (README.md, sentemb.report.model_card)
-    out_dir/train.json   summary (best dev, steps, throughput, history: one record per evaluated or,
+    out_dir/train.json   summary (best dev, steps, throughput, this process's data wait and dev-eval
+                         cost: ``cost_summary``, history: one record per evaluated or,
                          with train.log_grad_norms, logged step: dev_stsb, train/grad_norm/<term>;
                          provenance: git commit, corpus sha256 and size, framework versions)
     out_dir/.work/       resume state; removed after success
