@@ -143,16 +143,17 @@ def test_the_fingerprint_is_the_weight_changing_settings_declared_by_each_settin
     base = run_cfg(tiny_bert_dir, tiny_corpus, tiny_senteval)
     free = set(weight_free_keys())
     assert {"log_steps", "save_steps", "prefetch", "token_cache", "log_grad_norms", "num_threads", "device",
-            "chunk_size", "devices"} == free
+            "chunk_size", "devices", "buckets", "workers"} == free
     other = {"log_steps": 7, "save_steps": 3, "prefetch": False, "token_cache": False, "log_grad_norms": True,
-             "num_threads": 1, "device": "cuda", "chunk_size": 4, "devices": 2}
+             "num_threads": 1, "device": "cuda", "chunk_size": 4, "devices": 2, "buckets": [16], "workers": 2}
     for key, value in other.items():
         assert fingerprint(dataclasses.replace(base, train=dataclasses.replace(base.train, **{key: value}))) == \
             fingerprint(base), key
     assert fingerprint(dataclasses.replace(base, tracking={"enabled": True, "uri": "http://x"}, experiment="e",
                                            run_name="r", name="renamed")) == fingerprint(base)
     changes = {"lr": 1e-3 * 2, "batch_size": 8, "max_len": 12, "eval_steps": 3, "dropout": 0.2,
-               "precision": "bf16", "sam_rho": 0.05, "sampler": "length", "grad_accum": 2, "warmup_ratio": 0.1}
+               "precision": "bf16", "sam_rho": 0.05, "sampler": "length", "grad_accum": 2, "warmup_ratio": 0.1,
+               "eval_precision": "bf16"}
     fields = {f.name for f in dataclasses.fields(TrainSettings)}
     for key, value in changes.items():
         if key not in fields:

@@ -596,8 +596,9 @@ def check_pretrain(h: Harness) -> None:
 
 
 def check_devices(h: Harness) -> None:
-    """``train.devices: 2`` (two gloo processes started by ``sentemb train``), 2 steps of 2 accumulated
-    micro-batches of 16 (8 per process), dropout on with keyed masks: the weights of ``devices: 1``
+    """``train.devices: 2`` (two gloo processes started by ``sentemb train``, each building its batches
+    in one ``train.workers`` process), 2 steps of 2 accumulated micro-batches of 16 (8 per process),
+    dropout on with keyed masks: the weights of ``devices: 1`` (batches built in line)
     (the chunked check's tolerance); only rank 0 wrote ``train.json``."""
     from safetensors.torch import load_file
 
@@ -607,7 +608,7 @@ def check_devices(h: Harness) -> None:
     over = dict(dropout_rng="keyed", grad_accum=2)
     one = train(h.exact_run(**over), out / "one", progress=False, method_cls=h.cls)
     run_file = out / "run2.json"
-    run_file.write_text(json.dumps(h.exact_run(devices=2, **over).to_dict()), "utf-8")
+    run_file.write_text(json.dumps(h.exact_run(devices=2, workers=1, **over).to_dict()), "utf-8")  # each rank its own worker
     env = {**os.environ, "OMP_NUM_THREADS": "1"}  # a plug-in's file is imported by Run.method_module (cwd-relative)
     r = subprocess.run([sys.executable, "-m", "sentemb", "train", "--run-config", str(run_file), "--output-dir",
                         str(out / "two"), "--no-track", "--quiet"], capture_output=True, text=True, env=env, timeout=900)

@@ -46,6 +46,13 @@ class TrainSettings:
         "after the update that completes micro-batch k*eval_steps (weights change only at updates). The same with "
         "grad_accum 1.", choices=("optimizer_steps", "micro_batches"))
     eval_at_end: bool = arg(True, "also evaluate after the last step")
+    eval_precision: str = arg(
+        "fp32",
+        "Precision of the STS-B dev evaluation that selects the checkpoint. fp32 - as before (batches of 128); bf16 - "
+        "bf16 autocast on any device, in batches of 512 on CUDA; auto - bf16 on CUDA, fp32 elsewhere. bf16 scores "
+        "agree with fp32 to about 0.01 on STS, but a near tie can keep another checkpoint, so it is a weights "
+        "setting (fp32 is its value before it existed: ADDED_DEFAULTS). Its cost is in train.json "
+        "(dev_eval_s, dev_eval_share).", choices=("fp32", "bf16", "auto"))
     log_steps: int = arg(10, "log the mean loss terms every this many optimizer steps", minimum=1, weights=False)
     save_steps: int = arg(250, "save the resume state every this many optimizer steps", minimum=1, weights=False)
     precision: str = arg("auto", "auto = bf16 autocast on CUDA, fp32 elsewhere; bf16, fp16 (with a gradient "
@@ -564,7 +571,7 @@ class Run:
 #: train settings added after states were saved, at the value that computes what was computed
 #: before they existed: left out of the fingerprint at that value (so such a state still resumes),
 #: in it at any other (``sampler: length`` is another data order, ``eval_unit`` other checkpoints)
-ADDED_DEFAULTS = {"sampler": "random", "eval_unit": "optimizer_steps", "dropout_rng": "stream"}
+ADDED_DEFAULTS = {"sampler": "random", "eval_unit": "optimizer_steps", "dropout_rng": "stream", "eval_precision": "fp32"}
 
 
 def weight_free_keys() -> tuple[str, ...]:

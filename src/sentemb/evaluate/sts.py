@@ -173,6 +173,33 @@ def _times100(agg: dict) -> dict:
     return out
 
 
+#: dev-evaluation batch on CUDA with a bf16 ``train.eval_precision`` (fp32 keeps the embedder's own, 128)
+DEV_BATCH_CUDA = 512
+
+
+def tune_dev_embedder(embed: EmbedFn, precision: str, device) -> EmbedFn:
+    """The loop's dev embedder (``Method.embedder``) set to ``train.eval_precision``: fp32 leaves it
+    as built (fp32, its own batch size: what was computed before the setting existed);
+    bf16 / auto set its ``precision`` (auto: bf16 on CUDA only), and on CUDA, where bf16 applies,
+    batches of ``DEV_BATCH_CUDA`` sentences. An embedder without a ``precision`` attribute (a plug-in's
+    own) is left as it is, with a warning. The dev set is tokenized once and reused when the
+    embedder keeps its plan (``Embedder(keep_plan=True)``, the default ``Method.embedder``)."""
+    import logging
+
+    if precision == "fp32":  # as built (an embedder asked for bf16 before is set back to fp32)
+        if getattr(embed, "precision", "fp32") != "fp32":
+            embed.precision = "fp32"
+        return embed
+    if not hasattr(embed, "precision"):
+        logging.getLogger(__name__).warning("train.eval_precision %s: the method's dev embedder %s has no precision "
+                                            "setting; it evaluates as it is", precision, type(embed).__name__)
+        return embed
+    embed.precision = precision
+    if getattr(device, "type", str(device)) == "cuda" and hasattr(embed, "batch_size"):
+        embed.batch_size = max(int(embed.batch_size), DEV_BATCH_CUDA)
+    return embed
+
+
 def stsb_dev(embed: EmbedFn, dev: list[Pairs]) -> float:
     """STS-B dev Spearman × 100 (``dev`` from ``load_task(root, "STSBenchmark", "dev")``, loaded once
     by the caller): the model-selection signal, every 125 steps (methods.md §0)."""

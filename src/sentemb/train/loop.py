@@ -7,16 +7,22 @@ with best-checkpoint selection (methods.md §0), resumable checkpoints, and MLfl
 ``train.log_grad_norms``, each weighted loss term's gradient norm on log steps: ``sentemb.train.grad_norms``).
 A method contributes only its batch construction and loss terms (``sentemb.methods.base.Method``).
 
-What keeps a step's critical path to the model (issue 13): the corpus is tokenized once
-(``train.token_cache``, ``sentemb.data.tokens``), the next step's batches are built in a background
-thread and pinned (``train.prefetch``, ``Prefetcher``), loss finiteness is checked with one host
-sync per log/eval/save instead of per step, and the dev set is tokenized and padded once. None of
-these change what is computed: the losses are the same step by step with them off (tested).
+What keeps a step's critical path to the model (issues 13, 36): the corpus is tokenized once
+(``train.token_cache``, ``sentemb.data.tokens``), the next steps' batches are built ahead and pinned
+(``sentemb.train.batches``: ``train.workers: N`` forked worker processes, else with ``train.prefetch``
+one background thread), loss finiteness is checked with one host sync per log/eval/save instead of
+per step, and the dev set is tokenized and padded once. None of these change what is computed: the
+losses and weights are the same step by step with them off (tested). What is left is measured: the
+time the loop waits for its batches (``train/data_wait`` per step in MLflow; ``data_wait_s``,
+``data_wait_s_per_step`` in ``train.json``) and the time in dev evaluation (``dev/eval_s``;
+``dev_eval_s``, ``dev_eval_share``), whose precision is ``train.eval_precision`` (fp32, or bf16: a
+weights setting, as it can keep another checkpoint).
 
 Outputs of ``train(run, out_dir)``:
     out_dir/model/       the best checkpoint by STS-B dev (HF + sentence-transformers layout), with
                          its model card without results (README.md, sentemb.report.model_card)
-    out_dir/train.json   summary (best dev, steps, throughput, history: one record per evaluated or,
+    out_dir/train.json   summary (best dev, steps, throughput, this process's data wait and dev-eval
+                         cost: ``cost_summary``, history: one record per evaluated or,
                          with train.log_grad_norms, logged step: dev_stsb, train/grad_norm/<term>;
                          provenance: git commit, corpus sha256 and size, framework versions)
     out_dir/.work/       resume state; removed after success
@@ -40,6 +46,7 @@ from .. import SentembError
 from ..config.settings import Run, TrainSettings, legacy_fingerprint
 from ..data.corpus import read_corpus
 from ..utils import atomic_path, write_json
+from .batches import Prefetcher, WorkerBatches, batch_source, fetch, micro_batches  # noqa: F401  (re-exported)
 
 if TYPE_CHECKING:
     import numpy as np
@@ -194,13 +201,13 @@ class Job:
     meta: dict
     tracker: "Tracker"  # MLflow (a disabled one outside ``train``)
     embedder: Callable | None = None  # the STS-B dev embedder (model_selection: best_dev)
-    prefetch: "Prefetcher | None" = None  # next step's batches built in the background (train.prefetch)
+    prefetch: "Prefetcher | WorkerBatches | None" = None  # next steps' batches built ahead (train.workers, train.prefetch)
     chunk: int | None = None  # sentences per chunk of gradient caching (train.chunk_size resolved); None = whole
     rank: int = 0  # this process among train.devices (sentemb.train.distributed); only rank 0 writes
     world: int = 1
 
     def close(self) -> None:
-        """Stop the prefetch thread (``train`` does; so should a caller of ``setup``)."""
+        """Stop the prefetch thread or the batch workers (``train`` does; so should a caller of ``setup``)."""
         if self.prefetch is not None:
             self.prefetch.close()
 
@@ -230,6 +237,14 @@ class State:
     grad_norms: dict = field(default_factory=dict)
     # the detached loss terms of the last micro-batch (benchmarks and tests read them per step)
     terms: dict = field(default_factory=dict)
+    # time blocked getting batches (sentemb.train.batches.fetch): the log window's and its steps,
+    # and this process's total and steps; seconds in evaluate-and-keep, this process
+    data_wait: float = 0.0
+    data_steps: int = 0
+    data_wait_total: float = 0.0
+    steps_run: int = 0
+    dev_eval_s: float = 0.0
+    dev_evals: int = 0
 
 
 def setup(run: Run | dict, out_dir: str | Path, method_cls: "type[Method] | None" = None,
@@ -330,7 +345,11 @@ def setup(run: Run | dict, out_dir: str | Path, method_cls: "type[Method] | None
     job.rank, job.world = distributed.rank(), distributed.world_size()
     method.train()
     job.chunk = resolve_chunk_size(job)
-    job.prefetch = Prefetcher(job) if settings.prefetch else None
+    job.prefetch = batch_source(job)  # train.workers processes, the prefetch thread or None (sentemb.train.batches)
+    if job.embedder is not None:  # train.eval_precision (and larger batches with bf16 on CUDA)
+        from ..evaluate.sts import tune_dev_embedder
+
+        tune_dev_embedder(job.embedder, settings.eval_precision, device)
     return job
 
 
@@ -453,61 +472,6 @@ def resume(job: Job) -> State:
             state.best = {"dev": meta_best["dev_stsb"], "step": meta_best["step"]}
     log.info("resumed from %s at step %d/%d", state_file, state.step, job.total)
     return state
-
-
-def micro_batches(job: Job, step: int, pin: bool = False) -> list[tuple[int, dict]]:
-    """The method-built CPU batches of optimizer step ``step``: (global micro index, batch) per
-    micro-batch. Deterministic in (seed, micro), so a resumed or re-run step sees the same data.
-    ``pin``: in page-locked memory, so that the copy to the GPU is asynchronous."""
-    out = []
-    for k in range(job.accum):
-        m = step * job.accum + k
-        idx = job.micro[m]
-        batch = job.method.build_batch([job.sentences[i] for i in idx], step=step, lines=idx, micro=m)
-        if pin:
-            batch = {key: v.pin_memory() for key, v in batch.items()}
-        out.append((m, batch))
-    return out
-
-
-class Prefetcher:
-    """Builds the next optimizer step's micro-batches (``micro_batches``) in one background thread
-    while the current step computes, so batch construction is off the critical path; pinned memory
-    on CUDA. Batches depend only on (seed, micro), never on the global RNG or the weights, so the
-    data are the same as without it (``train.prefetch: false``)."""
-
-    def __init__(self, job: Job):
-        from concurrent.futures import ThreadPoolExecutor
-
-        self.job, self.pin = job, job.device.type == "cuda"
-        self.pool = ThreadPoolExecutor(1, thread_name_prefix="sentemb-batches")
-        self.pending = None  # (step, Future)
-
-    def get(self, step: int) -> list[tuple[int, dict]]:
-        """The batches of ``step`` (built ahead if it was the step asked for next), and start
-        building ``step + 1``."""
-        if self.pending is not None and self.pending[0] == step:
-            batches = self.pending[1].result()
-        else:
-            self.wait()
-            batches = micro_batches(self.job, step, self.pin)
-        self.pending = None
-        if step + 1 < self.job.total:
-            self.pending = (step + 1, self.pool.submit(micro_batches, self.job, step + 1, self.pin))
-        return batches
-
-    def wait(self) -> None:
-        """Let the batch in flight finish (before the main thread uses the tokenizer itself, e.g. to
-        evaluate: a fast tokenizer must not be used by two threads at once). Its error, if any, is
-        raised by the ``get`` that wants it."""
-        from concurrent.futures import wait
-
-        if self.pending is not None:
-            wait([self.pending[1]])
-
-    def close(self) -> None:
-        self.pending = None
-        self.pool.shutdown(wait=True, cancel_futures=True)
 
 
 def accumulate_gradients(job: Job, batches: list[tuple[int, dict]], state: State | None) -> None:
@@ -793,7 +757,7 @@ def sam_gradients(job: Job, batches: list[tuple[int, dict]], state: State) -> No
 def optimizer_step(job: Job, state: State) -> None:
     """Stage 3, one optimizer step: build the micro-batches, accumulate gradients (twice, at w and
     at w + ε̂, with ``train.sam_rho``), update."""
-    batches = job.prefetch.get(state.step) if job.prefetch is not None else micro_batches(job, state.step)
+    batches = fetch(job, state)  # timed: train/data_wait (sentemb.train.batches)
     if getattr(job, "world", 1) > 1 and job.settings.dropout_rng == "stream":  # per rank and step (sentemb.train.distributed)
         import torch
 
@@ -844,7 +808,8 @@ def log_step(job: Job, state: State) -> dict:
     dt = now - state.t_log
     metrics = {f"train/{key}": float(v) / state.n_terms for key, v in state.sum_terms.items()}
     metrics.update({"train/lr": job.sched.get_last_lr()[0], "train/sentences_per_s": state.n_sent / dt,
-                    "train/tokens_per_s": state.n_tok / dt})
+                    "train/tokens_per_s": state.n_tok / dt,
+                    "train/data_wait": state.data_wait / max(1, state.data_steps)})  # s per step blocked on data
     if state.grad_norms:
         norms = {f"train/grad_norm/{key}": float(v) for key, v in state.grad_norms.items()}
         metrics.update(norms)
@@ -852,13 +817,16 @@ def log_step(job: Job, state: State) -> dict:
         state.grad_norms = {}
     job.tracker.log_metrics(metrics, state.step)
     state.sum_terms, state.n_terms, state.n_sent, state.n_tok = {}, 0, 0, 0
+    state.data_wait, state.data_steps = 0.0, 0
     state.t_log = now
     return metrics
 
 
 def evaluate_and_keep(job: Job, state: State) -> float:
     """Stage 5, evaluate and keep: STS-B dev Spearman of the current weights; a new best is
-    exported to ``.work/best`` (atomically). Evaluation time is not counted as training time."""
+    exported to ``.work/best`` (atomically). Evaluation time is not counted as training time; it is
+    priced instead: ``dev/eval_s`` per evaluation in MLflow, ``dev_eval_s`` and ``dev_eval_share``
+    in ``train.json`` (the whole stage: encoding, scoring, exporting a new best)."""
     from ..evaluate.sts import stsb_dev
 
     check_finite(job, state)
@@ -876,8 +844,12 @@ def evaluate_and_keep(job: Job, state: State) -> float:
         if job.rank == 0:
             export_to(job, job.work / "best", {"step": state.step, "dev_stsb": dev})
     job.method.train()
-    job.tracker.log_metrics({"dev/stsb_spearman": dev, "dev/best": state.best["dev"]}, state.step)
-    log.info("step %d: STS-B dev %.2f (best %.2f at step %d)", state.step, dev, state.best["dev"], state.best["step"])
+    spent = time.perf_counter() - t0
+    state.dev_eval_s += spent
+    state.dev_evals += 1
+    job.tracker.log_metrics({"dev/stsb_spearman": dev, "dev/best": state.best["dev"], "dev/eval_s": spent}, state.step)
+    log.info("step %d: STS-B dev %.2f (best %.2f at step %d; %.2f s)", state.step, dev, state.best["dev"],
+             state.best["step"], spent)
     state.t_log += time.perf_counter() - t0
     return dev
 
@@ -930,9 +902,11 @@ def finish(job: Job, state: State, t_start: float) -> dict:
         raise SentembError(f"run '{job.run.name}': no checkpoint was evaluated (set train.eval_at_end: true)")
     from ..report.model_card import training_provenance
 
+    seconds = time.perf_counter() - t_start
     summary = {
         **job.meta, "steps": job.total, "best_step": state.best["step"], "best_dev_stsb": state.best["dev"],
-        "history": state.history, "train_seconds_this_process": round(time.perf_counter() - t_start, 2),
+        "history": state.history, "train_seconds_this_process": round(seconds, 2),
+        **cost_summary(job, state, seconds),
         "pooler": job.pooler, "device": str(job.device), "precision": str(job.amp or "fp32"),
         "chunk_size": job.chunk or job.settings.batch_size, "chunked": job.chunk is not None, **summary_extra,
         "provenance": training_provenance(job.run.to_dict(), len(job.sentences)),  # commit, corpus digest (the card)
@@ -942,11 +916,30 @@ def finish(job: Job, state: State, t_start: float) -> dict:
         shutil.copytree(job.work / "best", tmp)
         write_card_without_results(tmp, job.run.to_dict(), summary)
     write_json(job.out_dir / "train.json", summary)
+    costs = {k: v for k, v in summary.items() if k in COST_METRICS}
+    job.tracker.log_metrics({COST_METRICS[k]: v for k, v in costs.items()}, job.total)
     if state.best["dev"] is not None:
         job.tracker.log_metrics({"dev/best": state.best["dev"]}, job.total)
     job.tracker.log_artifact(job.out_dir / "train.json")
     job.tracker.set_tags({"best_step": state.best["step"]})
     return summary
+
+
+#: train.json's cost keys -> their MLflow metric (logged once, at the last step)
+COST_METRICS = {"data_wait_s": "train/data_wait_total_s", "data_wait_s_per_step": "train/data_wait_s_per_step",
+                "dev_eval_s": "dev/eval_total_s", "dev_eval_share": "dev/eval_share"}
+
+
+def cost_summary(job: Job, state: State, seconds: float) -> dict:
+    """What this process's run spent waiting for data and in dev evaluation (``train.json``):
+    ``data_wait_s`` (total), ``data_wait_s_per_step`` (over the steps this process ran),
+    ``workers`` (``train.workers``), ``dev_eval_s`` (every evaluate-and-keep stage), ``dev_evals``,
+    ``dev_eval_share`` (of ``seconds``, this process's wall time of the loop) and ``eval_precision``."""
+    return {"workers": job.settings.workers, "data_wait_s": round(state.data_wait_total, 4),
+            "data_wait_s_per_step": round(state.data_wait_total / max(1, state.steps_run), 6),
+            "dev_eval_s": round(state.dev_eval_s, 3), "dev_evals": state.dev_evals,
+            "dev_eval_share": round(state.dev_eval_s / seconds, 4) if seconds > 0 else 0.0,
+            "eval_precision": job.settings.eval_precision}
 
 
 def train(run: Run | dict, out_dir: str | Path, *, progress: bool = True, stop_after: int | None = None,
