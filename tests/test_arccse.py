@@ -387,6 +387,7 @@ def grad_q(w, x, a):
 
 def _quadratic_job(rho, accum=2, lr=0.1, wd=0.1):
     from sentemb.train.loop import State, build_optimizer, lr_lambda
+    from sentemb.train.step import strategy_for
 
     model = Quadratic()
     opt = build_optimizer(model, lr, wd, torch.device("cpu"))
@@ -397,6 +398,7 @@ def _quadratic_job(rho, accum=2, lr=0.1, wd=0.1):
                           method=model, device=torch.device("cpu"), amp=None, step_fn=model.losses, opt=opt,
                           sched=torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda("constant", 10, 0)),
                           scaler=torch.amp.GradScaler("cpu", enabled=False), prefetch=None)
+    job.strategy = strategy_for(job, "the quadratic job")
     return job, State()
 
 

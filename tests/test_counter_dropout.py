@@ -103,3 +103,28 @@ def test_a_key_tensor_replaces_seed_and_micro():
     with keyed(5, 3, 0, 4, mode="counter"):
         d = F.dropout(x, 0.5, True)
     assert torch.equal(c, d) and not torch.equal(a, c)
+
+
+def test_counter_dropout_gives_chunked_and_bucketed_runs_the_plain_gradient(tmp_path):
+    """Through the loop (``train.dropout_rng: counter``, dropout on): chunks of 4, and padding to a
+    wider bucket, give the plain step's gradient; chunked ``stream`` masks do not (the control)."""
+    from sentemb.testing import close, harness, step_gradients
+
+    h = harness("simcse", tmp_path)
+    ref, _ = step_gradients(h.exact_run(dropout_rng="counter"), h.cls)
+    chunked, chunk = step_gradients(h.exact_run(dropout_rng="counter", chunk_size=4), h.cls)
+    assert chunk == 4
+    close(chunked, ref, "counter dropout, chunked gradient")
+    # the first batch's longest row is 32 tokens: at max_len 40 it is padded to 32, with the bucket 36 to 36
+    wide, _ = step_gradients(h.exact_run(dropout_rng="counter", max_len=40), h.cls)
+    bucketed, _ = step_gradients(h.exact_run(dropout_rng="counter", max_len=40, buckets=[36]), h.cls)
+    close(bucketed, wide, "counter dropout, bucketed gradient")
+    stream, _ = step_gradients(h.exact_run(chunk_size=4), h.cls)
+    plain, _ = step_gradients(h.exact_run(), h.cls)
+    diff = sum(float((stream[k] - plain[k]).norm()) for k in plain) / sum(float(plain[k].norm()) for k in plain)
+    assert diff > 1e-3, diff  # the control: stream masks are drawn per chunk, another draw than the whole batch's
+    stream_wide, _ = step_gradients(h.exact_run(max_len=40), h.cls)
+    stream_bucketed, _ = step_gradients(h.exact_run(max_len=40, buckets=[36]), h.cls)
+    diff = sum(float((stream_bucketed[k] - stream_wide[k]).norm()) for k in stream_wide) / \
+        sum(float(stream_wide[k].norm()) for k in stream_wide)
+    assert diff > 1e-3, diff  # stream masks are drawn over the padded shape

@@ -510,7 +510,7 @@ def test_chunk_size_auto_is_the_whole_batch_on_cpu_and_is_reported(tiny_bert_dir
     and in ``train.json``; a number at least the batch is no chunking either."""
     import logging
 
-    with caplog.at_level(logging.INFO, logger="sentemb.train.loop"):
+    with caplog.at_level(logging.INFO, logger="sentemb.train.step"):  # resolve_chunk_size logs it
         s = train(run_cfg(tiny_bert_dir, tiny_corpus, tiny_senteval, chunk_size="auto", max_steps=1), tmp_path / "a",
                   progress=False)
     assert s["chunk_size"] == 16 and s["chunked"] is False

@@ -323,11 +323,12 @@ def step_gradients(cfg, method_cls=None) -> tuple[dict, Any]:
     the chunk size the loop chose."""
     import torch
 
-    from .train.loop import accumulate_gradients, micro_batches, setup
+    from .train.loop import micro_batches, setup
+    from .train.step import micro_batch_strategy
 
     with setup(cfg, "/nonexistent", method_cls) as job:
         torch.manual_seed(11)
-        accumulate_gradients(job, micro_batches(job, 0), None)
+        micro_batch_strategy(job).gradients(job, micro_batches(job, 0), None)
         grads = {n: p.grad.detach().clone() for n, p in job.method.named_parameters() if p.grad is not None}
         return grads, job.chunk
 

@@ -151,7 +151,8 @@ class TrainSettings:
 
     def check(self, key: str) -> None:
         """What the schema cannot say of one run's settings; ``key`` prefixes the message (the
-        config key or the run). SAM's ascent step would be scaled by fp16's gradient scaler."""
+        config key or the run). The combinations no step strategy serves are refused by
+        ``sentemb.train.step.check_settings``."""
         if isinstance(self.chunk_size, str) and self.chunk_size != "auto":
             raise SentembError(f"{key}: train.chunk_size {self.chunk_size!r} is not a number of sentences, auto or null")
         from ..data.buckets import resolve_buckets
@@ -160,17 +161,9 @@ class TrainSettings:
         if self.dropout_rng in ("keyed", "counter") and self.unpad:
             raise SentembError(f"{key}: train.dropout_rng {self.dropout_rng} needs padded rows (one per sentence view); it "
                                "cannot be combined with train.unpad (packed tokens)")
-        if self.devices > 1 and self.log_grad_norms:
-            raise SentembError(f"{key}: train.log_grad_norms is not supported with train.devices {self.devices} (the "
-                               "per-term norms would be one process's share); set one of them back")
-        if self.devices > 1 and self.compile:
-            raise SentembError(f"{key}: train.compile cannot be combined with train.devices {self.devices}")
-        if self.dropout_rng in ("keyed", "counter") and self.compile:
-            raise SentembError(f"{key}: train.dropout_rng {self.dropout_rng} cannot be combined with train.compile")
-        if self.sam_rho and self.precision == "fp16":
-            raise SentembError(f"{key}: SAM (train.sam_rho {self.sam_rho}) cannot be combined with train.precision "
-                               "fp16 (the gradient scaler would scale SAM's ascent step); use bf16, fp32 or auto, "
-                               "or set train.sam_rho: null")
+        from ..train.step import check_settings
+
+        check_settings(self, key)
 
 
 @dataclass

@@ -35,7 +35,7 @@ too; frozen ones set ``requires_grad = False`` and the optimizer leaves them out
 sentence embedding is not a pooled encoder output declares ``eval_pooler = "method"`` and
 overrides ``embedder``, ``export`` and ``load_embedder``.
 
-Gradient caching for free (``sentemb.train.loop.chunked_backward``; Gao et al. 2021, "Scaling Deep
+Gradient caching for free (``sentemb.train.step.chunked_backward``; Gao et al. 2021, "Scaling Deep
 Contrastive Learning Batch Size under Memory Limited Setup"): with ``train.chunk_size: N`` the loop
 encodes the batch N sentences at a time without a graph, computes (b) and its gradient with respect
 to ``emb`` once, then re-encodes each chunk with its graph (the chunk's random state replayed, so

@@ -6,6 +6,10 @@ logits and losses in fp32), periodic STS-B dev evaluation
 with best-checkpoint selection (methods.md §0), resumable checkpoints, and MLflow logging (with
 ``train.log_grad_norms``, each weighted loss term's gradient norm on log steps: ``sentemb.train.grad_norms``).
 A method contributes only its batch construction and loss terms (``sentemb.methods.base.Method``).
+How a step's gradient is computed (the whole micro-batch, in chunks with gradient caching:
+``train.chunk_size``, over several processes: ``train.devices``, twice with SAM, under keyed dropout
+masks) is ``sentemb.train.step``'s: one ``StepStrategy`` per way, chosen at set-up (``strategy_for``)
+and called by the optimizer-step stage, so that this module reads as its stages.
 
 What keeps a step's critical path to the model (issues 13, 36): the corpus is tokenized once
 (``train.token_cache``, ``sentemb.data.tokens``), the next steps' batches are built ahead and pinned
@@ -34,7 +38,6 @@ import json
 import logging
 import math
 import os
-import random
 import shutil
 import sys
 import time
@@ -47,6 +50,9 @@ from ..config.settings import Run, TrainSettings, legacy_fingerprint
 from ..data.corpus import read_corpus
 from ..utils import atomic_path, write_json
 from .batches import Prefetcher, WorkerBatches, batch_source, fetch, micro_batches  # noqa: F401  (re-exported)
+from .step import _precision, _rng_state, _set_rng_state, resolve_chunk_size, strategy_for
+# imported from here by sentemb.ops.plan, sentemb.ops.benchmark, sentemb.testing and the tests
+from .step import AUTO_CHUNK_MARGIN, auto_chunk, autocast  # noqa: F401
 
 if TYPE_CHECKING:
     import numpy as np
@@ -54,6 +60,7 @@ if TYPE_CHECKING:
 
     from ..methods import Method
     from ..tracking.runs import Tracker
+    from .step import StepStrategy
 
 log = logging.getLogger(__name__)
 
@@ -104,44 +111,6 @@ def batch_schedule(n: int, batch_size: int, epochs: float, seed: int, lengths: "
         out.extend(chunks)
         epoch += 1
     return out[:total]
-
-
-def _precision(name: str, device: torch.device) -> torch.dtype | None:
-    import torch
-
-    if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported() else None
-    return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}[name]
-
-
-def autocast(device: torch.device, precision: "str | torch.dtype | None"):
-    """The loop's autocast context on ``device``: ``precision`` a ``train.precision`` name or the
-    autocast dtype (None = fp32, autocast off)."""
-    import torch
-
-    dtype = _precision(precision, device) if isinstance(precision, str) else precision
-    return torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None)
-
-
-def _rng_state() -> dict:
-    import numpy as np
-    import torch
-
-    st = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        st["cuda"] = torch.cuda.get_rng_state_all()
-    return st
-
-
-def _set_rng_state(st: dict) -> None:
-    import numpy as np
-    import torch
-
-    random.setstate(st["python"])
-    np.random.set_state(st["numpy"])
-    torch.set_rng_state(st["torch"])
-    if "cuda" in st and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(st["cuda"])
 
 
 def build_optimizer(module: torch.nn.Module, lr: float, weight_decay: float, device: torch.device):
@@ -205,6 +174,7 @@ class Job:
     chunk: int | None = None  # sentences per chunk of gradient caching (train.chunk_size resolved); None = whole
     rank: int = 0  # this process among train.devices (sentemb.train.distributed); only rank 0 writes
     world: int = 1
+    strategy: "StepStrategy | None" = None  # how a step's gradient is computed (sentemb.train.step.strategy_for)
 
     def close(self) -> None:
         """Stop the prefetch thread or the batch workers (``train`` does; so should a caller of ``setup``)."""
@@ -344,68 +314,14 @@ def setup(run: Run | dict, out_dir: str | Path, method_cls: "type[Method] | None
     job.embedder = method.embedder(pooler, device) if settings.selects_by_dev else None
     job.rank, job.world = distributed.rank(), distributed.world_size()
     method.train()
-    job.chunk = resolve_chunk_size(job)
+    job.chunk = resolve_chunk_size(job, micro_batches)
+    job.strategy = strategy_for(job)
     job.prefetch = batch_source(job)  # train.workers processes, the prefetch thread or None (sentemb.train.batches)
     if job.embedder is not None:  # train.eval_precision (and larger batches with bf16 on CUDA)
         from ..evaluate.sts import tune_dev_embedder
 
         tune_dev_embedder(job.embedder, settings.eval_precision, device)
     return job
-
-
-#: share of the GPU's free memory that ``train.chunk_size: auto`` plans to fill
-AUTO_CHUNK_MARGIN = 0.7
-
-
-def resolve_chunk_size(job: Job) -> int | None:
-    """``train.chunk_size`` as a number of sentences, None for the whole micro-batch.
-
-    ``auto``: on CPU the whole batch (host memory is not the bound). On CUDA, one chunk of 4
-    sentences of the first micro-batch is run forward and backward and its peak memory above the
-    model's is measured; the chunk is the largest that fits ``AUTO_CHUNK_MARGIN`` of the free memory
-    at that per-sentence cost (at least 1; None when the whole batch fits). The gradients of that
-    probe are discarded. The choice is logged and written to ``train.json`` (``chunk_size``)."""
-    import torch
-
-    size, batch = job.settings.chunk_size, job.settings.batch_size
-    if size is None:
-        return None
-    if size != "auto":
-        return int(size) if int(size) < batch else None
-    if job.device.type != "cuda":
-        log.info("train.chunk_size auto: the whole batch (%d sentences) on %s", batch, job.device)
-        return None
-    probe_n = min(4, batch)
-    (m, full), = micro_batches(job, 0)[:1]
-    full = {k: v.to(job.device) for k, v in full.items()}
-    part = job.method.chunk(full, 0, probe_n)
-    torch.cuda.synchronize(job.device)
-    base = torch.cuda.memory_allocated(job.device)
-    torch.cuda.reset_peak_memory_stats(job.device)
-    rng = _device_rng(job.device)
-    with autocast(job.device, job.amp):
-        enc = job.method.encode(part)
-        out = job.method.row_terms(enc, part, full)
-    from ..methods.base import WEIGHTED
-
-    loss = sum(v.float().sum() for v in enc.batch.values()) + sum(out[WEIGHTED].values(), torch.zeros((), device=job.device))
-    loss.backward()
-    per_sentence = max(1, torch.cuda.max_memory_allocated(job.device) - base) / probe_n
-    job.opt.zero_grad(set_to_none=True)
-    _set_device_rng(rng, job.device)
-    free, _ = torch.cuda.mem_get_info(job.device)
-    chosen = auto_chunk(per_sentence, free, batch)
-    log.info("train.chunk_size auto: %.1f MB per sentence, %.1f GB free -> %s", per_sentence / 2**20, free / 2**30,
-             "the whole batch" if chosen is None else f"chunks of {chosen} sentences")
-    return chosen
-
-
-def auto_chunk(per_sentence: float, free: float, batch: int, margin: float = AUTO_CHUNK_MARGIN) -> int | None:
-    """The chunk ``train.chunk_size: auto`` picks: the most sentences whose graph (``per_sentence``
-    bytes each, measured) fits ``margin`` of ``free`` bytes; None when the whole batch fits, at
-    least 1 otherwise."""
-    fits = int(margin * free // max(per_sentence, 1))
-    return None if fits >= batch else max(1, fits)
 
 
 def run_fingerprint(run: Run | dict) -> str:
@@ -474,284 +390,6 @@ def resume(job: Job) -> State:
     return state
 
 
-def accumulate_gradients(job: Job, batches: list[tuple[int, dict]], state: State | None) -> None:
-    """Forward and backward over the step's micro-batches (loss / accum each), each in chunks of
-    ``job.chunk`` sentences when set (``chunked_backward``). With ``state``, the loss terms and
-    throughput counts are recorded for logging and the finiteness check, and, with
-    ``train.log_grad_norms`` on a step that will be logged, each weighted term's gradient norm."""
-    import torch
-
-    from ..methods.base import WEIGHTED
-
-    probe = None
-    if state is not None and job.settings.log_grad_norms and logs_at(job, state.step + 1):
-        from .grad_norms import TermGradNorms
-
-        probe = TermGradNorms(job.method.grad_norm_parameters(), job.accum, job.scaler, parts=bool(job.chunk))
-    world = getattr(job, "world", 1)
-    for m, batch in batches:
-        if state is not None:
-            state.n_sent += len(job.micro[m])
-            if "attention_mask" in batch:
-                state.n_tok += int(batch["attention_mask"].sum())
-        batch = {key: v.to(job.device, non_blocking=True) for key, v in batch.items()}
-        chunk = getattr(job, "chunk", None)
-        lo = hi = 0
-        if chunk or world > 1:  # only then are the batch's rows counted (any step_fn works unchunked)
-            n = job.method.n_sentences(batch)
-            lo, hi = (0, n) if world == 1 else _share(n, job.rank, world)
-        if chunk and chunk < hi - lo:
-            terms = chunked_backward(job, batch, m, probe, lo, hi)
-            loss = terms["loss"]
-        elif world > 1:
-            terms = sharded_backward(job, batch, m, lo, hi)
-            loss = terms["loss"]
-        else:
-            with autocast(job.device, job.amp), keyed_dropout(job, m, 0, batch):
-                terms = job.step_fn(batch)
-            weighted = terms.pop(WEIGHTED, None)  # graph-carrying weighted terms: never logged as such
-            loss = terms["loss"]
-            if probe is not None:
-                probe.add(weighted or {"loss": loss})
-            job.scaler.scale(loss / job.accum).backward()
-        if state is None:
-            continue
-        detached = state.terms = {key: v.detach() for key, v in terms.items()}
-        state.pending.append((state.step + 1, torch.isfinite(loss.detach()), detached))  # checked without a sync
-        for key, v in detached.items():
-            state.sum_terms[key] = state.sum_terms[key] + v if key in state.sum_terms else v
-        state.n_terms += 1
-    if world > 1:  # the step's gradient: summed over ranks once (sentemb.train.distributed)
-        from .distributed import reduce_gradients
-
-        reduce_gradients(job.method.parameters())
-    if probe is not None:
-        state.grad_norms = probe.norms()
-
-
-def _share(n: int, r: int, world: int) -> tuple[int, int]:
-    from .distributed import share
-
-    return share(n, r, world)
-
-
-def sharded_backward(job: Job, batch: dict, micro: int, lo: int, hi: int) -> dict:
-    """One micro-batch on one of ``job.world`` ranks (``train.devices``, ``sentemb.train.distributed``):
-    this rank encodes sentences ``[lo, hi)``; the in-batch terms are computed on every rank's
-    embeddings, gathered with their gradient, and back-propagated as L/world (the gather's backward
-    sums the ranks' copies of ∂L/∂E); the per-sentence terms of the share as they are (normalised
-    by the whole batch). Returns the micro-batch's logged terms summed over ranks, as ``losses``."""
-    from .distributed import gather_rows, sum_scalars
-    from ..methods.base import WEIGHTED, add_terms, total_loss
-
-    method, world = job.method, job.world
-    local = method.chunk(batch, lo, hi)
-    logged, weighted_total, parts = {}, {}, []
-    with autocast(job.device, job.amp), keyed_dropout(job, micro, lo, hi):
-        enc = method.encode(local)
-        if method.has_batch_terms:
-            emb = {k: gather_rows(v)[0] for k, v in enc.batch.items()}
-            out = method.batch_terms(emb, batch)
-            weighted = out.pop(WEIGHTED)
-            add_terms(logged, {k: v.detach() for k, v in out.items()})
-            add_terms(weighted_total, {k: v.detach() for k, v in weighted.items()})
-            if weighted:
-                parts.append(total_loss(weighted) / world)
-        rows = method.row_terms(enc, local, batch)
-    weighted = rows.pop(WEIGHTED)
-    add_terms(logged, sum_scalars({k: v.detach() for k, v in rows.items()}))
-    add_terms(weighted_total, sum_scalars({k: v.detach() for k, v in weighted.items()}))
-    if weighted:
-        parts.append(total_loss(weighted))
-    loss = sum(parts[1:], parts[0]) if parts else None
-    if loss is not None and loss.requires_grad:
-        job.scaler.scale(loss / job.accum).backward()
-    return {"loss": total_loss(weighted_total), **logged}
-
-
-def keyed_dropout(job: Job, micro: int, start: int, stop: "int | dict"):
-    """The dropout context of sentences ``[start, stop)`` of micro-batch ``micro`` (``stop`` a
-    whole batch: all its sentences): keyed masks (``sentemb.model.dropout``) with ``train.dropout_rng:
-    keyed``, nothing otherwise."""
-    from contextlib import nullcontext
-
-    if job.settings.dropout_rng != "keyed":
-        return nullcontext()
-    from ..model.dropout import keyed
-
-    if isinstance(stop, dict):
-        stop = job.method.n_sentences(stop)
-    return keyed(job.seed, micro, start, stop)
-
-
-def _device_rng(device: "torch.device") -> dict:
-    import torch
-
-    st = {"cpu": torch.get_rng_state()}
-    if device.type == "cuda":
-        st["cuda"] = torch.cuda.get_rng_state(device)
-    return st
-
-
-def _set_device_rng(st: dict, device: "torch.device") -> None:
-    import torch
-
-    torch.set_rng_state(st["cpu"])
-    if "cuda" in st:
-        torch.cuda.set_rng_state(st["cuda"], device)
-
-
-def chunked_backward(job: Job, batch: dict, micro: int, probe=None, lo: int = 0, hi: int | None = None) -> dict:
-    """Gradient caching (Gao et al. 2021, §3.2) of one micro-batch, ``job.chunk`` sentences at a time
-    (``Method`` docstring, steps a-c):
-
-    1. each chunk is encoded without a graph (``Method.encode``), its random state recorded first;
-    2. the in-batch terms (``Method.batch_terms``) are computed on the concatenated embeddings E and
-       back-propagated once: ∂L/∂E is cached (and parameters used there, e.g. a projection, get
-       their gradient);
-    3. each chunk is encoded again with its graph under its recorded random state (the same dropout
-       masks as in 1, on CPU and CUDA), and ∂L/∂E of its rows is back-propagated through it together
-       with its per-sentence terms (``Method.row_terms``, normalised by the whole batch).
-
-    The parameters' gradient is that of the unchunked loss on the same masks; memory holds one
-    chunk's graph. A method without in-batch terms (``has_batch_terms = False``) needs only step 3,
-    once. Per-sentence terms draw their dropout from a stream of their own per chunk (seeded from
-    the global generator), so they never reuse the numbers of the next chunk's encoding.
-
-    With ``train.devices`` > 1 this rank chunks its share ``[lo, hi)`` of the sentences; step 2
-    runs on every rank's embeddings (gathered, ``sentemb.train.distributed``) and this rank keeps the
-    cached gradient of its own rows; per-sentence terms are logged summed over ranks. Returns the
-    detached logged terms and ``loss``, as ``Method.losses``."""
-    import torch
-
-    from ..methods.base import WEIGHTED, add_terms, total_loss
-
-    method, device, size = job.method, job.device, job.chunk
-    world = getattr(job, "world", 1)
-    hi = method.n_sentences(batch) if hi is None else hi
-    bounds = [(s, min(s + size, hi)) for s in range(lo, hi, size)]
-    chunks = [method.chunk(batch, s, e) for s, e in bounds]
-    scale = lambda t: job.scaler.scale(t / job.accum)  # noqa: E731  (as the unchunked backward scales)
-    logged: dict = {}  # in-batch terms (the same on every rank)
-    weighted_total: dict = {}
-    row_logged: dict = {}  # per-sentence terms (this rank's share)
-    row_weighted: dict = {}
-    cached: dict = {}  # key -> ∂(scaled L_batch)/∂E of this rank's rows
-    term_grads: dict = {}  # term -> {key -> ∂(scaled term)/∂E}  (log_grad_norms)
-    if method.has_batch_terms:
-        states, parts = [], []
-        with torch.no_grad():
-            for (s, e), c in zip(bounds, chunks):
-                states.append(_device_rng(device))
-                with autocast(device, job.amp), keyed_dropout(job, micro, s, e):
-                    parts.append(method.encode(c).batch)
-        row_seed = int(torch.randint(0, 2**62, (1,)))  # after pass 1: the stream continues from here
-        after = _device_rng(device)
-        keys = list(parts[0])
-        emb = {k: torch.cat([p[k] for p in parts], 0).detach() for k in keys}
-        offset = {k: 0 for k in keys}
-        if world > 1:  # every rank's rows, in rank order; this rank's start at offset[k]
-            from .distributed import gather_rows
-
-            for k in keys:
-                emb[k], sizes = gather_rows(emb[k], with_grad=False)
-                offset[k] = sum(sizes[: job.rank])
-        for v in emb.values():
-            if v.is_floating_point():
-                v.requires_grad_(True)
-        with autocast(device, job.amp):
-            out = method.batch_terms(emb, batch)
-        weighted = out.pop(WEIGHTED)
-        add_terms(logged, {k: v.detach() for k, v in out.items()})
-        add_terms(weighted_total, {k: v.detach() for k, v in weighted.items()})
-        leaves = [emb[k] for k in keys if emb[k].requires_grad]
-        if probe is not None:
-            for name, t in weighted.items():
-                if t.requires_grad:
-                    grads = torch.autograd.grad(scale(t), leaves + probe.params, retain_graph=True, allow_unused=True)
-                    term_grads[name] = dict(zip([k for k in keys if emb[k].requires_grad], grads[:len(leaves)]))
-                    probe.add_grads(name, grads[len(leaves):])
-        if weighted:
-            loss_b = total_loss(weighted)
-            if loss_b.requires_grad:  # /world: parameters used here get their gradient on every rank
-                scale(loss_b / world).backward()
-        for k in keys:
-            if emb[k].requires_grad and emb[k].grad is not None:
-                n_local = sum(p[k].size(0) for p in parts)
-                g = emb[k].grad[offset[k] : offset[k] + n_local]
-                cached[k] = g * world if world > 1 else g
-    for i, ((s, e), c) in enumerate(zip(bounds, chunks)):
-        if method.has_batch_terms:
-            _set_device_rng(states[i], device)
-        with autocast(device, job.amp), keyed_dropout(job, micro, s, e):
-            enc = method.encode(c)
-            if method.has_batch_terms and job.settings.dropout_rng != "keyed":
-                torch.manual_seed((row_seed + i) % 2**63)  # the chunk's per-sentence terms: a stream of their own
-            rows = method.row_terms(enc, c, batch)
-        weighted = rows.pop(WEIGHTED)
-        add_terms(row_logged, {k: v.detach() for k, v in rows.items()})
-        add_terms(row_weighted, {k: v.detach() for k, v in weighted.items()})
-        outputs, grads = [], []
-        for k, g in cached.items():
-            lo = sum(parts[j][k].size(0) for j in range(i))
-            outputs.append(enc.batch[k])
-            grads.append(g[lo : lo + parts[i][k].size(0)])
-        if probe is not None:
-            for name, tg in term_grads.items():
-                outs = [enc.batch[k] for k in tg if tg[k] is not None]
-                if outs:
-                    lo = {k: sum(parts[j][k].size(0) for j in range(i)) for k in tg}
-                    gs = [tg[k][lo[k] : lo[k] + parts[i][k].size(0)] for k in tg if tg[k] is not None]
-                    probe.add_grads(name, torch.autograd.grad(outs, probe.params, gs, retain_graph=True, allow_unused=True))
-            for name, t in weighted.items():
-                if t.requires_grad:
-                    probe.add_grads(name, torch.autograd.grad(scale(t), probe.params, retain_graph=True, allow_unused=True))
-        if weighted:
-            row_loss = total_loss(weighted)
-            if row_loss.requires_grad:
-                outputs.append(scale(row_loss))
-                grads.append(None)
-        if outputs:
-            torch.autograd.backward(outputs, grads)
-    if method.has_batch_terms:
-        _set_device_rng(after, device)
-    if world > 1:
-        from .distributed import sum_scalars
-
-        row_logged, row_weighted = sum_scalars(row_logged), sum_scalars(row_weighted)
-    add_terms(logged, row_logged)
-    add_terms(weighted_total, row_weighted)
-    return {"loss": total_loss(weighted_total), **logged}
-
-
-def apply_update(job: Job) -> None:
-    """Clip the gradient norm, step optimizer, grad scaler and LR schedule, clear gradients."""
-    import torch
-
-    if job.settings.grad_clip:
-        job.scaler.unscale_(job.opt)
-        torch.nn.utils.clip_grad_norm_(job.method.parameters(), job.settings.grad_clip)
-    job.scaler.step(job.opt)
-    job.scaler.update()
-    job.sched.step()
-    job.opt.zero_grad(set_to_none=True)
-
-
-def sam_gradients(job: Job, batches: list[tuple[int, dict]], state: State) -> None:
-    """Sharpness-Aware Minimization (``train.sam_rho``; Foret et al. 2021, Eqs. 2-3, ``sentemb.train.sam``):
-    the gradient g at w (its loss terms are the ones logged), w ← w + ρ·g/‖g‖, the gradient again at
-    the perturbed weights on the same micro-batches with the same dropout masks (the RNG state is
-    rewound, and the batches themselves are the kept ones, built from the (seed, micro) generators),
-    then w restored exactly; ``apply_update`` clips and steps with that second gradient."""
-    from . import sam
-
-    rng = _rng_state()
-    accumulate_gradients(job, batches, state)
-    saved = sam.ascend([p for group in job.opt.param_groups for p in group["params"]], job.settings.sam_rho)
-    job.opt.zero_grad(set_to_none=True)
-    _set_rng_state(rng)  # same dropout masks in the second pass
-    accumulate_gradients(job, batches, None)
-    sam.restore(saved)
 
 
 def optimizer_step(job: Job, state: State) -> None:
@@ -764,11 +402,8 @@ def optimizer_step(job: Job, state: State) -> None:
         from .distributed import step_seed
 
         torch.manual_seed(step_seed(job.seed, state.step, job.rank))
-    if job.settings.sam_rho:
-        sam_gradients(job, batches, state)
-    else:
-        accumulate_gradients(job, batches, state)
-    apply_update(job)
+    job.strategy.gradients(job, batches, state, norms=job.settings.log_grad_norms and logs_at(job, state.step + 1))
+    job.strategy.update(job)
     state.step += 1
 
 

@@ -11,7 +11,7 @@ the update uses the gradient taken at the perturbed weights (Eq. 3):
 
 ``ascend`` applies w ← w + ε̂ in place (keeping an exact copy of w), ``restore`` copies w back
 bit-exactly (subtracting ε̂ again would not be exact in floating point). The loop
-(``sentemb.train.loop.sam_gradients``) recomputes the gradient between the two on the same micro-batches
+(``sentemb.train.step.SAM``) recomputes the gradient between the two on the same micro-batches
 with the same dropout masks. ‖∇L‖ is the global L2 norm over every parameter that has a gradient,
 as in Foret et al.'s code; 1e-12 guards a zero gradient (then ε̂ = 0 and the step is plain AdamW).
 """

@@ -1,0 +1,537 @@
+"""How one optimizer step's gradient is computed: the step strategies of the training loop.
+
+The loop (``sentemb.train.loop``) builds a step's micro-batches and calls the job's strategy, chosen
+once at set-up by ``strategy_for``: ``gradients(job, batches, state, norms)`` accumulates the step's
+gradient in the parameters' ``.grad`` and records its loss terms in ``state``, ``update(job)``
+applies it (``apply_update``: clip, AdamW, scaler, schedule). The strategies:
+
+* ``Plain``: each micro-batch whole, one forward and backward through ``job.step_fn``
+  (``Method.losses``, or its ``torch.compile``'d version);
+* ``Chunked`` (``train.chunk_size``): gradient caching, each micro-batch ``job.chunk`` sentences at
+  a time (``chunked_backward``; Gao et al. 2021, §3.2); a micro-batch that fits one chunk is plain;
+* ``Sharded`` (``train.devices`` > 1, ``sentemb.train.distributed``): this process's share of each
+  micro-batch (``sharded_backward``; in chunks with ``train.chunk_size``), gradients summed over
+  the processes once per step;
+* ``SAM`` (``train.sam_rho``; Foret et al. 2021, Eqs. 2-3, ``sentemb.train.sam``): wraps one of
+  the above, whose gradient it takes twice, at w and at w + ε̂.
+
+Dropout masks are the strategies' shared context: with ``train.dropout_rng: keyed`` every forward
+runs under ``keyed_dropout`` (masks keyed by (seed, micro-batch, sentence), the same in every
+strategy), otherwise torch's generators, whose state a strategy rewinds where it recomputes a forward
+(``_device_rng``, ``_rng_state``). The precision is ``autocast``'s, the same in all of them.
+
+A new strategy (e.g. the step replayed as CUDA graphs) subclasses ``StepStrategy``, overrides
+``gradients`` (and ``update`` if it applies the update its own way), is chosen in ``strategy_for``,
+and refuses the settings it cannot serve in ``check_settings``, which the configuration's own check
+calls (``TrainSettings.check``), so a bad combination fails at config load, before any job runs.
+
+``job`` below is the loop's ``Job`` and ``state`` its ``State`` (``sentemb.train.loop``; this module
+reads them, and does not import the loop, which imports it).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from typing import TYPE_CHECKING, Callable
+
+from .. import SentembError
+
+if TYPE_CHECKING:  # nothing from sentemb.config: its TrainSettings.check imports this module
+    import torch
+
+log = logging.getLogger(__name__)
+
+
+# ------------------------------------------------------------------ precision and random state
+
+
+def _precision(name: str, device: torch.device) -> torch.dtype | None:
+    import torch
+
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported() else None
+    return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}[name]
+
+
+def autocast(device: torch.device, precision: "str | torch.dtype | None"):
+    """The loop's autocast context on ``device``: ``precision`` a ``train.precision`` name or the
+    autocast dtype (None = fp32, autocast off)."""
+    import torch
+
+    dtype = _precision(precision, device) if isinstance(precision, str) else precision
+    return torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None)
+
+
+def _rng_state() -> dict:
+    import numpy as np
+    import torch
+
+    st = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        st["cuda"] = torch.cuda.get_rng_state_all()
+    return st
+
+
+def _set_rng_state(st: dict) -> None:
+    import numpy as np
+    import torch
+
+    random.setstate(st["python"])
+    np.random.set_state(st["numpy"])
+    torch.set_rng_state(st["torch"])
+    if "cuda" in st and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(st["cuda"])
+
+
+def _device_rng(device: "torch.device") -> dict:
+    import torch
+
+    st = {"cpu": torch.get_rng_state()}
+    if device.type == "cuda":
+        st["cuda"] = torch.cuda.get_rng_state(device)
+    return st
+
+
+def _set_device_rng(st: dict, device: "torch.device") -> None:
+    import torch
+
+    torch.set_rng_state(st["cpu"])
+    if "cuda" in st:
+        torch.cuda.set_rng_state(st["cuda"], device)
+
+
+def keyed_dropout(job, micro: int, start: int, stop: "int | dict"):
+    """The dropout context of sentences ``[start, stop)`` of micro-batch ``micro`` (``stop`` a
+    whole batch: all its sentences): keyed masks (``sentemb.model.dropout``) with ``train.dropout_rng:
+    keyed`` (CPU generators) or ``counter`` (hashed on the device), nothing with ``stream``."""
+    from contextlib import nullcontext
+
+    if job.settings.dropout_rng == "stream":
+        return nullcontext()
+    from ..model.dropout import keyed
+
+    if isinstance(stop, dict):
+        stop = job.method.n_sentences(stop)
+    return keyed(job.seed, micro, start, stop, mode="counter" if job.settings.dropout_rng == "counter" else "generator")
+
+
+# ------------------------------------------------------------------------------- the interface
+
+
+class StepStrategy:
+    """How an optimizer step's gradient is computed and applied; ``optimizer_step`` calls
+    ``gradients`` then ``update`` once per step.
+
+    ``batches``: the step's micro-batches as the loop builds them, (global micro index, CPU batch)
+    each; ``state``: the loop's ``State``, or None for a pass whose terms are not recorded (SAM's
+    second)."""
+
+    def gradients(self, job, batches: list[tuple[int, dict]], state, norms: bool = False) -> None:
+        """Accumulate the step's gradient in the parameters' ``.grad`` (loss / accum per micro-batch).
+        With ``state``, the loss terms and throughput counts are recorded for logging and the
+        finiteness check, and with ``norms`` (``train.log_grad_norms`` on a step that will be
+        logged), each weighted term's gradient norm (``state.grad_norms``)."""
+        raise NotImplementedError
+
+    def update(self, job) -> None:
+        """Apply the accumulated gradient and clear it (``apply_update``)."""
+        apply_update(job)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+class MicroBatches(StepStrategy):
+    """One forward and backward per micro-batch (``backward``, defined by the subclasses), the
+    gradients summed in ``.grad``; each micro-batch's terms recorded in ``state``."""
+
+    def gradients(self, job, batches: list[tuple[int, dict]], state, norms: bool = False) -> None:
+        import torch
+
+        probe = None
+        if state is not None and norms:
+            from .grad_norms import TermGradNorms
+
+            probe = TermGradNorms(job.method.grad_norm_parameters(), job.accum, job.scaler, parts=bool(job.chunk))
+        for m, batch in batches:
+            if state is not None:
+                state.n_sent += len(job.micro[m])
+                if "attention_mask" in batch:
+                    state.n_tok += int(batch["attention_mask"].sum())
+            batch = {key: v.to(job.device, non_blocking=True) for key, v in batch.items()}
+            terms = self.backward(job, batch, m, probe)
+            if state is None:
+                continue
+            loss = terms["loss"]
+            detached = state.terms = {key: v.detach() for key, v in terms.items()}
+            state.pending.append((state.step + 1, torch.isfinite(loss.detach()), detached))  # checked without a sync
+            for key, v in detached.items():
+                state.sum_terms[key] = state.sum_terms[key] + v if key in state.sum_terms else v
+            state.n_terms += 1
+        self.reduce(job)
+        if probe is not None:
+            state.grad_norms = probe.norms()
+
+    def backward(self, job, batch: dict, micro: int, probe) -> dict:
+        """Forward and backward of micro-batch ``micro`` (``batch`` on the device), the loss scaled by
+        the grad scaler and divided by ``job.accum``; feeds ``probe`` (``TermGradNorms``) when given.
+        Returns its logged terms and ``loss``, as ``Method.losses`` (no ``WEIGHTED``)."""
+        raise NotImplementedError
+
+    def reduce(self, job) -> None:
+        """After the step's last micro-batch (the sum over processes, ``Sharded``)."""
+
+
+class Plain(MicroBatches):
+    """The whole micro-batch at once, through ``job.step_fn`` (``Method.losses``, or compiled)."""
+
+    def backward(self, job, batch: dict, micro: int, probe) -> dict:
+        from ..methods.base import WEIGHTED
+
+        with autocast(job.device, job.amp), keyed_dropout(job, micro, 0, batch):
+            terms = job.step_fn(batch)
+        weighted = terms.pop(WEIGHTED, None)  # graph-carrying weighted terms: never logged as such
+        loss = terms["loss"]
+        if probe is not None:
+            probe.add(weighted or {"loss": loss})
+        job.scaler.scale(loss / job.accum).backward()
+        return terms
+
+
+class Chunked(Plain):
+    """Gradient caching (``train.chunk_size``, ``chunked_backward``): a micro-batch of more than
+    ``job.chunk`` sentences in chunks of ``job.chunk``, one that fits a chunk as ``Plain``."""
+
+    def backward(self, job, batch: dict, micro: int, probe) -> dict:
+        n = job.method.n_sentences(batch)
+        if job.chunk < n:
+            return chunked_backward(job, batch, micro, probe, 0, n)
+        return super().backward(job, batch, micro, probe)
+
+
+class Sharded(MicroBatches):
+    """``train.devices`` > 1 (``sentemb.train.distributed``): this process (``job.rank`` of
+    ``job.world``) computes its share of every micro-batch (``sharded_backward``; in chunks,
+    ``chunked_backward``, when the share is more than ``job.chunk`` sentences); the step's gradient
+    is summed over the processes once, after the last micro-batch."""
+
+    def backward(self, job, batch: dict, micro: int, probe) -> dict:
+        n = job.method.n_sentences(batch)
+        lo, hi = _share(n, job.rank, job.world)
+        if job.chunk and job.chunk < hi - lo:
+            return chunked_backward(job, batch, micro, probe, lo, hi)
+        return sharded_backward(job, batch, micro, lo, hi)
+
+    def reduce(self, job) -> None:
+        from .distributed import reduce_gradients
+
+        reduce_gradients(job.method.parameters())
+
+
+class SAM(StepStrategy):
+    """Sharpness-Aware Minimization (``train.sam_rho``; Foret et al. 2021, Eqs. 2-3, ``sentemb.train.sam``)
+    around ``inner``: the gradient g at w (its loss terms are the ones logged), w ← w + ρ·g/‖g‖, the
+    gradient again at the perturbed weights on the same micro-batches with the same dropout masks
+    (the RNG state is rewound, and the batches themselves are the kept ones, built from the (seed,
+    micro) generators), then w restored exactly; ``update`` clips and steps with that second gradient."""
+
+    def __init__(self, inner: StepStrategy):
+        self.inner = inner
+
+    def gradients(self, job, batches: list[tuple[int, dict]], state, norms: bool = False) -> None:
+        from . import sam
+
+        rng = _rng_state()
+        self.inner.gradients(job, batches, state, norms)
+        saved = sam.ascend([p for group in job.opt.param_groups for p in group["params"]], job.settings.sam_rho)
+        job.opt.zero_grad(set_to_none=True)
+        _set_rng_state(rng)  # same dropout masks in the second pass
+        self.inner.gradients(job, batches, None)
+        sam.restore(saved)
+
+    def update(self, job) -> None:
+        self.inner.update(job)
+
+    def __repr__(self) -> str:
+        return f"SAM({self.inner!r})"
+
+
+# -------------------------------------------------------------------------------- the chooser
+
+
+def check_settings(settings, where: str) -> None:
+    """Refuse the training settings (a ``TrainSettings``) no step strategy can serve, naming the
+    keys; ``where`` prefixes the message (the config key or the run). ``TrainSettings.check`` calls
+    it (config load and set-up), ``strategy_for`` too. SAM's ascent step would be scaled by fp16's
+    gradient scaler; ``Sharded`` neither measures per-term norms nor runs the compiled step."""
+    if settings.devices > 1 and settings.log_grad_norms:
+        raise SentembError(f"{where}: train.log_grad_norms is not supported with train.devices {settings.devices} "
+                           "(the per-term norms would be one process's share); set one of them back")
+    if settings.devices > 1 and settings.compile:
+        raise SentembError(f"{where}: train.compile cannot be combined with train.devices {settings.devices}")
+    if settings.dropout_rng in ("keyed", "counter") and settings.compile:
+        raise SentembError(f"{where}: train.dropout_rng {settings.dropout_rng} cannot be combined with train.compile")
+    if settings.sam_rho and settings.precision == "fp16":
+        raise SentembError(f"{where}: SAM (train.sam_rho {settings.sam_rho}) cannot be combined with train.precision "
+                           "fp16 (the gradient scaler would scale SAM's ascent step); use bf16, fp32 or auto, "
+                           "or set train.sam_rho: null")
+
+
+def micro_batch_strategy(job) -> MicroBatches:
+    """How the job computes one pass over a step's micro-batches: ``Sharded`` on several processes
+    (``job.world`` > 1), ``Chunked`` with a chunk size (``job.chunk``, ``resolve_chunk_size``),
+    ``Plain`` otherwise."""
+    world, chunk = getattr(job, "world", 1), getattr(job, "chunk", None)
+    return Sharded() if world > 1 else Chunked() if chunk else Plain()
+
+
+def strategy_for(job, where: str | None = None) -> StepStrategy:
+    """The job's step strategy: ``micro_batch_strategy``, inside ``SAM`` with ``train.sam_rho``.
+    Settings no strategy serves raise a ``SentembError`` naming the keys (``check_settings``);
+    ``where`` prefixes it (default: the job's run)."""
+    check_settings(job.settings, where or f"run '{job.run.name}'")
+    inner = micro_batch_strategy(job)
+    return SAM(inner) if job.settings.sam_rho else inner
+
+
+# ------------------------------------------------------------------- one micro-batch's backward
+
+
+def _share(n: int, r: int, world: int) -> tuple[int, int]:
+    from .distributed import share
+
+    return share(n, r, world)
+
+
+def sharded_backward(job, batch: dict, micro: int, lo: int, hi: int) -> dict:
+    """One micro-batch on one of ``job.world`` ranks (``train.devices``, ``sentemb.train.distributed``):
+    this rank encodes sentences ``[lo, hi)``; the in-batch terms are computed on every rank's
+    embeddings, gathered with their gradient, and back-propagated as L/world (the gather's backward
+    sums the ranks' copies of ∂L/∂E); the per-sentence terms of the share as they are (normalised
+    by the whole batch). Returns the micro-batch's logged terms summed over ranks, as ``losses``."""
+    from .distributed import gather_rows, sum_scalars
+    from ..methods.base import WEIGHTED, add_terms, total_loss
+
+    method, world = job.method, job.world
+    local = method.chunk(batch, lo, hi)
+    logged, weighted_total, parts = {}, {}, []
+    with autocast(job.device, job.amp), keyed_dropout(job, micro, lo, hi):
+        enc = method.encode(local)
+        if method.has_batch_terms:
+            emb = {k: gather_rows(v)[0] for k, v in enc.batch.items()}
+            out = method.batch_terms(emb, batch)
+            weighted = out.pop(WEIGHTED)
+            add_terms(logged, {k: v.detach() for k, v in out.items()})
+            add_terms(weighted_total, {k: v.detach() for k, v in weighted.items()})
+            if weighted:
+                parts.append(total_loss(weighted) / world)
+        rows = method.row_terms(enc, local, batch)
+    weighted = rows.pop(WEIGHTED)
+    add_terms(logged, sum_scalars({k: v.detach() for k, v in rows.items()}))
+    add_terms(weighted_total, sum_scalars({k: v.detach() for k, v in weighted.items()}))
+    if weighted:
+        parts.append(total_loss(weighted))
+    loss = sum(parts[1:], parts[0]) if parts else None
+    if loss is not None and loss.requires_grad:
+        job.scaler.scale(loss / job.accum).backward()
+    return {"loss": total_loss(weighted_total), **logged}
+
+
+def chunked_backward(job, batch: dict, micro: int, probe=None, lo: int = 0, hi: int | None = None) -> dict:
+    """Gradient caching (Gao et al. 2021, §3.2) of one micro-batch, ``job.chunk`` sentences at a time
+    (``Method`` docstring, steps a-c):
+
+    1. each chunk is encoded without a graph (``Method.encode``), its random state recorded first;
+    2. the in-batch terms (``Method.batch_terms``) are computed on the concatenated embeddings E and
+       back-propagated once: ∂L/∂E is cached (and parameters used there, e.g. a projection, get
+       their gradient);
+    3. each chunk is encoded again with its graph under its recorded random state (the same dropout
+       masks as in 1, on CPU and CUDA), and ∂L/∂E of its rows is back-propagated through it together
+       with its per-sentence terms (``Method.row_terms``, normalised by the whole batch).
+
+    The parameters' gradient is that of the unchunked loss on the same masks; memory holds one
+    chunk's graph. A method without in-batch terms (``has_batch_terms = False``) needs only step 3,
+    once. Per-sentence terms draw their dropout from a stream of their own per chunk (seeded from
+    the global generator), so they never reuse the numbers of the next chunk's encoding.
+
+    With ``train.devices`` > 1 this rank chunks its share ``[lo, hi)`` of the sentences; step 2
+    runs on every rank's embeddings (gathered, ``sentemb.train.distributed``) and this rank keeps the
+    cached gradient of its own rows; per-sentence terms are logged summed over ranks. Returns the
+    detached logged terms and ``loss``, as ``Method.losses``."""
+    import torch
+
+    from ..methods.base import WEIGHTED, add_terms, total_loss
+
+    method, device, size = job.method, job.device, job.chunk
+    world = getattr(job, "world", 1)
+    hi = method.n_sentences(batch) if hi is None else hi
+    bounds = [(s, min(s + size, hi)) for s in range(lo, hi, size)]
+    chunks = [method.chunk(batch, s, e) for s, e in bounds]
+    scale = lambda t: job.scaler.scale(t / job.accum)  # noqa: E731  (as the unchunked backward scales)
+    logged: dict = {}  # in-batch terms (the same on every rank)
+    weighted_total: dict = {}
+    row_logged: dict = {}  # per-sentence terms (this rank's share)
+    row_weighted: dict = {}
+    cached: dict = {}  # key -> ∂(scaled L_batch)/∂E of this rank's rows
+    term_grads: dict = {}  # term -> {key -> ∂(scaled term)/∂E}  (log_grad_norms)
+    if method.has_batch_terms:
+        states, parts = [], []
+        with torch.no_grad():
+            for (s, e), c in zip(bounds, chunks):
+                states.append(_device_rng(device))
+                with autocast(device, job.amp), keyed_dropout(job, micro, s, e):
+                    parts.append(method.encode(c).batch)
+        row_seed = int(torch.randint(0, 2**62, (1,)))  # after pass 1: the stream continues from here
+        after = _device_rng(device)
+        keys = list(parts[0])
+        emb = {k: torch.cat([p[k] for p in parts], 0).detach() for k in keys}
+        offset = {k: 0 for k in keys}
+        if world > 1:  # every rank's rows, in rank order; this rank's start at offset[k]
+            from .distributed import gather_rows
+
+            for k in keys:
+                emb[k], sizes = gather_rows(emb[k], with_grad=False)
+                offset[k] = sum(sizes[: job.rank])
+        for v in emb.values():
+            if v.is_floating_point():
+                v.requires_grad_(True)
+        with autocast(device, job.amp):
+            out = method.batch_terms(emb, batch)
+        weighted = out.pop(WEIGHTED)
+        add_terms(logged, {k: v.detach() for k, v in out.items()})
+        add_terms(weighted_total, {k: v.detach() for k, v in weighted.items()})
+        leaves = [emb[k] for k in keys if emb[k].requires_grad]
+        if probe is not None:
+            for name, t in weighted.items():
+                if t.requires_grad:
+                    grads = torch.autograd.grad(scale(t), leaves + probe.params, retain_graph=True, allow_unused=True)
+                    term_grads[name] = dict(zip([k for k in keys if emb[k].requires_grad], grads[:len(leaves)]))
+                    probe.add_grads(name, grads[len(leaves):])
+        if weighted:
+            loss_b = total_loss(weighted)
+            if loss_b.requires_grad:  # /world: parameters used here get their gradient on every rank
+                scale(loss_b / world).backward()
+        for k in keys:
+            if emb[k].requires_grad and emb[k].grad is not None:
+                n_local = sum(p[k].size(0) for p in parts)
+                g = emb[k].grad[offset[k] : offset[k] + n_local]
+                cached[k] = g * world if world > 1 else g
+    for i, ((s, e), c) in enumerate(zip(bounds, chunks)):
+        if method.has_batch_terms:
+            _set_device_rng(states[i], device)
+        with autocast(device, job.amp), keyed_dropout(job, micro, s, e):
+            enc = method.encode(c)
+            if method.has_batch_terms and job.settings.dropout_rng == "stream":
+                torch.manual_seed((row_seed + i) % 2**63)  # the chunk's per-sentence terms: a stream of their own
+            rows = method.row_terms(enc, c, batch)
+        weighted = rows.pop(WEIGHTED)
+        add_terms(row_logged, {k: v.detach() for k, v in rows.items()})
+        add_terms(row_weighted, {k: v.detach() for k, v in weighted.items()})
+        outputs, grads = [], []
+        for k, g in cached.items():
+            lo = sum(parts[j][k].size(0) for j in range(i))
+            outputs.append(enc.batch[k])
+            grads.append(g[lo : lo + parts[i][k].size(0)])
+        if probe is not None:
+            for name, tg in term_grads.items():
+                outs = [enc.batch[k] for k in tg if tg[k] is not None]
+                if outs:
+                    lo = {k: sum(parts[j][k].size(0) for j in range(i)) for k in tg}
+                    gs = [tg[k][lo[k] : lo[k] + parts[i][k].size(0)] for k in tg if tg[k] is not None]
+                    probe.add_grads(name, torch.autograd.grad(outs, probe.params, gs, retain_graph=True, allow_unused=True))
+            for name, t in weighted.items():
+                if t.requires_grad:
+                    probe.add_grads(name, torch.autograd.grad(scale(t), probe.params, retain_graph=True, allow_unused=True))
+        if weighted:
+            row_loss = total_loss(weighted)
+            if row_loss.requires_grad:
+                outputs.append(scale(row_loss))
+                grads.append(None)
+        if outputs:
+            torch.autograd.backward(outputs, grads)
+    if method.has_batch_terms:
+        _set_device_rng(after, device)
+    if world > 1:
+        from .distributed import sum_scalars
+
+        row_logged, row_weighted = sum_scalars(row_logged), sum_scalars(row_weighted)
+    add_terms(logged, row_logged)
+    add_terms(weighted_total, row_weighted)
+    return {"loss": total_loss(weighted_total), **logged}
+
+
+# ------------------------------------------------------------------------------------ the update
+
+
+def apply_update(job) -> None:
+    """Clip the gradient norm, step optimizer, grad scaler and LR schedule, clear gradients."""
+    import torch
+
+    if job.settings.grad_clip:
+        job.scaler.unscale_(job.opt)
+        torch.nn.utils.clip_grad_norm_(job.method.parameters(), job.settings.grad_clip)
+    job.scaler.step(job.opt)
+    job.scaler.update()
+    job.sched.step()
+    job.opt.zero_grad(set_to_none=True)
+
+
+# ------------------------------------------------------------------- gradient caching's chunk size
+
+
+#: share of the GPU's free memory that ``train.chunk_size: auto`` plans to fill
+AUTO_CHUNK_MARGIN = 0.7
+
+
+def resolve_chunk_size(job, micro_batches: Callable[..., list[tuple[int, dict]]]) -> int | None:
+    """``train.chunk_size`` as a number of sentences, None for the whole micro-batch.
+    ``micro_batches``: how the loop builds a step's micro-batches (``micro_batches(job, step)``),
+    called only for ``auto`` on CUDA.
+
+    ``auto``: on CPU the whole batch (host memory is not the bound). On CUDA, one chunk of 4
+    sentences of the first micro-batch is run forward and backward and its peak memory above the
+    model's is measured; the chunk is the largest that fits ``AUTO_CHUNK_MARGIN`` of the free memory
+    at that per-sentence cost (at least 1; None when the whole batch fits). The gradients of that
+    probe are discarded. The choice is logged and written to ``train.json`` (``chunk_size``)."""
+    import torch
+
+    size, batch = job.settings.chunk_size, job.settings.batch_size
+    if size is None:
+        return None
+    if size != "auto":
+        return int(size) if int(size) < batch else None
+    if job.device.type != "cuda":
+        log.info("train.chunk_size auto: the whole batch (%d sentences) on %s", batch, job.device)
+        return None
+    probe_n = min(4, batch)
+    (m, full), = micro_batches(job, 0)[:1]
+    full = {k: v.to(job.device) for k, v in full.items()}
+    part = job.method.chunk(full, 0, probe_n)
+    torch.cuda.synchronize(job.device)
+    base = torch.cuda.memory_allocated(job.device)
+    torch.cuda.reset_peak_memory_stats(job.device)
+    rng = _device_rng(job.device)
+    with autocast(job.device, job.amp):
+        enc = job.method.encode(part)
+        out = job.method.row_terms(enc, part, full)
+    from ..methods.base import WEIGHTED
+
+    loss = sum(v.float().sum() for v in enc.batch.values()) + sum(out[WEIGHTED].values(), torch.zeros((), device=job.device))
+    loss.backward()
+    per_sentence = max(1, torch.cuda.max_memory_allocated(job.device) - base) / probe_n
+    job.opt.zero_grad(set_to_none=True)
+    _set_device_rng(rng, job.device)
+    free, _ = torch.cuda.mem_get_info(job.device)
+    chosen = auto_chunk(per_sentence, free, batch)
+    log.info("train.chunk_size auto: %.1f MB per sentence, %.1f GB free -> %s", per_sentence / 2**20, free / 2**30,
+             "the whole batch" if chosen is None else f"chunks of {chosen} sentences")
+    return chosen
+
+
+def auto_chunk(per_sentence: float, free: float, batch: int, margin: float = AUTO_CHUNK_MARGIN) -> int | None:
+    """The chunk ``train.chunk_size: auto`` picks: the most sentences whose graph (``per_sentence``
+    bytes each, measured) fits ``margin`` of ``free`` bytes; None when the whole batch fits, at
+    least 1 otherwise."""
+    fits = int(margin * free // max(per_sentence, 1))
+    return None if fits >= batch else max(1, fits)
