@@ -38,6 +38,11 @@ def _cmd_gpu_check(args: argparse.Namespace) -> int:
     if args.model in ARCHITECTURES:  # random weights at the published shape (the speed and memory are the same)
         os.environ.setdefault("SENTEMB_SHARED", str(shared))  # its BERT tokenizer: the mirror's MiniLM vocabulary
         model = write_model_dir(args.model, Path(tempfile.mkdtemp(prefix="sentemb-gpucheck-model-")) / args.model)
+    from ..ops.hostcheck import PARTS
+
+    unknown = [x for x in (args.host_parts or "").split(",") if x and x not in PARTS]
+    if unknown:
+        raise SentembError(f"--host-parts: {', '.join(unknown)} unknown (known: {', '.join(PARTS)})")
     device = "cpu" if args.cpu else "cuda"
     batches = tuple(args.batch_size or ((8,) if args.cpu else (64, 512)))
     from ..methods import load_method_modules
@@ -54,7 +59,8 @@ def _cmd_gpu_check(args: argparse.Namespace) -> int:
                   args.max_len, methods, not args.no_dag, Path(__file__).resolve().parents[3],
                   tuple(t for t in args.sts_tasks.split(",") if t) if args.sts_tasks else None, sts_model,
                   parse_method_args(args.method_args, list(methods)), None if args.no_epoch else args.epoch_batch,
-                  host=args.host or args.only_host, classic=not args.only_host)
+                  host=args.host or args.only_host, classic=not args.only_host,
+                  host_parts=tuple(x for x in args.host_parts.split(",") if x) if args.host_parts else None)
     lines.append(_row("gpu-check wall time", f"{time.perf_counter() - t:.0f} s", ""))
     if args.output:
         Path(args.output).write_text("\n".join(lines) + "\n")
@@ -94,6 +100,10 @@ def register(sub) -> None:
                    help="also the host rows (sentemb.ops.hostcheck): first steps with train.buckets none/auto, "
                         "train.workers 0/2, STS-B dev evaluation fp32/bf16, and a CUDA-graph probe of the step")
     p.add_argument("--only-host", action="store_true", help="only the host rows (and the methods' inputs they need)")
+    p.add_argument("--host-parts", default=None,
+                   help="comma-separated parts of the host rows (default first_steps,workers,graph,dev_eval; also "
+                        "graph_methods: the graph probe of every checked method at B 64; compile: torch.compile "
+                        "reduce-overhead of SimCSE's step); the graph probe runs at each --batch-size")
     p.add_argument("--cpu", action="store_true",
                    help="run the same checks on the CPU at a toy size (tests; the figures mean nothing for a GPU)")
     p.set_defaults(func=_cmd_gpu_check)

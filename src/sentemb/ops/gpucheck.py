@@ -125,7 +125,7 @@ def check(model: Path, corpus: Path, senteval: Path, device_name: str, batches: 
           steps: int, warmup: int, max_len: int, methods: tuple[str, ...], dag: bool, repo: Path,
           sts_tasks: tuple[str, ...] | None = None, sts_model: Path | None = None,
           method_args: dict[str, dict] | None = None, epoch_batch: int | None = 64, host: bool = False,
-          classic: bool = True) -> list[str]:
+          classic: bool = True, host_parts: tuple[str, ...] | None = None) -> list[str]:
     import torch
 
     from .benchmark import _peak, bench_method, bench_st
@@ -199,7 +199,8 @@ def check(model: Path, corpus: Path, senteval: Path, device_name: str, batches: 
         from . import hostcheck
 
         step = simcse_step.get(64, (None,))[0]
-        for r in hostcheck.rows(model, corpus, senteval, device_name, work, margs, inputs, step):
+        for r in hostcheck.rows(model, corpus, senteval, device_name, work, margs, inputs, step,
+                                parts=host_parts or hostcheck.PARTS[:4], graph_batches=batches):
             lines.append(_row(*r))
     if not classic:
         return lines

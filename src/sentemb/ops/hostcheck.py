@@ -228,39 +228,106 @@ def graph_probe(model: Path, corpus: Path, device: str, batch: int, max_len: int
         return what, f"FAILED: {_first_line(e)}", ""
 
 
+#: the parts of the host rows, in the order they run (``gpu-check --host-parts``)
+PARTS = ("first_steps", "workers", "graph", "dev_eval", "graph_methods", "compile")
+
+
+def compile_probe(model: Path, corpus: Path, device: str, batch: int, max_len: int, steps: int = 20,
+                  warmup: int = 3) -> Row:
+    """SimCSE's ``method.losses`` forward and backward on one static batch under
+    ``torch.compile(mode="reduce-overhead")`` (Inductor with CUDA graphs; the optimizer stays
+    eager): compile time (the warm-up steps) and ms/step, against the same eager."""
+    import torch
+
+    from .benchmark import _bench_run
+    from ..train.loop import autocast, micro_batches, setup
+
+    what = f"compile probe simcse B={batch} max_len {max_len} (reduce-overhead, static shape)"
+    try:
+        run = _bench_run(model, corpus, batch, device, max_len, "bf16", "simcse", 10**9, None, {}, prefetch=False,
+                         buckets=[max_len])
+        with setup(run, "/nonexistent-gpucheck-output") as job:
+            dev, method = job.device, job.method
+            (_, cpu_batch), = micro_batches(job, 0)[:1]
+            static = {k: v.to(dev) for k, v in cpu_batch.items()}
+            params = [p for p in method.parameters() if p.requires_grad]
+            opt = torch.optim.AdamW(params, lr=3e-5, fused=dev.type == "cuda")
+
+            def fwd():
+                with autocast(dev, job.amp):
+                    return method.losses(static)["loss"]
+
+            compiled = torch.compile(fwd, mode="reduce-overhead")
+
+            def step(fn):
+                fn().backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+
+            def timed(fn, n):
+                _sync(dev)
+                t = time.perf_counter()
+                for _ in range(n):
+                    step(fn)
+                _sync(dev)
+                return time.perf_counter() - t
+
+            timed(fwd, warmup)
+            eager_s = timed(fwd, steps) / steps
+            compile_s = timed(compiled, warmup)
+            comp_s = timed(compiled, steps) / steps
+        return (what, f"eager {1000 * eager_s:.1f} ms/step, compiled {1000 * comp_s:.1f} ms/step "
+                      f"({eager_s / comp_s:.1f}x)", f"first {warmup} compiled steps (compilation) {compile_s:.0f} s")
+    except Exception as e:  # noqa: BLE001
+        return what, f"FAILED: {_first_line(e)}", ""
+
+
 def rows(model: Path, corpus: Path, senteval: Path, device: str, work: Path, margs: dict, inputs: dict,
-         step_s: float | None, steps: int = 40) -> list[Row]:
+         step_s: float | None, steps: int = 40, parts: tuple[str, ...] = PARTS[:4],
+         graph_batches: tuple[int, ...] = (64, 512)) -> list[Row]:
     """The host rows on this device: ArcCSE's paper configuration's first steps with and without
     buckets (BERT-base: B 32 x 2, max_len 512, SAM, length-sampled), PaSeR and ArcCSE with workers 0
-    and 2, STS-B dev evaluation, and the graph probe at B 64 and 512. On a CPU (``gpu-check --cpu``,
-    the tests) the same code at a toy size: batches of 4, 2 + 2 first steps, 3 steps per worker row."""
+    and 2, the graph probe of SimCSE at ``graph_batches`` (stream and counter dropout), STS-B dev
+    evaluation (its share against the probe's eager B 64 step when ``step_s`` is not given), and,
+    when ``parts`` names them, the graph probe of every other method in ``inputs`` at B 64
+    (``graph_methods``: where a method's step cannot be captured, the row says why) and the
+    ``torch.compile`` probe (``compile``). On a CPU (``gpu-check --cpu``, the tests) the same code at
+    a toy size: batches of 4, 2 + 2 first steps, 3 steps per worker row."""
     from ..methods import get_method
 
     toy = not device.startswith("cuda")
     first, then, steps = (2, 2, 3) if toy else (15, 15, steps)
     small = (lambda b: 4) if toy else (lambda b: b)  # noqa: E731
+    usable = {m: {n: str(v) for n, v in ins.items()} for m, ins in inputs.items()
+              if not any(isinstance(v, Exception) for v in ins.values())}
 
     out: list[Row] = []
     arc = {"grad_accum": 2, "sam_rho": 0.05, "sampler": "length"}
-    if "arccse" in inputs and not any(isinstance(v, Exception) for v in inputs["arccse"].values()):
-        ins = {n: str(v) for n, v in inputs["arccse"].items()}
+    if "first_steps" in parts and "arccse" in usable:
         for b in ("none", "auto"):
-            out.append(first_steps(model, corpus, device, small(32), 512, "arccse", margs.get("arccse"), ins, arc, b,
-                                   first, then))
+            out.append(first_steps(model, corpus, device, small(32), 512, "arccse", margs.get("arccse"),
+                                   usable["arccse"], arc, b, first, then))
     for m, extra in (("paser", {}), ("arccse", arc)):
-        if m not in inputs or any(isinstance(v, Exception) for v in inputs[m].values()):
+        if "workers" not in parts or m not in usable:
             continue
-        ins = {n: str(v) for n, v in inputs[m].items()}
         for n in (0, 2):
-            out.append(workers(model, corpus, device, small(64 if m == "paser" else 32), 32, m, margs.get(m), ins, n, steps,
-                               work, {**get_method(m).paper_train, **extra}))
+            out.append(workers(model, corpus, device, small(64 if m == "paser" else 32), 32, m, margs.get(m), usable[m],
+                               n, steps, work, {**get_method(m).paper_train, **extra}))
     probes = []
-    for b, dropout in ((64, "stream"), (64, "counter"), (512, "stream"), (512, "counter")):
-        if device.startswith("cuda"):
-            probes.append(graph_probe(model, corpus, device, b, 32, dropout=dropout))
-        else:
-            probes.append((f"graph probe simcse B={b} ({dropout} dropout)", "skipped", "CUDA graphs need a CUDA device"))
+    for b in graph_batches if "graph" in parts else ():
+        for dropout in ("stream", "counter"):
+            if device.startswith("cuda"):
+                probes.append(graph_probe(model, corpus, device, b, 32, dropout=dropout))
+            else:
+                probes.append((f"graph probe simcse B={b} ({dropout} dropout)", "skipped", "CUDA graphs need a CUDA device"))
+    if "graph_methods" in parts and device.startswith("cuda"):
+        for m in sorted(usable):
+            if m != "simcse":
+                probes.append(graph_probe(model, corpus, device, 64, 32, method=m, margs=margs.get(m), inputs=usable[m]))
+    if "compile" in parts and device.startswith("cuda"):
+        probes.append(compile_probe(model, corpus, device, 64, 32))
     if step_s is None and probes and "eager " in probes[0][1]:  # the probe's eager B 64 step
         step_s = float(probes[0][1].split("eager ")[1].split(" ms")[0]) / 1000
-    out += dev_eval(model, senteval, device, step_s)
+    if "dev_eval" in parts:
+        out += dev_eval(model, senteval, device, step_s)
     return out + probes
