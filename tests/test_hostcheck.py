@@ -49,3 +49,9 @@ def test_graph_probe_eager_half_runs_with_both_dropouts(tiny_bert_dir, tiny_corp
                                                   dropout=dropout)
         assert value.startswith("eager ") and "graphed n/a" in value, (what, value)
         assert float(value.split()[1]) > 0 and f"{dropout} dropout" in what
+
+
+def test_workers_row_reads_the_loops_data_wait(tiny_bert_dir, tiny_corpus, tmp_path):
+    what, value, note = hostcheck.workers(tiny_bert_dir, tiny_corpus, "cpu", 8, 16, "simcse", None, {}, 2, 3, tmp_path)
+    assert "ms/step waiting for data" in value and "end to end" in note, (what, value, note)
+    assert float(value.split(";")[1].split()[0]) >= 0

@@ -235,6 +235,21 @@ def check(model: Path, corpus: Path, senteval: Path, device_name: str, batches: 
     return lines
 
 
+def train_cli(run, work: Path, name: str) -> tuple[Path, float, str | None]:
+    """``sentemb train`` of ``run`` in a process of its own (``--no-track --quiet``), its run config
+    ``work/<name>.json`` and output ``work/<name>``: (output directory, wall seconds, the last line
+    of its error output when it failed, else None)."""
+    from ..utils import write_json
+
+    cfg, out = work / f"{name}.json", work / name
+    write_json(cfg, run.to_dict())
+    t = time.perf_counter()
+    p = subprocess.run([sys.executable, "-m", "sentemb", "train", "--run-config", str(cfg), "--output-dir", str(out),
+                        "--no-track", "--quiet"], capture_output=True, text=True)
+    err = (p.stderr.strip().splitlines() or [""])[-1][:300] if p.returncode else None
+    return out, time.perf_counter() - t, err
+
+
 def _epoch_row(model: Path, corpus: Path, senteval: Path, device_name: str, batch: int, max_len: int, work: Path,
                before: float, sts_tasks: tuple[str, ...] | None) -> tuple[str, str, str]:
     """``sentemb train`` of SimCSE (lr 3e-5, bf16, the default loop: token cache, prefetch, logging,
@@ -242,18 +257,13 @@ def _epoch_row(model: Path, corpus: Path, senteval: Path, device_name: str, batc
     avg pooling, the tasks of the fp32/bf16 row) against ``before``, the same score of ``model``."""
     from .benchmark import _bench_run
     from ..evaluate.sts import embedder_for, evaluate_sts
-    from ..utils import read_json, write_json
+    from ..utils import read_json
 
     run = _bench_run(model, corpus, batch, device_name, max_len, "bf16", "simcse", 10**9, epochs=1)
-    cfg, out = work / "epoch.json", work / "epoch"
-    write_json(cfg, run.to_dict())
     what = f"train simcse one epoch of the corpus, B={batch} bf16 ({Path(model).name})"
-    t = time.perf_counter()
-    p = subprocess.run([sys.executable, "-m", "sentemb", "train", "--run-config", str(cfg), "--output-dir", str(out),
-                        "--no-track", "--quiet"], capture_output=True, text=True)
-    secs = time.perf_counter() - t
-    if p.returncode:
-        return what, "FAILED", (p.stderr.strip().splitlines() or [""])[-1][:300]
+    out, secs, err = train_cli(run, work, "epoch")
+    if err is not None:
+        return what, "FAILED", err
     summary = read_json(out / "train.json")
     steps, loop = int(summary.get("steps") or 0), float(summary.get("train_seconds_this_process") or secs)
     emb = embedder_for(out / "model", "avg", device=device_name, batch_size=128)
@@ -273,7 +283,6 @@ def _devices_row(model: Path, corpus: Path, device_name: str, batch: int, steps:
     from safetensors.torch import load_file
 
     from .benchmark import _bench_run
-    from ..utils import write_json
 
     what = f"train simcse B={batch} devices 2 (fp32, keyed dropout)"
     if device_name == "cuda" and torch.cuda.device_count() < 2:
@@ -282,14 +291,9 @@ def _devices_row(model: Path, corpus: Path, device_name: str, batch: int, steps:
     for devices in (1, 2):
         run = _bench_run(model, corpus, batch, device_name, max_len, "fp32", "simcse", 10**9, devices=devices,
                          dropout_rng="keyed", max_steps=steps)
-        cfg, out = work / f"devices{devices}.json", work / f"devices{devices}"
-        write_json(cfg, run.to_dict())
-        t = time.perf_counter()
-        p = subprocess.run([sys.executable, "-m", "sentemb", "train", "--run-config", str(cfg), "--output-dir", str(out),
-                            "--no-track", "--quiet"], capture_output=True, text=True)
-        if p.returncode:
-            return what, "FAILED", (p.stderr.strip().splitlines() or [""])[-1][:300]
-        timings[devices] = time.perf_counter() - t
+        out, timings[devices], err = train_cli(run, work, f"devices{devices}")
+        if err is not None:
+            return what, "FAILED", err
         weights[devices] = load_file(str(next((out / "model").rglob("*.safetensors"))))
     # the whole model's difference, not a tensor's: some gradients are zero in exact arithmetic (an
     # attention key bias: softmax ignores a shift), and AdamW scales their round-off to a full step

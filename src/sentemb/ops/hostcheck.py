@@ -22,9 +22,6 @@ value ("FAILED: ...") so one broken probe does not cost the others.
 
 from __future__ import annotations
 
-import dataclasses
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -89,19 +86,15 @@ def workers(model: Path, corpus: Path, device: str, batch: int, max_len: int, me
     """``sentemb train`` of ``method`` for ``steps`` steps (no dev evaluation) with ``train.workers``
     ``n_workers``; the loop's wait for data per step (``train.json``: ``data_wait_s_per_step``)."""
     from .benchmark import _bench_run
-    from ..utils import read_json, write_json
+    from .gpucheck import train_cli
+    from ..utils import read_json
 
     what = f"train {method} B={batch} {steps} steps, workers {n_workers}"
     run = _bench_run(model, corpus, batch, device, max_len, "bf16", method, 10, margs, inputs, max_steps=steps,
                      workers=n_workers, **(train or {}))
-    cfg, out = work / f"workers-{method}-{n_workers}.json", work / f"workers-{method}-{n_workers}"
-    write_json(cfg, run.to_dict())
-    t = time.perf_counter()
-    p = subprocess.run([sys.executable, "-m", "sentemb", "train", "--run-config", str(cfg), "--output-dir", str(out),
-                        "--no-track", "--quiet"], capture_output=True, text=True)
-    secs = time.perf_counter() - t
-    if p.returncode:
-        return what, "FAILED", (p.stderr.strip().splitlines() or [""])[-1][:300]
+    out, secs, err = train_cli(run, work, f"workers-{method}-{n_workers}")
+    if err is not None:
+        return what, "FAILED", err
     s = read_json(out / "train.json")
     loop = float(s.get("train_seconds_this_process") or secs)
     wait = s.get("data_wait_s_per_step")
