@@ -11,19 +11,50 @@ How (issue 20 §3; docs/plan-and-benchmarks.md):
 * FLOPs per optimizer step are **counted** (``sentemb.ops.flops.counted_by_module``: every matmul,
   attention in its math form, forward and backward) on one real step of the run's own job
   (``sentemb.train.loop.setup`` + ``run_steps``, as ``sentemb train`` builds it) with random weights at
-  the backbone's real widths (``sentemb.ops.shapes``), ``MICRO`` sentences per batch padded to the
-  run's ``max_len`` (every counting sentence is ``max_len`` words long: an upper bound where real
-  batches are shorter, e.g. ArcCSE's max_len 512), the method's own inputs built on that corpus.
-  So both SimCSE views, SAM's second forward/backward, InfoCSE's auxiliary network and PaSeR's
-  decoder are in the count. The model is built with ``shapes.layers_needed`` layers (2; InfoCSE 7)
-  and the count scaled to the real depth by the FLOPs attributed to one encoder layer (every layer
-  has one shape, so the work is linear in depth). The count at ``MICRO`` sentences is scaled
-  linearly to the run's batch (matmuls are linear in batch at a fixed padded length; the in-batch
-  similarity matrix is quadratic but below 0.1% of a step at B = 512) and times ``grad_accum``.
+  the backbone's real widths (``sentemb.ops.shapes``; a backbone without a published shape takes its
+  model directory's config.json), ``MICRO`` sentences per batch, every counting sentence exactly
+  ``width`` tokens (``Counter.corpus``), the method's own inputs built on that corpus. So both SimCSE
+  views, SAM's second forward/backward, InfoCSE's auxiliary network and PaSeR's decoder are in the
+  count. The model is built with ``shapes.layers_needed`` layers (2; InfoCSE 7) and the count
+  scaled to the real depth by the FLOPs attributed to one encoder layer (every layer has one shape,
+  so the work is linear in depth). The count at ``MICRO`` sentences is scaled linearly to the run's
+  batch (matmuls are linear in batch at a fixed padded length; the in-batch similarity matrix is
+  quadratic but below 0.1% of a step at B = 512) and times ``grad_accum``.
+* **At the lengths the job meets.** ``corpus_lengths`` finds the corpus's token lengths under the
+  backbone's tokenizer, from the first source that exists: the workflow's token cache
+  ``results/stats/<corpus>/tokens.<backbone>/`` (every line), else a seeded sample of
+  ``LENGTH_SAMPLE`` lines of ``--lengths-from``'s text, the prepared corpus, the mirrored corpus or its head sample
+  (``data/<corpus>_head.txt``) tokenized with the backbone's tokenizer (BERT WordPiece standing in
+  where the backbone's own is absent: said in the plan), else whitespace words ×
+  ``TOKENS_PER_WORD`` + 2; with no text at all, ``max_len`` (the old upper bound). The plan prints
+  which. ``width_profile`` cuts those lengths into the run's batches with the run's own sampler
+  (``batch_schedule``: random or by length) and pads each batch's longest row to its bucket
+  (``train.buckets``, the ``auto`` ladder without): a share of the micro-batches per width.
+* **The width fit.** For a fixed job shape and batch, a step's FLOPs are a + b·L + c·L² in its
+  padded width L (the matmuls linear in L, attention's two matmuls quadratic), and so are its saved
+  activations. ``fitted_measures`` counts each job shape at three widths (``FIT_WIDTHS`` 16, 32, 64,
+  or three within a narrower range) and prices every width the job meets from the quadratic through
+  them (``quadratic_through``, exact rational arithmetic), unless counting the met widths directly is
+  cheaper (e.g. SimCSE at max_len 32 meets only 32). Widths above ``max_len`` are a second segment
+  (ArcCSE's triplets up to ``triplet_max_len``: there the main rows stay at ``max_len``), fitted on
+  its own. ``tests/test_plan.py`` checks a fourth, directly counted width (exact for SimCSE and
+  ArcCSE). ArcCSE is priced in two variants, every sentence forming a triplet and none, each fitted,
+  mixed per width by the share of the batch's sentences with at least ``min_words`` words; the
+  triplet rows are taken at the batch's width (an upper bound: their own longest may be shorter).
+  Not width-modelled: the rows a method builds from its inputs rather than from the batch (PaSeR's
+  decoder rows, UNA's paraphrases) are counted on the counting corpus's inputs at each width, not at
+  the real inputs' lengths; the last, partial batch of an epoch is priced as a full one.
+* **Floor.** Per job, counted FLOPs (steps and dev evaluations) / the GPU's dense bf16 peak: no
+  MFU, no host floor; the total prints the estimate / floor ratio.
+* **Shapes, batch building.** Per training job the distinct padded widths one epoch meets per encoder
+  pass (``shapes``: main, ArcCSE's triplets; what a compiled or graph-captured step recompiles for),
+  and the time to build one optimizer step's batches (the method's ``build_batch`` on real sentences,
+  timed on this CPU, over ``train.workers`` processes): flagged where it exceeds the GPU step.
 * Steps: the corpus's lines (``corpus.expected_lines``; the built-in ``sts-unlabeled`` corpus
   ``STS_UNLABELED_LINES``), ``batch_size``, ``epochs`` or ``max_steps``, ``grad_accum``, as
   ``sentemb.train.loop.batch_schedule`` cuts them. STS-B dev evaluations (fp32, ``DEV_SENTENCES``
-  sentences each) are added as encoder forwards.
+  sentences each at ``EVAL_LEN`` tokens) are added as encoder forwards; their share of the job's
+  time is printed (``dev%``) and flagged above ``DEV_SHARE_FLAG``.
 * A step's time = max(FLOPs / (MFU × peak), ``STEP_FLOOR_S_PER_LAYER`` × layers × passes): the
   compute at a share of the GPU's dense bf16 peak (``benchmark.PEAK_BF16_TFLOPS``), or, for small
   steps, the host's time to launch the kernels, which measured on an H200 is a floor whatever the
@@ -35,15 +66,18 @@ How (issue 20 §3; docs/plan-and-benchmarks.md):
 * Peak GPU memory = 16 bytes per trainable parameter (fp32 weights, gradients, AdamW's two moments)
   + 4 per frozen one (+ 4 per trainable with SAM: the saved perturbation) + activations + ``CUDA_OVERHEAD_GB``.
   Activations are measured: the bytes of the distinct tensors autograd saves in one micro-batch's
-  forward (``torch.autograd.graph.saved_tensors_hooks``), under the CPU's bf16 autocast where the
+  forward (``torch.autograd.graph.saved_tensors_hooks``; each held until the forward ends, as the
+  backward would hold it, so that a reused address is not taken for the same tensor: a few % more
+  than before 2026-11-27, when they were not held), under the CPU's bf16 autocast where the
   GPU run autocasts (train.precision auto/bf16), scaled by depth as the FLOPs are and linearly to
-  the batch, × ``CUDA_ACTIVATION_RATIO`` (0.5: what an H200 measured against the CPU's figure).
+  the batch, at the job's widest width, × ``CUDA_ACTIVATION_RATIO`` (0.5: what an H200 measured
+  against the CPU's figure, rounded up).
   Allocator fragmentation and kernels' workspaces beyond the overhead are not modelled.
 
 What it is not: a measurement of every job. One H200 calibrated the MFU and the floor (SimCSE,
 ArcCSE; BERT-base, BERT-large, RoBERTa-large; B 16–1024): the estimate of a SimCSE step is within
 25% of the measured one there (``sentemb gpu-check`` prints both); other GPUs are assumed to reach
-the same share of their peak with the same host floor. Data loading, dev evaluation's host work and
+the same share of their peak with the same host floor. Data loading (beyond the timed ``build_batch``), dev evaluation's host work and
 the transfer classifiers' training (SentEval's k-fold grid search, CPU/GPU light but minutes per
 task) are not in the FLOPs, and paraphrase generation is a rough formula (memory-bound decoding).
 """
@@ -57,7 +91,9 @@ import logging
 import math
 import random
 import tempfile
+import time
 from dataclasses import dataclass, field
+from fractions import Fraction
 from pathlib import Path
 
 from .. import SentembError
@@ -176,6 +212,7 @@ class Counter:
         self.config, self.work = Config.of(config), Path(work)
         self.lengths_from = lengths_from
         self.cache: dict = {}
+        self.counts: list[tuple[str, int, float]] = []  # (method class, width, seconds) of every step counted
 
     def model_dir(self, arch: str | dict, layers: int) -> Path:
         from .shapes import write_model_dir
@@ -242,13 +279,9 @@ class Counter:
             self.cache[key] = ((flops + (layers - 2) * layer) / MICRO, parameter_count(arch))
         return self.cache[key]
 
-    def measure(self, run, method_cls=None, width: int | None = None, timing: list[str] | None = None) -> Measure:
-        """Count one optimizer step (one micro-batch) of ``run`` at ``MICRO`` sentences, every one
-        ``width`` tokens long before truncation (default ``train.max_len``): the main rows are
-        truncated at ``max_len`` as the run truncates them, the method's own rows (ArcCSE's triplets)
-        built from those sentences at their own lengths. With ``timing`` (real sentences), also time
-        the method's ``build_batch`` on them at the run's batch size (``Measure.build_s``; cached per
-        method shape and batch size, whatever the width)."""
+    def _shape(self, run, method_cls=None) -> tuple:
+        """(method class, counted method_args, architecture, layers, key of the job shape): what a
+        count depends on besides the width."""
         from ..methods import get_method
         from .shapes import layers_needed
 
@@ -260,9 +293,26 @@ class Counter:
         arch = backbone_architecture(self.config, run.backbone)
         layers = layers_needed(run.method, args)
         t = run.train
-        width = int(width or t.max_len)
         shape = (cls.__name__, json.dumps(_reduced(run.method, args), sort_keys=True, default=str), args.get("min_words"),
                  json.dumps(arch, sort_keys=True), t.max_len, bool(t.sam_rho), t.unpad, _autocast_name(t.precision), layers)
+        return cls, args, arch, layers, shape
+
+    def counted(self, run, method_cls=None, width: int | None = None) -> bool:
+        """Whether ``run``'s job shape is counted at ``width`` already (``measure`` would reuse it)."""
+        return ("measure", *self._shape(run, method_cls)[4], int(width or run.train.max_len)) in self.cache
+
+    def measure(self, run, method_cls=None, width: int | None = None, timing: list[str] | None = None) -> Measure:
+        """Count one optimizer step (one micro-batch) of ``run`` at ``MICRO`` sentences, every one
+        ``width`` tokens long before truncation (default ``train.max_len``): the main rows are
+        truncated at ``max_len`` as the run truncates them, the method's own rows (ArcCSE's triplets)
+        built from those sentences at their own lengths. With ``timing`` (real sentences), also time
+        the method's ``build_batch`` on them at the run's batch size (``Measure.build_s``; cached per
+        method shape and batch size, whatever the width)."""
+        from ..methods import get_method
+
+        cls, args, arch, layers, shape = self._shape(run, method_cls)
+        t = run.train
+        width = int(width or t.max_len)
         key = ("measure", *shape, width)
         tkey = ("build", *shape, t.batch_size)
         if key in self.cache and (timing is None or tkey in self.cache):
@@ -276,12 +326,14 @@ class Counter:
         train = dataclasses.replace(t, batch_size=MICRO, grad_accum=1, chunk_size=None, max_steps=1, epochs=1, model_selection="last",
                                     eval_at_end=False, device="cpu", prefetch=False, save_steps=10**9,
                                     log_steps=10**9, precision=_autocast_name(t.precision), compile=False,
-                                    log_grad_norms=False, num_threads=None)
+                                    log_grad_norms=False, num_threads=None, buckets=None)  # the width as asked
         local = dataclasses.replace(run, train=train, method_args=args, tracking={"enabled": False, "uri": None},
                                     paths={"model": str(model), "corpus": str(corpus), "senteval": None,
                                            "inputs": inputs})
         want_timing = timing is not None and tkey not in self.cache
+        t0 = time.perf_counter()
         m = _count(local, cls, (timing, t.batch_size) if want_timing else None)
+        self.counts.append((cls.__name__, width, time.perf_counter() - t0))
         if want_timing:
             self.cache[tkey] = m.build_s
         self.cache[key] = m
@@ -354,7 +406,7 @@ def _count(run, method_cls, timing: tuple[list[str], int] | None = None) -> Meas
         frozen = sum(p.numel() for p in method.parameters() if not p.requires_grad)
         # activations: the distinct storages autograd saves in one micro-batch's forward
         (_, batch), = micro_batches(job, 0)
-        seen, inside, total, in_layer = set(), [False], [0], [0]
+        seen, inside, total, in_layer, alive = set(), [False], [0], [0], []
 
         def pack(t):
             s = t.untyped_storage()
@@ -364,8 +416,11 @@ def _count(run, method_cls, timing: tuple[list[str], int] | None = None) -> Meas
                 total[0] += s.nbytes()
                 if inside[0]:
                     in_layer[0] += s.nbytes()
-            # keep nothing: this forward is never backpropagated, and a saved output that refers to
-            # itself through its grad_fn would form a cycle autograd cannot free
+                # held until the forward ends, as autograd would hold it until the backward: a freed
+                # storage's address reused by a later tensor would otherwise be taken for the same one
+                alive.append(t)
+            # autograd keeps nothing: this forward is never backpropagated, and a saved output that
+            # refers to itself through its grad_fn would form a cycle autograd cannot free
             return None
 
         h1 = layer.register_forward_pre_hook(lambda *a: inside.__setitem__(0, True))
@@ -373,6 +428,7 @@ def _count(run, method_cls, timing: tuple[list[str], int] | None = None) -> Meas
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda _: None), autocast(job.device, job.amp):
             terms = job.step_fn(batch)
         h1.remove(), h2.remove()
+        alive.clear()
         del terms
         job.opt.zero_grad(set_to_none=True)
         # FLOPs: one optimizer step of the loop's own code; the encoder's passes in it
@@ -564,6 +620,8 @@ def width_profile(run, arch, lengths: Lengths) -> dict:
       ``min_words`` words, capped at the triplet length, in batches that have one);
     * ``triplet_share`` (ArcCSE with triplets): width -> mean share of a batch's sentences with at
       least ``min_words`` words (the rows that form triplets), over the batches of that width;
+    * ``triplet_batches`` (likewise): width -> share of its batches with at least one such sentence
+      (those run the triplet pass);
     * ``padding``: ``padding_overhead`` of the main pass's buckets over the batches' own widths.
 
     Without lengths (``tokens`` None): every batch at the row cap, as before this model existed."""
@@ -598,6 +656,7 @@ def width_profile(run, arch, lengths: Lengths) -> dict:
         min_words = int(run.method_args.get("min_words", 25))
         share = np.fromiter(((lengths.words[i] >= min_words).mean() for i in sched), dtype=float, count=len(sched))
         tri_share = {int(w): float(share[counted == w].mean()) for w in widths}
+        tri_batches = {int(w): float((share[counted == w] > 0).mean()) for w in widths}
     if tri_share:  # ArcCSE's triplets: the sentences of >= min_words words, at their own length
         min_words = int(run.method_args.get("min_words", 25))
         tri = [int(tokens[i][lengths.words[i] >= min_words].max()) for i in sched
@@ -605,7 +664,8 @@ def width_profile(run, arch, lengths: Lengths) -> dict:
         tri_buckets = resolve_buckets(t.buckets, cap, "cuda")
         shapes["triplets"] = int(len({bucket_width(min(x, cap), tri_buckets) for x in tri}))
     return {"count": {int(w): float(c) / len(sched) for w, c in zip(widths, counts)}, "shapes": shapes,
-            "triplet_share": tri_share, "padding": padding_overhead(plain.tolist(), buckets=main_buckets),
+            "triplet_share": tri_share, "triplet_batches": tri_batches if tri_share else {},
+            "padding": padding_overhead(plain.tolist(), buckets=main_buckets),
             "batches": len(sched)}
 
 
@@ -666,23 +726,113 @@ def _mix(a: Measure, b: Measure, share: float) -> Measure:
     return out
 
 
+#: the Measure fields that depend on the width L as a + b·L + c·L² (matmuls linear in L, attention's
+#: scores and context quadratic; saved activations likewise: the attention probabilities quadratic)
+WIDTH_FIELDS = ("flops", "flops_layer", "act_bytes", "act_layer")
+FIT_WIDTHS = (16, 32, 64)  # where a job shape is counted to fit a segment from MIN_COUNT_WIDTH up
+MIN_COUNT_WIDTH = 8  # no count below this width (a counting line of 6 words)
+
+
+def quadratic_through(points: dict[int, float]) -> tuple[Fraction, Fraction, Fraction]:
+    """(a, b, c) of the one a + b·L + c·L² through three (L, y) points, exactly (rational
+    arithmetic: counted FLOPs and bytes are integers)."""
+    (x0, y0), (x1, y1), (x2, y2) = sorted((Fraction(x), Fraction(y)) for x, y in points.items())
+    d01, d12 = (y1 - y0) / (x1 - x0), (y2 - y1) / (x2 - x1)
+    c = (d12 - d01) / (x2 - x0)
+    b = d01 - c * (x0 + x1)
+    return y0 - b * x0 - c * x0 * x0, b, c
+
+
+def fit_points(lo: int, hi: int) -> tuple[int, ...] | None:
+    """Three widths in [lo, hi] to count a segment at: ``FIT_WIDTHS`` from ``MIN_COUNT_WIDTH``
+    (hi ≥ 64), lo, 2·lo, 4·lo above it, else lo, the middle, hi; None when [lo, hi] has no three
+    distinct widths."""
+    if lo <= MIN_COUNT_WIDTH and hi >= FIT_WIDTHS[-1]:
+        return FIT_WIDTHS
+    if 4 * lo <= hi:
+        return (lo, 2 * lo, 4 * lo)
+    pts = (lo, (lo + hi) // 2, hi)
+    return pts if len(set(pts)) == 3 else None
+
+
+def width_segments(run, arch) -> list[tuple[int, int]]:
+    """The width ranges over which one step's FLOPs and bytes are one quadratic in the width L:
+    up to ``max_len`` (every row grows with L); for ArcCSE with triplets, also ``max_len`` to the
+    triplet length, where the main rows stay truncated at ``max_len`` and only the triplet rows grow."""
+    t = run.train
+    cap = _row_cap(run, arch)
+    segs = [(MIN_COUNT_WIDTH, min(int(t.max_len), cap))]
+    if cap > t.max_len:
+        segs.append((int(t.max_len), cap))
+    return segs
+
+
+def fitted_measures(counter: "Counter", run, widths, method_cls=None, timing: list | None = None) -> dict[int, Measure]:
+    """Width -> the Measure of one micro-batch of ``run`` at that width, for every width of
+    ``widths``. Per segment (``width_segments``), the cheaper of: counting each width directly
+    (``Counter.measure``), or counting the segment's three ``fit_points`` and pricing every width
+    from the quadratic through them (``quadratic_through``, each of ``WIDTH_FIELDS``); cost = the sum
+    of the widths not counted yet (a count's time grows with its width). Exact where the step's
+    work is a quadratic in L (``tests/test_plan.py`` checks a fourth, directly counted width)."""
+    arch = backbone_architecture(counter.config, run.backbone)
+    t = run.train
+    out: dict[int, Measure] = {}
+    first = [timing]
+
+    def measure(w: int) -> Measure:
+        m = counter.measure(run, method_cls, w, first[0])
+        first[0] = None
+        return m
+
+    segs = width_segments(run, arch)
+    cap = segs[-1][1]  # beyond it every row is truncated: a wider batch is the same step
+    todo = sorted({min(int(w), cap) for w in widths})
+    for k, (lo, hi) in enumerate(segs):
+        group = [w for w in todo if (w <= hi if k == 0 else t.max_len < w <= hi)]
+        if not group:
+            continue
+        pts = fit_points(lo, hi)
+        cost = lambda ws: sum(w for w in ws if not counter.counted(run, method_cls, w))  # noqa: E731
+        if pts is None or cost(group) <= cost(pts):
+            out.update({w: measure(w) for w in group})
+            continue
+        ms = {p: measure(p) for p in pts}
+        fits = {f: quadratic_through({p: getattr(m, f) for p, m in ms.items()}) for f in WIDTH_FIELDS}
+        top = ms[max(pts)]
+        for w in group:
+            out[w] = dataclasses.replace(top, **{f: float(a + b * w + c * w * w) for f, (a, b, c) in fits.items()})
+    return {int(w): out[min(int(w), cap)] for w in widths}
+
+
 def job_measures(counter: "Counter", run, profile: dict, method_cls=None, timing: list | None = None) -> dict[int, Measure]:
-    """Counted width -> the Measure of one micro-batch at that width (``Counter.measure``). ArcCSE
-    with triplets is counted twice per width, with every sentence forming a triplet (``min_words``
-    1) and with none (``triplet: false``), mixed by the width's ``triplet_share`` (the FLOPs are
-    linear in the triplet rows; their width is the counted one)."""
-    out = {}
+    """Counted width -> the Measure of one micro-batch at that width (``fitted_measures``). ArcCSE
+    with triplets is priced in two variants, every sentence forming a triplet (``min_words`` 1)
+    and none (``triplet: false``), each fitted in the width, mixed per width by its
+    ``triplet_share`` (the FLOPs are linear in the triplet rows; their width is taken as the batch's,
+    an upper bound), the encoder passes by its ``triplet_batches`` (the share of batches that run
+    the triplet pass at all). ``build_batch`` is timed in both on the real sentences and mixed by the job's
+    mean triplet share."""
+    widths = sorted(profile["count"])
     tri = profile.get("triplet_share") or {}
-    for i, w in enumerate(sorted(profile["count"])):
-        if w in tri and method_cls is None:
-            full = counter.measure(dataclasses.replace(run, method_args={**run.method_args, "min_words": 1}), None, w,
-                                   timing if i == 0 else None)
-            none = counter.measure(dataclasses.replace(run, method_args={**run.method_args, "triplet": False}), None, w)
-            m = _mix(none, full, tri[w])
-            m.build_s = full.build_s
-            out[w] = m
-        else:
-            out[w] = counter.measure(run, method_cls, w, timing if i == 0 else None)
+    if not tri or method_cls is not None:
+        return fitted_measures(counter, run, widths, method_cls, timing)
+    full = fitted_measures(counter, dataclasses.replace(run, method_args={**run.method_args, "min_words": 1}), widths,
+                           None, timing)
+    none = fitted_measures(counter, dataclasses.replace(run, method_args={**run.method_args, "triplet": False}), widths,
+                           None, timing)
+    build_s = None
+    if timing is not None:  # every real sentence forming a triplet, and none, mixed by the job's share
+        share = sum(f * tri.get(w, 0.0) for w, f in profile["count"].items())
+        a, b = none[widths[0]].build_s, full[widths[0]].build_s
+        build_s = a + share * (b - a) if a is not None and b is not None else (a if b is None else b)
+    batches = profile.get("triplet_batches") or {}
+    out = {}
+    for w in widths:
+        out[w] = _mix(none[w], full[w], tri.get(w, 0.0))
+        for f in ("grad_passes", "nograd_passes"):  # a batch with any triplet runs the whole triplet pass
+            lo, hi = getattr(none[w], f), getattr(full[w], f)
+            setattr(out[w], f, lo + batches.get(w, tri.get(w, 0.0)) * (hi - lo))
+        out[w].build_s = build_s
     return out
 
 
@@ -839,6 +989,9 @@ def plan(config: dict | Config, gpu: str = DEFAULT_GPU, mfu: float | None = DEFA
             if transfer:
                 rows.append(_classify_row(cfg, label, arch, resources["classify"], gpu, margin))
         rows.extend(_paraphrase_rows(cfg, gpu, resources["paraphrase"], margin))
+        log.info("counted %d steps (widths %s) in %.0f s", len(counter.counts),
+                 ", ".join(f"{w}: {sum(c[1] == w for c in counter.counts)}" for w in sorted({c[1] for c in counter.counts})),
+                 sum(c[2] for c in counter.counts))
     return rows
 
 
