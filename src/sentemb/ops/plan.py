@@ -77,9 +77,10 @@ How (issue 20 §3; docs/plan-and-benchmarks.md):
 What it is not: a measurement of every job. One H200 calibrated the MFU and the floor (SimCSE,
 ArcCSE; BERT-base, BERT-large, RoBERTa-large; B 16–1024): the estimate of a SimCSE step is within
 25% of the measured one there (``sentemb gpu-check`` prints both); other GPUs are assumed to reach
-the same share of their peak with the same host floor. Data loading (beyond the timed ``build_batch``), dev evaluation's host work and
-the transfer classifiers' training (SentEval's k-fold grid search, CPU/GPU light but minutes per
-task) are not in the FLOPs, and paraphrase generation is a rough formula (memory-bound decoding).
+the same share of their peak with the same host floor. Data loading (beyond the timed
+``build_batch``), dev evaluation's host work and the transfer classifiers' training (SentEval's
+k-fold grid search, CPU/GPU light but minutes per task) are not in the FLOPs, and paraphrase
+generation is a rough formula (memory-bound decoding).
 """
 
 from __future__ import annotations
@@ -747,6 +748,8 @@ def fit_points(lo: int, hi: int) -> tuple[int, ...] | None:
     """Three widths in [lo, hi] to count a segment at: ``FIT_WIDTHS`` from ``MIN_COUNT_WIDTH``
     (hi ≥ 64), lo, 2·lo, 4·lo above it, else lo, the middle, hi; None when [lo, hi] has no three
     distinct widths."""
+    if hi - lo < 2:
+        return None
     if lo <= MIN_COUNT_WIDTH and hi >= FIT_WIDTHS[-1]:
         return FIT_WIDTHS
     if 4 * lo <= hi:
@@ -989,8 +992,9 @@ def plan(config: dict | Config, gpu: str = DEFAULT_GPU, mfu: float | None = DEFA
             if transfer:
                 rows.append(_classify_row(cfg, label, arch, resources["classify"], gpu, margin))
         rows.extend(_paraphrase_rows(cfg, gpu, resources["paraphrase"], margin))
-        log.info("counted %d steps (widths %s) in %.0f s", len(counter.counts),
-                 ", ".join(f"{w}: {sum(c[1] == w for c in counter.counts)}" for w in sorted({c[1] for c in counter.counts})),
+        widths = sorted({c[1] for c in counter.counts})
+        log.info("counted %d steps (width: counts %s) in %.0f s", len(counter.counts),
+                 ", ".join(f"{w}: {sum(c[1] == w for c in counter.counts)}" for w in widths),
                  sum(c[2] for c in counter.counts))
     return rows
 
