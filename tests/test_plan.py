@@ -202,3 +202,266 @@ def test_the_step_time_is_compute_or_the_host_floor_and_passes_are_counted(tiny_
     assert passes("simcse") == (1, 0)
     assert passes("arccse") == (2, 0)
     assert passes("arccse", sam_rho=0.05) == (4, 0)
+
+
+# ------------------------------------------------------------------ issue 36: real lengths, floor, GPUs, shapes
+def _minilm_config(tmp_path, run: dict, **over):
+    from sentemb.config.load import load_config
+
+    base = {"runs": [run], "studies": [], "baselines": {}, "evaluation": {"transfer": False},
+            "stats": {"paraphrase": {"enabled": False}}, "results_dir": str(tmp_path / "results"),
+            "resources_dir": str(tmp_path / "resources")}
+    return load_config(TEST_CONFIG, {**base, **over})
+
+
+@pytest.mark.realdata
+def test_counting_corpus_lines_are_exactly_the_counted_width(tmp_path):
+    """Every counting line is ``width`` tokens with its special tokens, in both stand-in families."""
+    from sentemb.ops.plan import Counter
+    from sentemb.ops.shapes import stand_in_tokenizer
+
+    counter = Counter({}, tmp_path)
+    for arch in ("bert-base-uncased", "roberta-base"):
+        tok = stand_in_tokenizer(arch)
+        for width in (16, 24, 48, 128):
+            lines = counter.corpus(width).read_text().splitlines()
+            assert {len(tok(x)["input_ids"]) for x in lines} == {width}, (arch, width)
+
+
+@pytest.mark.realdata
+def test_lengths_from_a_real_token_cache_agree_with_a_sample_of_the_text(tmp_path, shared, minilm_dir):
+    """The token cache the workflow writes and the corpus text tokenized by the plan give the same
+    lengths; both match what the tokenizer says of the real lines (mean 25.2 tokens, max 141)."""
+    import numpy as np
+    from transformers import AutoTokenizer
+
+    from sentemb.config.paths import Layout
+    from sentemb.data.tokens import TokenCache
+    from sentemb.ops.plan import corpus_lengths, width_profile
+    from sentemb.ops.shapes import backbone_architecture
+
+    text = shared / "data" / "wiki1m_head.txt"
+    lines = text.read_text("utf-8").splitlines()
+    run = {"method": "simcse", "backbone": "tiny-bert", "seeds": [1],
+           "train": {"batch_size": 32, "max_len": 512, "sampler": "length"}}
+    config = _minilm_config(tmp_path, run)
+    tok = AutoTokenizer.from_pretrained(minilm_dir)
+    sampled = corpus_lengths(config, "wiki-tiny", "tiny-bert", lengths_from=text)
+    assert "--lengths-from" in sampled.source and "tokenizer" in sampled.source
+    TokenCache.build(lines, tok, corpus=text).save(Layout.of(config).tokens("wiki-tiny", "tiny-bert"))
+    cached = corpus_lengths(config, "wiki-tiny", "tiny-bert", lengths_from=text)
+    assert cached.source.startswith("token cache")
+    direct = np.array([len(x) for x in tok(lines)["input_ids"]])  # the tokenizer itself, specials on
+    assert np.array_equal(cached.tokens, direct)
+    assert len(sampled.tokens) == len(lines) and np.array_equal(np.sort(sampled.tokens), np.sort(direct))
+    assert direct.mean() == pytest.approx(25.2, abs=0.1) and direct.max() == 141
+    from sentemb.config.load import resolve_run
+
+    r = resolve_run(config, "simcse", "tiny-bert", 1)
+    arch = backbone_architecture(config, "tiny-bert")
+    a, b = width_profile(r, arch, cached)["count"], width_profile(r, arch, sampled)["count"]
+    mean = lambda p: sum(w * f for w, f in p.items())  # noqa: E731
+    assert mean(b) == pytest.approx(mean(a), rel=0.05)
+
+
+@pytest.mark.realdata
+def test_shape_count_is_bounded_by_the_buckets_on_real_batches(tmp_path, shared, minilm_dir):
+    """The plan's count of distinct main-pass widths equals that of the real padded batches (the
+    token cache's ``batch`` padded by ``pad_to`` to its bucket) and is at most 8 with buckets."""
+    from transformers import AutoTokenizer
+
+    from sentemb.config.load import resolve_run
+    from sentemb.data.buckets import bucket_width, resolve_buckets
+    from sentemb.data.tokens import TokenCache
+    from sentemb.ops.plan import Lengths, width_profile
+    from sentemb.ops.shapes import backbone_architecture
+    from sentemb.train.loop import batch_schedule, sentence_lengths
+
+    lines = (shared / "data" / "wiki1m_head.txt").read_text("utf-8").splitlines()
+    cache = TokenCache.build(lines, AutoTokenizer.from_pretrained(minilm_dir))
+    for sampler, max_len in (("length", 512), ("random", 32), ("length", 64)):
+        run = {"method": "simcse", "backbone": "tiny-bert", "seeds": [1],
+               "train": {"batch_size": 32, "max_len": max_len, "sampler": sampler}}
+        config = _minilm_config(tmp_path, run)
+        r = resolve_run(config, "simcse", "tiny-bert", 1)
+        words = sentence_lengths(lines)
+        lengths = Lengths("test", cache.lengths(10**9), words, [])
+        prof = width_profile(r, backbone_architecture(config, "tiny-bert"), lengths)
+        buckets = resolve_buckets("auto", max_len, "cuda")
+        sched = batch_schedule(len(lines), 32, 1, 0, words if sampler == "length" else None)
+        real = {bucket_width(int(cache.batch(b, max_len)["input_ids"].shape[1]), buckets) for b in sched}
+        assert prof["shapes"]["main"] == len(real) <= len(buckets) <= 8, (sampler, max_len)
+
+
+@pytest.mark.realdata
+@pytest.mark.parametrize("method", ["simcse", "arccse"])
+def test_real_length_pricing_is_the_transformer_formula_at_each_batch_s_padded_width(tmp_path, shared, minilm_dir,
+                                                                                     method):
+    """SimCSE and ArcCSE at max_len 512, sampled by length, on 2,976 wiki1m sentences (mean 25
+    tokens): the plan's FLOPs per step are those of the Transformer formula at every batch's own
+    padded width, worked out here from the tokenizer and the sampler (not from the plan's profile
+    or counts): two views per sentence, and for ArcCSE three triplet rows per sentence of at least
+    25 words (at the batch's width: the plan's upper bound). Far below the formula at 512; only the
+    three fit widths are counted (per ArcCSE variant). The formula leaves out the MLP head and the
+    in-batch similarity (< 1% at hidden 32)."""
+    import numpy as np
+    from transformers import AutoTokenizer
+
+    from sentemb.config.load import resolve_run
+    from sentemb.data.buckets import bucket_width, resolve_buckets
+    from sentemb.ops.plan import FIT_WIDTHS, Counter, _priced_row
+    from sentemb.train.loop import batch_schedule
+
+    lines = [ln for ln in (shared / "data" / "wiki1m_head.txt").read_text("utf-8").splitlines() if ln.strip()][:2976]
+    text = tmp_path / "wiki-2976.txt"  # 93 full batches: the plan prices every batch at batch_size
+    text.write_text("\n".join(lines) + "\n", "utf-8")
+    batch, max_len = 32, 512
+    run = {"method": method, "backbone": "tiny-bert", "seeds": [1],
+           "train": {"batch_size": batch, "max_len": max_len, "sampler": "length", "max_steps": 20, "eval_steps": 10}}
+    config = _minilm_config(tmp_path, run)
+    r = resolve_run(config, method, "tiny-bert", 1)
+    counter = Counter(config, tmp_path / "work", text)
+    row = _priced_row(counter, "train", method, r, config, "H100", None, 1.5, {"cpus": 8})
+    assert "--lengths-from" in row.lengths and "tokenizer" in row.lengths
+    # independently: every batch's longest sentence in tokens, padded to its bucket; its rows
+    tokens = np.array([len(x) for x in AutoTokenizer.from_pretrained(minilm_dir)(lines)["input_ids"]])
+    words = np.array([len(s.split()) for s in lines])
+    ladder = resolve_buckets("auto", max_len, "cuda")
+    sched = batch_schedule(len(lines), batch, 1, 0, words)
+    widths = np.array([bucket_width(int(min(tokens[b].max(), max_len)), ladder) for b in sched])
+    rows = np.array([2 * batch + (3 * int((words[b] >= 25).sum()) if method == "arccse" else 0) for b in sched])
+    a = config["backbones"]["tiny-bert"]["random_init"]
+    h, layers, inter = a["hidden_size"], a["num_hidden_layers"], a["intermediate_size"]
+
+    def formula(n, L):  # n rows of L tokens: dense 6N per token, attention 12·layers·h·L per token
+        return n * L * (6 * layers * (4 * h * h + 2 * h * inter) + 12 * layers * h * L)
+
+    assert row.flops_step == pytest.approx(np.mean([formula(n, L) for n, L in zip(rows, widths)]), rel=0.02)
+    assert 24 <= widths.mean() <= 64 and row.flops_step < 0.2 * formula(rows.mean(), max_len)
+    assert row.widths == pytest.approx({int(w): float((widths == w).mean()) for w in np.unique(widths)}, abs=1e-4)
+    counted = [w for _, w, _ in counter.counts]
+    assert sorted(set(counted)) == list(FIT_WIDTHS) and len(counted) == 3 * (2 if method == "arccse" else 1)
+    assert 0 < row.floor_hours <= row.gpu_hours and row.build_s > 0
+    if method == "arccse":
+        assert (words >= 25).mean() < 0.5  # most real sentences form no triplet (min_words 25)
+        assert 1 <= row.shapes["triplets"] <= 8 and row.shapes["main"] <= 8
+
+
+@pytest.mark.parametrize("method", ["simcse", "arccse"])
+def test_the_width_fit_predicts_a_direct_count(tmp_path, method):
+    """A step's FLOPs and saved activations are a + b·L + c·L² in the width L: the quadratic through
+    the three counted fit widths gives a fourth width's direct count within 1% (exactly, in fact).
+    ArcCSE (every sentence forming a triplet) at max_len 16 with triplets to 64: above max_len the
+    main rows stay at 16 and only the triplet rows grow, a second segment fitted on its own."""
+    from sentemb.config.load import resolve_run
+    from sentemb.ops.plan import WIDTH_FIELDS, Counter, fitted_measures, quadratic_through
+
+    assert quadratic_through({1: 6, 2: 17, 3: 34}) == (1, 2, 3)  # 1 + 2L + 3L²
+    arccse = method == "arccse"
+    run = {"method": method, "backbone": "tiny-bert", "seeds": [1],
+           "method_args": {"min_words": 1, "triplet_max_len": 64} if arccse else {},
+           "train": {"batch_size": 32, "max_len": 16 if arccse else 64}}
+    config = _minilm_config(tmp_path, run)
+    r = resolve_run(config, method, "tiny-bert", 1)
+    counter = Counter(config, tmp_path / "work")
+    fit = fitted_measures(counter, r, [24, 40, 48, 56])
+    assert [w for _, w, _ in counter.counts] == [16, 32, 64]
+    direct = counter.measure(r, None, 48)
+    for f in WIDTH_FIELDS:
+        assert getattr(fit[48], f) == pytest.approx(getattr(direct, f), rel=0.01), f
+    assert (fit[48].grad_passes, fit[48].nograd_passes) == (direct.grad_passes, direct.nograd_passes)
+    if arccse:  # the fit is no straight line: the triplet rows' attention is quadratic
+        assert fit[56].flops - fit[48].flops > fit[48].flops - fit[40].flops
+
+
+def test_floor_is_below_the_estimate_and_is_the_counted_flops_at_peak(test_plan):
+    from sentemb.ops.plan import format_plan
+
+    config, rows = test_plan
+    for r in rows:
+        if r.kind == "classify":
+            continue
+        assert 0 < r.floor_hours <= r.gpu_hours, r
+    for r in rows:
+        if r.kind == "train":  # at least the training steps' FLOPs at 989 TFLOP/s
+            assert r.floor_hours * 3600 >= r.flops_step * r.steps / 989e12 * (1 - 1e-9)
+    last = format_plan(rows, "H100", None).splitlines()[-1]
+    floor = float(last.split("; floor ")[1].split(" GPU-hours")[0])
+    assert floor == pytest.approx(sum(r.floor_hours for r in rows), abs=0.05)
+    assert "estimate/floor" in last
+
+
+def test_dev_evaluation_share_is_printed_and_flagged(test_plan):
+    """The share is the dev evaluations' encoder FLOPs (3000 sentences each, fp32 at half the MFU)
+    over the job's time: recomputed here from the job's own schedule."""
+    from sentemb.config.load import jobs, resolve_run
+    from sentemb.ops.plan import DEV_SENTENCES, MEASURED_MFU, format_plan
+    from sentemb.train.loop import eval_due
+
+    config, rows = test_plan
+    text = format_plan(rows, "H100", None)
+    assert "dev%" in text.splitlines()[0] and "STS-B dev evaluation" in text
+    train = [r for r in rows if r.kind == "train"]
+    assert all(r.dev_share is not None and 0 <= r.dev_share < 1 for r in train)
+    for r in train:
+        if r.dev_share > 0.10:
+            assert any(f.startswith("dev eval") for f in r.flags)
+    job = jobs(config)[0]
+    run = resolve_run(config, job.name, job.backbone, job.seed)
+    (row,) = [r for r in train if r.job == f"{job.name}/{job.backbone}/seed{job.seed}"]
+    evals = sum(eval_due(run.train, s, run.train.grad_accum, row.steps) for s in range(1, row.steps + 1)) \
+        if run.train.selects_by_dev else 0
+    (ev,) = [r for r in rows if r.kind == "evaluate" and r.job == row.job] or [None]
+    if ev is not None and evals:
+        dev_h = evals * DEV_SENTENCES * ev.flops_step / (MEASURED_MFU[768] * 989e12 / 2) / 3600
+        assert row.dev_share * row.gpu_hours == pytest.approx(dev_h, rel=1e-6)
+
+
+def test_every_known_gpu_is_accepted_and_an_unknown_one_names_them():
+    from sentemb import SentembError
+    from sentemb.ops.benchmark import PEAK_BF16_TFLOPS
+    from sentemb.ops.plan import GPU_MEMORY_GB, Row, _flag, _peak, plan
+
+    assert set(GPU_MEMORY_GB) == set(PEAK_BF16_TFLOPS) and len(GPU_MEMORY_GB) >= 6
+    for name in GPU_MEMORY_GB:
+        for spelled in (name, name.lower()):
+            assert _peak(spelled) == PEAK_BF16_TFLOPS[name] * 1e12
+            row = _flag(Row("train", "x", mem_gb=GPU_MEMORY_GB[name] + 1), spelled, {}, 1.5)
+            assert any(f"> {spelled.upper()} {GPU_MEMORY_GB[name]} GB" in f for f in row.flags)
+    with pytest.raises(SentembError) as e:
+        plan({"job_resources": {}}, "b300")
+    assert all(n in str(e.value) for n in GPU_MEMORY_GB)
+
+
+@pytest.mark.realdata
+def test_minilm_is_planned_from_its_model_directory(tmp_path, minilm_dir):
+    """A backbone without a published architecture (all-MiniLM-L6-v2 in config/demo.yaml) takes its
+    shape from the model directory's config.json: the plan's parameter count is the real
+    checkpoint's."""
+    import json
+
+    from safetensors import safe_open
+
+    from sentemb.config.load import load_config
+    from sentemb.ops.plan import plan
+    from sentemb.ops.shapes import backbone_architecture
+
+    demo = REPO / "config" / "demo.yaml"
+    over = {"mirror": str(minilm_dir.parents[1]), "runs": [{"method": "simcse", "backbone": "minilm", "seeds": [1],
+                                                             "train": {"max_steps": 2, "eval_steps": 100}}],
+            "studies": [], "baselines": {}, "evaluation": {"transfer": False},
+            "stats": {"paraphrase": {"enabled": False}}, "results_dir": str(tmp_path / "r"),
+            "resources_dir": str(tmp_path / "res")}
+    config = load_config(demo, over)
+    arch = backbone_architecture(config, "minilm")
+    real = json.loads((minilm_dir / "config.json").read_text())
+    assert (arch["hidden_size"], arch["num_hidden_layers"]) == (real["hidden_size"], real["num_hidden_layers"]) == (384, 6)
+    with safe_open(str(minilm_dir / "model.safetensors"), "pt") as f:
+        n = sum(f.get_slice(k).get_shape().numel() if hasattr(f.get_slice(k).get_shape(), "numel")
+                else __import__("math").prod(f.get_slice(k).get_shape()) for k in f.keys() if "pooler" not in k
+                and "position_ids" not in k)
+    rows = plan(config, "a100-40", work=tmp_path)
+    (train,) = [r for r in rows if r.kind == "train"]
+    (ev,) = [r for r in rows if r.kind == "evaluate" and r.job.startswith("simcse")]
+    assert ev.params == n
+    assert "tokenizer" in train.lengths and train.floor_hours <= train.gpu_hours

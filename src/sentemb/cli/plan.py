@@ -8,17 +8,17 @@ import dataclasses
 import json
 from pathlib import Path
 
-from ..ops.plan import DEFAULT_GPU, DEFAULT_MARGIN, DEFAULT_MFU, GPU_MEMORY_GB, format_plan, plan
+from ..ops.plan import DEFAULT_GPU, DEFAULT_MARGIN, DEFAULT_MFU, GPU_MEMORY_GB, format_plan, gpu_spec, plan
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
     from ..config.load import load_config
 
     config = load_config(args.config)
-    rows = plan(config, args.gpu, args.mfu, args.margin)
+    rows = plan(config, args.gpu, args.mfu, args.margin, lengths_from=args.lengths_from)
     if args.json:
         Path(args.json).write_text(json.dumps([dataclasses.asdict(r) for r in rows], indent=1))
-    print(format_plan(rows, args.gpu.upper(), args.mfu))
+    print(format_plan(rows, gpu_spec(args.gpu)[0], args.mfu))
     return 0
 
 
@@ -32,4 +32,8 @@ def register(sub) -> None:
     p.add_argument("--margin", type=float, default=DEFAULT_MARGIN,
                    help="flag a job whose runtime or mem_mb request is below the estimate x this")
     p.add_argument("--json", default=None, help="also write the rows as JSON here")
+    p.add_argument("--lengths-from", default=None,
+                   help="a text file of corpus sentences to price every training job's lengths at (default: the "
+                        "token cache, the prepared corpus, the mirror's corpus or its head sample; see "
+                        "docs/plan-and-benchmarks.md)")
     p.set_defaults(func=_cmd_plan)

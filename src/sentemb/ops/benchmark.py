@@ -15,7 +15,7 @@ import time
 from .. import SentembError
 from ..config.settings import Run, TrainSettings
 
-PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "L40S": 362.0, "A10": 125.0, "4090": 165.0}
+from .gpus import PEAK_BF16_TFLOPS  # noqa: E402  (one table with the plan's memory: sentemb.ops.gpus)
 
 
 def _sync(device):

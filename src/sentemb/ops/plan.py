@@ -11,19 +11,50 @@ How (issue 20 §3; docs/plan-and-benchmarks.md):
 * FLOPs per optimizer step are **counted** (``sentemb.ops.flops.counted_by_module``: every matmul,
   attention in its math form, forward and backward) on one real step of the run's own job
   (``sentemb.train.loop.setup`` + ``run_steps``, as ``sentemb train`` builds it) with random weights at
-  the backbone's real widths (``sentemb.ops.shapes``), ``MICRO`` sentences per batch padded to the
-  run's ``max_len`` (every counting sentence is ``max_len`` words long: an upper bound where real
-  batches are shorter, e.g. ArcCSE's max_len 512), the method's own inputs built on that corpus.
-  So both SimCSE views, SAM's second forward/backward, InfoCSE's auxiliary network and PaSeR's
-  decoder are in the count. The model is built with ``shapes.layers_needed`` layers (2; InfoCSE 7)
-  and the count scaled to the real depth by the FLOPs attributed to one encoder layer (every layer
-  has one shape, so the work is linear in depth). The count at ``MICRO`` sentences is scaled
-  linearly to the run's batch (matmuls are linear in batch at a fixed padded length; the in-batch
-  similarity matrix is quadratic but below 0.1% of a step at B = 512) and times ``grad_accum``.
+  the backbone's real widths (``sentemb.ops.shapes``; a backbone without a published shape takes its
+  model directory's config.json), ``MICRO`` sentences per batch, every counting sentence exactly
+  ``width`` tokens (``Counter.corpus``), the method's own inputs built on that corpus. So both SimCSE
+  views, SAM's second forward/backward, InfoCSE's auxiliary network and PaSeR's decoder are in the
+  count. The model is built with ``shapes.layers_needed`` layers (2; InfoCSE 7) and the count
+  scaled to the real depth by the FLOPs attributed to one encoder layer (every layer has one shape,
+  so the work is linear in depth). The count at ``MICRO`` sentences is scaled linearly to the run's
+  batch (matmuls are linear in batch at a fixed padded length; the in-batch similarity matrix is
+  quadratic but below 0.1% of a step at B = 512) and times ``grad_accum``.
+* **At the lengths the job meets.** ``corpus_lengths`` finds the corpus's token lengths under the
+  backbone's tokenizer, from the first source that exists: the workflow's token cache
+  ``results/stats/<corpus>/tokens.<backbone>/`` (every line), else a seeded sample of
+  ``LENGTH_SAMPLE`` lines of ``--lengths-from``'s text, the prepared corpus, the mirrored corpus or its head sample
+  (``data/<corpus>_head.txt``) tokenized with the backbone's tokenizer (BERT WordPiece standing in
+  where the backbone's own is absent: said in the plan), else whitespace words ×
+  ``TOKENS_PER_WORD`` + 2; with no text at all, ``max_len`` (the old upper bound). The plan prints
+  which. ``width_profile`` cuts those lengths into the run's batches with the run's own sampler
+  (``batch_schedule``: random or by length) and pads each batch's longest row to its bucket
+  (``train.buckets``, the ``auto`` ladder without): a share of the micro-batches per width.
+* **The width fit.** For a fixed job shape and batch, a step's FLOPs are a + b·L + c·L² in its
+  padded width L (the matmuls linear in L, attention's two matmuls quadratic), and so are its saved
+  activations. ``fitted_measures`` counts each job shape at three widths (``FIT_WIDTHS`` 16, 32, 64,
+  or three within a narrower range) and prices every width the job meets from the quadratic through
+  them (``quadratic_through``, exact rational arithmetic), unless counting the met widths directly is
+  cheaper (e.g. SimCSE at max_len 32 meets only 32). Widths above ``max_len`` are a second segment
+  (ArcCSE's triplets up to ``triplet_max_len``: there the main rows stay at ``max_len``), fitted on
+  its own. ``tests/test_plan.py`` checks a fourth, directly counted width (exact for SimCSE and
+  ArcCSE). ArcCSE is priced in two variants, every sentence forming a triplet and none, each fitted,
+  mixed per width by the share of the batch's sentences with at least ``min_words`` words; the
+  triplet rows are taken at the batch's width (an upper bound: their own longest may be shorter).
+  Not width-modelled: the rows a method builds from its inputs rather than from the batch (PaSeR's
+  decoder rows, UNA's paraphrases) are counted on the counting corpus's inputs at each width, not at
+  the real inputs' lengths; the last, partial batch of an epoch is priced as a full one.
+* **Floor.** Per job, counted FLOPs (steps and dev evaluations) / the GPU's dense bf16 peak: no
+  MFU, no host floor; the total prints the estimate / floor ratio.
+* **Shapes, batch building.** Per training job the distinct padded widths one epoch meets per encoder
+  pass (``shapes``: main, ArcCSE's triplets; what a compiled or graph-captured step recompiles for),
+  and the time to build one optimizer step's batches (the method's ``build_batch`` on real sentences,
+  timed on this CPU, over ``train.workers`` processes): flagged where it exceeds the GPU step.
 * Steps: the corpus's lines (``corpus.expected_lines``; the built-in ``sts-unlabeled`` corpus
   ``STS_UNLABELED_LINES``), ``batch_size``, ``epochs`` or ``max_steps``, ``grad_accum``, as
   ``sentemb.train.loop.batch_schedule`` cuts them. STS-B dev evaluations (fp32, ``DEV_SENTENCES``
-  sentences each) are added as encoder forwards.
+  sentences each at ``EVAL_LEN`` tokens) are added as encoder forwards; their share of the job's
+  time is printed (``dev%``) and flagged above ``DEV_SHARE_FLAG``.
 * A step's time = max(FLOPs / (MFU × peak), ``STEP_FLOOR_S_PER_LAYER`` × layers × passes): the
   compute at a share of the GPU's dense bf16 peak (``benchmark.PEAK_BF16_TFLOPS``), or, for small
   steps, the host's time to launch the kernels, which measured on an H200 is a floor whatever the
@@ -35,17 +66,21 @@ How (issue 20 §3; docs/plan-and-benchmarks.md):
 * Peak GPU memory = 16 bytes per trainable parameter (fp32 weights, gradients, AdamW's two moments)
   + 4 per frozen one (+ 4 per trainable with SAM: the saved perturbation) + activations + ``CUDA_OVERHEAD_GB``.
   Activations are measured: the bytes of the distinct tensors autograd saves in one micro-batch's
-  forward (``torch.autograd.graph.saved_tensors_hooks``), under the CPU's bf16 autocast where the
+  forward (``torch.autograd.graph.saved_tensors_hooks``; each held until the forward ends, as the
+  backward would hold it, so that a reused address is not taken for the same tensor: a few % more
+  than before 2026-11-27, when they were not held), under the CPU's bf16 autocast where the
   GPU run autocasts (train.precision auto/bf16), scaled by depth as the FLOPs are and linearly to
-  the batch, × ``CUDA_ACTIVATION_RATIO`` (0.5: what an H200 measured against the CPU's figure).
+  the batch, at the job's widest width, × ``CUDA_ACTIVATION_RATIO`` (0.5: what an H200 measured
+  against the CPU's figure, rounded up).
   Allocator fragmentation and kernels' workspaces beyond the overhead are not modelled.
 
 What it is not: a measurement of every job. One H200 calibrated the MFU and the floor (SimCSE,
 ArcCSE; BERT-base, BERT-large, RoBERTa-large; B 16–1024): the estimate of a SimCSE step is within
 25% of the measured one there (``sentemb gpu-check`` prints both); other GPUs are assumed to reach
-the same share of their peak with the same host floor. Data loading, dev evaluation's host work and
-the transfer classifiers' training (SentEval's k-fold grid search, CPU/GPU light but minutes per
-task) are not in the FLOPs, and paraphrase generation is a rough formula (memory-bound decoding).
+the same share of their peak with the same host floor. Data loading (beyond the timed
+``build_batch``), dev evaluation's host work and the transfer classifiers' training (SentEval's
+k-fold grid search, CPU/GPU light but minutes per task) are not in the FLOPs, and paraphrase
+generation is a rough formula (memory-bound decoding).
 """
 
 from __future__ import annotations
@@ -57,7 +92,9 @@ import logging
 import math
 import random
 import tempfile
+import time
 from dataclasses import dataclass, field
+from fractions import Fraction
 from pathlib import Path
 
 from .. import SentembError
@@ -66,8 +103,8 @@ from ..config.settings import Config
 
 log = logging.getLogger(__name__)
 
-#: GPU -> memory in GB (the bf16 dense peaks are ``sentemb.ops.benchmark.PEAK_BF16_TFLOPS``)
-GPU_MEMORY_GB = {"H100": 80, "H200": 141, "A100": 80, "A100-40": 40, "L40S": 48, "A10": 24, "4090": 24}
+#: GPU -> memory in GB; with the bf16 dense peaks one table, ``sentemb.ops.gpus.GPUS``
+from .gpus import GPU_MEMORY_GB, GPUS, gpu_spec  # noqa: E402
 DEFAULT_GPU = "H100"
 #: Share of the bf16 dense peak a large-batch training step reaches, by the encoder's hidden size,
 #: measured on an H200 (counted FLOPs / time, ``sentemb gpu-check``, 2026-11-26): SimCSE bf16 at
@@ -103,9 +140,18 @@ TRANSFER_TASK_SENTENCES = {"MR": 10662, "CR": 3775, "SUBJ": 10000, "MPQA": 10606
 TRANSFER_SENTENCES = sum(TRANSFER_TASK_SENTENCES.values())
 STS_UNLABELED_LINES = 30_840  # sentemb prepare-sts-corpus on SentEval's tree (deduplicated)
 PARAPHRASE_INPUT_LEN = 32  # tokens per source sentence (assumed)
+#: Dev evaluation's precision as the loop runs it in this tree (fp32: TF32 at half the bf16 peak). A
+#: run-time dev-eval precision setting does not exist here yet; when it does, price it from the run.
+DEV_EVAL_PRECISION = "fp32"
+DEV_SHARE_FLAG = 0.10  # flag a training job that spends more than this share of its time in dev evaluation
+LENGTH_SAMPLE = 20_000  # corpus lines sampled (seeded) for the lengths when no token cache is built
+MIN_SCHEDULE_BATCHES = 256  # micro-batches drawn from the lengths per job (epochs of the sample as needed)
+#: BERT WordPiece tokens per whitespace word of wiki1m (measured: all-MiniLM-L6-v2's tokenizer on
+#: shared/data/wiki1m_head.txt, 11,913 lines: 1.333). The last fallback: words x this + 2 specials.
+TOKENS_PER_WORD = 1.333
+BUILD_TIMING_STEPS = 4  # build_batch calls timed per method shape (steps 0..3: UNA's negatives every alpha-th)
 
-WORDS = ("the a of and to in is was for on that with as by it at from he she they man woman dog cat plays guitar "
-         "car red runs park street city house music one two new old good").split()
+from .shapes import COUNTING_WORDS as WORDS  # noqa: E402  (each one token of every stand-in tokenizer)
 
 
 @dataclass
@@ -124,6 +170,7 @@ class Measure:
     params_layer: int
     grad_passes: float = 1.0
     nograd_passes: float = 0.0
+    build_s: float | None = None  # seconds of the method's build_batch at the run's batch size (this CPU)
 
     def at(self, layers: int) -> dict:
         d = layers - self.layers
@@ -147,6 +194,14 @@ class Row:
     chunk: str = ""  # training: sentences per forward on one GPU ("64" whole, "16/64" chunks of 16 of 64)
     cpu_hours: float = 0.0  # CPU work of a job that holds no GPU (SentEval's transfer classifier)
     wall_hours: float | None = None  # a CPU job's wall time on its cpus (else the runtime is gpu_hours)
+    floor_hours: float = 0.0  # counted FLOPs / the GPU's bf16 peak (no MFU, no host floor)
+    # training jobs only:
+    lengths: str = ""  # where the priced lengths came from (token cache, corpus sample, fallback, max_len)
+    widths: dict = field(default_factory=dict)  # counted width -> share of the job's micro-batches
+    shapes: dict = field(default_factory=dict)  # encoder pass -> distinct padded widths one epoch meets
+    dev_share: float | None = None  # share of the job's GPU time in STS-B dev evaluation
+    step_s: float | None = None  # estimated seconds of one optimizer step on one GPU
+    build_s: float | None = None  # seconds to build one optimizer step's batches on the job's CPUs
 
 
 # ---------------------------------------------------------------------------------------- measuring
@@ -154,9 +209,11 @@ class Counter:
     """Counts steps and encodes on CPU, cached per distinct job shape (model dirs, corpora, inputs
     under one temporary directory)."""
 
-    def __init__(self, config: dict | Config, work: Path):
+    def __init__(self, config: dict | Config, work: Path, lengths_from: str | Path | None = None):
         self.config, self.work = Config.of(config), Path(work)
+        self.lengths_from = lengths_from
         self.cache: dict = {}
+        self.counts: list[tuple[str, int, float]] = []  # (method class, width, seconds) of every step counted
 
     def model_dir(self, arch: str | dict, layers: int) -> Path:
         from .shapes import write_model_dir
@@ -166,13 +223,26 @@ class Counter:
             self.cache[key] = write_model_dir(arch, self.work / f"model-{len(self.cache)}-{layers}", num_layers=layers)
         return self.cache[key]
 
-    def corpus(self, max_len: int) -> Path:
-        key = ("corpus", max_len)
+    def corpus(self, width: int) -> Path:
+        """A counting corpus whose every line is ``width`` tokens long with its 2 special tokens
+        ([CLS]/[SEP], <s>/</s>) in every stand-in tokenizer: "the" and ``width`` − 3 more
+        ``COUNTING_WORDS``, each one token (``tests/test_plan.py`` checks it)."""
+        key = ("corpus", width)
         if key not in self.cache:
             rng = random.Random(0)
-            p = self.work / f"corpus-{max_len}.txt"  # every line max_len words: padded to max_len
-            p.write_text("".join(" ".join(rng.choice(WORDS) for _ in range(max_len)) + "\n" for _ in range(4 * MICRO)))
+            p = self.work / f"corpus-{width}.txt"
+            n = max(1, width - 2)
+            p.write_text("".join(" ".join(["the"] + [rng.choice(WORDS) for _ in range(n - 1)]) + "\n"
+                                 for _ in range(4 * MICRO)))
             self.cache[key] = p
+        return self.cache[key]
+
+    def lengths(self, corpus: str, backbone: str) -> "Lengths":
+        """The corpus's token lengths under ``backbone``'s tokenizer (``corpus_lengths``), cached."""
+        key = ("lengths", corpus, backbone)
+        if key not in self.cache:
+            self.cache[key] = corpus_lengths(self.config, corpus, backbone, self.lengths_from)
+            log.info("lengths of %s for %s: %s", corpus, backbone, self.cache[key].source)
         return self.cache[key]
 
     def input(self, name: str, corpus: Path, model: Path) -> Path:
@@ -210,8 +280,9 @@ class Counter:
             self.cache[key] = ((flops + (layers - 2) * layer) / MICRO, parameter_count(arch))
         return self.cache[key]
 
-    def measure(self, run, method_cls=None) -> Measure:
-        """Count one optimizer step (one micro-batch) of ``run`` at ``MICRO`` sentences."""
+    def _shape(self, run, method_cls=None) -> tuple:
+        """(method class, counted method_args, architecture, layers, key of the job shape): what a
+        count depends on besides the width."""
         from ..methods import get_method
         from .shapes import layers_needed
 
@@ -223,28 +294,54 @@ class Counter:
         arch = backbone_architecture(self.config, run.backbone)
         layers = layers_needed(run.method, args)
         t = run.train
-        key = ("measure", cls.__name__, json.dumps(_reduced(run.method, args), sort_keys=True, default=str),
-               json.dumps(arch, sort_keys=True),
-               t.max_len, bool(t.sam_rho), t.unpad, _autocast_name(t.precision), layers)
-        if key in self.cache:
-            return self.cache[key]
+        shape = (cls.__name__, json.dumps(_reduced(run.method, args), sort_keys=True, default=str), args.get("min_words"),
+                 json.dumps(arch, sort_keys=True), t.max_len, bool(t.sam_rho), t.unpad, _autocast_name(t.precision), layers)
+        return cls, args, arch, layers, shape
+
+    def counted(self, run, method_cls=None, width: int | None = None) -> bool:
+        """Whether ``run``'s job shape is counted at ``width`` already (``measure`` would reuse it)."""
+        return ("measure", *self._shape(run, method_cls)[4], int(width or run.train.max_len)) in self.cache
+
+    def measure(self, run, method_cls=None, width: int | None = None, timing: list[str] | None = None) -> Measure:
+        """Count one optimizer step (one micro-batch) of ``run`` at ``MICRO`` sentences, every one
+        ``width`` tokens long before truncation (default ``train.max_len``): the main rows are
+        truncated at ``max_len`` as the run truncates them, the method's own rows (ArcCSE's triplets)
+        built from those sentences at their own lengths. With ``timing`` (real sentences), also time
+        the method's ``build_batch`` on them at the run's batch size (``Measure.build_s``; cached per
+        method shape and batch size, whatever the width)."""
+        from ..methods import get_method
+
+        cls, args, arch, layers, shape = self._shape(run, method_cls)
+        t = run.train
+        width = int(width or t.max_len)
+        key = ("measure", *shape, width)
+        tkey = ("build", *shape, t.batch_size)
+        if key in self.cache and (timing is None or tkey in self.cache):
+            m = self.cache[key]
+            return dataclasses.replace(m, build_s=self.cache.get(tkey, m.build_s))
         model = self.model_dir(arch, layers)
-        corpus = self.corpus(t.max_len)
+        corpus = self.corpus(width)
         base = get_method(run.method)
         needed = () if method_cls is not None else base.requires(base.make_args(args))
         inputs = {n: str(self.input(n, corpus, model)) for n in needed}
         train = dataclasses.replace(t, batch_size=MICRO, grad_accum=1, chunk_size=None, max_steps=1, epochs=1, model_selection="last",
                                     eval_at_end=False, device="cpu", prefetch=False, save_steps=10**9,
                                     log_steps=10**9, precision=_autocast_name(t.precision), compile=False,
-                                    log_grad_norms=False, num_threads=None)
+                                    log_grad_norms=False, num_threads=None, buckets=None)  # the width as asked
         local = dataclasses.replace(run, train=train, method_args=args, tracking={"enabled": False, "uri": None},
                                     paths={"model": str(model), "corpus": str(corpus), "senteval": None,
                                            "inputs": inputs})
-        self.cache[key] = m = _count(local, cls)
+        want_timing = timing is not None and tkey not in self.cache
+        t0 = time.perf_counter()
+        m = _count(local, cls, (timing, t.batch_size) if want_timing else None)
+        self.counts.append((cls.__name__, width, time.perf_counter() - t0))
+        if want_timing:
+            self.cache[tkey] = m.build_s
+        self.cache[key] = m
         _release()
-        log.info("counted %s %.40s %s max_len %d: %.3g FLOPs/micro-step at %d layers", cls.__name__, arch,
-                 json.dumps(_reduced(run.method, args), default=str)[:60], t.max_len, m.flops, layers)
-        return m
+        log.info("counted %s %.40s %s max_len %d width %d: %.3g FLOPs/micro-step at %d layers", cls.__name__, arch,
+                 json.dumps(_reduced(run.method, args), default=str)[:60], t.max_len, width, m.flops, layers)
+        return dataclasses.replace(m, build_s=self.cache.get(tkey, m.build_s))
 
 
 def _release() -> None:
@@ -289,7 +386,13 @@ def _layer0(module):
     return layer, sum(p.numel() for p in layer.parameters())
 
 
-def _count(run, method_cls) -> Measure:
+def _count(run, method_cls, timing: tuple[list[str], int] | None = None) -> Measure:
+    """Count one step of ``run`` (see ``Counter.measure``); with ``timing`` = (sentences, batch
+    size), also time ``build_batch`` on batches of those sentences (the mean of steps 0..3, after one
+    untimed warm-up call; line indices are the counting corpus's, whose method inputs, e.g. PaSeR's
+    phrases and UNA's paraphrases, stand in for the real lines')."""
+    import time
+
     import torch
 
     from .flops import counted_by_module
@@ -304,7 +407,7 @@ def _count(run, method_cls) -> Measure:
         frozen = sum(p.numel() for p in method.parameters() if not p.requires_grad)
         # activations: the distinct storages autograd saves in one micro-batch's forward
         (_, batch), = micro_batches(job, 0)
-        seen, inside, total, in_layer = set(), [False], [0], [0]
+        seen, inside, total, in_layer, alive = set(), [False], [0], [0], []
 
         def pack(t):
             s = t.untyped_storage()
@@ -314,8 +417,11 @@ def _count(run, method_cls) -> Measure:
                 total[0] += s.nbytes()
                 if inside[0]:
                     in_layer[0] += s.nbytes()
-            # keep nothing: this forward is never backpropagated, and a saved output that refers to
-            # itself through its grad_fn would form a cycle autograd cannot free
+                # held until the forward ends, as autograd would hold it until the backward: a freed
+                # storage's address reused by a later tensor would otherwise be taken for the same one
+                alive.append(t)
+            # autograd keeps nothing: this forward is never backpropagated, and a saved output that
+            # refers to itself through its grad_fn would form a cycle autograd cannot free
             return None
 
         h1 = layer.register_forward_pre_hook(lambda *a: inside.__setitem__(0, True))
@@ -323,6 +429,7 @@ def _count(run, method_cls) -> Measure:
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda _: None), autocast(job.device, job.amp):
             terms = job.step_fn(batch)
         h1.remove(), h2.remove()
+        alive.clear()
         del terms
         job.opt.zero_grad(set_to_none=True)
         # FLOPs: one optimizer step of the loop's own code; the encoder's passes in it
@@ -336,9 +443,231 @@ def _count(run, method_cls) -> Measure:
         flops_layer = sum(v for k, v in per_module.items() if k in layer_names)
         if not flops_layer:
             raise SentembError(f"sentemb plan: no FLOPs attributed to the encoder's first layer ({sorted(per_module)[:8]})")
+        build_s = None
+        if timing is not None:
+            sentences, b = timing
+            reps = -(-b // max(1, len(sentences)))
+            batch_sents = (list(sentences) * reps)[:b]
+            lines = [i % len(job.sentences) for i in range(b)]
+            job.method.build_batch(batch_sents, step=1, lines=lines, micro=0)  # warm-up (caches, lazy imports)
+            t0 = time.perf_counter()
+            for step in range(BUILD_TIMING_STEPS):
+                job.method.build_batch(batch_sents, step=step, lines=lines, micro=0)
+            build_s = (time.perf_counter() - t0) / BUILD_TIMING_STEPS
         return Measure(layers=len(enc.encoder.layer), flops=flops, flops_layer=flops_layer, act_bytes=total[0],
                        act_layer=in_layer[0], trainable=trainable, frozen=frozen, params_layer=params_layer,
-                       grad_passes=float(calls[0]), nograd_passes=float(calls[1]))
+                       grad_passes=float(calls[0]), nograd_passes=float(calls[1]), build_s=build_s)
+
+
+# ---------------------------------------------------------------------------------------- lengths
+@dataclass
+class Lengths:
+    """A corpus's sentence lengths as a backbone's tokenizer sees them: ``tokens`` (untruncated, with
+    the special tokens) and ``words`` (whitespace words, what ``train.sampler: length`` sorts by) per
+    line of the whole corpus or of a seeded sample of it, ``sentences`` (a few hundred of its lines,
+    for timing ``build_batch``; empty when only a token cache was read), and ``source`` (said in the
+    plan). ``tokens`` None: no corpus text was found; training is priced at ``max_len``."""
+
+    source: str
+    tokens: "np.ndarray | None" = None
+    words: "np.ndarray | None" = None
+    sentences: list = field(default_factory=list)
+
+
+def corpus_text_files(config: dict | Config, corpus: str, lengths_from: str | Path | None = None) -> list[tuple[Path, str]]:
+    """Candidate files of ``corpus``'s text, best first, each with what it is: ``lengths_from`` (the
+    plan's ``--lengths-from``), the prepared ``resources/corpus/<corpus>.txt``, the raw corpus in the
+    mirror (config ``mirror`` / ``$SENTEMB_MIRROR``, then the ``shared/`` folders of
+    ``sentemb.ops.shapes.shared_dirs``) at ``corpus.mirror_path`` (the configured corpus only), and
+    last a head sample of it there: ``data/<corpus>_head.txt`` (shared/data/wiki1m_head.txt: the
+    first 11,913 lines of wiki1m)."""
+    import os
+
+    from ..config.paths import Layout
+    from .shapes import shared_dirs
+
+    cfg = Config.of(config)
+    out: list[tuple[Path, str]] = []
+    if lengths_from:
+        out.append((Path(lengths_from), "--lengths-from"))
+    out.append((Path(Layout.of(cfg).corpus(corpus)), "prepared corpus"))
+    roots = []
+    mirror = os.environ.get("SENTEMB_MIRROR") or cfg.mirror
+    if mirror:
+        roots.append(Path(mirror).expanduser())
+    roots += list(shared_dirs())
+    if corpus == cfg.corpus.name and cfg.corpus.mirror_path:
+        out += [(r / cfg.corpus.mirror_path, "mirrored corpus") for r in roots]
+    out += [(r / "data" / f"{corpus}_head.txt", "head sample of the corpus") for r in roots]
+    return [(p, what) for p, what in out if p.is_file()]
+
+
+def _sample_lines(path: Path, n: int, seed: int = 0) -> tuple[list[str], int]:
+    """Up to ``n`` non-empty lines of ``path`` drawn without replacement (seeded; all when fewer),
+    in file order, and the file's line count."""
+    import numpy as np
+
+    with open(path, encoding="utf-8", errors="replace") as f:
+        lines = [ln.rstrip("\n") for ln in f]
+    lines = [ln for ln in lines if ln.strip()]
+    if len(lines) <= n:
+        return lines, len(lines)
+    keep = np.sort(np.random.default_rng(seed).choice(len(lines), n, replace=False))
+    return [lines[i] for i in keep], len(lines)
+
+
+def _tokenizer_for(config: dict | Config, backbone: str):
+    """(tokenizer, what it is) of ``backbone`` for counting lengths: its real one (the model
+    directory of ``shapes.backbone_model_dir``), else the stand-in of its family where that is the
+    real vocabulary (BERT: the mirror's MiniLM WordPiece = bert-base-uncased's), else (None, why)."""
+    from transformers import AutoTokenizer
+
+    from .shapes import _minilm_dir, backbone_model_dir, fields_of
+
+    d = backbone_model_dir(config, backbone)
+    if d is not None:
+        try:
+            return AutoTokenizer.from_pretrained(d), f"{backbone}'s tokenizer ({d})"
+        except (OSError, ValueError) as e:
+            log.warning("tokenizer of %s in %s: %s", backbone, d, e)
+    family = fields_of(backbone_architecture(config, backbone)).get("model_type")
+    src = _minilm_dir()
+    if src is not None:
+        tok = AutoTokenizer.from_pretrained(src)
+        if family == "bert":
+            return tok, f"bert-base-uncased WordPiece ({src}; {backbone}'s own not found)"
+        return tok, f"bert-base-uncased WordPiece as a proxy for {backbone}'s {family} BPE ({src}; its own not found)"
+    return None, f"no {family} tokenizer found"
+
+
+def corpus_lengths(config: dict | Config, corpus: str, backbone: str, lengths_from: str | Path | None = None) -> Lengths:
+    """The lengths ``sentemb plan`` prices ``corpus`` at for ``backbone`` (see ``Lengths``), from the
+    first source that exists:
+
+    1. the workflow's token cache ``results/stats/<corpus>/tokens.<backbone>/`` (every line; words
+       from the prepared corpus text when present, else the token lengths stand for them);
+    2. a seeded sample of ``LENGTH_SAMPLE`` lines of the corpus text (``corpus_text_files``),
+       tokenized with the backbone's tokenizer (``_tokenizer_for``), or, with none found, whitespace
+       words × ``TOKENS_PER_WORD`` + 2;
+    3. nothing: ``Lengths(tokens=None)``, priced at ``max_len`` (an upper bound)."""
+    import numpy as np
+
+    from ..config.paths import Layout
+    from ..data.tokens import TokenCache
+    from ..train.loop import sentence_lengths
+
+    cfg = Config.of(config)
+    layout = Layout.of(cfg)
+    cache = Path(layout.tokens(corpus, backbone))
+    texts = corpus_text_files(cfg, corpus, lengths_from)
+    if (cache / "meta.json").is_file():
+        try:
+            tc = TokenCache.load(cache)
+        except SentembError as e:
+            log.warning("%s", e)
+        else:
+            tokens = np.asarray(tc.lengths(10**9), dtype=np.int64)
+            words, sentences, how = tokens, [], "token lengths stand for words"
+            for path, _ in [(Path(layout.corpus(corpus)), "prepared corpus")] + texts:
+                if not path.is_file():
+                    continue
+                with open(path, encoding="utf-8", errors="replace") as f:
+                    lines = [ln.rstrip("\n") for ln in f]
+                if len(lines) == len(tokens):  # the text the cache was made from: its words
+                    words, sentences, how = sentence_lengths(lines), lines[:2048], f"words of {path}"
+                    break
+            return Lengths(f"token cache {cache} ({len(tokens)} lines; {how})", tokens, words, sentences)
+    for path, what in texts:
+        lines, total = _sample_lines(path, LENGTH_SAMPLE)
+        if not lines:
+            continue
+        words = sentence_lengths(lines)
+        tok, how = _tokenizer_for(cfg, backbone)
+        if tok is not None:
+            ids = tok(lines, add_special_tokens=False)["input_ids"]
+            n_special = tok.num_special_tokens_to_add(pair=False)
+            tokens = np.fromiter((len(x) + n_special for x in ids), dtype=np.int64, count=len(ids))
+        else:
+            how = f"words x {TOKENS_PER_WORD} + 2 ({how})"
+            tokens = np.ceil(words * TOKENS_PER_WORD).astype(np.int64) + 2
+        sample = f"{len(lines)} of {total} lines" if len(lines) < total else f"all {total} lines"
+        return Lengths(f"{what} {path} ({sample}), {how}", tokens, words, lines[:2048])
+    return Lengths("max_len (no token cache or corpus text found)")
+
+
+def _row_cap(run, arch) -> int:
+    """The longest row, in tokens, a step of ``run`` builds: ``max_len``, or for ArcCSE with
+    triplets its ``triplet_max_len`` capped at the position limit (``ArcCSE._triplet_len``)."""
+    from .shapes import fields_of
+
+    t = run.train
+    if run.method != "arccse" or not run.method_args.get("triplet", True):
+        return int(t.max_len)
+    f = fields_of(arch)
+    limit = int(f.get("max_position_embeddings", 512)) - (2 if f.get("model_type") == "roberta" else 0)
+    return max(int(t.max_len), min(int(run.method_args.get("triplet_max_len", 512)), limit))
+
+
+def width_profile(run, arch, lengths: Lengths) -> dict:
+    """How one job's micro-batches are wide, from ``lengths``: ``batch_schedule`` (the run's sampler;
+    epochs of the lengths until ``MIN_SCHEDULE_BATCHES`` micro-batches, seed 0) cut at the run's
+    batch size; each batch's longest row L (tokens, untruncated). Returns
+
+    * ``count``: counted width -> share of micro-batches, the width being the bucket of min(L, the
+      row cap) on the counting ladder (``train.buckets`` resolved for cuda at the row cap; with
+      ``train.buckets: none``, the ``auto`` ladder: an upper bound by its padding);
+    * ``shapes``: pass -> distinct padded widths one epoch meets: ``main`` (the batch, bucket of
+      min(L, max_len)), ``triplets`` for ArcCSE (bucket of the batch's longest sentence of at least
+      ``min_words`` words, capped at the triplet length, in batches that have one);
+    * ``triplet_share`` (ArcCSE with triplets): width -> mean share of a batch's sentences with at
+      least ``min_words`` words (the rows that form triplets), over the batches of that width;
+    * ``triplet_batches`` (likewise): width -> share of its batches with at least one such sentence
+      (those run the triplet pass);
+    * ``padding``: ``padding_overhead`` of the main pass's buckets over the batches' own widths.
+
+    Without lengths (``tokens`` None): every batch at the row cap, as before this model existed."""
+    import numpy as np
+
+    from ..data.buckets import AUTO_LADDER, bucket_width, padding_overhead, resolve_buckets
+    from ..train.loop import batch_schedule
+
+    t = run.train
+    cap = _row_cap(run, arch)
+    if lengths.tokens is None:
+        triplets = run.method == "arccse" and run.method_args.get("triplet", True)
+        return {"count": {cap: 1.0}, "shapes": {"main": 1} | ({"triplets": 1} if triplets else {}),
+                "triplet_share": {}, "padding": 1.0, "batches": 0}
+    setting = t.buckets if t.buckets not in (None, "none") else "auto"
+    ladder = resolve_buckets(setting, cap, "cuda") or tuple(w for w in AUTO_LADDER if w < cap) + (cap,)
+    main_buckets = resolve_buckets(t.buckets, t.max_len, "cuda")
+    n = len(lengths.tokens)
+    b = min(t.batch_size, n)
+    per_epoch = max(1, n // b)
+    epochs = max(1, math.ceil(MIN_SCHEDULE_BATCHES / per_epoch)) if t.sampler != "length" else 1
+    sched = batch_schedule(n, b, epochs, 0, lengths.words if t.sampler == "length" else None)
+    tokens = lengths.tokens
+    longest = np.fromiter((tokens[i].max() for i in sched), dtype=np.int64, count=len(sched))
+    counted = np.array([bucket_width(int(min(x, cap)), ladder) for x in longest])
+    widths, counts = np.unique(counted, return_counts=True)
+    plain = np.minimum(longest, t.max_len)
+    main = np.array([bucket_width(int(x), main_buckets) for x in plain])
+    shapes = {"main": int(len(np.unique(main)))}
+    tri_share = {}
+    if run.method == "arccse" and run.method_args.get("triplet", True):  # rows that form triplets, per width
+        min_words = int(run.method_args.get("min_words", 25))
+        share = np.fromiter(((lengths.words[i] >= min_words).mean() for i in sched), dtype=float, count=len(sched))
+        tri_share = {int(w): float(share[counted == w].mean()) for w in widths}
+        tri_batches = {int(w): float((share[counted == w] > 0).mean()) for w in widths}
+    if tri_share:  # ArcCSE's triplets: the sentences of >= min_words words, at their own length
+        min_words = int(run.method_args.get("min_words", 25))
+        tri = [int(tokens[i][lengths.words[i] >= min_words].max()) for i in sched
+               if (lengths.words[i] >= min_words).any()]
+        tri_buckets = resolve_buckets(t.buckets, cap, "cuda")
+        shapes["triplets"] = int(len({bucket_width(min(x, cap), tri_buckets) for x in tri}))
+    return {"count": {int(w): float(c) / len(sched) for w, c in zip(widths, counts)}, "shapes": shapes,
+            "triplet_share": tri_share, "triplet_batches": tri_batches if tri_share else {},
+            "padding": padding_overhead(plain.tolist(), buckets=main_buckets),
+            "batches": len(sched)}
 
 
 # ---------------------------------------------------------------------------------------- the plan
@@ -389,11 +718,135 @@ def plan_chunk(setting, share: int, per_sentence_gb: float, free_gb: float) -> i
     return auto_chunk(per_sentence_gb * 1e9, max(free_gb, 0.0) * 1e9, share, AUTO_CHUNK_MARGIN)  # bytes, as the loop
 
 
-def _train_row(kind, label, run, m: Measure, encode: float, config: dict | Config, gpu, mfu, margin, res, method_cls=None) -> Row:
+def _mix(a: Measure, b: Measure, share: float) -> Measure:
+    """``a`` + ``share`` × (``b`` − ``a``) field by field: a step of which a ``share`` of the rows
+    does ``b``'s extra work (ArcCSE: rows that form triplets)."""
+    out = dataclasses.replace(a)
+    for f in ("flops", "flops_layer", "act_bytes", "act_layer", "grad_passes", "nograd_passes"):
+        setattr(out, f, getattr(a, f) + share * (getattr(b, f) - getattr(a, f)))
+    return out
+
+
+#: the Measure fields that depend on the width L as a + b·L + c·L² (matmuls linear in L, attention's
+#: scores and context quadratic; saved activations likewise: the attention probabilities quadratic)
+WIDTH_FIELDS = ("flops", "flops_layer", "act_bytes", "act_layer")
+FIT_WIDTHS = (16, 32, 64)  # where a job shape is counted to fit a segment from MIN_COUNT_WIDTH up
+MIN_COUNT_WIDTH = 8  # no count below this width (a counting line of 6 words)
+
+
+def quadratic_through(points: dict[int, float]) -> tuple[Fraction, Fraction, Fraction]:
+    """(a, b, c) of the one a + b·L + c·L² through three (L, y) points, exactly (rational
+    arithmetic: counted FLOPs and bytes are integers)."""
+    (x0, y0), (x1, y1), (x2, y2) = sorted((Fraction(x), Fraction(y)) for x, y in points.items())
+    d01, d12 = (y1 - y0) / (x1 - x0), (y2 - y1) / (x2 - x1)
+    c = (d12 - d01) / (x2 - x0)
+    b = d01 - c * (x0 + x1)
+    return y0 - b * x0 - c * x0 * x0, b, c
+
+
+def fit_points(lo: int, hi: int) -> tuple[int, ...] | None:
+    """Three widths in [lo, hi] to count a segment at: ``FIT_WIDTHS`` from ``MIN_COUNT_WIDTH``
+    (hi ≥ 64), lo, 2·lo, 4·lo above it, else lo, the middle, hi; None when [lo, hi] has no three
+    distinct widths."""
+    if hi - lo < 2:
+        return None
+    if lo <= MIN_COUNT_WIDTH and hi >= FIT_WIDTHS[-1]:
+        return FIT_WIDTHS
+    if 4 * lo <= hi:
+        return (lo, 2 * lo, 4 * lo)
+    pts = (lo, (lo + hi) // 2, hi)
+    return pts if len(set(pts)) == 3 else None
+
+
+def width_segments(run, arch) -> list[tuple[int, int]]:
+    """The width ranges over which one step's FLOPs and bytes are one quadratic in the width L:
+    up to ``max_len`` (every row grows with L); for ArcCSE with triplets, also ``max_len`` to the
+    triplet length, where the main rows stay truncated at ``max_len`` and only the triplet rows grow."""
+    t = run.train
+    cap = _row_cap(run, arch)
+    segs = [(MIN_COUNT_WIDTH, min(int(t.max_len), cap))]
+    if cap > t.max_len:
+        segs.append((int(t.max_len), cap))
+    return segs
+
+
+def fitted_measures(counter: "Counter", run, widths, method_cls=None, timing: list | None = None) -> dict[int, Measure]:
+    """Width -> the Measure of one micro-batch of ``run`` at that width, for every width of
+    ``widths``. Per segment (``width_segments``), the cheaper of: counting each width directly
+    (``Counter.measure``), or counting the segment's three ``fit_points`` and pricing every width
+    from the quadratic through them (``quadratic_through``, each of ``WIDTH_FIELDS``); cost = the sum
+    of the widths not counted yet (a count's time grows with its width). Exact where the step's
+    work is a quadratic in L (``tests/test_plan.py`` checks a fourth, directly counted width)."""
+    arch = backbone_architecture(counter.config, run.backbone)
+    t = run.train
+    out: dict[int, Measure] = {}
+    first = [timing]
+
+    def measure(w: int) -> Measure:
+        m = counter.measure(run, method_cls, w, first[0])
+        first[0] = None
+        return m
+
+    segs = width_segments(run, arch)
+    cap = segs[-1][1]  # beyond it every row is truncated: a wider batch is the same step
+    todo = sorted({min(int(w), cap) for w in widths})
+    for k, (lo, hi) in enumerate(segs):
+        group = [w for w in todo if (w <= hi if k == 0 else t.max_len < w <= hi)]
+        if not group:
+            continue
+        pts = fit_points(lo, hi)
+        cost = lambda ws: sum(w for w in ws if not counter.counted(run, method_cls, w))  # noqa: E731
+        if pts is None or cost(group) <= cost(pts):
+            out.update({w: measure(w) for w in group})
+            continue
+        ms = {p: measure(p) for p in pts}
+        fits = {f: quadratic_through({p: getattr(m, f) for p, m in ms.items()}) for f in WIDTH_FIELDS}
+        top = ms[max(pts)]
+        for w in group:
+            out[w] = dataclasses.replace(top, **{f: float(a + b * w + c * w * w) for f, (a, b, c) in fits.items()})
+    return {int(w): out[min(int(w), cap)] for w in widths}
+
+
+def job_measures(counter: "Counter", run, profile: dict, method_cls=None, timing: list | None = None) -> dict[int, Measure]:
+    """Counted width -> the Measure of one micro-batch at that width (``fitted_measures``). ArcCSE
+    with triplets is priced in two variants, every sentence forming a triplet (``min_words`` 1)
+    and none (``triplet: false``), each fitted in the width, mixed per width by its
+    ``triplet_share`` (the FLOPs are linear in the triplet rows; their width is taken as the batch's,
+    an upper bound), the encoder passes by its ``triplet_batches`` (the share of batches that run
+    the triplet pass at all). ``build_batch`` is timed in both on the real sentences and mixed by the job's
+    mean triplet share."""
+    widths = sorted(profile["count"])
+    tri = profile.get("triplet_share") or {}
+    if not tri or method_cls is not None:
+        return fitted_measures(counter, run, widths, method_cls, timing)
+    full = fitted_measures(counter, dataclasses.replace(run, method_args={**run.method_args, "min_words": 1}), widths,
+                           None, timing)
+    none = fitted_measures(counter, dataclasses.replace(run, method_args={**run.method_args, "triplet": False}), widths,
+                           None, timing)
+    build_s = None
+    if timing is not None:  # every real sentence forming a triplet, and none, mixed by the job's share
+        share = sum(f * tri.get(w, 0.0) for w, f in profile["count"].items())
+        a, b = none[widths[0]].build_s, full[widths[0]].build_s
+        build_s = a + share * (b - a) if a is not None and b is not None else (a if b is None else b)
+    batches = profile.get("triplet_batches") or {}
+    out = {}
+    for w in widths:
+        out[w] = _mix(none[w], full[w], tri.get(w, 0.0))
+        for f in ("grad_passes", "nograd_passes"):  # a batch with any triplet runs the whole triplet pass
+            lo, hi = getattr(none[w], f), getattr(full[w], f)
+            setattr(out[w], f, lo + batches.get(w, tri.get(w, 0.0)) * (hi - lo))
+        out[w].build_s = build_s
+    return out
+
+
+def _train_row(kind, label, run, m: Measure, encode: float, config: dict | Config, gpu, mfu, margin, res, method_cls=None,
+               measures: dict[int, Measure] | None = None, profile: dict | None = None, lengths: str = "") -> Row:
     """One training (or pretraining) job. Memory is per GPU: weights, gradients and AdamW state on
     every one of ``train.devices``, activations of one chunk (``plan_chunk``) or of the GPU's share
-    of the batch. GPU-hours add the chunked step's extra forward (1/3 of the counted forward +
-    backward) where the method has in-batch terms (``Method.has_batch_terms``)."""
+    of the batch, at the widest counted width. GPU-hours add the chunked step's extra forward (1/3
+    of the counted forward + backward) where the method has in-batch terms
+    (``Method.has_batch_terms``). ``measures`` (width -> Measure) and ``profile`` (``width_profile``)
+    price each width at its share of the micro-batches; without them every step is ``m``."""
     from ..methods import get_method
     from .shapes import depth
 
@@ -402,29 +855,55 @@ def _train_row(kind, label, run, m: Measure, encode: float, config: dict | Confi
     cls = method_cls or get_method(run.method)
     arch = backbone_architecture(cfg, run.backbone)
     layers = depth(arch)
-    at = m.at(layers)
+    measures = measures or {t.max_len: m}
+    shares = (profile or {}).get("count") or {max(measures): 1.0}
+    widest = measures[max(measures)]
+    at = widest.at(layers)
     mfu = mfu_for(arch, mfu)
     scale = t.batch_size / MICRO
     static = (16 * at["trainable"] + 4 * at["frozen"] + (4 * at["trainable"] if t.sam_rho else 0)) / 1e9 \
         + CUDA_OVERHEAD_GB
     per_sentence = CUDA_ACTIVATION_RATIO * at["act"] / MICRO / 1e9
     share = -(-t.batch_size // t.devices)
-    chunk = plan_chunk(t.chunk_size, share, per_sentence, GPU_MEMORY_GB[gpu.upper()] - static)
+    chunk = plan_chunk(t.chunk_size, share, per_sentence, gpu_spec(gpu)[1] - static)
     extra = 4 / 3 if chunk is not None and cls.has_batch_terms else 1.0
-    flops_step = at["flops"] * scale * t.grad_accum * extra
     steps, evals = schedule(t, corpus_lines(cfg, run.corpus))
     peak = _peak(gpu)
-    if chunk is not None:  # per chunk: the grad passes, and the in-batch terms' no-grad forward
-        passes = -(-share // chunk) * (m.grad_passes + (1 / 3 if cls.has_batch_terms else 0.0))
-    else:
-        passes = m.grad_passes + m.nograd_passes / 3
-    per_gpu = step_seconds(flops_step / t.devices, layers, passes * t.grad_accum, peak, mfu)
-    hours = per_gpu * t.devices * steps / 3600 + evals * DEV_SENTENCES * encode / (mfu * peak / 2) / 3600
+    flops_step, per_gpu = 0.0, 0.0
+    for w, frac in shares.items():
+        mw = measures[w]
+        f = mw.at(layers)["flops"] * scale * t.grad_accum * extra
+        if chunk is not None:  # per chunk: the grad passes, and the in-batch terms' no-grad forward
+            passes = -(-share // chunk) * (mw.grad_passes + (1 / 3 if cls.has_batch_terms else 0.0))
+        else:
+            passes = mw.grad_passes + mw.nograd_passes / 3
+        flops_step += frac * f
+        per_gpu += frac * step_seconds(f / t.devices, layers, passes * t.grad_accum, peak, mfu)
+    eval_flops = evals * DEV_SENTENCES * encode
+    eval_hours = eval_flops / (mfu * peak / (2 if DEV_EVAL_PRECISION == "fp32" else 1)) / 3600
+    hours = per_gpu * t.devices * steps / 3600 + eval_hours
     mem = static + per_sentence * (chunk or share)
     host = HOST_BASE_GB + 8 * (at["trainable"] + at["frozen"]) / 1e9
     row = Row(kind, label, at["trainable"] + at["frozen"], flops_step, steps, hours, mem, host)
+    row.floor_hours = (flops_step * steps + eval_flops) / peak / 3600
     row.chunk = (f"{chunk}/{share}" if chunk is not None else f"{share}") + (f" x{t.devices}" if t.devices > 1 else "")
-    return _flag(row, gpu, res, margin)
+    row.lengths = lengths
+    row.widths = {int(w): round(float(f), 4) for w, f in sorted(shares.items())}
+    row.shapes = dict((profile or {}).get("shapes") or {})
+    row.dev_share = eval_hours / hours if hours else 0.0
+    row.step_s = per_gpu
+    row = _flag(row, gpu, res, margin)
+    if row.dev_share > DEV_SHARE_FLAG:
+        row.flags.append(f"dev eval {100 * row.dev_share:.0f}% of its time > {100 * DEV_SHARE_FLAG:.0f}%")
+    if widest.build_s is not None:
+        cpus = int(res.get("cpus") or 1)
+        workers = int(getattr(t, "workers", 0) or 0)
+        parallel = max(1, min(workers, cpus)) if workers else 1
+        row.build_s = widest.build_s * t.grad_accum / parallel
+        if row.build_s > per_gpu:
+            row.flags.append(f"batch building {1000 * row.build_s:.0f} ms/step on {parallel} process(es) > "
+                             f"GPU step {1000 * per_gpu:.0f} ms")
+    return row
 
 
 def mfu_for(arch, mfu: float | None = None) -> float:
@@ -445,12 +924,8 @@ def step_seconds(flops: float, layers: int, passes: float, peak: float, mfu: flo
 
 
 def _peak(gpu: str) -> float:
-    from .benchmark import PEAK_BF16_TFLOPS
-
-    name = gpu.upper().split("-")[0]
-    if name not in PEAK_BF16_TFLOPS:
-        raise SentembError(f"--gpu {gpu}: unknown GPU (known: {', '.join(sorted(GPU_MEMORY_GB))})")
-    return PEAK_BF16_TFLOPS[name] * 1e12
+    """The dense bf16 peak of ``gpu`` in FLOP/s (``sentemb.ops.gpus.GPUS``)."""
+    return gpu_spec(gpu)[2] * 1e12
 
 
 def _flag(row: Row, gpu: str, res: dict, margin: float) -> Row:
@@ -460,13 +935,14 @@ def _flag(row: Row, gpu: str, res: dict, margin: float) -> Row:
         row.flags.append(f"runtime {row.runtime_min} min < {margin}x {hours * 60:.0f} min")
     if row.mem_mb is not None and row.mem_mb < margin * row.host_gb * 1000:
         row.flags.append(f"mem_mb {row.mem_mb} < {margin}x {row.host_gb * 1000:.0f} MB host")
-    if row.mem_gb > GPU_MEMORY_GB[gpu.upper()]:
-        row.flags.append(f"needs {row.mem_gb:.0f} GB > {gpu} {GPU_MEMORY_GB[gpu.upper()]} GB")
+    name, memory, _ = gpu_spec(gpu)
+    if row.mem_gb > memory:
+        row.flags.append(f"needs {row.mem_gb:.0f} GB > {name} {memory} GB")
     return row
 
 
 def plan(config: dict | Config, gpu: str = DEFAULT_GPU, mfu: float | None = DEFAULT_MFU, margin: float = DEFAULT_MARGIN,
-         work: str | Path | None = None) -> list[Row]:
+         work: str | Path | None = None, lengths_from: str | Path | None = None) -> list[Row]:
     """Every job of the configuration's DAG with its estimate (see the module docstring)."""
     import torch
 
@@ -474,16 +950,13 @@ def plan(config: dict | Config, gpu: str = DEFAULT_GPU, mfu: float | None = DEFA
     from ..methods import get_method
     from ..train.pretrain import resolve_pretrain
     from ..config.fields import to_dict
-    gpu = gpu.upper()
-    if gpu not in GPU_MEMORY_GB:
-        raise SentembError(f"--gpu {gpu}: unknown GPU (known: {', '.join(sorted(GPU_MEMORY_GB))})")
-    _peak(gpu)
+    gpu = gpu_spec(gpu)[0]
     cfg = Config.of(config)
     resources = to_dict(cfg.job_resources)  # rule kind -> {gpu, runtime, mem_mb, cpus}
     torch.manual_seed(0)
     rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="sentemb-plan-", dir=work) as tmp:
-        counter = Counter(cfg, Path(tmp))
+        counter = Counter(cfg, Path(tmp), lengths_from)
         # pretraining stages: once per method and backbone a run of it reads
         for method in sorted({r.method for r in cfg.runs if get_method(r.method).pretrain_stage}):
             cls = get_method(method)
@@ -491,18 +964,15 @@ def plan(config: dict | Config, gpu: str = DEFAULT_GPU, mfu: float | None = DEFA
                                 and "pretrained" in _requires(cfg, r)})
             for b in backbones:
                 run = resolve_pretrain(cfg, method, b)
-                m = counter.measure(run, cls.pretrain_stage)
-                rows.append(_train_row("pretrain", f"{method}/{b}", run, m, counter.encode(backbone_architecture(cfg, run.backbone))[0], cfg,
-                                       gpu, mfu, margin, resources["pretrain"], cls.pretrain_stage))
+                rows.append(_priced_row(counter, "pretrain", f"{method}/{b}", run, cfg, gpu, mfu, margin,
+                                        resources["pretrain"], cls.pretrain_stage))
         # training and its evaluations
         evaluations = []  # (job, architecture, with transfer)
         evaluated, transferred = tested(cfg), transfer_runs(cfg)
         for job in jobs(cfg):  # the Snakefile's training jobs (sentemb.config.load.jobs)
             run = resolve_run(cfg, job.name, job.backbone, job.seed)
-            m = counter.measure(run)
             label = f"{job.name}/{job.backbone}/seed{job.seed}"
-            rows.append(_train_row("train", label, run, m, counter.encode(backbone_architecture(cfg, run.backbone))[0], cfg, gpu, mfu,
-                                   margin, resources["train"]))
+            rows.append(_priced_row(counter, "train", label, run, cfg, gpu, mfu, margin, resources["train"]))
             if (job.name, job.backbone) in evaluated:
                 evaluations.append((label, backbone_architecture(cfg, job.backbone),
                                     (job.name, job.backbone) in transferred))
@@ -517,12 +987,28 @@ def plan(config: dict | Config, gpu: str = DEFAULT_GPU, mfu: float | None = DEFA
                     continue
                 hours = n * encode / (mfu_for(arch, mfu) * peak / 2) / 3600  # fp32: TF32 at half the bf16 peak
                 row = Row(kind, label, params, encode, n, hours, 4 * params / 1e9 + CUDA_OVERHEAD_GB,
-                          HOST_BASE_GB + 8 * params / 1e9)
+                          HOST_BASE_GB + 8 * params / 1e9, floor_hours=n * encode / peak / 3600)
                 rows.append(_flag(row, gpu, resources["evaluate"], margin))
             if transfer:
                 rows.append(_classify_row(cfg, label, arch, resources["classify"], gpu, margin))
         rows.extend(_paraphrase_rows(cfg, gpu, resources["paraphrase"], margin))
+        widths = sorted({c[1] for c in counter.counts})
+        log.info("counted %d steps (width: counts %s) in %.0f s", len(counter.counts),
+                 ", ".join(f"{w}: {sum(c[1] == w for c in counter.counts)}" for w in widths),
+                 sum(c[2] for c in counter.counts))
     return rows
+
+
+def _priced_row(counter: Counter, kind: str, label: str, run, cfg: Config, gpu: str, mfu, margin, res: dict,
+                method_cls=None) -> Row:
+    """A training or pretraining job priced at its corpus's lengths (``corpus_lengths``,
+    ``width_profile``, ``job_measures``)."""
+    arch = backbone_architecture(cfg, run.backbone)
+    lengths = counter.lengths(run.corpus, run.backbone)
+    profile = width_profile(run, arch, lengths)
+    measures = job_measures(counter, run, profile, method_cls, lengths.sentences or None)
+    return _train_row(kind, label, run, measures[max(measures)], counter.encode(arch)[0], cfg, gpu, mfu, margin, res,
+                      method_cls, measures=measures, profile=profile, lengths=lengths.source)
 
 
 def _classify_row(config: dict | Config, label: str, arch, res: dict, gpu: str, margin: float) -> Row:
@@ -588,34 +1074,61 @@ def _paraphrase_rows(config: dict | Config, gpu: str, res: dict, margin: float) 
             hours = per_sentence * n / (GEN_MFU * _peak(gpu)) / 3600
             row = Row("paraphrase", f"{c}/shard{shard}of{para.shards}", params, per_sentence * para.batch_size,
                       math.ceil(n / para.batch_size), hours, (4 * params + kv) / 1e9 + CUDA_OVERHEAD_GB,
-                      HOST_BASE_GB + 4 * params / 1e9)
+                      HOST_BASE_GB + 4 * params / 1e9, floor_hours=per_sentence * n / _peak(gpu) / 3600)
             rows.append(_flag(row, gpu, res, margin))
     return rows
 
 
 def format_plan(rows: list[Row], gpu: str, mfu: float | None) -> str:
-    head = f"{'kind':<10} {'job':<58} {'params':>8} {'FLOP/step':>10} {'steps':>7} {'GPU-h':>8} {'CPU-h':>6} " \
-           f"{'chunk':>9} {'GPU GB':>7} {'req min':>7} {'req MB':>7}  flags"
+    """The plan as a table, then the totals: GPU-hours (estimate and floor, and their ratio), the
+    lengths each training job was priced at, and the flags."""
+    head = f"{'kind':<10} {'job':<50} {'params':>7} {'FLOP/step':>9} {'steps':>7} {'GPU-h':>7} {'floor-h':>7} " \
+           f"{'CPU-h':>6} {'chunk':>7} {'shapes':>6} {'dev%':>4} {'bld ms':>6} {'step ms':>7} {'GPU GB':>6} " \
+           f"{'req min':>7} {'req MB':>6}  flags"
     lines = [head, "-" * len(head)]
     for r in rows:
-        lines.append(f"{r.kind:<10} {r.job[:58]:<58} {r.params / 1e6:>7.0f}M {r.flops_step:>10.3g} {r.steps:>7} "
-                     f"{r.gpu_hours:>8.2f} {f'{r.cpu_hours:.2f}' if r.cpu_hours else '':>6} {r.chunk:>9} {r.mem_gb:>7.1f} {r.runtime_min or '':>7} "
-                     f"{r.mem_mb or '':>7}  {'; '.join(r.flags)}")
+        shapes = "/".join(str(v) for v in r.shapes.values())
+        dev = f"{100 * r.dev_share:.0f}" if r.dev_share is not None else ""
+        bld = f"{1000 * r.build_s:.0f}" if r.build_s is not None else ""
+        step = f"{1000 * r.step_s:.0f}" if r.step_s is not None else ""
+        lines.append(f"{r.kind:<10} {r.job[:50]:<50} {r.params / 1e6:>6.0f}M {r.flops_step:>9.3g} {r.steps:>7} "
+                     f"{r.gpu_hours:>7.2f} {r.floor_hours:>7.2f} {f'{r.cpu_hours:.2f}' if r.cpu_hours else '':>6} "
+                     f"{r.chunk:>7} {shapes:>6} {dev:>4} {bld:>6} {step:>7} {r.mem_gb:>6.1f} {r.runtime_min or '':>7} "
+                     f"{r.mem_mb or '':>6}  {'; '.join(r.flags)}")
     by_kind: dict[str, float] = {}
     for r in rows:
         if r.kind != "classify":
             by_kind[r.kind] = by_kind.get(r.kind, 0.0) + r.gpu_hours
     flagged = [r for r in rows if r.flags]
     cpu = [r for r in rows if r.kind == "classify"]
-    lines += ["", "GPU-hours by kind: " + ", ".join(f"{k} {v:.1f} ({sum(r.kind == k for r in rows)} jobs)"
-                                                   for k, v in by_kind.items())]
+    lines += ["", "columns: floor-h = counted FLOPs / the GPU's bf16 peak; shapes = distinct padded widths one epoch "
+              "meets per encoder pass (main[/triplets]); dev% = share of the job's time in STS-B dev evaluation; "
+              "bld ms = building one optimizer step's batches on the job's CPUs (train.workers), timed here; "
+              "step ms = the estimated GPU step"]
+    sources: dict[str, int] = {}
+    for r in rows:
+        if r.lengths:
+            sources[r.lengths] = sources.get(r.lengths, 0) + 1
+    for src, n in sources.items():
+        lines.append(f"lengths ({n} training jobs): {src}")
+    lines += ["GPU-hours by kind: " + ", ".join(f"{k} {v:.1f} ({sum(r.kind == k for r in rows)} jobs)"
+                                                for k, v in by_kind.items())]
     if cpu:
         lines.append(f"CPU-hours of SentEval's transfer classifier (jobs without a GPU): "
                      f"{sum(r.cpu_hours for r in cpu):.1f} ({len(cpu)} jobs, longest {max(r.wall_hours for r in cpu) * 60:.0f} "
                      f"min on its cpus)")
+    train = [r for r in rows if r.dev_share is not None]
+    if train:
+        dev_h = sum(r.dev_share * r.gpu_hours for r in train)
+        lines.append(f"STS-B dev evaluation ({DEV_EVAL_PRECISION}, {DEV_SENTENCES} sentences each): {dev_h:.1f} GPU-hours, "
+                     f"{100 * dev_h / max(sum(r.gpu_hours for r in train), 1e-12):.1f}% of training; "
+                     f"{sum(r.dev_share > DEV_SHARE_FLAG for r in train)} jobs above {100 * DEV_SHARE_FLAG:.0f}%")
     at = (f"MFU {mfu:.2f} of its bf16 peak" if mfu is not None else
           f"the MFU measured on an H200 ({', '.join(f'{v:.2f} at width {k}' for k, v in MEASURED_MFU.items())}) "
           f"and a floor of {1000 * STEP_FLOOR_S_PER_LAYER:.1f} ms per layer and pass")
-    lines += [f"total: {sum(by_kind.values()):.1f} GPU-hours on {gpu} at {at}, "
+    total = sum(by_kind.values())
+    floor = sum(r.floor_hours for r in rows)
+    lines += [f"total: {total:.1f} GPU-hours on {gpu} at {at}; floor {floor:.1f} GPU-hours (counted FLOPs at "
+              f"{gpu}'s bf16 peak), estimate/floor {total / floor if floor else float('nan'):.1f}x; "
               f"{len(rows)} jobs, {len(flagged)} flagged (an estimate; see docs/gpu/h200-2026-11-26.md)"]
     return "\n".join(lines)

@@ -42,6 +42,12 @@ ARCHITECTURES: dict[str, dict] = {
     "roberta-large": {**_ROBERTA, **_LARGE},
 }
 
+#: words each of which is one token of every stand-in tokenizer (and of bert-base-uncased's WordPiece):
+#: a line of k of them is k content tokens, which ``sentemb plan`` uses to count a step at a given width
+COUNTING_WORDS = tuple(("the a of and to in is was for on that with as by it at from he she they man woman dog cat "
+                        "plays guitar car red runs park street city house music one two new old good").split())
+
+
 def shared_dirs() -> list[Path]:
     """Folders laid out like ``shared/`` that may hold the mirror: ``$SENTEMB_SHARED``,
     ``$SENTEMB_MIRROR``, and a ``shared/`` folder beside this checkout."""
@@ -68,11 +74,61 @@ def architecture_of(hub_id: str) -> str:
 def backbone_architecture(config, backbone: str) -> str | dict:
     """The architecture of configured ``backbone`` (``config``: a validated mapping or the tree): its
     ``random_init`` shape (HF config keys with ``model_type``) when it has one, else the published one
-    of its ``hub_id``."""
+    of its ``hub_id``, else the shape read from its model directory's ``config.json``
+    (``backbone_model_dir``: fetched, mirrored or in a shared/ folder), else an error."""
     from ..config.settings import Config
 
     spec = Config.of(config).backbones[backbone]
-    return dict(spec.random_init) if spec.random_init else architecture_of(spec.hub_id)
+    if spec.random_init:
+        return dict(spec.random_init)
+    try:
+        return architecture_of(spec.hub_id)
+    except SentembError as e:
+        d = backbone_model_dir(config, backbone)
+        if d is None:
+            raise SentembError(f"{e}; and no model directory with a config.json was found for it (fetch it, or set "
+                               "mirror / SENTEMB_MIRROR)") from None
+        return architecture_from_dir(d)
+
+
+#: the config.json fields that fix an encoder's shapes (``architecture_from_dir`` keeps these)
+SHAPE_FIELDS = ("model_type", "vocab_size", "max_position_embeddings", "type_vocab_size", "pad_token_id",
+                "bos_token_id", "eos_token_id", "hidden_act", "layer_norm_eps", "hidden_dropout_prob",
+                "attention_probs_dropout_prob", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                "intermediate_size")
+
+
+def architecture_from_dir(model_dir: str | Path) -> dict:
+    """The shape-fixing fields (``SHAPE_FIELDS``) of a Hugging Face model directory's ``config.json``
+    (BERT or RoBERTa family: what ``hf_config`` builds)."""
+    import json
+
+    f = Path(model_dir) / "config.json"
+    try:
+        cfg = json.loads(f.read_text("utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise SentembError(f"{f}: cannot read the model's config ({e})") from None
+    if cfg.get("model_type") not in ("bert", "roberta"):
+        raise SentembError(f"{f}: model_type {cfg.get('model_type')!r}; sentemb plan knows bert and roberta shapes")
+    return {k: cfg[k] for k in SHAPE_FIELDS if cfg.get(k) is not None}
+
+
+def backbone_model_dir(config, backbone: str) -> Path | None:
+    """A directory holding ``backbone``'s real ``config.json`` (and tokenizer), or None: the fetched
+    one (``resources/models/<backbone>``), else ``<mirror>/<mirror_path>`` (config ``mirror`` or
+    ``$SENTEMB_MIRROR``), else ``<shared>/<mirror_path>`` of ``shared_dirs``."""
+    from ..config.paths import Layout
+    from ..config.settings import Config
+
+    cfg = Config.of(config)
+    spec = cfg.backbones[backbone]
+    sub = spec.mirror_path or f"models/{str(spec.hub_id).rstrip('/').rsplit('/', 1)[-1]}"
+    roots = [Path(Layout.of(cfg).model(backbone))]
+    mirror = os.environ.get("SENTEMB_MIRROR") or cfg.mirror
+    if mirror:
+        roots.append(Path(mirror).expanduser() / sub)
+    roots += [d / sub for d in shared_dirs()]
+    return next((d for d in roots if (d / "config.json").is_file()), None)
 
 
 def fields_of(arch: str | dict) -> dict:
@@ -122,8 +178,7 @@ def stand_in_tokenizer(arch: str | dict):
             return AutoTokenizer.from_pretrained(src)
         import tempfile
 
-        words = ("the a an of and to in is was for on that with as by it at from he she they man woman dog cat "
-                 "plays guitar car red runs park street city house music one two new old good").split()
+        words = COUNTING_WORDS + ("an",)
         vocab = ["[PAD]"] + [f"[unused{i}]" for i in range(99)] + ["[UNK]", "[CLS]", "[SEP]", "[MASK]"]
         vocab += sorted(set(words)) + list("abcdefghijklmnopqrstuvwxyz0123456789.,'!?-")
         vocab += [f"##{c}" for c in "abcdefghijklmnopqrstuvwxyz0123456789"]
@@ -133,8 +188,21 @@ def stand_in_tokenizer(arch: str | dict):
     from tokenizers.pre_tokenizers import ByteLevel
     from transformers import RobertaTokenizerFast
 
-    vocab = {t: i for i, t in enumerate(["<s>", "<pad>", "</s>", "<unk>"] + sorted(ByteLevel.alphabet()) + ["<mask>"])}
-    return RobertaTokenizerFast(vocab=vocab, merges=[])
+    tokens = ["<s>", "<pad>", "</s>", "<unk>"] + sorted(ByteLevel.alphabet()) + ["<mask>"]
+    merges: list[tuple[str, str]] = []
+    # each counting word one token, with and without its leading space (Ġ); the spaced merges rank
+    # first, so that a spaced word never merges its letters apart from its Ġ
+    for spaced in (True, False):
+        for word in COUNTING_WORDS:
+            symbols = (["\u0120"] if spaced else []) + list(word)
+            s = symbols[0]
+            for ch in symbols[1:]:
+                merges.append((s, ch))
+                s += ch
+                if s not in tokens:
+                    tokens.append(s)
+    merges = list(dict.fromkeys(merges))
+    return RobertaTokenizerFast(vocab={t: i for i, t in enumerate(tokens)}, merges=merges)
 
 
 def write_model_dir(arch: str | dict, out: str | Path, num_layers: int | None = None, seed: int = 0) -> Path:
