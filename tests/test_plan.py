@@ -391,11 +391,12 @@ def test_floor_is_below_the_estimate_and_is_the_counted_flops_at_peak(test_plan)
     assert "estimate/floor" in last
 
 
-def test_dev_evaluation_share_is_printed_and_flagged(test_plan):
-    """The share is the dev evaluations' encoder FLOPs (3000 sentences each, fp32 at half the MFU)
-    over the job's time: recomputed here from the job's own schedule."""
+def test_dev_evaluation_share_is_printed_and_flagged(test_plan, tmp_path):
+    """The share is the dev evaluations' time over the job's: per evaluation the H200's measured
+    seconds of BERT-base in the run's eval precision, scaled by the encoder's forward FLOPs against
+    BERT-base's; recomputed here from the job's own schedule."""
     from sentemb.config.load import jobs, resolve_run
-    from sentemb.ops.plan import DEV_SENTENCES, MEASURED_MFU, format_plan
+    from sentemb.ops.plan import DEV_EVAL_SECONDS, Counter, format_plan
     from sentemb.train.loop import eval_due
 
     config, rows = test_plan
@@ -412,9 +413,11 @@ def test_dev_evaluation_share_is_printed_and_flagged(test_plan):
     evals = sum(eval_due(run.train, s, run.train.grad_accum, row.steps) for s in range(1, row.steps + 1)) \
         if run.train.selects_by_dev else 0
     (ev,) = [r for r in rows if r.kind == "evaluate" and r.job == row.job] or [None]
-    if ev is not None and evals:
-        dev_h = evals * DEV_SENTENCES * ev.flops_step / (MEASURED_MFU[768] * 989e12 / 2) / 3600
-        assert row.dev_share * row.gpu_hours == pytest.approx(dev_h, rel=1e-6)
+    assert ev is not None and evals > 0, "the test config's first job should evaluate on dev"
+    base = Counter(config, tmp_path).encode("bert-base-uncased")[0]
+    secs = DEV_EVAL_SECONDS["fp32" if run.train.eval_precision == "fp32" else "bf16"]
+    dev_h = evals * secs * ev.flops_step / base / 3600
+    assert row.dev_share * row.gpu_hours == pytest.approx(dev_h, rel=1e-6)
 
 
 def test_every_known_gpu_is_accepted_and_an_unknown_one_names_them():

@@ -140,9 +140,12 @@ TRANSFER_TASK_SENTENCES = {"MR": 10662, "CR": 3775, "SUBJ": 10000, "MPQA": 10606
 TRANSFER_SENTENCES = sum(TRANSFER_TASK_SENTENCES.values())
 STS_UNLABELED_LINES = 30_840  # sentemb prepare-sts-corpus on SentEval's tree (deduplicated)
 PARAPHRASE_INPUT_LEN = 32  # tokens per source sentence (assumed)
-#: Dev evaluation's precision as the loop runs it in this tree (fp32: TF32 at half the bf16 peak). A
-#: run-time dev-eval precision setting does not exist here yet; when it does, price it from the run.
-DEV_EVAL_PRECISION = "fp32"
+#: Seconds of one STS-B dev evaluation (3,000 sentences) of BERT-base on an H200, by precision (the
+#: run's ``train.eval_precision``; ``auto`` is bf16 on a GPU): ``sentemb gpu-check --host``,
+#: docs/gpu/h200-2026-11-27.md. A dev evaluation is short and host-bound (its FLOPs at the training
+#: MFU would say 0.28 s in fp32); another encoder takes these times × its forward FLOPs / BERT-base's.
+DEV_EVAL_SECONDS = {"fp32": 0.59, "bf16": 0.29}
+DEV_EVAL_REFERENCE = "bert-base-uncased"
 DEV_SHARE_FLAG = 0.10  # flag a training job that spends more than this share of its time in dev evaluation
 LENGTH_SAMPLE = 20_000  # corpus lines sampled (seeded) for the lengths when no token cache is built
 MIN_SCHEDULE_BATCHES = 256  # micro-batches drawn from the lengths per job (epochs of the sample as needed)
@@ -840,7 +843,8 @@ def job_measures(counter: "Counter", run, profile: dict, method_cls=None, timing
 
 
 def _train_row(kind, label, run, m: Measure, encode: float, config: dict | Config, gpu, mfu, margin, res, method_cls=None,
-               measures: dict[int, Measure] | None = None, profile: dict | None = None, lengths: str = "") -> Row:
+               measures: dict[int, Measure] | None = None, profile: dict | None = None, lengths: str = "",
+               dev_eval_s: float | None = None) -> Row:
     """One training (or pretraining) job. Memory is per GPU: weights, gradients and AdamW state on
     every one of ``train.devices``, activations of one chunk (``plan_chunk``) or of the GPU's share
     of the batch, at the widest counted width. GPU-hours add the chunked step's extra forward (1/3
@@ -880,7 +884,10 @@ def _train_row(kind, label, run, m: Measure, encode: float, config: dict | Confi
         flops_step += frac * f
         per_gpu += frac * step_seconds(f / t.devices, layers, passes * t.grad_accum, peak, mfu)
     eval_flops = evals * DEV_SENTENCES * encode
-    eval_hours = eval_flops / (mfu * peak / (2 if DEV_EVAL_PRECISION == "fp32" else 1)) / 3600
+    if dev_eval_s is not None:  # measured seconds per evaluation (DEV_EVAL_SECONDS), scaled by the encoder
+        eval_hours = evals * dev_eval_s / 3600
+    else:
+        eval_hours = eval_flops / (mfu * peak / (2 if dev_precision(t) == "fp32" else 1)) / 3600
     hours = per_gpu * t.devices * steps / 3600 + eval_hours
     mem = static + per_sentence * (chunk or share)
     host = HOST_BASE_GB + 8 * (at["trainable"] + at["frozen"]) / 1e9
@@ -1007,8 +1014,15 @@ def _priced_row(counter: Counter, kind: str, label: str, run, cfg: Config, gpu: 
     lengths = counter.lengths(run.corpus, run.backbone)
     profile = width_profile(run, arch, lengths)
     measures = job_measures(counter, run, profile, method_cls, lengths.sentences or None)
-    return _train_row(kind, label, run, measures[max(measures)], counter.encode(arch)[0], cfg, gpu, mfu, margin, res,
-                      method_cls, measures=measures, profile=profile, lengths=lengths.source)
+    encode = counter.encode(arch)[0]
+    dev_eval_s = DEV_EVAL_SECONDS[dev_precision(run.train)] * encode / counter.encode(DEV_EVAL_REFERENCE)[0]
+    return _train_row(kind, label, run, measures[max(measures)], encode, cfg, gpu, mfu, margin, res,
+                      method_cls, measures=measures, profile=profile, lengths=lengths.source, dev_eval_s=dev_eval_s)
+
+
+def dev_precision(settings) -> str:
+    """The precision a run's STS-B dev evaluation runs in on a GPU (``train.eval_precision``: auto is bf16)."""
+    return "fp32" if settings.eval_precision == "fp32" else "bf16"
 
 
 def _classify_row(config: dict | Config, label: str, arch, res: dict, gpu: str, margin: float) -> Row:
@@ -1120,7 +1134,9 @@ def format_plan(rows: list[Row], gpu: str, mfu: float | None) -> str:
     train = [r for r in rows if r.dev_share is not None]
     if train:
         dev_h = sum(r.dev_share * r.gpu_hours for r in train)
-        lines.append(f"STS-B dev evaluation ({DEV_EVAL_PRECISION}, {DEV_SENTENCES} sentences each): {dev_h:.1f} GPU-hours, "
+        lines.append(f"STS-B dev evaluation ({DEV_SENTENCES} sentences each, in each run's train.eval_precision at the "
+                     f"H200's measured {DEV_EVAL_SECONDS['bf16']} s bf16 / {DEV_EVAL_SECONDS['fp32']} s fp32 for BERT-base): "
+                     f"{dev_h:.1f} GPU-hours, "
                      f"{100 * dev_h / max(sum(r.gpu_hours for r in train), 1e-12):.1f}% of training; "
                      f"{sum(r.dev_share > DEV_SHARE_FLAG for r in train)} jobs above {100 * DEV_SHARE_FLAG:.0f}%")
     at = (f"MFU {mfu:.2f} of its bf16 peak" if mfu is not None else
