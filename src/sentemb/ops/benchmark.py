@@ -11,6 +11,7 @@ same model, sentences, batch size, max length and optimizer, timed the same way.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from .. import SentembError
 from ..config.settings import Run, TrainSettings
@@ -384,3 +385,21 @@ def _method_args(items: list[str], methods: list[str]) -> dict[str, dict]:
             name = others[0]
         out[name] = {**out.get(name, {}), **json_object(text, f"--method-args {it!r}")}
     return out
+
+
+def train_cli(run, work: Path, name: str) -> tuple[Path, float, str | None]:
+    """``sentemb train`` of ``run`` in a process of its own (``--no-track --quiet``), its run config
+    ``work/<name>.json`` and output ``work/<name>``: (output directory, wall seconds, the last line
+    of its error output when it failed, else None)."""
+    import subprocess
+    import sys
+
+    from ..utils import write_json
+
+    cfg, out = work / f"{name}.json", work / name
+    write_json(cfg, run.to_dict())
+    t = time.perf_counter()
+    p = subprocess.run([sys.executable, "-m", "sentemb", "train", "--run-config", str(cfg), "--output-dir", str(out),
+                        "--no-track", "--quiet"], capture_output=True, text=True)
+    err = (p.stderr.strip().splitlines() or [""])[-1][:300] if p.returncode else None
+    return out, time.perf_counter() - t, err

@@ -235,27 +235,12 @@ def check(model: Path, corpus: Path, senteval: Path, device_name: str, batches: 
     return lines
 
 
-def train_cli(run, work: Path, name: str) -> tuple[Path, float, str | None]:
-    """``sentemb train`` of ``run`` in a process of its own (``--no-track --quiet``), its run config
-    ``work/<name>.json`` and output ``work/<name>``: (output directory, wall seconds, the last line
-    of its error output when it failed, else None)."""
-    from ..utils import write_json
-
-    cfg, out = work / f"{name}.json", work / name
-    write_json(cfg, run.to_dict())
-    t = time.perf_counter()
-    p = subprocess.run([sys.executable, "-m", "sentemb", "train", "--run-config", str(cfg), "--output-dir", str(out),
-                        "--no-track", "--quiet"], capture_output=True, text=True)
-    err = (p.stderr.strip().splitlines() or [""])[-1][:300] if p.returncode else None
-    return out, time.perf_counter() - t, err
-
-
 def _epoch_row(model: Path, corpus: Path, senteval: Path, device_name: str, batch: int, max_len: int, work: Path,
                before: float, sts_tasks: tuple[str, ...] | None) -> tuple[str, str, str]:
     """``sentemb train`` of SimCSE (lr 3e-5, bf16, the default loop: token cache, prefetch, logging,
     export) for one epoch of ``corpus`` on this device, then the exported model's STS average (fp32,
     avg pooling, the tasks of the fp32/bf16 row) against ``before``, the same score of ``model``."""
-    from .benchmark import _bench_run
+    from .benchmark import _bench_run, train_cli
     from ..evaluate.sts import embedder_for, evaluate_sts
     from ..utils import read_json
 
@@ -282,7 +267,7 @@ def _devices_row(model: Path, corpus: Path, device_name: str, batch: int, steps:
     import torch
     from safetensors.torch import load_file
 
-    from .benchmark import _bench_run
+    from .benchmark import _bench_run, train_cli
 
     what = f"train simcse B={batch} devices 2 (fp32, keyed dropout)"
     if device_name == "cuda" and torch.cuda.device_count() < 2:

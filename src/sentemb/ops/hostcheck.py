@@ -86,7 +86,7 @@ def workers(model: Path, corpus: Path, device: str, batch: int, max_len: int, me
     """``sentemb train`` of ``method`` for ``steps`` steps (no dev evaluation) with ``train.workers``
     ``n_workers``; the loop's wait for data per step (``train.json``: ``data_wait_s_per_step``)."""
     from .benchmark import _bench_run
-    from .gpucheck import train_cli
+    from .benchmark import train_cli
     from ..utils import read_json
 
     what = f"train {method} B={batch} {steps} steps, workers {n_workers}"
