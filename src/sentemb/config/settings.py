@@ -127,6 +127,15 @@ class TrainSettings:
         "masks are drawn over the padded shape (another random run, as chunk_size).", weights=False,
         schema=lambda: {"oneOf": [{"type": "string", "enum": ["auto", "none"]}, {"type": "null"},
                                   {"type": "array", "items": {"type": "integer", "minimum": 1}, "minItems": 1}]})
+    graphs: bool = arg(
+        False,
+        "Replay each micro-batch's forward and backward as a CUDA graph (sentemb.train.graphs; issue 37): captured once "
+        "per batch shape (the widths of buckets), so the host no longer dispatches ~4,300 ops a step. Needs graph-safe "
+        "methods (no host reads of device values or host-built tensors inside the step: refused naming the op and line) "
+        "and dropout_rng stream or counter (counter with chunk_size). On a CPU the same static-shape step runs eagerly "
+        "(what CI tests). With stream dropout a graphed run draws other masks than an eager one: another random run "
+        "(counter masks are the same). Refused with compile, unpad, precision fp16, dropout_rng keyed, and devices > 1 on "
+        "CUDA.")
     workers: int = arg(
         0,
         "Processes that build the batches (sentemb.train.batches): 0 - in the loop's process (a background thread "
@@ -564,7 +573,8 @@ class Run:
 #: train settings added after states were saved, at the value that computes what was computed
 #: before they existed: left out of the fingerprint at that value (so such a state still resumes),
 #: in it at any other (``sampler: length`` is another data order, ``eval_unit`` other checkpoints)
-ADDED_DEFAULTS = {"sampler": "random", "eval_unit": "optimizer_steps", "dropout_rng": "stream", "eval_precision": "fp32"}
+ADDED_DEFAULTS = {"sampler": "random", "eval_unit": "optimizer_steps", "dropout_rng": "stream", "eval_precision": "fp32",
+                  "graphs": False}
 
 
 def weight_free_keys() -> tuple[str, ...]:

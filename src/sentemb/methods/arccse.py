@@ -330,7 +330,7 @@ class ArcCSE(SimCSE):
         else:
             arc = info_nce(z1, z2, a.temperature)
         n = batch["tri_index"].numel() if "tri_index" in batch else 0
-        return {"arccon": arc.detach(), "triplets": torch.tensor(float(n), device=z1.device), WEIGHTED: {"arccon": arc}}
+        return {"arccon": arc.detach(), "triplets": torch.full((), float(n), device=z1.device), WEIGHTED: {"arccon": arc}}
 
     def row_terms(self, enc, chunk, batch):
         """λ·L_tri (Eqs. 4-5): the chunk's triplets, divided by the batch's number of triplets."""

@@ -135,6 +135,10 @@ class MethodContext:
     #: the run's bucket widths (``train.buckets`` resolved for its device, ``sentemb.data.buckets``), None
     #: to pad every width to its longest row; a method pads each variable width with ``self.width(n)``
     buckets: tuple[int, ...] | None = None
+    #: the run's step is captured as a CUDA graph (``train.graphs``, ``sentemb.train.graphs``): no shape may
+    #: depend on the data and no device value may be read on the host inside the step; a method whose
+    #: usual form does either (a loss over the masked positions only) takes its static form
+    static: bool = False
 
     def input(self, name: str) -> Path:
         """The path of declared input ``name``; a clear error if the run was not given it."""

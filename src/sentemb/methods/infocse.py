@@ -159,7 +159,7 @@ def run_layers(layers, states: torch.Tensor, attention_mask: torch.Tensor | None
 
 def aux_mlm_loss(cls: torch.Tensor, lower_states: torch.Tensor, labels: torch.Tensor, head_layers,
                  output_matrix, attention_mask: torch.Tensor | None = None,
-                 count: torch.Tensor | None = None) -> torch.Tensor:
+                 count: torch.Tensor | None = None, static: bool = False) -> torch.Tensor:
     """The auxiliary network's MLM loss, Eq. 5 (stage 1) / §3.2 (stage 2):
 
         C = [h; M^{>0}],  H̃ = Layers_2(C),  L_aux = mean_{j∈masked} CE(H̃^j W, x̂^j).
@@ -170,9 +170,14 @@ def aux_mlm_loss(cls: torch.Tensor, lower_states: torch.Tensor, labels: torch.Te
     ``output_matrix``: W, a (V, H) tensor (logits = x Wᵀ) or a module mapping states to logits (BERT's
     MLM head). ``attention_mask`` (B, L): padding. A batch without a masked token gives 0 (not NaN),
     still connected to the graph. ``count``: divide the summed cross-entropy by the whole batch's
-    number of masked tokens instead of the mean (a chunk's share, ``Method.row_terms``)."""
+    number of masked tokens instead of the mean (a chunk's share, ``Method.row_terms``). ``static``:
+    over every position (``static_masked_ce``; ``train.graphs``), the same number."""
     states = torch.cat([cls.unsqueeze(1), lower_states], dim=1)
     out = run_layers(head_layers, states, attention_mask)
+    if static:
+        from .masking import static_masked_ce
+
+        return static_masked_ce(out, labels, output_matrix, count)
     sel = labels != -100
     picked = out[sel]
     logits = picked @ output_matrix.T if isinstance(output_matrix, torch.Tensor) else output_matrix(picked)
@@ -189,9 +194,14 @@ def _mean_ce(logits: torch.Tensor, labels: torch.Tensor, count: torch.Tensor | N
     return F.cross_entropy(logits.float(), labels, reduction="sum") / count
 
 
-def mlm_loss(states: torch.Tensor, labels: torch.Tensor, head: nn.Module, count: torch.Tensor | None = None) -> torch.Tensor:
+def mlm_loss(states: torch.Tensor, labels: torch.Tensor, head: nn.Module, count: torch.Tensor | None = None,
+             static: bool = False) -> torch.Tensor:
     """BERT's own MLM loss, Eq. 4 (mean over masked positions, fp32; 0 when nothing is masked);
-    ``count`` as in ``aux_mlm_loss``."""
+    ``count`` and ``static`` as in ``aux_mlm_loss``."""
+    if static:
+        from .masking import static_masked_ce
+
+        return static_masked_ce(states, labels, head, count)
     sel = labels != -100
     logits = head(states[sel])
     with torch.autocast(device_type=logits.device.type, enabled=False):
@@ -458,7 +468,7 @@ class InfoCSE(Method):
         else:
             lower = self.aux_lower(input_ids=batch["mlm_input_ids"], attention_mask=am, **kw).last_hidden_state
         return aux_mlm_loss(h, lower[:, 1:], batch["mlm_labels"], self.aux_head, self.aux_mlm, attention_mask=am,
-                            count=count)
+                            count=count, static=self.ctx.static)
 
     def chunk(self, batch, start, stop):
         copies = 2 if self.args.aux_inputs == "view" else 1
@@ -545,9 +555,9 @@ class InfoCSEPretrain(Method):
         hs, last, cl = enc.rows["hidden_states"], enc.rows["last"], self.args.cls_layer
         h = (hs[cl] if cl is not None else last)[:, 0]
         count = (batch["mlm_labels"] != -100).sum()
-        l_mlm = mlm_loss(last, chunk["mlm_labels"], self.mlm_head, count)  # Eq. 4
+        l_mlm = mlm_loss(last, chunk["mlm_labels"], self.mlm_head, count, static=self.ctx.static)  # Eq. 4
         l_aux = aux_mlm_loss(h, hs[self.args.skip_from][:, 1:], chunk["mlm_labels"], self.aux_head, self.mlm_head,
-                             attention_mask=chunk["attention_mask"], count=count)  # Eq. 5, M^{>0} shared: not detached
+                             attention_mask=chunk["attention_mask"], count=count, static=self.ctx.static)  # Eq. 5, M^{>0} shared: not detached
         return {"aux_mlm": l_aux.detach(), "mlm": l_mlm.detach(),  # Eq. 6
                 WEIGHTED: {"aux_mlm": l_aux, "mlm": l_mlm}}
 

@@ -4,6 +4,25 @@ auxiliary and MLM losses, PaSeR's L_MLM)."""
 from __future__ import annotations
 
 import numpy as np
+import torch
+import torch.nn.functional as F
+
+
+def static_masked_ce(states: torch.Tensor, labels: torch.Tensor, head, count=None) -> torch.Tensor:
+    """The masked-token cross-entropy in its static form (``MethodContext.static``, ``train.graphs``):
+    ``head`` (a module, or a (V, H) output matrix: logits = x Wᵀ) over *every* position of ``states``
+    (..., H), the positions whose label is -100 ignored: Σ_j CE(head(states_j), labels_j) / ``count``
+    (default: the number of labelled positions), fp32; 0, still connected to the graph, when no
+    position is labelled. The same number as selecting the labelled rows first, with no
+    data-dependent shape and no host read, for the head's cost over all positions."""
+    flat = states.reshape(-1, states.size(-1))
+    logits = flat @ head.T if isinstance(head, torch.Tensor) else head(flat)
+    labels = labels.reshape(-1)
+    with torch.autocast(device_type=logits.device.type, enabled=False):
+        total = F.cross_entropy(logits.float(), labels, ignore_index=-100, reduction="sum")
+        if count is None:
+            count = (labels != -100).sum()
+        return total / (count.clamp(min=1) if isinstance(count, torch.Tensor) else max(int(count), 1))
 
 
 def mask_tokens(input_ids: np.ndarray, maskable: np.ndarray, rate: float, rng: np.random.Generator, mask_id: int,

@@ -509,7 +509,15 @@ class PaSeR(Method):
         labels = chunk["dec_labels"]
         sel = labels != -100
         n_tok = (batch["dec_labels"] != -100).sum()
-        if chunk["dec_rows"].numel() and bool(sel.any()):
+        static = self.ctx.static  # train.graphs: no data-dependent shape, no host read (static_masked_ce)
+        if chunk["dec_rows"].numel() and static:
+            from ..model.dropout import rows
+            from .masking import static_masked_ce
+
+            with rows(chunk["dec_rows"]):
+                logits = self.decoder(chunk["dec_input_ids"], chunk["dec_attention_mask"], memory[chunk["dec_rows"]])
+            gen = static_masked_ce(logits, labels, lambda x: x, n_tok)
+        elif chunk["dec_rows"].numel() and not static and bool(sel.any()):
             from ..model.dropout import rows
 
             with rows(chunk["dec_rows"]):  # keyed dropout: decoder row r belongs to sentence dec_rows[r]
@@ -519,7 +527,13 @@ class PaSeR(Method):
             gen = memory.float().sum() * 0.0  # no phrase in the chunk: L_gen = 0 (graph kept)
         mlm_lab = chunk["mlm_labels"]
         msel = mlm_lab != -100
-        if bool(msel.any()):
+        if static:
+            from .masking import static_masked_ce
+
+            hid = self.encoder(input_ids=chunk["mlm_input_ids"], attention_mask=chunk["attention_mask"][:b],
+                               return_dict=True).last_hidden_state
+            mlm = static_masked_ce(hid, mlm_lab, self.mlm_head, (batch["mlm_labels"] != -100).sum())
+        elif bool(msel.any()):
             hid = self.encoder(input_ids=chunk["mlm_input_ids"], attention_mask=chunk["attention_mask"][:b],
                                return_dict=True).last_hidden_state
             n_masked = (batch["mlm_labels"] != -100).sum()

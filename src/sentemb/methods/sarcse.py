@@ -158,9 +158,12 @@ def structural_ids(tokenizer) -> list[int]:
 
 
 def real_token_mask(input_ids: torch.Tensor, attention_mask: torch.Tensor, special_ids: Sequence[int]) -> torch.Tensor:
-    """(B, L) bool: attended positions whose id is not a structural special token."""
-    special = torch.as_tensor(list(special_ids), dtype=input_ids.dtype, device=input_ids.device)
-    return attention_mask.bool() & ~torch.isin(input_ids, special)
+    """(B, L) bool: attended positions whose id is not a structural special token (one comparison
+    per id: no tensor built from host data, so the step stays graph-safe, ``train.graphs``)."""
+    mask = attention_mask.bool()
+    for i in special_ids:
+        mask = mask & (input_ids != int(i))
+    return mask
 
 
 def compact(x: torch.Tensor, mask: torch.Tensor, min_len: int, width: int | None = None
@@ -349,10 +352,9 @@ class SARCSE(Method):
         doubled = {k: torch.cat([v, v], 0) for k, v in batch.items()}  # rows [x_1..x_B, x_1..x_B]
         hidden = self.encoder(**doubled, return_dict=True).last_hidden_state  # (2B, L, d)
         mask = real_token_mask(doubled["input_ids"], doubled["attention_mask"], self.special_ids)  # (2B, L)
-        # Lc: the longest row's real tokens; with buckets the padded width L (a bucket: one shape per
-        # bucket and no host read of the lengths; the same Z and L_R on the real tokens)
-        x_c, mask_c, index = compact(hidden, mask, max(KERNEL_SIZES),
-                                     width=hidden.size(1) if self.ctx.buckets else None)  # (2B, Lc, d), (2B, Lc)
+        # Lc: the padded width L (with buckets a bucket: one shape per bucket), not the longest row's
+        # real tokens (L − 2): no host read of the lengths (train.graphs), the same Z and L_R
+        x_c, mask_c, index = compact(hidden, mask, max(KERNEL_SIZES), width=hidden.size(1))  # (2B, Lc, d), (2B, Lc)
         z, valid, argmax = self.head(x_c, mask_c)  # (2B, co_c, co_t − 1)
         out = {"z": z.flatten(1)}
         if self.decoder is not None:

@@ -70,7 +70,7 @@ from ..model.backbone import MLPHead
 from .base import WEIGHTED, Encoded, Method, arg
 from .registry import register_method
 
-_META_KEYS = ("negatives", "replaced", "empty_paraphrases")
+_META_KEYS = ("negatives", "replaced", "empty_paraphrases", "neg_anchor")
 
 
 # ------------------------------------------------------------------------------ steps 2 and 3
@@ -377,20 +377,31 @@ class UNA(Method):
         enc = self.tokenizer(rows, padding=True, truncation=True, max_length=self.ctx.max_len, return_tensors="pt")
         out = self.pad_rows(dict(enc))  # to a bucket of the longest row (train.buckets)
         out.update(negatives=torch.tensor(n_neg, dtype=torch.int64), replaced=torch.tensor(share, dtype=torch.float32),
-                   empty_paraphrases=torch.tensor(n_empty, dtype=torch.int64))
+                   empty_paraphrases=torch.tensor(n_empty, dtype=torch.int64),
+                   neg_anchor=torch.arange(len(sentences)).repeat_interleave(n_neg // len(sentences)) if n_neg else
+                   torch.zeros(0, dtype=torch.int64))
         return out
 
+    @staticmethod
+    def _n_negatives(batch) -> int:
+        """The batch's negative rows, read from a shape (``neg_anchor``: each negative row's anchor),
+        not from the ``negatives`` count's value: no host read inside the step (``train.graphs``)."""
+        return batch["neg_anchor"].numel() if "neg_anchor" in batch else int(batch["negatives"])
+
     def n_sentences(self, batch):
-        return (batch["input_ids"].size(0) - int(batch["negatives"])) // 2
+        return (batch["input_ids"].size(0) - self._n_negatives(batch)) // 2
 
     def chunk(self, batch, start, stop):
         """Anchors ``[start, stop)``: their rows a_i, p_i and, on a step with negatives, their
         negatives' rows (ã_i, ã_i under ``loss: symmetric``, ã_i under ``simcse``); counts kept."""
-        n, n_neg = self.n_sentences(batch), int(batch["negatives"])
+        n, n_neg = self.n_sentences(batch), self._n_negatives(batch)
         k = n_neg // n if n_neg else 0  # rows per negative: 2 (symmetric) or 1 (simcse)
-        rows = torch.cat([torch.arange(2 * start, 2 * stop), 2 * n + torch.arange(k * start, k * stop)])
-        out = {key: (v if v.dim() == 0 else v[rows]) for key, v in batch.items()}
-        out["negatives"] = torch.tensor(k * (stop - start), dtype=torch.int64)
+        dev = batch["input_ids"].device
+        rows = torch.cat([torch.arange(2 * start, 2 * stop, device=dev), 2 * n + torch.arange(k * start, k * stop, device=dev)])
+        out = {key: (v if v.dim() == 0 else v[rows]) for key, v in batch.items() if key != "neg_anchor"}
+        out["negatives"] = torch.full((), k * (stop - start), dtype=torch.int64, device=dev)
+        if "neg_anchor" in batch:
+            out["neg_anchor"] = batch["neg_anchor"][k * start : k * stop] - start
         return out
 
     def encode(self, batch) -> Encoded:
@@ -398,11 +409,14 @@ class UNA(Method):
         from ..model.dropout import rows
 
         model_in = {k: v for k, v in batch.items() if k not in _META_KEYS}
-        n_neg = int(batch["negatives"])
+        n_neg = self._n_negatives(batch)
         n = (batch["input_ids"].size(0) - n_neg) // 2
         per = n_neg // n if n else 0  # rows per negative
-        sentence = [i for i in range(n) for _ in (0, 1)] + [i for i in range(n) for _ in range(per)]
-        view = [v for _ in range(n) for v in (0, 1)] + [2 + v for _ in range(n) for v in range(per)]
+        dev = batch["input_ids"].device
+        pair, neg = torch.arange(2 * n, device=dev), torch.arange(n * per, device=dev)
+        # row -> (sentence, view), made on the device: a_i, p_i are views 0, 1; its negatives 2, 3
+        sentence = torch.cat([pair // 2, neg // max(per, 1)])
+        view = torch.cat([pair % 2, 2 + neg % max(per, 1)])
         with rows(sentence, view):  # keyed dropout (train.dropout_rng: keyed): a_i, p_i, ã_i are views of sentence i
             u = self.mlp(self.encoder(**model_in, return_dict=True).last_hidden_state[:, 0])
         n_pairs = u.size(0) - n_neg

@@ -132,6 +132,11 @@ class _Context:
         sentences, view-major) made there from ``arange``, with no host data."""
         n = self.stop - self.start
         if self.override:
+            sent, view = self.override[-1]
+            if isinstance(sent, torch.Tensor):  # given on the device (graph-safe): no host round trip
+                if sent.numel() != rows:
+                    raise SentembError(f"keyed dropout: a tensor of {rows} rows inside rows() declaring {sent.numel()}")
+                return self.start + sent.to(device, torch.int64), view.to(device, torch.int64)
             sent, view = self.row_keys(rows)
             return (torch.as_tensor(sent, dtype=torch.int64).to(device), torch.as_tensor(view, dtype=torch.int64).to(device))
         self.row_keys(rows)  # the same check of the layout
@@ -142,6 +147,8 @@ class _Context:
         n = self.stop - self.start
         if self.override:
             sent, view = self.override[-1]
+            if isinstance(sent, torch.Tensor):
+                sent, view = [int(s) for s in sent.tolist()], [int(v) for v in view.tolist()]
             if len(sent) != rows:
                 raise SentembError(f"keyed dropout: a tensor of {rows} rows inside rows() declaring {len(sent)}")
             return [self.start + int(s) for s in sent], [int(v) for v in view]
@@ -243,10 +250,21 @@ def keyed(seed: int, micro: int, start: int, stop: int, mode: str = "generator",
 def rows(sentence, view=0):
     """Inside a ``keyed`` context: the forward passes here run over rows whose sentences (indices
     within the chunk) and views are these, e.g. UNA's interleaved a_1, p_1, a_2, p_2:
-    ``rows([0, 0, 1, 1], [0, 1, 0, 1])``. Outside a context it does nothing."""
+    ``rows([0, 0, 1, 1], [0, 1, 0, 1])``. Outside a context it does nothing. Tensors on the device
+    are kept as they are (no host read: the form a captured step, ``train.graphs``, needs); the
+    ``counter`` masks read them there."""
     ctx = _current()
     if ctx is None:
         yield
+        return
+    if isinstance(sentence, torch.Tensor):
+        sentence = sentence.flatten()
+        view = torch.full_like(sentence, int(view)) if isinstance(view, int) else view.flatten()
+        ctx.override.append((sentence, view))
+        try:
+            yield
+        finally:
+            ctx.override.pop()
         return
     sentence = [int(s) for s in torch.as_tensor(sentence).flatten().tolist()]
     view = [int(view)] * len(sentence) if isinstance(view, int) else [int(v) for v in torch.as_tensor(view).tolist()]

@@ -222,7 +222,124 @@ def graph_probe(model: Path, corpus: Path, device: str, batch: int, max_len: int
 
 
 #: the parts of the host rows, in the order they run (``gpu-check --host-parts``)
-PARTS = ("first_steps", "workers", "graph", "dev_eval", "graph_methods", "compile")
+PARTS = ("first_steps", "workers", "graph", "dev_eval", "graph_methods", "compile", "graphed")
+
+
+def _loop_ms(run, warm: int, timed: int) -> tuple[float, float, int]:
+    """The loop's own steps (``run_steps``) of ``run``: ``warm`` steps (the captures of a graphed
+    run happen here), then ``timed`` steps to a device sync. Returns (s/step timed, s warm, graphs)."""
+    from ..train.loop import State, run_steps, setup
+
+    with setup(run, "/nonexistent-gpucheck-output") as job:
+        state = State()
+        _sync(job.device)
+        t = time.perf_counter()
+        for _ in run_steps(job, state, warm):
+            pass
+        _sync(job.device)
+        warm_s = time.perf_counter() - t
+        t = time.perf_counter()
+        for _ in run_steps(job, state, timed):
+            pass
+        _sync(job.device)
+        secs = (time.perf_counter() - t) / timed
+        strat = job.strategy
+        while strat is not None and not hasattr(strat, "entries"):
+            strat = getattr(strat, "inner", None)
+        return secs, warm_s, len(strat.entries) if strat is not None else 0
+
+
+def graphed(model: Path, corpus: Path, device: str, batch: int, max_len: int, method: str, margs: dict | None,
+            inputs: dict, train: dict | None = None, warm: int = 8, timed: int = 15, label: str = "") -> Row:
+    """``train.graphs`` (issue 37): the loop's step of ``method`` eager and graphed, the same settings
+    otherwise (``train``: e.g. ``chunk_size``, ``dropout_rng``, the method's ``paper_train``); each
+    ``warm`` steps (captures), then ``timed`` steps. ms/step both ways and the ratio."""
+    from .benchmark import _bench_run
+
+    train = dict(train or {})
+    what = (f"graphed {method} B={batch} max_len {max_len}" + (f" {label}" if label else "")
+            + "".join(f", {k} {v}" for k, v in sorted(train.items())))
+    out = {}
+    try:
+        for g in (False, True):
+            run = _bench_run(model, corpus, batch, device, max_len, "bf16", method, 10**9, margs, inputs,
+                             graphs=g, **train)  # the loop as a run has it: batches built ahead (prefetch)
+            out[g] = _loop_ms(run, warm, timed)
+    except Exception as e:  # noqa: BLE001 - a probe's failure is its row
+        import os
+        import sys
+        import traceback
+
+        if os.environ.get("SENTEMB_GRAPHED_TRACE"):
+            traceback.print_exc(file=sys.stderr)
+        done = f"eager {1000 * out[False][0]:.1f} ms/step; " if False in out else ""
+        return what, f"{done}FAILED: {_first_line(e)}", ""
+    (e_s, e_w, _), (g_s, g_w, n) = out[False], out[True]
+    return (what, f"eager {1000 * e_s:.1f} ms/step, graphed {1000 * g_s:.1f} ms/step ({e_s / g_s:.2f}x)",
+            f"{n} graphs captured in the first {warm} steps ({g_w:.1f} s; eager {e_w:.1f} s); {timed} steps timed")
+
+
+def graphed_rows(model: Path, corpus: Path, device: str, margs: dict, usable: dict, toy: bool,
+                 methods: tuple[str, ...] | None = None) -> list[Row]:
+    """The graphed rows of issue 37 on this device: SimCSE B 64 (stream and counter dropout), B 512,
+    B 512 in chunks of 128 (counter; its unchunked counter step for the ratio), SAM at B 64, and
+    every other method at B 64 with its paper train settings. On a CPU: batches of 4, 2 + 2 steps."""
+    from ..methods import get_method
+
+    b64, b512, c128 = (4, 8, 2) if toy else (64, 512, 128)
+    warm, timed = (2, 2) if toy else (8, 15)
+    cfgs = [("simcse", b64, {}), ("simcse", b64, {"dropout_rng": "counter"}), ("simcse", b512, {}),
+            ("simcse", b512, {"dropout_rng": "counter"}), ("simcse", b512, {"dropout_rng": "counter", "chunk_size": c128}),
+            ("simcse", b64, {"sam_rho": 0.05})]
+    for m in sorted(usable):
+        if m != "simcse" and (methods is None or m in methods):
+            paper = {k: v for k, v in get_method(m).paper_train.items() if k in ("sam_rho",)}
+            cfgs.append((m, b64, paper))
+    import sys
+
+    out = []
+    for m, b, t in cfgs:
+        if m in usable:
+            kw = dict(model=str(model), corpus=str(corpus), device=device, batch=b, max_len=32, method=m,
+                      margs=margs.get(m), inputs=usable.get(m, {}), train=t, warm=warm, timed=timed)
+            out.append(graphed(**kw) if toy or m == "simcse" else _isolated(kw))
+            print("graphed row: | " + " | ".join(out[-1]) + " |", file=sys.stderr, flush=True)  # a row as it comes
+    return out
+
+
+_ISOLATED = """
+import json, sys
+from sentemb.ops import hostcheck
+row = hostcheck.graphed(**json.loads(sys.argv[1]))
+print("ROW " + json.dumps(row), flush=True)
+"""
+
+
+def _isolated(kw: dict) -> Row:
+    """``graphed(**kw)`` in a process of its own (a device-side error ends a CUDA context, and would
+    cost the rows after it); when it fails, once more with ``CUDA_LAUNCH_BLOCKING=1``, the failing
+    op's Python stack printed to stderr."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    row: Row = (f"graphed {kw['method']} B={kw['batch']}", "FAILED", "")
+    for blocking in (False, True):
+        env = {**os.environ, **({"CUDA_LAUNCH_BLOCKING": "1", "SENTEMB_GRAPHED_TRACE": "1"} if blocking else {})}
+        r = subprocess.run([sys.executable, "-c", _ISOLATED, json.dumps(kw)], capture_output=True, text=True, env=env,
+                           timeout=900)
+        rows = [json.loads(line[4:]) for line in r.stdout.splitlines() if line.startswith("ROW ")]
+        got = tuple(rows[-1]) if rows else (row[0], f"FAILED: exit {r.returncode}",
+                                            (r.stderr.strip().splitlines() or [""])[-1][:300])
+        if not blocking:
+            row = got
+            if "FAILED" not in got[1]:
+                return got
+        else:
+            print(f"graphed {kw['method']} again with CUDA_LAUNCH_BLOCKING=1:\n{r.stderr[-6000:]}", file=sys.stderr,
+                  flush=True)
+    return row
 
 
 def compile_probe(model: Path, corpus: Path, device: str, batch: int, max_len: int, steps: int = 20,
@@ -319,6 +436,8 @@ def rows(model: Path, corpus: Path, senteval: Path, device: str, work: Path, mar
                 probes.append(graph_probe(model, corpus, device, 64, 32, method=m, margs=margs.get(m), inputs=usable[m]))
     if "compile" in parts and device.startswith("cuda"):
         probes.append(compile_probe(model, corpus, device, 64, 32))
+    if "graphed" in parts:
+        probes += graphed_rows(model, corpus, device, margs, usable, toy)
     if step_s is None and probes and "eager " in probes[0][1]:  # the probe's eager B 64 step
         step_s = float(probes[0][1].split("eager ")[1].split(" ms")[0]) / 1000
     if "dev_eval" in parts:

@@ -175,6 +175,7 @@ class Job:
     rank: int = 0  # this process among train.devices (sentemb.train.distributed); only rank 0 writes
     world: int = 1
     strategy: "StepStrategy | None" = None  # how a step's gradient is computed (sentemb.train.step.strategy_for)
+    dropout_key: "torch.Tensor | None" = None  # train.graphs + dropout_rng counter: the static key (sentemb.train.graphs)
 
     def close(self) -> None:
         """Stop the prefetch thread or the batch workers (``train`` does; so should a caller of ``setup``)."""
@@ -266,7 +267,8 @@ def setup(run: Run | dict, out_dir: str | Path, method_cls: "type[Method] | None
         tokens = load_or_build(paths.get("tokens"), tokenizer, sentences, paths["corpus"])
     ctx = MethodContext(max_len=settings.max_len, seed=seed, backbone=run.backbone, model_dir=Path(paths["model"]),
                         inputs={k: Path(v) for k, v in paths.get("inputs", {}).items()}, corpus=Path(paths["corpus"]),
-                        tokens=tokens, buckets=resolve_buckets(settings.buckets, settings.max_len, device.type))
+                        tokens=tokens, buckets=resolve_buckets(settings.buckets, settings.max_len, device.type),
+                        static=settings.graphs)
     method = method_cls(encoder, tokenizer, run.method_args, ctx).to(device)
     if settings.unpad:
         if settings.compile:

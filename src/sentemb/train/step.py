@@ -113,7 +113,10 @@ def keyed_dropout(job, micro: int, start: int, stop: "int | dict"):
 
     if isinstance(stop, dict):
         stop = job.method.n_sentences(stop)
-    return keyed(job.seed, micro, start, stop, mode="counter" if job.settings.dropout_rng == "counter" else "generator")
+    counter = job.settings.dropout_rng == "counter"
+    # train.graphs: the static device key a captured graph reads (sentemb.train.graphs.set_dropout_key)
+    key = getattr(job, "dropout_key", None) if counter else None
+    return keyed(job.seed, micro, start, stop, mode="counter" if counter else "generator", key=key)
 
 
 # ------------------------------------------------------------------------------- the interface
@@ -245,7 +248,7 @@ class SAM(StepStrategy):
         rng = _rng_state()
         self.inner.gradients(job, batches, state, norms)
         saved = sam.ascend([p for group in job.opt.param_groups for p in group["params"]], job.settings.sam_rho)
-        job.opt.zero_grad(set_to_none=True)
+        clear_grads(job)
         _set_rng_state(rng)  # same dropout masks in the second pass
         self.inner.gradients(job, batches, None)
         sam.restore(saved)
@@ -272,6 +275,9 @@ def check_settings(settings, where: str) -> None:
         raise SentembError(f"{where}: train.compile cannot be combined with train.devices {settings.devices}")
     if settings.dropout_rng in ("keyed", "counter") and settings.compile:
         raise SentembError(f"{where}: train.dropout_rng {settings.dropout_rng} cannot be combined with train.compile")
+    from .graphs import check_graph_settings
+
+    check_graph_settings(settings, where)
     if settings.sam_rho and settings.precision == "fp16":
         raise SentembError(f"{where}: SAM (train.sam_rho {settings.sam_rho}) cannot be combined with train.precision "
                            "fp16 (the gradient scaler would scale SAM's ascent step); use bf16, fp32 or auto, "
@@ -290,8 +296,18 @@ def strategy_for(job, where: str | None = None) -> StepStrategy:
     """The job's step strategy: ``micro_batch_strategy``, inside ``SAM`` with ``train.sam_rho``.
     Settings no strategy serves raise a ``SentembError`` naming the keys (``check_settings``);
     ``where`` prefixes it (default: the job's run)."""
-    check_settings(job.settings, where or f"run '{job.run.name}'")
+    where = where or f"run '{job.run.name}'"
+    check_settings(job.settings, where)
     inner = micro_batch_strategy(job)
+    if getattr(job.settings, "graphs", False):
+        from .graphs import Graphed
+
+        device = getattr(job, "device", None)
+        cuda = device is not None and device.type == "cuda"
+        if cuda and getattr(job, "world", 1) > 1:
+            raise SentembError(f"{where}: train.graphs cannot be combined with train.devices {job.world} on CUDA yet (a "
+                               "collective inside a captured graph is not supported here); set train.graphs: false")
+        inner = Graphed(inner, capture=cuda)
     return SAM(inner) if job.settings.sam_rho else inner
 
 
@@ -375,15 +391,16 @@ def chunked_backward(job, batch: dict, micro: int, probe=None, lo: int = 0, hi: 
     row_weighted: dict = {}
     cached: dict = {}  # key -> ∂(scaled L_batch)/∂E of this rank's rows
     term_grads: dict = {}  # term -> {key -> ∂(scaled term)/∂E}  (log_grad_norms)
+    stream = job.settings.dropout_rng == "stream"  # else the masks are keyed: no random state to replay
     if method.has_batch_terms:
         states, parts = [], []
         with torch.no_grad():
             for (s, e), c in zip(bounds, chunks):
-                states.append(_device_rng(device))
+                states.append(_device_rng(device) if stream else None)
                 with autocast(device, job.amp), keyed_dropout(job, micro, s, e):
                     parts.append(method.encode(c).batch)
-        row_seed = int(torch.randint(0, 2**62, (1,)))  # after pass 1: the stream continues from here
-        after = _device_rng(device)
+        row_seed = int(torch.randint(0, 2**62, (1,))) if stream else 0  # after pass 1: the stream continues from here
+        after = _device_rng(device) if stream else None
         keys = list(parts[0])
         emb = {k: torch.cat([p[k] for p in parts], 0).detach() for k in keys}
         offset = {k: 0 for k in keys}
@@ -418,7 +435,7 @@ def chunked_backward(job, batch: dict, micro: int, probe=None, lo: int = 0, hi: 
                 g = emb[k].grad[offset[k] : offset[k] + n_local]
                 cached[k] = g * world if world > 1 else g
     for i, ((s, e), c) in enumerate(zip(bounds, chunks)):
-        if method.has_batch_terms:
+        if method.has_batch_terms and stream:
             _set_device_rng(states[i], device)
         with autocast(device, job.amp), keyed_dropout(job, micro, s, e):
             enc = method.encode(c)
@@ -450,7 +467,7 @@ def chunked_backward(job, batch: dict, micro: int, probe=None, lo: int = 0, hi: 
                 grads.append(None)
         if outputs:
             torch.autograd.backward(outputs, grads)
-    if method.has_batch_terms:
+    if method.has_batch_terms and stream:
         _set_device_rng(after, device)
     if world > 1:
         from .distributed import sum_scalars
@@ -474,7 +491,13 @@ def apply_update(job) -> None:
     job.scaler.step(job.opt)
     job.scaler.update()
     job.sched.step()
-    job.opt.zero_grad(set_to_none=True)
+    clear_grads(job)
+
+
+def clear_grads(job) -> None:
+    """Zero the gradients: set to None, or with ``train.graphs`` zeroed in place (a captured backward
+    writes into those very tensors: ``sentemb.train.graphs``)."""
+    job.opt.zero_grad(set_to_none=not getattr(job.settings, "graphs", False))
 
 
 # ------------------------------------------------------------------- gradient caching's chunk size

@@ -1,0 +1,355 @@
+"""The training step replayed as CUDA graphs (``train.graphs: true``; issue 37).
+
+An eager BERT-base step at the papers' batch 64 dispatches about 4,300 aten ops, and on a fast GPU
+the host's dispatching, not the arithmetic, is the step's time (34 ms on an H200 for about 2 ms of
+arithmetic). ``Graphed`` wraps the job's micro-batch strategy (``Plain``, ``Chunked`` or ``Sharded``
+of ``sentemb.train.step``) and runs each micro-batch's whole forward and backward (with gradient
+caching: both passes and the cached-gradient backward of every chunk) as one captured CUDA graph:
+
+1. **Static shapes.** A micro-batch is keyed by the shapes and dtypes of its tensors; the widths
+   come from ``train.buckets`` (on CUDA ``auto``: a handful per run), so a run captures one graph
+   per distinct key (``MAX_GRAPHS`` at most; more is refused, naming ``train.buckets``). Each graph
+   owns static input tensors: every micro-batch is copied into those of its key, and the graph is
+   replayed.
+2. **Capture.** At a key's first micro-batch: one eager pass on a side stream under the capture
+   check (``capture_hazards``: an op that reads a device value on the host, has a data-dependent
+   shape, or copies host data to the device makes a graph that replays stale values or fails, so
+   it is refused naming the op and the method's line), a second eager pass, then the capture
+   (``torch.cuda.graph``, one memory pool shared by all the run's graphs). The eager passes leave no
+   trace: gradients, the method's buffers (e.g. a BatchNorm's running statistics) and the random
+   state are put back as they were, so a run's result does not depend on where its captures fall
+   (a resumed run captures again, later, and is bit-identical).
+3. **Gradients in place.** ``.grad`` of every parameter a graph writes is allocated once, before
+   its capture, and never set to None (``clear_grads``); a graph's backward accumulates into it, so
+   ``grad_accum`` replays sum as in eager mode. A parameter no replayed graph of a step wrote is
+   given to the optimizer without a gradient, as in eager mode (AdamW skips it).
+4. **No host sync.** The loss terms are the graph's static outputs, copied out after each replay
+   (device to device); the finiteness check, the clip (``clip_grad_norm_``, foreach) and the fused
+   AdamW step are the loop's eager ones, which never read a device value on the host.
+
+Dropout: with ``train.dropout_rng: stream`` torch's CUDA generator serves the graph (each replay
+advances its Philox offset, so masks are fresh every replay and the saved generator state resumes
+them). With ``counter`` the masks are hashed from a static device key (``Job.dropout_key``) that is
+filled with the micro-batch's key before each replay: the same masks as an eager ``counter`` run,
+however the batch is chunked or sharded. ``keyed`` (CPU generators) cannot be captured and is
+refused, as are gradient caching with ``stream`` (its second pass rewinds the generator on the
+host), ``train.compile``, ``train.unpad`` (the packed length changes every step), ``precision:
+fp16`` (the grad scaler reads its inf check on the host) and, on CUDA, ``train.devices`` > 1 (a
+collective captured in a graph is not supported here yet). A graphed ``stream`` run is another
+random run than an eager one (other masks are drawn), as ``train.unpad`` is.
+
+On the CPU (CI, a laptop) there are no CUDA graphs: the same strategy runs the same static-shape
+step eagerly on its static inputs, with the capture check on each key's first micro-batch, so the
+tests exercise everything but the capture itself. On a step whose per-term gradient norms are
+logged (``train.log_grad_norms``) the micro-batches run eagerly: that step needs extra backward
+passes a graph does not have.
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from .. import SentembError
+from .step import MicroBatches, _device_rng, _set_device_rng, apply_update  # noqa: F401
+
+if TYPE_CHECKING:
+    import torch
+
+log = logging.getLogger(__name__)
+
+#: the most distinct micro-batch shapes one run captures (each graph holds its activations' memory)
+MAX_GRAPHS = 32
+#: eager passes before a capture (the first one under the capture check)
+WARMUP = 2
+
+#: aten ops that cannot be in a captured graph, and why (``capture_hazards``)
+HAZARDS = {
+    "_local_scalar_dense": "reads a device value on the host (.item(), int(), float(), bool(), an `if` on a tensor)",
+    "nonzero": "has a data-dependent shape (nonzero, boolean-mask indexing, one-argument torch.where)",
+    "masked_select": "has a data-dependent shape (boolean-mask indexing)",
+    "masked_scatter": "reads a data-dependent count",
+    "unique": "has a data-dependent shape", "_unique": "has a data-dependent shape",
+    "_unique2": "has a data-dependent shape", "unique_dim": "has a data-dependent shape",
+    "unique_consecutive": "has a data-dependent shape",
+    "lift_fresh": "makes a tensor from host data inside the step (torch.tensor / torch.as_tensor of Python "
+                  "values): on CUDA a host-to-device copy that a replay would not redo",
+    "lift_fresh_copy": "makes a tensor from host data inside the step (torch.tensor / torch.as_tensor of Python "
+                       "values): on CUDA a host-to-device copy that a replay would not redo",
+}
+_REPEAT_INTERLEAVE = "repeat_interleave"  # data-dependent unless output_size is given
+
+
+@dataclass
+class Hazard:
+    """One op of a step that a CUDA graph cannot replay: the aten op, why, and where (the innermost
+    frame outside torch and this package's loop: the method's line)."""
+
+    op: str
+    why: str
+    where: str
+
+    def __str__(self) -> str:
+        return f"{self.where}: aten.{self.op} {self.why}"
+
+
+def _caller() -> str:
+    frames = traceback.extract_stack()[:-3]
+    for f in reversed(frames):
+        name = f.filename.replace("\\", "/")
+        if "/torch/" in name or "/transformers/" in name or name.endswith(("/train/graphs.py", "/train/step.py",
+                                                                             "/model/dropout.py")):
+            continue
+        return f"{name.rsplit('/', 2)[-2]}/{name.rsplit('/', 1)[-1]}:{f.lineno} in {f.name}"
+    return "?"
+
+
+@contextmanager
+def capture_hazards(device: "torch.device"):
+    """Inside: every aten op dispatched is checked against ``HAZARDS`` (and, on CUDA, a copy from
+    host memory to ``device``); yields the list of ``Hazard`` found, filled on exit. Runs the ops
+    (it is an eager pass), so it also serves as a warm-up."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    found: list[Hazard] = []
+    cuda = torch.device(device).type == "cuda"
+
+    class Mode(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            name = func.__name__.split(".")[0]
+            why = HAZARDS.get(name)
+            if name == _REPEAT_INTERLEAVE and kwargs.get("output_size") is None and any(
+                    isinstance(a, torch.Tensor) and a.dim() > 0 for a in args[1:2]):
+                why = "has a data-dependent shape (repeat_interleave without output_size)"
+            if why is None and cuda and name in ("_to_copy", "copy_"):
+                src = args[1] if name == "copy_" else args[0]
+                dst_dev = args[0].device if name == "copy_" else kwargs.get("device")
+                if isinstance(src, torch.Tensor) and src.device.type == "cpu" and dst_dev is not None and \
+                        torch.device(dst_dev).type == "cuda":
+                    why = "copies host memory to the device inside the step (build it in build_batch)"
+            if why is None and name in ("index", "index_put", "index_put_", "_index_put_impl_"):
+                idx = args[1] if len(args) > 1 else kwargs.get("indices", ())
+                if any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in idx or ()):
+                    why = "has a data-dependent shape (boolean-mask indexing)"
+            if name == "_local_scalar_dense" and cuda and args and args[0].device.type == "cpu":
+                why = None  # a host tensor's value: no device read
+            if why is not None and not any(h.op == name for h in found):
+                found.append(Hazard(name, why, _caller()))
+            return func(*args, **kwargs)
+
+    with Mode():
+        yield found
+
+
+@contextmanager
+def as_captured():
+    """Inside: Hugging Face's models take the path they take under CUDA stream capture (its
+    ``is_tracing`` is true, so e.g. the SDPA mask is built without reading on the host whether any
+    position is padded). The eager passes of a graphed step (the capture check, the warm-ups, and on
+    a CPU every pass) thus run what the capture records."""
+    import torch
+
+    patched = [(torch.cuda, "is_current_stream_capturing")]
+    try:
+        from transformers.utils import import_utils
+
+        patched.append((import_utils, "is_cuda_stream_capturing"))
+    except ImportError:  # pragma: no cover - transformers is a dependency
+        pass
+    saved = [(mod, name, getattr(mod, name)) for mod, name in patched if hasattr(mod, name)]
+    for mod, name, _ in saved:
+        setattr(mod, name, lambda: True)
+    try:
+        yield
+    finally:
+        for mod, name, fn in saved:
+            setattr(mod, name, fn)
+
+
+def _key(batch: dict) -> tuple:
+    return tuple(sorted((k, tuple(v.shape), str(v.dtype)) for k, v in batch.items()))
+
+
+@dataclass
+class _Entry:
+    """One captured micro-batch shape: its static inputs, the graph (None on CPU) and its static
+    outputs (the logged terms), the parameters its backward writes."""
+
+    batch: dict
+    graph: object = None
+    out: dict = field(default_factory=dict)
+    used: list = field(default_factory=list)
+    replays: int = 0
+
+
+class Graphed(MicroBatches):
+    """``train.graphs: true`` (module docstring): ``inner``'s micro-batch backward captured once per
+    batch shape and replayed; ``capture`` False (a CPU) runs it eagerly on the same static inputs."""
+
+    def __init__(self, inner: MicroBatches, capture: bool):
+        self.inner, self.capture = inner, capture
+        self.entries: dict[tuple, _Entry] = {}
+        self.pool = None
+        self.step_used: set[int] = set()
+        self.captures = 0
+
+    def __repr__(self) -> str:
+        return f"Graphed({self.inner!r})"
+
+    # -- MicroBatches
+    def gradients(self, job, batches, state, norms: bool = False) -> None:
+        if norms:  # extra backward passes for the per-term norms: this step eagerly (module docstring)
+            key, job.dropout_key = getattr(job, "dropout_key", None), None  # eager: keyed by each micro-batch
+            try:
+                self.inner.gradients(job, batches, state, norms)
+            finally:
+                job.dropout_key = key
+            self.step_used.update(id(p) for p in job.method.parameters() if p.grad is not None)
+            return
+        super().gradients(job, batches, state, norms)
+
+    def reduce(self, job) -> None:
+        self.inner.reduce(job)
+
+    def backward(self, job, batch: dict, micro: int, probe) -> dict:
+        key = _key(batch)
+        entry = self.entries.get(key)
+        if entry is None:
+            entry = self._capture(job, batch, micro, key)
+        else:
+            for k, v in batch.items():
+                entry.batch[k].copy_(v, non_blocking=True)
+        set_dropout_key(job, micro)
+        if entry.graph is not None:
+            entry.graph.replay()
+            out = entry.out
+        else:
+            with as_captured():
+                out = entry.out = self.inner.backward(job, entry.batch, micro, None)
+        entry.replays += 1
+        self.step_used.update(id(p) for p in entry.used)
+        return {k: v.detach().clone() for k, v in out.items()}
+
+    def update(self, job) -> None:
+        """The loop's update (``apply_update``) with the gradient tensors kept; a parameter that no
+        micro-batch of this step wrote is handed over without a gradient, as in eager mode."""
+        params = [p for g in job.opt.param_groups for p in g["params"]]
+        idle = [(p, p.grad) for p in params if p.grad is not None and id(p) not in self.step_used]
+        for p, _ in idle:
+            p.grad = None
+        apply_update(job)
+        for p, g in idle:
+            p.grad = g
+        self.step_used = set()
+
+    # -- capture
+    def _capture(self, job, batch: dict, micro: int, key: tuple) -> _Entry:
+        import torch
+
+        if self.capture and len(self.entries) >= MAX_GRAPHS:
+            raise SentembError(f"run '{job.run.name}': train.graphs: more than {MAX_GRAPHS} distinct micro-batch shapes "
+                               "(each is a captured graph); pad to fewer widths with train.buckets (auto or a list)")
+        method, device = job.method, job.device
+        static = {k: v.detach().clone() for k, v in batch.items()}
+        entry = _Entry(batch=static)
+        params = [p for p in method.parameters() if p.requires_grad]
+        grads = [p.grad for p in params]
+        buffers = [(b, b.detach().clone()) for b in method.buffers()]
+        rng = _device_rng(device)
+        cuda = self.capture and device.type == "cuda"
+        side = torch.cuda.Stream(device) if cuda else None
+        try:
+            for p in params:
+                p.grad = None
+            with (torch.cuda.stream(side) if cuda else _null()), as_captured():
+                if cuda:
+                    side.wait_stream(torch.cuda.current_stream(device))
+                set_dropout_key(job, micro)
+                with capture_hazards(device) as hazards:
+                    self.inner.backward(job, static, micro, None)
+                if hazards:
+                    raise SentembError(
+                        f"run '{job.run.name}': train.graphs: method '{method.name}' cannot be captured as a CUDA graph: "
+                        + "; ".join(map(str, hazards)) + ". Make these ops static (see docs/methods/writing-a-method.md, "
+                        "'Graph-safe steps') or set train.graphs: false")
+                entry.used = [p for p in params if p.grad is not None]
+                for _ in range(WARMUP - 1 if cuda else 0):
+                    self.inner.backward(job, static, micro, None)
+            if cuda:
+                torch.cuda.current_stream(device).wait_stream(side)
+        finally:
+            for p, g in zip(params, grads):
+                p.grad = g
+            with torch.no_grad():
+                for b, saved in buffers:
+                    b.copy_(saved)
+            _set_device_rng(rng, device)
+        for p in entry.used:  # allocated outside the graph's pool: backward accumulates into them
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        if cuda:
+            graph = torch.cuda.CUDAGraph()
+            try:
+                with torch.cuda.graph(graph, pool=self.pool):
+                    entry.out = self.inner.backward(job, static, micro, None)
+            except Exception as e:  # noqa: BLE001 - a capture error names the run and the way out
+                raise SentembError(f"run '{job.run.name}': train.graphs: capturing method '{method.name}' at batch shape "
+                                   f"{_shapes(key)} failed: {type(e).__name__}: {str(e).strip().splitlines()[0][:300]}; "
+                                   "set train.graphs: false") from e
+            self.pool = graph.pool()
+            entry.graph = graph
+        self.captures += 1
+        self.entries[key] = entry
+        log.info("train.graphs: %s shape %d (%s)", "captured" if cuda else "static", len(self.entries), _shapes(key))
+        return entry
+
+
+def _shapes(key: tuple) -> str:
+    return ", ".join(f"{k} {'x'.join(map(str, s))}" for k, s, _ in key)
+
+
+@contextmanager
+def _null():
+    yield
+
+
+# --------------------------------------------------------------------------- the dropout key
+
+
+def set_dropout_key(job, micro: int) -> None:
+    """With ``train.dropout_rng: counter``: fill the job's static key tensor (``Job.dropout_key``, made
+    here at first use) with micro-batch ``micro``'s key: two scalar fills on the device, no host copy,
+    so a graph captured reading it sees each replay's key."""
+    if job.settings.dropout_rng != "counter":
+        return
+    import torch
+
+    from ..model.dropout import _M32, mix
+
+    k = mix(job.seed, micro)
+    if getattr(job, "dropout_key", None) is None:
+        job.dropout_key = torch.zeros(2, dtype=torch.int64, device=job.device)
+    job.dropout_key[0].fill_(k & _M32)
+    job.dropout_key[1].fill_((k >> 32) & _M32)
+
+
+def check_graph_settings(settings, where: str) -> None:
+    """``train.graphs`` combined with what it cannot serve (module docstring), refused naming the keys."""
+    if not getattr(settings, "graphs", False):
+        return
+    bad = [(settings.dropout_rng == "keyed", "train.dropout_rng keyed (CPU-drawn masks); use counter or stream"),
+           (settings.compile, "train.compile (a graph replays the eager kernels)"),
+           (settings.unpad, "train.unpad (the packed length changes every step)"),
+           (settings.precision == "fp16", "train.precision fp16 (the grad scaler's inf check reads the device on the "
+                                          "host); use bf16, auto or fp32"),
+           (settings.chunk_size is not None and settings.dropout_rng == "stream",
+            "train.chunk_size with train.dropout_rng stream (gradient caching rewinds the generator on the host); use "
+            "train.dropout_rng: counter")]
+    for hit, what in bad:
+        if hit:
+            raise SentembError(f"{where}: train.graphs cannot be combined with {what}, or set train.graphs: false")

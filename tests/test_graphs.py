@@ -1,0 +1,140 @@
+"""``train.graphs`` (``sentemb.train.graphs``; issue 37) on the CPU: the same static-shape step a CUDA
+graph captures, run eagerly, against the eager loop; the capture check; the settings it refuses.
+The capture itself needs a GPU (``sentemb gpu-check --host-parts graphed``)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sentemb import SentembError, testing
+from sentemb.config.settings import TrainSettings
+from sentemb.train.graphs import Graphed, capture_hazards
+from sentemb.train.loop import State, micro_batches, run_steps, setup
+
+METHODS = ("simcse", "arccse", "sarcse", "infocse", "paser", "una")
+
+
+@pytest.fixture(scope="module")
+def worlds(tmp_path_factory):
+    cache = {}
+
+    def get(method):
+        if method not in cache:
+            try:
+                cache[method] = testing.harness(method, tmp_path_factory.mktemp(method))
+            except testing.CheckSkipped as e:
+                pytest.skip(str(e))
+        return cache[method]
+
+    return get
+
+
+def _train(run, steps=3, cls=None):
+    """``steps`` optimizer steps of the loop; the method's whole state and the strategy."""
+    with setup(run, "/nonexistent", cls) as job:
+        torch.manual_seed(3)
+        state = State()
+        for _ in run_steps(job, state, steps):
+            pass
+        sd = {k: v.detach().clone() for k, v in job.method.state_dict().items() if torch.is_tensor(v)}
+        return sd, job.strategy
+
+
+def _same(a: dict, b: dict, rel: float, what: str) -> None:
+    testing.close({k: v.float() for k, v in a.items() if v.is_floating_point()},
+                  {k: v.float() for k, v in b.items() if v.is_floating_point()}, what, rel, floor="whole")
+    moved = [k for k in a if a[k].is_floating_point()]
+    assert moved, what
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_graphed_training_is_the_eager_training(worlds, method):
+    """Dropout off, 3 steps of 2 accumulated micro-batches: graphs on trains to the eager weights
+    (every parameter, buffer and head)."""
+    h = worlds(method)
+    eager, _ = _train(h.exact_run(dropout=0.0, grad_accum=2), cls=h.cls)
+    graphed, strategy = _train(h.exact_run(dropout=0.0, grad_accum=2, graphs=True), cls=h.cls)
+    assert repr(strategy) == "Graphed(Plain())" and strategy.captures >= 1
+    _same(graphed, eager, 1e-4, f"{method}: graphed vs eager weights")
+    init, _ = _train(h.exact_run(dropout=0.0, grad_accum=2), steps=0, cls=h.cls)
+    assert any(not torch.equal(init[k], eager[k]) for k in eager if eager[k].is_floating_point())
+
+
+@pytest.mark.parametrize("method", ["simcse", "infocse", "una"])
+def test_graphed_chunks_train_as_the_whole_batch_with_dropout_on(worlds, method):
+    """Gradient caching inside the graphed step, counter dropout on: the weights of the unchunked
+    graphed run (the masks are keyed, so chunking draws the same ones)."""
+    h = worlds(method)
+    whole, _ = _train(h.exact_run(dropout_rng="counter", graphs=True), steps=2, cls=h.cls)
+    chunked, strategy = _train(h.exact_run(dropout_rng="counter", graphs=True, chunk_size=4), steps=2, cls=h.cls)
+    assert repr(strategy) == "Graphed(Chunked())"
+    _same(chunked, whole, testing.REL, f"{method}: chunked graphed weights")
+    eager, _ = _train(h.exact_run(dropout_rng="counter"), steps=2, cls=h.cls)  # eager counter: the same masks
+    _same(whole, eager, testing.REL, f"{method}: graphed vs eager, counter dropout on")
+
+
+def test_sam_with_graphs_is_eager_sam(worlds):
+    h = worlds("simcse")
+    eager, _ = _train(h.exact_run(dropout=0.0, sam_rho=0.05), cls=h.cls)
+    graphed, strategy = _train(h.exact_run(dropout=0.0, sam_rho=0.05, graphs=True), cls=h.cls)
+    assert repr(strategy) == "SAM(Graphed(Plain()))"
+    _same(graphed, eager, 1e-4, "SAM graphed vs eager")
+
+
+def test_a_method_whose_chunks_depend_on_the_data_is_refused_naming_its_line(worlds):
+    h = worlds("arccse")
+    with pytest.raises(SentembError, match=r"train\.graphs: method 'arccse' cannot be captured.*arccse\.py:\d+ in "
+                                           r"chunk: aten\.nonzero"):
+        _train(h.exact_run(dropout_rng="counter", graphs=True, chunk_size=4), steps=1, cls=h.cls)
+
+
+def test_masks_are_fresh_per_micro_batch_and_the_same_on_a_repeat(worlds):
+    """Counter dropout in the graphed step: the static key gets each micro-batch's key, so the same
+    static batch replayed as micro-batch 1 draws other masks than as 0, and 0 again the first ones."""
+    h = worlds("simcse")
+    with setup(h.exact_run(dropout_rng="counter", graphs=True), "/nonexistent", h.cls) as job:
+        (_, batch), = micro_batches(job, 0)[:1]
+        strategy = job.strategy
+        assert isinstance(strategy, Graphed)
+        losses = [float(strategy.backward(job, batch, m, None)["loss"]) for m in (0, 1, 0)]
+        assert job.dropout_key is not None and strategy.captures == 1
+    assert losses[0] != losses[1] and losses[0] == losses[2]
+
+
+def test_resume_with_graphs_is_bit_identical(worlds, tmp_path):
+    h = worlds("simcse")
+    testing.kill_and_resume(h.exact_run(dropout_rng="counter", graphs=True, save_steps=1), tmp_path, "graphs resume",
+                            method_cls=h.cls)
+
+
+def test_the_capture_check_names_each_hazard_and_its_line():
+    x = torch.arange(6.0)
+
+    def step():
+        y = x * 2
+        if bool(y.sum() > 0):  # a host read
+            y = y + torch.tensor([1.0])  # host data
+        return y[y > 3]  # a data-dependent shape
+
+    with capture_hazards(torch.device("cpu")) as found:
+        step()
+    ops = {h.op: h for h in found}
+    assert {"_local_scalar_dense", "lift_fresh", "nonzero"} <= set(ops)
+    assert all("test_graphs.py:" in str(h) and "in step" in str(h) for h in found)
+    with capture_hazards(torch.device("cpu")) as clean:
+        (x * 2).clamp(min=0).sum()
+    assert clean == []
+
+
+@pytest.mark.parametrize("train, match", [
+    ({"dropout_rng": "keyed"}, r"train\.graphs cannot be combined with train\.dropout_rng keyed"),
+    ({"compile": True}, r"train\.graphs cannot be combined with train\.compile"),
+    ({"unpad": True}, r"train\.graphs cannot be combined with train\.unpad"),
+    ({"precision": "fp16"}, r"train\.graphs cannot be combined with train\.precision fp16"),
+    ({"chunk_size": 4}, r"train\.graphs cannot be combined with train\.chunk_size with train\.dropout_rng stream"),
+])
+def test_what_graphs_cannot_serve_is_refused_at_config_load(train, match):
+    with pytest.raises(SentembError, match="cfg: " + match):
+        TrainSettings(graphs=True, **train).check("cfg")
+    TrainSettings(graphs=True, dropout_rng="counter", chunk_size=4).check("cfg")  # this one it serves
