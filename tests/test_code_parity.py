@@ -222,3 +222,65 @@ def test_paser_code_comparison_fails_with_a_switch_set_back(tiny_bert_dir, paser
         m, ours, ref = paser_gap(tiny_bert_dir, paser_setup, args)
         assert abs(ours - ref) < TOL * abs(ref)
         paser_code_init_and_dropout(make_paser(tiny_bert_dir, *paser_setup, args))
+
+
+# ------------------------------------------------------------------------------------------- InfoCSE
+def infocse_code_checks(m):
+    """``cl_init``'s ``init_weights``: the BatchNorm projection's Linear layers N(0, initializer_range)
+    (BatchNorm untouched); with ``--mlm_eval`` absent (large script) the frozen copy ``cls.mlm`` stays in
+    the training mode the Trainer puts the model in: its dropout draws (two passes differ)."""
+    std = m.encoder.config.initializer_range
+    for lin in (x for x in m.mlp.modules() if isinstance(x, torch.nn.Linear)):
+        assert lin.bias is None and 0.7 < float(lin.weight.std()) / std < 1.3
+    m.train()
+    ids = torch.tensor([[2, 7, 8, 9, 3]])
+    with torch.no_grad():
+        a = m.aux_lower(input_ids=ids, attention_mask=torch.ones_like(ids)).last_hidden_state
+        b = m.aux_lower(input_ids=ids, attention_mask=torch.ones_like(ids)).last_hidden_state
+    return bool((a - b).abs().max() > 0)  # True: training mode (dropout on)
+
+
+@pytest.mark.parametrize("backbone,train_mode", [("bert-base-uncased", False), ("bert-large-uncased", True)])
+def test_infocse_code_init_and_frozen_copy_mode(tiny_bert_dir, paper_config, backbone, train_mode):
+    args = {**code_args(paper_config, "infocse-code", backbone), "skip_from": 1, "init": "backbone"}
+    torch.manual_seed(0)
+    m = get_method("infocse")(*_encoder(tiny_bert_dir), args, MethodContext(max_len=16, seed=3, backbone="tiny",
+                                                                             model_dir=tiny_bert_dir))
+    assert infocse_code_checks(m) is train_mode
+    run = find_run(paper_config, "infocse-code", backbone)
+    assert run.train["precision"] == "fp16"  # both scripts pass --fp16 (HF Trainer: autocast + GradScaler)
+    key = "infocse-large" if train_mode else "infocse-base"
+    for switch, back in SWITCHES[key].items():  # each switch set back: a check fails
+        torch.manual_seed(0)
+        m = get_method("infocse")(*_encoder(tiny_bert_dir), {**args, switch: back},
+                                  MethodContext(max_len=16, seed=3, backbone="tiny", model_dir=tiny_bert_dir))
+        with pytest.raises(AssertionError):
+            assert infocse_code_checks(m) is train_mode
+
+
+def _encoder(model_dir):
+    from sentemb.model.backbone import load_encoder
+
+    return load_encoder(model_dir, pooling_layer=False)
+
+
+# ----------------------------------------------------------------------------------------------- UNA
+def una_code_checks(m, run):
+    """``MLPLayer``'s ``nn.Linear`` as PyTorch builds it: weights and bias uniform within 1/sqrt(h),
+    the bias non-zero; fp32 (``--fp16_precision`` only enables a GradScaler, no autocast) and no
+    gradient clipping (``una.py``: ``scaler.step`` straight after ``backward``)."""
+    w, b = m.mlp.dense.weight, m.mlp.dense.bias
+    bound = 1 / math.sqrt(w.size(1))
+    assert float(b.abs().max()) > 0 and float(w.abs().max()) <= bound and float(w.std()) > 0.5 * bound / math.sqrt(3)
+    assert run.train["precision"] == "fp32" and run.train["grad_clip"] is None
+
+
+def test_una_code_mlp_init_precision_and_clipping(tiny_bert_dir, tmp_path, paper_config):
+    run = find_run(paper_config, "una-code", "bert-base-uncased")
+    args = {**code_args(paper_config, "una-code"), "paraphrase": False, "negatives": False}
+    ctx = MethodContext(max_len=32, seed=0, inputs={}, corpus=None)
+    torch.manual_seed(0)
+    una_code_checks(get_method("una")(*_encoder(tiny_bert_dir), args, ctx), run)
+    torch.manual_seed(0)
+    with pytest.raises(AssertionError):
+        una_code_checks(get_method("una")(*_encoder(tiny_bert_dir), {**args, **SWITCHES["una"]}, ctx), run)
