@@ -577,6 +577,17 @@ ADDED_DEFAULTS = {"sampler": "random", "eval_unit": "optimizer_steps", "dropout_
                   "graphs": False}
 
 
+#: method arguments added after states were saved (issue 38: the switches to the authors' code), at
+#: the value that computes what was computed before they existed: left out of the fingerprint at that
+#: value, in it at any other (a built-in method's name; a plug-in cannot take one)
+ADDED_METHOD_ARGS = {
+    "paser": {"masked_linear_init": "torch", "decoder_dropout_layout": "torch", "decoder_embeddings": "word",
+              "target_truncation": "phrases"},
+    "infocse": {"projection_init": "torch", "aux_lower_eval": True},
+    "una": {"mlp_init": "normal"},
+}
+
+
 def weight_free_keys() -> tuple[str, ...]:
     """The train settings declared ``arg(..., weights=False)``: they do not change what is trained."""
     return tuple(f.name for f in dataclasses.fields(TrainSettings) if f.metadata.get("weights") is False)
@@ -590,6 +601,9 @@ def _fingerprint_dict(run: Run | dict, free: tuple[str, ...]) -> dict:
     keep["train"] = {k: v for k, v in keep["train"].items()
                      if k not in free and not (k in ADDED_DEFAULTS and v == ADDED_DEFAULTS[k])}
     keep["paths"] = {k: v for k, v in keep["paths"].items() if k != "tokens"}
+    added = ADDED_METHOD_ARGS.get(keep["method"], {})
+    keep["method_args"] = {k: v for k, v in (keep["method_args"] or {}).items()
+                           if not (k in added and v == added[k])}
     return keep
 
 

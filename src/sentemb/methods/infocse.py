@@ -50,6 +50,11 @@ Choices the paper leaves **open** (switches):
 * ``mlp: batchnorm``: the authors' code's ``--batchnorm`` head, taken to be DiffCSE's projection
   (Linear → BatchNorm → ReLU → Linear → BatchNorm without affine; the code InfoCSE builds on).
 * Random replacement tokens are drawn from the whole vocabulary (BERT / HF collator convention).
+* ``projection_init``: the BatchNorm projection's Linear layers at PyTorch's default (``torch``) or
+  N(0, initializer_range) as the code's ``init_weights`` leaves them (``normal``, ``infocse-code``).
+* ``aux_lower_eval``: the frozen lower copy in eval mode (default; the code's ``--mlm_eval``, set by
+  its base script), or in training mode with dropout (``false``: its BERT-large script omits the flag,
+  ``infocse-code`` on bert-large-uncased).
 * Bucketed widths (``train.buckets``): the masks of both stages are drawn over the batch's real
   width (its longest row), not the bucket it is padded to (``mask_tokens(width=)``), so a batch is
   masked alike with and without buckets; the padding columns are attention 0 and label -100, and
@@ -313,6 +318,12 @@ class InfoCSE(Method):
                               "per view with that view's [CLS] (code)", choices=("sentence", "view"))
         mlp: str = arg("train_only", "projection on [CLS] in training: SimCSE's Linear+Tanh, the code's BatchNorm "
                        "projection, or none", choices=("train_only", "batchnorm", "none"))
+        projection_init: str = arg("torch", "the BatchNorm projection's Linear weights: PyTorch's default (the paper "
+                                   "is silent), or N(0, initializer_range) (code: cl_init's init_weights)",
+                                   choices=("torch", "normal"))
+        aux_lower_eval: bool = arg(True, "the frozen lower copy runs in eval mode, no dropout (code's --mlm_eval, its "
+                                   "base script); false: in training mode, with dropout (its BERT-large script "
+                                   "omits the flag)")
         pretrain: dict | None = arg(None, "stage-1 settings (only in methods.infocse): train keys (epochs 8, "
                                     "batch_size 1024, lr 1e-4, warmup_ratio 0.1, weight_decay 0.01, max_steps, ...), "
                                     "corpus (name under resources/corpus; default the configured corpus), seed (42), "
@@ -364,6 +375,8 @@ class InfoCSE(Method):
             self.mlp = MLPHead(cfg.hidden_size, std)
         elif a.mlp == "batchnorm":
             self.mlp = BatchNormProjection(cfg.hidden_size)
+            if a.projection_init == "normal":  # the code's init_weights: Linear N(0, std); BatchNorm untouched
+                _init_bert_(self.mlp, std)
         else:
             self.mlp = None
 
@@ -410,7 +423,7 @@ class InfoCSE(Method):
 
     def train(self, mode: bool = True):
         super().train(mode)
-        if self.args.detach:
+        if self.args.detach and self.args.aux_lower_eval:
             self.aux_lower.eval()  # the frozen copy is a feature extractor: no dropout
         return self
 

@@ -28,6 +28,13 @@ stage's ``rake_top<K>.parquet``, of which the top ``top_k`` are used):
 
 Logged terms: ``loss``, ``mlm``, ``gen``, ``phrases`` (number T of target tokens in the batch).
 
+Where sentemb's default (the paper, or the method's behaviour where the paper is silent) differs from
+the authors' code (chengzhipanpan/PaSeR @877ac00), a switch takes the code's value (``paser-code``;
+table in docs/methods/paser.md): ``decoder_embeddings: encoder`` (their ``cl_init`` hands BART's
+decoder BERT's whole embedding module as ``embed_tokens``), ``decoder_dropout_layout: bart``,
+``decoder_ffn: null`` (the encoder's hidden size), ``masked_linear_init: normal``,
+``target_truncation: sentence``.
+
 Open choices (the paper and code leave them open; taken here, switches where cheap):
 
 * **Order of masking and EDA:** masking first, on the original sentence (where RAKE's words align),
@@ -230,15 +237,23 @@ class PhraseDecoder(nn.Module):
     decoder's states (the method's MLM head, ``decoder_output: mlm_head``)."""
 
     def __init__(self, embed_tokens: nn.Embedding, layers: int, heads: int, ffn: int, dropout: float,
-                 max_positions: int, init_std: float = 0.02):
+                 max_positions: int, init_std: float = 0.02, *, dropout_layout: str = "torch",
+                 input_embeddings: nn.Module | None = None):
         super().__init__()
         h = embed_tokens.embedding_dim
         self.embed_tokens = embed_tokens
         self._head: list[nn.Module] | None = None
+        # the encoder's whole embedding module (word + position + token type, LayerNorm, dropout) as the
+        # input embedding (``decoder_embeddings: encoder``); in a list: its parameters stay the encoder's
+        self._input_embeddings = [input_embeddings] if input_embeddings is not None else None
         self.embed_positions = nn.Embedding(max_positions, h)
         self.layernorm_embedding = nn.LayerNorm(h)
         self.dropout = nn.Dropout(dropout)
         layer = nn.TransformerDecoderLayer(h, heads, ffn, dropout, activation="gelu", batch_first=True)
+        if dropout_layout == "bart":  # BART's defaults: attention_dropout = activation_dropout = 0
+            layer.self_attn.dropout = 0.0
+            layer.multihead_attn.dropout = 0.0
+            layer.dropout = nn.Dropout(0.0)
         self.layers = nn.TransformerDecoder(layer, layers)
         for name, p in self.named_parameters():  # BART init: N(0, 0.02) weights, zero biases
             if name.startswith("embed_tokens"):
@@ -259,7 +274,10 @@ class PhraseDecoder(nn.Module):
         """The last layer's states (R, T, h) for decoder inputs (R, T)."""
         t = input_ids.size(1)
         pos = torch.arange(t, device=input_ids.device)
-        x = self.embed_tokens(input_ids) + self.embed_positions(pos)[None]
+        if self._input_embeddings is not None:  # BERT's embeddings (its positions, LayerNorm, dropout), then BART's
+            x = self._input_embeddings[0](input_ids=input_ids) + self.embed_positions(pos)[None]
+        else:
+            x = self.embed_tokens(input_ids) + self.embed_positions(pos)[None]
         x = self.dropout(self.layernorm_embedding(x))
         causal = torch.ones((t, t), dtype=torch.bool, device=x.device).triu(1)  # True = not attended
         return self.layers(x, memory.to(x.dtype), tgt_mask=causal, tgt_key_padding_mask=attention_mask == 0,
@@ -342,10 +360,25 @@ class PaSeR(Method):
         signal_n: float = arg(10.0, "n, factor of the product part of the decoding signal")
         signal_abs: bool = arg(True, "absolute values of difference and product (paper); false = code")
         masked_linear: bool = arg(False, "pass E_s̃ through a trainable Linear(h, h) before the signal (code)")
+        masked_linear_init: str = arg("torch", "that Linear's initialisation: PyTorch's default (the paper is silent), "
+                                      "or N(0, initializer_range) weights and zero bias (code: init_weights)",
+                                      choices=("torch", "normal"))
         decoder_layers: int = arg(6, "transformer decoder layers (code)", minimum=1)
         decoder_heads: int = arg(16, "decoder attention heads (code); must divide the hidden size", minimum=1)
-        decoder_ffn: int = arg(768, "decoder feed-forward size (code)", minimum=1)
+        decoder_ffn: int | None = arg(768, "decoder feed-forward size; null = the encoder's hidden size (code: "
+                                      "decoder_ffn_dim=config.hidden_size, 768 on base models only)", minimum=1)
         decoder_dropout: float = arg(0.1, "decoder dropout (BART default)", minimum=0, exclusive_maximum=1)
+        decoder_dropout_layout: str = arg("torch", "where decoder_dropout applies: torch = nn.TransformerDecoderLayer's "
+                                          "(also the attention weights and the FFN activation); bart = BART's defaults "
+                                          "(residual branches and embeddings only: attention and activation dropout 0; "
+                                          "code)", choices=("torch", "bart"))
+        decoder_embeddings: str = arg("word", "the decoder's input embedding: the shared word embeddings (§4.2), or "
+                                      "the encoder's whole embedding module (word + position + token type, "
+                                      "LayerNorm, dropout; code: decoder.embed_tokens = bert.embeddings), BART's "
+                                      "positions added on top either way", choices=("word", "encoder"))
+        target_truncation: str = arg("phrases", "a sentence cut by max_len: drop the phrases whose masks were cut "
+                                     "(open choice), or its whole target when s or s̃ reaches max_len tokens (code: "
+                                     "train.py's usable_sample)", choices=("phrases", "sentence"))
         decoder_output: str = arg("embeddings", "the decoder's vocabulary projection: the word embeddings it "
                                   "shares with the encoder (§4.2), or the MLM head of L_MLM, pretrained "
                                   "cls.predictions (code: cls.lm_head(decoder_outputs))",
@@ -385,10 +418,17 @@ class PaSeR(Method):
         if tokenizer.mask_token_id is None or tokenizer.cls_token_id is None or tokenizer.sep_token_id is None:
             raise SentembError("method 'paser' needs a tokenizer with mask, cls and sep tokens")
         embed = encoder.get_input_embeddings()
-        self.decoder = PhraseDecoder(embed, a.decoder_layers, a.decoder_heads, a.decoder_ffn,
-                                     a.decoder_dropout, a.max_target_len,
-                                     getattr(cfg, "initializer_range", 0.02))
+        std = getattr(cfg, "initializer_range", 0.02)
+        if a.decoder_embeddings == "encoder" and not isinstance(getattr(encoder, "embeddings", None), nn.Module):
+            raise SentembError("method 'paser': decoder_embeddings: encoder needs an encoder with an `embeddings` "
+                               "module (BERT-family); set method_args.decoder_embeddings: word")
+        self.decoder = PhraseDecoder(embed, a.decoder_layers, a.decoder_heads, a.decoder_ffn or h,
+                                     a.decoder_dropout, a.max_target_len, std, dropout_layout=a.decoder_dropout_layout,
+                                     input_embeddings=encoder.embeddings if a.decoder_embeddings == "encoder" else None)
         self.masked_proj = nn.Linear(h, h) if a.masked_linear else None
+        if self.masked_proj is not None and a.masked_linear_init == "normal":
+            nn.init.normal_(self.masked_proj.weight, std=std)
+            nn.init.zeros_(self.masked_proj.bias)
         # untied: the copy starts as the checkpoint's cls.predictions.decoder.weight when it has one
         # (load_bert), else as the word embeddings (BERT's tied matrix, which HF checkpoints store once)
         self.mlm_head = MLMHead(cfg, tied=embed) if a.mlm_head_tied else MLMHead(cfg, weight=embed.weight)
@@ -452,6 +492,9 @@ class PaSeR(Method):
         ids, att = enc["input_ids"], enc["attention_mask"]
         surviving = (ids[b:] == tok.mask_token_id).sum(1).tolist()
         tgts = [self.targets(m, n) for m, n in zip(masked, surviving)]
+        if self.args.target_truncation == "sentence":  # the code: no target when s or s̃ reaches max_len tokens
+            n_tok = att.sum(1)
+            tgts = [t if max(int(n_tok[i]), int(n_tok[b + i])) < self.ctx.max_len else [] for i, t in enumerate(tgts)]
         rows = [i for i, t in enumerate(tgts) if t]
         # decoder rows: to a bucket too, beyond max_len up to the decoder's positions (max_target_len)
         t_len = self.width(max((len(tgts[i]) - 1 for i in rows), default=1), limit=self.args.max_target_len)

@@ -301,6 +301,9 @@ class UNA(Method):
                           "may be, with the authors' one-random-token fallback", choices=("exclude_self", "code"))
         write_back: str = arg("span", "span: replace character spans in the original sentence; tokens: "
                               "lowercased tokens joined by spaces (authors' code)", choices=("span", "tokens"))
+        mlp_init: str = arg("normal", "the training MLP's Linear: N(0, initializer_range) weights and zero bias "
+                            "(as SimCSE; the paper is silent), or PyTorch's default with its non-zero bias "
+                            "(code: model/models.py MLPLayer)", choices=("normal", "torch"))
 
     eval_pooler = "cls_before_pooler"  # raw [CLS] at evaluation (the MLP is training-only)
     schedule_args = ("alpha", "radius")  # which steps mine negatives, not a step's shapes
@@ -316,6 +319,8 @@ class UNA(Method):
         super().__init__(encoder, tokenizer, args, ctx)
         a = self.args
         self.mlp = MLPHead(encoder.config.hidden_size, getattr(encoder.config, "initializer_range", 0.02))
+        if self.args.mlp_init == "torch":  # the code's MLPLayer: nn.Linear as PyTorch builds it (non-zero bias)
+            self.mlp.dense.reset_parameters()
         self.augmenter = None
         if a.negatives:
             stats = ctx.input("tfidf_para" if a.paraphrase else "tfidf")
