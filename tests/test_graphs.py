@@ -115,12 +115,13 @@ def test_the_capture_check_names_each_hazard_and_its_line():
         y = x * 2
         if bool(y.sum() > 0):  # a host read
             y = y + torch.tensor([1.0])  # host data
-        return y[y > 3]  # a data-dependent shape
+        torch.nonzero(y)  # a data-dependent shape
+        return y[y > 3]  # another: boolean-mask indexing
 
     with capture_hazards(torch.device("cpu")) as found:
         step()
     ops = {h.op: h for h in found}
-    assert {"_local_scalar_dense", "lift_fresh", "nonzero"} <= set(ops)
+    assert {"_local_scalar_dense", "lift_fresh", "nonzero", "index"} <= set(ops)
     assert all("test_graphs.py:" in str(h) and "in step" in str(h) for h in found)
     with capture_hazards(torch.device("cpu")) as clean:
         (x * 2).clamp(min=0).sum()
@@ -138,3 +139,35 @@ def test_what_graphs_cannot_serve_is_refused_at_config_load(train, match):
     with pytest.raises(SentembError, match="cfg: " + match):
         TrainSettings(graphs=True, **train).check("cfg")
     TrainSettings(graphs=True, dropout_rng="counter", chunk_size=4).check("cfg")  # this one it serves
+
+
+def test_arccse_pads_its_triplet_count_in_a_graphed_run_and_eq4_ignores_the_padding(worlds):
+    """A graphed run's ArcCSE batch holds a power-of-two number of triplets (padding rows with
+    ``tri_index`` −1), so that the varying number of long sentences does not make a new graph nearly
+    every step; the real rows are the eager ones and Eq. 4 leaves the padding out."""
+    from dataclasses import replace
+
+    import numpy as np
+
+    from sentemb.methods.arccse import TRIPLET_PAD_MIN, triplet_loss
+
+    h = worlds("arccse")
+    m = h.make()
+    words = list(testing.TINY_WORDS)
+    long = " ".join(words[:12] * 2)
+    sents = [long, "two words", long, long, "x y"]
+    plain = m.build_triplets(sents, np.random.default_rng(0))
+    m.ctx = replace(m.ctx, static=True)
+    padded = m.build_triplets(sents, np.random.default_rng(0))
+    t, big = plain["tri_index"].numel(), padded["tri_index"].numel()
+    assert t == 3 and big == TRIPLET_PAD_MIN
+    assert padded["tri_index"][:t].tolist() == plain["tri_index"].tolist() and (padded["tri_index"][t:] == -1).all()
+    w = plain["tri_input_ids"].size(1)
+    for v in range(3):
+        assert torch.equal(padded["tri_input_ids"][v * big : v * big + t, :w], plain["tri_input_ids"][v * t : (v + 1) * t])
+    torch.manual_seed(0)
+    emb = torch.randn(3 * big, 8)
+    real = torch.cat([emb[v * big : v * big + t] for v in range(3)])
+    want = triplet_loss(real[:t], real[t : 2 * t], real[2 * t :], 0.3)
+    got = triplet_loss(emb[:big], emb[big : 2 * big], emb[2 * big :], 0.3, valid=padded["tri_index"] >= 0)
+    assert float(want) > 0 and torch.allclose(got, want)

@@ -15,7 +15,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     from ..config.load import load_config
 
     config = load_config(args.config)
-    rows = plan(config, args.gpu, args.mfu, args.margin, lengths_from=args.lengths_from)
+    graphs = {"on": True, "off": False}.get(args.graphs)
+    rows = plan(config, args.gpu, args.mfu, args.margin, lengths_from=args.lengths_from, graphs=graphs)
     if args.json:
         Path(args.json).write_text(json.dumps([dataclasses.asdict(r) for r in rows], indent=1))
     print(format_plan(rows, gpu_spec(args.gpu)[0], args.mfu))
@@ -36,4 +37,7 @@ def register(sub) -> None:
                    help="a text file of corpus sentences to price every training job's lengths at (default: the "
                         "token cache, the prepared corpus, the mirror's corpus or its head sample; see "
                         "docs/plan-and-benchmarks.md)")
+    p.add_argument("--graphs", choices=("config", "on", "off"), default="config",
+                   help="price the training steps with train.graphs as each run sets it (config), or as if every "
+                        "run set it on or off: the CUDA-graphed step's measured floor (docs/plan-and-benchmarks.md)")
     p.set_defaults(func=_cmd_plan)

@@ -89,6 +89,8 @@ from .registry import register_method
 from .simcse import SimCSE, info_nce
 
 TRIPLET_KEYS = ("tri_input_ids", "tri_attention_mask", "tri_index")
+#: the fewest triplets a graphed run's batch holds (``ArcCSE.build_triplets``: padded to a power of two)
+TRIPLET_PAD_MIN = 8
 
 
 # ------------------------------------------------------------------------------------ the equations
@@ -126,16 +128,24 @@ def arccon_loss(h: torch.Tensor, h_pos: torch.Tensor, margin_deg: float = 10.0, 
 
 
 def triplet_loss(h: torch.Tensor, h_less: torch.Tensor, h_more: torch.Tensor, margin: float = 0.0,
-                 count: int | None = None) -> torch.Tensor:
+                 count: int | torch.Tensor | None = None, valid: torch.Tensor | None = None) -> torch.Tensor:
     """ArcCSE Eq. 4, averaged over the triplets: mean max(0, cos(h̄, h̄″) − cos(h̄, h̄′) + m′) with
     h_less = h̄′ (20% masked), h_more = h̄″ (40% masked); 0 for no triplets. fp32. ``count``: divide
-    the sum by the batch's number of triplets instead (a chunk's share, ``Method.row_terms``)."""
+    the sum by the batch's number of triplets instead (a chunk's share, ``Method.row_terms``).
+    ``valid`` (T,) bool: only these triplets count (the padding triplets of a graphed run,
+    ``build_triplets``); the mean is then over them (0 when none)."""
     with torch.autocast(device_type=h.device.type, enabled=False):
         if h.size(0) == 0:
             return h.float().sum() * 0.0
         h, h_less, h_more = h.float(), h_less.float(), h_more.float()
         hinge = F.relu(F.cosine_similarity(h, h_more, dim=-1) - F.cosine_similarity(h, h_less, dim=-1) + margin)
-        return hinge.mean() if count is None else hinge.sum() / count
+        if valid is not None:
+            hinge = hinge * valid.to(hinge.dtype)
+            if count is None:
+                count = valid.sum()
+        if count is None:
+            return hinge.mean()
+        return hinge.sum() / (count.clamp(min=1) if isinstance(count, torch.Tensor) else count)
 
 
 def nested_span_masks(n_tokens: int, rates: Sequence[float], rng: np.random.Generator, *, span_p: float = 0.2,
@@ -252,13 +262,25 @@ class ArcCSE(SimCSE):
         """The rows [s_1..s_T, s′_1..s′_T, s″_1..s″_T] of the sentences with ≥ ``min_words`` words,
         padded to a bucket of the longest (``Method.width``, the longest itself without buckets):
         ``tri_input_ids``, ``tri_attention_mask`` of shape (3T, L); (0, 1)
-        when there is no such sentence; ``tri_index`` (T,): each triplet's sentence in the batch."""
+        when there is no such sentence; ``tri_index`` (T,): each triplet's sentence in the batch.
+
+        In a graphed run (``ctx.static``, ``train.graphs``) T is padded up to a power of two (at
+        least ``TRIPLET_PAD_MIN``) with padding triplets ([CLS] [SEP] rows, ``tri_index`` −1) that Eq. 4
+        leaves out: the number of long sentences, which varies from batch to batch, would otherwise
+        make a new batch shape, and a new captured graph, nearly every step."""
         a, tok = self.args, self.tokenizer
         index = [i for i, s in enumerate(sentences) if len(s.split()) >= a.min_words]
         long = [sentences[i] for i in index]
+        if a.triplet and self.ctx.static:
+            return self._padded_triplets(index, self._real_triplets(long, index, rng) if long else None)
         if not a.triplet or not long:
             empty = torch.zeros((0, 1), dtype=torch.long)
             return {"tri_input_ids": empty, "tri_attention_mask": empty.clone(), "tri_index": torch.zeros(0, dtype=torch.long)}
+        return self._real_triplets(long, index, rng)
+
+    def _real_triplets(self, long: list[str], index: list[int], rng) -> dict[str, torch.Tensor]:
+        """The triplet rows of the ``long`` sentences (``build_triplets``), at batch positions ``index``."""
+        a, tok = self.args, self.tokenizer
         enc = tok(list(long), truncation=True, max_length=self._triplet_len(), return_special_tokens_mask=True)
         views: list[list[list[int]]] = [[], [], []]
         for k, ids in enumerate(enc["input_ids"]):
@@ -287,6 +309,27 @@ class ArcCSE(SimCSE):
             ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
             att[i, : len(r)] = 1
         return {"tri_input_ids": ids, "tri_attention_mask": att, "tri_index": torch.tensor(index, dtype=torch.long)}
+
+    def _padded_triplets(self, index: list[int], real: dict | None) -> dict[str, torch.Tensor]:
+        """``build_triplets`` with T padded (its docstring): the ``real`` triplets first, then padding
+        triplets of [CLS] [SEP] with ``tri_index`` −1."""
+        tok = self.tokenizer
+        t = len(index)
+        padded = max(TRIPLET_PAD_MIN, 1 << max(t - 1, 0).bit_length())
+        cls_id = tok.cls_token_id if tok.cls_token_id is not None else (tok.bos_token_id or 0)
+        sep_id = tok.sep_token_id if tok.sep_token_id is not None else (tok.eos_token_id or 0)
+        width = real["tri_input_ids"].size(1) if real is not None else self.width(2, limit=self._triplet_len())
+        pad = tok.pad_token_id or 0
+        ids = torch.full((3 * padded, width), pad, dtype=torch.long)
+        att = torch.zeros((3 * padded, width), dtype=torch.long)
+        ids[:, 0], ids[:, 1], att[:, :2] = cls_id, sep_id, 1
+        for v in range(3):
+            if real is not None:
+                ids[v * padded : v * padded + t] = real["tri_input_ids"][v * t : (v + 1) * t]
+                att[v * padded : v * padded + t] = real["tri_attention_mask"][v * t : (v + 1) * t]
+        tri_index = torch.full((padded,), -1, dtype=torch.long)
+        tri_index[:t] = torch.tensor(index, dtype=torch.long)
+        return {"tri_input_ids": ids, "tri_attention_mask": att, "tri_index": tri_index}
 
     def build_batch(self, sentences, step=0, *, lines=None, micro=0):
         """SimCSE's batch (truncated at ``ctx.max_len``) plus the triplet rows (``build_triplets``),
@@ -329,8 +372,8 @@ class ArcCSE(SimCSE):
             arc = arccon_loss(z1, z2, a.margin_deg, a.temperature, beyond_pi=a.beyond_pi, sin_eps=a.sin_eps)
         else:
             arc = info_nce(z1, z2, a.temperature)
-        n = batch["tri_index"].numel() if "tri_index" in batch else 0
-        return {"arccon": arc.detach(), "triplets": torch.full((), float(n), device=z1.device), WEIGHTED: {"arccon": arc}}
+        n = (batch["tri_index"] >= 0).sum().float() if "tri_index" in batch else torch.zeros((), device=z1.device)
+        return {"arccon": arc.detach(), "triplets": n, WEIGHTED: {"arccon": arc}}
 
     def row_terms(self, enc, chunk, batch):
         """λ·L_tri (Eqs. 4-5): the chunk's triplets, divided by the batch's number of triplets."""
@@ -338,9 +381,13 @@ class ArcCSE(SimCSE):
         total = batch["tri_index"].numel() if "tri_index" in batch else 0
         n = chunk["tri_index"].numel() if "tri_index" in chunk else 0
         device = chunk["input_ids"].device
+        valid = None
+        if self.ctx.static and n:  # padding triplets (build_triplets): counted by value, on the device
+            valid = chunk["tri_index"] >= 0
+            total = (batch["tri_index"] >= 0).sum()
         if a.triplet and n > 0:
             h = self.encode_triplets(chunk)  # (3n, d): [s, s′, s″]
-            tri = triplet_loss(h[:n], h[n : 2 * n], h[2 * n :], a.triplet_margin, count=total)
+            tri = triplet_loss(h[:n], h[n : 2 * n], h[2 * n :], a.triplet_margin, count=total, valid=valid)
         else:
             tri = torch.zeros((), dtype=torch.float32, device=device)
         return {"triplet": tri.detach(), WEIGHTED: {"triplet": a.triplet_weight * tri}}

@@ -117,6 +117,12 @@ MEASURED_MFU = {768: 0.24, 1024: 0.30}
 #: issues the kernels slower than the GPU runs them. ArcCSE (two passes: the views, the triplets)
 #: measured 69–84 ms at B 64, with SAM (four) 140 ms. Assumed the same on other GPUs (host-bound).
 STEP_FLOOR_S_PER_LAYER = 0.0029
+#: The same floor with ``train.graphs`` (the step replayed as CUDA graphs, ``sentemb.train.graphs``),
+#: measured on an H200 (2026-11-27, ``sentemb gpu-check --host-parts graphed``,
+#: ``docs/gpu/h200-2026-11-27-graphs.md``): SimCSE BERT-base B 64 max_len 32, 13.9 ms a step graphed
+#: (47.3 eager, batches built in line), i.e. 1.16 ms per layer and pass; with SAM (two passes) 30.5 ms.
+#: At this batch the graphed step is the GPU's own time on small kernels, not the host's.
+GRAPHED_STEP_FLOOR_S_PER_LAYER = 0.00116
 DEFAULT_MFU = None  # None: MEASURED_MFU by the encoder's width
 GEN_MFU = 0.05  # beam-search generation is memory-bound: a tenth-ish of training's MFU (assumed)
 DEFAULT_MARGIN = 1.5  # a request must cover the estimate × this
@@ -205,6 +211,7 @@ class Row:
     dev_share: float | None = None  # share of the job's GPU time in STS-B dev evaluation
     step_s: float | None = None  # estimated seconds of one optimizer step on one GPU
     build_s: float | None = None  # seconds to build one optimizer step's batches on the job's CPUs
+    graphs: bool = False  # priced as train.graphs (the graphed step's floor, GRAPHED_STEP_FLOOR_S_PER_LAYER)
 
 
 # ---------------------------------------------------------------------------------------- measuring
@@ -882,7 +889,7 @@ def _train_row(kind, label, run, m: Measure, encode: float, config: dict | Confi
         else:
             passes = mw.grad_passes + mw.nograd_passes / 3
         flops_step += frac * f
-        per_gpu += frac * step_seconds(f / t.devices, layers, passes * t.grad_accum, peak, mfu)
+        per_gpu += frac * step_seconds(f / t.devices, layers, passes * t.grad_accum, peak, mfu, t.graphs)
     eval_flops = evals * DEV_SENTENCES * encode
     if dev_eval_s is not None:  # measured seconds per evaluation (DEV_EVAL_SECONDS), scaled by the encoder
         eval_hours = evals * dev_eval_s / 3600
@@ -891,7 +898,7 @@ def _train_row(kind, label, run, m: Measure, encode: float, config: dict | Confi
     hours = per_gpu * t.devices * steps / 3600 + eval_hours
     mem = static + per_sentence * (chunk or share)
     host = HOST_BASE_GB + 8 * (at["trainable"] + at["frozen"]) / 1e9
-    row = Row(kind, label, at["trainable"] + at["frozen"], flops_step, steps, hours, mem, host)
+    row = Row(kind, label, at["trainable"] + at["frozen"], flops_step, steps, hours, mem, host, graphs=t.graphs)
     row.floor_hours = (flops_step * steps + eval_flops) / peak / 3600
     row.chunk = (f"{chunk}/{share}" if chunk is not None else f"{share}") + (f" x{t.devices}" if t.devices > 1 else "")
     row.lengths = lengths
@@ -924,10 +931,12 @@ def mfu_for(arch, mfu: float | None = None) -> float:
     return MEASURED_MFU[768] if width <= 768 else MEASURED_MFU[1024]
 
 
-def step_seconds(flops: float, layers: int, passes: float, peak: float, mfu: float) -> float:
+def step_seconds(flops: float, layers: int, passes: float, peak: float, mfu: float, graphs: bool = False) -> float:
     """The plan's time of one optimizer step on one GPU: its ``flops`` at ``mfu`` of ``peak``
-    (FLOP/s), or the host floor (``STEP_FLOOR_S_PER_LAYER`` × ``layers`` × ``passes``), the larger."""
-    return max(flops / (mfu * peak), STEP_FLOOR_S_PER_LAYER * layers * passes)
+    (FLOP/s), or the host floor (``STEP_FLOOR_S_PER_LAYER`` × ``layers`` × ``passes``; with
+    ``graphs``, ``train.graphs``, ``GRAPHED_STEP_FLOOR_S_PER_LAYER``), the larger."""
+    floor = GRAPHED_STEP_FLOOR_S_PER_LAYER if graphs else STEP_FLOOR_S_PER_LAYER
+    return max(flops / (mfu * peak), floor * layers * passes)
 
 
 def _peak(gpu: str) -> float:
@@ -949,8 +958,10 @@ def _flag(row: Row, gpu: str, res: dict, margin: float) -> Row:
 
 
 def plan(config: dict | Config, gpu: str = DEFAULT_GPU, mfu: float | None = DEFAULT_MFU, margin: float = DEFAULT_MARGIN,
-         work: str | Path | None = None, lengths_from: str | Path | None = None) -> list[Row]:
-    """Every job of the configuration's DAG with its estimate (see the module docstring)."""
+         work: str | Path | None = None, lengths_from: str | Path | None = None, graphs: bool | None = None) -> list[Row]:
+    """Every job of the configuration's DAG with its estimate (see the module docstring).
+    ``graphs``: price every training and pretraining job with ``train.graphs`` set so (a what-if;
+    None: as each run sets it)."""
     import torch
 
     from ..config.load import baseline_transfer, baselines, jobs, resolve_run, tested, transfer_runs
@@ -970,14 +981,14 @@ def plan(config: dict | Config, gpu: str = DEFAULT_GPU, mfu: float | None = DEFA
             backbones = sorted({r.backbone for r in cfg.runs if r.method == method
                                 and "pretrained" in _requires(cfg, r)})
             for b in backbones:
-                run = resolve_pretrain(cfg, method, b)
+                run = _with_graphs(resolve_pretrain(cfg, method, b), graphs)
                 rows.append(_priced_row(counter, "pretrain", f"{method}/{b}", run, cfg, gpu, mfu, margin,
                                         resources["pretrain"], cls.pretrain_stage))
         # training and its evaluations
         evaluations = []  # (job, architecture, with transfer)
         evaluated, transferred = tested(cfg), transfer_runs(cfg)
         for job in jobs(cfg):  # the Snakefile's training jobs (sentemb.config.load.jobs)
-            run = resolve_run(cfg, job.name, job.backbone, job.seed)
+            run = _with_graphs(resolve_run(cfg, job.name, job.backbone, job.seed), graphs)
             label = f"{job.name}/{job.backbone}/seed{job.seed}"
             rows.append(_priced_row(counter, "train", label, run, cfg, gpu, mfu, margin, resources["train"]))
             if (job.name, job.backbone) in evaluated:
@@ -1004,6 +1015,13 @@ def plan(config: dict | Config, gpu: str = DEFAULT_GPU, mfu: float | None = DEFA
                  ", ".join(f"{w}: {sum(c[1] == w for c in counter.counts)}" for w in widths),
                  sum(c[2] for c in counter.counts))
     return rows
+
+
+def _with_graphs(run, graphs: bool | None):
+    """``run`` with ``train.graphs`` set to ``graphs`` (None: as it is)."""
+    if graphs is None or run.train.graphs == graphs:
+        return run
+    return dataclasses.replace(run, train=dataclasses.replace(run.train, graphs=graphs))
 
 
 def _priced_row(counter: Counter, kind: str, label: str, run, cfg: Config, gpu: str, mfu, margin, res: dict,
@@ -1142,6 +1160,10 @@ def format_plan(rows: list[Row], gpu: str, mfu: float | None) -> str:
     at = (f"MFU {mfu:.2f} of its bf16 peak" if mfu is not None else
           f"the MFU measured on an H200 ({', '.join(f'{v:.2f} at width {k}' for k, v in MEASURED_MFU.items())}) "
           f"and a floor of {1000 * STEP_FLOOR_S_PER_LAYER:.1f} ms per layer and pass")
+    graphed = sum(r.graphs for r in rows)
+    if graphed and mfu is None:
+        at += (f" ({graphed} jobs with train.graphs: {1000 * GRAPHED_STEP_FLOOR_S_PER_LAYER:.2f} ms, the graphed step "
+               "measured on an H200)")
     total = sum(by_kind.values())
     floor = sum(r.floor_hours for r in rows)
     lines += [f"total: {total:.1f} GPU-hours on {gpu} at {at}; floor {floor:.1f} GPU-hours (counted FLOPs at "

@@ -8,7 +8,8 @@ caching: both passes and the cached-gradient backward of every chunk) as one cap
 
 1. **Static shapes.** A micro-batch is keyed by the shapes and dtypes of its tensors; the widths
    come from ``train.buckets`` (on CUDA ``auto``: a handful per run), so a run captures one graph
-   per distinct key (``MAX_GRAPHS`` at most; more is refused, naming ``train.buckets``). Each graph
+   per distinct key (``MAX_GRAPHS`` at most; a micro-batch of a shape beyond them runs eagerly,
+   with a warning naming ``train.buckets``). Each graph
    owns static input tensors: every micro-batch is copied into those of its key, and the graph is
    replayed.
 2. **Capture.** At a key's first micro-batch: one eager pass on a side stream under the capture
@@ -61,8 +62,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: the most distinct micro-batch shapes one run captures (each graph holds its activations' memory)
-MAX_GRAPHS = 32
+#: the most distinct micro-batch shapes one run captures (each graph holds its activations' memory);
+#: micro-batches of further shapes run eagerly
+MAX_GRAPHS = 64
 #: eager passes before a capture (the first one under the capture check)
 WARMUP = 2
 
@@ -197,6 +199,7 @@ class Graphed(MicroBatches):
         self.pool = None
         self.step_used: set[int] = set()
         self.captures = 0
+        self.overflow = 0  # micro-batches run eagerly: their shape came after MAX_GRAPHS others
 
     def __repr__(self) -> str:
         return f"Graphed({self.inner!r})"
@@ -219,6 +222,14 @@ class Graphed(MicroBatches):
     def backward(self, job, batch: dict, micro: int, probe) -> dict:
         key = _key(batch)
         entry = self.entries.get(key)
+        if entry is None and self.capture and len(self.entries) >= MAX_GRAPHS:
+            if not self.overflow:
+                log.warning("train.graphs: more than %d distinct micro-batch shapes; the others run eagerly (pad to "
+                            "fewer widths with train.buckets)", MAX_GRAPHS)
+            self.overflow += 1
+            out = self.inner.backward(job, batch, micro, None)
+            self.step_used.update(id(p) for p in job.method.parameters() if p.grad is not None)
+            return {k: v.detach() for k, v in out.items()}
         if entry is None:
             entry = self._capture(job, batch, micro, key)
         else:
@@ -251,9 +262,6 @@ class Graphed(MicroBatches):
     def _capture(self, job, batch: dict, micro: int, key: tuple) -> _Entry:
         import torch
 
-        if self.capture and len(self.entries) >= MAX_GRAPHS:
-            raise SentembError(f"run '{job.run.name}': train.graphs: more than {MAX_GRAPHS} distinct micro-batch shapes "
-                               "(each is a captured graph); pad to fewer widths with train.buckets (auto or a list)")
         method, device = job.method, job.device
         static = {k: v.detach().clone() for k, v in batch.items()}
         entry = _Entry(batch=static)
@@ -263,12 +271,12 @@ class Graphed(MicroBatches):
         rng = _device_rng(device)
         cuda = self.capture and device.type == "cuda"
         side = torch.cuda.Stream(device) if cuda else None
+        if cuda:  # the warm-ups read what the main stream wrote (the static inputs, the step's gradients so far)
+            side.wait_stream(torch.cuda.current_stream(device))
         try:
             for p in params:
                 p.grad = None
             with (torch.cuda.stream(side) if cuda else _null()), as_captured():
-                if cuda:
-                    side.wait_stream(torch.cuda.current_stream(device))
                 set_dropout_key(job, micro)
                 with capture_hazards(device) as hazards:
                     self.inner.backward(job, static, micro, None)
