@@ -171,3 +171,60 @@ def test_arccse_pads_its_triplet_count_in_a_graphed_run_and_eq4_ignores_the_padd
     want = triplet_loss(real[:t], real[t : 2 * t], real[2 * t :], 0.3)
     got = triplet_loss(emb[:big], emb[big : 2 * big], emb[2 * big :], 0.3, valid=padded["tri_index"] >= 0)
     assert float(want) > 0 and torch.allclose(got, want)
+
+
+def test_the_strategy_of_a_graphed_run_and_its_refusal_on_several_gpus():
+    from types import SimpleNamespace
+
+    from sentemb.train.step import strategy_for
+
+    def job(world=1, device="cpu", **train):
+        return SimpleNamespace(run=SimpleNamespace(name="r"), settings=TrainSettings(graphs=True, **train), world=world,
+                               chunk=train.get("chunk_size"), device=torch.device(device))
+
+    assert repr(strategy_for(job())) == "Graphed(Plain())"
+    assert repr(strategy_for(job(sam_rho=0.05))) == "SAM(Graphed(Plain()))"
+    assert repr(strategy_for(job(chunk_size=4, dropout_rng="counter"))) == "Graphed(Chunked())"
+    assert repr(strategy_for(job(world=2, devices=2))) == "Graphed(Sharded())"  # CPU processes: served
+    with pytest.raises(SentembError, match=r"run 'r': train\.graphs cannot be combined with train\.devices 2 on CUDA"):
+        strategy_for(job(world=2, devices=2, device="cuda"))
+
+
+def test_the_plan_prices_a_graphed_step_at_the_graphed_floor():
+    from dataclasses import replace
+
+    from sentemb.ops.plan import GRAPHED_STEP_FLOOR_S_PER_LAYER, STEP_FLOOR_S_PER_LAYER, _with_graphs, step_seconds
+
+    tiny = 1e9  # FLOPs far below either floor
+    assert step_seconds(tiny, 12, 2, 1e15, 0.24) == pytest.approx(STEP_FLOOR_S_PER_LAYER * 24)
+    assert step_seconds(tiny, 12, 2, 1e15, 0.24, graphs=True) == pytest.approx(GRAPHED_STEP_FLOOR_S_PER_LAYER * 24)
+    big = 1e16  # compute-bound: the graph changes nothing
+    assert step_seconds(big, 12, 2, 1e15, 0.24, graphs=True) == step_seconds(big, 12, 2, 1e15, 0.24)
+    run = replace(testing.tiny_run("/m", "/c"), train=TrainSettings())
+    assert _with_graphs(run, True).train.graphs and not _with_graphs(run, False).train.graphs
+    assert _with_graphs(run, None) is run
+
+
+def test_graphed_two_processes_train_as_one_with_counter_dropout(worlds, tmp_path):
+    """``train.devices: 2`` (two gloo processes) with graphs on and counter dropout: the weights of one
+    graphed process (the chunked check's tolerance), as ``sentemb check-method``'s devices check."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from safetensors.torch import load_file
+
+    from sentemb.train.loop import train
+
+    h = worlds("simcse")
+    over = dict(dropout_rng="counter", graphs=True, max_steps=2)
+    train(h.exact_run(**over), tmp_path / "one", progress=False)
+    (tmp_path / "run2.json").write_text(json.dumps(h.exact_run(devices=2, **over).to_dict()), "utf-8")
+    r = subprocess.run([sys.executable, "-m", "sentemb", "train", "--run-config", str(tmp_path / "run2.json"),
+                        "--output-dir", str(tmp_path / "two"), "--no-track", "--quiet"], capture_output=True, text=True,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    for f in sorted((tmp_path / "one" / "model").rglob("*.safetensors")):
+        testing.close(load_file(tmp_path / "two" / "model" / f.relative_to(tmp_path / "one" / "model")), load_file(f),
+                      f"devices 2 graphed: {f.name}", floor="whole")

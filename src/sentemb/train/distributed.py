@@ -90,19 +90,22 @@ def share(n: int, r: int, world: int) -> tuple[int, int]:
     return lo, lo + base + (1 if r < extra else 0)
 
 
-def gather_rows(t: "torch.Tensor", with_grad: bool = True) -> tuple["torch.Tensor", list[int]]:
+def gather_rows(t: "torch.Tensor", with_grad: bool = True, sizes: list[int] | None = None
+                ) -> tuple["torch.Tensor", list[int]]:
     """Every rank's ``t`` concatenated along dim 0 in rank order, and each rank's row count. Ranks
     may hold different numbers of rows (padded to the largest for the collective). A floating
     tensor that requires grad is gathered with its gradient (the backward sums every rank's
-    ∂/∂(its rows))."""
+    ∂/∂(its rows)). ``sizes``: every rank's row count when the caller knows them (``share_sizes``),
+    so that nothing is read on the host (``train.graphs``); else they are exchanged."""
     import torch
     import torch.distributed as dist
 
     world = dist.get_world_size()
-    n = torch.tensor([t.size(0)], device=t.device)
-    sizes = [torch.zeros_like(n) for _ in range(world)]
-    dist.all_gather(sizes, n)
-    sizes = [int(s) for s in sizes]
+    if sizes is None:
+        n = torch.tensor([t.size(0)], device=t.device)
+        got = [torch.zeros_like(n) for _ in range(world)]
+        dist.all_gather(got, n)
+        sizes = [int(s) for s in got]
     top = max(max(sizes), 1)
     pad = t
     if t.size(0) < top:
@@ -117,15 +120,29 @@ def gather_rows(t: "torch.Tensor", with_grad: bool = True) -> tuple["torch.Tenso
     return torch.cat([p[:s] for p, s in zip(parts, sizes)], 0), sizes
 
 
-def sum_scalars(values: dict) -> dict:
+def share_sizes(t: "torch.Tensor", n: int, rank: int, world: int) -> list[int]:
+    """Every rank's row count of a tensor like ``t``, this rank's rows of its share of a micro-batch
+    of ``n`` sentences (``share``), ``t.size(0) // share`` rows per sentence: known without a
+    collective."""
+    lo, hi = share(n, rank, world)
+    per = t.size(0) // max(hi - lo, 1)
+    return [per * (b - a) for a, b in (share(n, r, world) for r in range(world))]
+
+
+def sum_scalars(values: dict, same_keys: bool = False) -> dict:
     """{name: scalar tensor} summed over ranks; a name some rank lacks (a term without rows in its
-    share) counts 0 there. Keys in the order of their first appearance on the lowest rank."""
+    share) counts 0 there. Keys in the order of their first appearance on the lowest rank.
+    ``same_keys``: every rank holds the same names in the same order (``train.graphs``: nothing
+    exchanged on the host)."""
     import torch
     import torch.distributed as dist
 
-    names: list = [None] * dist.get_world_size()
-    dist.all_gather_object(names, list(values))
-    keys = list(dict.fromkeys(k for ks in names for k in ks))
+    if same_keys:
+        keys = list(values)
+    else:
+        names: list = [None] * dist.get_world_size()
+        dist.all_gather_object(names, list(values))
+        keys = list(dict.fromkeys(k for ks in names for k in ks))
     if not keys:
         return {}
     device = next(iter(values.values())).device if values else _device()

@@ -326,16 +326,19 @@ def sharded_backward(job, batch: dict, micro: int, lo: int, hi: int) -> dict:
     embeddings, gathered with their gradient, and back-propagated as L/world (the gather's backward
     sums the ranks' copies of ∂L/∂E); the per-sentence terms of the share as they are (normalised
     by the whole batch). Returns the micro-batch's logged terms summed over ranks, as ``losses``."""
-    from .distributed import gather_rows, sum_scalars
+    from .distributed import gather_rows, share_sizes, sum_scalars
     from ..methods.base import WEIGHTED, add_terms, total_loss
 
     method, world = job.method, job.world
+    static = getattr(job.settings, "graphs", False)  # sizes and names known: nothing read on the host
+    n = method.n_sentences(batch)
     local = method.chunk(batch, lo, hi)
     logged, weighted_total, parts = {}, {}, []
     with autocast(job.device, job.amp), keyed_dropout(job, micro, lo, hi):
         enc = method.encode(local)
         if method.has_batch_terms:
-            emb = {k: gather_rows(v)[0] for k, v in enc.batch.items()}
+            emb = {k: gather_rows(v, sizes=share_sizes(v, n, job.rank, world) if static else None)[0]
+                   for k, v in enc.batch.items()}
             out = method.batch_terms(emb, batch)
             weighted = out.pop(WEIGHTED)
             add_terms(logged, {k: v.detach() for k, v in out.items()})
@@ -344,8 +347,8 @@ def sharded_backward(job, batch: dict, micro: int, lo: int, hi: int) -> dict:
                 parts.append(total_loss(weighted) / world)
         rows = method.row_terms(enc, local, batch)
     weighted = rows.pop(WEIGHTED)
-    add_terms(logged, sum_scalars({k: v.detach() for k, v in rows.items()}))
-    add_terms(weighted_total, sum_scalars({k: v.detach() for k, v in weighted.items()}))
+    add_terms(logged, sum_scalars({k: v.detach() for k, v in rows.items()}, static))
+    add_terms(weighted_total, sum_scalars({k: v.detach() for k, v in weighted.items()}, static))
     if weighted:
         parts.append(total_loss(weighted))
     loss = sum(parts[1:], parts[0]) if parts else None
@@ -405,10 +408,12 @@ def chunked_backward(job, batch: dict, micro: int, probe=None, lo: int = 0, hi: 
         emb = {k: torch.cat([p[k] for p in parts], 0).detach() for k in keys}
         offset = {k: 0 for k in keys}
         if world > 1:  # every rank's rows, in rank order; this rank's start at offset[k]
-            from .distributed import gather_rows
+            from .distributed import gather_rows, share_sizes
 
             for k in keys:
-                emb[k], sizes = gather_rows(emb[k], with_grad=False)
+                static = getattr(job.settings, "graphs", False)
+                known = share_sizes(emb[k], method.n_sentences(batch), job.rank, world) if static else None
+                emb[k], sizes = gather_rows(emb[k], with_grad=False, sizes=known)
                 offset[k] = sum(sizes[: job.rank])
         for v in emb.values():
             if v.is_floating_point():
@@ -472,7 +477,8 @@ def chunked_backward(job, batch: dict, micro: int, probe=None, lo: int = 0, hi: 
     if world > 1:
         from .distributed import sum_scalars
 
-        row_logged, row_weighted = sum_scalars(row_logged), sum_scalars(row_weighted)
+        static = getattr(job.settings, "graphs", False)
+        row_logged, row_weighted = sum_scalars(row_logged, static), sum_scalars(row_weighted, static)
     add_terms(logged, row_logged)
     add_terms(weighted_total, row_weighted)
     return {"loss": total_loss(weighted_total), **logged}
