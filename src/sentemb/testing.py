@@ -696,11 +696,21 @@ def keeps_state(h: Harness) -> bool:
 
     if "keeps_state" not in h.cache:
         m = h.make()
-        trainable = {n for n, p in m.named_parameters() if p.requires_grad}
+        trainable = weight_names(m, [p for p in m.parameters() if p.requires_grad])
         h.cache["keeps_state"] = (type(m).after_step is not Method.after_step
                                   or type(m).get_extra_state is not nn.Module.get_extra_state
                                   or any(k not in trainable for k in m.state_dict()))
     return h.cache["keeps_state"]
+
+
+def weight_names(method, params) -> set[str]:
+    """The ``state_dict`` names of ``params``, under every name a tied parameter has (PaSeR's
+    decoder embeddings are the encoder's)."""
+    import torch
+
+    ptrs = {p.data_ptr() for p in params}
+    return {k for k, v in method.state_dict(keep_vars=True).items()
+            if isinstance(v, torch.Tensor) and v.data_ptr() in ptrs}
 
 
 def _stateful(h: Harness) -> None:
@@ -801,8 +811,7 @@ def check_state_sam(h: Harness) -> None:
     with setup(state_run(h, sam_rho=0.05), "/nonexistent", h.cls) as job:
         _require(isinstance(job.strategy, SAM), f"the loop chose {job.strategy!r}, not SAM")
         method, inner = job.method, job.strategy.inner
-        trained = {id(p) for group in job.opt.param_groups for p in group["params"]}
-        perturbed = {n for n, p in method.named_parameters() if id(p) in trained}
+        perturbed = weight_names(method, [p for group in job.opt.param_groups for p in group["params"]])
         seen: dict[tuple, dict] = {}
         passes = [0]
         gradients, encode = inner.gradients, method.encode
