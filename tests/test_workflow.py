@@ -35,6 +35,10 @@ def smk(workdir: Path, *args, env=None, check=True):
 #: working directory as a user's would be
 PLUGIN_RUN = {"method": "debiased-simcse", "backbone": "tiny-bert", "seeds": [1], "method_args": {"tau_plus": 0.1},
               "train": {"max_steps": 4}}
+#: the example method that keeps state (issue 39 §3: ESimCSE's momentum encoder and queue), a queue of
+#: 48 that fills and wraps within its 4 steps of 32
+STATEFUL_RUN = {"method": "esimcse", "backbone": "tiny-bert", "seeds": [1], "method_args": {"queue_size": 48},
+                "train": {"max_steps": 4}}
 
 
 @pytest.fixture(scope="module")
@@ -42,9 +46,10 @@ def workdir(tmp_path_factory, shared):
     d = tmp_path_factory.mktemp("dag")
     cfg = yaml.safe_load((REPO / ".test" / "config.yaml").read_text())
     (d / "methods").mkdir()
-    shutil.copy(REPO / "examples" / "methods" / "debiased.py", d / "methods" / "debiased.py")
-    cfg["method_modules"] = ["methods/debiased.py"]
-    cfg["runs"].append(PLUGIN_RUN)
+    for f in ("debiased.py", "esimcse.py"):
+        shutil.copy(REPO / "examples" / "methods" / f, d / "methods" / f)
+    cfg["method_modules"] = ["methods/debiased.py", "methods/esimcse.py"]
+    cfg["runs"] += [PLUGIN_RUN, STATEFUL_RUN]
     (d / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
     return d
 
@@ -100,6 +105,9 @@ def test_table1_from_the_dag(ran):
     assert mine["method"] == "debiased-simcse" and mine["n_seeds"] == 1 and -100 <= mine["Avg"] <= 100
     run = json.loads((ran / "results/runs/debiased-simcse/tiny-bert/seed1/run_config.json").read_text())
     assert run["method_module"] == "methods/debiased.py" and len(run["method_digest"]) == 64
+    stateful = pd.read_csv(ran / "results" / "table1.csv").set_index("name").loc["esimcse"]
+    assert stateful["n_seeds"] == 1 and -100 <= stateful["Avg"] <= 100
+    assert json.loads((ran / "results/runs/esimcse/tiny-bert/seed1/train.json").read_text())["steps"] == 4
 
 
 def test_report_end_of_the_dag(ran, env):

@@ -28,7 +28,17 @@ pretrain       a method's pretraining stage (``Method.pretrain_stage``) is chunk
                (skipped without one)
 devices        ``train.devices: 2`` (two gloo processes started by ``sentemb train``) trains the weights
                of one process
+state_chunked  a method that keeps state (``Method.after_step``, buffers, frozen parameters, extra state):
+               its whole state after 3 steps is the unchunked run's with ``train.chunk_size``
+state_devices  ... every rank's whole state after 3 steps on ``train.devices: 2`` is the one process's
+state_accum    ... ``grad_accum: 2`` of B/2 gives the whole state of 1 × B (where ``Method.accum_equal``)
+state_sam      ... under SAM the second pass over a micro-batch sees the state the first pass saw
+state_resume   ... killed after a step and resumed, the whole state after 3 steps is bit-identical
 =============  ==========================================================================================
+
+The ``state_*`` checks skip a method whose state is its trainable weights alone (the weights' own
+checks and tests cover it): they compare what a checkpoint holds (``method_state``), so they catch a
+method that changes its state outside ``after_step`` (on every ``encode`` call, or enqueuing at once).
 
 Use it from your own pytest suite::
 
@@ -230,6 +240,8 @@ class Harness:
     senteval: Path
     inputs: dict = field(default_factory=dict)
     work: Path = Path(".")
+    #: what several checks share (the 3-step reference state of the ``state_*`` checks)
+    cache: dict = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -623,6 +635,229 @@ def check_devices(h: Harness) -> None:
               f"devices 2: {f.name}", floor="whole")
 
 
+# ------------------------------------------------------------------------------------ a method's state
+def method_state(method, skip=()) -> dict[str, Any]:
+    """The method's whole state as a checkpoint holds it (``state_dict()``: trainable and frozen
+    parameters, persistent buffers, ``get_extra_state``), tensors detached and cloned on the CPU, an
+    extra state's mappings and sequences flattened to ``key/sub`` entries; the names in ``skip`` left out."""
+    import torch
+
+    out: dict[str, Any] = {}
+
+    def put(key, v):
+        if isinstance(v, torch.Tensor):
+            out[key] = v.detach().cpu().clone()
+        elif isinstance(v, dict):
+            for k, x in v.items():
+                put(f"{key}/{k}", x)
+        elif isinstance(v, (list, tuple)):
+            for i, x in enumerate(v):
+                put(f"{key}/{i}", x)
+        else:
+            out[key] = copy.deepcopy(v)
+
+    for key, v in method.state_dict().items():
+        if key not in skip:
+            put(key, v)
+    return out
+
+
+def same_state(got: dict, ref: dict, what: str, exact: bool = False) -> None:
+    """Two ``method_state``s agree: the same entries; floating tensors within ``close``'s weight
+    tolerance (or bit for bit with ``exact``), every other entry equal."""
+    import torch
+
+    _require(got.keys() == ref.keys(), f"{what}: different state entries {sorted(set(got) ^ set(ref))}")
+    floats = [k for k, v in ref.items() if isinstance(v, torch.Tensor) and v.is_floating_point()]
+    for k, v in ref.items():
+        if k in floats and not exact:
+            continue
+        g = got[k]
+        same = (torch.equal(g, v) if isinstance(v, torch.Tensor) and isinstance(g, torch.Tensor)
+                and g.shape == v.shape else g == v if not isinstance(v, torch.Tensor) else False)
+        if not same and isinstance(v, torch.Tensor) and isinstance(g, torch.Tensor) and g.shape == v.shape:
+            gap = float((g.double() - v.double()).abs().max())
+            raise CheckFailed(f"{what}: state '{k}' differs (max |Δ| {gap:.3g})")
+        _require(bool(same), f"{what}: state '{k}' differs ({_short(g)} vs {_short(v)})")
+    if floats and not exact:
+        close({k: got[k] for k in floats}, {k: ref[k] for k in floats}, f"{what}: state", floor="whole")
+
+
+def _short(v) -> str:
+    return f"shape {tuple(v.shape)}" if hasattr(v, "shape") else repr(v)[:60]
+
+
+def keeps_state(h: Harness) -> bool:
+    """Whether the method keeps state besides its trainable weights: it overrides ``after_step`` or
+    ``get_extra_state``, or its ``state_dict`` holds buffers or frozen parameters."""
+    from torch import nn
+
+    from .methods.base import Method
+
+    if "keeps_state" not in h.cache:
+        m = h.make()
+        trainable = weight_names(m, [p for p in m.parameters() if p.requires_grad])
+        h.cache["keeps_state"] = (type(m).after_step is not Method.after_step
+                                  or type(m).get_extra_state is not nn.Module.get_extra_state
+                                  or any(k not in trainable for k in m.state_dict()))
+    return h.cache["keeps_state"]
+
+
+def weight_names(method, params) -> set[str]:
+    """The ``state_dict`` names of ``params``, under every name a tied parameter has (PaSeR's
+    decoder embeddings are the encoder's)."""
+    import torch
+
+    ptrs = {p.data_ptr() for p in params}
+    return {k for k, v in method.state_dict(keep_vars=True).items()
+            if isinstance(v, torch.Tensor) and v.data_ptr() in ptrs}
+
+
+def _stateful(h: Harness) -> None:
+    if not keeps_state(h):
+        raise CheckSkipped("no state besides the trainable weights (no after_step, buffers, frozen parameters or "
+                           "extra state): the weights' checks cover it")
+
+
+#: the ``state_*`` checks' runs: 3 optimizer steps of 16, fp32, dropout on with counter-keyed masks
+#: (``train.dropout_rng: counter``: the same masks in every chunking and on every process)
+STATE_STEPS = 3
+
+
+def state_run(h: Harness, **over):
+    """``Harness.exact_run`` of the ``state_*`` checks: ``STATE_STEPS`` steps, ``dropout_rng: counter``;
+    ``over`` replaces."""
+    return h.exact_run(**{"dropout_rng": "counter", "max_steps": STATE_STEPS, **over})
+
+
+def state_after(h: Harness, out: str | Path = "/nonexistent", **over) -> dict:
+    """The method's ``method_state`` after the run ``state_run(h, **over)`` (the loop's own stages,
+    in this process; nothing written). The plain run's is computed once per harness."""
+    from .train.loop import State, run_steps, setup
+
+    key = ("state_after", tuple(sorted(over.items())))
+    if key not in h.cache:
+        with setup(state_run(h, **over), out, h.cls) as job:
+            for _ in run_steps(job, State()):
+                pass
+            h.cache[key] = method_state(job.method)
+    return h.cache[key]
+
+
+def check_state_chunked(h: Harness) -> None:
+    """A method that keeps state: its whole state (``method_state``) after 3 steps with ``chunk_size: 4``
+    (gradient caching: every chunk encoded twice) is the unchunked run's (the weights' tolerance)."""
+    _stateful(h)
+    same_state(state_after(h, chunk_size=4), state_after(h), "chunk_size 4 vs the whole batch")
+
+
+def _rank_state_worker(run_file: str, out: str) -> None:
+    """One rank of ``check_state_devices`` (under torchrun): the run, then its ``method_state`` to
+    ``out/state<rank>.pt``."""
+    import torch
+
+    from .train import distributed
+    from .train.loop import State, run_steps, setup
+
+    run = json.loads(Path(run_file).read_text("utf-8"))
+    with setup(run, out) as job:  # the run's method_module names a plug-in's file
+        for _ in run_steps(job, State()):
+            pass
+        torch.save(method_state(job.method), Path(out) / f"state{job.rank}.pt")
+    distributed.shutdown()
+
+
+def check_state_devices(h: Harness) -> None:
+    """A method that keeps state: after 3 steps on ``train.devices: 2`` (two gloo processes under
+    torchrun, the same dropout masks) every rank holds the whole state of the one-process run."""
+    import torch
+
+    _stateful(h)
+    out = h.scratch("state-devices")
+    (out / "run.json").write_text(json.dumps(state_run(h, devices=2).to_dict()), "utf-8")
+    (out / "rank.py").write_text("import sys\nfrom sentemb.testing import _rank_state_worker\n"
+                                 "_rank_state_worker(sys.argv[1], sys.argv[2])\n", "utf-8")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                        str(out / "rank.py"), str(out / "run.json"), str(out)], capture_output=True, text=True,
+                       env=env, timeout=900)
+    _require(r.returncode == 0, f"devices 2 under torchrun exited {r.returncode}: "
+             f"{(r.stderr.strip().splitlines() or [''])[-1][:400]}")
+    ranks = [torch.load(out / f"state{i}.pt", weights_only=False) for i in range(2)]
+    same_state(ranks[1], ranks[0], "devices 2: rank 1 vs rank 0", exact=True)
+    same_state(ranks[0], state_after(h), "devices 2 vs one process")
+
+
+def check_state_accum(h: Harness) -> None:
+    """A method that keeps state and declares ``grad_accum`` equal to one batch (``Method.accum_equal``;
+    by default a method without in-batch terms): 2 micro-batches of 8 per step give the whole state
+    of 1 of 16 after 3 steps (the same sentences per step)."""
+    _stateful(h)
+    equal = h.cls.accum_equal if h.cls.accum_equal is not None else not h.cls.has_batch_terms
+    if not equal:
+        raise CheckSkipped("the method does not declare grad_accum equal to one batch (accum_equal; its in-batch "
+                           "terms see the micro-batch)")
+    same_state(state_after(h, batch_size=8, grad_accum=2), state_after(h), "grad_accum 2 x 8 vs 1 x 16")
+
+
+def check_state_sam(h: Harness) -> None:
+    """A method that keeps state, under SAM (``sam_rho: 0.05``), 3 steps: at its first ``encode`` of
+    each micro-batch the second pass sees bit for bit the state the first pass saw (all but the
+    weights SAM perturbs): nothing changes state before ``after_step``."""
+    from .train.loop import State, run_steps, setup
+    from .train.step import SAM
+
+    _stateful(h)
+    with setup(state_run(h, sam_rho=0.05), "/nonexistent", h.cls) as job:
+        _require(isinstance(job.strategy, SAM), f"the loop chose {job.strategy!r}, not SAM")
+        method, inner = job.method, job.strategy.inner
+        perturbed = weight_names(method, [p for group in job.opt.param_groups for p in group["params"]])
+        seen: dict[tuple, dict] = {}
+        passes = [0]
+        gradients, encode = inner.gradients, method.encode
+
+        def counted(*a, **k):
+            passes[0] += 1
+            return gradients(*a, **k)
+
+        def watched(batch):
+            key = (method.step, method.micro, passes[0])
+            if key not in seen:
+                seen[key] = method_state(method, skip=perturbed)
+            return encode(batch)
+
+        inner.gradients, method.encode = counted, watched
+        for _ in run_steps(job, State()):
+            pass
+    firsts = {(s, m): p for s, m, p in seen if p % 2 == 1}
+    _require(bool(firsts) and all((s, m, p + 1) in seen for (s, m), p in firsts.items()),
+             f"SAM did not encode every micro-batch twice (calls {sorted(seen)})")
+    for (s, m), p in sorted(firsts.items()):
+        same_state(seen[(s, m, p + 1)], seen[(s, m, p)], f"SAM, step {s}, micro-batch {m}: the second pass vs the "
+                   "first", exact=True)
+
+
+def check_state_resume(h: Harness) -> None:
+    """A method that keeps state: killed after 1 of 3 steps (the loop's ``save_state``) and resumed in
+    a fresh job (``resume``), its whole state after 3 steps is the uninterrupted run's, bit for bit."""
+    from .train.loop import resume, run_steps, save_state, setup
+
+    _stateful(h)
+    out = h.scratch("state-resume")
+    with setup(state_run(h), out, h.cls) as job:
+        state = resume(job)
+        for _ in run_steps(job, state, 1):
+            pass
+        save_state(job, state)
+    with setup(state_run(h), out, h.cls) as job:
+        state = resume(job)
+        _require(state.step == 1, f"the resumed job starts at step {state.step}, not 1")
+        for _ in run_steps(job, state):
+            pass
+        got = method_state(job.method)
+    same_state(got, state_after(h), "killed after step 1 and resumed vs uninterrupted", exact=True)
+
+
 #: name -> check, in the order ``sentemb check-method`` runs them (cheap first)
 CHECKS: dict[str, Callable[[Harness], None]] = {
     "arguments": check_arguments,
@@ -635,6 +870,11 @@ CHECKS: dict[str, Callable[[Harness], None]] = {
     "chunked": check_chunked,
     "pretrain": check_pretrain,
     "devices": check_devices,
+    "state_chunked": check_state_chunked,
+    "state_accum": check_state_accum,
+    "state_sam": check_state_sam,
+    "state_resume": check_state_resume,
+    "state_devices": check_state_devices,
 }
 
 
@@ -646,7 +886,7 @@ class Result:
     message: str = ""
 
     def line(self) -> str:
-        return f"{self.status:<4}  {self.check:<11} {self.seconds:6.1f} s" + (f"  {self.message}" if self.message else "")
+        return f"{self.status:<4}  {self.check:<13} {self.seconds:6.1f} s" + (f"  {self.message}" if self.message else "")
 
 
 def run_check(method: str | type, check: str, h: Harness) -> None:

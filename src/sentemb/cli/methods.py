@@ -85,7 +85,7 @@ def _cmd_check_method(args: argparse.Namespace) -> int:
 
     if args.list:
         for name, fn in testing.CHECKS.items():
-            print(f"{name:<11} {(fn.__doc__ or '').strip().splitlines()[0]}")
+            print(f"{name:<13} {(fn.__doc__ or '').strip().splitlines()[0]}")
         return 0
     if not args.name:
         raise SentembError("check-method: name a method (sentemb methods lists them)")

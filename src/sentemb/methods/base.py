@@ -45,6 +45,24 @@ their chunk; every random choice is made in ``build_batch`` (from ``np_rng(micro
 ``chunk`` slices every row-aligned tensor of the batch (the default slices the tensors whose first
 dimension is the number of sentences; a method with another row layout overrides it).
 
+A method that keeps state across steps (a momentum-updated copy of the encoder, a queue of keys:
+``docs/methods/writing-a-method.md``, "A method that keeps state") has three promises from the loop:
+
+* ``self.step`` (the optimizer step being computed, 0-based: the updates done before it) and
+  ``self.micro`` (the global index of the micro-batch being computed) are set before every call of
+  ``encode``/``batch_terms``/``row_terms`` of a training step (``build_batch`` gets them as arguments);
+* ``after_step(step)`` is called once per optimizer step, on every process, after the update (under
+  SAM after the one update, under ``grad_accum`` once for all the micro-batches);
+* the method's ``state_dict()`` (parameters, frozen ones too, persistent buffers, ``get_extra_state``)
+  is what a checkpoint saves (rank 0) and a resume loads (every rank).
+
+And one rule: ``encode``, ``batch_terms`` and ``row_terms`` may be called more than once on the same
+micro-batch (gradient caching encodes twice, SAM runs every micro-batch twice, the contract re-runs
+``losses``, ``chunk_size: auto`` probes ``encode`` at set-up), so they change no state: they may only
+stash what the hook needs, keyed so that a repeated call overwrites (``self.micro``); the state
+changes in ``after_step`` alone. Under ``train.devices: N`` every rank holds the same state:
+``batch_terms`` sees every rank's rows already; ``all_ranks_rows`` gathers rows collected elsewhere.
+
 Adding a method = one module (a ``Method`` subclass decorated with ``@register_method``) + its
 config block: in ``sentemb/methods/`` for a built-in one (the package imports every module in it),
 or in the user's own file listed in the config's ``method_modules`` (``docs/methods/writing-a-method.md``,
@@ -148,6 +166,18 @@ class MethodContext:
         return Path(self.inputs[name])
 
 
+def all_ranks_rows(t: torch.Tensor) -> torch.Tensor:
+    """Every process's rows of ``t`` concatenated along dim 0 in rank order, detached (``train.devices``
+    > 1; ranks may hold different numbers of rows); ``t`` itself (detached) on one process. For state
+    collected outside ``batch_terms`` (whose ``emb`` holds every rank's rows already), so that every
+    rank enqueues the same keys: call it on every rank, in ``after_step`` or during the step."""
+    from ..train.distributed import gather_rows, world_size
+
+    if world_size() == 1:
+        return t.detach()
+    return gather_rows(t.detach(), with_grad=False)[0]
+
+
 def total_loss(weighted: dict[str, torch.Tensor]) -> torch.Tensor:
     """The sum of the weighted terms in their order, fp32 (the loss a method back-propagates)."""
     terms = list(weighted.values())
@@ -197,6 +227,17 @@ class Method(nn.Module):
     #: train settings the paper trains the method with that a one-step measurement should use
     #: (``sentemb gpu-check``; a run sets them in its config): ArcCSE's SAM ``{"sam_rho": 0.05}``
     paper_train: ClassVar[dict[str, Any]] = {}
+
+    #: for the contract's ``state_accum`` check: True when ``grad_accum`` over k micro-batches of B/k
+    #: sentences trains what one batch of B does (state included). None: when the loss has no in-batch
+    #: term (``has_batch_terms = False``); a method whose in-batch negatives see the whole batch differs
+    accum_equal: ClassVar[bool | None] = None
+
+    #: the optimizer step being computed (0-based: the updates done before it) and the global index of
+    #: the micro-batch being computed; set by the loop before the step's ``encode``/``batch_terms``/
+    #: ``row_terms`` calls (module docstring). Read them; the loop writes them
+    step: int = 0
+    micro: int = 0
 
     def __init__(self, encoder: nn.Module, tokenizer, args: dict[str, Any] | Any, ctx: MethodContext):
         super().__init__()
@@ -365,6 +406,13 @@ class Method(nn.Module):
         rows = self.row_terms(enc, batch, batch)
         weighted = {**out.pop(WEIGHTED), **rows.pop(WEIGHTED)}
         return {"loss": total_loss(weighted), **out, **rows, WEIGHTED: weighted}
+
+    def after_step(self, step: int) -> None:
+        """Called once per optimizer step ``step`` (0-based, = ``self.step`` during it), on every
+        process, after the update: the one place where state that is not a trainable weight changes
+        (an EMA of the encoder, a queue enqueuing the keys stashed during the step). Whatever must
+        survive a resume lives in ``state_dict()`` (parameters, persistent buffers, ``get_extra_state``);
+        nothing may stay pending once it returns (a checkpoint may be saved right after). Default: nothing."""
 
     def grad_norm_parameters(self) -> list[nn.Parameter]:
         """The parameters on which ``train.log_grad_norms`` measures each weighted term's gradient:

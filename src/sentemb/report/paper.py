@@ -105,20 +105,28 @@ def load_paper_results(path: str | Path) -> list[dict]:
     taken the authors' code's way); baselines match by backbone and pooler. ``method_args`` and
     ``train`` state the settings that define the published row (beyond the method's paper defaults):
     ``sentemb.report.paper_tables.check_against_config`` verifies that every run the entry names has them, so a number cannot be
-    attached to a run that does not reproduce it."""
+    attached to a run that does not reproduce it.
+
+    ``include`` (a list of files, relative to this one) puts their entries first: a plug-in's file
+    (``examples/methods/paper_results.yaml``) adds its paper's rows to the seed papers'
+    (``include: [../../config/paper_results.yaml]``); a row given twice across them is an error."""
     import yaml
 
     try:
         doc = yaml.safe_load(Path(path).read_text("utf-8")) or {}
     except (OSError, yaml.YAMLError) as e:
         raise SentembError(f"cannot read published results {path}: {e}") from None
+    included = []
+    for inc in _includes(doc, path):
+        included += load_paper_results(inc)
     entries = doc.get("results")
     if not isinstance(entries, list):
         raise SentembError(f"{path}: expected a list under 'results'")
     known = PAPER_TABLES
     allowed = {"method", "backbone", "pooler", "name", "also", "method_args", "train", "table", "source", "note",
                "scores"}
-    seen: dict[tuple, int] = {}
+    seen: dict[tuple, int | str] = {(name, e["backbone"], e.get("pooler"), e["table"]): "an included file"
+                                    for e in included for name in [_entry_name(e), *e.get("also", [])]}
     for i, e in enumerate(entries):
         if not isinstance(e, dict):
             raise SentembError(f"{path}: results[{i}] must be a mapping")
@@ -140,8 +148,9 @@ def load_paper_results(path: str | Path) -> list[dict]:
         for name in [_entry_name(e), *e.get("also", [])]:
             k = (name, e["backbone"], e.get("pooler"), e["table"])
             if k in seen:
+                first = seen[k] if isinstance(seen[k], str) else f"results[{seen[k]}]"
                 raise SentembError(f"{path}: results[{i}] gives run '{name}' on '{e['backbone']}' a second "
-                                   f"{e['table']} row (results[{seen[k]}] has one)")
+                                   f"{e['table']} row ({first} has one)")
             seen[k] = i
         bad = [m for m in e["scores"] if m not in known[e["table"]]]
         if bad:
@@ -149,7 +158,15 @@ def load_paper_results(path: str | Path) -> list[dict]:
         for m, v in e["scores"].items():
             if not isinstance(v, (int, float)):
                 raise SentembError(f"{path}: results[{i}].scores.{m} must be a number, not {v!r}")
-    return entries
+    return included + entries
+
+
+def _includes(doc: dict, path: str | Path) -> list[Path]:
+    """The files a published-results file's ``include`` names, resolved relative to it."""
+    inc = doc.get("include") or []
+    if not isinstance(inc, list) or not all(isinstance(x, str) for x in inc):
+        raise SentembError(f"{path}: 'include' must be a list of file paths (relative to this file)")
+    return [Path(path).parent / x for x in inc]
 
 
 def _key(row) -> tuple:

@@ -396,7 +396,7 @@ def resume(job: Job) -> State:
 
 def optimizer_step(job: Job, state: State) -> None:
     """Stage 3, one optimizer step: build the micro-batches, accumulate gradients (twice, at w and
-    at w + ε̂, with ``train.sam_rho``), update."""
+    at w + ε̂, with ``train.sam_rho``), update, then the method's ``after_step`` hook."""
     batches = fetch(job, state)  # timed: train/data_wait (sentemb.train.batches)
     if getattr(job, "world", 1) > 1 and job.settings.dropout_rng == "stream":  # per rank and step (sentemb.train.distributed)
         import torch
@@ -404,8 +404,10 @@ def optimizer_step(job: Job, state: State) -> None:
         from .distributed import step_seed
 
         torch.manual_seed(step_seed(job.seed, state.step, job.rank))
+    job.method.step = state.step  # what encode/batch_terms read (the strategy sets method.micro per micro-batch)
     job.strategy.gradients(job, batches, state, norms=job.settings.log_grad_norms and logs_at(job, state.step + 1))
     job.strategy.update(job)
+    job.method.after_step(state.step)  # the method's per-step hook, on every process (an EMA, a queue)
     state.step += 1
 
 

@@ -163,6 +163,7 @@ class MicroBatches(StepStrategy):
                 if "attention_mask" in batch:
                     state.n_tok += int(batch["attention_mask"].sum())
             batch = {key: v.to(job.device, non_blocking=True) for key, v in batch.items()}
+            job.method.micro = m  # what encode/batch_terms read (Method.micro)
             terms = self.backward(job, batch, m, probe)
             if state is None:
                 continue

@@ -1,0 +1,193 @@
+"""ESimCSE: word repetition for the positive, a momentum-encoded queue for more negatives (Wu et al. 2022).
+
+A method that keeps state across optimizer steps, written only against sentemb's public API, in a file
+of its own (a plug-in: config key ``method_modules``): a momentum-updated copy of the encoder and a
+FIFO queue of its sentence embeddings, changed in ``Method.after_step`` alone
+(``docs/methods/writing-a-method.md``, "A method that keeps state").
+
+Wu, Gao, Zang, Han, Wang, Hu (2022), "ESimCSE: Enhanced Sample Building Method for Contrastive
+Learning of Unsupervised Sentence Embedding", COLING 2022 (arXiv:2109.04380), §3:
+
+* Word repetition (§3.1, Eq. 1): the positive of sentence s = (x_1..x_N) (its subwords) is s with
+  dup_len of its subwords repeated in place, dup_len drawn uniformly from [0, max(2, int(dup_rate·N))]
+  and the repeated subwords a uniform sample of that many positions, so that a positive pair no
+  longer shares its length;
+* momentum contrast (§3.2, Eq. 2): a momentum encoder θ_m ← λ·θ_m + (1 − λ)·θ_e after every update
+  of the encoder θ_e, whose embeddings of the batch's sentences enter a queue of size M (the oldest
+  leave first) and serve as extra negatives;
+* the loss (Eq. 3), with h_i the anchor, h_i⁺ its word-repeated positive, h_m⁺ the queue's embeddings:
+
+      ℓ_i = −log  e^{cos(h_i, h_i⁺)/τ} / ( Σ_{j=1}^{B} e^{cos(h_i, h_j⁺)/τ} + Σ_{m=1}^{M} e^{cos(h_i, h_m⁺)/τ} ).
+
+With ``queue_size: 0`` and ``dup_rate: 0`` it is SimCSE's InfoNCE (Gao et al. 2021, Eq. 1).
+
+Where the state is and when it changes (the loop's promises, ``sentemb.methods.base``):
+
+* ``momentum_encoder`` (and ``momentum_mlp``): frozen parameters (``requires_grad = False``, so the
+  optimizer leaves them out), updated by Eq. 2 in ``after_step``;
+* ``queue`` (M × d) and ``queue_len``: persistent buffers (saved and resumed with the weights),
+  written in ``after_step`` from the keys ``batch_terms`` stashed under ``self.micro`` during the
+  step: a repeated call (gradient caching, SAM's second pass, the contract's re-runs) overwrites its
+  own stash and never sees its own keys in the queue;
+* under ``train.devices: N`` ``batch_terms`` gets every rank's keys (the loop gathers ``Encoded.batch``),
+  so every rank enqueues the same rows and every rank's state is the single process's.
+
+Open choices: the momentum encoder runs in eval mode (no dropout: a key is a target, and it is then
+the same in every chunking and pass) on the *original* sentences, through a momentum copy of the
+training MLP; the repeated sentence is cut back to ``max_len`` (its [SEP] kept); keys are stored in
+fp32; the queue is enqueued once per optimizer step in micro-batch order (newest first), so with
+``grad_accum`` the step's micro-batches all see the queue of the step before. Defaults: λ = 0.995
+(§3.2), dup_rate 0.32 and M = 160 (2.5 × the batch of 64; §4's BERT-base setting as we read it).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from sentemb.methods import WEIGHTED, Encoded, arg, register_method
+from sentemb.methods.simcse import SimCSE
+
+
+def word_repetition(ids: list[int], dup_rate: float, rng) -> list[int]:
+    """Eq. 1: the subwords ``ids`` (no special tokens) with dup_len of them repeated in place,
+    dup_len ~ U{0, .., max(2, int(dup_rate·N))} (at most N), the positions a uniform sample."""
+    n = len(ids)
+    if n == 0 or dup_rate <= 0:
+        return list(ids)
+    dup_len = min(n, int(rng.integers(0, max(2, int(dup_rate * n)) + 1)))
+    chosen = set(rng.choice(n, size=dup_len, replace=False).tolist()) if dup_len else set()
+    out = []
+    for i, t in enumerate(ids):
+        out.extend((t, t) if i in chosen else (t,))
+    return out
+
+
+def queue_info_nce(h: torch.Tensor, pos: torch.Tensor, queue: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Eq. 3, the mean of ℓ_i over the batch: anchors ``h`` (B, d), positives ``pos`` (B, d), the
+    queue's keys ``queue`` (M, d; M may be 0); fp32 regardless of autocast."""
+    with torch.autocast(device_type=h.device.type, enabled=False):
+        h = F.normalize(h.float(), dim=-1)
+        logits = h @ F.normalize(pos.float(), dim=-1).T  # (B, B)
+        if queue.size(0):
+            logits = torch.cat([logits, h @ F.normalize(queue.float(), dim=-1).T], 1)  # (B, B + M)
+        return F.cross_entropy(logits / temperature, torch.arange(h.size(0), device=h.device))
+
+
+@register_method
+class ESimCSE(SimCSE):
+    """SimCSE's encoder and MLP; the positive is the word-repeated sentence; a momentum queue adds negatives."""
+
+    name = "esimcse"
+
+    @dataclass
+    class Args(SimCSE.Args):
+        dup_rate: float = arg(0.32, "maximum share of a sentence's subwords repeated in its positive (Eq. 1; 0 = "
+                              "SimCSE's dropout-only positive)", minimum=0, maximum=1)
+        momentum: float = arg(0.995, "λ of the momentum encoder's update θ_m ← λθ_m + (1 − λ)θ_e (Eq. 2)",
+                              minimum=0, exclusive_maximum=1)
+        queue_size: int = arg(160, "M, the momentum-encoded sentence embeddings kept as extra negatives (Eq. 3; "
+                              "0 = none)", minimum=0)
+
+    # tiny encoder: a queue that fills and wraps within the contract's 3 steps of 16, and a momentum
+    # that moves visibly per update (so a wrong number of updates shows)
+    contract_args = {"queue_size": 24, "momentum": 0.5}
+
+    def __init__(self, encoder, tokenizer, args, ctx):
+        super().__init__(encoder, tokenizer, args, ctx)
+        self.momentum_encoder = copy.deepcopy(encoder).requires_grad_(False).eval()
+        self.momentum_mlp = copy.deepcopy(self.mlp).requires_grad_(False).eval() if self.mlp is not None else None
+        d = encoder.config.hidden_size
+        self.register_buffer("queue", torch.zeros(self.args.queue_size, d))  # newest first
+        self.register_buffer("queue_len", torch.zeros((), dtype=torch.long))
+        self._keys: dict[int, torch.Tensor] = {}  # micro -> this step's keys (stashed, never state)
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        self.momentum_encoder.eval()  # keys without dropout (module docstring)
+        if self.momentum_mlp is not None:
+            self.momentum_mlp.eval()
+        return self
+
+    # ------------------------------------------------------------------ batches
+    def build_batch(self, sentences, step=0, *, lines=None, micro=0):
+        """Rows: ``input_ids``/``attention_mask``/(``token_type_ids``) the sentences, ``rep_*`` their
+        word-repeated positives (Eq. 1, from ``np_rng(micro)``), both padded to one width."""
+        from sentemb.data.buckets import pad_to
+
+        batch = self.tokenize(sentences, lines)
+        rng = self.np_rng(micro)
+        cls_id, sep_id = self.tokenizer.cls_token_id, self.tokenizer.sep_token_id
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        rows = []
+        for ids, mask in zip(batch["input_ids"].tolist(), batch["attention_mask"].tolist()):
+            real = [t for t, m in zip(ids, mask) if m][1:-1]  # the subwords, without [CLS] and [SEP]
+            rep = word_repetition(real, self.args.dup_rate, rng)[: self.ctx.max_len - 2]
+            rows.append([cls_id, *rep, sep_id])
+        width = self.width(max(int(batch["input_ids"].size(1)), max(len(r) for r in rows)))
+        out = {k: pad_to(v, width, pad if k == "input_ids" else 0) for k, v in batch.items()}
+        out["rep_input_ids"] = torch.tensor([r + [pad] * (width - len(r)) for r in rows])
+        out["rep_attention_mask"] = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
+        if "token_type_ids" in batch:
+            out["rep_token_type_ids"] = torch.zeros_like(out["rep_input_ids"])
+        return out
+
+    # ------------------------------------------------------------------ the loss
+    def encode(self, batch) -> Encoded:
+        """One forward over [s_1..s_n, s'_1..s'_n] (the sentences, then their repetitions): h, h⁺
+        through the MLP; the keys k of the sentences from the momentum encoder (no graph)."""
+        keys = [k for k in ("input_ids", "attention_mask", "token_type_ids") if k in batch]
+        both = {k: torch.cat([batch[k], batch[f"rep_{k}"]], 0) for k in keys}
+        cls = self.encoder(**both, return_dict=True).last_hidden_state[:, 0]  # (2n, d)
+        if self.mlp is not None:
+            cls = self.mlp(cls)
+        n = batch["input_ids"].size(0)
+        with torch.no_grad():
+            k = self.momentum_encoder(**{key: batch[key] for key in keys}, return_dict=True).last_hidden_state[:, 0]
+            if self.momentum_mlp is not None:
+                k = self.momentum_mlp(k)
+        return Encoded(batch={"z1": cls[:n], "z2": cls[n:], "k": k.float()})  # (n, d) each
+
+    def batch_terms(self, emb, batch):
+        queue = self.queue[: int(self.queue_len)]  # (M', d): the queue as the step began
+        loss = queue_info_nce(emb["z1"], emb["z2"], queue, self.args.temperature)
+        self._stash(emb["k"])
+        return {"contrastive": loss.detach(), WEIGHTED: {"contrastive": loss}}
+
+    @torch.compiler.disable  # eager under train.compile: no recompilation per micro-batch index
+    def _stash(self, keys: torch.Tensor) -> None:
+        """This micro-batch's keys (every rank's), for ``after_step``; a repeated call overwrites."""
+        self._keys[self.micro] = keys.detach().float()
+
+    # ------------------------------------------------------------------ the state, once per step
+    def after_step(self, step: int) -> None:
+        """Eq. 2 on the updated encoder, then the step's keys into the queue (micro-batch order, newest first)."""
+        self.momentum_update()
+        if self._keys:
+            self.enqueue(torch.cat([self._keys[m] for m in sorted(self._keys)][::-1], 0))  # the last micro-batch's first
+        self._keys.clear()
+
+    @torch.no_grad()
+    def momentum_update(self) -> None:
+        """Eq. 2: θ_m ← λ·θ_m + (1 − λ)·θ_e for the encoder and the MLP."""
+        lam = self.args.momentum
+        pairs = [(self.momentum_encoder, self.encoder)]
+        if self.momentum_mlp is not None:
+            pairs.append((self.momentum_mlp, self.mlp))
+        for target, online in pairs:
+            for m, p in zip(target.parameters(), online.parameters()):
+                m.mul_(lam).add_(p.detach(), alpha=1 - lam)
+
+    @torch.no_grad()
+    def enqueue(self, keys: torch.Tensor) -> None:
+        """``keys`` (k, d) to the front of the queue; beyond M the oldest leave."""
+        size = self.queue.size(0)
+        if size:
+            kept = torch.cat([keys.to(self.queue.dtype), self.queue[: int(self.queue_len)]], 0)[:size]
+            self.queue[: kept.size(0)] = kept
+            self.queue_len.fill_(kept.size(0))
+
+__all__ = ["ESimCSE", "queue_info_nce", "word_repetition"]

@@ -1,0 +1,222 @@
+"""Issue 39 §1-3: a method that keeps state across steps (the example ``examples/methods/esimcse.py``,
+ESimCSE's momentum encoder and queue), the loop's promises to it (``Method.step``/``micro``,
+``after_step``), and the contract's ``state_*`` checks, which catch the wrong ones written here (each
+fails a named check). The example's run in the tiny DAG is in ``tests/test_workflow.py``; its
+export through ``SentenceTransformer`` is the contract's ``export`` check, run below."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from conftest import REPO
+from sentemb import testing
+
+EXAMPLE = REPO / "examples" / "methods" / "esimcse.py"
+
+
+@pytest.fixture(scope="module")
+def example():
+    """The example's module, imported as ``method_modules`` does; the registry restored afterwards."""
+    import sentemb.methods as methods
+    from sentemb.methods import import_method_module
+
+    methods.registry()
+    before = (dict(methods._REGISTRY), dict(methods._IMPORTED), dict(methods._SPEC))
+    mod = sys.modules[import_method_module(str(EXAMPLE))]
+    yield mod
+    for d, old in zip((methods._REGISTRY, methods._IMPORTED, methods._SPEC), before):
+        d.clear()
+        d.update(old)
+
+
+@pytest.fixture(scope="module")
+def h(example, tiny_bert_dir, tiny_senteval, tmp_path_factory):
+    return testing.harness(example.ESimCSE, tmp_path_factory.mktemp("h_esimcse"), model_dir=tiny_bert_dir,
+                           senteval=tiny_senteval)
+
+
+# ------------------------------------------------------------------------------------ the example's equations
+def _reference_loss(h, pos, queue, t):
+    """Wu et al. (2022) Eq. 3 written out per row in float64."""
+    def cos(a, b):
+        return a @ b / np.linalg.norm(a) / np.linalg.norm(b)
+
+    out = []
+    for i in range(len(h)):
+        den = sum(np.exp(cos(h[i], p) / t) for p in pos) + sum(np.exp(cos(h[i], q) / t) for q in queue)
+        out.append(-np.log(np.exp(cos(h[i], pos[i]) / t) / den))
+    return float(np.mean(out))
+
+
+def test_the_example_loss_is_eq3_and_infonce_without_a_queue(example):
+    from sentemb.methods.simcse import info_nce
+
+    g = torch.Generator().manual_seed(0)
+    h, pos, queue = (torch.randn(n, 8, generator=g, dtype=torch.float64) for n in (6, 6, 5))
+    for t in (0.05, 0.3):
+        got = float(example.queue_info_nce(h, pos, queue, t))
+        assert got == pytest.approx(_reference_loss(h.numpy(), pos.numpy(), queue.numpy(), t), rel=1e-5)
+    assert float(example.queue_info_nce(h, pos, queue[:0], 0.1)) == pytest.approx(float(info_nce(h, pos, 0.1)), rel=1e-6)
+
+
+def test_word_repetition_is_eq1(example):
+    """Eq. 1: dup_len ≤ max(2, int(dup_rate·N)), every subword kept in order, each repeated at most once."""
+    m = example
+    rng = np.random.default_rng(0)
+    lengths = set()
+    for n in (1, 3, 10, 25):
+        ids = list(range(100, 100 + n))
+        for _ in range(50):
+            rep = m.word_repetition(ids, 0.32, rng)
+            dup = len(rep) - n
+            assert 0 <= dup <= min(n, max(2, int(0.32 * n)))
+            assert sorted(set(rep)) == ids and all(rep.count(t) in (1, 2) for t in ids)
+            assert [t for i, t in enumerate(rep) if i == 0 or rep[i - 1] != t] == ids  # repeated in place
+            lengths.add(dup)
+    assert m.word_repetition(list(range(5)), 0.0, rng) == list(range(5)) and {0, 1, 2} <= lengths
+
+
+def test_the_loop_tells_the_method_its_step_and_micro_batch_and_calls_the_hook_once_per_step(example, h):
+    """``self.step``/``self.micro`` at every ``encode``, ``after_step`` once per optimizer step after
+    the update, with ``grad_accum: 2`` and SAM (each micro-batch encoded twice; ``state_sam`` checks
+    what the passes see), 2 steps of 2 micro-batches of 4."""
+    from sentemb.train.loop import State, run_steps, setup
+
+    with setup(testing.state_run(h, batch_size=4, grad_accum=2, sam_rho=0.05, max_steps=2), "/nonexistent", h.cls) as job:
+        method, calls, hooks = job.method, [], []
+        encode, hook = method.encode, method.after_step
+        first = next(p for p in method.encoder.parameters() if p.requires_grad)
+
+        def watched(batch):
+            calls.append((method.step, method.micro))
+            return encode(batch)
+
+        def after(step):
+            hooks.append((step, first.detach().clone()))
+            return hook(step)
+
+        method.encode, method.after_step = watched, after
+        w = [first.detach().clone()]
+        for _ in run_steps(job, State()):
+            w.append(first.detach().clone())
+    steps = 2
+    assert calls == [(s, m) for s in range(steps) for m in [2 * s, 2 * s + 1] * 2]  # SAM: each micro twice
+    assert [s for s, _ in hooks] == list(range(steps))
+    assert all(torch.equal(p, w[s + 1]) and not torch.equal(p, w[s]) for s, p in hooks)  # after the update
+
+
+def test_the_queue_holds_every_step_s_keys_newest_first_and_the_momentum_encoder_moves(example, h):
+    st = testing.state_after(h)
+    size = h.args["queue_size"]
+    assert int(st["queue_len"]) == size and bool((st["queue"].abs().sum(1) > 0).all())  # filled and wrapped
+    m = h.make()
+    assert {k for k in st if k.startswith("momentum_encoder.")} == {f"momentum_{k}" for k in m.state_dict()
+                                                                      if k.startswith("encoder.")}
+    moved = [float((st[f"momentum_{k}"] - st[k]).abs().max()) for k in st if k.startswith("encoder.")]
+    start = [float((st[f"momentum_{k}"] - v).abs().max()) for k, v in m.state_dict().items() if k.startswith("encoder.")]
+    assert max(moved) > 0 and max(start) > 0  # neither the encoder nor its start: an EMA between them
+
+
+@pytest.mark.parametrize("check", ["arguments", "loss", "export", "state_chunked", "state_accum", "state_sam",
+                                   "state_resume", "state_devices"])
+def test_the_example_keeps_the_contract(example, h, check):
+    """What ``sentemb check-method esimcse --config examples/methods/config.yaml`` runs (its other
+    checks too: the weights' ``resume``, ``chunked``, ``devices`` and ``grad_norms``, which the
+    debiased example's test runs through the CLI): ``state_accum`` skips (in-batch negatives)."""
+    try:
+        testing.run_check(h.cls, check, h)
+    except testing.CheckSkipped as e:
+        assert check == "state_accum" and "accum_equal" in str(e)
+
+
+# ------------------------------------------------------------------------------------ wrong stateful methods
+def _broken(example):
+    """Three wrong versions of the example, each fails one named check."""
+    ESimCSE = example.ESimCSE
+
+    class MomentumEveryEncode(ESimCSE):
+        """The momentum update done on every ``encode`` call (gradient caching calls it twice per chunk)."""
+
+        name = "broken-momentum-every-encode"
+
+        def encode(self, batch):
+            self.momentum_update()
+            return super().encode(batch)
+
+        def after_step(self, step):  # the queue only
+            if self._keys:
+                self.enqueue(torch.cat([self._keys[m] for m in sorted(self._keys)][::-1], 0))
+            self._keys.clear()
+
+    class EnqueueAtOnce(ESimCSE):
+        """The keys enqueued during ``encode``: SAM's second pass sees its own keys."""
+
+        name = "broken-enqueue-at-once"
+
+        def encode(self, batch):
+            enc = super().encode(batch)
+            self.enqueue(enc.batch["k"])
+            return enc
+
+        def after_step(self, step):
+            self._keys.clear()
+            self.momentum_update()
+
+    class UnsavedQueue(ESimCSE):
+        """The queue kept in plain attributes, not buffers: a checkpoint does not hold it."""
+
+        name = "broken-unsaved-queue"
+
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            for key in ("queue", "queue_len"):
+                value = self._buffers.pop(key)
+                object.__setattr__(self, key, value)
+
+    return {c.name: c for c in (MomentumEveryEncode, EnqueueAtOnce, UnsavedQueue)}
+
+
+@pytest.mark.parametrize("method, check, message", [
+    ("broken-momentum-every-encode", "state_chunked", "chunk_size 4 vs the whole batch: state"),
+    ("broken-enqueue-at-once", "state_sam", "the second pass vs the first: state 'queue"),
+    ("broken-unsaved-queue", "state_resume", "killed after step 1 and resumed vs uninterrupted: state"),
+])
+def test_a_wrong_stateful_method_fails_a_named_check(example, h, method, check, message, tmp_path):
+    cls = _broken(example)[method]
+    broken = testing.Harness(cls=cls, args=h.args, model_dir=h.model_dir, corpus=h.corpus, senteval=h.senteval,
+                             inputs=h.inputs, work=tmp_path)
+    with pytest.raises(testing.CheckFailed, match=message.replace("(", r"\(")):
+        testing.run_check(cls, check, broken)
+
+
+def test_the_example_config_carries_the_papers_published_row_next_to_the_seed_papers(monkeypatch):
+    """The example config's ``paper_results`` (examples/methods/paper_results.yaml) includes the
+    repository's published rows and adds ESimCSE's (Wu et al. 2022, Table 1, BERT-base, reprinted in
+    InfoCSE Table 2): table_paper places it next to SimCSE's."""
+    import pandas as pd
+
+    from sentemb.config.load import load_config
+    from sentemb.report.paper import load_paper_results, table_paper
+
+    monkeypatch.chdir(REPO)
+    config = load_config(REPO / "examples" / "methods" / "config.yaml")
+    assert "esimcse" in [r["method"] for r in config["runs"]]
+    entries = load_paper_results(config["paper_results"])
+    own = load_paper_results(REPO / "config" / "paper_results.yaml")
+    assert entries[: len(own)] == own  # every seed paper's row, then the example's
+    mine = [e for e in entries if e["method"] == "esimcse"]
+    assert len(mine) == 1 and mine[0]["backbone"] == "bert-base-uncased" and mine[0]["scores"]["Avg"] == 78.27
+    assert sum(mine[0]["scores"][t] for t in mine[0]["scores"] if t != "Avg") / 7 == pytest.approx(78.27, abs=0.01)
+    tasks = ["STS12", "STS13", "STS14", "STS15", "STS16", "STSBenchmark", "SICKRelatedness"]
+    sts = pd.DataFrame([{"name": n, "method": n, "backbone": "bert-base-uncased", "seed": s, **{t: v + s for t in tasks}}
+                        for n, v in (("simcse", 76.0), ("esimcse", 78.0)) for s in (1, 2)])
+    t = table_paper(sts, None, entries).set_index(["name", "metric"])
+    assert t.loc[("esimcse", "Avg"), "published"] == 78.27 and t.loc[("simcse", "Avg"), "published"] == 76.25
+    assert "Wu et al. 2022" in t.loc[("esimcse", "Avg"), "source"]
+    assert yaml.safe_load((REPO / "examples" / "methods" / "config.yaml").read_text())["paper_results"] == \
+        "examples/methods/paper_results.yaml"
