@@ -285,6 +285,12 @@ def check_settings(settings, where: str) -> None:
                            "or set train.sam_rho: null")
 
 
+def _base_after_step():
+    from ..methods.base import Method
+
+    return Method.after_step
+
+
 def micro_batch_strategy(job) -> MicroBatches:
     """How the job computes one pass over a step's micro-batches: ``Sharded`` on several processes
     (``job.world`` > 1), ``Chunked`` with a chunk size (``job.chunk``, ``resolve_chunk_size``),
@@ -305,6 +311,11 @@ def strategy_for(job, where: str | None = None) -> StepStrategy:
 
         device = getattr(job, "device", None)
         cuda = device is not None and device.type == "cuda"
+        method = getattr(job, "method", None)
+        if method is not None and type(method).after_step is not _base_after_step():
+            raise SentembError(f"{where}: train.graphs cannot serve method '{method.name}': it keeps state across steps "
+                               "(an after_step hook), and what its step stashes for the hook is Python work that a "
+                               "replayed graph does not redo; set train.graphs: false")
         if cuda and getattr(job, "world", 1) > 1:
             raise SentembError(f"{where}: train.graphs cannot be combined with train.devices {job.world} on CUDA yet (a "
                                "collective inside a captured graph is not supported here); set train.graphs: false")
