@@ -36,7 +36,8 @@ if workflow.is_main_process:
 # virtual environment is not activated (a per-rule conda env, when used, still comes first).
 expose_cli()
 
-LOGS = "logs"
+# under results_dir: two configs with their own results_dir never write the same log (issue 39)
+LOGS = os.path.join(CFG.results_dir, "logs")
 MIRROR = str(_mirror) if _mirror else ""
 RUNS = [(r.name, r.backbone) for r in CFG.runs]
 # (name, backbone, seed) of every training job: runs[].seeds, else the global seeds (sentemb.config.load.jobs)
