@@ -153,6 +153,20 @@ def test_config_readme_is_the_generated_listing():
         assert key in text
 
 
+def test_the_workflow_schema_file_is_the_generated_schema():
+    """workflow/schemas/config.schema.yaml (where the Snakemake catalog, editors and Snakemake's validate
+    look) is ``sentemb config-schema --yaml``: current, and the schema sentemb validates with (issue 39)."""
+    import yaml
+
+    from sentemb.cli.config_keys import config_schema_yaml
+    from sentemb.config.load import load_schema
+
+    path = REPO / "workflow" / "schemas" / "config.schema.yaml"
+    text = config_schema_yaml()
+    assert path.read_text("utf-8") == text, "run: sentemb config-schema --yaml > workflow/schemas/config.schema.yaml"
+    assert yaml.safe_load(text) == load_schema()
+
+
 # --------------------------------------------------------------------- issue 28 §1: one typed tree
 def test_the_whole_schema_is_generated_from_the_typed_tree():
     """Every top-level key is a field of ``Config`` with its help, the schema is ``schema_of(Config)``
