@@ -35,6 +35,8 @@ def smk(workdir: Path, *args, env=None, check=True):
 #: working directory as a user's would be
 PLUGIN_RUN = {"method": "debiased-simcse", "backbone": "tiny-bert", "seeds": [1], "method_args": {"tau_plus": 0.1},
               "train": {"max_steps": 4}}
+#: the prompt-based example (issue 39 §3): its own evaluation embedding and exported module
+PROMPT_RUN = {"method": "promptbert", "backbone": "tiny-bert", "seeds": [1], "train": {"max_steps": 4}}
 
 
 @pytest.fixture(scope="module")
@@ -42,9 +44,10 @@ def workdir(tmp_path_factory, shared):
     d = tmp_path_factory.mktemp("dag")
     cfg = yaml.safe_load((REPO / ".test" / "config.yaml").read_text())
     (d / "methods").mkdir()
-    shutil.copy(REPO / "examples" / "methods" / "debiased.py", d / "methods" / "debiased.py")
-    cfg["method_modules"] = ["methods/debiased.py"]
-    cfg["runs"].append(PLUGIN_RUN)
+    for f in ("debiased.py", "promptbert.py", "promptbert_st.py"):
+        shutil.copy(REPO / "examples" / "methods" / f, d / "methods" / f)
+    cfg["method_modules"] = ["methods/debiased.py", "methods/promptbert.py"]
+    cfg["runs"] += [PLUGIN_RUN, PROMPT_RUN]
     (d / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
     return d
 
@@ -100,6 +103,11 @@ def test_table1_from_the_dag(ran):
     assert mine["method"] == "debiased-simcse" and mine["n_seeds"] == 1 and -100 <= mine["Avg"] <= 100
     run = json.loads((ran / "results/runs/debiased-simcse/tiny-bert/seed1/run_config.json").read_text())
     assert run["method_module"] == "methods/debiased.py" and len(run["method_digest"]) == 64
+    prompt = pd.read_csv(ran / "results" / "table1.csv").set_index("name").loc["promptbert"]  # through its template
+    assert prompt["method"] == "promptbert" and -100 <= prompt["Avg"] <= 100
+    model = ran / "results/runs/promptbert/tiny-bert/seed1/model"
+    assert json.loads((model / "modules.json").read_text())[0]["type"] == "promptbert_st.PromptTransformer"
+    assert json.loads((model / "sentemb.json").read_text())["pooler"] == "method"
 
 
 def test_report_end_of_the_dag(ran, env):
