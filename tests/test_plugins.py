@@ -166,7 +166,7 @@ def test_the_example_config_runs_it_next_to_simcse(clean_registry, monkeypatch):
 
     monkeypatch.chdir(REPO)  # its method_modules path is relative to the repository root
     config = load_config(REPO / "examples" / "methods" / "config.yaml")
-    assert [r["method"] for r in config["runs"]] == ["simcse", "debiased-simcse"]
+    assert [r["method"] for r in config["runs"]] == ["simcse", "debiased-simcse", "promptbert"]
     run = resolve_run(config, "debiased-simcse", "minilm", 42)
     assert run.method_module == "examples/methods/debiased.py" and run.method_args["tau_plus"] == 0.1
 
