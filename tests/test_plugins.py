@@ -400,6 +400,15 @@ def test_promptbert_exports_its_evaluation_embedding(clean_registry, tmp_path):
     out = next((tmp_path).glob("export-*/model"))
     assert json.loads((out / "modules.json").read_text())[0]["type"] == "promptbert_st.PromptTransformer"
     assert (out / "promptbert_st.py").is_file() and not (out / "promptbert_denoise.safetensors").exists()
+    # a fresh `sentemb evaluate` process: the plug-in is imported again from the model's method_module
+    import sentemb.methods as methods
+    from sentemb.evaluate.sts import embedder_for
+
+    want = embedder_for(out, "method", device="cpu")(testing.SENTS)
+    methods._REGISTRY.pop("promptbert")
+    methods._IMPORTED.clear()
+    assert json.loads((out / "sentemb.json").read_text())["method_module"] == str(PROMPTBERT)
+    np.testing.assert_array_equal(embedder_for(out, "method", device="cpu")(testing.SENTS), want)
 
 
 def test_check_method_passes_promptbert_from_the_example_config():

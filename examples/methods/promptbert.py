@@ -70,7 +70,7 @@ import numpy as np
 import torch
 
 from sentemb import SentembError
-from sentemb.methods import WEIGHTED, Encoded, Method, arg, register_method
+from sentemb.methods import WEIGHTED, Encoded, Method, arg, method_source, register_method
 from sentemb.methods.simcse import info_nce
 from sentemb.model.backbone import MLPHead, export as export_encoder, load_encoder, max_length_of
 from sentemb.model.dropout import rows
@@ -199,8 +199,9 @@ class PromptBERT(Method):
     def export(self, out_dir, pooler, meta):
         out_dir = Path(out_dir)
         limit = max_length_of(self.encoder, self.tokenizer)
+        source = method_source(type(self))  # `sentemb evaluate` imports this file again to find the embedder
         export_encoder(self.encoder, self.tokenizer, out_dir, pooler="avg", head=None, max_seq_length=limit,
-                       meta={**meta, "pooler": "method"})
+                       meta={**({"method_module": source[0]} if source else {}), **meta, "pooler": "method"})
         import json
         import shutil
 
