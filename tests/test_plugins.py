@@ -166,7 +166,7 @@ def test_the_example_config_runs_it_next_to_simcse(clean_registry, monkeypatch):
 
     monkeypatch.chdir(REPO)  # its method_modules path is relative to the repository root
     config = load_config(REPO / "examples" / "methods" / "config.yaml")
-    assert [r["method"] for r in config["runs"]] == ["simcse", "debiased-simcse", "esimcse"]
+    assert [r["method"] for r in config["runs"]] == ["simcse", "debiased-simcse", "esimcse", "promptbert"]
     run = resolve_run(config, "debiased-simcse", "minilm", 42)
     assert run.method_module == "examples/methods/debiased.py" and run.method_args["tau_plus"] == 0.1
 
@@ -331,3 +331,109 @@ def test_a_plugins_own_input_kind_is_one_entry_built_by_the_contract_the_cli_and
     assert p.returncode == 0, out[-3000:]
     assert "rule make_input:" in out and "kind=word_counts" in out and path in out, out[-3000:]
     assert "rule train:" in out
+
+
+# ------------------------------------------------------------------------------------ issue 39 §3: PromptBERT
+PROMPTBERT = REPO / "examples" / "methods" / "promptbert.py"
+
+
+def _promptbert(tmp_path, args=None, max_len=16):
+    from sentemb import testing
+    from sentemb.methods import MethodContext, import_method_module
+    from sentemb.model.backbone import load_encoder
+
+    sys.modules[import_method_module(str(PROMPTBERT))]
+    h = testing.harness("promptbert", tmp_path, args=args or {})
+    enc, tok = load_encoder(h.model_dir, pooling_layer=False)
+    return h, h.cls(enc, tok, h.args, MethodContext(max_len=max_len, seed=3, corpus=h.corpus))
+
+
+def test_promptbert_is_the_denoised_mask_state_of_two_templates(clean_registry, tmp_path):
+    """Jiang et al. (2022): h_i = BERT(T(x_i))_[MASK], ĥ_i = BERT(T(∅) at the positions of T(x_i))_[MASK],
+    the training views g(h_i − ĥ_i) of templates T and T' (here without the head g: ``mlp: false``),
+    recomputed from the filled template strings, one sentence at a time."""
+    from sentemb.testing import SENTS
+
+    h, m = _promptbert(tmp_path, {"mlp": False})
+    m.eval()
+    batch = m.build_batch(SENTS)
+    with torch.no_grad():
+        emb = m.encode(batch).batch
+    tok, enc = m.tokenizer, m.encoder
+    for view, (key, template) in enumerate((("z1", m.args.template), ("z2", m.args.template2))):
+        sfx = "" if view == 0 else "2"
+        for i, s in enumerate(SENTS):
+            filled = tok(template.replace("[X]", s))["input_ids"]  # WordPiece: the row is the filled template's
+            n = int(batch[f"attention_mask{sfx}"][i].sum())
+            assert batch[f"input_ids{sfx}"][i, :n].tolist() == filled
+            k = len(tok(s, add_special_tokens=False)["input_ids"])
+            alone = tok(template.replace("[X]", ""))["input_ids"]
+            cut = 1 + len(tok(template.split("[X]")[0], add_special_tokens=False)["input_ids"])  # [CLS] + prefix
+            pos = torch.tensor([list(range(cut)) + [p + k for p in range(cut, len(alone))]])
+            with torch.no_grad():
+                h_i = enc(input_ids=torch.tensor([filled])).last_hidden_state[0, filled.index(tok.mask_token_id)]
+                hat = enc(input_ids=torch.tensor([alone]), position_ids=pos).last_hidden_state[0, alone.index(tok.mask_token_id)]
+            torch.testing.assert_close(emb[key][i], h_i - hat, atol=2e-5, rtol=1e-5)
+
+
+def test_promptbert_rows_count_the_template_and_max_len_is_enforced(clean_registry, tmp_path):
+    """A row is max_len − 2 sentence pieces + the template's tokens; a max_len whose rows would pass the
+    model's positions (64 on the tiny encoder) is refused, naming max_len and the room left."""
+    from sentemb.testing import SENTS
+
+    h, m = _promptbert(tmp_path, max_len=8)
+    long = " ".join(["the cat sits on the mat"] * 4)
+    b = m.build_batch([long, *SENTS[:3]])
+    assert int(b["lengths"][0]) == 6 and int(b["attention_mask"][0].sum()) == 6 + m.extra
+    with pytest.raises(SentembError, match=r"train\.max_len 60 .* more than the model's 64 positions; lower max_len "
+                                           rf"to at most {64 - m.extra + 2}"):
+        _promptbert(tmp_path, max_len=60)
+
+
+def test_promptbert_exports_its_evaluation_embedding(clean_registry, tmp_path):
+    """With the default arguments (no denoising at evaluation, the authors' unsupervised protocol) the
+    export = the dev embedder = `sentemb evaluate` = SentenceTransformer(path) (the contract runs
+    ``eval_denoise: true``); its modules.json names the module copied beside the weights."""
+    from sentemb import testing
+
+    h, _ = _promptbert(tmp_path)
+    testing.check_export(h)
+    out = next((tmp_path).glob("export-*/model"))
+    assert json.loads((out / "modules.json").read_text())[0]["type"] == "promptbert_st.PromptTransformer"
+    assert (out / "promptbert_st.py").is_file() and not (out / "promptbert_denoise.safetensors").exists()
+    # a fresh `sentemb evaluate` process: the plug-in is imported again from the model's method_module
+    import sentemb.methods as methods
+    from sentemb.evaluate.sts import embedder_for
+
+    want = embedder_for(out, "method", device="cpu")(testing.SENTS)
+    methods._REGISTRY.pop("promptbert")
+    methods._IMPORTED.clear()
+    assert json.loads((out / "sentemb.json").read_text())["method_module"] == str(PROMPTBERT)
+    np.testing.assert_array_equal(embedder_for(out, "method", device="cpu")(testing.SENTS), want)
+
+
+def test_check_method_passes_promptbert_from_the_example_config():
+    """``sentemb check-method promptbert --config examples/methods/config.yaml`` (devices and resume left
+    out here, 35 s on 2 cores; both pass too)."""
+    p = _check_method("promptbert", "--config", "examples/methods/config.yaml", "--skip", "devices", "--skip", "resume")
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert "promptbert: 7 passed, 0 failed, 1 skipped" in p.stdout, p.stdout
+
+
+def test_the_example_configs_published_rows_reach_the_paper_table(tmp_path):
+    """The config's ``published`` rows (PromptBERT's BERT-base STS) are merged with paper_results'
+    (``write_published``, the workflow's rule ``published``) and placed beside a promptbert run."""
+    import pandas as pd
+
+    from sentemb.report.paper import load_paper_results, table_paper, write_published
+
+    rows = yaml.safe_load((REPO / "examples" / "methods" / "config.yaml").read_text())["published"]
+    merged = load_paper_results(write_published(REPO / "config" / "paper_results.yaml", rows, tmp_path / "p.yaml"))
+    assert merged[-1]["scores"]["Avg"] == 78.54 and any(e["method"] == "simcse" for e in merged)
+    sts = pd.DataFrame([{"name": n, "method": n, "backbone": "bert-base-uncased", "seed": s, "pooler": "",
+                         "STSBenchmark": 80.0 + s, "STS12": 70.0} for n in ("simcse", "promptbert") for s in (1, 2)])
+    t = table_paper(sts, None, merged).set_index(["name", "metric"])
+    row = t.loc[[k for k in t.index if k[0] == "promptbert" and k[1] in ("STS-B", "STSBenchmark")][0]]
+    assert row["published"] == 81.60 and "PromptBERT (Jiang et al. 2022)" in row["source"]
+    with pytest.raises(SentembError, match=r"config key 'published'\[0\] gives run 'promptbert'"):
+        write_published(tmp_path / "p.yaml", rows, tmp_path / "q.yaml")  # a second row for the same run

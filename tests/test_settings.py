@@ -34,7 +34,9 @@ def _leaves(cls, obj=None, prefix=""):
 def test_the_schema_section_is_the_settings_class(section):
     """Keys, defaults, allowed values: what validation fills in is exactly the dataclass's defaults,
     and no hand-written schema is left beside the classes (one source)."""
-    assert not list((REPO / "src").rglob("*.schema.*")) and not (REPO / "workflow/schemas").exists()
+    assert not list((REPO / "src").rglob("*.schema.*"))
+    # workflow/schemas holds only the generated schema (test_the_workflow_schema_file_is_the_generated_schema)
+    assert sorted(p.name for p in (REPO / "workflow/schemas").iterdir()) == ["config.schema.yaml"]
     filled = validate_config(json.loads(json.dumps(BASE)))[section]
     cls = SECTIONS[section]
     want = {}
@@ -151,6 +153,20 @@ def test_config_readme_is_the_generated_listing():
     for key in ("`train.batch_size`", "`evaluation.precision`", "`stats.paraphrase.model.hub_id`",
                 "`job_resources.pretrain.runtime`", "`methods.simcse.temperature`", "`runs[].train`"):
         assert key in text
+
+
+def test_the_workflow_schema_file_is_the_generated_schema():
+    """workflow/schemas/config.schema.yaml (where the Snakemake catalog, editors and Snakemake's validate
+    look) is ``sentemb config-schema --yaml``: current, and the schema sentemb validates with (issue 39)."""
+    import yaml
+
+    from sentemb.cli.config_keys import config_schema_yaml
+    from sentemb.config.load import load_schema
+
+    path = REPO / "workflow" / "schemas" / "config.schema.yaml"
+    text = config_schema_yaml()
+    assert path.read_text("utf-8") == text, "run: sentemb config-schema --yaml > workflow/schemas/config.schema.yaml"
+    assert yaml.safe_load(text) == load_schema()
 
 
 # --------------------------------------------------------------------- issue 28 §1: one typed tree

@@ -194,19 +194,20 @@ def test_a_wrong_stateful_method_fails_a_named_check(example, h, method, check, 
         testing.run_check(cls, check, broken)
 
 
-def test_the_example_config_carries_the_papers_published_row_next_to_the_seed_papers(monkeypatch):
-    """The example config's ``paper_results`` (examples/methods/paper_results.yaml) includes the
-    repository's published rows and adds ESimCSE's (Wu et al. 2022, Table 1, BERT-base, reprinted in
-    InfoCSE Table 2): table_paper places it next to SimCSE's."""
+def test_the_example_config_carries_the_papers_published_row_next_to_the_seed_papers(monkeypatch, tmp_path):
+    """The example config's ``published`` rows add ESimCSE's (Wu et al. 2022, Table 1, BERT-base,
+    reprinted in InfoCSE Table 2) to the repository's (``write_published``, the workflow's rule
+    ``published``): table_paper places it next to SimCSE's."""
     import pandas as pd
 
     from sentemb.config.load import load_config
-    from sentemb.report.paper import load_paper_results, table_paper
+    from sentemb.report.paper import load_paper_results, table_paper, write_published
 
     monkeypatch.chdir(REPO)
     config = load_config(REPO / "examples" / "methods" / "config.yaml")
     assert "esimcse" in [r["method"] for r in config["runs"]]
-    entries = load_paper_results(config["paper_results"])
+    out = write_published(REPO / "config" / "paper_results.yaml", config["published"], tmp_path / "published.yaml")
+    entries = load_paper_results(out)
     own = load_paper_results(REPO / "config" / "paper_results.yaml")
     assert entries[: len(own)] == own  # every seed paper's row, then the example's
     mine = [e for e in entries if e["method"] == "esimcse"]
@@ -218,5 +219,3 @@ def test_the_example_config_carries_the_papers_published_row_next_to_the_seed_pa
     t = table_paper(sts, None, entries).set_index(["name", "metric"])
     assert t.loc[("esimcse", "Avg"), "published"] == 78.27 and t.loc[("simcse", "Avg"), "published"] == 76.25
     assert "Wu et al. 2022" in t.loc[("esimcse", "Avg"), "source"]
-    assert yaml.safe_load((REPO / "examples" / "methods" / "config.yaml").read_text())["paper_results"] == \
-        "examples/methods/paper_results.yaml"

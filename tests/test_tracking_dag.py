@@ -154,9 +154,9 @@ def test_the_dag_survives_the_server_and_makes_the_same_tables(dags):
     for name in ("killed", "away"):
         for f in ("table1.csv", "table1.md"):
             assert (dags[name] / "results" / f).read_bytes() == (dags["ref"] / "results" / f).read_bytes(), name
-    log = (dags["away"] / "logs/train/simcse/tiny-bert/seed1.log").read_text()
+    log = (dags["away"] / "results/logs/train/simcse/tiny-bert/seed1.log").read_text()
     assert "records wait in" in log and str(Path(RUN) / "tracking_queue.jsonl") in log  # how many, and where
-    killed_log = (dags["killed"] / "logs/train/simcse/tiny-bert/seed1.log").read_text()
+    killed_log = (dags["killed"] / "results/logs/train/simcse/tiny-bert/seed1.log").read_text()
     assert "tracking records go to" in killed_log
 
 

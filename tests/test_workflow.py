@@ -39,6 +39,8 @@ PLUGIN_RUN = {"method": "debiased-simcse", "backbone": "tiny-bert", "seeds": [1]
 #: 48 that fills and wraps within its 4 steps of 32
 STATEFUL_RUN = {"method": "esimcse", "backbone": "tiny-bert", "seeds": [1], "method_args": {"queue_size": 48},
                 "train": {"max_steps": 4}}
+#: the prompt-based example (issue 39 §3): its own evaluation embedding and exported module
+PROMPT_RUN = {"method": "promptbert", "backbone": "tiny-bert", "seeds": [1], "train": {"max_steps": 4}}
 
 
 @pytest.fixture(scope="module")
@@ -46,10 +48,10 @@ def workdir(tmp_path_factory, shared):
     d = tmp_path_factory.mktemp("dag")
     cfg = yaml.safe_load((REPO / ".test" / "config.yaml").read_text())
     (d / "methods").mkdir()
-    for f in ("debiased.py", "esimcse.py"):
+    for f in ("debiased.py", "esimcse.py", "promptbert.py", "promptbert_st.py"):
         shutil.copy(REPO / "examples" / "methods" / f, d / "methods" / f)
-    cfg["method_modules"] = ["methods/debiased.py", "methods/esimcse.py"]
-    cfg["runs"] += [PLUGIN_RUN, STATEFUL_RUN]
+    cfg["method_modules"] = ["methods/debiased.py", "methods/esimcse.py", "methods/promptbert.py"]
+    cfg["runs"] += [PLUGIN_RUN, STATEFUL_RUN, PROMPT_RUN]
     (d / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
     return d
 
@@ -108,6 +110,11 @@ def test_table1_from_the_dag(ran):
     stateful = pd.read_csv(ran / "results" / "table1.csv").set_index("name").loc["esimcse"]
     assert stateful["n_seeds"] == 1 and -100 <= stateful["Avg"] <= 100
     assert json.loads((ran / "results/runs/esimcse/tiny-bert/seed1/train.json").read_text())["steps"] == 4
+    prompt = pd.read_csv(ran / "results" / "table1.csv").set_index("name").loc["promptbert"]  # through its template
+    assert prompt["method"] == "promptbert" and -100 <= prompt["Avg"] <= 100
+    model = ran / "results/runs/promptbert/tiny-bert/seed1/model"
+    assert json.loads((model / "modules.json").read_text())[0]["type"] == "promptbert_st.PromptTransformer"
+    assert json.loads((model / "sentemb.json").read_text())["pooler"] == "method"
 
 
 def test_report_end_of_the_dag(ran, env):

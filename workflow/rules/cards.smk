@@ -14,7 +14,7 @@ rule model_card:
         run=f"{RUN_DIR}/run_config.json",
         train=f"{RUN_DIR}/train.json",
         evaluations=card_evaluations,
-        published=PAPER_RESULTS,
+        published=PUBLISHED,
         backbone=LAYOUT.model(),
     output:
         f"{RUN_DIR}/model_card.json",

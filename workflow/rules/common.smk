@@ -36,7 +36,8 @@ if workflow.is_main_process:
 # virtual environment is not activated (a per-rule conda env, when used, still comes first).
 expose_cli()
 
-LOGS = "logs"
+# under results_dir: two configs with their own results_dir never write the same log (issue 39)
+LOGS = os.path.join(CFG.results_dir, "logs")
 MIRROR = str(_mirror) if _mirror else ""
 RUNS = [(r.name, r.backbone) for r in CFG.runs]
 # (name, backbone, seed) of every training job: runs[].seeds, else the global seeds (sentemb.config.load.jobs)
@@ -129,6 +130,9 @@ TRANSFER = baseline_transfer(CFG)  # the baselines' transfer jobs too (sentemb.c
 BASELINES = baselines(CFG)
 BASE_DIR = LAYOUT.baseline_dir()
 PAPER_RESULTS = CFG.paper_results or os.path.join(workflow.basedir, "config", "paper_results.yaml")
+# what the tables, studies and model cards read: paper_results, plus the config's own published rows
+# (config key `published`, a plug-in's paper) merged into <results_dir>/published.yaml by rule `published`
+PUBLISHED = os.path.join(CFG.results_dir, "published.yaml") if CFG.published else PAPER_RESULTS
 
 
 def baseline_outputs(kind="sts"):

@@ -36,12 +36,30 @@ rule table_transfer:
         "sentemb table-transfer --inputs {input} --output {output.csv} --markdown {output.md} > {log} 2>&1"
 
 
+if CFG.published:
+
+    rule published:
+        """paper_results' published rows plus the config's own (config key `published`, e.g. a plug-in's
+        paper), merged: what table_paper, the studies and the model cards read."""
+        input:
+            PAPER_RESULTS,
+        output:
+            PUBLISHED,
+        params:
+            rows=CFG.published,
+        localrule: True
+        run:
+            from sentemb.report.paper import write_published
+
+            write_published(input[0], params.rows, output[0])
+
+
 rule table_paper:
     input:
         sts=eval_outputs() + baseline_outputs(),
         transfer=transfer_outputs(),
         train=train_summaries(),
-        published=PAPER_RESULTS,
+        published=PUBLISHED,
     output:
         csv=report(LAYOUT.table("table_paper", "csv"), caption="../report/table_paper.rst", category="Tables"),
         md=LAYOUT.table("table_paper", "md"),
@@ -101,7 +119,7 @@ rule study:
         spec=LAYOUT.study(ext="spec.json"),
         results=lambda w: study_inputs(CFG, STUDIES[w.study]),
         train=lambda w: study_train_inputs(CFG, STUDIES[w.study]),  # the points' dev curves
-        published=PAPER_RESULTS,
+        published=PUBLISHED,
     output:
         csv=report(LAYOUT.study(ext="csv"), caption="../report/study.rst", category="Studies",
                    subcategory="{study}"),

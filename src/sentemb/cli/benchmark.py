@@ -103,6 +103,10 @@ def _cmd_chunked(args) -> int:
 def _cmd_benchmark(args) -> int:
     import torch
 
+    from ..methods import load_method_modules
+
+    # a plug-in's method (--method NAME from a file of one's own), imported before any --method is looked up
+    load_method_modules(args.method_module or None, "--method-module")
     if args.overhead:
         return _cmd_overhead(args)
     if args.grad_norms:
@@ -226,6 +230,9 @@ def register(sub) -> None:
     p.add_argument("--method", action="append", default=[], metavar="NAME",
                    help="also time this registered method (repeatable); prints a per-method table with the "
                         "share of build_batch and the ratio to simcse measured in the same invocation")
+    p.add_argument("--method-module", action="append", default=[], metavar="FILE_OR_MODULE",
+                   help="a Python file (relative to the working directory) or module with @register_method "
+                        "classes, imported before --method is looked up (repeatable; as check-method's)")
     p.add_argument("--method-args", action="append", default=[], metavar="[NAME=]JSON",
                    help="method arguments, e.g. 'una={\"alpha\": 5}'")
     p.add_argument("--sam-rho", type=float, default=None, metavar="RHO",

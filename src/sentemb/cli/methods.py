@@ -84,8 +84,8 @@ def _cmd_check_method(args: argparse.Namespace) -> int:
     from ..methods import get_method, load_method_modules, method_source
 
     if args.list:
-        for name, fn in testing.CHECKS.items():
-            print(f"{name:<13} {(fn.__doc__ or '').strip().splitlines()[0]}")
+        for name, fn in testing.CHECKS.items():  # the docstring's first paragraph, whole sentences
+            print(f"{name:<14} {' '.join((fn.__doc__ or '').strip().split(chr(10) + chr(10))[0].split())}")
         return 0
     if not args.name:
         raise SentembError("check-method: name a method (sentemb methods lists them)")

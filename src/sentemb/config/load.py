@@ -94,6 +94,13 @@ def validate_config(config: dict, source: str = "config") -> dict:
     from .studies import expand_studies
 
     expand_studies(config, source)  # each study point becomes a run (or reuses one): checked as every run
+    if config.get("published"):
+        from ..report.paper import check_paper_entries
+
+        try:
+            check_paper_entries(config["published"], "config key 'published'")
+        except SentembError as e:
+            raise SentembError(f"invalid configuration in {source}: {e}") from None
     for backbone in config["baselines"]:
         if backbone not in config["backbones"]:
             raise SentembError(

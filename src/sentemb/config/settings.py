@@ -467,6 +467,11 @@ class Config:
                                           schema=_baselines_schema)
     paper_results: str | None = arg(None, "Published numbers for results/table_paper.csv (null = "
                                     "config/paper_results.yaml of the repository).")
+    published: list[dict] = arg([], "Published rows of this config's own methods (a plug-in's paper), in the "
+                                "format of paper_results' `results` entries ({method, backbone, table, source, "
+                                "scores, ...}); added to paper_results' rows for table_paper, the studies and the model "
+                                "cards (written merged to <results_dir>/published.yaml). A second row for a run and "
+                                "table paper_results already has is refused.")
     stats: StatsSettings = arg(StatsSettings(), "Corpus statistics.")
     job_resources: JobResources = arg(JobResources(), "Snakemake resources per rule kind.")
 

@@ -38,7 +38,28 @@ def embedder_for(model_dir: str | Path, pooler: str, *, device="auto", batch_siz
         name = meta["method"]
     except (json.JSONDecodeError, KeyError, TypeError) as e:
         raise SentembError(f"{meta_file}: no method name in it ({e!r})") from None
+    _import_plugin(name, meta, Path(model_dir))
     return get_method(name).load_embedder(model_dir, resolve_device(device), batch_size, precision)
+
+
+def _import_plugin(name: str, meta: dict, model_dir: Path) -> None:
+    """A method from the user's code (config ``method_modules``) is imported before its embedder is
+    looked up, as the training job imports it: by the ``method_module`` of the model's ``sentemb.json``,
+    else of its run's ``run_config.json`` (the run directory holding ``model/``); paths relative to
+    the working directory, as in the config."""
+    from ..methods import import_method_module, registry
+
+    if name in registry():
+        return
+    spec = meta.get("method_module")
+    run_file = model_dir.parent / "run_config.json"
+    if not spec and run_file.is_file():
+        try:
+            spec = json.loads(run_file.read_text("utf-8")).get("method_module")
+        except (json.JSONDecodeError, AttributeError):
+            spec = None
+    if spec:
+        import_method_module(spec, f"{model_dir}: method_module")
 
 
 def cosine_pairs(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -11,8 +11,11 @@ Where methods come from:
 
 The public API for a method in a file of its own (kept stable; it is what users' files import)::
 
-    from sentemb.methods import Method, register_method, arg, all_ranks_rows
+    from sentemb.methods import Method, Encoded, register_method, arg, WEIGHTED, all_ranks_rows
     from sentemb.methods.simcse import SimCSE      # built-in classes, to subclass
+
+``Encoded`` is what ``Method.encode`` returns (``sentemb.methods.base``), ``WEIGHTED`` the key of the
+weighted loss terms.
 """
 
 from __future__ import annotations

@@ -105,68 +105,80 @@ def load_paper_results(path: str | Path) -> list[dict]:
     taken the authors' code's way); baselines match by backbone and pooler. ``method_args`` and
     ``train`` state the settings that define the published row (beyond the method's paper defaults):
     ``sentemb.report.paper_tables.check_against_config`` verifies that every run the entry names has them, so a number cannot be
-    attached to a run that does not reproduce it.
-
-    ``include`` (a list of files, relative to this one) puts their entries first: a plug-in's file
-    (``examples/methods/paper_results.yaml``) adds its paper's rows to the seed papers'
-    (``include: [../../config/paper_results.yaml]``); a row given twice across them is an error."""
+    attached to a run that does not reproduce it."""
     import yaml
 
     try:
         doc = yaml.safe_load(Path(path).read_text("utf-8")) or {}
     except (OSError, yaml.YAMLError) as e:
         raise SentembError(f"cannot read published results {path}: {e}") from None
-    included = []
-    for inc in _includes(doc, path):
-        included += load_paper_results(inc)
     entries = doc.get("results")
     if not isinstance(entries, list):
         raise SentembError(f"{path}: expected a list under 'results'")
+    return check_paper_entries(entries, f"{path}: results")
+
+
+def check_paper_entries(entries: list, where: str, seen: dict | None = None) -> list[dict]:
+    """Check published entries (``load_paper_results``' format); errors start with ``where`` and name
+    the entry (``where[i]``) and key. ``seen``: the rows of entries already checked (to refuse a second
+    row for one run and table across two lists)."""
+    if not isinstance(entries, list):
+        raise SentembError(f"{where}: expected a list of published entries")
     known = PAPER_TABLES
     allowed = {"method", "backbone", "pooler", "name", "also", "method_args", "train", "table", "source", "note",
                "scores"}
-    seen: dict[tuple, int | str] = {(name, e["backbone"], e.get("pooler"), e["table"]): "an included file"
-                                    for e in included for name in [_entry_name(e), *e.get("also", [])]}
+    seen = {} if seen is None else seen
     for i, e in enumerate(entries):
+        at = f"{where}[{i}]"
         if not isinstance(e, dict):
-            raise SentembError(f"{path}: results[{i}] must be a mapping")
+            raise SentembError(f"{at} must be a mapping")
         for k in ("method", "backbone", "table", "source", "scores"):
             if k not in e:
-                raise SentembError(f"{path}: results[{i}] lacks '{k}'")
+                raise SentembError(f"{at} lacks '{k}'")
         extra = sorted(set(e) - allowed)
         if extra:
-            raise SentembError(f"{path}: results[{i}] has unknown key(s) {extra} (allowed: {sorted(allowed)})")
+            raise SentembError(f"{at} has unknown key(s) {extra} (allowed: {sorted(allowed)})")
         if e["table"] not in known:
-            raise SentembError(f"{path}: results[{i}].table must be one of {sorted(known)}, not {e['table']!r}")
+            raise SentembError(f"{at}.table must be one of {sorted(known)}, not {e['table']!r}")
         for k in ("method_args", "train"):
             if not isinstance(e.get(k, {}), dict):
-                raise SentembError(f"{path}: results[{i}].{k} must be a mapping")
+                raise SentembError(f"{at}.{k} must be a mapping")
         if not isinstance(e.get("also", []), list):
-            raise SentembError(f"{path}: results[{i}].also must be a list of run names")
+            raise SentembError(f"{at}.also must be a list of run names")
         if not isinstance(e.get("note", ""), str):
-            raise SentembError(f"{path}: results[{i}].note must be a string")
+            raise SentembError(f"{at}.note must be a string")
+        if not isinstance(e["scores"], dict):
+            raise SentembError(f"{at}.scores must be a mapping metric -> number")
         for name in [_entry_name(e), *e.get("also", [])]:
             k = (name, e["backbone"], e.get("pooler"), e["table"])
             if k in seen:
-                first = seen[k] if isinstance(seen[k], str) else f"results[{seen[k]}]"
-                raise SentembError(f"{path}: results[{i}] gives run '{name}' on '{e['backbone']}' a second "
-                                   f"{e['table']} row ({first} has one)")
-            seen[k] = i
+                raise SentembError(f"{at} gives run '{name}' on '{e['backbone']}' a second "
+                                   f"{e['table']} row ({seen[k]} has one)")
+            seen[k] = at
         bad = [m for m in e["scores"] if m not in known[e["table"]]]
         if bad:
-            raise SentembError(f"{path}: results[{i}].scores has unknown metric(s) {bad}")
+            raise SentembError(f"{at}.scores has unknown metric(s) {bad}")
         for m, v in e["scores"].items():
-            if not isinstance(v, (int, float)):
-                raise SentembError(f"{path}: results[{i}].scores.{m} must be a number, not {v!r}")
-    return included + entries
+            if not isinstance(v, (int, float)) or isinstance(v, bool):
+                raise SentembError(f"{at}.scores.{m} must be a number, not {v!r}")
+    return entries
 
 
-def _includes(doc: dict, path: str | Path) -> list[Path]:
-    """The files a published-results file's ``include`` names, resolved relative to it."""
-    inc = doc.get("include") or []
-    if not isinstance(inc, list) or not all(isinstance(x, str) for x in inc):
-        raise SentembError(f"{path}: 'include' must be a list of file paths (relative to this file)")
-    return [Path(path).parent / x for x in inc]
+def write_published(paper_results: str | Path, rows: list[dict], out: str | Path) -> Path:
+    """``paper_results`` (its ``results`` and ``studies``) with the config's own published ``rows``
+    (config key ``published``: a plug-in's paper) added to ``results``, written to ``out`` (YAML): the
+    one file table_paper, the studies and the model cards read. A row for a run and table that
+    ``paper_results`` already has is refused."""
+    import yaml
+
+    doc = yaml.safe_load(Path(paper_results).read_text("utf-8")) or {}
+    seen: dict = {}
+    base = check_paper_entries(doc.get("results"), f"{paper_results}: results", seen)
+    doc["results"] = [*base, *check_paper_entries(list(rows or []), "config key 'published'", seen)]
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(yaml.safe_dump(doc, sort_keys=False, allow_unicode=True), "utf-8")
+    return out
 
 
 def _key(row) -> tuple:

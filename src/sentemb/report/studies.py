@@ -39,11 +39,7 @@ def load_published(path: str | Path | None) -> dict[str, dict]:
         doc = yaml.safe_load(Path(path).read_text("utf-8")) or {}
     except (OSError, yaml.YAMLError) as e:
         raise SentembError(f"cannot read published results {path}: {e}") from None
-    from .paper import _includes
-
     out = {}
-    for inc in _includes(doc, path):  # its `include`d files' studies first (sentemb.report.paper.load_paper_results)
-        out.update(load_published(inc))
     for i, e in enumerate(doc.get("studies") or []):
         where = f"{path}: studies[{i}]"
         if not isinstance(e, dict) or "study" not in e or "source" not in e:
