@@ -49,13 +49,13 @@ def _glob_any(root: Path, *patterns: str) -> bool:
 
 #: fault point -> condition on the working directory that triggers the kill
 POINTS = {
-    "fetch": lambda d: _glob_any(d, "logs/data/fetch_*.log"),
-    "stats": lambda d: _glob_any(d, "logs/stats/*/token_freq.*.log", "logs/stats/*/tfidf*.log", "logs/stats/*/rake*.log"),
+    "fetch": lambda d: _glob_any(d, "results/logs/data/fetch_*.log"),
+    "stats": lambda d: _glob_any(d, "results/logs/stats/*/token_freq.*.log", "results/logs/stats/*/tfidf*.log", "results/logs/stats/*/rake*.log"),
     "paraphrase_shard": lambda d: _glob_any(d, "results/stats/*/paraphrase/*.ckpt.jsonl"),
-    "train_before_save": lambda d: _glob_any(d, "logs/train/**/*.log") and not _glob_any(d, "results/runs/**/.work/last.pt"),
+    "train_before_save": lambda d: _glob_any(d, "results/logs/train/**/*.log") and not _glob_any(d, "results/runs/**/.work/last.pt"),
     "train_after_save": lambda d: _glob_any(d, "results/runs/**/.work/last.pt"),
-    "evaluate": lambda d: _glob_any(d, "logs/evaluate/**/*.log"),
-    "table": lambda d: _glob_any(d, "logs/table1.log"),
+    "evaluate": lambda d: _glob_any(d, "results/logs/evaluate/**/*.log"),
+    "table": lambda d: _glob_any(d, "results/logs/table1.log"),
     # not a kill of Snakemake: the MLflow server tracking the DAG over HTTP is SIGKILLed once training
     # has started and restarted after it ended; the DAG goes on, then `sentemb sync-tracking`
     "tracking_server_down": lambda d: _glob_any(d, "results/runs/**/.mlflow_run.json"),

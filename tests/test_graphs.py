@@ -9,7 +9,8 @@ import torch
 
 from sentemb import SentembError, testing
 from sentemb.config.settings import TrainSettings
-from sentemb.train.graphs import Graphed, capture_hazards
+from sentemb.train.graphs import capture_hazards
+from sentemb.train.step import Graphed
 from sentemb.train.loop import State, micro_batches, run_steps, setup
 
 METHODS = ("simcse", "arccse", "sarcse", "infocse", "paser", "una")

@@ -417,7 +417,7 @@ def test_check_method_passes_promptbert_from_the_example_config():
     out here, 35 s on 2 cores; both pass too)."""
     p = _check_method("promptbert", "--config", "examples/methods/config.yaml", "--skip", "devices", "--skip", "resume")
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    assert "promptbert: 7 passed, 0 failed, 1 skipped" in p.stdout, p.stdout
+    assert "promptbert: 7 passed, 0 failed, 6 skipped" in p.stdout, p.stdout  # pretrain + the 5 state checks (no state)
 
 
 def test_the_example_configs_published_rows_reach_the_paper_table(tmp_path):
@@ -429,7 +429,8 @@ def test_the_example_configs_published_rows_reach_the_paper_table(tmp_path):
 
     rows = yaml.safe_load((REPO / "examples" / "methods" / "config.yaml").read_text())["published"]
     merged = load_paper_results(write_published(REPO / "config" / "paper_results.yaml", rows, tmp_path / "p.yaml"))
-    assert merged[-1]["scores"]["Avg"] == 78.54 and any(e["method"] == "simcse" for e in merged)
+    assert [e for e in merged if e["method"] == "promptbert"][-1]["scores"]["Avg"] == 78.54
+    assert any(e["method"] == "simcse" for e in merged)
     sts = pd.DataFrame([{"name": n, "method": n, "backbone": "bert-base-uncased", "seed": s, "pooler": "",
                          "STSBenchmark": 80.0 + s, "STS12": 70.0} for n in ("simcse", "promptbert") for s in (1, 2)])
     t = table_paper(sts, None, merged).set_index(["name", "metric"])

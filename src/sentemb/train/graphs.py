@@ -2,7 +2,7 @@
 
 An eager BERT-base step at the papers' batch 64 dispatches about 4,300 aten ops, and on a fast GPU
 the host's dispatching, not the arithmetic, is the step's time (34 ms on an H200 for about 2 ms of
-arithmetic). ``Graphed`` wraps the job's micro-batch strategy (``Plain``, ``Chunked`` or ``Sharded``
+arithmetic). ``Graphed`` (``sentemb.train.step``) wraps the job's micro-batch strategy (``Plain``, ``Chunked`` or ``Sharded``
 of ``sentemb.train.step``) and runs each micro-batch's whole forward and backward (with gradient
 caching: both passes and the cached-gradient backward of every chunk) as one captured CUDA graph:
 
@@ -55,7 +55,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from .. import SentembError
-from .step import MicroBatches, _device_rng, _set_device_rng, apply_update  # noqa: F401
 
 if TYPE_CHECKING:
     import torch
@@ -187,134 +186,6 @@ class _Entry:
     out: dict = field(default_factory=dict)
     used: list = field(default_factory=list)
     replays: int = 0
-
-
-class Graphed(MicroBatches):
-    """``train.graphs: true`` (module docstring): ``inner``'s micro-batch backward captured once per
-    batch shape and replayed; ``capture`` False (a CPU) runs it eagerly on the same static inputs."""
-
-    def __init__(self, inner: MicroBatches, capture: bool):
-        self.inner, self.capture = inner, capture
-        self.entries: dict[tuple, _Entry] = {}
-        self.pool = None
-        self.step_used: set[int] = set()
-        self.captures = 0
-        self.overflow = 0  # micro-batches run eagerly: their shape came after MAX_GRAPHS others
-
-    def __repr__(self) -> str:
-        return f"Graphed({self.inner!r})"
-
-    # -- MicroBatches
-    def gradients(self, job, batches, state, norms: bool = False) -> None:
-        if norms:  # extra backward passes for the per-term norms: this step eagerly (module docstring)
-            key, job.dropout_key = getattr(job, "dropout_key", None), None  # eager: keyed by each micro-batch
-            try:
-                self.inner.gradients(job, batches, state, norms)
-            finally:
-                job.dropout_key = key
-            self.step_used.update(id(p) for p in job.method.parameters() if p.grad is not None)
-            return
-        super().gradients(job, batches, state, norms)
-
-    def reduce(self, job) -> None:
-        self.inner.reduce(job)
-
-    def backward(self, job, batch: dict, micro: int, probe) -> dict:
-        key = _key(batch)
-        entry = self.entries.get(key)
-        if entry is None and self.capture and len(self.entries) >= MAX_GRAPHS:
-            if not self.overflow:
-                log.warning("train.graphs: more than %d distinct micro-batch shapes; the others run eagerly (pad to "
-                            "fewer widths with train.buckets)", MAX_GRAPHS)
-            self.overflow += 1
-            out = self.inner.backward(job, batch, micro, None)
-            self.step_used.update(id(p) for p in job.method.parameters() if p.grad is not None)
-            return {k: v.detach() for k, v in out.items()}
-        if entry is None:
-            entry = self._capture(job, batch, micro, key)
-        else:
-            for k, v in batch.items():
-                entry.batch[k].copy_(v, non_blocking=True)
-        set_dropout_key(job, micro)
-        if entry.graph is not None:
-            entry.graph.replay()
-            out = entry.out
-        else:
-            with as_captured():
-                out = entry.out = self.inner.backward(job, entry.batch, micro, None)
-        entry.replays += 1
-        self.step_used.update(id(p) for p in entry.used)
-        return {k: v.detach().clone() for k, v in out.items()}
-
-    def update(self, job) -> None:
-        """The loop's update (``apply_update``) with the gradient tensors kept; a parameter that no
-        micro-batch of this step wrote is handed over without a gradient, as in eager mode."""
-        params = [p for g in job.opt.param_groups for p in g["params"]]
-        idle = [(p, p.grad) for p in params if p.grad is not None and id(p) not in self.step_used]
-        for p, _ in idle:
-            p.grad = None
-        apply_update(job)
-        for p, g in idle:
-            p.grad = g
-        self.step_used = set()
-
-    # -- capture
-    def _capture(self, job, batch: dict, micro: int, key: tuple) -> _Entry:
-        import torch
-
-        method, device = job.method, job.device
-        static = {k: v.detach().clone() for k, v in batch.items()}
-        entry = _Entry(batch=static)
-        params = [p for p in method.parameters() if p.requires_grad]
-        grads = [p.grad for p in params]
-        buffers = [(b, b.detach().clone()) for b in method.buffers()]
-        rng = _device_rng(device)
-        cuda = self.capture and device.type == "cuda"
-        side = torch.cuda.Stream(device) if cuda else None
-        if cuda:  # the warm-ups read what the main stream wrote (the static inputs, the step's gradients so far)
-            side.wait_stream(torch.cuda.current_stream(device))
-        try:
-            for p in params:
-                p.grad = None
-            with (torch.cuda.stream(side) if cuda else _null()), as_captured():
-                set_dropout_key(job, micro)
-                with capture_hazards(device) as hazards:
-                    self.inner.backward(job, static, micro, None)
-                if hazards:
-                    raise SentembError(
-                        f"run '{job.run.name}': train.graphs: method '{method.name}' cannot be captured as a CUDA graph: "
-                        + "; ".join(map(str, hazards)) + ". Make these ops static (see docs/methods/writing-a-method.md, "
-                        "'Graph-safe steps') or set train.graphs: false")
-                entry.used = [p for p in params if p.grad is not None]
-                for _ in range(WARMUP - 1 if cuda else 0):
-                    self.inner.backward(job, static, micro, None)
-            if cuda:
-                torch.cuda.current_stream(device).wait_stream(side)
-        finally:
-            for p, g in zip(params, grads):
-                p.grad = g
-            with torch.no_grad():
-                for b, saved in buffers:
-                    b.copy_(saved)
-            _set_device_rng(rng, device)
-        for p in entry.used:  # allocated outside the graph's pool: backward accumulates into them
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-        if cuda:
-            graph = torch.cuda.CUDAGraph()
-            try:
-                with torch.cuda.graph(graph, pool=self.pool):
-                    entry.out = self.inner.backward(job, static, micro, None)
-            except Exception as e:  # noqa: BLE001 - a capture error names the run and the way out
-                raise SentembError(f"run '{job.run.name}': train.graphs: capturing method '{method.name}' at batch shape "
-                                   f"{_shapes(key)} failed: {type(e).__name__}: {str(e).strip().splitlines()[0][:300]}; "
-                                   "set train.graphs: false") from e
-            self.pool = graph.pool()
-            entry.graph = graph
-        self.captures += 1
-        self.entries[key] = entry
-        log.info("train.graphs: %s shape %d (%s)", "captured" if cuda else "static", len(self.entries), _shapes(key))
-        return entry
 
 
 def _shapes(key: tuple) -> str:

@@ -407,7 +407,9 @@ def optimizer_step(job: Job, state: State) -> None:
     job.method.step = state.step  # what encode/batch_terms read (the strategy sets method.micro per micro-batch)
     job.strategy.gradients(job, batches, state, norms=job.settings.log_grad_norms and logs_at(job, state.step + 1))
     job.strategy.update(job)
-    job.method.after_step(state.step)  # the method's per-step hook, on every process (an EMA, a queue)
+    hook = getattr(job.method, "after_step", None)  # a Method's per-step hook, on every process (an EMA, a queue)
+    if hook is not None:
+        hook(state.step)
     state.step += 1
 
 

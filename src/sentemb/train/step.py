@@ -36,6 +36,7 @@ import random
 from typing import TYPE_CHECKING, Callable
 
 from .. import SentembError
+from .graphs import MAX_GRAPHS, WARMUP, _Entry, _key, _null, _shapes, as_captured, capture_hazards, set_dropout_key
 
 if TYPE_CHECKING:  # nothing from sentemb.config: its TrainSettings.check imports this module
     import torch
@@ -261,6 +262,137 @@ class SAM(StepStrategy):
         return f"SAM({self.inner!r})"
 
 
+class Graphed(MicroBatches):
+    """``train.graphs: true`` (``sentemb.train.graphs``' docstring: the design, what it refuses):
+    ``inner``'s micro-batch backward captured as a CUDA graph once per batch shape and replayed;
+    ``capture`` False (a CPU) runs it eagerly on the same static inputs. The capture machinery (the
+    capture check, the dropout key, the shapes) is ``sentemb.train.graphs``'."""
+
+    def __init__(self, inner: MicroBatches, capture: bool):
+        self.inner, self.capture = inner, capture
+        self.entries: dict[tuple, _Entry] = {}
+        self.pool = None
+        self.step_used: set[int] = set()
+        self.captures = 0
+        self.overflow = 0  # micro-batches run eagerly: their shape came after MAX_GRAPHS others
+
+    def __repr__(self) -> str:
+        return f"Graphed({self.inner!r})"
+
+    # -- MicroBatches
+    def gradients(self, job, batches, state, norms: bool = False) -> None:
+        if norms:  # extra backward passes for the per-term norms: this step eagerly (module docstring)
+            key, job.dropout_key = getattr(job, "dropout_key", None), None  # eager: keyed by each micro-batch
+            try:
+                self.inner.gradients(job, batches, state, norms)
+            finally:
+                job.dropout_key = key
+            self.step_used.update(id(p) for p in job.method.parameters() if p.grad is not None)
+            return
+        super().gradients(job, batches, state, norms)
+
+    def reduce(self, job) -> None:
+        self.inner.reduce(job)
+
+    def backward(self, job, batch: dict, micro: int, probe) -> dict:
+        key = _key(batch)
+        entry = self.entries.get(key)
+        if entry is None and self.capture and len(self.entries) >= MAX_GRAPHS:
+            if not self.overflow:
+                log.warning("train.graphs: more than %d distinct micro-batch shapes; the others run eagerly (pad to "
+                            "fewer widths with train.buckets)", MAX_GRAPHS)
+            self.overflow += 1
+            out = self.inner.backward(job, batch, micro, None)
+            self.step_used.update(id(p) for p in job.method.parameters() if p.grad is not None)
+            return {k: v.detach() for k, v in out.items()}
+        if entry is None:
+            entry = self._capture(job, batch, micro, key)
+        else:
+            for k, v in batch.items():
+                entry.batch[k].copy_(v, non_blocking=True)
+        set_dropout_key(job, micro)
+        if entry.graph is not None:
+            entry.graph.replay()
+            out = entry.out
+        else:
+            with as_captured():
+                out = entry.out = self.inner.backward(job, entry.batch, micro, None)
+        entry.replays += 1
+        self.step_used.update(id(p) for p in entry.used)
+        return {k: v.detach().clone() for k, v in out.items()}
+
+    def update(self, job) -> None:
+        """The loop's update (``apply_update``) with the gradient tensors kept; a parameter that no
+        micro-batch of this step wrote is handed over without a gradient, as in eager mode."""
+        params = [p for g in job.opt.param_groups for p in g["params"]]
+        idle = [(p, p.grad) for p in params if p.grad is not None and id(p) not in self.step_used]
+        for p, _ in idle:
+            p.grad = None
+        apply_update(job)
+        for p, g in idle:
+            p.grad = g
+        self.step_used = set()
+
+    # -- capture
+    def _capture(self, job, batch: dict, micro: int, key: tuple) -> _Entry:
+        import torch
+
+        method, device = job.method, job.device
+        static = {k: v.detach().clone() for k, v in batch.items()}
+        entry = _Entry(batch=static)
+        params = [p for p in method.parameters() if p.requires_grad]
+        grads = [p.grad for p in params]
+        buffers = [(b, b.detach().clone()) for b in method.buffers()]
+        rng = _device_rng(device)
+        cuda = self.capture and device.type == "cuda"
+        side = torch.cuda.Stream(device) if cuda else None
+        if cuda:  # the warm-ups read what the main stream wrote (the static inputs, the step's gradients so far)
+            side.wait_stream(torch.cuda.current_stream(device))
+        try:
+            for p in params:
+                p.grad = None
+            with (torch.cuda.stream(side) if cuda else _null()), as_captured():
+                set_dropout_key(job, micro)
+                with capture_hazards(device) as hazards:
+                    self.inner.backward(job, static, micro, None)
+                if hazards:
+                    raise SentembError(
+                        f"run '{job.run.name}': train.graphs: method '{method.name}' cannot be captured as a CUDA graph: "
+                        + "; ".join(map(str, hazards)) + ". Make these ops static (see docs/methods/writing-a-method.md, "
+                        "'Graph-safe steps') or set train.graphs: false")
+                entry.used = [p for p in params if p.grad is not None]
+                for _ in range(WARMUP - 1 if cuda else 0):
+                    self.inner.backward(job, static, micro, None)
+            if cuda:
+                torch.cuda.current_stream(device).wait_stream(side)
+        finally:
+            for p, g in zip(params, grads):
+                p.grad = g
+            with torch.no_grad():
+                for b, saved in buffers:
+                    b.copy_(saved)
+            _set_device_rng(rng, device)
+        for p in entry.used:  # allocated outside the graph's pool: backward accumulates into them
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        if cuda:
+            graph = torch.cuda.CUDAGraph()
+            try:
+                with torch.cuda.graph(graph, pool=self.pool):
+                    entry.out = self.inner.backward(job, static, micro, None)
+            except Exception as e:  # noqa: BLE001 - a capture error names the run and the way out
+                raise SentembError(f"run '{job.run.name}': train.graphs: capturing method '{method.name}' at batch shape "
+                                   f"{_shapes(key)} failed: {type(e).__name__}: {str(e).strip().splitlines()[0][:300]}; "
+                                   "set train.graphs: false") from e
+            self.pool = graph.pool()
+            entry.graph = graph
+        self.captures += 1
+        self.entries[key] = entry
+        log.info("train.graphs: %s shape %d (%s)", "captured" if cuda else "static", len(self.entries), _shapes(key))
+        return entry
+
+
+
 # -------------------------------------------------------------------------------- the chooser
 
 
@@ -307,8 +439,6 @@ def strategy_for(job, where: str | None = None) -> StepStrategy:
     check_settings(job.settings, where)
     inner = micro_batch_strategy(job)
     if getattr(job.settings, "graphs", False):
-        from .graphs import Graphed
-
         device = getattr(job, "device", None)
         cuda = device is not None and device.type == "cuda"
         method = getattr(job, "method", None)
