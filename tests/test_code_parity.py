@@ -8,17 +8,33 @@ independent float64 implementation of the authors' computation written here from
   ``init_weights``) and ``cl_forward`` (~l. 210-240), ``train.py``'s collator (~l. 494-533: whole target
   dropped when s or s̃ has 32 tokens or more, decoder inputs = labels shifted right), transformers
   4.2.1's ``BartDecoder`` / ``BartDecoderLayer`` (post-LN; q scaled by head_dim^-1/2).
-* InfoCSE, caskcsg/sentemb @5eeec55: ``InfoCSE/infocse/models_cls_mlm.py`` (``cl_init`` ``init_weights``,
-  ``cl_forward``'s ``if cls.model_args.mlm_eval: cls.mlm.eval()`` ~l. 164) and its two scripts.
-* UNA, ClaudiaShu/UNA @a2ae48c: ``model/models.py`` ``MLPLayer`` (~l. 15, PyTorch's Linear) and
-  ``una.py``'s step (GradScaler only, no autocast, no gradient clipping).
+* InfoCSE, caskcsg/sentemb @5eeec55: ``InfoCSE/infocse/models_cls_mlm.py`` (``ProjectionMLP``,
+  ``cl_init``'s ``init_weights``, ``cl_forward`` ~l. 118-262: the (bs, 2, len) layout, ``cls.mlm`` under
+  no_grad and ``.eval()`` only with ``--mlm_eval``, ``c_head`` + ``lm_head`` on [CLS; skip states],
+  InfoNCE, ``loss += mlm_weight * mlm_loss``), ``train_cls_mlm.py``'s loading (~l. 400-418) and its
+  two scripts (``--temp 0.05 --mlm_weight 0.00001 --batchnorm``; ``--mlm_eval`` on base only). The
+  model runs in training mode as a training step does, its dropout made deterministic and
+  view-dependent (``scaled_dropout``): the BatchNorm on batch statistics and the frozen copy's mode
+  both show in the loss.
+* UNA, ClaudiaShu/UNA @a2ae48c: ``model/models.py`` ``MLPLayer`` (~l. 7, PyTorch's Linear + Tanh),
+  ``una.py`` (``tokenize`` ~l. 74: [anchor, positive, anchor_hn, positive_hn] per sample padded to
+  ``max_len``; ``simcse_unsup_loss`` ~l. 47; the step: GradScaler only, no autocast, no gradient
+  clipping), ``data/dataset.py`` (``positive_hn`` = a copy of ``anchor_hn``) and
+  ``script/run_bertbase_una.sh`` (``--temperature 0.05 --max_len 32 --aug_every_n_steps 5``).
+
+The tiny BERT's matrices are redrawn larger for UNA and InfoCSE (``spread_``): at BERT's 0.02 every
+[CLS] is nearly the same vector and a contrastive loss ~log(rows) would check little. What a loss on
+the model's own weights cannot see (an initialisation, the run's precision) is checked beside it.
+``max_target_len: 32`` of paser-code is checked on a target that would be longer.
 
 Each test also runs with one switch set back to sentemb's default and checks that the comparison then
 fails (``SWITCHES``)."""
 
 from __future__ import annotations
 
+import copy
 import math
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -29,6 +45,7 @@ from sentemb.methods import MethodContext, get_method
 
 ROOT = Path(__file__).resolve().parents[1]
 TOL = 1e-6  # relative: the loss is equal in float64 up to the fp32 cross-entropy sentemb computes
+TOL_FP32 = 1e-5  # UNA and InfoCSE cast the embeddings to fp32 for the similarities (logits up to 1/τ = 20)
 
 
 @pytest.fixture(scope="module")
@@ -160,7 +177,7 @@ def paser_code_init_and_dropout(m):
     dropout, BART's embedding dropout, then per layer 0.1 on the three residual branches and 0 on the
     attention weights and the FFN activation (attention_dropout = activation_dropout = 0)."""
     cfg = m.encoder.config
-    w, bias = m.masked_proj.weight, m.masked_proj.bias
+    w, bias = m.masked_proj.weight.detach(), m.masked_proj.bias.detach()
     assert float(bias.abs().max()) == 0.0 and 0.7 < float(w.std()) / cfg.initializer_range < 1.3
     calls = []
     import torch.nn.functional as F
@@ -224,38 +241,174 @@ def test_paser_code_comparison_fails_with_a_switch_set_back(tiny_bert_dir, paser
         paser_code_init_and_dropout(make_paser(tiny_bert_dir, *paser_setup, args))
 
 
+def test_paser_code_targets_stop_at_32_tokens(tiny_bert_dir, tmp_path, paper_config):
+    """``max_target_len: 32`` of paser-code takes effect: a 29-word sentence (s: 31 tokens, kept by
+    ``target_truncation: sentence``) whose five phrases would make a 35-token target [CLS] p1 [SEP] …
+    p5 [SEP] gets the first four (29 tokens: the code tokenizes the target with max_seq_length 32);
+    at sentemb's default 64 it keeps all five."""
+    from test_paser import write_rake
+
+    phrases = ["the man plays the guitar piano", "in the park and the dog", "runs in the big red car",
+               "with the old blue house tree", "on the small new street"]
+    sentence = " ".join(phrases)
+    assert len(sentence.split()) == 29
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(sentence + "\n")
+    rake = write_rake(tmp_path / "rake_top5.parquet", [phrases])
+    args = code_args(paper_config, "paser-code")
+    assert args["max_target_len"] == 32
+    widths = {}
+    for cap in (32, 64):
+        m = make_paser(tiny_bert_dir, corpus, rake, {**args, "max_target_len": cap})
+        batch = m.build_batch([sentence], lines=[0], micro=0)
+        assert int(batch["attention_mask"][0].sum()) == 31 and batch["dec_rows"].tolist() == [0]
+        widths[cap] = int((batch["dec_labels"] != -100).sum()) + 1  # labels = target[1:]
+    assert widths == {32: 1 + 4 * 7, 64: 1 + 4 * 7 + 6}
+
+
 # ------------------------------------------------------------------------------------------- InfoCSE
+#: Infocse-bert-base.sh / InfoCSE-bert-large.sh: --temp 0.05 --mlm_weight 0.00001, --batchnorm, --do_mlm;
+#: --mlm_eval in the base script only
+INFOCSE_SCRIPT = {"temp": 0.05, "mlm_weight": 1e-5, "mlm_eval": {"bert-base-uncased": True, "bert-large-uncased": False}}
+INFOCSE_SENTS = ["a man plays the guitar", "the dog runs in the park", "red car", "a cat sits on the mat",
+                 "she eats an apple", "the quick fox"]
+
+
+@contextmanager
+def scaled_dropout(view):
+    """Dropout made deterministic but still mode- and view-dependent: in training mode row r is scaled
+    by 1 + p·(1 + 4·view[r]) (``view``: which dropout view, 0 or 1, each row of every forward is), in
+    eval mode left alone (attention-probability dropout off). Both sides then compute one function in
+    training mode, with two distinct views (identical views would leave L_cl ≈ 0) and the BatchNorm
+    projection on batch statistics as in a training step, and a module's mode shows in the loss."""
+    import torch.nn.functional as F
+
+    drop, sdpa = F.dropout, F.scaled_dot_product_attention
+
+    def scaled(x, p=0.5, training=True, inplace=False):
+        if not training or p == 0:
+            return x
+        assert x.size(0) == len(view), "every dropout call runs over the 2B rows"
+        return x * (1 + p * (1 + 4 * view.to(x.dtype))).view(-1, *[1] * (x.dim() - 1))
+
+    def no_drop(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, **kw):
+        return sdpa(q, k, v, attn_mask=attn_mask, dropout_p=0.0, is_causal=is_causal, **kw)
+
+    F.dropout, F.scaled_dot_product_attention = scaled, no_drop
+    try:
+        yield
+    finally:
+        F.dropout, F.scaled_dot_product_attention = drop, sdpa
+
+
+def _bn_train(x, w=None, b=None, eps=1e-5):
+    """nn.BatchNorm1d in training mode: batch mean and biased variance."""
+    y = (x - x.mean(0)) / torch.sqrt(x.var(0, unbiased=False) + eps)
+    return y if w is None else y * w + b
+
+
+def infocse_reference_loss(m, batch, mlm_eval):
+    """``cl_forward`` (models_cls_mlm.py) in float64, the model in training mode as the HF Trainer puts
+    it: input_ids (bs, num_sent = 2, len) flattened sentence by sentence; mlm_input_ids = the collator's
+    masked copy of that tensor, one per view; ``cls.mlm`` (a BertForMaskedLM of ``skip_from`` layers)
+    under no_grad, ``.eval()`` first when the script passes ``--mlm_eval``; ``c_head`` (BertLayers) on
+    [view's last-layer [CLS]; mlm hidden_states[-1][:, 1:]] with the extended attention mask;
+    ``lm_head`` (BertLMPredictionHead) and CrossEntropyLoss (mean over the labels ≠ -100); the pooler
+    ``cls`` + ``ProjectionMLP`` over all bs·2 rows; Similarity(temp) and CrossEntropyLoss against arange;
+    loss = cl + mlm_weight·mlm. Sentence i's masked copy k is sentemb's row k·B + i."""
+    from transformers.models.bert.modeling_bert import BertLayer, BertModel
+
+    cfg, a = m.encoder.config, m.args
+    bsz = batch["input_ids"].size(0)
+    ids, att, tt = (batch[k].repeat_interleave(2, 0) for k in ("input_ids", "attention_mask", "token_type_ids"))
+    order = torch.arange(2 * bsz).view(2, bsz).T.reshape(-1)  # (bs, 2) flattened: s1 v1, s1 v2, s2 v1, ...
+    mlm_ids, mlm_labels = batch["mlm_input_ids"][order], batch["mlm_labels"][order]
+    out = m.encoder(ids, attention_mask=att, token_type_ids=tt, return_dict=True)
+    c = copy.deepcopy(cfg)
+    c.num_hidden_layers = a.skip_from
+    mlm = BertModel(c, add_pooling_layer=False)
+    mlm.load_state_dict(m.aux_lower.state_dict())
+    mlm.double().train()  # the Trainer's model.train()
+    if mlm_eval:
+        mlm.eval()
+    with torch.no_grad():
+        mo = mlm(mlm_ids, attention_mask=att, token_type_ids=tt, output_hidden_states=True, return_dict=True)
+    hiddens = torch.cat([out.last_hidden_state[:, :1], mo.hidden_states[-1][:, 1:].detach()], 1).double()
+    ext = (1.0 - att[:, None, None, :].double()) * torch.finfo(torch.float64).min
+    for i in range(a.head_layers):
+        layer = BertLayer(cfg)
+        layer.load_state_dict(m.aux_head[i].state_dict())
+        o = layer.double().train()(hiddens, ext)
+        hiddens = o[0] if isinstance(o, tuple) else o
+    st = {k[len("cls.predictions."):]: v.double() for k, v in m.aux_mlm.bert_state().items()}
+    head = {"dense.weight": st["transform.dense.weight"], "dense.bias": st["transform.dense.bias"],
+            "LayerNorm.weight": st["transform.LayerNorm.weight"], "LayerNorm.bias": st["transform.LayerNorm.bias"],
+            "weight": st["decoder.weight"], "bias": st["bias"]}
+    mlm_loss = _ce_mean(_lm_head(hiddens, head, cfg.layer_norm_eps), mlm_labels)
+    p = {k: v.double() for k, v in m.mlp.net.state_dict().items()}  # ProjectionMLP.net
+    x = out.last_hidden_state[:, 0].double() @ p["0.weight"].T
+    x = _bn_train(torch.relu(_bn_train(x, p["1.weight"], p["1.bias"])) @ p["3.weight"].T)
+    x = x / x.norm(dim=-1, keepdim=True)
+    cos = x[0::2] @ x[1::2].T / INFOCSE_SCRIPT["temp"]
+    cl = (torch.logsumexp(cos, -1) - cos.diagonal()).mean()
+    return cl, mlm_loss, cl + INFOCSE_SCRIPT["mlm_weight"] * mlm_loss
+
+
+def make_infocse(model_dir, args):
+    torch.manual_seed(0)
+    m = get_method("infocse")(*_encoder(model_dir), args, MethodContext(max_len=16, seed=3, backbone="tiny",
+                                                                      model_dir=model_dir))
+    spread_(m.encoder, 0.3, 0.1)  # L_cl ≈ 0.34 with the views below, and the lower copy's mode visible in L_aux
+    m.aux_lower.load_state_dict(m.encoder.state_dict(), strict=False)  # the frozen copy of the same weights
+    return m
+
+
+def infocse_gap(m, backbone):
+    batch = m.build_batch(INFOCSE_SENTS, micro=0)
+    assert int((batch["mlm_labels"] != -100).sum()) > 0
+    m.double().train()
+    b = len(INFOCSE_SENTS)
+    with torch.no_grad():
+        with scaled_dropout(torch.arange(2 * b) // b):  # sentemb: the views one after the other
+            t = m.losses(batch)
+        with scaled_dropout(torch.arange(2 * b) % 2):  # the code: sentence by sentence
+            ref = infocse_reference_loss(m, batch, INFOCSE_SCRIPT["mlm_eval"][backbone])
+    return [float(t[k]) for k in ("contrastive", "aux_mlm", "loss")], [float(x) for x in ref]
+
+
 def infocse_code_checks(m):
-    """``cl_init``'s ``init_weights``: the BatchNorm projection's Linear layers N(0, initializer_range)
-    (BatchNorm untouched); with ``--mlm_eval`` absent (large script) the frozen copy ``cls.mlm`` stays in
-    the training mode the Trainer puts the model in: its dropout draws (two passes differ)."""
+    """What a loss on the model's own weights cannot see: ``cl_init``'s ``init_weights`` leaves the
+    BatchNorm projection's Linear layers N(0, initializer_range) (BatchNorm untouched)."""
     std = m.encoder.config.initializer_range
     for lin in (x for x in m.mlp.modules() if isinstance(x, torch.nn.Linear)):
-        assert lin.bias is None and 0.7 < float(lin.weight.std()) / std < 1.3
-    m.train()
-    ids = torch.tensor([[2, 7, 8, 9, 3]])
-    with torch.no_grad():
-        a = m.aux_lower(input_ids=ids, attention_mask=torch.ones_like(ids)).last_hidden_state
-        b = m.aux_lower(input_ids=ids, attention_mask=torch.ones_like(ids)).last_hidden_state
-    return bool((a - b).abs().max() > 0)  # True: training mode (dropout on)
+        assert lin.bias is None and 0.7 < float(lin.weight.detach().std()) / std < 1.3
 
 
-@pytest.mark.parametrize("backbone,train_mode", [("bert-base-uncased", False), ("bert-large-uncased", True)])
-def test_infocse_code_init_and_frozen_copy_mode(tiny_bert_dir, paper_config, backbone, train_mode):
-    args = {**code_args(paper_config, "infocse-code", backbone), "skip_from": 1, "init": "backbone"}
-    torch.manual_seed(0)
-    m = get_method("infocse")(*_encoder(tiny_bert_dir), args, MethodContext(max_len=16, seed=3, backbone="tiny",
-                                                                             model_dir=tiny_bert_dir))
-    assert infocse_code_checks(m) is train_mode
+def infocse_code_compare(model_dir, args, backbone):
+    infocse_code_checks(make_infocse(model_dir, args))
+    ours, ref = infocse_gap(make_infocse(model_dir, args), backbone)
+    for o, r in zip(ours, ref):  # L_cl, L_aux and the total, each
+        assert abs(o - r) < TOL_FP32 * abs(r) and o > 0, (ours, ref)
+
+
+def _infocse_args(config, backbone):
+    return {**code_args(config, "infocse-code", backbone), "skip_from": 1, "init": "backbone"}  # tiny: 2 layers
+
+
+@pytest.mark.parametrize("backbone", ["bert-base-uncased", "bert-large-uncased"])
+def test_infocse_code_loss_equals_the_authors_cl_forward(tiny_bert_dir, paper_config, backbone):
+    infocse_code_compare(tiny_bert_dir, _infocse_args(paper_config, backbone), backbone)
     run = find_run(paper_config, "infocse-code", backbone)
     assert run.train["precision"] == "fp16"  # both scripts pass --fp16 (HF Trainer: autocast + GradScaler)
-    key = "infocse-large" if train_mode else "infocse-base"
-    for switch, back in SWITCHES[key].items():  # each switch set back: a check fails
-        torch.manual_seed(0)
-        m = get_method("infocse")(*_encoder(tiny_bert_dir), {**args, switch: back},
-                                  MethodContext(max_len=16, seed=3, backbone="tiny", model_dir=tiny_bert_dir))
-        with pytest.raises(AssertionError):
-            assert infocse_code_checks(m) is train_mode
+
+
+@pytest.mark.parametrize("backbone,switch", [("bert-base-uncased", s) for s in SWITCHES["infocse-base"]]
+                         + [("bert-large-uncased", s) for s in SWITCHES["infocse-large"]])
+def test_infocse_code_comparison_fails_with_a_switch_set_back(tiny_bert_dir, paper_config, backbone, switch):
+    key = "infocse-large" if "large" in backbone else "infocse-base"
+    args = {**_infocse_args(paper_config, backbone), switch: SWITCHES[key][switch]}
+    with pytest.raises(AssertionError):
+        infocse_code_compare(tiny_bert_dir, args, backbone)
 
 
 def _encoder(model_dir):
@@ -264,23 +417,117 @@ def _encoder(model_dir):
     return load_encoder(model_dir, pooling_layer=False)
 
 
+def spread_(encoder, emb=1.0, rest=0.3):
+    """Redraw the tiny BERT's matrices (embeddings N(0, emb²), the rest N(0, rest²)): at BERT's 0.02
+    every sentence's [CLS] is nearly the same vector, all cosines ~1, and a loss on them is ~log(rows),
+    blind to most of what it should check."""
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in encoder.named_parameters():
+            if p.dim() == 2:
+                p.copy_(torch.randn(p.shape, generator=g) * (emb if "embeddings" in name else rest))
+
+
 # ----------------------------------------------------------------------------------------------- UNA
+UNA_SENTS = ["a man plays the guitar", "the dog runs in the park", "red car", "a cat sits on the mat"]
+
+
+@pytest.fixture(scope="module")
+def una_inputs(tmp_path_factory):
+    """Corpus (the test sentences are lines 0..3), stand-in paraphrases (words reversed) and the
+    TF-IDF statistics over both (``tfidf_para``)."""
+    import random
+
+    from conftest import TINY_WORDS
+    from sentemb.stats.tfidf import write_tfidf
+
+    d = tmp_path_factory.mktemp("una_code")
+    rng = random.Random(7)
+    lines = [" ".join(rng.choice(TINY_WORDS) for _ in range(rng.randint(4, 14))) for _ in range(40)]
+    lines[:len(UNA_SENTS)] = UNA_SENTS
+    (d / "corpus.txt").write_text("".join(x + "\n" for x in lines), "utf-8")
+    (d / "paraphrases.txt").write_text("".join(" ".join(reversed(x.split())) + "\n" for x in lines), "utf-8")
+    write_tfidf([d / "corpus.txt", d / "paraphrases.txt"], d / "tfidf_para.parquet", workers=1)
+    return d
+
+
+def make_una(model_dir, d, args, max_len=32):
+    ctx = MethodContext(max_len=max_len, seed=0, corpus=d / "corpus.txt",
+                        inputs={"tfidf_para": d / "tfidf_para.parquet", "paraphrases": d / "paraphrases.txt"})
+    torch.manual_seed(0)
+    m = get_method("una")(*_encoder(model_dir), args, ctx)
+    spread_(m.encoder)
+    return m
+
+
+#: script/run_bertbase_una.sh: --temperature 0.05 --max_len 32 --aug_every_n_steps 5
+UNA_SCRIPT = {"temperature": 0.05, "max_len": 32, "aug_every_n_steps": 5}
+
+
+def una_reference_loss(m, samples, max_len=UNA_SCRIPT["max_len"]):
+    """una.py's step in float64: ``tokenize`` (each sample's [anchor, positive] or, on a step with
+    negatives, [anchor, positive, anchor_hn, positive_hn], padded to ``max_length``), the rows
+    concatenated sample by sample, ``MLPLayer`` (Linear + Tanh) on [CLS], ``simcse_unsup_loss``
+    (labels 1, 0, 3, 2, …; cosine matrix minus 1e12 on the diagonal, / temperature) and
+    ``F.cross_entropy``."""
+    tok = m.tokenizer
+    data = [tok(s, max_length=max_len, truncation=True, padding="max_length", return_tensors="pt") for s in samples]
+    ids, att, tt = (torch.cat([x[k] for x in data]) for k in ("input_ids", "attention_mask", "token_type_ids"))
+    cls = m.encoder(ids, att, tt, return_dict=True).last_hidden_state[:, 0].double()
+    w, b = m.mlp.dense.weight.double(), m.mlp.dense.bias.double()
+    y = torch.tanh(cls @ w.T + b)
+    n = y.size(0)
+    y_true = torch.arange(n)
+    labels = (y_true - y_true % 2 * 2) + 1
+    yn = y / y.norm(dim=-1, keepdim=True)
+    sim = yn @ yn.T - torch.eye(n, dtype=torch.float64) * 1e12
+    logits = sim / UNA_SCRIPT["temperature"]
+    return (torch.logsumexp(logits, -1) - logits[torch.arange(n), labels]).mean()
+
+
+def una_gap(m, d, step):
+    """sentemb's loss and the reference's on step ``step`` of the batch UNA_SENTS (eval mode, float64);
+    the reference reads the positives from the paraphrase file and gets the negatives sentemb drew."""
+    made = []
+    draw = m.augmenter.negative
+    m.augmenter.negative = lambda s, rng: made.append(draw(s, rng)) or made[-1]
+    batch = m.build_batch(UNA_SENTS, step=step, lines=[0, 1, 2, 3], micro=0)
+    para = (d / "paraphrases.txt").read_text("utf-8").splitlines()
+    samples = [[a, para[i]] for i, a in enumerate(UNA_SENTS)]
+    if made:  # positive_hn = a copy of anchor_hn
+        samples = [s + [neg, neg] for s, (neg, _) in zip(samples, made)]
+    assert bool(made) == (step % UNA_SCRIPT["aug_every_n_steps"] == 0)
+    m.double().eval()
+    with torch.no_grad():
+        return float(m.losses(batch)["loss"]), float(una_reference_loss(m, samples))
+
+
 def una_code_checks(m, run):
-    """``MLPLayer``'s ``nn.Linear`` as PyTorch builds it: weights and bias uniform within 1/sqrt(h),
-    the bias non-zero; fp32 (``--fp16_precision`` only enables a GradScaler, no autocast) and no
-    gradient clipping (``una.py``: ``scaler.step`` straight after ``backward``)."""
-    w, b = m.mlp.dense.weight, m.mlp.dense.bias
+    """What a loss on the model's own weights cannot see: ``MLPLayer``'s ``nn.Linear`` as PyTorch builds
+    it (weights and bias uniform within 1/sqrt(h), the bias non-zero); fp32 (``--fp16_precision`` only
+    enables a GradScaler, no autocast) and no gradient clipping (``una.py``: ``scaler.step`` straight
+    after ``backward``)."""
+    w, b = m.mlp.dense.weight.detach(), m.mlp.dense.bias.detach()
     bound = 1 / math.sqrt(w.size(1))
     assert float(b.abs().max()) > 0 and float(w.abs().max()) <= bound and float(w.std()) > 0.5 * bound / math.sqrt(3)
     assert run.train["precision"] == "fp32" and run.train["grad_clip"] is None
 
 
-def test_una_code_mlp_init_precision_and_clipping(tiny_bert_dir, tmp_path, paper_config):
+def una_code_compare(model_dir, d, args, run):
+    una_code_checks(make_una(model_dir, d, args), run)
+    for step in (0, 1):  # with the negatives (step % alpha == 0) and without
+        ours, ref = una_gap(make_una(model_dir, d, args), d, step)
+        assert abs(ours - ref) < TOL_FP32 * abs(ref) and ours > 0, (step, ours, ref)
+
+
+def test_una_code_loss_equals_the_authors_step(tiny_bert_dir, una_inputs, paper_config):
     run = find_run(paper_config, "una-code", "bert-base-uncased")
-    args = {**code_args(paper_config, "una-code"), "paraphrase": False, "negatives": False}
-    ctx = MethodContext(max_len=32, seed=0, inputs={}, corpus=None)
-    torch.manual_seed(0)
-    una_code_checks(get_method("una")(*_encoder(tiny_bert_dir), args, ctx), run)
-    torch.manual_seed(0)
+    una_code_compare(tiny_bert_dir, una_inputs, code_args(paper_config, "una-code"), run)
+
+
+@pytest.mark.parametrize("switch", sorted(SWITCHES["una"]))
+def test_una_code_comparison_fails_with_a_switch_set_back(tiny_bert_dir, una_inputs, paper_config, switch):
+    run = find_run(paper_config, "una-code", "bert-base-uncased")
+    args = {**code_args(paper_config, "una-code"), switch: SWITCHES["una"][switch]}
     with pytest.raises(AssertionError):
-        una_code_checks(get_method("una")(*_encoder(tiny_bert_dir), {**args, **SWITCHES["una"]}, ctx), run)
+        una_code_compare(tiny_bert_dir, una_inputs, args, run)
