@@ -29,7 +29,7 @@ rule all:
         LAYOUT.table("table1", "csv"),
         LAYOUT.table("table1", "md"),
         REPORT_TARGETS,
-        STATS_TARGETS,
+        ALL_STATS_TARGETS,
         card_outputs(),
     default_target: True
 

@@ -468,3 +468,44 @@ def test_minilm_is_planned_from_its_model_directory(tmp_path, minilm_dir):
     (ev,) = [r for r in rows if r.kind == "evaluate" and r.job.startswith("simcse")]
     assert ev.params == n
     assert "tokenizer" in train.lengths and train.floor_hours <= train.gpu_hours
+
+
+# ------------------------------------------------------------------ issue 39: a frozen copy of the encoder
+def test_a_frozen_full_copy_of_the_encoder_is_counted_at_the_real_depth(tmp_path, tiny_bert_dir, tiny_corpus):
+    """ESimCSE's momentum encoder (a frozen full copy, examples/methods/esimcse.py) is built at the
+    probe's 2 layers: scaled to BERT-base's 12 it is as large as the encoder (+ its momentum MLP),
+    and its no-grad forward is a pass of the step. InfoCSE's frozen ``aux_lower`` (the lower
+    ``skip_from`` layers) has a fixed depth and is counted as built."""
+    import random
+
+    from sentemb.methods import get_method, import_method_module
+    from sentemb.ops.plan import _count, encoder_copies
+    from sentemb.ops.shapes import ARCHITECTURES, parameter_count, write_model_dir
+    from sentemb.testing import tiny_run
+
+    import_method_module(str(REPO / "examples" / "methods" / "esimcse.py"), "test")
+    model = write_model_dir("bert-base-uncased", tmp_path / "bert-base-2", num_layers=2)
+    corpus = tmp_path / "corpus.txt"
+    rng = random.Random(0)
+    corpus.write_text("".join(" ".join(rng.choice(["the", "a", "dog", "cat", "man"]) for _ in range(6)) + "\n"
+                              for _ in range(16)))
+    run = tiny_run(model, corpus, None, "esimcse", method_cls=get_method("esimcse"), batch_size=4, max_len=12,
+                   max_steps=1, eval_at_end=False, model_selection="last", prefetch=False)
+    m = _count(run, None)
+    h, encoder = ARCHITECTURES["bert-base-uncased"]["hidden_size"], parameter_count("bert-base-uncased")
+    at = m.at(12)
+    assert m.frozen_layer == m.params_layer > 0
+    assert at["frozen"] - encoder in (0, h * h + h)  # the momentum encoder (+ the momentum MLP)
+    assert at["trainable"] - encoder in (0, h * h + h)
+    assert (m.grad_passes, m.nograd_passes) == (1, 1)  # the momentum encoder's forward of the sentences
+
+    run = tiny_run(tiny_bert_dir, tiny_corpus, None, "infocse", batch_size=4, max_steps=1, eval_at_end=False,
+                   model_selection="last", prefetch=False, method_args={"skip_from": 1, "init": "backbone",
+                                                                        "head_layers": 1})
+    m = _count(run, None)
+    from sentemb.model.backbone import load_encoder
+
+    enc, _ = load_encoder(tiny_bert_dir, pooling_layer=False)
+    lower = sum(p.numel() for n, p in enc.named_parameters() if not n.startswith("encoder.layer.1."))
+    assert m.frozen == lower and m.frozen_layer == 0  # embeddings + 1 layer, whatever the depth
+    assert encoder_copies(enc, enc) == []

@@ -219,3 +219,36 @@ def test_the_example_config_carries_the_papers_published_row_next_to_the_seed_pa
     t = table_paper(sts, None, entries).set_index(["name", "metric"])
     assert t.loc[("esimcse", "Avg"), "published"] == 78.27 and t.loc[("simcse", "Avg"), "published"] == 76.25
     assert "Wu et al. 2022" in t.loc[("esimcse", "Avg"), "source"]
+
+
+def test_the_positive_is_the_repetition_of_the_truncated_sentence_cut_only_where_asked(example, h):
+    """Truncation (the module docstring): Eq. 1 is applied to the sentence as truncated at ``max_len``
+    (16), as the authors' code does (``--dup_type bpe``), and the positive is kept whole: up to
+    max(2, int(dup_rate·14)) tokens past ``max_len``, never past the encoder's positions, its [SEP]
+    last; with ``cut_positive`` it is that repetition cut back to ``max_len`` (repeat, then cut)."""
+    import random
+
+    from sentemb.methods import MethodContext
+    from sentemb.model.backbone import load_encoder
+
+    rng = random.Random(0)
+    sentences = [" ".join(rng.sample(testing.TINY_WORDS, n)) for n in (3, 10, 14, 20, 30, 40)]  # distinct words
+    for cut in (False, True):
+        enc, tok = load_encoder(h.model_dir, pooling_layer=False)
+        ctx = MethodContext(max_len=16, seed=3, backbone="tiny", model_dir=h.model_dir, inputs={},
+                                    corpus=h.corpus)
+        m = example.ESimCSE(enc, tok, {**h.args, "dup_rate": 0.5, "cut_positive": cut}, ctx)
+        assert m.positive_limit() == (16 if cut else enc.config.max_position_embeddings)
+        b = m.build_batch(sentences, micro=0)
+        draws, longest = m.np_rng(0), 0
+        for ids, mask, rep, rmask in zip(b["input_ids"].tolist(), b["attention_mask"].tolist(),
+                                         b["rep_input_ids"].tolist(), b["rep_attention_mask"].tolist()):
+            anchor = [t for t, k in zip(ids, mask) if k]
+            pos = [t for t, k in zip(rep, rmask) if k]
+            assert len(anchor) <= 16 and anchor[-1] == pos[-1] == tok.sep_token_id and pos[0] == tok.cls_token_id
+            repeated = example.word_repetition(anchor[1:-1], 0.5, draws)  # Eq. 1 on the truncated sentence
+            assert pos[1:-1] == (repeated[:14] if cut else repeated)
+            assert len(pos) <= (16 if cut else 16 + max(2, int(0.5 * 14)))
+            longest = max(longest, len(pos))
+        assert (longest == 16) if cut else (longest > 16)  # the long sentences' positives pass max_len uncut
+        assert b["input_ids"].size(1) == b["rep_input_ids"].size(1) >= longest

@@ -20,6 +20,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+from conftest import REPO
 from sentemb import SentembError
 from sentemb.data.corpus import count_corpus_lines, iter_lines
 from sentemb.stats import read_metadata
@@ -422,6 +423,54 @@ def test_stats_settings_and_targets():
     assert stats_settings(cfg)["paraphrase"]["enabled"] is True
     assert stats_targets(cfg)[-2:] == ["res/stats/c/paraphrases.txt", "res/stats/c/tfidf_para.parquet"]
     assert "res/stats/c/rake_top3.parquet" in stats_targets(cfg)
+
+
+def test_all_builds_only_the_statistics_the_runs_read_unless_the_corpus_report_is_asked():
+    """Issue 39: ``rule all`` (``all_stats_targets``) asks for the inputs of the configured runs'
+    methods (``Method.requires``), every statistic and the summary only with ``stats.corpus_report``;
+    ``snakemake stats`` (``stats_targets``) is unchanged."""
+    from sentemb.config.load import validate_config
+    from sentemb.stats.workflow import all_stats_targets, stats_targets
+
+    raw = {"resources_dir": "r", "results_dir": "res", "corpus": {"name": "c"},
+           "backbones": {"bert": {"hub_id": "x/bert"}, "roberta": {"hub_id": "x/roberta"}},
+           "runs": [{"method": "simcse", "backbone": "bert"}, {"method": "simcse", "backbone": "roberta"}]}
+
+    def targets(**over):
+        return all_stats_targets(validate_config({**json.loads(json.dumps(raw)), **over}))
+
+    assert targets() == []
+    assert targets(stats={"corpus_report": True}) == stats_targets(validate_config(json.loads(json.dumps(raw))))
+    assert targets(stats={"paraphrase": {"enabled": True}}) == ["res/stats/c/paraphrases.txt"]
+    got = targets(runs=[{"method": "sarcse", "backbone": "bert"}, {"method": "paser", "backbone": "bert"},
+                        {"method": "simcse", "backbone": "roberta"}])
+    assert "res/stats/c/token_freq.bert.parquet" in got and "res/stats/c/rake_top5.parquet" in got
+    assert not any("roberta" in t or "tfidf" in t or "paraphrase" in t or "summary" in t for t in got)
+
+
+@pytest.mark.realdata
+def test_all_with_simcse_runs_plans_no_rake_tfidf_or_paraphrase_job(tmp_path, shared):
+    """``snakemake -n all`` on the tiny config with its SimCSE run alone (no corpus report, paraphrases
+    left to the runs): training, evaluation and tables, no statistics job but the token cache."""
+    import re
+
+    import yaml
+
+    cfg = yaml.safe_load((REPO / ".test" / "config.yaml").read_text())
+    cfg["runs"] = [r for r in cfg["runs"] if r.get("method") == "simcse"][:1]
+    cfg["studies"], cfg["methods"] = [], {}
+    cfg["stats"]["corpus_report"] = False
+    cfg["stats"]["paraphrase"]["enabled"] = None
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    p = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(tmp_path),
+                        f"--configfile={tmp_path / 'config.yaml'}", "-n", "all"], capture_output=True, text=True,
+                       env={**os.environ, "SENTEMB_MIRROR": str(shared), "MLFLOW_TRACKING_URI": ""}, timeout=600)
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out[-3000:]
+    planned = set(re.findall(r"^(?:local)?rule (\w+):", out, re.M))
+    assert {"train", "evaluate", "table1"} <= planned, planned
+    assert not planned & {"stats_rake", "stats_tfidf", "stats_tfidf_para", "paraphrase_shard", "paraphrase_merge",
+                          "fetch_paraphraser", "stats_summary", "stats_token_freq"}, planned
 
 
 # ---------------------------------------------------------------- real data

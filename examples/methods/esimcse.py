@@ -34,10 +34,22 @@ Where the state is and when it changes (the loop's promises, ``sentemb.methods.b
 
 Open choices: the momentum encoder runs in eval mode (no dropout: a key is a target, and it is then
 the same in every chunking and pass) on the *original* sentences, through a momentum copy of the
-training MLP; the repeated sentence is cut back to ``max_len`` (its [SEP] kept); keys are stored in
+training MLP; keys are stored in
 fp32; the queue is enqueued once per optimizer step in micro-batch order (newest first), so with
 ``grad_accum`` the step's micro-batches all see the queue of the step before. Defaults: λ = 0.995
 (§3.2), dup_rate 0.32 and M = 160 (2.5 × the batch of 64; §4's BERT-base setting as we read it).
+
+Truncation (the positive's length): the repetition is applied to the sentence *as truncated* at
+``max_len`` (its subwords between [CLS] and [SEP]), as the authors' code does (caskcsg/sentemb,
+``ESimCSE/train.py``, ``--dup_type bpe`` in its ``run.sh``: the tokenizer truncates at
+``max_seq_length``, then subwords other than [CLS]/[SEP] are repeated and the rows are not cut
+again). So a positive is longer than its anchor by its dup_len, and may pass ``max_len`` by up to
+max(2, int(dup_rate·(max_len − 2))) tokens: a sentence at ``max_len`` keeps the length difference
+that the repetition is for. It is cut (its [SEP] kept) only at the encoder's positions
+(``max_position_embeddings``, RoBERTa's less its 2 offset), never beyond; ``cut_positive: true``
+cuts it back to ``max_len`` instead (repetition first, then the cut: the positive then loses the
+tail of a long sentence and, at ``max_len``, its length difference). ``positive_limit`` is that
+bound, and ``build_batch`` pads the rows past ``max_len`` through ``Method.width(n, limit)``.
 """
 
 from __future__ import annotations
@@ -91,6 +103,9 @@ class ESimCSE(SimCSE):
                               minimum=0, exclusive_maximum=1)
         queue_size: int = arg(160, "M, the momentum-encoded sentence embeddings kept as extra negatives (Eq. 3; "
                               "0 = none)", minimum=0)
+        cut_positive: bool = arg(False, "cut the word-repeated positive back to max_len after the repetition "
+                                 "(false: as the authors' code, the repetition of the max_len-truncated sentence "
+                                 "is kept whole, up to the encoder's positions)")
 
     # tiny encoder: a queue that fills and wraps within the contract's 3 steps of 16, and a momentum
     # that moves visibly per update (so a wrong number of updates shows)
@@ -113,21 +128,38 @@ class ESimCSE(SimCSE):
         return self
 
     # ------------------------------------------------------------------ batches
+    def positive_limit(self) -> int:
+        """The longest a positive row may be (with its [CLS] and [SEP]): ``max_len`` with
+        ``cut_positive``, else the encoder's positions (module docstring, "Truncation")."""
+        if self.args.cut_positive:
+            return self.ctx.max_len
+        cfg = self.encoder.config
+        limit = getattr(cfg, "max_position_embeddings", None) or 512
+        if getattr(cfg, "model_type", "") in ("roberta", "xlm-roberta", "camembert"):
+            limit -= 2  # RoBERTa's positions start at padding_idx + 1
+        return limit
+
     def build_batch(self, sentences, step=0, *, lines=None, micro=0):
-        """Rows: ``input_ids``/``attention_mask``/(``token_type_ids``) the sentences, ``rep_*`` their
-        word-repeated positives (Eq. 1, from ``np_rng(micro)``), both padded to one width."""
+        """Rows: ``input_ids``/``attention_mask``/(``token_type_ids``) the sentences (truncated at
+        ``max_len``), ``rep_*`` their word-repeated positives (Eq. 1 on the truncated sentence's
+        subwords, from ``np_rng(micro)``; at most ``positive_limit()`` long, [SEP] kept), both padded
+        to one width."""
         from sentemb.data.buckets import pad_to
 
         batch = self.tokenize(sentences, lines)
         rng = self.np_rng(micro)
         cls_id, sep_id = self.tokenizer.cls_token_id, self.tokenizer.sep_token_id
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        limit = self.positive_limit()
         rows = []
         for ids, mask in zip(batch["input_ids"].tolist(), batch["attention_mask"].tolist()):
             real = [t for t, m in zip(ids, mask) if m][1:-1]  # the subwords, without [CLS] and [SEP]
-            rep = word_repetition(real, self.args.dup_rate, rng)[: self.ctx.max_len - 2]
+            rep = word_repetition(real, self.args.dup_rate, rng)[: limit - 2]  # repeat, then cut
             rows.append([cls_id, *rep, sep_id])
-        width = self.width(max(int(batch["input_ids"].size(1)), max(len(r) for r in rows)))
+        longest = max(len(r) for r in rows)
+        if longest > limit:  # never: the cut above (a check, not a second truncation)
+            raise AssertionError(f"esimcse: a positive of {longest} tokens, more than its limit {limit}")
+        width = self.width(max(int(batch["input_ids"].size(1)), longest), limit=limit)
         out = {k: pad_to(v, width, pad if k == "input_ids" else 0) for k, v in batch.items()}
         out["rep_input_ids"] = torch.tensor([r + [pad] * (width - len(r)) for r in rows])
         out["rep_attention_mask"] = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])

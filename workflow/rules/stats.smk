@@ -13,7 +13,7 @@
 
 import shlex
 
-from sentemb.stats.workflow import needs_paraphrases, stats_settings, stats_targets
+from sentemb.stats.workflow import all_stats_targets, needs_paraphrases, stats_settings, stats_targets
 
 STATS = stats_settings(CFG)  # config section `stats` with defaults (sentemb.stats.workflow.stats_settings)
 _PARA = STATS["paraphrase"]
@@ -22,9 +22,12 @@ PARA_DIR = LAYOUT.paraphraser(_PARA["model_name"])
 PARA_SHARDS = int(_PARA["shards"])
 RAKE_TOP_K = int(STATS["rake_top_k"])
 CORPUS_TXT = LAYOUT.corpus()
-# All statistics of every corpus some run trains on (runs[].corpus), for `rule all` (paraphrases
+# All statistics of every corpus some run trains on (runs[].corpus), for `rule stats` (paraphrases
 # only for a corpus that needs them).
 STATS_TARGETS = stats_targets(CFG)
+# What `rule all` asks: the statistics the configured runs read (Method.requires), all of STATS_TARGETS
+# only with stats.corpus_report (sentemb.stats.workflow.all_stats_targets).
+ALL_STATS_TARGETS = all_stats_targets(CFG)
 
 rule fetch_paraphraser:
     """The seq2seq paraphrase model (default tuner007/pegasus_paraphrase), via `sentemb fetch-model`."""

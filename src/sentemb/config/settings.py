@@ -253,6 +253,10 @@ class StatsSettings:
                                        "paraphrases) can be requested either way.")
     paraphrase: ParaphraseSettings = arg(ParaphraseSettings(), "Offline paraphrases of every corpus sentence (UNA "
                                          "positives); GPU jobs.")
+    corpus_report: bool = arg(False, "Build every statistic of each training corpus and its summary "
+                              "(summary.md/.json, in the Snakemake report) for `snakemake all`, also those no configured "
+                              "run reads (token_freq, tfidf, rake, paraphrases). false: `all` builds only what the runs' "
+                              "methods require (Method.requires); `snakemake stats` builds everything either way.")
 
     @classmethod
     def from_dict(cls, values: dict | None) -> StatsSettings:

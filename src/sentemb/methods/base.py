@@ -264,7 +264,9 @@ class Method(nn.Module):
     @classmethod
     def layers_needed(cls, args: dict[str, Any]) -> int:
         """The fewest encoder layers the method's ``args`` (a mapping) read: ``sentemb plan`` counts a
-        step on a reduced-depth model (every layer has one shape). 0: any depth."""
+        step on a reduced-depth model (every layer has one shape). 0: any depth. A method that keeps
+        a copy of the encoder's lower k layers returns more than k: a copy with as many layers as the
+        probe is taken for a full copy and scaled to the real depth (``sentemb.ops.plan.encoder_copies``)."""
         return 0
 
     @classmethod

@@ -17,7 +17,11 @@ How (issue 20 §3; docs/plan-and-benchmarks.md):
   views, SAM's second forward/backward, InfoCSE's auxiliary network and PaSeR's decoder are in the
   count. The model is built with ``shapes.layers_needed`` layers (2; InfoCSE 7) and the count
   scaled to the real depth by the FLOPs attributed to one encoder layer (every layer has one shape,
-  so the work is linear in depth). The count at ``MICRO`` sentences is scaled linearly to the run's
+  so the work is linear in depth). A full copy of the encoder the method keeps (``encoder_copies``:
+  ESimCSE's momentum encoder) is built at that depth too and scaled with it: its first layer's
+  FLOPs, saved activations, passes and parameters (frozen ones as frozen) count per layer as the
+  encoder's do. A copy of a fixed number of lower layers (InfoCSE's ``aux_lower``: ``skip_from``) has
+  fewer layers than the probe (``Method.layers_needed``) and is counted as built. The count at ``MICRO`` sentences is scaled linearly to the run's
   batch (matmuls are linear in batch at a fixed padded length; the in-batch similarity matrix is
   quadratic but below 0.1% of a step at B = 512) and times ``grad_accum``.
 * **At the lengths the job meets.** ``corpus_lengths`` finds the corpus's token lengths under the
@@ -176,15 +180,16 @@ class Measure:
     act_layer: float  # of those, one encoder layer's
     trainable: int
     frozen: int
-    params_layer: int
+    params_layer: int  # trainable parameters per encoder layer (the encoder's, and its full copies')
     grad_passes: float = 1.0
     nograd_passes: float = 0.0
     build_s: float | None = None  # seconds of the method's build_batch at the run's batch size (this CPU)
+    frozen_layer: int = 0  # frozen parameters per encoder layer (a frozen full copy's: ESimCSE's momentum encoder)
 
     def at(self, layers: int) -> dict:
         d = layers - self.layers
         return {"flops": self.flops + d * self.flops_layer, "act": self.act_bytes + d * self.act_layer,
-                "trainable": self.trainable + d * self.params_layer, "frozen": self.frozen}
+                "trainable": self.trainable + d * self.params_layer, "frozen": self.frozen + d * self.frozen_layer}
 
 
 @dataclass
@@ -390,10 +395,23 @@ def _reduced(method: str, args: dict) -> dict:
     return out
 
 
-def _layer0(module):
-    """The first Transformer layer of an HF encoder, and its parameter count."""
-    layer = module.encoder.layer[0]
-    return layer, sum(p.numel() for p in layer.parameters())
+def encoder_copies(method, enc) -> list:
+    """The full copies of the encoder ``enc`` that ``method`` holds besides it (ESimCSE's momentum
+    encoder): submodules of its class with as many layers, none of them ``enc``'s own. Built on a
+    reduced-depth probe they have the probe's depth, and scale with the real one as ``enc`` does. A
+    copy of a fixed number of lower layers (InfoCSE's ``aux_lower``) has fewer layers than the probe
+    (``Method.layers_needed`` exceeds that number) and is left out."""
+    n = len(enc.encoder.layer)
+    own = {id(m) for m in enc.modules()}
+    out = []
+    for _, m in method.named_modules():
+        layers = getattr(getattr(m, "encoder", None), "layer", None)
+        if id(m) in own or type(m) is not type(enc) or layers is None or len(layers) != n:
+            continue
+        if any(id(x) in own for x in layers):  # shares the encoder's layers: no copy
+            continue
+        out.append(m)
+    return out
 
 
 def _count(run, method_cls, timing: tuple[list[str], int] | None = None) -> Measure:
@@ -410,9 +428,13 @@ def _count(run, method_cls, timing: tuple[list[str], int] | None = None) -> Meas
 
     with setup(run, "/nonexistent-plan", method_cls) as job:
         method, enc = job.method, job.method.encoder
-        layer, params_layer = _layer0(enc)
+        # the first layer of the encoder and of each full copy of it (``encoder_copies``): per layer of depth
+        layers0 = [enc.encoder.layer[0]] + [c.encoder.layer[0] for c in encoder_copies(method, enc)]
         layer_names = {f"{type(enc).__name__}.encoder.layer.0"} | {
-            f"{type(method).__name__}.{n}" for n, mod in method.named_modules() if mod is layer}
+            f"{type(method).__name__}.{n}" for n, mod in method.named_modules() if any(mod is x for x in layers0)}
+        per_layer = {id(p): p for x in layers0 for p in x.parameters()}.values()
+        params_layer = sum(p.numel() for p in per_layer if p.requires_grad)
+        frozen_layer = sum(p.numel() for p in per_layer if not p.requires_grad)
         trainable = sum(p.numel() for p in method.parameters() if p.requires_grad)
         frozen = sum(p.numel() for p in method.parameters() if not p.requires_grad)
         # activations: the distinct storages autograd saves in one micro-batch's forward
@@ -434,22 +456,25 @@ def _count(run, method_cls, timing: tuple[list[str], int] | None = None) -> Meas
             # refers to itself through its grad_fn would form a cycle autograd cannot free
             return None
 
-        h1 = layer.register_forward_pre_hook(lambda *a: inside.__setitem__(0, True))
-        h2 = layer.register_forward_hook(lambda *a: inside.__setitem__(0, False))
+        hooks = [h for x in layers0 for h in (x.register_forward_pre_hook(lambda *a: inside.__setitem__(0, True)),
+                                              x.register_forward_hook(lambda *a: inside.__setitem__(0, False)))]
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda _: None), autocast(job.device, job.amp):
             terms = job.step_fn(batch)
-        h1.remove(), h2.remove()
+        for h in hooks:
+            h.remove()
         alive.clear()
         del terms
         job.opt.zero_grad(set_to_none=True)
         # FLOPs: one optimizer step of the loop's own code; the encoder's passes in it
         calls = [0, 0]
-        h3 = layer.register_forward_hook(lambda *a: calls.__setitem__(int(not torch.is_grad_enabled()),
-                                                                       calls[int(not torch.is_grad_enabled())] + 1))
+        hooks = [x.register_forward_hook(lambda *a: calls.__setitem__(int(not torch.is_grad_enabled()),
+                                                                      calls[int(not torch.is_grad_enabled())] + 1))
+                 for x in layers0]
         try:
             _, flops, per_module = counted_by_module(lambda: list(run_steps(job, State(), 1)))
         finally:
-            h3.remove()
+            for h in hooks:
+                h.remove()
         flops_layer = sum(v for k, v in per_module.items() if k in layer_names)
         if not flops_layer:
             raise SentembError(f"sentemb plan: no FLOPs attributed to the encoder's first layer ({sorted(per_module)[:8]})")
@@ -466,7 +491,8 @@ def _count(run, method_cls, timing: tuple[list[str], int] | None = None) -> Meas
             build_s = (time.perf_counter() - t0) / BUILD_TIMING_STEPS
         return Measure(layers=len(enc.encoder.layer), flops=flops, flops_layer=flops_layer, act_bytes=total[0],
                        act_layer=in_layer[0], trainable=trainable, frozen=frozen, params_layer=params_layer,
-                       grad_passes=float(calls[0]), nograd_passes=float(calls[1]), build_s=build_s)
+                       grad_passes=float(calls[0]), nograd_passes=float(calls[1]), build_s=build_s,
+                       frozen_layer=frozen_layer)
 
 
 # ---------------------------------------------------------------------------------------- lengths

@@ -73,3 +73,22 @@ def stats_targets(config: dict | Config, corpus: str | None = None, paraphrases:
     if needs_paraphrases(cfg, corpus) if paraphrases is None else paraphrases:
         targets += [layout.paraphrases(corpus), layout.tfidf_para(corpus)]
     return targets
+
+
+def all_stats_targets(config: dict | Config) -> list[str]:
+    """What ``rule all`` asks of the statistics stage: the inputs the configured runs read (their
+    methods' ``Method.requires`` with their arguments: ``sentemb.config.load.run_inputs``, as the
+    train rule's ``input:``); with ``stats.corpus_report`` every statistic of every training corpus
+    and its summary (``stats_targets``, what ``snakemake stats`` builds); and the configured corpus's
+    paraphrases where ``stats.paraphrase.enabled`` is set to true. So a config of SimCSE runs plans
+    no RAKE, TF-IDF or paraphrase job."""
+    from ..config.load import jobs, run_inputs
+
+    cfg = Config.of(config)
+    out: list[str] = list(stats_targets(cfg)) if cfg.stats.corpus_report else []
+    corpora = run_corpora(cfg)
+    if cfg.stats.paraphrase.enabled and cfg.corpus.name in corpora:
+        out.append(Layout.of(cfg).paraphrases(cfg.corpus.name))
+    for name, backbone in dict.fromkeys((j.name, j.backbone) for j in jobs(cfg)):
+        out.extend(run_inputs(cfg, name, backbone).values())
+    return list(dict.fromkeys(out))
