@@ -97,14 +97,37 @@ class Hazard:
         return f"{self.where}: aten.{self.op} {self.why}"
 
 
+def _library_dirs() -> tuple[str, ...]:
+    """Where the frames that are not the method's live: torch, transformers, and this package's
+    step machinery (the loop's strategies, keyed dropout, this module)."""
+    import os
+
+    import torch
+
+    dirs = [os.path.dirname(torch.__file__)]
+    try:
+        import transformers
+
+        dirs.append(os.path.dirname(transformers.__file__))
+    except ImportError:  # pragma: no cover - transformers is a dependency
+        pass
+    here = os.path.dirname(os.path.abspath(__file__))
+    return (*dirs, os.path.join(here, "graphs.py"), os.path.join(here, "step.py"),
+            os.path.join(os.path.dirname(here), "model", "dropout.py"))
+
+
 def _caller() -> str:
-    frames = traceback.extract_stack()[:-3]
-    for f in reversed(frames):
-        name = f.filename.replace("\\", "/")
-        if "/torch/" in name or "/transformers/" in name or name.endswith(("/train/graphs.py", "/train/step.py",
-                                                                             "/model/dropout.py")):
+    """The innermost frame of the stack that is the method's (``_library_dirs`` skipped), as
+    ``folder/file.py:line in function``."""
+    import os
+
+    skip = _library_dirs()
+    for f in reversed(traceback.extract_stack()[:-3]):
+        name = os.path.abspath(f.filename)
+        if name.startswith(skip):
             continue
-        return f"{name.rsplit('/', 2)[-2]}/{name.rsplit('/', 1)[-1]}:{f.lineno} in {f.name}"
+        parent, base = os.path.split(name)
+        return f"{os.path.basename(parent)}/{base}:{f.lineno} in {f.name}"
     return "?"
 
 
