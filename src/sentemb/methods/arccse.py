@@ -268,7 +268,7 @@ class ArcCSE(SimCSE):
         least ``TRIPLET_PAD_MIN``) with padding triplets ([CLS] [SEP] rows, ``tri_index`` −1) that Eq. 4
         leaves out: the number of long sentences, which varies from batch to batch, would otherwise
         make a new batch shape, and a new captured graph, nearly every step."""
-        a, tok = self.args, self.tokenizer
+        a = self.args
         index = [i for i, s in enumerate(sentences) if len(s.split()) >= a.min_words]
         long = [sentences[i] for i in index]
         if a.triplet and self.ctx.static:
