@@ -55,3 +55,13 @@ def test_workers_row_reads_the_loops_data_wait(tiny_bert_dir, tiny_corpus, tmp_p
     what, value, note = hostcheck.workers(tiny_bert_dir, tiny_corpus, "cpu", 8, 16, "simcse", None, {}, 2, 3, tmp_path)
     assert "ms/step waiting for data" in value and "end to end" in note, (what, value, note)
     assert float(value.split(";")[1].split()[0]) >= 0
+
+
+def test_graphed_row_times_both_ways_and_counts_the_steps_flops(tiny_bert_dir, tiny_corpus):
+    what, value, note = hostcheck.graphed(tiny_bert_dir, tiny_corpus, "cpu", 4, 16, "simcse", None, {}, warm=1, timed=1)
+    assert value.startswith("eager ") and "graphed " in value and "FAILED" not in value, (what, value)
+    # the graphed step's TFLOP/s come from the matmuls counted in one eager step (no peak on a CPU)
+    tflops = float(note.split("; ")[-1].split(" TFLOP/s")[0])
+    assert tflops > 0 and "% of the bf16 peak" not in note, note
+    # the replay-alone split is a CUDA figure only
+    assert "replayed" not in note, note

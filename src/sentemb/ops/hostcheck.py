@@ -225,16 +225,22 @@ def graph_probe(model: Path, corpus: Path, device: str, batch: int, max_len: int
 PARTS = ("first_steps", "workers", "graph", "dev_eval", "graph_methods", "compile", "graphed")
 
 
-def _loop_ms(run, warm: int, timed: int) -> tuple[float, float, int]:
+def _loop_ms(run, warm: int, timed: int, count: bool = False) -> tuple[float, float, int, "tuple | float | None"]:
     """The loop's own steps (``run_steps``) of ``run``: ``warm`` steps (the captures of a graphed
-    run happen here), then ``timed`` steps to a device sync. Returns (s/step timed, s warm, graphs)."""
+    run happen here), then ``timed`` steps to a device sync. Returns (s/step timed, s warm, graphs,
+    and, graphed on CUDA, (s per replay of the most replayed graph alone: ``_replay_s``, s per eager
+    update alone), or with ``count`` the counted FLOPs of the first step, or None)."""
     from ..train.loop import State, run_steps, setup
 
     with setup(run, "/nonexistent-gpucheck-output") as job:
-        state = State()
+        state, flops = State(), None
         _sync(job.device)
         t = time.perf_counter()
-        for _ in run_steps(job, state, warm):
+        if count:  # the first step's matmuls counted (sentemb.ops.flops; a full batch: the epoch's last may be short)
+            from .flops import counted
+
+            flops = counted(lambda: [None for _ in run_steps(job, state, 1)])[1]
+        for _ in run_steps(job, state, warm - count):
             pass
         _sync(job.device)
         warm_s = time.perf_counter() - t
@@ -246,7 +252,35 @@ def _loop_ms(run, warm: int, timed: int) -> tuple[float, float, int]:
         strat = job.strategy
         while strat is not None and not hasattr(strat, "entries"):
             strat = getattr(strat, "inner", None)
-        return secs, warm_s, len(strat.entries) if strat is not None else 0
+        replay = _replay_s(strat, timed) if strat is not None else None
+        if replay is not None:  # and the loop's eager update alone (clip, fused AdamW, schedule, zeroing)
+            from ..train.step import apply_update
+
+            _sync(job.device)
+            t = time.perf_counter()
+            for _ in range(timed):
+                apply_update(job)
+            _sync(job.device)
+            replay = (replay, (time.perf_counter() - t) / timed)
+        return secs, warm_s, len(strat.entries) if strat is not None else 0, replay if replay is not None else flops
+
+
+def _replay_s(strat, n: int) -> "float | None":
+    """The GPU's own share of a graphed step: the most replayed graph replayed ``n`` times alone,
+    back to back to a device sync (no optimizer, no host work between them); s per replay, None
+    without captured graphs (a CPU)."""
+    import torch
+
+    graphed = [e for e in strat.entries.values() if e.graph is not None]
+    if not graphed:
+        return None
+    e = max(graphed, key=lambda e: e.replays)
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(n):
+        e.graph.replay()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t) / n
 
 
 def graphed(model: Path, corpus: Path, device: str, batch: int, max_len: int, method: str, margs: dict | None,
@@ -264,7 +298,7 @@ def graphed(model: Path, corpus: Path, device: str, batch: int, max_len: int, me
         for g in (False, True):
             run = _bench_run(model, corpus, batch, device, max_len, "bf16", method, 10**9, margs, inputs,
                              graphs=g, **train)  # the loop as a run has it: batches built ahead (prefetch)
-            out[g] = _loop_ms(run, warm, timed)
+            out[g] = _loop_ms(run, warm, timed, count=not g)
     except Exception as e:  # noqa: BLE001 - a probe's failure is its row
         import os
         import sys
@@ -274,9 +308,18 @@ def graphed(model: Path, corpus: Path, device: str, batch: int, max_len: int, me
             traceback.print_exc(file=sys.stderr)
         done = f"eager {1000 * out[False][0]:.1f} ms/step; " if False in out else ""
         return what, f"{done}FAILED: {_first_line(e)}", ""
-    (e_s, e_w, _), (g_s, g_w, n) = out[False], out[True]
+    (e_s, e_w, _, flops), (g_s, g_w, n, replay) = out[False], out[True]
+    from .benchmark import _peak
+
+    import torch
+
+    peak = _peak(torch.device(device), None)
+    mfu = (f"; {flops / g_s / 1e12:.3g} TFLOP/s graphed" + (f", {100 * flops / g_s / 1e12 / peak:.1f}% of the bf16 peak"
+                                                             if peak else "")) if flops else ""
+    alone = (f"; alone: one micro-batch's graph replayed {1000 * replay[0]:.1f} ms, the eager update (clip, AdamW, "
+             f"schedule) {1000 * replay[1]:.1f} ms") if replay else ""
     return (what, f"eager {1000 * e_s:.1f} ms/step, graphed {1000 * g_s:.1f} ms/step ({e_s / g_s:.2f}x)",
-            f"{n} graphs captured in the first {warm} steps ({g_w:.1f} s; eager {e_w:.1f} s); {timed} steps timed")
+            f"{n} graphs captured in the first {warm} steps ({g_w:.1f} s; eager {e_w:.1f} s); {timed} steps timed{alone}{mfu}")
 
 
 def graphed_rows(model: Path, corpus: Path, device: str, margs: dict, usable: dict, toy: bool,
