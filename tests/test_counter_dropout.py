@@ -128,3 +128,27 @@ def test_counter_dropout_gives_chunked_and_bucketed_runs_the_plain_gradient(tmp_
     diff = sum(float((stream_bucketed[k] - stream_wide[k]).norm()) for k in stream_wide) / \
         sum(float(stream_wide[k].norm()) for k in stream_wide)
     assert diff > 1e-3, diff  # stream masks are drawn over the padded shape
+
+
+def test_the_fused_kernel_draws_the_eager_masks_bit_for_bit():
+    """``train.counter_kernel: fused`` (``torch.compile`` of the same hash; here Inductor's CPU code):
+    the same bits as the eager ops, for hidden-state and attention-weight shapes, several widths
+    (one compiled kernel per rank: dynamic shapes), calls, views, a device key tensor, and through
+    ``keyed`` dropout itself."""
+    from sentemb.model.dropout import key_words
+
+    key = key_words(mix(3, 9))
+    for shape, call in (((6, 20, 16), 0), ((6, 32, 16), 5), ((6, 4, 20, 20), 2), ((6, 4, 12, 12), 37)):
+        s = torch.tensor([0, 1, 2, 0, 1, 2])
+        v = torch.tensor([0, 0, 0, 1, 1, 1])
+        for p in (0.1, 0.5):
+            eager = counter_keep_mask(key, s, v, shape, p, call)
+            fused = counter_keep_mask(key, s, v, shape, p, call, kernel="fused")
+            assert fused.dtype == torch.bool and fused.shape == eager.shape
+            assert torch.equal(fused, eager), (shape, call, p)
+    x = torch.randn(12, 9, 8)
+    with keyed(5, 2, 0, 6, mode="counter"):
+        a = F.dropout(x, 0.3, True)
+    with keyed(5, 2, 0, 6, mode="counter", kernel="fused"):
+        b = F.dropout(x, 0.3, True)
+    assert torch.equal(a, b)

@@ -75,6 +75,35 @@ def test_graphed_chunks_train_as_the_whole_batch_with_dropout_on(worlds, method)
     _same(whole, eager, testing.REL, f"{method}: graphed vs eager, counter dropout on")
 
 
+def test_the_fused_counter_kernel_trains_to_the_same_weights(worlds):
+    """``train.counter_kernel: fused`` (the counter hash compiled, Inductor's CPU code here) in the
+    graphed, chunked step: the same masks, so bit for bit the weights of the eager kernel."""
+    h = worlds("simcse")
+    over = dict(dropout_rng="counter", graphs=True, chunk_size=4)
+    eager, _ = _train(h.exact_run(counter_kernel="eager", **over), steps=2, cls=h.cls)
+    fused, _ = _train(h.exact_run(counter_kernel="fused", **over), steps=2, cls=h.cls)
+    assert eager.keys() == fused.keys() and all(torch.equal(eager[k], fused[k]) for k in eager)
+    init, _ = _train(h.exact_run(**over), steps=0, cls=h.cls)
+    assert any(not torch.equal(init[k], eager[k]) for k in eager if eager[k].is_floating_point())
+
+
+def test_graphs_with_compile_train_as_graphs_without(worlds):
+    """``train.compile`` inside the graphed step (Inductor's CPU code here; on CUDA the capture records
+    the compiled kernels): dropout on (torch's generator, ``fallback_random``) and SAM, the weights of
+    the graphed eager-kernel run to fp32 tolerance, and the compiled function is the one that ran."""
+    torch._dynamo.reset()
+    h = worlds("simcse")
+    plain, _ = _train(h.exact_run(graphs=True, sam_rho=0.05), steps=2, cls=h.cls)
+    with setup(h.exact_run(graphs=True, sam_rho=0.05, compile=True), "/nonexistent", h.cls) as job:
+        assert job.step_fn is not job.method.losses
+        torch.manual_seed(3)
+        for _ in run_steps(job, State(), 2):
+            pass
+        compiled = {k: v.detach().clone() for k, v in job.method.state_dict().items() if torch.is_tensor(v)}
+        assert repr(job.strategy) == "SAM(Graphed(Plain()))"
+    _same(compiled, plain, 1e-4, "simcse: graphed with compile vs graphed")
+
+
 def test_sam_with_graphs_is_eager_sam(worlds):
     h = worlds("simcse")
     eager, _ = _train(h.exact_run(dropout=0.0, sam_rho=0.05), cls=h.cls)
@@ -131,7 +160,6 @@ def test_the_capture_check_names_each_hazard_and_its_line():
 
 @pytest.mark.parametrize("train, match", [
     ({"dropout_rng": "keyed"}, r"train\.graphs cannot be combined with train\.dropout_rng keyed"),
-    ({"compile": True}, r"train\.graphs cannot be combined with train\.compile"),
     ({"unpad": True}, r"train\.graphs cannot be combined with train\.unpad"),
     ({"precision": "fp16"}, r"train\.graphs cannot be combined with train\.precision fp16"),
     ({"chunk_size": 4}, r"train\.graphs cannot be combined with train\.chunk_size with train\.dropout_rng stream"),

@@ -116,6 +116,13 @@ class TrainSettings:
         "(no generator state, no host round trip; a position's mask does not depend on the padded width, so buckets "
         "leave it alone): chunked, sharded and bucketed runs equal the plain one with dropout on. Other masks than "
         "keyed's and stream's, so another random run.", choices=("stream", "keyed", "counter"))
+    counter_kernel: str = arg(
+        "auto",
+        "How dropout_rng counter computes its masks (sentemb.model.dropout.counter_keep_mask); the same bits either way. "
+        "eager - ~10 int64 tensor ops per coordinate over the whole mask (memory-bound: +10 ms per BERT-base step at "
+        "batch 64 on an H200); fused - the same hash through torch.compile, one kernel per mask (compiled once per "
+        "process, a few seconds); auto - fused on CUDA, eager elsewhere.", choices=("auto", "eager", "fused"),
+        weights=False)
     buckets: list | str | None = arg(
         "auto",
         "Bounded step shapes (sentemb.data.buckets): every variable width of a batch (the sentences, ArcCSE's triplet "
@@ -134,8 +141,8 @@ class TrainSettings:
         "methods (no host reads of device values or host-built tensors inside the step: refused naming the op and line) "
         "and dropout_rng stream or counter (counter with chunk_size). On a CPU the same static-shape step runs eagerly "
         "(what CI tests). With stream dropout a graphed run draws other masks than an eager one: another random run "
-        "(counter masks are the same). Refused with compile, unpad, precision fp16, dropout_rng keyed, and devices > 1 on "
-        "CUDA.")
+        "(counter masks are the same). With compile, the graph replays the compiled (fused) kernels. Refused with unpad, "
+        "precision fp16, dropout_rng keyed, and devices > 1 on CUDA.")
     workers: int = arg(
         0,
         "Processes that build the batches (sentemb.train.batches): 0 - in the loop's process (a background thread "

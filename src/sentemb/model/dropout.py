@@ -93,27 +93,89 @@ def key_words(key: int, device=None) -> torch.Tensor:
     return torch.tensor([key & _M32, (key >> 32) & _M32], dtype=torch.int64, device=device)
 
 
-def counter_keep_mask(key, sentences: torch.Tensor, views: torch.Tensor, shape, p: float, call: int = 0
-                      ) -> torch.Tensor:
+def counter_keep_mask(key, sentences: torch.Tensor, views: torch.Tensor, shape, p: float, call: int = 0,
+                      kernel: str = "eager") -> torch.Tensor:
     """The ``counter`` mask (module docstring): bool ``shape`` (R, ...), True = kept with probability
     1 − p. ``key``: the (seed, micro-batch) key, an int (``mix``) or its ``key_words`` tensor on the
     mask's device; ``call``: the dropout call's index in the forward; row r keyed by ``sentences[r]``
     and ``views[r]`` (int64 tensors on the mask's device); element (r, i_1, …) by its coordinates,
-    each hashed in on its own. Only tensor ops on the device: nothing syncs with the host."""
+    each hashed in on its own. Only tensor ops on the device: nothing syncs with the host.
+
+    ``kernel`` (``train.counter_kernel``): ``eager`` runs the hash as ~10 int64 tensor ops per
+    coordinate, each over the whole mask (on a GPU, memory traffic of ~20 bytes per element and op:
+    issue 37 measured +10 ms per BERT-base step at batch 64 on an H200); ``fused`` runs the same
+    function through ``torch.compile`` (Inductor: one kernel that writes the bool mask). Both give
+    the same bits (``tests/test_counter_dropout.py``)."""
     dev = sentences.device
     words = key if isinstance(key, torch.Tensor) else key_words(int(key), dev)
+    call_word = (int(call) * _COORD[1] + 0x5BD1E995) & _M32
+    dims = [int(d) for d in shape[1:]]
+    threshold = int(round(p * (1 << 24)))
+    if kernel == "fused" and not _in_dispatch_mode():  # (under a dispatch mode, e.g. the capture check: the eager ops)
+        # the call's word as a device scalar (a factory op, no host copy): a Python int would become
+        # a symbolic integer under dynamic shapes, and the XOR would need it as a constant
+        cw = torch.full((), call_word, dtype=torch.int64, device=dev)
+        return _fused()(words, sentences, views, cw, dims, threshold)
+    if kernel not in ("eager", "fused"):
+        raise SentembError(f"train.counter_kernel: {kernel!r} is not eager or fused")
+    return _counter_mask(words, sentences, views, call_word, dims, threshold)
+
+
+def _counter_mask(words: torch.Tensor, sentences: torch.Tensor, views: torch.Tensor, call_word, dims: list,
+                  threshold: int) -> torch.Tensor:
+    """``counter_keep_mask``'s hash (``call_word`` an int or a 0-d int64 tensor: the same bits)."""
+    dev = sentences.device
     lo, hi = words[0], words[1]
     h = _fmix32((sentences & _M32) ^ lo)
     h = _fmix32(h ^ ((views * _COORD[0]) & _M32) ^ hi)
-    h = _fmix32(h ^ ((int(call) * _COORD[1] + 0x5BD1E995) & _M32))
-    dims = list(shape[1:])
+    h = _fmix32(h ^ call_word)
     h = h.view(-1, *([1] * len(dims)))
     for i, d in enumerate(dims):
         idx = torch.arange(d, device=dev, dtype=torch.int64)
         idx = _fmix32((idx * _COORD[(i + 2) % len(_COORD)] + i) & _M32)
         h = _fmix32(h ^ idx.view(*([1] * (i + 1)), d, *([1] * (len(dims) - i - 1))))
-    h = h.expand(*shape) if h.shape != tuple(shape) else h
-    return (h >> 8) >= int(round(p * (1 << 24)))
+    shape = (h.shape[0], *dims)
+    h = h.expand(*shape) if tuple(h.shape) != shape else h
+    return (h >> 8) >= threshold
+
+
+_FUSED: list = []
+
+
+def warm_fused(device) -> None:
+    """Compile (and on CUDA autotune) the fused counter mask for the two mask ranks a transformer
+    draws (hidden states (R, L, D), attention weights (R, H, L, L)) now, on ``device``: before a
+    CUDA graph's capture and outside ``sentemb.train.graphs.as_captured``, which makes the eager
+    passes look like a capture to the libraries. Widths are dynamic, so the run's shapes reuse
+    these kernels."""
+    dev = torch.device(device)
+    if str(dev) in _WARM:
+        return
+    words = key_words(1, dev)
+    s = torch.arange(4, device=dev, dtype=torch.int64)
+    v = torch.zeros(4, device=dev, dtype=torch.int64)
+    for shape in ((4, 5, 6), (4, 3, 5, 5)):
+        counter_keep_mask(words, s, v, shape, 0.1, 2, kernel="fused")
+    _WARM.add(str(dev))
+
+
+_WARM: set = set()
+
+
+def _in_dispatch_mode() -> bool:
+    """A Python dispatch mode is active (``sentemb.train.graphs.capture_hazards``' check, a FLOP
+    counter): ``torch.compile`` does not run under one, and the eager ops give the same bits."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    return _get_current_dispatch_mode() is not None
+
+
+def _fused():
+    """``_counter_mask`` compiled once per process (dynamic shapes: one kernel per mask rank, whatever
+    the widths), made on first use."""
+    if not _FUSED:
+        _FUSED.append(torch.compile(_counter_mask, dynamic=True, fullgraph=True))
+    return _FUSED[0]
 
 
 @dataclass
@@ -126,6 +188,7 @@ class _Context:
     override: list = field(default_factory=list)  # stack of (sentence (R,), view (R,)) chunk-local
     mode: str = "generator"  # or "counter" (module docstring)
     key: torch.Tensor | None = None  # counter: the (seed, micro) key words, given (a graph's) or made per device
+    kernel: str = "eager"  # counter: eager or fused (counter_keep_mask)
 
     def row_tensors(self, rows: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """``row_keys`` as int64 tensors on ``device``; the default layout (v views of the chunk's
@@ -165,7 +228,7 @@ class _Context:
             if self.key is None or self.key.device != torch.device(device):
                 self.key = key_words(mix(self.seed, self.micro), device)
             st, vt = self.row_tensors(shape[0], torch.device(device))
-            return counter_keep_mask(self.key, st, vt, shape, p, call)
+            return counter_keep_mask(self.key, st, vt, shape, p, call, kernel=self.kernel)
         sent, view = self.row_keys(shape[0])
         g = torch.Generator()
         rows = []
@@ -228,18 +291,22 @@ def _install() -> None:
 
 
 @contextmanager
-def keyed(seed: int, micro: int, start: int, stop: int, mode: str = "generator", key: torch.Tensor | None = None):
+def keyed(seed: int, micro: int, start: int, stop: int, mode: str = "generator", key: torch.Tensor | None = None,
+          kernel: str = "eager"):
     """Inside: dropout masks keyed by sentences ``[start, stop)`` of micro-batch ``micro``, drawn
     the ``mode`` way (``generator`` or ``counter``, module docstring). ``key``: with ``counter``, the
     ``key_words`` tensor to read the (seed, micro-batch) key from (a captured graph's static input;
-    ``seed`` and ``micro`` are then ignored for the masks)."""
+    ``seed`` and ``micro`` are then ignored for the masks). ``kernel``: with ``counter``, ``eager``
+    or ``fused`` (``counter_keep_mask``; the same masks)."""
     if mode not in ("generator", "counter"):
         raise SentembError(f"keyed dropout: mode {mode!r} is not generator or counter")
+    if kernel not in ("eager", "fused"):
+        raise SentembError(f"keyed dropout: kernel {kernel!r} is not eager or fused")
     _install()
     stack = getattr(_LOCAL, "stack", None)
     if stack is None:
         stack = _LOCAL.stack = []
-    stack.append(_Context(int(seed), int(micro), int(start), int(stop), mode=mode, key=key))
+    stack.append(_Context(int(seed), int(micro), int(start), int(stop), mode=mode, key=key, kernel=kernel))
     try:
         yield stack[-1]
     finally:

@@ -325,8 +325,9 @@ def graphed(model: Path, corpus: Path, device: str, batch: int, max_len: int, me
 def graphed_rows(model: Path, corpus: Path, device: str, margs: dict, usable: dict, toy: bool,
                  methods: tuple[str, ...] | None = None) -> list[Row]:
     """The graphed rows of issue 37 on this device: SimCSE B 64 (stream and counter dropout), B 512,
-    B 512 in chunks of 128 (counter; its unchunked counter step for the ratio), SAM at B 64, and
-    every other method at B 64 with its paper train settings. On a CPU: batches of 4, 2 + 2 steps."""
+    B 512 in chunks of 128 (counter; its unchunked counter step for the ratio), SAM at B 64, B 64 and
+    B 512 with ``train.compile`` (CUDA only), and every other method at B 64 with its paper train
+    settings. On a CPU: batches of 4, 2 + 2 steps."""
     from ..methods import get_method
 
     b64, b512, c128 = (4, 8, 2) if toy else (64, 512, 128)
@@ -334,6 +335,8 @@ def graphed_rows(model: Path, corpus: Path, device: str, margs: dict, usable: di
     cfgs = [("simcse", b64, {}), ("simcse", b64, {"dropout_rng": "counter"}), ("simcse", b512, {}),
             ("simcse", b512, {"dropout_rng": "counter"}), ("simcse", b512, {"dropout_rng": "counter", "chunk_size": c128}),
             ("simcse", b64, {"sam_rho": 0.05})]
+    if not toy:  # Inductor's fused kernels inside the graph (one width: one compilation per run)
+        cfgs += [("simcse", b64, {"compile": True, "buckets": [32]}), ("simcse", b512, {"compile": True, "buckets": [32]})]
     for m in sorted(usable):
         if m != "simcse" and (methods is None or m in methods):
             paper = {k: v for k, v in get_method(m).paper_train.items() if k in ("sam_rho",)}

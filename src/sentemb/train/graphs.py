@@ -34,10 +34,18 @@ them). With ``counter`` the masks are hashed from a static device key (``Job.dro
 filled with the micro-batch's key before each replay: the same masks as an eager ``counter`` run,
 however the batch is chunked or sharded. ``keyed`` (CPU generators) cannot be captured and is
 refused, as are gradient caching with ``stream`` (its second pass rewinds the generator on the
-host), ``train.compile``, ``train.unpad`` (the packed length changes every step), ``precision:
+host), ``train.unpad`` (the packed length changes every step), ``precision:
 fp16`` (the grad scaler reads its inf check on the host) and, on CUDA, ``train.devices`` > 1 (a
 collective captured in a graph is not supported here yet). A graphed ``stream`` run is another
 random run than an eager one (other masks are drawn), as ``train.unpad`` is.
+
+With ``train.compile`` the graph holds Inductor's fused kernels instead of the eager ones: the
+compiled ``Method.losses`` (dropout from torch's generator, ``fallback_random``) is compiled in the
+warm-up pass of a key's first micro-batch, before its capture, and the capture records the compiled
+forward and backward (the capture check's pass runs eagerly: ``torch.compile`` does not run under a
+dispatch mode). It serves ``Plain`` micro-batches and ``dropout_rng: stream`` (counter and keyed
+masks are refused with compile); each new batch shape is a recompilation, so ``train.buckets``
+matters more.
 
 On the CPU (CI, a laptop) there are no CUDA graphs: the same strategy runs the same static-shape
 step eagerly on its static inputs, with the capture check on each key's first micro-batch, so the
@@ -245,7 +253,6 @@ def check_graph_settings(settings, where: str) -> None:
     if not getattr(settings, "graphs", False):
         return
     bad = [(settings.dropout_rng == "keyed", "train.dropout_rng keyed (CPU-drawn masks); use counter or stream"),
-           (settings.compile, "train.compile (a graph replays the eager kernels)"),
            (settings.unpad, "train.unpad (the packed length changes every step)"),
            (settings.precision == "fp16", "train.precision fp16 (the grad scaler's inf check reads the device on the "
                                           "host); use bf16, auto or fp32"),
