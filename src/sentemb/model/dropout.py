@@ -115,15 +115,18 @@ def counter_keep_mask(key, sentences: torch.Tensor, views: torch.Tensor, shape, 
         # the call's word as a device scalar (a factory op, no host copy): a Python int would become
         # a symbolic integer under dynamic shapes, and the XOR would need it as a constant
         cw = torch.full((), call_word, dtype=torch.int64, device=dev)
-        return _fused()(words, sentences, views, cw, dims, threshold)
+        return _fused()(words, sentences, views, cw, dims, threshold, _coords(dev))
     if kernel not in ("eager", "fused"):
         raise SentembError(f"train.counter_kernel: {kernel!r} is not eager or fused")
     return _counter_mask(words, sentences, views, call_word, dims, threshold)
 
 
 def _counter_mask(words: torch.Tensor, sentences: torch.Tensor, views: torch.Tensor, call_word, dims: list,
-                  threshold: int) -> torch.Tensor:
-    """``counter_keep_mask``'s hash (``call_word`` an int or a 0-d int64 tensor: the same bits)."""
+                  threshold: int, coord=_COORD) -> torch.Tensor:
+    """``counter_keep_mask``'s hash (``call_word`` an int or a 0-d int64 tensor, ``coord`` ``_COORD``
+    or the same constants as an int64 tensor: the same bits). Compiled, a coordinate is an index
+    expression that Triton types int32, and its product with a constant above 2^31 does not compile:
+    the constants then come as loaded int64 values (``_coords``)."""
     dev = sentences.device
     lo, hi = words[0], words[1]
     h = _fmix32((sentences & _M32) ^ lo)
@@ -132,7 +135,7 @@ def _counter_mask(words: torch.Tensor, sentences: torch.Tensor, views: torch.Ten
     h = h.view(-1, *([1] * len(dims)))
     for i, d in enumerate(dims):
         idx = torch.arange(d, device=dev, dtype=torch.int64)
-        idx = _fmix32((idx * _COORD[(i + 2) % len(_COORD)] + i) & _M32)
+        idx = _fmix32((idx * coord[(i + 2) % len(_COORD)] + i) & _M32)
         h = _fmix32(h ^ idx.view(*([1] * (i + 1)), d, *([1] * (len(dims) - i - 1))))
     shape = (h.shape[0], *dims)
     h = h.expand(*shape) if tuple(h.shape) != shape else h
@@ -151,6 +154,7 @@ def warm_fused(device) -> None:
     dev = torch.device(device)
     if str(dev) in _WARM:
         return
+    _coords(dev)
     words = key_words(1, dev)
     s = torch.arange(4, device=dev, dtype=torch.int64)
     v = torch.zeros(4, device=dev, dtype=torch.int64)
@@ -160,6 +164,16 @@ def warm_fused(device) -> None:
 
 
 _WARM: set = set()
+_COORDS: dict = {}
+
+
+def _coords(dev: torch.device) -> torch.Tensor:
+    """``_COORD`` as an int64 tensor on ``dev``, made once per device (``warm_fused``, before a
+    capture: a graph must not hold the host copy)."""
+    key = str(dev)
+    if key not in _COORDS:
+        _COORDS[key] = torch.tensor(_COORD, dtype=torch.int64).to(dev)
+    return _COORDS[key]
 
 
 def _in_dispatch_mode() -> bool:

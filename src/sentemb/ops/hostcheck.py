@@ -239,7 +239,11 @@ def _loop_ms(run, warm: int, timed: int, count: bool = False) -> tuple[float, fl
         if count:  # the first step's matmuls counted (sentemb.ops.flops; a full batch: the epoch's last may be short)
             from .flops import counted
 
-            flops = counted(lambda: [None for _ in run_steps(job, state, 1)])[1]
+            compiled, job.step_fn = job.step_fn, job.method.losses  # (torch.compile would skip a frame first met
+            try:                                                    # under the counter's dispatch mode for good)
+                flops = counted(lambda: [None for _ in run_steps(job, state, 1)])[1]
+            finally:
+                job.step_fn = compiled
         for _ in run_steps(job, state, warm - count):
             pass
         _sync(job.device)

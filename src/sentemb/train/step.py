@@ -364,8 +364,14 @@ class Graphed(MicroBatches):
                 p.grad = None
             with (torch.cuda.stream(side) if cuda else _null()), as_captured():
                 set_dropout_key(job, micro)
-                with capture_hazards(device) as hazards:
-                    self.inner.backward(job, static, micro, None)
+                # the check's pass through the eager function: torch.compile skips a frame first met
+                # under a dispatch mode, and would then never compile it (train.compile)
+                compiled, job.step_fn = job.step_fn, method.losses
+                try:
+                    with capture_hazards(device) as hazards:
+                        self.inner.backward(job, static, micro, None)
+                finally:
+                    job.step_fn = compiled
                 if hazards:
                     raise SentembError(
                         f"run '{job.run.name}': train.graphs: method '{method.name}' cannot be captured as a CUDA graph: "
