@@ -152,3 +152,22 @@ def test_the_fused_kernel_draws_the_eager_masks_bit_for_bit():
     with keyed(5, 2, 0, 6, mode="counter", kernel="fused"):
         b = F.dropout(x, 0.3, True)
     assert torch.equal(a, b)
+
+
+def test_a_failing_compile_falls_back_to_the_eager_ops_with_a_warning(monkeypatch, caplog):
+    """No compiler on the machine (no Triton, no C++ toolchain): ``fused`` warns once and computes the
+    same masks with the eager ops."""
+    from sentemb.model import dropout
+
+    def broken():
+        raise RuntimeError("no compiler here")
+
+    monkeypatch.setattr(dropout, "_fused", lambda: lambda *a: broken())
+    monkeypatch.setattr(dropout, "_FUSED_FAILED", [])
+    s, v = torch.arange(4), torch.zeros(4, dtype=torch.int64)
+    with caplog.at_level("WARNING", logger="sentemb.model.dropout"):
+        got = counter_keep_mask(mix(1, 2), s, v, (4, 6, 5), 0.2, 3, kernel="fused")
+        again = counter_keep_mask(mix(1, 2), s, v, (4, 6, 5), 0.2, 3, kernel="fused")
+    assert torch.equal(got, counter_keep_mask(mix(1, 2), s, v, (4, 6, 5), 0.2, 3)) and torch.equal(got, again)
+    warned = [r for r in caplog.records if "counter_kernel fused" in r.getMessage()]
+    assert len(warned) == 1 and "no compiler here" in warned[0].getMessage()

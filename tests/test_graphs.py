@@ -238,6 +238,30 @@ def test_the_plan_prices_a_graphed_step_at_the_graphed_floor():
     run = replace(testing.tiny_run("/m", "/c"), train=TrainSettings())
     assert _with_graphs(run, True).train.graphs and not _with_graphs(run, False).train.graphs
     assert _with_graphs(run, None) is run
+    both = _with_graphs(run, True, True).train
+    assert both.graphs and both.compile and not _with_graphs(run, None, False).train.compile
+
+
+def test_the_plan_prices_a_compiled_graphed_step_at_its_measured_floor_and_mfu():
+    """``train.graphs`` with ``train.compile``: the fused step's floor, and its MFU at width 768 only
+    (measured there; a wider encoder keeps the uncompiled figure)."""
+    from sentemb.ops.plan import (COMPILED_GRAPHED_FLOOR_S_PER_LAYER, COMPILED_GRAPHED_MFU,
+                                  GRAPHED_STEP_FLOOR_S_PER_LAYER, MEASURED_MFU, mfu_for, step_seconds)
+
+    assert COMPILED_GRAPHED_FLOOR_S_PER_LAYER < GRAPHED_STEP_FLOOR_S_PER_LAYER
+    assert step_seconds(1e9, 12, 1, 1e15, 0.24, graphs=True, compiled=True) == pytest.approx(
+        COMPILED_GRAPHED_FLOOR_S_PER_LAYER * 12)
+    # compile without graphs: the eager floor (the host still dispatches every kernel)
+    assert step_seconds(1e9, 12, 1, 1e15, 0.24, graphs=False, compiled=True) == step_seconds(1e9, 12, 1, 1e15, 0.24)
+    assert mfu_for("bert-base-uncased", compiled=True) == COMPILED_GRAPHED_MFU[768] > MEASURED_MFU[768]
+    assert mfu_for("roberta-large", compiled=True) == MEASURED_MFU[1024]
+    assert mfu_for("bert-base-uncased", 0.5, compiled=True) == 0.5
+    # a wider encoder: its own graphed floor, which compile leaves as it is (unmeasured compiled)
+    from sentemb.ops.plan import GRAPHED_FLOOR_BY_WIDTH
+
+    wide = step_seconds(1e9, 24, 1, 1e15, 0.3, graphs=True, width=1024)
+    assert wide == pytest.approx(GRAPHED_FLOOR_BY_WIDTH[1024] * 24) and GRAPHED_FLOOR_BY_WIDTH[1024] > GRAPHED_STEP_FLOOR_S_PER_LAYER
+    assert step_seconds(1e9, 24, 1, 1e15, 0.3, graphs=True, compiled=True, width=1024) == wide
 
 
 def test_graphed_two_processes_train_as_one_with_counter_dropout(worlds, tmp_path):

@@ -628,3 +628,25 @@ def test_code_form_head_resumes_bit_identically(tiny_bert_dir, tiny_senteval, tm
     res = train(run, tmp_path / "resumed", progress=False)
     assert res["history"] == full["history"] and len(full["history"]) == 2
     assert_same_model(tmp_path / "full/model", tmp_path / "resumed/model")
+
+
+def test_special_positions_are_the_tokenizers_own_special_tokens_mask(tiny_bert_dir, setup, shared):
+    """build_batch finds the special positions with one lookup of ``all_special_ids``: the rows of
+    ``get_special_tokens_mask(already_has_special_tokens=True)`` (the tiny and the real WordPiece
+    tokenizers; padding counted special too)."""
+    from transformers import AutoTokenizer
+
+    m = make(tiny_bert_dir, *setup, mlm_prob=1.0)
+    batch = m.build_batch(SENTS, lines=list(range(len(SENTS))), micro=0)
+    b = len(SENTS)
+    ids, att = batch["input_ids"][:b], batch["attention_mask"][:b]
+    ref = torch.tensor([m.tokenizer.get_special_tokens_mask(x, already_has_special_tokens=True) for x in ids.tolist()],
+                       dtype=torch.bool) | (att == 0)
+    # mlm_prob 1: every non-special position is chosen for corruption, no special one
+    assert torch.equal(batch["mlm_labels"] != -100, ~ref)
+    for tok in (m.tokenizer, AutoTokenizer.from_pretrained(shared / "models" / "all-MiniLM-L6-v2")):
+        enc = tok(SENTS + ["[MASK] x"], padding=True, return_tensors="pt")["input_ids"]
+        want = torch.tensor([tok.get_special_tokens_mask(x, already_has_special_tokens=True) for x in enc.tolist()],
+                            dtype=torch.bool)
+        got = torch.isin(enc, torch.tensor(sorted(set(tok.all_special_ids)), dtype=enc.dtype))
+        assert torch.equal(got, want)

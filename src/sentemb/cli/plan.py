@@ -16,7 +16,9 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
     config = load_config(args.config)
     graphs = {"on": True, "off": False}.get(args.graphs)
-    rows = plan(config, args.gpu, args.mfu, args.margin, lengths_from=args.lengths_from, graphs=graphs)
+    compile_ = {"on": True, "off": False}.get(args.compile)
+    rows = plan(config, args.gpu, args.mfu, args.margin, lengths_from=args.lengths_from, graphs=graphs,
+                compile=compile_)
     if args.json:
         Path(args.json).write_text(json.dumps([dataclasses.asdict(r) for r in rows], indent=1))
     print(format_plan(rows, gpu_spec(args.gpu)[0], args.mfu))
@@ -40,4 +42,8 @@ def register(sub) -> None:
     p.add_argument("--graphs", choices=("config", "on", "off"), default="config",
                    help="price the training steps with train.graphs as each run sets it (config), or as if every "
                         "run set it on or off: the CUDA-graphed step's measured floor (docs/plan-and-benchmarks.md)")
+    p.add_argument("--compile", choices=("config", "on", "off"), default="config",
+                   help="the same for train.compile: a graphed step with compile is priced at the fused step's "
+                        "measured floor and MFU (width 768; docs/plan-and-benchmarks.md); without graphs it changes "
+                        "nothing in the estimate")
     p.set_defaults(func=_cmd_plan)

@@ -451,15 +451,18 @@ class PaSeR(Method):
         self.eda = EDA(a.eda, a.eda_ratio, tokenizer.mask_token, wordnet, stop)
 
     # ------------------------------------------------------------------ batches
-    def targets(self, masked: Masked, surviving: int) -> list[int]:
+    def targets(self, masked: Masked, surviving: int, pieces: dict | None = None) -> list[int]:
         """Target ids ``[CLS] p1 [SEP] p2 [SEP] …`` of the phrases whose masks all survived truncation
-        (``surviving`` = number of mask tokens in the truncated s̃); [] if none."""
+        (``surviving`` = number of mask tokens in the truncated s̃); [] if none. ``pieces``: phrase →
+        its token ids, tokenized beforehand for the whole batch (one tokenizer call instead of one per
+        phrase: the same ids)."""
         tok = self.tokenizer
         ids = [tok.cls_token_id]
         for phrase, ords in zip(masked.phrases, masked.mask_ordinals):
             if max(ords) >= surviving:
                 continue
-            piece = tok(phrase, add_special_tokens=False)["input_ids"] + [tok.sep_token_id]
+            piece = (pieces[phrase] if pieces is not None else tok(phrase, add_special_tokens=False)["input_ids"]) \
+                + [tok.sep_token_id]
             if len(ids) + len(piece) > self.args.max_target_len:
                 break
             ids += piece
@@ -491,7 +494,9 @@ class PaSeR(Method):
         enc = self.pad_rows(dict(enc))  # to the bucket (train.buckets)
         ids, att = enc["input_ids"], enc["attention_mask"]
         surviving = (ids[b:] == tok.mask_token_id).sum(1).tolist()
-        tgts = [self.targets(m, n) for m, n in zip(masked, surviving)]
+        phrases = list(dict.fromkeys(p for m in masked for p in m.phrases))
+        pieces = dict(zip(phrases, tok(phrases, add_special_tokens=False)["input_ids"])) if phrases else {}
+        tgts = [self.targets(m, n, pieces) for m, n in zip(masked, surviving)]
         if self.args.target_truncation == "sentence":  # the code: no target when s or s̃ reaches max_len tokens
             n_tok = att.sum(1)
             tgts = [t if max(int(n_tok[i]), int(n_tok[b + i])) < self.ctx.max_len else [] for i, t in enumerate(tgts)]
@@ -507,8 +512,8 @@ class PaSeR(Method):
             dec_att[r, :len(t) - 1] = 1
             dec_lab[r, :len(t) - 1] = torch.tensor(t[1:])
         s_ids, s_att = ids[:b], att[:b]
-        special = torch.tensor([tok.get_special_tokens_mask(x, already_has_special_tokens=True)
-                                for x in s_ids.tolist()], dtype=torch.bool) | (s_att == 0)
+        # get_special_tokens_mask(already_has_special_tokens=True) row by row, as one lookup
+        special = torch.isin(s_ids, torch.tensor(sorted(set(tok.all_special_ids)), dtype=s_ids.dtype)) | (s_att == 0)
         mlm_ids, mlm_lab = self.mlm_mask(s_ids, special, rng, width=real)
         return {"input_ids": ids, "attention_mask": att, "dec_rows": torch.tensor(rows, dtype=torch.long),
                 "dec_input_ids": dec_in, "dec_attention_mask": dec_att, "dec_labels": dec_lab,

@@ -39,6 +39,7 @@ Two ways to draw a keyed mask (``mode``):
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 from contextlib import contextmanager
@@ -49,6 +50,7 @@ import torch.nn.functional as F
 
 from .. import SentembError
 
+log = logging.getLogger(__name__)
 _MASK64 = (1 << 64) - 1
 _ORIGINAL = {"dropout": F.dropout, "sdpa": F.scaled_dot_product_attention}
 _LOCAL = threading.local()
@@ -111,11 +113,16 @@ def counter_keep_mask(key, sentences: torch.Tensor, views: torch.Tensor, shape, 
     call_word = (int(call) * _COORD[1] + 0x5BD1E995) & _M32
     dims = [int(d) for d in shape[1:]]
     threshold = int(round(p * (1 << 24)))
-    if kernel == "fused" and not _in_dispatch_mode():  # (under a dispatch mode, e.g. the capture check: the eager ops)
-        # the call's word as a device scalar (a factory op, no host copy): a Python int would become
-        # a symbolic integer under dynamic shapes, and the XOR would need it as a constant
+    if kernel == "fused" and not _FUSED_FAILED and not _in_dispatch_mode():  # (under a dispatch mode, e.g. the
+        # capture check: the eager ops). The call's word as a device scalar (a factory op, no host copy): a
+        # Python int would become a symbolic integer under dynamic shapes, and the XOR would need it as a constant
         cw = torch.full((), call_word, dtype=torch.int64, device=dev)
-        return _fused()(words, sentences, views, cw, dims, threshold, _coords(dev))
+        try:
+            return _fused()(words, sentences, views, cw, dims, threshold, _coords(dev))
+        except Exception as e:  # noqa: BLE001 - no compiler here (no Triton, no C++ toolchain): the same bits eagerly
+            _FUSED_FAILED.append(f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}")
+            log.warning("train.counter_kernel fused: torch.compile of the counter mask failed (%s); the eager ops "
+                        "compute the same masks, more slowly", _FUSED_FAILED[0])
     if kernel not in ("eager", "fused"):
         raise SentembError(f"train.counter_kernel: {kernel!r} is not eager or fused")
     return _counter_mask(words, sentences, views, call_word, dims, threshold)
@@ -143,6 +150,7 @@ def _counter_mask(words: torch.Tensor, sentences: torch.Tensor, views: torch.Ten
 
 
 _FUSED: list = []
+_FUSED_FAILED: list = []  # the first compile error: the process then uses the eager ops
 
 
 def warm_fused(device) -> None:

@@ -127,6 +127,17 @@ STEP_FLOOR_S_PER_LAYER = 0.0029
 #: (47.3 eager, batches built in line), i.e. 1.16 ms per layer and pass; with SAM (two passes) 30.5 ms.
 #: At this batch the graphed step is the GPU's own time on small kernels, not the host's.
 GRAPHED_STEP_FLOOR_S_PER_LAYER = 0.00116
+#: The graphed step with ``train.compile`` (Inductor's fused kernels inside the graph), measured on
+#: an H200 (2026-11-27, third lend, ``docs/gpu/h200-2026-11-27-fused.md``): SimCSE BERT-base bf16
+#: max_len 32, B 64 10.8 ms a step (0.90 ms per layer and pass; 13.8 graphed without compile) and
+#: B 512 54.9 ms, 31.0% of the bf16 peak (24.4% without). Measured at width 768 only: a wider
+#: encoder keeps ``MEASURED_MFU``'s figure (no gain assumed where none was measured).
+COMPILED_GRAPHED_FLOOR_S_PER_LAYER = 0.0009
+COMPILED_GRAPHED_MFU = {768: 0.31}
+#: The graphed floor by the encoder's width (the same lend): RoBERTa-large's SimCSE step at B 64 took
+#: 36.2 ms graphed (24 layers: 1.51 ms per layer and pass), its wider layers' kernels longer than
+#: BERT-base's. With ``train.compile`` a wider encoder keeps this (unmeasured compiled).
+GRAPHED_FLOOR_BY_WIDTH = {768: GRAPHED_STEP_FLOOR_S_PER_LAYER, 1024: 0.00151}
 DEFAULT_MFU = None  # None: MEASURED_MFU by the encoder's width
 GEN_MFU = 0.05  # beam-search generation is memory-bound: a tenth-ish of training's MFU (assumed)
 DEFAULT_MARGIN = 1.5  # a request must cover the estimate × this
@@ -217,6 +228,7 @@ class Row:
     step_s: float | None = None  # estimated seconds of one optimizer step on one GPU
     build_s: float | None = None  # seconds to build one optimizer step's batches on the job's CPUs
     graphs: bool = False  # priced as train.graphs (the graphed step's floor, GRAPHED_STEP_FLOOR_S_PER_LAYER)
+    compiled: bool = False  # and train.compile with it (COMPILED_GRAPHED_FLOOR_S_PER_LAYER, COMPILED_GRAPHED_MFU)
 
 
 # ---------------------------------------------------------------------------------------- measuring
@@ -896,7 +908,9 @@ def _train_row(kind, label, run, m: Measure, encode: float, config: dict | Confi
     shares = (profile or {}).get("count") or {max(measures): 1.0}
     widest = measures[max(measures)]
     at = widest.at(layers)
-    mfu = mfu_for(arch, mfu)
+    fused = bool(t.graphs and t.compile)
+    width = _width_key(arch)
+    mfu = mfu_for(arch, mfu, compiled=fused)
     scale = t.batch_size / MICRO
     static = (16 * at["trainable"] + 4 * at["frozen"] + (4 * at["trainable"] if t.sam_rho else 0)) / 1e9 \
         + CUDA_OVERHEAD_GB
@@ -915,7 +929,7 @@ def _train_row(kind, label, run, m: Measure, encode: float, config: dict | Confi
         else:
             passes = mw.grad_passes + mw.nograd_passes / 3
         flops_step += frac * f
-        per_gpu += frac * step_seconds(f / t.devices, layers, passes * t.grad_accum, peak, mfu, t.graphs)
+        per_gpu += frac * step_seconds(f / t.devices, layers, passes * t.grad_accum, peak, mfu, t.graphs, fused, width)
     eval_flops = evals * DEV_SENTENCES * encode
     if dev_eval_s is not None:  # measured seconds per evaluation (DEV_EVAL_SECONDS), scaled by the encoder
         eval_hours = evals * dev_eval_s / 3600
@@ -924,7 +938,8 @@ def _train_row(kind, label, run, m: Measure, encode: float, config: dict | Confi
     hours = per_gpu * t.devices * steps / 3600 + eval_hours
     mem = static + per_sentence * (chunk or share)
     host = HOST_BASE_GB + 8 * (at["trainable"] + at["frozen"]) / 1e9
-    row = Row(kind, label, at["trainable"] + at["frozen"], flops_step, steps, hours, mem, host, graphs=t.graphs)
+    row = Row(kind, label, at["trainable"] + at["frozen"], flops_step, steps, hours, mem, host, graphs=t.graphs,
+              compiled=fused)
     row.floor_hours = (flops_step * steps + eval_flops) / peak / 3600
     row.chunk = (f"{chunk}/{share}" if chunk is not None else f"{share}") + (f" x{t.devices}" if t.devices > 1 else "")
     row.lengths = lengths
@@ -946,22 +961,34 @@ def _train_row(kind, label, run, m: Measure, encode: float, config: dict | Confi
     return row
 
 
-def mfu_for(arch, mfu: float | None = None) -> float:
+def mfu_for(arch, mfu: float | None = None, compiled: bool = False) -> float:
     """``mfu`` when given, else ``MEASURED_MFU`` by ``arch``'s hidden size (an ``ARCHITECTURES``
-    name, a shape mapping, or a hidden size)."""
+    name, a shape mapping, or a hidden size); ``compiled`` (``train.graphs`` with ``train.compile``):
+    ``COMPILED_GRAPHED_MFU`` where it was measured."""
     if mfu is not None:
         return mfu
+    key = _width_key(arch)
+    return (COMPILED_GRAPHED_MFU.get(key) if compiled else None) or MEASURED_MFU[key]
+
+
+def _width_key(arch) -> int:
+    """768 for an encoder of hidden size 768 or less, else 1024: the widths the constants were measured at."""
     from .shapes import fields_of
 
     width = arch if isinstance(arch, int) else int(fields_of(arch).get("hidden_size", 768))
-    return MEASURED_MFU[768] if width <= 768 else MEASURED_MFU[1024]
+    return 768 if width <= 768 else 1024
 
 
-def step_seconds(flops: float, layers: int, passes: float, peak: float, mfu: float, graphs: bool = False) -> float:
+def step_seconds(flops: float, layers: int, passes: float, peak: float, mfu: float, graphs: bool = False,
+                 compiled: bool = False, width: int = 768) -> float:
     """The plan's time of one optimizer step on one GPU: its ``flops`` at ``mfu`` of ``peak``
-    (FLOP/s), or the host floor (``STEP_FLOOR_S_PER_LAYER`` × ``layers`` × ``passes``; with
-    ``graphs``, ``train.graphs``, ``GRAPHED_STEP_FLOOR_S_PER_LAYER``), the larger."""
-    floor = GRAPHED_STEP_FLOOR_S_PER_LAYER if graphs else STEP_FLOOR_S_PER_LAYER
+    (FLOP/s), or the floor (``STEP_FLOOR_S_PER_LAYER`` × ``layers`` × ``passes``, the host's; with
+    ``graphs``, ``train.graphs``, the GPU's small kernels: ``GRAPHED_FLOOR_BY_WIDTH`` at the
+    encoder's ``width`` key (768 or 1024), and with ``compiled`` too, ``train.compile``,
+    ``COMPILED_GRAPHED_FLOOR_S_PER_LAYER`` where measured), the larger."""
+    graphed = GRAPHED_FLOOR_BY_WIDTH.get(width, GRAPHED_STEP_FLOOR_S_PER_LAYER)
+    floor = ((COMPILED_GRAPHED_FLOOR_S_PER_LAYER if width == 768 else graphed) if graphs and compiled else
+             graphed if graphs else STEP_FLOOR_S_PER_LAYER)
     return max(flops / (mfu * peak), floor * layers * passes)
 
 
@@ -984,10 +1011,11 @@ def _flag(row: Row, gpu: str, res: dict, margin: float) -> Row:
 
 
 def plan(config: dict | Config, gpu: str = DEFAULT_GPU, mfu: float | None = DEFAULT_MFU, margin: float = DEFAULT_MARGIN,
-         work: str | Path | None = None, lengths_from: str | Path | None = None, graphs: bool | None = None) -> list[Row]:
+         work: str | Path | None = None, lengths_from: str | Path | None = None, graphs: bool | None = None,
+         compile: bool | None = None) -> list[Row]:
     """Every job of the configuration's DAG with its estimate (see the module docstring).
-    ``graphs``: price every training and pretraining job with ``train.graphs`` set so (a what-if;
-    None: as each run sets it)."""
+    ``graphs``, ``compile``: price every training and pretraining job with ``train.graphs``,
+    ``train.compile`` set so (a what-if; None: as each run sets it)."""
     import torch
 
     from ..config.load import baseline_transfer, baselines, jobs, resolve_run, tested, transfer_runs
@@ -1007,14 +1035,14 @@ def plan(config: dict | Config, gpu: str = DEFAULT_GPU, mfu: float | None = DEFA
             backbones = sorted({r.backbone for r in cfg.runs if r.method == method
                                 and "pretrained" in _requires(cfg, r)})
             for b in backbones:
-                run = _with_graphs(resolve_pretrain(cfg, method, b), graphs)
+                run = _with_graphs(resolve_pretrain(cfg, method, b), graphs, compile)
                 rows.append(_priced_row(counter, "pretrain", f"{method}/{b}", run, cfg, gpu, mfu, margin,
                                         resources["pretrain"], cls.pretrain_stage))
         # training and its evaluations
         evaluations = []  # (job, architecture, with transfer)
         evaluated, transferred = tested(cfg), transfer_runs(cfg)
         for job in jobs(cfg):  # the Snakefile's training jobs (sentemb.config.load.jobs)
-            run = _with_graphs(resolve_run(cfg, job.name, job.backbone, job.seed), graphs)
+            run = _with_graphs(resolve_run(cfg, job.name, job.backbone, job.seed), graphs, compile)
             label = f"{job.name}/{job.backbone}/seed{job.seed}"
             rows.append(_priced_row(counter, "train", label, run, cfg, gpu, mfu, margin, resources["train"]))
             if (job.name, job.backbone) in evaluated:
@@ -1043,11 +1071,11 @@ def plan(config: dict | Config, gpu: str = DEFAULT_GPU, mfu: float | None = DEFA
     return rows
 
 
-def _with_graphs(run, graphs: bool | None):
-    """``run`` with ``train.graphs`` set to ``graphs`` (None: as it is)."""
-    if graphs is None or run.train.graphs == graphs:
-        return run
-    return dataclasses.replace(run, train=dataclasses.replace(run.train, graphs=graphs))
+def _with_graphs(run, graphs: bool | None, compile: bool | None = None):
+    """``run`` with ``train.graphs`` set to ``graphs`` and ``train.compile`` to ``compile`` (None: as
+    it is)."""
+    over = {k: v for k, v in (("graphs", graphs), ("compile", compile)) if v is not None and getattr(run.train, k) != v}
+    return dataclasses.replace(run, train=dataclasses.replace(run.train, **over)) if over else run
 
 
 def _priced_row(counter: Counter, kind: str, label: str, run, cfg: Config, gpu: str, mfu, margin, res: dict,
@@ -1186,10 +1214,12 @@ def format_plan(rows: list[Row], gpu: str, mfu: float | None) -> str:
     at = (f"MFU {mfu:.2f} of its bf16 peak" if mfu is not None else
           f"the MFU measured on an H200 ({', '.join(f'{v:.2f} at width {k}' for k, v in MEASURED_MFU.items())}) "
           f"and a floor of {1000 * STEP_FLOOR_S_PER_LAYER:.1f} ms per layer and pass")
-    graphed = sum(r.graphs for r in rows)
+    graphed, compiled = sum(r.graphs for r in rows), sum(r.compiled for r in rows)
     if graphed and mfu is None:
         at += (f" ({graphed} jobs with train.graphs: {1000 * GRAPHED_STEP_FLOOR_S_PER_LAYER:.2f} ms, the graphed step "
-               "measured on an H200)")
+               "measured on an H200" + (f"; {compiled} of them with train.compile: "
+                                        f"{1000 * COMPILED_GRAPHED_FLOOR_S_PER_LAYER:.2f} ms and MFU "
+                                        f"{COMPILED_GRAPHED_MFU[768]:.2f} at width 768" if compiled else "") + ")")
     total = sum(by_kind.values())
     floor = sum(r.floor_hours for r in rows)
     lines += [f"total: {total:.1f} GPU-hours on {gpu} at {at}; floor {floor:.1f} GPU-hours (counted FLOPs at "
