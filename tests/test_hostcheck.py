@@ -65,3 +65,17 @@ def test_graphed_row_times_both_ways_and_counts_the_steps_flops(tiny_bert_dir, t
     assert tflops > 0 and "% of the bf16 peak" not in note, note
     # the replay-alone split is a CUDA figure only
     assert "replayed" not in note, note
+
+
+def test_graphed_row_sets_the_plans_estimate_beside_the_measured_step(tiny_bert_dir, tiny_corpus, monkeypatch):
+    """With a peak (on a GPU: by its name), the row says what ``sentemb plan`` prices that step at:
+    ``step_seconds`` of the counted FLOPs and the encoder passes the plan counts (SimCSE: one; SAM: two)."""
+    from sentemb.ops import benchmark
+
+    monkeypatch.setattr(benchmark, "_peak", lambda device, override: 1e-3)  # TFLOP/s: compute-bound at this peak
+    for train, passes in (({}, "1 passes"), ({"sam_rho": 0.05}, "2 passes")):
+        what, value, note = hostcheck.graphed(tiny_bert_dir, tiny_corpus, "cpu", 4, 16, "simcse", None, {}, train=train,
+                                              warm=1, timed=1)
+        assert "FAILED" not in value and "% of the bf16 peak" in note, (what, value, note)
+        plan = note.split("sentemb plan's graphed step at this GPU's peak ")[1]
+        assert float(plan.split(" ms")[0]) > 0 and passes in plan, note

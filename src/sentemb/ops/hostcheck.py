@@ -225,11 +225,12 @@ def graph_probe(model: Path, corpus: Path, device: str, batch: int, max_len: int
 PARTS = ("first_steps", "workers", "graph", "dev_eval", "graph_methods", "compile", "graphed")
 
 
-def _loop_ms(run, warm: int, timed: int, count: bool = False) -> tuple[float, float, int, "tuple | float | None"]:
+def _loop_ms(run, warm: int, timed: int, count: bool = False) -> tuple[float, float, int, "tuple | None"]:
     """The loop's own steps (``run_steps``) of ``run``: ``warm`` steps (the captures of a graphed
     run happen here), then ``timed`` steps to a device sync. Returns (s/step timed, s warm, graphs,
     and, graphed on CUDA, (s per replay of the most replayed graph alone: ``_replay_s``, s per eager
-    update alone), or with ``count`` the counted FLOPs of the first step, or None)."""
+    update alone), or with ``count`` the first step's (counted FLOPs, encoder layers, encoder passes as
+    ``sentemb plan`` counts them, hidden size), or None)."""
     from ..train.loop import State, run_steps, setup
 
     with setup(run, "/nonexistent-gpucheck-output") as job:
@@ -239,11 +240,20 @@ def _loop_ms(run, warm: int, timed: int, count: bool = False) -> tuple[float, fl
         if count:  # the first step's matmuls counted (sentemb.ops.flops; a full batch: the epoch's last may be short)
             from .flops import counted
 
+            import torch
+
             compiled, job.step_fn = job.step_fn, job.method.losses  # (torch.compile would skip a frame first met
-            try:                                                    # under the counter's dispatch mode for good)
+            layer0 = job.method.encoder.encoder.layer[0]            # under the counter's dispatch mode for good)
+            calls = [0, 0]  # the encoder's passes with and without grad, as the plan counts them
+            hook = layer0.register_forward_hook(
+                lambda *a: calls.__setitem__(int(not torch.is_grad_enabled()), calls[int(not torch.is_grad_enabled())] + 1))
+            try:
                 flops = counted(lambda: [None for _ in run_steps(job, state, 1)])[1]
             finally:
                 job.step_fn = compiled
+                hook.remove()
+            flops = (flops, len(job.method.encoder.encoder.layer), calls[0] + calls[1] / 3,
+                     int(job.method.encoder.config.hidden_size))
         for _ in run_steps(job, state, warm - count):
             pass
         _sync(job.device)
@@ -312,14 +322,24 @@ def graphed(model: Path, corpus: Path, device: str, batch: int, max_len: int, me
             traceback.print_exc(file=sys.stderr)
         done = f"eager {1000 * out[False][0]:.1f} ms/step; " if False in out else ""
         return what, f"{done}FAILED: {_first_line(e)}", ""
-    (e_s, e_w, _, flops), (g_s, g_w, n, replay) = out[False], out[True]
+    (e_s, e_w, _, counted), (g_s, g_w, n, replay) = out[False], out[True]
     from .benchmark import _peak
 
     import torch
 
     peak = _peak(torch.device(device), None)
-    mfu = (f"; {flops / g_s / 1e12:.3g} TFLOP/s graphed" + (f", {100 * flops / g_s / 1e12 / peak:.1f}% of the bf16 peak"
-                                                             if peak else "")) if flops else ""
+    mfu = ""
+    if counted:
+        flops, layers, passes, width = counted
+        mfu = f"; {flops / g_s / 1e12:.3g} TFLOP/s graphed"
+        if peak:
+            from .plan import _width_key, mfu_for, step_seconds
+
+            fused = bool(train.get("compile"))
+            plan_s = step_seconds(flops, layers, passes, peak * 1e12, mfu_for(width, compiled=fused), True, fused,
+                                  _width_key(width))
+            mfu += (f", {100 * flops / g_s / 1e12 / peak:.1f}% of the bf16 peak; sentemb plan's graphed step at this "
+                    f"GPU's peak {1000 * plan_s:.1f} ms ({100 * (plan_s - g_s) / g_s:+.0f}%, {passes:g} passes)")
     alone = (f"; alone: one micro-batch's graph replayed {1000 * replay[0]:.1f} ms, the eager update (clip, AdamW, "
              f"schedule) {1000 * replay[1]:.1f} ms") if replay else ""
     return (what, f"eager {1000 * e_s:.1f} ms/step, graphed {1000 * g_s:.1f} ms/step ({e_s / g_s:.2f}x)",
