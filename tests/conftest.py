@@ -22,10 +22,45 @@ SKIP_REASON = (
 )
 
 
+#: the environment variables of the thread pools a test process and its subprocesses start (torch's
+#: OpenMP, numpy's OpenBLAS, MKL)
+THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def worker_threads() -> int | None:
+    """Under pytest-xdist, each worker's share of the cores (at least 1); None in a single process.
+
+    Two workers on two cores each running torch (and OpenBLAS) at its default of one thread per core
+    put four spinning threads on two cores: on the 2-core machine that made the same work cost 3-8x
+    the CPU (``sentemb gpu-check --cpu``: 237 s -> 74 s of CPU with one thread per worker)."""
+    n = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if not n:
+        return None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // int(n))
+
+
+def share_the_cores() -> None:
+    """Limit this worker's thread pools to ``worker_threads()``, and its subprocesses' (the variables
+    are set where the environment does not already set them: an explicit OMP_NUM_THREADS wins).
+    Snakemake sets its jobs' own (a rule's ``threads``)."""
+    n = worker_threads()
+    if n is None:
+        return
+    for var in THREAD_VARS:
+        os.environ.setdefault(var, str(n))
+    import torch
+    from threadpoolctl import threadpool_limits
+
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    threadpool_limits(int(os.environ["OPENBLAS_NUM_THREADS"]), user_api="blas")
+
+
 def pytest_configure(config):
     # realdata tests skip where ../shared is absent, but must always run in CI.
     if os.environ.get("CI") and SHARED is None:
         raise pytest.UsageError(f"CI is set but the real data is missing: {SKIP_REASON}")
+    share_the_cores()
 
 
 def pytest_collection_modifyitems(config, items):
