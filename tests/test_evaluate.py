@@ -69,6 +69,29 @@ def test_embedder_dedupes_and_keeps_order(tiny_bert_dir):
     assert np.allclose(single[0], out[1], atol=1e-5)  # padding in a batch does not change a vector
 
 
+@pytest.mark.parametrize("arch", ["bert", "roberta"])
+def test_cls_last_layer_for_cls_only_equals_the_full_forward(arch, tiny_bert_dir, tiny_roberta_dir):
+    """cls_before_pooler on the CPU computes the last layer for [CLS] only (ClsLastLayer): the same
+    vectors as the full forward up to float rounding, padding included; other poolers, bf16 and
+    other architectures take the full forward."""
+    from sentemb.model.encoder import ClsLastLayer
+
+    model_dir = tiny_bert_dir if arch == "bert" else tiny_roberta_dir
+    sents = ["a man plays guitar", "the dog", "x", "the sun is big and red today and the sky is blue"]
+    fast = Embedder.from_dir(model_dir, "cls_before_pooler", device="cpu", batch_size=3)
+    full = Embedder.from_dir(model_dir, "cls_before_pooler", device="cpu", batch_size=3, cls_fast_path=False)
+    assert fast._cls_last is not None and full._cls_last is None
+    ref = full(sents)
+    with torch.no_grad():  # and the plain Hugging Face forward, one sentence at a time (no padding)
+        one = np.stack([full.model(**full.tokenizer([s], return_tensors="pt")).last_hidden_state[0, 0].numpy()
+                        for s in sents])
+    got = fast(sents)
+    assert np.allclose(got, ref, atol=1e-5) and np.allclose(got, one, atol=1e-5)
+    assert fast.model.encoder.layer[-1]._forward_pre_hooks == {}  # the hook is gone after each batch
+    assert Embedder.from_dir(model_dir, "avg", device="cpu")._cls_last is None
+    assert ClsLastLayer.of(torch.nn.Linear(2, 2)) is None
+
+
 def test_evaluate_end_to_end_on_tiny_tree(tiny_bert_dir, tiny_senteval):
     emb = Embedder.from_dir(tiny_bert_dir, "cls_before_pooler", device="cpu")
     res = evaluate_sts(emb, tiny_senteval)

@@ -88,6 +88,14 @@ wildcard_constraints:
     kind="|".join(EVAL_KINDS),
 
 
+# Scheduling order among jobs that are ready at the same time (Snakemake `priority:`; higher first):
+# what gates training (the token cache and statistics, a pretraining stage), then training, then the
+# trained runs' STS evaluations, the untrained baselines', the transfer encodings; everything else
+# (the short jobs: classifiers, cards, tables) fills in. Long jobs first keeps every core busy to the
+# end: on the 2-core demo, no lone evaluation runs after the rest is done (the order changes no result).
+PRIORITY = {"stats": 50, "pretrain": 50, "train": 40, "evaluate": 30, "evaluate_baseline": 20, "encode": 10}
+
+
 def shell_options(**options):
     """Shell-quoted CLI options for the values that are set (dicts as JSON):
     ``shell_options(sha256="ab", max_sentences=None)`` is ``"--sha256 ab"``."""

@@ -67,6 +67,7 @@ rule evaluate:
     benchmark:
         f"benchmarks/evaluate/{{name}}/{{backbone}}/seed{{seed}}.tsv"
     threads: res("evaluate", "cpus")
+    priority: PRIORITY["evaluate"]
     resources:
         gpu=res("evaluate", "gpu"),
         runtime=res("evaluate", "runtime"),
@@ -95,6 +96,7 @@ rule encode_transfer:
     benchmark:
         f"benchmarks/encode_transfer/{{name}}/{{backbone}}/seed{{seed}}.tsv"
     threads: res("evaluate", "cpus")
+    priority: PRIORITY["encode"]
     resources:
         gpu=res("evaluate", "gpu"),
         runtime=res("evaluate", "runtime"),
@@ -146,6 +148,7 @@ rule evaluate_baseline:
     log:
         f"{LOGS}/evaluate_baseline/{{backbone}}/{{pooler}}.log",
     threads: res("evaluate", "cpus")
+    priority: PRIORITY["evaluate_baseline"]
     resources:
         gpu=res("evaluate", "gpu"),
         runtime=res("evaluate", "runtime"),
@@ -169,6 +172,7 @@ rule encode_baseline_transfer:
     log:
         f"{LOGS}/encode_baseline_transfer/{{backbone}}/{{pooler}}.log",
     threads: res("evaluate", "cpus")
+    priority: PRIORITY["encode"]
     resources:
         gpu=res("evaluate", "gpu"),
         runtime=res("evaluate", "runtime"),

@@ -65,6 +65,7 @@ rule pretrain:
     benchmark:
         f"benchmarks/pretrain/{{method}}/{{backbone}}.tsv"
     threads: res("pretrain", "cpus")
+    priority: PRIORITY["pretrain"]
     resources:
         gpu=lambda w: res("pretrain", "gpu") * pretrain_devices(w),
         runtime=res("pretrain", "runtime"),

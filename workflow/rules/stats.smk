@@ -63,6 +63,7 @@ rule stats_token_freq:
     benchmark:
         f"benchmarks/stats/{{corpus}}/token_freq.{{backbone}}.tsv"
     threads: res("stats", "cpus")
+    priority: PRIORITY["stats"]
     resources:
         runtime=res("stats", "runtime"),
         mem_mb=res("stats", "mem_mb"),
@@ -86,6 +87,7 @@ rule tokenize:
     benchmark:
         f"benchmarks/stats/{{corpus}}/tokens.{{backbone}}.tsv"
     threads: res("stats", "cpus")
+    priority: PRIORITY["stats"]
     resources:
         runtime=res("stats", "runtime"),
         mem_mb=res("stats", "mem_mb"),
@@ -107,6 +109,7 @@ rule stats_tfidf:
     benchmark:
         f"benchmarks/stats/{{corpus}}/tfidf.tsv"
     threads: res("stats", "cpus")
+    priority: PRIORITY["stats"]
     resources:
         runtime=res("stats", "runtime"),
         mem_mb=res("stats", "mem_mb"),
@@ -128,6 +131,7 @@ rule stats_tfidf_para:
     benchmark:
         f"benchmarks/stats/{{corpus}}/tfidf_para.tsv"
     threads: res("stats", "cpus")
+    priority: PRIORITY["stats"]
     resources:
         runtime=res("stats", "runtime"),
         mem_mb=res("stats", "mem_mb"),
@@ -151,6 +155,7 @@ rule stats_rake:
     benchmark:
         f"benchmarks/stats/{{corpus}}/rake_top{{k}}.tsv"
     threads: res("stats", "cpus")
+    priority: PRIORITY["stats"]
     resources:
         runtime=res("stats", "runtime"),
         mem_mb=res("stats", "mem_mb"),

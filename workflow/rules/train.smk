@@ -76,6 +76,7 @@ rule train:
     benchmark:
         f"benchmarks/train/{{name}}/{{backbone}}/seed{{seed}}.tsv"
     threads: res("train", "cpus")
+    priority: PRIORITY["train"]
     resources:
         gpu=train_gpus,
         runtime=res("train", "runtime"),

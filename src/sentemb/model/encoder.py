@@ -21,12 +21,19 @@ class Embedder:
     Unique sentences are encoded once, in batches of similar length (sorted by token count), under
     ``torch.inference_mode``, in fp32 as SentEval and the papers encode (``precision="bf16"``, or
     ``"auto"`` = bf16 on CUDA only, when asked for); results come back in input order as float32.
+
+    ``cls_before_pooler`` on the CPU in fp32 (every method's evaluation pooler, the demo's case) runs
+    the last Transformer layer for the [CLS] position only (``ClsLastLayer``): its output is all the
+    pooler reads, and the other positions' queries and feed-forward in that layer are ~10% of the
+    encoding's compute. The vectors equal the full forward's up to float rounding (~1e-6);
+    ``cls_fast_path=False`` runs the full forward.
     """
 
     KEPT_PLANS = 4  # with keep_plan: how many sentence lists' batches are kept
 
     def __init__(self, model, tokenizer, pooler: str, *, batch_size: int = 128, max_length: int | None = None,
-                 device=None, progress: bool = False, precision: str = "fp32", head=None, keep_plan: bool = False):
+                 device=None, progress: bool = False, precision: str = "fp32", head=None, keep_plan: bool = False,
+                 cls_fast_path: bool = True):
         import torch
 
         from .backbone import POOLERS, max_length_of
@@ -48,6 +55,7 @@ class Embedder:
         # its second sentences, every eval_steps)
         self.keep_plan = keep_plan
         self._plans: dict[tuple[str, ...], list] = {}
+        self._cls_last = ClsLastLayer.of(model) if cls_fast_path and pooler == "cls_before_pooler" else None
 
     @classmethod
     def from_dir(cls, model_dir: str | Path, pooler: str, *, device="auto", **kw) -> "Embedder":
@@ -88,11 +96,16 @@ class Embedder:
 
             it = tqdm(plan, desc="encode", unit="batch", file=sys.stderr, mininterval=1 if sys.stderr.isatty() else 30)
         hs = needs_hidden_states(self.pooler)
+        # fp32 on the CPU only: the GPU paths (bf16, CUDA graphs, compiled steps) stay as they were
+        cls_last = self._cls_last if (self.device.type == "cpu" and not use_bf16) else None
         with torch.inference_mode(), torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=use_bf16):
             for idx, batch in it:
                 batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
-                outputs = self.model(**batch, output_hidden_states=hs, return_dict=True)
-                vec = pool(self.pooler, outputs, batch["attention_mask"])
+                if cls_last is not None:
+                    vec = cls_last(batch)
+                else:
+                    outputs = self.model(**batch, output_hidden_states=hs, return_dict=True)
+                    vec = pool(self.pooler, outputs, batch["attention_mask"])
                 if self.head is not None:
                     vec = self.head(vec)
                 if out is None:
@@ -121,3 +134,76 @@ class Embedder:
                 batch = {k: v.pin_memory() for k, v in batch.items()}
             plan.append((idx, dict(batch)))
         return plan
+
+
+class _LastLayerInput(Exception):
+    """Raised by ``ClsLastLayer``'s hook with the last layer's input: the forward stops there."""
+
+    def __init__(self, hidden):
+        super().__init__()
+        self.hidden = hidden
+
+
+class ClsLastLayer:
+    """The raw last-layer [CLS] vector of a BERT/RoBERTa encoder (pooler ``cls_before_pooler``) with
+    the last layer computed for [CLS] only: keys and values of every position, the query, attention
+    output and feed-forward of position 0. The encoder runs as usual up to its last layer (a
+    forward pre-hook takes that layer's input and stops the forward); the last layer is its own
+    modules applied in the order of transformers' ``BertLayer`` (identical for RoBERTa).
+
+    ``ClsLastLayer.of(model)`` is None for any other model (another architecture, a decoder,
+    relative position attention, a wrapped module): those run the full forward."""
+
+    TYPES = ("bert", "roberta")
+
+    def __init__(self, model, layer):
+        self.model, self.layer = model, layer
+
+    @classmethod
+    def of(cls, model) -> "ClsLastLayer | None":
+        cfg = getattr(model, "config", None)
+        layers = getattr(getattr(model, "encoder", None), "layer", None)
+        if cfg is None or getattr(cfg, "model_type", None) not in cls.TYPES or getattr(cfg, "is_decoder", False):
+            return None
+        if getattr(cfg, "position_embedding_type", "absolute") not in (None, "absolute") or not layers:
+            return None
+        last = layers[-1]
+        att = getattr(last, "attention", None)
+        sa = getattr(att, "self", None)
+        parts = (getattr(sa, "query", None), getattr(sa, "key", None), getattr(sa, "value", None),
+                 getattr(att, "output", None), getattr(last, "intermediate", None), getattr(last, "output", None))
+        if any(p is None for p in parts) or getattr(last, "crossattention", None) is not None:
+            return None
+        if cfg.hidden_size % cfg.num_attention_heads:
+            return None
+        return cls(model, last)
+
+    def _stop(self, module, args, kwargs):
+        raise _LastLayerInput(args[0] if args else kwargs["hidden_states"])
+
+    def __call__(self, batch: dict):
+        import torch
+        import torch.nn.functional as F
+
+        handle = self.layer.register_forward_pre_hook(self._stop, with_kwargs=True)
+        try:
+            self.model(**batch, return_dict=True)
+            raise SentembError("ClsLastLayer: the encoder's forward never reached its last layer")
+        except _LastLayerInput as stop:
+            h = stop.hidden
+        finally:
+            handle.remove()
+        cfg, last = self.model.config, self.layer
+        sa = last.attention.self
+        n, length, width = h.shape
+        heads = cfg.num_attention_heads
+        dim = width // heads
+        h0 = h[:, :1]
+        q = sa.query(h0).view(n, 1, heads, dim).transpose(1, 2)
+        k = sa.key(h).view(n, length, heads, dim).transpose(1, 2)
+        v = sa.value(h).view(n, length, heads, dim).transpose(1, 2)
+        mask = batch["attention_mask"][:, None, None, :].to(dtype=torch.bool)
+        ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=dim ** -0.5)
+        ctx = ctx.transpose(1, 2).reshape(n, 1, width)
+        a = last.attention.output(ctx, h0)  # dense, dropout (eval: none), LayerNorm(+ [CLS] input)
+        return last.output(last.intermediate(a), a)[:, 0]
