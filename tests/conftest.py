@@ -23,8 +23,8 @@ SKIP_REASON = (
 
 
 #: the environment variables of the thread pools a test process and its subprocesses start (torch's
-#: OpenMP, numpy's OpenBLAS, MKL)
-THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+#: OpenMP, numpy's OpenBLAS, MKL, the Rust tokenizers' Rayon pool)
+THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "RAYON_NUM_THREADS")
 
 
 def worker_threads() -> int | None:

@@ -119,6 +119,7 @@ class ESimCSE(SimCSE):
         self.register_buffer("queue", torch.zeros(self.args.queue_size, d))  # newest first
         self.register_buffer("queue_len", torch.zeros((), dtype=torch.long))
         self._keys: dict[int, torch.Tensor] = {}  # micro -> this step's keys (stashed, never state)
+        _eager_stash()
 
     def train(self, mode: bool = True):
         super().train(mode)
@@ -189,8 +190,7 @@ class ESimCSE(SimCSE):
         self._stash(emb["k"])
         return {"contrastive": loss.detach(), WEIGHTED: {"contrastive": loss}}
 
-    @torch.compiler.disable  # eager under train.compile: no recompilation per micro-batch index
-    def _stash(self, keys: torch.Tensor) -> None:
+    def _stash(self, keys: torch.Tensor) -> None:  # eager under train.compile (``__init__``)
         """This micro-batch's keys (every rank's), for ``after_step``; a repeated call overwrites."""
         self._keys[self.micro] = keys.detach().float()
 
@@ -223,3 +223,13 @@ class ESimCSE(SimCSE):
             self.queue_len.fill_(kept.size(0))
 
 __all__ = ["ESimCSE", "queue_info_nce", "word_repetition"]
+
+
+def _eager_stash() -> None:
+    """``ESimCSE._stash`` under ``torch.compiler.disable`` (eager under train.compile: no recompilation
+    per micro-batch index), applied when the first ESimCSE is built rather than as a decorator: the
+    decorator imports torch._dynamo (about 2 s of CPU) in every Snakemake run and command that merely
+    reads a config listing this file."""
+    if not getattr(ESimCSE._stash, "_eager_stash", False):
+        ESimCSE._stash = torch.compiler.disable(ESimCSE._stash)
+        ESimCSE._stash._eager_stash = True

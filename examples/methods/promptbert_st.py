@@ -142,15 +142,30 @@ def embed_rows(model, ids, att, mpos, lengths, table) -> torch.Tensor:
 
 
 # ------------------------------------------------------------------------------------ sentence-transformers
-try:  # sentence-transformers >= 6
-    from sentence_transformers.base.modules.transformer import Transformer as _Transformer
-except ImportError:  # pragma: no cover - sentence-transformers 5, or none
-    try:
-        from sentence_transformers.models import Transformer as _Transformer
-    except ImportError:
-        _Transformer = None
+def __getattr__(name: str):
+    """``PromptTransformer``, defined on first use: sentence-transformers (several seconds to import)
+    is imported only by what embeds through it (``SentenceTransformer(path, trust_remote_code=True)``
+    reads the class named in ``modules.json``), not by sentemb, which imports this file for its
+    functions in every job and Snakemake run that lists the plug-in."""
+    if name == "PromptTransformer":
+        cls = _prompt_transformer()
+        if cls is not None:
+            globals()[name] = cls
+            return cls
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
-if _Transformer is not None:
+
+def _prompt_transformer():
+    """The sentence-transformers module class, or None without sentence-transformers."""
+    try:  # sentence-transformers >= 6
+        from sentence_transformers.base.modules.transformer import Transformer as _Transformer
+    except ImportError:  # pragma: no cover - sentence-transformers 5, or none
+        try:
+            from sentence_transformers.models import Transformer as _Transformer
+        except ImportError:
+            _Transformer = None
+    if _Transformer is None:
+        return None
 
     class PromptTransformer(_Transformer):
         """The encoder with PromptBERT's template around every sentence; ``sentence_embedding`` is
@@ -198,3 +213,6 @@ if _Transformer is not None:
                 h = h - self.table.to(h.device, h.dtype)[lengths.to(h.device)]
             features["sentence_embedding"] = h
             return features
+
+    PromptTransformer.__qualname__ = "PromptTransformer"  # as if defined at the top level (its modules.json type)
+    return PromptTransformer
