@@ -9,6 +9,7 @@ rule tracking_options:
     """Where evaluation jobs record (sentemb.config.load.tracking_options); after the experiment exists."""
     input:
         TRACKING_MARKER if TRACKING else [],
+    priority: PRIORITY["setup"]
     output:
         TRACKING_OPTIONS,
     params:
@@ -24,6 +25,7 @@ rule tracking_options:
 
 rule eval_spec:
     """The resolved settings of one evaluation job of a run (kind: sts, encode_transfer, transfer)."""
+    priority: PRIORITY["setup"]
     output:
         LAYOUT.eval_spec(RUN_DIR),
     params:
@@ -39,6 +41,7 @@ rule eval_spec:
 
 rule baseline_eval_spec:
     """The resolved settings of one evaluation job of an untrained baseline."""
+    priority: PRIORITY["setup"]
     output:
         LAYOUT.eval_spec(BASE_DIR),
     params:
