@@ -150,6 +150,8 @@ rule evaluate_baseline:
         gpu_env=GPU_ENV,
     log:
         f"{LOGS}/evaluate_baseline/{{backbone}}/{{pooler}}.log",
+    benchmark:
+        f"benchmarks/evaluate_baseline/{{backbone}}/{{pooler}}.tsv"
     threads: res("evaluate", "cpus")
     priority: PRIORITY["evaluate_baseline"]
     resources:
@@ -174,6 +176,8 @@ rule encode_baseline_transfer:
         gpu_env=GPU_ENV,
     log:
         f"{LOGS}/encode_baseline_transfer/{{backbone}}/{{pooler}}.log",
+    benchmark:
+        f"benchmarks/encode_baseline_transfer/{{backbone}}/{{pooler}}.tsv"
     threads: res("evaluate", "cpus")
     priority: PRIORITY["encode"]
     resources:
@@ -198,6 +202,8 @@ rule evaluate_baseline_transfer:
         f"{BASE_DIR}/eval_transfer.json",
     log:
         f"{LOGS}/evaluate_baseline_transfer/{{backbone}}/{{pooler}}.log",
+    benchmark:
+        f"benchmarks/evaluate_baseline_transfer/{{backbone}}/{{pooler}}.tsv"
     threads: res("classify", "cpus")
     resources:
         gpu=res("classify", "gpu"),
