@@ -89,11 +89,15 @@ wildcard_constraints:
 
 
 # Scheduling order among jobs that are ready at the same time (Snakemake `priority:`; higher first):
-# what gates training (the token cache and statistics, a pretraining stage), then training, then the
+# the instant bookkeeping and input jobs (settings files, fetches from the mirror), then what gates
+# training (the token cache and statistics, paraphrases, a pretraining stage), then training, the
 # trained runs' STS evaluations, the untrained baselines', the transfer encodings; everything else
 # (the short jobs: classifiers, cards, tables) fills in. Long jobs first keeps every core busy to the
-# end: on the 2-core demo, no lone evaluation runs after the rest is done (the order changes no result).
-PRIORITY = {"stats": 50, "pretrain": 50, "train": 40, "evaluate": 30, "evaluate_baseline": 20, "encode": 10}
+# end (the order changes no result). Snakemake does not pass a job's priority on to the jobs it
+# needs, so a rule upstream of a prioritised one must rank at least as high, or it waits until
+# nothing else is ready (a run's run_config.json would hold its training back to the end).
+PRIORITY = {"setup": 100, "stats": 50, "pretrain": 50, "train": 40, "evaluate": 30, "evaluate_baseline": 20,
+            "encode": 10}
 
 
 def shell_options(**options):

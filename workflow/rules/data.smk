@@ -5,6 +5,7 @@ import re
 
 
 rule fetch_corpus:
+    priority: PRIORITY["setup"]
     output:
         LAYOUT.raw_corpus(),
     log:
@@ -35,6 +36,7 @@ rule fetch_corpus:
 rule prepare_corpus:
     input:
         LAYOUT.raw_corpus(),
+    priority: PRIORITY["setup"]
     output:
         corpus=LAYOUT.corpus(),
         summary=LAYOUT.corpus_summary(),
@@ -57,6 +59,7 @@ rule prepare_corpus:
 
 
 rule fetch_senteval:
+    priority: PRIORITY["setup"]
     output:
         directory(LAYOUT.eval_data("senteval")),
     log:
@@ -77,6 +80,7 @@ rule fetch_senteval:
 
 
 rule fetch_senteval_raw:
+    priority: PRIORITY["setup"]
     output:
         directory(LAYOUT.eval_data("senteval-raw")),
     log:
@@ -91,6 +95,7 @@ rule fetch_senteval_raw:
 
 
 rule fetch_model:
+    priority: PRIORITY["setup"]
     output:
         directory(LAYOUT.model()),
     log:
@@ -115,6 +120,7 @@ rule fetch_model:
 
 
 rule fetch_nltk:
+    priority: PRIORITY["setup"]
     output:
         directory(LAYOUT.nltk()),
     log:
@@ -134,6 +140,7 @@ rule prepare_sts_corpus:
     SICK (all splits) from the fetched SentEval tree, deduplicated (sentemb.data.fetch.sts_sentences)."""
     input:
         LAYOUT.eval_data("senteval"),
+    priority: PRIORITY["setup"]
     output:
         corpus=LAYOUT.corpus("sts-unlabeled"),
         summary=LAYOUT.corpus_summary("sts-unlabeled"),

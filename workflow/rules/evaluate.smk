@@ -9,6 +9,7 @@ rule tracking_options:
     """Where evaluation jobs record (sentemb.config.load.tracking_options); after the experiment exists."""
     input:
         TRACKING_MARKER if TRACKING else [],
+    priority: PRIORITY["setup"]
     output:
         TRACKING_OPTIONS,
     params:
@@ -24,6 +25,7 @@ rule tracking_options:
 
 rule eval_spec:
     """The resolved settings of one evaluation job of a run (kind: sts, encode_transfer, transfer)."""
+    priority: PRIORITY["setup"]
     output:
         LAYOUT.eval_spec(RUN_DIR),
     params:
@@ -39,6 +41,7 @@ rule eval_spec:
 
 rule baseline_eval_spec:
     """The resolved settings of one evaluation job of an untrained baseline."""
+    priority: PRIORITY["setup"]
     output:
         LAYOUT.eval_spec(BASE_DIR),
     params:
@@ -147,6 +150,8 @@ rule evaluate_baseline:
         gpu_env=GPU_ENV,
     log:
         f"{LOGS}/evaluate_baseline/{{backbone}}/{{pooler}}.log",
+    benchmark:
+        f"benchmarks/evaluate_baseline/{{backbone}}/{{pooler}}.tsv"
     threads: res("evaluate", "cpus")
     priority: PRIORITY["evaluate_baseline"]
     resources:
@@ -171,6 +176,8 @@ rule encode_baseline_transfer:
         gpu_env=GPU_ENV,
     log:
         f"{LOGS}/encode_baseline_transfer/{{backbone}}/{{pooler}}.log",
+    benchmark:
+        f"benchmarks/encode_baseline_transfer/{{backbone}}/{{pooler}}.tsv"
     threads: res("evaluate", "cpus")
     priority: PRIORITY["encode"]
     resources:
@@ -195,6 +202,8 @@ rule evaluate_baseline_transfer:
         f"{BASE_DIR}/eval_transfer.json",
     log:
         f"{LOGS}/evaluate_baseline_transfer/{{backbone}}/{{pooler}}.log",
+    benchmark:
+        f"benchmarks/evaluate_baseline_transfer/{{backbone}}/{{pooler}}.tsv"
     threads: res("classify", "cpus")
     resources:
         gpu=res("classify", "gpu"),

@@ -9,6 +9,7 @@ PRETRAIN_DIR = LAYOUT.pretrain_dir()
 
 rule pretrain_config:
     """The resolved settings of one pretraining stage (what `sentemb pretrain` reads and MLflow records)."""
+    priority: PRIORITY["setup"]
     output:
         f"{PRETRAIN_DIR}/pretrain_config.json",
     params:
@@ -26,6 +27,7 @@ rule pretrain_config:
 
 rule pretrain_options:
     """The stage's weight-free settings (as rule run_options), `ancient` for rule pretrain."""
+    priority: PRIORITY["setup"]
     output:
         f"{PRETRAIN_DIR}/pretrain_options.json",
     params:

@@ -43,6 +43,7 @@ if CFG.published:
         paper), merged: what table_paper, the studies and the model cards read."""
         input:
             PAPER_RESULTS,
+        priority: PRIORITY["setup"]
         output:
             PUBLISHED,
         params:
@@ -101,6 +102,7 @@ rule figures:
 # Studies (issue 21): one table and one figure per config `studies` entry, from its points' results.
 rule study_spec:
     """The expanded study (its points and the runs they map to), what `sentemb study` reads."""
+    priority: PRIORITY["setup"]
     output:
         LAYOUT.study(ext="spec.json"),
     params:

@@ -31,6 +31,7 @@ ALL_STATS_TARGETS = all_stats_targets(CFG)
 
 rule fetch_paraphraser:
     """The seq2seq paraphrase model (default tuner007/pegasus_paraphrase), via `sentemb fetch-model`."""
+    priority: PRIORITY["setup"]
     output:
         directory(PARA_DIR),
     log:
@@ -172,6 +173,7 @@ rule paraphrase_shard:
     input:
         corpus=CORPUS_TXT,
         model=PARA_DIR,
+    priority: PRIORITY["stats"]
     output:
         LAYOUT.paraphrase_shard(),
     wildcard_constraints:
@@ -203,6 +205,7 @@ rule paraphrase_merge:
     input:
         corpus=CORPUS_TXT,
         shards=expand(LAYOUT.paraphrase_shard(nshards=PARA_SHARDS), shard=range(PARA_SHARDS), allow_missing=True),
+    priority: PRIORITY["stats"]
     output:
         LAYOUT.paraphrases(),
     log:
@@ -246,6 +249,7 @@ rule make_input:
     input:
         corpus=CORPUS_TXT,
         model=LAYOUT.model(),
+    priority: PRIORITY["stats"]
     output:
         directory(f"{LAYOUT.stats_dir()}/inputs/{{kind}}.{{backbone}}"),
     params:

@@ -4,6 +4,7 @@
 rule init_tracking:
     """Create the MLflow store and experiment once, before parallel jobs (a SQLite store created
     concurrently by several jobs fails)."""
+    priority: PRIORITY["setup"]
     output:
         TRACKING_MARKER,
     params:
@@ -22,6 +23,7 @@ rule run_config:
     """The resolved settings of one run (what `sentemb train` reads and MLflow records). Its only
     parameter is the run's fingerprint (sentemb.config.settings.fingerprint: the settings that change the
     weights), so a logging knob reruns neither it nor the training."""
+    priority: PRIORITY["setup"]
     output:
         f"{RUN_DIR}/run_config.json",
     params:
@@ -39,6 +41,7 @@ rule run_options:
     """Today's weight-free settings of the run (sentemb.config.settings.run_options: log_steps, save_steps,
     threads, device, chunking, tracking), applied by `sentemb train --options`; `ancient` as the
     train rule's input, so rewriting it reruns no training."""
+    priority: PRIORITY["setup"]
     output:
         f"{RUN_DIR}/run_options.json",
     params:
