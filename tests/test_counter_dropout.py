@@ -130,6 +130,36 @@ def test_counter_dropout_gives_chunked_and_bucketed_runs_the_plain_gradient(tmp_
     assert diff > 1e-3, diff  # stream masks are drawn over the padded shape
 
 
+def test_the_first_pass_of_gradient_caching_takes_the_whole_batch_with_counter_masks(tmp_path, monkeypatch):
+    """``train.chunk_first_pass`` (issue 37 §3): with counter (or keyed) masks the graph-free first
+    pass of a chunked step encodes the whole micro-batch in one forward (``auto``, ``whole``), or
+    chunk by chunk (``chunks``); the gradient is the plain step's either way. With stream masks
+    ``auto`` stays chunk by chunk (each chunk's random state is replayed)."""
+    from sentemb.testing import close, harness, step_gradients
+
+    h = harness("simcse", tmp_path)
+    calls = []
+    encode = h.cls.encode
+
+    def spy(self, batch):
+        calls.append(("grad" if torch.is_grad_enabled() else "nograd", self.n_sentences(batch)))
+        return encode(self, batch)
+
+    monkeypatch.setattr(h.cls, "encode", spy)
+    ref = {rng: step_gradients(h.exact_run(dropout_rng=rng), h.cls)[0] for rng in ("counter", "keyed")}
+    n = calls[0][1]
+    assert calls == [("grad", n)] * 2 and n > 8
+    for mode, rng, first in (("auto", "counter", [n]), ("whole", "counter", [n]), ("chunks", "counter", [4] * (n // 4)),
+                             ("auto", "keyed", [n]), ("auto", "stream", [4] * (n // 4))):
+        calls.clear()
+        grads, chunk = step_gradients(h.exact_run(dropout_rng=rng, chunk_size=4, chunk_first_pass=mode), h.cls)
+        assert chunk == 4
+        assert [k for w, k in calls if w == "nograd"] == first, (mode, rng, calls)
+        assert [k for w, k in calls if w == "grad"] == [4] * (n // 4), (mode, rng, calls)
+        if rng != "stream":
+            close(grads, ref[rng], f"chunk_first_pass {mode}, dropout_rng {rng}: the chunked gradient")
+
+
 def test_the_fused_kernel_draws_the_eager_masks_bit_for_bit():
     """``train.counter_kernel: fused`` (``torch.compile`` of the same hash; here Inductor's CPU code):
     the same bits as the eager ops, for hidden-state and attention-weight shapes, several widths

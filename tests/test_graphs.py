@@ -110,6 +110,37 @@ def test_graphs_with_compile_train_as_graphs_without(worlds):
     _same(compiled, plain, 1e-4, "simcse: graphed with compile vs graphed")
 
 
+@pytest.mark.parametrize("graphs", [True, False])
+def test_compile_with_counter_dropout_trains_as_the_eager_counter_run(worlds, monkeypatch, graphs):
+    """``train.compile`` with ``dropout_rng: counter`` (``sentemb.model.dropout.compile_safe``: each
+    dropout a graph break, run outside the compiled code), graphed and not, dropout on: the weights of
+    the eager counter run (the same masks; another draw would be ~1e-2 away) to fp32 tolerance, and
+    Dynamo compiled the code between the dropouts (several graphs)."""
+    import torch.nn.functional as F
+    from torch._dynamo.utils import counters
+
+    from sentemb.model import dropout
+
+    # compile_safe replaces F.dropout for the rest of the process: put back what this worker had
+    monkeypatch.setattr(F, "dropout", F.dropout)
+    monkeypatch.setattr(F, "scaled_dot_product_attention", F.scaled_dot_product_attention)
+    monkeypatch.setattr(dropout, "_INSTALLED", dropout._INSTALLED)
+    h = worlds("simcse")
+    over = dict(dropout_rng="counter", graphs=graphs)
+    eager, _ = _train(h.exact_run(**over), steps=2, cls=h.cls)
+    torch._dynamo.reset()
+    counters.clear()
+    with setup(h.exact_run(compile=True, **over), "/nonexistent", h.cls) as job:
+        assert job.step_fn is not job.method.losses
+        torch.manual_seed(3)
+        for _ in run_steps(job, State(), 2):
+            pass
+        assert counters["stats"]["unique_graphs"] >= 2, dict(counters["stats"])
+        assert repr(job.strategy) == ("Graphed(Plain())" if graphs else "Plain()")
+        compiled = {k: v.detach().clone() for k, v in job.method.state_dict().items() if torch.is_tensor(v)}
+    _same(compiled, eager, 1e-4, f"simcse: compiled vs eager, counter dropout on, graphs {graphs}")
+
+
 def test_sam_with_graphs_is_eager_sam(worlds):
     h = worlds("simcse")
     eager, _ = _train(h.exact_run(dropout=0.0, sam_rho=0.05), cls=h.cls)

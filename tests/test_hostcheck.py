@@ -73,7 +73,11 @@ def test_graphed_row_sets_the_plans_estimate_beside_the_measured_step(tiny_bert_
     from sentemb.ops import benchmark
 
     monkeypatch.setattr(benchmark, "_peak", lambda device, override: 1e-3)  # TFLOP/s: compute-bound at this peak
-    for train, passes in (({}, "1 passes"), ({"sam_rho": 0.05}, "2 passes")):
+    # gradient caching, chunks of 2 of 4: two grad passes, and the no-grad first pass (1/3 each) once over
+    # the batch (train.chunk_first_pass auto, counter masks) or once per chunk
+    chunked = {"dropout_rng": "counter", "chunk_size": 2}
+    for train, passes in (({}, "1 passes"), ({"sam_rho": 0.05}, "2 passes"), (chunked, "2.33333 passes"),
+                          ({**chunked, "chunk_first_pass": "chunks"}, "2.66667 passes")):
         what, value, note = hostcheck.graphed(tiny_bert_dir, tiny_corpus, "cpu", 4, 16, "simcse", None, {}, train=train,
                                               warm=1, timed=1)
         assert "FAILED" not in value and "% of the bf16 peak" in note, (what, value, note)

@@ -137,12 +137,14 @@ def test_a_training_job_is_planned_with_the_chunk_and_devices_it_would_use():
     static = 1.6 + CUDA_OVERHEAD_GB
     assert whole.chunk == "128" and whole.mem_gb == pytest.approx(static + 128)
     assert any("> H100 80 GB" in f for f in whole.flags)
-    n = int(0.7 * (GPU_MEMORY_GB["H100"] - static))  # the most sentences in 70% of what is left
+    fits = int(0.7 * (GPU_MEMORY_GB["H100"] - static))  # the most sentences in 70% of what is left ...
+    equal = lambda batch, fits: -(-batch // -(-batch // fits))  # noqa: E731 ... in the fewest equal chunks
+    n = equal(128, fits)
     assert auto.chunk == f"{n}/128" and auto.mem_gb == pytest.approx(static + n) and auto.mem_gb < 80
     assert not any("GB >" in f for f in auto.flags)
     assert auto.flops_step == pytest.approx(whole.flops_step * 4 / 3)  # one more forward
     assert fixed.chunk == "16/128" and fixed.mem_gb == pytest.approx(static + 16)
-    assert two.chunk == f"{n}/64 x2" and two.flops_step == pytest.approx(auto.flops_step)
+    assert two.chunk == f"{equal(64, fits)}/64 x2" and two.flops_step == pytest.approx(auto.flops_step)
     assert row(chunk_size="auto", batch_size=32).chunk == "32"  # fits: no chunking, no extra forward
     assert row(chunk_size="auto", batch_size=32).flops_step == pytest.approx(whole.flops_step / 4)
     # a sentence of a tenth of a GB: batch 128 fits whole, batch 1024 is cut (sizes in bytes, as the loop)
@@ -151,7 +153,17 @@ def test_a_training_job_is_planned_with_the_chunk_and_devices_it_would_use():
     assert small.chunk == "128" and small.mem_gb == pytest.approx(static + 12.8)
     assert small.flops_step == pytest.approx(whole.flops_step)  # no extra forward
     k = int(0.7 * (GPU_MEMORY_GB["H100"] - static) * 10)  # 70% of what is left, 0.1 GB a sentence
-    assert row(chunk_size="auto", batch_size=1024).chunk == f"{k}/1024"
+    assert row(chunk_size="auto", batch_size=1024).chunk == f"{equal(1024, k)}/1024"
+    # floor-bound (a step of 1 GFLOP): the no-grad first pass is one pass over the batch with counter or
+    # keyed masks (train.chunk_first_pass), one per chunk with stream masks or chunk_first_pass chunks
+    m = dataclasses.replace(m, flops=1e9, flops_layer=1e8)
+    chunks = 128 // 16
+    per_pass = row().step_s
+    assert row(chunk_size=16).step_s == pytest.approx(per_pass * chunks * 4 / 3)
+    for rng in ("counter", "keyed"):
+        assert row(chunk_size=16, dropout_rng=rng).step_s == pytest.approx(per_pass * (chunks + 1 / 3))
+    assert row(chunk_size=16, dropout_rng="counter", chunk_first_pass="chunks").step_s == pytest.approx(
+        per_pass * chunks * 4 / 3)
 
 
 def test_the_transfer_classifier_is_planned_as_cpu_time_and_its_runtime_checked():

@@ -143,10 +143,10 @@ def test_the_fingerprint_is_the_weight_changing_settings_declared_by_each_settin
     base = run_cfg(tiny_bert_dir, tiny_corpus, tiny_senteval)
     free = set(weight_free_keys())
     assert {"log_steps", "save_steps", "prefetch", "token_cache", "log_grad_norms", "num_threads", "device",
-            "chunk_size", "devices", "buckets", "workers", "counter_kernel"} == free
+            "chunk_size", "devices", "buckets", "workers", "counter_kernel", "chunk_first_pass"} == free
     other = {"log_steps": 7, "save_steps": 3, "prefetch": False, "token_cache": False, "log_grad_norms": True,
              "num_threads": 1, "device": "cuda", "chunk_size": 4, "devices": 2, "buckets": [16], "workers": 2,
-             "counter_kernel": "fused"}
+             "counter_kernel": "fused", "chunk_first_pass": "chunks"}
     for key, value in other.items():
         assert fingerprint(dataclasses.replace(base, train=dataclasses.replace(base.train, **{key: value}))) == \
             fingerprint(base), key
@@ -519,13 +519,20 @@ def test_chunk_size_auto_is_the_whole_batch_on_cpu_and_is_reported(tiny_bert_dir
     assert any("chunk_size auto: the whole batch (16 sentences) on cpu" in r.getMessage() for r in caplog.records)
 
 
-def test_auto_chunk_is_the_largest_that_fits_the_margin():
+def test_auto_chunk_is_the_fewest_equal_chunks_that_fit_the_margin():
     from sentemb.train.loop import auto_chunk
 
     mb = 2**20
     assert auto_chunk(10 * mb, 1000 * mb, 64, margin=0.7) is None  # 70 sentences fit: the whole batch
-    assert auto_chunk(10 * mb, 1000 * mb, 512, margin=0.7) == 70
+    # 70 fit: 512 takes 8 forwards either way (7 x 70 + 22), in 8 equal chunks of 64 (one captured shape)
+    assert auto_chunk(10 * mb, 1000 * mb, 512, margin=0.7) == 64
+    assert auto_chunk(10 * mb, 1000 * mb, 500, margin=0.7) == 63  # 8 forwards: 7 x 63 + 59, never more than fit
+    assert auto_chunk(10 * mb, 1000 * mb, 140, margin=0.7) == 70  # exactly two
     assert auto_chunk(10 * mb, 5 * mb, 512, margin=0.7) == 1  # not even one: the smallest chunk, never 0
+    for batch in range(2, 300, 7):  # every answer: fits, and no fewer forwards would
+        for fits in range(1, batch):
+            c = auto_chunk(1, fits / 0.7 + 0.1, batch, margin=0.7)
+            assert c <= fits and -(-batch // c) == -(-batch // fits), (batch, fits, c)
 
 
 @pytest.mark.parametrize("value", ["big", 0, 2.5])
@@ -539,6 +546,15 @@ def test_a_bad_chunk_size_is_refused_naming_the_key(value):
         validate_config({**base, "train": {"chunk_size": value}})
     with pytest.raises(SentembError, match=r"runs\[0\]\.train\.chunk_size"):
         validate_config({**base, "runs": [{"method": "simcse", "backbone": "b", "train": {"chunk_size": value}}]})
+
+
+def test_a_whole_first_pass_is_refused_with_stream_dropout():
+    from sentemb.config.settings import TrainSettings
+
+    with pytest.raises(SentembError, match="train.chunk_first_pass whole needs train.dropout_rng keyed or counter"):
+        TrainSettings.from_dict({"chunk_size": 4, "chunk_first_pass": "whole"}).check("train")
+    for ok in ({"dropout_rng": "counter", "chunk_first_pass": "whole"}, {"chunk_first_pass": "auto"}):
+        TrainSettings.from_dict(ok).check("train")
 
 
 def test_keyed_dropout_is_refused_with_unpad():

@@ -61,7 +61,9 @@ class TrainSettings:
     device: str = arg("auto", "auto (CUDA if available), cpu, cuda, cuda:N", weights=False)
     num_threads: int | None = arg(None, "torch CPU threads (null = torch's default)", minimum=1, weights=False)
     compile: bool = arg(False, "torch.compile the method's forward and losses (dropout drawn as in eager mode, so the "
-                        "losses match an eager run to fp32 tolerance; see `sentemb benchmark --compile`).")
+                        "losses match an eager run to fp32 tolerance; see `sentemb benchmark --compile`). With dropout_rng counter "
+                        "each dropout runs outside the compiled code (a graph break; sentemb.model.dropout.compile_safe), "
+                        "which costs nothing inside graphs: true; keyed is refused.")
     token_cache: bool = arg(True, "Tokenize the corpus once (rule tokenize, results/stats/<corpus>/tokens.<backbone>/, "
                             "memory-mapped) instead of on every step; batches are identical either way.", weights=False)
     prefetch: bool = arg(True, "Build the next step's batches in a background thread (pinned memory on CUDA) while "
@@ -97,9 +99,19 @@ class TrainSettings:
         "sentences at a time, first without a graph, then again per chunk with its random state replayed, "
         "back-propagating the in-batch terms' gradient cached on the whole batch's embeddings. The gradient is the "
         "unchunked one (same negatives: the whole batch_size) in bounded memory, for one extra forward pass. null = "
-        "the whole micro-batch in one forward (no caching); auto = the largest chunk that fits the GPU's free memory "
-        "with a margin (the whole batch on CPU), reported in the log and train.json. A state saved with one chunk "
+        "the whole micro-batch in one forward (no caching); auto = the fastest chunking that fits the GPU's free "
+        "memory with a margin: the fewest chunks, of equal size (the whole batch on CPU), reported in the log and train.json. A state saved with one chunk "
         "size resumes with another.", minimum=1, pattern="^auto$", weights=False)
+    chunk_first_pass: str = arg(
+        "auto",
+        "With chunk_size, the pieces gradient caching's graph-free first pass encodes the batch in (it keeps no "
+        "activations, only the embeddings, so it can take far more sentences than a chunk with its graph; "
+        "sentemb.train.step.first_pass_bounds). chunks - chunk by chunk (the only choice with dropout_rng stream, whose "
+        "masks are recorded per chunk and replayed); whole - the whole micro-batch (this process's share) in one "
+        "forward; auto - whole with dropout_rng keyed or counter (their masks do not depend on the chunking), on CUDA "
+        "in the fewest pieces that fit the free memory (measured), chunks with stream. The same embeddings to rounding "
+        "either way; the choice is logged and written to train.json (first_pass).", choices=("auto", "chunks", "whole"),
+        weights=False)
     devices: int = arg(
         1,
         "Processes (one GPU each; gloo processes on CPU) one training job runs as: torchrun --standalone "

@@ -312,6 +312,23 @@ def _install() -> None:
         _INSTALLED = True
 
 
+def compile_safe() -> None:
+    """Keyed dropout under ``train.compile`` (``dropout_rng: counter``): ``F.dropout`` and
+    ``F.scaled_dot_product_attention`` are replaced by their interceptors under
+    ``torch.compiler.disable``, so Dynamo neither traces nor guards on this module's thread-local
+    context (the row keys, the call counter): every dropout is a graph break, run eagerly with the
+    counter mask (the fused kernel, compiled on its own, with ``counter_kernel: fused``), and the
+    code between two dropouts is compiled. Under ``train.graphs`` the breaks cost nothing at replay.
+    For the rest of the process: a break also where no context is active (then torch's own ops)."""
+    global _INSTALLED
+    if getattr(F.dropout, "_sentemb_compile_safe", False):
+        return
+    F.dropout = torch.compiler.disable(_dropout)
+    F.scaled_dot_product_attention = torch.compiler.disable(_sdpa)
+    F.dropout._sentemb_compile_safe = True
+    _INSTALLED = True
+
+
 @contextmanager
 def keyed(seed: int, micro: int, start: int, stop: int, mode: str = "generator", key: torch.Tensor | None = None,
           kernel: str = "eager"):

@@ -349,8 +349,9 @@ def graphed(model: Path, corpus: Path, device: str, batch: int, max_len: int, me
 def graphed_rows(model: Path, corpus: Path, device: str, margs: dict, usable: dict, toy: bool,
                  methods: tuple[str, ...] | None = None) -> list[Row]:
     """The graphed rows of issue 37 on this device: SimCSE B 64 (stream and counter dropout), B 512,
-    B 512 in chunks of 128 (counter; its unchunked counter step for the ratio), SAM at B 64, B 64 and
-    B 512 with ``train.compile`` (CUDA only), and every other method at B 64 with its paper train
+    B 512 in chunks of 128 (counter; its unchunked counter step for the ratio; the graph-free first
+    pass over the whole batch, ``chunk_first_pass: auto``, and chunk by chunk), SAM at B 64, B 64 and
+    B 512 with ``train.compile`` (and B 64 with compile and counter dropout; CUDA only), and every other method at B 64 with its paper train
     settings. On a CPU: batches of 4, 2 + 2 steps."""
     from ..methods import get_method
 
@@ -358,9 +359,11 @@ def graphed_rows(model: Path, corpus: Path, device: str, margs: dict, usable: di
     warm, timed = (2, 2) if toy else (8, 15)
     cfgs = [("simcse", b64, {}), ("simcse", b64, {"dropout_rng": "counter"}), ("simcse", b512, {}),
             ("simcse", b512, {"dropout_rng": "counter"}), ("simcse", b512, {"dropout_rng": "counter", "chunk_size": c128}),
+            ("simcse", b512, {"dropout_rng": "counter", "chunk_size": c128, "chunk_first_pass": "chunks"}),
             ("simcse", b64, {"sam_rho": 0.05})]
     if not toy:  # Inductor's fused kernels inside the graph (one width: one compilation per run)
-        cfgs += [("simcse", b64, {"compile": True, "buckets": [32]}), ("simcse", b512, {"compile": True, "buckets": [32]})]
+        cfgs += [("simcse", b64, {"compile": True, "buckets": [32]}), ("simcse", b512, {"compile": True, "buckets": [32]}),
+                 ("simcse", b64, {"compile": True, "buckets": [32], "dropout_rng": "counter"})]
     for m in sorted(usable):
         if m != "simcse" and (methods is None or m in methods):
             paper = {k: v for k, v in get_method(m).paper_train.items() if k in ("sam_rho",)}

@@ -894,7 +894,8 @@ def _train_row(kind, label, run, m: Measure, encode: float, config: dict | Confi
     every one of ``train.devices``, activations of one chunk (``plan_chunk``) or of the GPU's share
     of the batch, at the widest counted width. GPU-hours add the chunked step's extra forward (1/3
     of the counted forward + backward) where the method has in-batch terms
-    (``Method.has_batch_terms``). ``measures`` (width -> Measure) and ``profile`` (``width_profile``)
+    (``Method.has_batch_terms``): one pass over the share (``train.chunk_first_pass``, keyed or
+    counter masks) or one per chunk (stream masks) at the step's floor. ``measures`` (width -> Measure) and ``profile`` (``width_profile``)
     price each width at its share of the micro-batches; without them every step is ``m``."""
     from ..methods import get_method
     from .shapes import depth
@@ -918,14 +919,18 @@ def _train_row(kind, label, run, m: Measure, encode: float, config: dict | Confi
     share = -(-t.batch_size // t.devices)
     chunk = plan_chunk(t.chunk_size, share, per_sentence, gpu_spec(gpu)[1] - static)
     extra = 4 / 3 if chunk is not None and cls.has_batch_terms else 1.0
+    # train.chunk_first_pass: the no-grad first pass in one forward where the masks allow it (its memory is assumed to fit)
+    whole_first = t.dropout_rng != "stream" and getattr(t, "chunk_first_pass", "auto") != "chunks"
     steps, evals = schedule(t, corpus_lines(cfg, run.corpus))
     peak = _peak(gpu)
     flops_step, per_gpu = 0.0, 0.0
     for w, frac in shares.items():
         mw = measures[w]
         f = mw.at(layers)["flops"] * scale * t.grad_accum * extra
-        if chunk is not None:  # per chunk: the grad passes, and the in-batch terms' no-grad forward
-            passes = -(-share // chunk) * (mw.grad_passes + (1 / 3 if cls.has_batch_terms else 0.0))
+        if chunk is not None:  # per chunk the grad passes; the in-batch terms' no-grad forward once or per chunk
+            n = -(-share // chunk)
+            first = (1 if whole_first else n) / 3 if cls.has_batch_terms else 0.0
+            passes = n * mw.grad_passes + first
         else:
             passes = mw.grad_passes + mw.nograd_passes / 3
         flops_step += frac * f

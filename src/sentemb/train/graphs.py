@@ -43,9 +43,10 @@ With ``train.compile`` the graph holds Inductor's fused kernels instead of the e
 compiled ``Method.losses`` (dropout from torch's generator, ``fallback_random``) is compiled in the
 warm-up pass of a key's first micro-batch, before its capture, and the capture records the compiled
 forward and backward (the capture check's pass runs eagerly: ``torch.compile`` does not run under a
-dispatch mode). It serves ``Plain`` micro-batches and ``dropout_rng: stream`` (counter and keyed
-masks are refused with compile); each new batch shape is a recompilation, so ``train.buckets``
-matters more.
+dispatch mode). It serves ``Plain`` micro-batches, with ``dropout_rng: stream`` or ``counter``
+(each counter dropout a graph break, run outside the compiled code: ``sentemb.model.dropout.
+compile_safe``; the breaks cost nothing at replay); each new batch shape is a recompilation, so
+``train.buckets`` matters more.
 
 On the CPU (CI, a laptop) there are no CUDA graphs: the same strategy runs the same static-shape
 step eagerly on its static inputs, with the capture check on each key's first micro-batch, so the

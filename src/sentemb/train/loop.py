@@ -50,7 +50,7 @@ from ..config.settings import Run, TrainSettings, legacy_fingerprint
 from ..data.corpus import read_corpus
 from ..utils import atomic_path, write_json
 from .batches import Prefetcher, WorkerBatches, batch_source, fetch, micro_batches  # noqa: F401  (re-exported)
-from .step import _precision, _rng_state, _set_rng_state, resolve_chunk_size, strategy_for
+from .step import _precision, _rng_state, _set_rng_state, resolve_chunk_size, resolve_first_pass, strategy_for
 # imported from here by sentemb.ops.plan, sentemb.ops.benchmark, sentemb.testing and the tests
 from .step import AUTO_CHUNK_MARGIN, auto_chunk, autocast  # noqa: F401
 
@@ -172,6 +172,7 @@ class Job:
     embedder: Callable | None = None  # the STS-B dev embedder (model_selection: best_dev)
     prefetch: "Prefetcher | WorkerBatches | None" = None  # next steps' batches built ahead (train.workers, train.prefetch)
     chunk: int | None = None  # sentences per chunk of gradient caching (train.chunk_size resolved); None = whole
+    first_chunk: int | None = None  # sentences per piece of its graph-free first pass (train.chunk_first_pass); None = whole
     rank: int = 0  # this process among train.devices (sentemb.train.distributed); only rank 0 writes
     world: int = 1
     strategy: "StepStrategy | None" = None  # how a step's gradient is computed (sentemb.train.step.strategy_for)
@@ -284,6 +285,10 @@ def setup(run: Run | dict, out_dir: str | Path, method_cls: "type[Method] | None
         # Dropout drawn by the eager kernels from the global generator, not by Inductor's own
         # Philox: the compiled run sees the same dropout masks (and losses) as an eager one.
         torch._inductor.config.fallback_random = True
+        if settings.dropout_rng == "counter":  # the masks outside the compiled graphs (a break at each dropout)
+            from ..model.dropout import compile_safe
+
+            compile_safe()
         step_fn = torch.compile(method.losses)
 
     lengths = sentence_lengths(sentences) if settings.sampler == "length" else None
@@ -317,6 +322,7 @@ def setup(run: Run | dict, out_dir: str | Path, method_cls: "type[Method] | None
     job.rank, job.world = distributed.rank(), distributed.world_size()
     method.train()
     job.chunk = resolve_chunk_size(job, micro_batches)
+    job.first_chunk = resolve_first_pass(job, micro_batches)
     job.strategy = strategy_for(job)
     job.prefetch = batch_source(job)  # train.workers processes, the prefetch thread or None (sentemb.train.batches)
     if job.embedder is not None:  # train.eval_precision (and larger batches with bf16 on CUDA)
@@ -549,7 +555,9 @@ def finish(job: Job, state: State, t_start: float) -> dict:
         "history": state.history, "train_seconds_this_process": round(seconds, 2),
         **cost_summary(job, state, seconds),
         "pooler": job.pooler, "device": str(job.device), "precision": str(job.amp or "fp32"),
-        "chunk_size": job.chunk or job.settings.batch_size, "chunked": job.chunk is not None, **summary_extra,
+        "chunk_size": job.chunk or job.settings.batch_size, "chunked": job.chunk is not None,
+        **({"first_pass": job.first_chunk or "whole"} if job.chunk is not None and job.method.has_batch_terms else {}),
+        **summary_extra,
         "provenance": training_provenance(job.run.to_dict(), len(job.sentences)),  # commit, corpus digest (the card)
     }
     with atomic_path(job.out_dir / "model", is_dir=True) as tmp:

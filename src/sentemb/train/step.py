@@ -423,8 +423,12 @@ def check_settings(settings, where: str) -> None:
                            "(the per-term norms would be one process's share); set one of them back")
     if settings.devices > 1 and settings.compile:
         raise SentembError(f"{where}: train.compile cannot be combined with train.devices {settings.devices}")
-    if settings.dropout_rng in ("keyed", "counter") and settings.compile:
-        raise SentembError(f"{where}: train.dropout_rng {settings.dropout_rng} cannot be combined with train.compile")
+    if settings.dropout_rng == "keyed" and settings.compile:
+        raise SentembError(f"{where}: train.dropout_rng keyed cannot be combined with train.compile (its masks are drawn "
+                           "row by row on the CPU); use dropout_rng counter, the same keys hashed on the device")
+    if getattr(settings, "chunk_first_pass", "auto") == "whole" and settings.dropout_rng == "stream":
+        raise SentembError(f"{where}: train.chunk_first_pass whole needs train.dropout_rng keyed or counter (stream masks "
+                           "are drawn per chunk and replayed chunk by chunk); use chunks or auto, or another dropout_rng")
     from .graphs import check_graph_settings
 
     check_graph_settings(settings, where)
@@ -520,7 +524,10 @@ def chunked_backward(job, batch: dict, micro: int, probe=None, lo: int = 0, hi: 
     """Gradient caching (Gao et al. 2021, §3.2) of one micro-batch, ``job.chunk`` sentences at a time
     (``Method`` docstring, steps a-c):
 
-    1. each chunk is encoded without a graph (``Method.encode``), its random state recorded first;
+    1. the sentences are encoded without a graph (``Method.encode``): chunk by chunk, each chunk's
+       random state recorded first, or, when the masks do not depend on the chunking (``dropout_rng``
+       keyed or counter), in larger pieces: the whole micro-batch by default (``first_pass_bounds``,
+       ``train.chunk_first_pass``), as no activation of this pass is kept;
     2. the in-batch terms (``Method.batch_terms``) are computed on the concatenated embeddings E and
        back-propagated once: ∂L/∂E is cached (and parameters used there, e.g. a projection, get
        their gradient);
@@ -556,15 +563,18 @@ def chunked_backward(job, batch: dict, micro: int, probe=None, lo: int = 0, hi: 
     stream = job.settings.dropout_rng == "stream"  # else the masks are keyed: no random state to replay
     if method.has_batch_terms:
         states, parts = [], []
+        first = first_pass_bounds(job, lo, hi, bounds)
         with torch.no_grad():
-            for (s, e), c in zip(bounds, chunks):
+            for s, e in first:
                 states.append(_device_rng(device) if stream else None)
+                piece = batch if (s, e) == (0, method.n_sentences(batch)) else method.chunk(batch, s, e)
                 with autocast(device, job.amp), keyed_dropout(job, micro, s, e):
-                    parts.append(method.encode(c).batch)
+                    parts.append(method.encode(piece).batch)
         row_seed = int(torch.randint(0, 2**62, (1,))) if stream else 0  # after pass 1: the stream continues from here
         after = _device_rng(device) if stream else None
         keys = list(parts[0])
-        emb = {k: torch.cat([p[k] for p in parts], 0).detach() for k in keys}
+        emb = {k: torch.cat([p[k] for p in parts], 0).detach() if len(parts) > 1 else parts[0][k].detach() for k in keys}
+        n_local = {k: emb[k].size(0) for k in keys}
         offset = {k: 0 for k in keys}
         if world > 1:  # every rank's rows, in rank order; this rank's start at offset[k]
             from .distributed import gather_rows, share_sizes
@@ -595,9 +605,9 @@ def chunked_backward(job, batch: dict, micro: int, probe=None, lo: int = 0, hi: 
                 scale(loss_b / world).backward()
         for k in keys:
             if emb[k].requires_grad and emb[k].grad is not None:
-                n_local = sum(p[k].size(0) for p in parts)
-                g = emb[k].grad[offset[k] : offset[k] + n_local]
+                g = emb[k].grad[offset[k] : offset[k] + n_local[k]]
                 cached[k] = g * world if world > 1 else g
+    done: dict = {}  # key -> rows of this rank's cached gradient the chunks so far took
     for i, ((s, e), c) in enumerate(zip(bounds, chunks)):
         if method.has_batch_terms and stream:
             _set_device_rng(states[i], device)
@@ -610,16 +620,17 @@ def chunked_backward(job, batch: dict, micro: int, probe=None, lo: int = 0, hi: 
         add_terms(row_logged, {k: v.detach() for k, v in rows.items()})
         add_terms(row_weighted, {k: v.detach() for k, v in weighted.items()})
         outputs, grads = [], []
+        start = {k: done.get(k, 0) for k in enc.batch}  # this chunk's first row in the cached gradients
+        for k in enc.batch:
+            done[k] = start[k] + enc.batch[k].size(0)
         for k, g in cached.items():
-            lo = sum(parts[j][k].size(0) for j in range(i))
             outputs.append(enc.batch[k])
-            grads.append(g[lo : lo + parts[i][k].size(0)])
+            grads.append(g[start[k] : done[k]])
         if probe is not None:
             for name, tg in term_grads.items():
                 outs = [enc.batch[k] for k in tg if tg[k] is not None]
                 if outs:
-                    lo = {k: sum(parts[j][k].size(0) for j in range(i)) for k in tg}
-                    gs = [tg[k][lo[k] : lo[k] + parts[i][k].size(0)] for k in tg if tg[k] is not None]
+                    gs = [tg[k][start[k] : done[k]] for k in tg if tg[k] is not None]
                     probe.add_grads(name, torch.autograd.grad(outs, probe.params, gs, retain_graph=True, allow_unused=True))
             for name, t in weighted.items():
                 if t.requires_grad:
@@ -641,6 +652,22 @@ def chunked_backward(job, batch: dict, micro: int, probe=None, lo: int = 0, hi: 
     add_terms(logged, row_logged)
     add_terms(weighted_total, row_weighted)
     return {"loss": total_loss(weighted_total), **logged}
+
+
+def first_pass_bounds(job, lo: int, hi: int, bounds: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The pieces ``[s, e)`` the graph-free first pass of ``chunked_backward`` encodes sentences
+    ``[lo, hi)`` in: the chunks ``bounds`` themselves with ``dropout_rng: stream`` (each chunk's
+    random state is recorded to be replayed by its second encoding) or ``chunk_first_pass:
+    chunks``; otherwise pieces of ``job.first_chunk`` sentences (``resolve_first_pass``; None: all
+    of ``[lo, hi)`` in one forward). Keyed and counter masks are a function of the sentence, not of
+    the piece it is encoded in, so every piece size gives the same embeddings (to rounding)."""
+    size = getattr(job, "first_chunk", None)
+    if job.settings.dropout_rng == "stream" or getattr(job.settings, "chunk_first_pass", "auto") == "chunks":
+        return bounds
+    if size is None or size >= hi - lo:
+        return [(lo, hi)]
+    size = max(size, bounds[0][1] - bounds[0][0])  # never smaller than a chunk
+    return [(s, min(s + size, hi)) for s in range(lo, hi, size)]
 
 
 # ------------------------------------------------------------------------------------ the update
@@ -718,8 +745,54 @@ def resolve_chunk_size(job, micro_batches: Callable[..., list[tuple[int, dict]]]
 
 
 def auto_chunk(per_sentence: float, free: float, batch: int, margin: float = AUTO_CHUNK_MARGIN) -> int | None:
-    """The chunk ``train.chunk_size: auto`` picks: the most sentences whose graph (``per_sentence``
-    bytes each, measured) fits ``margin`` of ``free`` bytes; None when the whole batch fits, at
-    least 1 otherwise."""
+    """The chunk ``train.chunk_size: auto`` picks, the fastest plan that fits: the fewest chunks whose
+    graph (``per_sentence`` bytes a sentence, measured) fits ``margin`` of ``free`` bytes, of equal
+    size (each chunk is one forward and backward; the step's time falls with their number); None
+    when the whole batch fits, at least 1 otherwise."""
     fits = int(margin * free // max(per_sentence, 1))
-    return None if fits >= batch else max(1, fits)
+    if fits >= batch:
+        return None
+    n = -(-batch // max(1, fits))  # the fewest forwards that fit ...
+    return -(-batch // n)  # ... in equal chunks (<= fits): one captured shape under train.graphs, not two
+
+
+def resolve_first_pass(job, micro_batches: Callable[..., list[tuple[int, dict]]]) -> int | None:
+    """``train.chunk_first_pass`` as the piece size (sentences) of gradient caching's graph-free first
+    pass (``first_pass_bounds``), None for this process's whole share of a micro-batch; called once
+    ``job.chunk`` is resolved, and only meaningful when it is a number.
+
+    ``chunks`` (and any run with ``dropout_rng: stream``, whose masks are replayed per chunk): the
+    chunk. ``whole``: None. ``auto``: None on a CPU; on CUDA, one chunk of the first micro-batch is
+    encoded without a graph and its peak memory above the model's measured, and the pass takes the
+    whole share if it fits ``AUTO_CHUNK_MARGIN`` of the free memory at that cost, else the fewest
+    equal pieces that fit (never smaller than a chunk). The choice is logged and written to
+    ``train.json`` (``first_pass``)."""
+    import torch
+
+    mode = getattr(job.settings, "chunk_first_pass", "auto")
+    if job.chunk is None or not job.method.has_batch_terms:
+        return None
+    if job.settings.dropout_rng == "stream" or mode == "chunks":
+        return job.chunk
+    if mode == "whole" or job.device.type != "cuda":
+        log.info("train.chunk_first_pass %s: the graph-free first pass encodes the whole micro-batch at once", mode)
+        return None
+    share = -(-job.settings.batch_size // max(1, getattr(job, "world", 1)))
+    (m, full), = micro_batches(job, 0)[:1]
+    full = {k: v.to(job.device) for k, v in full.items()}
+    probe_n = min(job.chunk, job.method.n_sentences(full))
+    part = job.method.chunk(full, 0, probe_n)
+    torch.cuda.synchronize(job.device)
+    base = torch.cuda.memory_allocated(job.device)
+    torch.cuda.reset_peak_memory_stats(job.device)
+    rng = _device_rng(job.device)
+    with torch.no_grad(), autocast(job.device, job.amp), keyed_dropout(job, m, 0, probe_n):
+        job.method.encode(part)
+    per_sentence = max(1, torch.cuda.max_memory_allocated(job.device) - base) / probe_n
+    _set_device_rng(rng, job.device)
+    free, _ = torch.cuda.mem_get_info(job.device)
+    size = auto_chunk(per_sentence, free, share)
+    size = None if size is None else max(size, job.chunk)
+    log.info("train.chunk_first_pass auto: %.2f MB per sentence without a graph, %.1f GB free -> %s",
+             per_sentence / 2**20, free / 2**30, "the whole micro-batch" if size is None else f"pieces of {size} sentences")
+    return size
