@@ -110,12 +110,13 @@ def test_graphs_with_compile_train_as_graphs_without(worlds):
     _same(compiled, plain, 1e-4, "simcse: graphed with compile vs graphed")
 
 
-@pytest.mark.parametrize("graphs", [True, False])
-def test_compile_with_counter_dropout_trains_as_the_eager_counter_run(worlds, monkeypatch, graphs):
+@pytest.mark.parametrize("graphs, chunk", [(True, None), (False, None), (True, 4)])
+def test_compile_with_counter_dropout_trains_as_the_eager_counter_run(worlds, monkeypatch, graphs, chunk):
     """``train.compile`` with ``dropout_rng: counter`` (``sentemb.model.dropout.compile_safe``: each
-    dropout a graph break, run outside the compiled code), graphed and not, dropout on: the weights of
-    the eager counter run (the same masks; another draw would be ~1e-2 away) to fp32 tolerance, and
-    Dynamo compiled the code between the dropouts (several graphs)."""
+    dropout a graph break, run outside the compiled code), graphed and not, and in the graphed chunked
+    step (``Method.encode`` compiled, ``job.encode_fn``), dropout on: the weights of the eager counter
+    run (the same masks; another draw would be ~1e-2 away) to fp32 tolerance, and Dynamo compiled the
+    code between the dropouts (several graphs)."""
     import torch.nn.functional as F
     from torch._dynamo.utils import counters
 
@@ -126,7 +127,7 @@ def test_compile_with_counter_dropout_trains_as_the_eager_counter_run(worlds, mo
     monkeypatch.setattr(F, "scaled_dot_product_attention", F.scaled_dot_product_attention)
     monkeypatch.setattr(dropout, "_INSTALLED", dropout._INSTALLED)
     h = worlds("simcse")
-    over = dict(dropout_rng="counter", graphs=graphs)
+    over = dict(dropout_rng="counter", graphs=graphs, chunk_size=chunk)
     eager, _ = _train(h.exact_run(**over), steps=2, cls=h.cls)
     torch._dynamo.reset()
     counters.clear()
@@ -136,7 +137,11 @@ def test_compile_with_counter_dropout_trains_as_the_eager_counter_run(worlds, mo
         for _ in run_steps(job, State(), 2):
             pass
         assert counters["stats"]["unique_graphs"] >= 2, dict(counters["stats"])
-        assert repr(job.strategy) == ("Graphed(Plain())" if graphs else "Plain()")
+        assert repr(job.strategy) == {(True, None): "Graphed(Plain())", (False, None): "Plain()",
+                                      (True, 4): "Graphed(Chunked())"}[graphs, chunk]
+        # chunked: Method.losses never runs (chunked_backward calls encode, batch_terms, row_terms), so
+        # the graphs counted above are the compiled encode's
+        assert job.encode_fn is not None
         compiled = {k: v.detach().clone() for k, v in job.method.state_dict().items() if torch.is_tensor(v)}
     _same(compiled, eager, 1e-4, f"simcse: compiled vs eager, counter dropout on, graphs {graphs}")
 

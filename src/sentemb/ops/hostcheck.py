@@ -242,15 +242,16 @@ def _loop_ms(run, warm: int, timed: int, count: bool = False) -> tuple[float, fl
 
             import torch
 
-            compiled, job.step_fn = job.step_fn, job.method.losses  # (torch.compile would skip a frame first met
-            layer0 = job.method.encoder.encoder.layer[0]            # under the counter's dispatch mode for good)
+            from ..train.step import eager_functions
+
+            layer0 = job.method.encoder.encoder.layer[0]
             calls = [0, 0]  # the encoder's passes with and without grad, as the plan counts them
             hook = layer0.register_forward_hook(
                 lambda *a: calls.__setitem__(int(not torch.is_grad_enabled()), calls[int(not torch.is_grad_enabled())] + 1))
-            try:
-                flops = counted(lambda: [None for _ in run_steps(job, state, 1)])[1]
+            try:  # the eager functions: torch.compile would skip a frame first met under the counter's mode for good
+                with eager_functions(job):
+                    flops = counted(lambda: [None for _ in run_steps(job, state, 1)])[1]
             finally:
-                job.step_fn = compiled
                 hook.remove()
             flops = (flops, len(job.method.encoder.encoder.layer), calls[0] + calls[1] / 3,
                      int(job.method.encoder.config.hidden_size))

@@ -43,7 +43,8 @@ With ``train.compile`` the graph holds Inductor's fused kernels instead of the e
 compiled ``Method.losses`` (dropout from torch's generator, ``fallback_random``) is compiled in the
 warm-up pass of a key's first micro-batch, before its capture, and the capture records the compiled
 forward and backward (the capture check's pass runs eagerly: ``torch.compile`` does not run under a
-dispatch mode). It serves ``Plain`` micro-batches, with ``dropout_rng: stream`` or ``counter``
+dispatch mode); a chunked step's chunks run through the compiled ``Method.encode``
+(``job.encode_fn``). It serves ``dropout_rng: stream`` or ``counter``
 (each counter dropout a graph break, run outside the compiled code: ``sentemb.model.dropout.
 compile_safe``; the breaks cost nothing at replay); each new batch shape is a recompilation, so
 ``train.buckets`` matters more.

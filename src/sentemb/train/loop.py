@@ -177,6 +177,7 @@ class Job:
     world: int = 1
     strategy: "StepStrategy | None" = None  # how a step's gradient is computed (sentemb.train.step.strategy_for)
     dropout_key: "torch.Tensor | None" = None  # train.graphs + dropout_rng counter: the static key (sentemb.train.graphs)
+    encode_fn: Callable | None = None  # train.compile: method.encode compiled, for gradient caching's chunks; None = eager
 
     def close(self) -> None:
         """Stop the prefetch thread or the batch workers (``train`` does; so should a caller of ``setup``)."""
@@ -217,6 +218,10 @@ class State:
     steps_run: int = 0
     dev_eval_s: float = 0.0
     dev_evals: int = 0
+
+
+#: ``torch._dynamo.config.recompile_limit`` under ``train.compile`` with ``dropout_rng: counter`` (``setup``)
+COUNTER_RECOMPILE_LIMIT = 64
 
 
 def setup(run: Run | dict, out_dir: str | Path, method_cls: "type[Method] | None" = None,
@@ -278,7 +283,7 @@ def setup(run: Run | dict, out_dir: str | Path, method_cls: "type[Method] | None
         from ..model.unpad import install
 
         install(method.encoder, where=f"run '{run.name}': train.unpad")
-    step_fn = method.losses
+    step_fn, encode_fn = method.losses, None
     if settings.compile:
         import torch._inductor.config
 
@@ -289,7 +294,15 @@ def setup(run: Run | dict, out_dir: str | Path, method_cls: "type[Method] | None
             from ..model.dropout import compile_safe
 
             compile_safe()
+            # after a break Dynamo compiles the encoder's nested functions as frames of their own, and
+            # transformers' one `deprecate_kwarg` wrapper code object serves several of them (each
+            # arity, with and without grad, is a recompilation): the default limit of 8 would leave
+            # them eager for the rest of the run
+            import torch._dynamo.config
+
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, COUNTER_RECOMPILE_LIMIT)
         step_fn = torch.compile(method.losses)
+        encode_fn = torch.compile(method.encode)  # the chunks of gradient caching (chunked_backward)
 
     lengths = sentence_lengths(sentences) if settings.sampler == "length" else None
     micro = batch_schedule(len(sentences), settings.batch_size, settings.epochs, seed, lengths)
@@ -314,7 +327,7 @@ def setup(run: Run | dict, out_dir: str | Path, method_cls: "type[Method] | None
               sentences=sentences, dev_pairs=dev_pairs, method=method, step_fn=step_fn, pooler=pooler, micro=micro,
               accum=accum, total=total, opt=opt, sched=sched, scaler=scaler, fingerprint=run_fingerprint(run),
               meta={"method": run.method, "name": run.name, "backbone": run.backbone, "seed": seed},
-              tracker=tracker if tracker is not None else Tracker(enabled=False))
+              tracker=tracker if tracker is not None else Tracker(enabled=False), encode_fn=encode_fn)
     if tracker is not None and tracker.run_id:
         job.meta["mlflow_run_id"] = tracker.run_id  # evaluation jobs log their test scores onto this run
     # the dev embedder reads the method's modules by reference: built now, it sees the resumed weights

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import logging
 import random
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Callable
 
 from .. import SentembError
@@ -366,12 +367,8 @@ class Graphed(MicroBatches):
                 set_dropout_key(job, micro)
                 # the check's pass through the eager function: torch.compile skips a frame first met
                 # under a dispatch mode, and would then never compile it (train.compile)
-                compiled, job.step_fn = job.step_fn, method.losses
-                try:
-                    with capture_hazards(device) as hazards:
-                        self.inner.backward(job, static, micro, None)
-                finally:
-                    job.step_fn = compiled
+                with eager_functions(job), capture_hazards(device) as hazards:
+                    self.inner.backward(job, static, micro, None)
                 if hazards:
                     raise SentembError(
                         f"run '{job.run.name}': train.graphs: method '{method.name}' cannot be captured as a CUDA graph: "
@@ -408,6 +405,23 @@ class Graphed(MicroBatches):
         log.info("train.graphs: %s shape %d (%s)", "captured" if cuda else "static", len(self.entries), _shapes(key))
         return entry
 
+
+
+@contextmanager
+def eager_functions(job):
+    """Inside: ``job``'s compiled functions (``train.compile``: ``step_fn``, ``encode_fn``) replaced by
+    the eager ones, for a pass under a dispatch mode (the capture check, a FLOP count): Dynamo skips
+    a frame first met under a dispatch mode, and would never compile it afterwards."""
+    saved = job.step_fn, getattr(job, "encode_fn", None)
+    job.step_fn = job.method.losses
+    if saved[1] is not None:
+        job.encode_fn = None
+    try:
+        yield
+    finally:
+        job.step_fn = saved[0]
+        if saved[1] is not None:
+            job.encode_fn = saved[1]
 
 
 # -------------------------------------------------------------------------------- the chooser
@@ -549,6 +563,7 @@ def chunked_backward(job, batch: dict, micro: int, probe=None, lo: int = 0, hi: 
     from ..methods.base import WEIGHTED, add_terms, total_loss
 
     method, device, size = job.method, job.device, job.chunk
+    encode = getattr(job, "encode_fn", None) or method.encode  # compiled with train.compile
     world = getattr(job, "world", 1)
     hi = method.n_sentences(batch) if hi is None else hi
     bounds = [(s, min(s + size, hi)) for s in range(lo, hi, size)]
@@ -569,7 +584,7 @@ def chunked_backward(job, batch: dict, micro: int, probe=None, lo: int = 0, hi: 
                 states.append(_device_rng(device) if stream else None)
                 piece = batch if (s, e) == (0, method.n_sentences(batch)) else method.chunk(batch, s, e)
                 with autocast(device, job.amp), keyed_dropout(job, micro, s, e):
-                    parts.append(method.encode(piece).batch)
+                    parts.append(encode(piece).batch)
         row_seed = int(torch.randint(0, 2**62, (1,))) if stream else 0  # after pass 1: the stream continues from here
         after = _device_rng(device) if stream else None
         keys = list(parts[0])
@@ -612,7 +627,7 @@ def chunked_backward(job, batch: dict, micro: int, probe=None, lo: int = 0, hi: 
         if method.has_batch_terms and stream:
             _set_device_rng(states[i], device)
         with autocast(device, job.amp), keyed_dropout(job, micro, s, e):
-            enc = method.encode(c)
+            enc = encode(c)
             if method.has_batch_terms and job.settings.dropout_rng == "stream":
                 torch.manual_seed((row_seed + i) % 2**63)  # the chunk's per-sentence terms: a stream of their own
             rows = method.row_terms(enc, c, batch)
