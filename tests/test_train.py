@@ -569,5 +569,6 @@ def test_the_chunked_benchmark_times_both_variants(tiny_bert_dir, tiny_corpus):
     from sentemb.ops.benchmark import bench_chunked
 
     r = bench_chunked(tiny_bert_dir, tiny_corpus, 16, steps=1, warmup=0, device=torch.device("cpu"), max_len=16,
-                      precision="fp32", chunk_size=4, rounds=1, keyed=True)
-    assert set(r) == {"whole", "chunked", "whole keyed", "chunked keyed"} and all(v > 0 for v in r.values())
+                      precision="fp32", chunk_size=4, rounds=1, keyed=True, counter=True)
+    assert set(r) == {"whole", "chunked", "whole keyed", "chunked keyed", "whole counter", "chunked counter",
+                      "chunked counter per-chunk first pass"} and all(v > 0 for v in r.values())

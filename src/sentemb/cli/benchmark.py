@@ -86,17 +86,25 @@ def _cmd_chunked(args) -> int:
     head = f"{'method':<10} {'ms/step whole':>14} {'ms/step chunked':>16} {'ratio':>7}"
     if args.keyed:
         head += f" {'whole keyed':>12} {'chunked keyed':>14} {'ratio':>7}"
+    if args.counter:
+        head += f" {'whole counter':>14} {'chunked counter':>16} {'ratio':>7} {'1st pass per chunk':>19} {'ratio':>7}"
     print(head)
     for m in methods:
         r = bench_chunked(args.model, args.corpus, args.batch_size, args.steps, args.warmup, device, args.max_len,
-                          args.precision, args.chunked, m, margs.get(m), inputs, args.rounds, args.keyed)
+                          args.precision, args.chunked, m, margs.get(m), inputs, args.rounds, args.keyed, args.counter)
         row = f"{m:<10} {1000 * r['whole']:>14.1f} {1000 * r['chunked']:>16.1f} {r['chunked'] / r['whole']:>7.2f}"
         if args.keyed:
             row += (f" {1000 * r['whole keyed']:>12.1f} {1000 * r['chunked keyed']:>14.1f} "
                     f"{r['chunked keyed'] / r['whole keyed']:>7.2f}")
+        if args.counter:
+            per = r["chunked counter per-chunk first pass"]
+            row += (f" {1000 * r['whole counter']:>14.1f} {1000 * r['chunked counter']:>16.1f} "
+                    f"{r['chunked counter'] / r['whole counter']:>7.2f} {1000 * per:>19.1f} {per / r['whole counter']:>7.2f}")
         print(row, flush=True)
     print("(train.chunk_size: a chunked step encodes the batch twice, once without a graph: expect about 4/3 of the "
-          "whole step's time; keyed = train.dropout_rng: keyed, the masks that make it equal the unchunked gradient)")
+          "whole step's time; keyed = train.dropout_rng: keyed, the masks that make it equal the unchunked gradient; "
+          "counter = the same keys hashed on the device: 'chunked counter' runs the graph-free first pass over the "
+          "whole batch (train.chunk_first_pass auto), '1st pass per chunk' chunk by chunk (chunk_first_pass chunks))")
     return 0
 
 
@@ -227,6 +235,9 @@ def register(sub) -> None:
                    help="time the loop with the whole micro-batch in one forward and with train.chunk_size N "
                         "(gradient caching) for each --method (default simcse): the cost of the extra forward")
     p.add_argument("--keyed", action="store_true", help="--chunked: also both with train.dropout_rng: keyed")
+    p.add_argument("--counter", action="store_true",
+                   help="--chunked: also both with train.dropout_rng: counter, and the chunked step with its first "
+                        "pass chunk by chunk (train.chunk_first_pass: chunks)")
     p.add_argument("--method", action="append", default=[], metavar="NAME",
                    help="also time this registered method (repeatable); prints a per-method table with the "
                         "share of build_batch and the ratio to simcse measured in the same invocation")

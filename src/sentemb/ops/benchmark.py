@@ -274,14 +274,22 @@ def bench_grad_norms(model_dir, corpus, batch_size, steps, warmup, device, max_l
 
 
 def bench_chunked(model_dir, corpus, batch_size, steps, warmup, device, max_len, precision, chunk_size,
-                  method="simcse", method_args=None, inputs=None, rounds=3, keyed=False) -> dict:
+                  method="simcse", method_args=None, inputs=None, rounds=3, keyed=False, counter=False) -> dict:
     """The cost of gradient caching (``train.chunk_size``): the shared loop's optimizer step with the
     whole micro-batch in one forward and in chunks of ``chunk_size`` (``_bench_turns``); with
-    ``keyed`` also both under ``train.dropout_rng: keyed``. Returns {variant: s/step} with variants
-    "whole", "chunked" (and "whole keyed", "chunked keyed")."""
-    variants = {"whole": {}, "chunked": {"chunk_size": chunk_size}}
+    ``keyed`` also both under ``train.dropout_rng: keyed``; with ``counter`` under ``counter``, the
+    chunked step both with its graph-free first pass over the whole batch (``train.chunk_first_pass:
+    auto``) and chunk by chunk (``chunks``). Returns {variant: s/step} with variants "whole",
+    "chunked" (and "whole keyed", "chunked keyed"; "whole counter", "chunked counter", "chunked
+    counter per-chunk first pass")."""
+    base = {"whole": {}, "chunked": {"chunk_size": chunk_size}}
+    variants = dict(base)
     if keyed:
-        variants.update({f"{k} keyed": {**v, "dropout_rng": "keyed"} for k, v in list(variants.items())})
+        variants.update({f"{k} keyed": {**v, "dropout_rng": "keyed"} for k, v in base.items()})
+    if counter:
+        variants.update({f"{k} counter": {**v, "dropout_rng": "counter"} for k, v in base.items()})
+        variants["chunked counter per-chunk first pass"] = {"chunk_size": chunk_size, "dropout_rng": "counter",
+                                                            "chunk_first_pass": "chunks"}
     runs = {key: _bench_run(model_dir, corpus, batch_size, device, max_len, precision, method, 10**9, method_args,
                             inputs, **over) for key, over in variants.items()}
     return _bench_turns(runs, steps, warmup, rounds, device, batch_size)[0]
