@@ -548,6 +548,35 @@ def test_a_bad_chunk_size_is_refused_naming_the_key(value):
         validate_config({**base, "runs": [{"method": "simcse", "backbone": "b", "train": {"chunk_size": value}}]})
 
 
+def test_the_cuda_memory_probe_is_the_peak_per_sentence_and_keeps_the_random_state(tiny_bert_dir, tiny_corpus,
+                                                                                    tiny_senteval, monkeypatch):
+    """``_peak_per_sentence`` (the probe behind ``chunk_size: auto`` and ``chunk_first_pass: auto`` on
+    CUDA), here with torch.cuda's memory counters replaced by a fake one: the peak above the memory
+    allocated before, per sentence of the first micro-batch's first ``n`` (at most the batch), and the
+    random state the probe's dropout drew from put back."""
+    from sentemb.train import step
+    from sentemb.train.loop import micro_batches, setup
+
+    mem = {"now": 10_000, "peak": 10_000}
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: mem["now"])
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: mem.update(peak=mem["now"]))
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: mem["peak"])
+    with setup(run_cfg(tiny_bert_dir, tiny_corpus, tiny_senteval, max_steps=1), "/nonexistent") as job:
+        seen = []
+
+        def run(part, full, micro):
+            seen.append((job.method.n_sentences(part), job.method.n_sentences(full), micro))
+            mem["peak"] += 300 * job.method.n_sentences(part) + 5_000  # 300 bytes a sentence above the 10 kB
+            torch.rand(3)  # a draw: the probe must put the generator back
+
+        before = torch.get_rng_state()
+        assert step._peak_per_sentence(job, micro_batches, 4, run) == 300 + 5_000 / 4
+        assert seen == [(4, 16, 0)] and torch.equal(torch.get_rng_state(), before)
+        assert step._peak_per_sentence(job, micro_batches, 64, run) == 300 + 5_000 / 16  # at most the batch's 16
+        assert seen[-1] == (16, 16, 0)
+
+
 def test_a_whole_first_pass_is_refused_with_stream_dropout():
     from sentemb.config.settings import TrainSettings
 

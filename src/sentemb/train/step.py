@@ -734,29 +734,43 @@ def resolve_chunk_size(job, micro_batches: Callable[..., list[tuple[int, dict]]]
     if job.device.type != "cuda":
         log.info("train.chunk_size auto: the whole batch (%d sentences) on %s", batch, job.device)
         return None
-    probe_n = min(4, batch)
-    (m, full), = micro_batches(job, 0)[:1]
-    full = {k: v.to(job.device) for k, v in full.items()}
-    part = job.method.chunk(full, 0, probe_n)
-    torch.cuda.synchronize(job.device)
-    base = torch.cuda.memory_allocated(job.device)
-    torch.cuda.reset_peak_memory_stats(job.device)
-    rng = _device_rng(job.device)
-    with autocast(job.device, job.amp):
-        enc = job.method.encode(part)
-        out = job.method.row_terms(enc, part, full)
-    from ..methods.base import WEIGHTED
+    def forward_backward(part, full, micro):
+        from ..methods.base import WEIGHTED
 
-    loss = sum(v.float().sum() for v in enc.batch.values()) + sum(out[WEIGHTED].values(), torch.zeros((), device=job.device))
-    loss.backward()
-    per_sentence = max(1, torch.cuda.max_memory_allocated(job.device) - base) / probe_n
-    job.opt.zero_grad(set_to_none=True)
-    _set_device_rng(rng, job.device)
+        with autocast(job.device, job.amp):
+            enc = job.method.encode(part)
+            out = job.method.row_terms(enc, part, full)
+        zero = torch.zeros((), device=job.device)
+        (sum(v.float().sum() for v in enc.batch.values()) + sum(out[WEIGHTED].values(), zero)).backward()
+
+    per_sentence = _peak_per_sentence(job, micro_batches, min(4, batch), forward_backward)
+    job.opt.zero_grad(set_to_none=True)  # the probe's gradients discarded
     free, _ = torch.cuda.mem_get_info(job.device)
     chosen = auto_chunk(per_sentence, free, batch)
     log.info("train.chunk_size auto: %.1f MB per sentence, %.1f GB free -> %s", per_sentence / 2**20, free / 2**30,
              "the whole batch" if chosen is None else f"chunks of {chosen} sentences")
     return chosen
+
+
+def _peak_per_sentence(job, micro_batches: Callable[..., list[tuple[int, dict]]], n: int, run: Callable) -> float:
+    """CUDA memory per sentence at the peak of ``run(part, full, micro)`` above what was allocated
+    before: ``part`` the first ``n`` sentences (at most the batch's) of the first micro-batch ``full``
+    (``micro_batches(job, 0)``), on the device. The device's random state is put back after."""
+    import torch
+
+    (micro, full), = micro_batches(job, 0)[:1]
+    full = {k: v.to(job.device) for k, v in full.items()}
+    n = min(n, job.method.n_sentences(full))
+    part = job.method.chunk(full, 0, n)
+    torch.cuda.synchronize(job.device)
+    base = torch.cuda.memory_allocated(job.device)
+    torch.cuda.reset_peak_memory_stats(job.device)
+    rng = _device_rng(job.device)
+    try:
+        run(part, full, micro)
+    finally:
+        _set_device_rng(rng, job.device)
+    return max(1, torch.cuda.max_memory_allocated(job.device) - base) / n
 
 
 def auto_chunk(per_sentence: float, free: float, batch: int, margin: float = AUTO_CHUNK_MARGIN) -> int | None:
@@ -793,18 +807,12 @@ def resolve_first_pass(job, micro_batches: Callable[..., list[tuple[int, dict]]]
         log.info("train.chunk_first_pass %s: the graph-free first pass encodes the whole micro-batch at once", mode)
         return None
     share = -(-job.settings.batch_size // max(1, getattr(job, "world", 1)))
-    (m, full), = micro_batches(job, 0)[:1]
-    full = {k: v.to(job.device) for k, v in full.items()}
-    probe_n = min(job.chunk, job.method.n_sentences(full))
-    part = job.method.chunk(full, 0, probe_n)
-    torch.cuda.synchronize(job.device)
-    base = torch.cuda.memory_allocated(job.device)
-    torch.cuda.reset_peak_memory_stats(job.device)
-    rng = _device_rng(job.device)
-    with torch.no_grad(), autocast(job.device, job.amp), keyed_dropout(job, m, 0, probe_n):
-        job.method.encode(part)
-    per_sentence = max(1, torch.cuda.max_memory_allocated(job.device) - base) / probe_n
-    _set_device_rng(rng, job.device)
+
+    def forward(part, full, micro):
+        with torch.no_grad(), autocast(job.device, job.amp), keyed_dropout(job, micro, 0, part):
+            job.method.encode(part)
+
+    per_sentence = _peak_per_sentence(job, micro_batches, job.chunk, forward)
     free, _ = torch.cuda.mem_get_info(job.device)
     size = auto_chunk(per_sentence, free, share)
     size = None if size is None else max(size, job.chunk)
