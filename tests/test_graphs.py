@@ -99,6 +99,8 @@ def test_graphs_with_compile_train_as_graphs_without(worlds):
     counters.clear()
     with setup(h.exact_run(graphs=True, sam_rho=0.05, compile=True), "/nonexistent", h.cls) as job:
         assert job.step_fn is not job.method.losses
+        compiled_encode, encodes = job.encode_fn, []
+        job.encode_fn = lambda batch: encodes.append(1) or compiled_encode(batch)  # which path the step took
         torch.manual_seed(3)
         for _ in run_steps(job, State(), 2):
             pass
@@ -133,15 +135,17 @@ def test_compile_with_counter_dropout_trains_as_the_eager_counter_run(worlds, mo
     counters.clear()
     with setup(h.exact_run(compile=True, **over), "/nonexistent", h.cls) as job:
         assert job.step_fn is not job.method.losses
+        compiled_encode, encodes = job.encode_fn, []
+        job.encode_fn = lambda batch: encodes.append(1) or compiled_encode(batch)  # which path the step took
         torch.manual_seed(3)
         for _ in run_steps(job, State(), 2):
             pass
         assert counters["stats"]["unique_graphs"] >= 2, dict(counters["stats"])
         assert repr(job.strategy) == {(True, None): "Graphed(Plain())", (False, None): "Plain()",
                                       (True, 4): "Graphed(Chunked())"}[graphs, chunk]
-        # chunked: Method.losses never runs (chunked_backward calls encode, batch_terms, row_terms), so
-        # the graphs counted above are the compiled encode's
-        assert job.encode_fn is not None
+        # chunked: the chunks and the first pass go through the compiled encode (chunked_backward), and
+        # Method.losses never runs, so the graphs counted above are the compiled encode's; whole: none does
+        assert (len(encodes) > 0) == bool(chunk), (chunk, len(encodes))
         compiled = {k: v.detach().clone() for k, v in job.method.state_dict().items() if torch.is_tensor(v)}
     _same(compiled, eager, 1e-4, f"simcse: compiled vs eager, counter dropout on, graphs {graphs}")
 
