@@ -329,21 +329,29 @@ def test_graphed_two_processes_train_as_one_with_counter_dropout(worlds, tmp_pat
                       f"devices 2 graphed: {f.name}", floor="whole")
 
 
-def test_a_method_that_keeps_state_across_steps_is_refused(tmp_path):
-    """A method with an ``after_step`` hook (examples/methods/esimcse.py: a momentum encoder and a
-    queue) stashes Python state during its step, which a replayed graph does not redo: refused."""
-    from types import SimpleNamespace
+def test_a_step_that_reads_its_step_number_or_bumps_python_state_is_refused_naming_it(worlds):
+    """What a replay would not redo is refused at the capture check (on the CPU too), naming it: a
+    loss that reads ``self.step`` (a schedule: the replay would keep the captured step), a counter
+    bumped in the step. ``tests/test_stateful.py`` runs the stateful example graphed (``state_graphed``)."""
+    h = worlds("simcse")
 
-    from sentemb.methods.base import Method
-    from sentemb.train.step import strategy_for
+    class Scheduled(h.cls):
+        def batch_terms(self, emb, batch):
+            out = super().batch_terms(emb, batch)
+            return out if self.step >= 0 else {}
 
-    class Stateful(Method):
-        name = "stateful"
+    class Counting(h.cls):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            self.calls = 0
 
-        def after_step(self, step):
-            pass
+        def encode(self, batch):
+            self.calls += 1
+            return super().encode(batch)
 
-    job = SimpleNamespace(run=SimpleNamespace(name="r"), settings=TrainSettings(graphs=True), world=1, chunk=None,
-                          device=torch.device("cpu"), method=Stateful.__new__(Stateful))
-    with pytest.raises(SentembError, match=r"train\.graphs cannot serve method 'stateful': it keeps state"):
-        strategy_for(job)
+    run = h.exact_run(dropout=0.0, graphs=True)
+    with pytest.raises(SentembError, match=r"keeps Python state in its step.*it reads self\.step during the step"):
+        _train(run, steps=1, cls=Scheduled)
+    with pytest.raises(SentembError, match=r"it changes Counting\.calls during the step"):
+        _train(run, steps=1, cls=Counting)
+    _train(h.exact_run(dropout=0.0), steps=1, cls=Counting)  # eager: served

@@ -15,6 +15,7 @@ import yaml
 
 from conftest import REPO
 from sentemb import testing
+from sentemb.methods import WEIGHTED
 
 EXAMPLE = REPO / "examples" / "methods" / "esimcse.py"
 
@@ -123,7 +124,7 @@ def test_the_queue_holds_every_step_s_keys_newest_first_and_the_momentum_encoder
 
 
 @pytest.mark.parametrize("check", ["arguments", "loss", "export", "state_chunked", "state_accum", "state_sam",
-                                   "state_resume", "state_devices"])
+                                   "state_resume", "state_devices", "state_graphed"])
 def test_the_example_keeps_the_contract(example, h, check):
     """What ``sentemb check-method esimcse --config examples/methods/config.yaml`` runs (its other
     checks too: the weights' ``resume``, ``chunked``, ``devices`` and ``grad_norms``, which the
@@ -136,7 +137,7 @@ def test_the_example_keeps_the_contract(example, h, check):
 
 # ------------------------------------------------------------------------------------ wrong stateful methods
 def _broken(example):
-    """Three wrong versions of the example, each fails one named check."""
+    """Wrong versions of the example, each fails one named check."""
     ESimCSE = example.ESimCSE
 
     class MomentumEveryEncode(ESimCSE):
@@ -149,9 +150,9 @@ def _broken(example):
             return super().encode(batch)
 
         def after_step(self, step):  # the queue only
-            if self._keys:
-                self.enqueue(torch.cat([self._keys[m] for m in sorted(self._keys)][::-1], 0))
-            self._keys.clear()
+            keys = self.take_stash("keys")
+            if keys:
+                self.enqueue(torch.cat(keys[::-1], 0))
 
     class EnqueueAtOnce(ESimCSE):
         """The keys enqueued during ``encode``: SAM's second pass sees its own keys."""
@@ -164,7 +165,7 @@ def _broken(example):
             return enc
 
         def after_step(self, step):
-            self._keys.clear()
+            self.take_stash("keys")
             self.momentum_update()
 
     class UnsavedQueue(ESimCSE):
@@ -178,13 +179,57 @@ def _broken(example):
                 value = self._buffers.pop(key)
                 object.__setattr__(self, key, value)
 
-    return {c.name: c for c in (MomentumEveryEncode, EnqueueAtOnce, UnsavedQueue)}
+    class PythonStash(ESimCSE):
+        """The keys kept in a plain dict under ``self.micro`` (the example before ``Method.stash``):
+        right in eager mode, but a replayed graph would stash once, at its capture."""
+
+        name = "broken-python-stash"
+
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            self._keys = {}
+
+        def stash(self, name, value):
+            self._keys[self.micro] = value.detach()
+
+        def take_stash(self, name):
+            keys = [self._keys[m] for m in sorted(self._keys)]
+            self._keys.clear()
+            return keys
+
+    class ReplacedQueue(ESimCSE):
+        """The queue rebuilt as a new tensor in ``after_step``: right in eager mode (and saved), but a
+        captured graph would go on reading the first queue's memory."""
+
+        name = "broken-replaced-queue"
+
+        @torch.no_grad()
+        def enqueue(self, keys):
+            self.queue = torch.cat([keys.to(self.queue.dtype), self.queue], 0)[: self.queue.size(0)].clone()
+            self.queue_len = torch.clamp(self.queue_len + keys.size(0), max=self.queue.size(0))
+
+    class SlicedQueue(ESimCSE):
+        """The queue sliced at its filled length, ``int(queue_len)``: a host read of a device value."""
+
+        name = "broken-sliced-queue"
+
+        def batch_terms(self, emb, batch):
+            loss = example.queue_info_nce(emb["z1"], emb["z2"], self.queue[: int(self.queue_len)], self.args.temperature)
+            self.stash("keys", emb["k"].float())
+            return {"contrastive": loss.detach(), WEIGHTED: {"contrastive": loss}}
+
+    return {c.name: c for c in (MomentumEveryEncode, EnqueueAtOnce, UnsavedQueue, PythonStash, ReplacedQueue,
+                                SlicedQueue)}
 
 
 @pytest.mark.parametrize("method, check, message", [
     ("broken-momentum-every-encode", "state_chunked", "chunk_size 4 vs the whole batch: state"),
     ("broken-enqueue-at-once", "state_sam", "the second pass vs the first: state 'queue"),
     ("broken-unsaved-queue", "state_resume", "killed after step 1 and resumed vs uninterrupted: state"),
+    ("broken-python-stash", "state_graphed", "keeps Python state in its step, which a replayed graph does not redo: "
+                                             "it changes PythonStash._keys during the step; it reads self.micro"),
+    ("broken-replaced-queue", "state_graphed", "replaced queue, queue_len with new tensors since its step was captured"),
+    ("broken-sliced-queue", "state_graphed", "in batch_terms: aten._local_scalar_dense reads a device value on the host"),
 ])
 def test_a_wrong_stateful_method_fails_a_named_check(example, h, method, check, message, tmp_path):
     cls = _broken(example)[method]

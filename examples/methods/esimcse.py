@@ -26,9 +26,13 @@ Where the state is and when it changes (the loop's promises, ``sentemb.methods.b
 * ``momentum_encoder`` (and ``momentum_mlp``): frozen parameters (``requires_grad = False``, so the
   optimizer leaves them out), updated by Eq. 2 in ``after_step``;
 * ``queue`` (M × d) and ``queue_len``: persistent buffers (saved and resumed with the weights),
-  written in ``after_step`` from the keys ``batch_terms`` stashed under ``self.micro`` during the
-  step: a repeated call (gradient caching, SAM's second pass, the contract's re-runs) overwrites its
-  own stash and never sees its own keys in the queue;
+  written in ``after_step`` from the keys ``batch_terms`` stashed during the step
+  (``self.stash("keys", k)``, kept per micro-batch): a repeated call (gradient caching, SAM's second
+  pass, the contract's re-runs) overwrites its own stash and never sees its own keys in the queue;
+* under ``train.graphs`` (a replayed CUDA graph runs no Python) the step is graph-safe: the queue is
+  read whole, its empty rows masked out of Eq. 3 by ``queue_len`` on the device (no ``int()`` of
+  it, no shape that changes while it fills), the stash is the graph's static output that the loop
+  copies out after each replay, and ``after_step`` updates the momentum encoder and the queue in place;
 * under ``train.devices: N`` ``batch_terms`` gets every rank's keys (the loop gathers ``Encoded.batch``),
   so every rank enqueues the same rows and every rank's state is the single process's.
 
@@ -78,14 +82,21 @@ def word_repetition(ids: list[int], dup_rate: float, rng) -> list[int]:
     return out
 
 
-def queue_info_nce(h: torch.Tensor, pos: torch.Tensor, queue: torch.Tensor, temperature: float) -> torch.Tensor:
+def queue_info_nce(h: torch.Tensor, pos: torch.Tensor, queue: torch.Tensor, temperature: float,
+                   filled: torch.Tensor | None = None) -> torch.Tensor:
     """Eq. 3, the mean of ℓ_i over the batch: anchors ``h`` (B, d), positives ``pos`` (B, d), the
-    queue's keys ``queue`` (M, d; M may be 0); fp32 regardless of autocast."""
+    queue's keys ``queue`` (M, d; M may be 0); fp32 regardless of autocast. ``filled`` (a 0-dim
+    count on the device): only the queue's first ``filled`` rows count, the others are masked out of
+    the denominator (the queue as one static shape, read without a host sync: ``train.graphs``)."""
     with torch.autocast(device_type=h.device.type, enabled=False):
         h = F.normalize(h.float(), dim=-1)
         logits = h @ F.normalize(pos.float(), dim=-1).T  # (B, B)
         if queue.size(0):
-            logits = torch.cat([logits, h @ F.normalize(queue.float(), dim=-1).T], 1)  # (B, B + M)
+            extra = h @ F.normalize(queue.float(), dim=-1).T  # (B, M)
+            if filled is not None:
+                empty = torch.arange(queue.size(0), device=h.device) >= filled
+                extra = extra.masked_fill(empty, float("-inf"))
+            logits = torch.cat([logits, extra], 1)  # (B, B + M)
         return F.cross_entropy(logits / temperature, torch.arange(h.size(0), device=h.device))
 
 
@@ -118,8 +129,6 @@ class ESimCSE(SimCSE):
         d = encoder.config.hidden_size
         self.register_buffer("queue", torch.zeros(self.args.queue_size, d))  # newest first
         self.register_buffer("queue_len", torch.zeros((), dtype=torch.long))
-        self._keys: dict[int, torch.Tensor] = {}  # micro -> this step's keys (stashed, never state)
-        _eager_stash()
 
     def train(self, mode: bool = True):
         super().train(mode)
@@ -185,22 +194,19 @@ class ESimCSE(SimCSE):
         return Encoded(batch={"z1": cls[:n], "z2": cls[n:], "k": k.float()})  # (n, d) each
 
     def batch_terms(self, emb, batch):
-        queue = self.queue[: int(self.queue_len)]  # (M', d): the queue as the step began
-        loss = queue_info_nce(emb["z1"], emb["z2"], queue, self.args.temperature)
-        self._stash(emb["k"])
+        """Eq. 3 against the queue as the step began (its filled rows: ``queue_len``, read on the
+        device); this micro-batch's keys (every rank's) stashed for ``after_step``."""
+        loss = queue_info_nce(emb["z1"], emb["z2"], self.queue, self.args.temperature, filled=self.queue_len)
+        self.stash("keys", emb["k"].float())
         return {"contrastive": loss.detach(), WEIGHTED: {"contrastive": loss}}
-
-    def _stash(self, keys: torch.Tensor) -> None:  # eager under train.compile (``__init__``)
-        """This micro-batch's keys (every rank's), for ``after_step``; a repeated call overwrites."""
-        self._keys[self.micro] = keys.detach().float()
 
     # ------------------------------------------------------------------ the state, once per step
     def after_step(self, step: int) -> None:
         """Eq. 2 on the updated encoder, then the step's keys into the queue (micro-batch order, newest first)."""
         self.momentum_update()
-        if self._keys:
-            self.enqueue(torch.cat([self._keys[m] for m in sorted(self._keys)][::-1], 0))  # the last micro-batch's first
-        self._keys.clear()
+        keys = self.take_stash("keys")
+        if keys:
+            self.enqueue(torch.cat(keys[::-1], 0))  # the last micro-batch's first
 
     @torch.no_grad()
     def momentum_update(self) -> None:
@@ -215,21 +221,13 @@ class ESimCSE(SimCSE):
 
     @torch.no_grad()
     def enqueue(self, keys: torch.Tensor) -> None:
-        """``keys`` (k, d) to the front of the queue; beyond M the oldest leave."""
+        """``keys`` (k, d) to the front of the queue; beyond M the oldest leave. In place and without
+        a host sync: the whole queue shifts (rows past ``queue_len`` are masked out of Eq. 3), and
+        ``queue_len`` grows on the device."""
         size = self.queue.size(0)
         if size:
-            kept = torch.cat([keys.to(self.queue.dtype), self.queue[: int(self.queue_len)]], 0)[:size]
-            self.queue[: kept.size(0)] = kept
-            self.queue_len.fill_(kept.size(0))
+            self.queue.copy_(torch.cat([keys.to(self.queue.dtype), self.queue], 0)[:size])
+            self.queue_len.add_(keys.size(0)).clamp_(max=size)
 
 __all__ = ["ESimCSE", "queue_info_nce", "word_repetition"]
 
-
-def _eager_stash() -> None:
-    """``ESimCSE._stash`` under ``torch.compiler.disable`` (eager under train.compile: no recompilation
-    per micro-batch index), applied when the first ESimCSE is built rather than as a decorator: the
-    decorator imports torch._dynamo (about 2 s of CPU) in every Snakemake run and command that merely
-    reads a config listing this file."""
-    if not getattr(ESimCSE._stash, "_eager_stash", False):
-        ESimCSE._stash = torch.compiler.disable(ESimCSE._stash)
-        ESimCSE._stash._eager_stash = True

@@ -34,6 +34,8 @@ state_devices  ... every rank's whole state after 3 steps on ``train.devices: 2`
 state_accum    ... ``grad_accum: 2`` of B/2 gives the whole state of 1 × B (where ``Method.accum_equal``)
 state_sam      ... under SAM the second pass over a micro-batch sees the state the first pass saw
 state_resume   ... killed after a step and resumed, the whole state after 3 steps is bit-identical
+state_graphed  ... ``train.graphs: true`` gives the eager run's whole state after 3 steps of 2 micro-batches,
+               and what a replayed graph would not redo (Python state, host reads) is refused
 =============  ==========================================================================================
 
 The ``state_*`` checks skip a method whose state is its trainable weights alone (the weights' own
@@ -858,6 +860,22 @@ def check_state_resume(h: Harness) -> None:
     same_state(got, state_after(h), "killed after step 1 and resumed vs uninterrupted", exact=True)
 
 
+def check_state_graphed(h: Harness) -> None:
+    """A method that keeps state: with ``train.graphs: true`` (each batch shape's step captured once
+    and replayed; on a CPU the same static-shape step run eagerly, with the capture check) its whole
+    state after 3 steps of 2 accumulated micro-batches of 8 is the eager run's. The capture check
+    refuses, naming it, what a replay would not redo: Python state changed or ``self.step``/``micro``
+    read in the step (``Method.stash`` is the graph-safe way to hand tensors to ``after_step``), a
+    host read of a device value; and a parameter or buffer replaced rather than updated in place."""
+    _stateful(h)
+    over = {"batch_size": 8, "grad_accum": 2}
+    try:
+        got = state_after(h, graphs=True, **over)
+    except SentembError as e:
+        raise CheckFailed(str(e)) from e
+    same_state(got, state_after(h, **over), "graphs vs eager (2 micro-batches of 8 a step)")
+
+
 #: name -> check, in the order ``sentemb check-method`` runs them (cheap first)
 CHECKS: dict[str, Callable[[Harness], None]] = {
     "arguments": check_arguments,
@@ -875,6 +893,7 @@ CHECKS: dict[str, Callable[[Harness], None]] = {
     "state_sam": check_state_sam,
     "state_resume": check_state_resume,
     "state_devices": check_state_devices,
+    "state_graphed": check_state_graphed,
 }
 
 

@@ -59,8 +59,10 @@ A method that keeps state across steps (a momentum-updated copy of the encoder, 
 And one rule: ``encode``, ``batch_terms`` and ``row_terms`` may be called more than once on the same
 micro-batch (gradient caching encodes twice, SAM runs every micro-batch twice, the contract re-runs
 ``losses``, ``chunk_size: auto`` probes ``encode`` at set-up), so they change no state: they may only
-stash what the hook needs, keyed so that a repeated call overwrites (``self.micro``); the state
-changes in ``after_step`` alone. Under ``train.devices: N`` every rank holds the same state:
+stash what the hook needs with ``self.stash(name, tensor)`` (keyed by ``self.micro``, so that a
+repeated call overwrites; ``after_step`` reads it with ``take_stash(name)``); the state changes in
+``after_step`` alone, in place (``copy_``, ``mul_``, ``fill_``: a graphed step, ``train.graphs``,
+reads the tensors it was captured with). Under ``train.devices: N`` every rank holds the same state:
 ``batch_terms`` sees every rank's rows already; ``all_ranks_rows`` gathers rows collected elsewhere.
 
 Adding a method = one module (a ``Method`` subclass decorated with ``@register_method``) + its
@@ -166,6 +168,16 @@ class MethodContext:
         return Path(self.inputs[name])
 
 
+def eager_stash() -> None:
+    """``Method.stash`` under ``torch.compiler.disable``, so that a compiled step (``train.compile``)
+    runs it eagerly: Dynamo would otherwise guard on ``self.micro`` and recompile for every
+    micro-batch. Applied once by the loop's set-up of a compiled run (not at import: the decorator
+    imports ``torch._dynamo``, seconds of CPU in every command that merely lists the methods)."""
+    if not getattr(Method.stash, "_eager_stash", False):
+        Method.stash = torch.compiler.disable(Method.stash)
+        Method.stash._eager_stash = True
+
+
 def all_ranks_rows(t: torch.Tensor) -> torch.Tensor:
     """Every process's rows of ``t`` concatenated along dim 0 in rank order, detached (``train.devices``
     > 1; ranks may hold different numbers of rows); ``t`` itself (detached) on one process. For state
@@ -233,11 +245,32 @@ class Method(nn.Module):
     #: term (``has_batch_terms = False``); a method whose in-batch negatives see the whole batch differs
     accum_equal: ClassVar[bool | None] = None
 
-    #: the optimizer step being computed (0-based: the updates done before it) and the global index of
-    #: the micro-batch being computed; set by the loop before the step's ``encode``/``batch_terms``/
-    #: ``row_terms`` calls (module docstring). Read them; the loop writes them
-    step: int = 0
-    micro: int = 0
+    @property
+    def step(self) -> int:
+        """The optimizer step being computed (0-based: the updates done before it); set by the loop
+        before the step's ``encode``/``batch_terms``/``row_terms`` calls (module docstring). Read it;
+        the loop writes it. A graphed step (``train.graphs``) must not read it: a replay keeps the
+        value of its capture (the capture check refuses it, ``sentemb.train.graphs``)."""
+        return self._read("step")
+
+    @step.setter
+    def step(self, value: int) -> None:
+        self.__dict__["_step"] = int(value)
+
+    @property
+    def micro(self) -> int:
+        """The global index of the micro-batch being computed; as ``step``."""
+        return self._read("micro")
+
+    @micro.setter
+    def micro(self, value: int) -> None:
+        self.__dict__["_micro"] = int(value)
+
+    def _read(self, name: str) -> int:
+        reads = self.__dict__.get("_reads")
+        if reads is not None:  # the graphed step's capture check records what the step reads
+            reads.add(name)
+        return self.__dict__.get(f"_{name}", 0)
 
     def __init__(self, encoder: nn.Module, tokenizer, args: dict[str, Any] | Any, ctx: MethodContext):
         super().__init__()
@@ -408,6 +441,26 @@ class Method(nn.Module):
         rows = self.row_terms(enc, batch, batch)
         weighted = {**out.pop(WEIGHTED), **rows.pop(WEIGHTED)}
         return {"loss": total_loss(weighted), **out, **rows, WEIGHTED: weighted}
+
+    # ------------------------------------------------------------------ state kept across steps
+    def stash(self, name: str, value: torch.Tensor) -> None:
+        """Keep ``value`` (detached) for ``after_step`` under ``name`` and this micro-batch
+        (``self.micro``): a repeated call on the same micro-batch (gradient caching, SAM's second
+        pass) overwrites it. The one way a step may hand tensors to the hook that also holds under
+        ``train.graphs``: there the step's stash is a static output of the captured graph, copied
+        out under the replayed micro-batch's index after every replay (``sentemb.train.graphs``).
+        Runs eagerly under ``train.compile`` (no recompilation per micro-batch)."""
+        sink = self.__dict__.get("_stash_sink")
+        if sink is not None:  # inside a graphed micro-batch: the graph's static output
+            sink[name] = value.detach()
+            return
+        self.__dict__.setdefault("_stashed", {}).setdefault(name, {})[self.__dict__.get("_micro", 0)] = value.detach()
+
+    def take_stash(self, name: str) -> list[torch.Tensor]:
+        """What the step's micro-batches stashed under ``name`` (``stash``), in micro-batch order
+        (one tensor per micro-batch that stashed it), and forget it: call it in ``after_step``."""
+        got = self.__dict__.setdefault("_stashed", {}).pop(name, {})
+        return [got[m] for m in sorted(got)]
 
     def after_step(self, step: int) -> None:
         """Called once per optimizer step ``step`` (0-based, = ``self.step`` during it), on every

@@ -36,7 +36,15 @@ however the batch is chunked or sharded. ``keyed`` (CPU generators) cannot be ca
 refused, as are gradient caching with ``stream`` (its second pass rewinds the generator on the
 host), ``train.unpad`` (the packed length changes every step), ``precision:
 fp16`` (the grad scaler reads its inf check on the host) and, on CUDA, ``train.devices`` > 1 (a
-collective captured in a graph is not supported here yet). A graphed ``stream`` run is another
+collective captured in a graph is not supported here yet).
+
+A replay reruns kernels, not Python. The capture check's pass therefore also refuses
+(``python_work``), naming it, a step that changes one of the method's own attributes or reads
+``Method.step``/``micro``; a method that keeps state across steps (``after_step``) hands tensors to
+its hook through ``Method.stash``, which in a graphed micro-batch writes the graph's static outputs
+(``stash_into``), copied out under each replay's micro-batch (``copy_stash``). Its hook must update
+parameters and buffers in place: one replaced by a new tensor is refused at the next step
+(``check_storage``). A graphed ``stream`` run is another
 random run than an eager one (other masks are drawn), as ``train.unpad`` is.
 
 With ``train.compile`` the graph holds Inductor's fused kernels instead of the eager ones: the
@@ -218,6 +226,7 @@ class _Entry:
     graph: object = None
     out: dict = field(default_factory=dict)
     used: list = field(default_factory=list)
+    stash: dict = field(default_factory=dict)  # what the step stashes (Method.stash): static outputs too
     replays: int = 0
 
 
@@ -228,6 +237,106 @@ def _shapes(key: tuple) -> str:
 @contextmanager
 def _null():
     yield
+
+
+# --------------------------------------------------------------------------- a method's Python state
+
+
+#: the ``Method`` attributes the loop itself writes around a step (``Method.step``/``micro``, the stash)
+_LOOP_ATTRS = frozenset({"_step", "_micro", "_stashed", "_stash_sink", "_reads", "training"})
+
+
+def _module_internals() -> frozenset:
+    from torch import nn
+
+    return frozenset(vars(nn.Module()))
+
+
+def _fingerprint(v):
+    """What a replay would have to redo if it changed: a container's members by identity, a number or
+    string by value, anything else by identity."""
+    if isinstance(v, dict):
+        return ("dict", tuple((k, id(x)) for k, x in v.items()))
+    if isinstance(v, (list, tuple)):
+        return (type(v).__name__, tuple(id(x) for x in v))
+    if isinstance(v, (set, frozenset)):
+        return ("set", frozenset(id(x) for x in v))
+    if v is None or isinstance(v, (bool, int, float, str, bytes)):
+        return v
+    return ("obj", id(v))
+
+
+def python_state(method) -> dict:
+    """The fingerprints (``_fingerprint``) of ``method``'s own plain attributes: not its parameters,
+    buffers or submodules (a graph's memory), nor what the loop writes (``_LOOP_ATTRS``)."""
+    skip = _module_internals() | _LOOP_ATTRS
+    return {k: _fingerprint(v) for k, v in vars(method).items() if k not in skip}
+
+
+@contextmanager
+def python_work(method, where: str):
+    """Inside: one pass of a graphed step (the capture check's). On exit, a method attribute that
+    existed before and changed (a dict stashed into, a counter bumped) or a read of ``Method.step``/
+    ``micro`` is refused naming it: a replay reruns the recorded kernels, not the Python, so the
+    change would happen once (at the capture) and the read would keep the capture's value."""
+    before = python_state(method)
+    method.__dict__["_reads"] = set()
+    try:
+        yield
+        reads = sorted(method.__dict__["_reads"])
+    finally:
+        method.__dict__.pop("_reads", None)
+    after = python_state(method)
+    changed = [k for k in before if k not in after or after[k] != before[k]]
+    cls = type(method).__name__
+    why = [f"it changes {cls}.{k} during the step" for k in changed]
+    why += [f"it reads self.{k} during the step (a replay keeps the value of its capture)" for k in reads]
+    if why:
+        raise SentembError(
+            f"{where}: train.graphs: method '{method.name}' keeps Python state in its step, which a replayed graph "
+            f"does not redo: {'; '.join(why)}. Hand tensors to after_step with self.stash(name, tensor) and "
+            "take_stash(name), put values that change per step into the batch (build_batch gets step and micro), "
+            "or set train.graphs: false (docs/methods/writing-a-method.md, 'A method that keeps state')")
+
+
+@contextmanager
+def stash_into(method, sink: dict):
+    """Inside: ``Method.stash`` writes into ``sink`` (name -> tensor), a graphed micro-batch's static
+    outputs, instead of the method's store."""
+    method.__dict__["_stash_sink"] = sink
+    try:
+        yield
+    finally:
+        method.__dict__.pop("_stash_sink", None)
+
+
+def copy_stash(method, sink: dict, micro: int) -> None:
+    """A graphed micro-batch's stash (``sink``, rewritten by each replay) into the method's store
+    under ``micro``, as ``Method.stash`` would have put it (a device copy)."""
+    store = method.__dict__.setdefault("_stashed", {})
+    for name, t in sink.items():
+        store.setdefault(name, {})[micro] = t.clone()
+
+
+def state_storage(method) -> list[tuple[str, int]]:
+    """(name, data pointer) of every parameter and buffer of ``method``: the memory a captured graph
+    reads."""
+    return [(k, t.data_ptr()) for k, t in (*method.named_parameters(), *method.named_buffers())]
+
+
+def check_storage(method, captured: list[tuple[str, int]], where: str) -> None:
+    """Refuse a method whose parameters or buffers were replaced since the capture (``captured``,
+    ``state_storage``) instead of updated in place: the graph would go on reading the old memory."""
+    now = state_storage(method)
+    if now == captured:
+        return
+    old = dict(captured)
+    moved = [k for k, ptr in now if old.get(k) != ptr] or sorted(set(old) - {k for k, _ in now})
+    raise SentembError(
+        f"{where}: train.graphs: method '{method.name}' replaced {', '.join(moved[:3])}"
+        f"{' and more' if len(moved) > 3 else ''} with new tensors since its step was captured; a replayed graph reads "
+        "the memory it was captured with: update state in place in after_step (copy_, mul_, add_, fill_), or set "
+        "train.graphs: false")
 
 
 # --------------------------------------------------------------------------- the dropout key

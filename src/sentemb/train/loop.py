@@ -301,6 +301,9 @@ def setup(run: Run | dict, out_dir: str | Path, method_cls: "type[Method] | None
             import torch._dynamo.config
 
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, COUNTER_RECOMPILE_LIMIT)
+        from ..methods.base import eager_stash
+
+        eager_stash()  # Method.stash outside the compiled code (no recompilation per micro-batch)
         step_fn = torch.compile(method.losses)
         encode_fn = torch.compile(method.encode)  # the chunks of gradient caching (chunked_backward)
 

@@ -37,7 +37,8 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Callable
 
 from .. import SentembError
-from .graphs import MAX_GRAPHS, WARMUP, _Entry, _key, _null, _shapes, as_captured, capture_hazards, set_dropout_key
+from .graphs import (MAX_GRAPHS, WARMUP, _Entry, _key, _null, _shapes, as_captured, capture_hazards, copy_stash,
+                     python_work, set_dropout_key, stash_into)
 
 if TYPE_CHECKING:  # nothing from sentemb.config: its TrainSettings.check imports this module
     import torch
@@ -283,12 +284,17 @@ class Graphed(MicroBatches):
         self.step_used: set[int] = set()
         self.captures = 0
         self.overflow = 0  # micro-batches run eagerly: their shape came after MAX_GRAPHS others
+        self.storage = None  # the method's parameters and buffers at the first capture (check_storage)
 
     def __repr__(self) -> str:
         return f"Graphed({self.inner!r})"
 
     # -- MicroBatches
     def gradients(self, job, batches, state, norms: bool = False) -> None:
+        if self.storage is not None:  # after_step (or anything) replaced a tensor the graphs read
+            from .graphs import check_storage
+
+            check_storage(job.method, self.storage, f"run '{job.run.name}'")
         if norms:  # extra backward passes for the per-term norms: this step eagerly (module docstring)
             key, job.dropout_key = getattr(job, "dropout_key", None), None  # eager: keyed by each micro-batch
             try:
@@ -323,9 +329,12 @@ class Graphed(MicroBatches):
             entry.graph.replay()
             out = entry.out
         else:
-            with as_captured():
+            entry.stash.clear()
+            with as_captured(), stash_into(job.method, entry.stash):
                 out = entry.out = self.inner.backward(job, entry.batch, micro, None)
         entry.replays += 1
+        if entry.stash:  # the replay's stash (static outputs) under its micro-batch, as Method.stash keeps it
+            copy_stash(job.method, entry.stash, micro)
         self.step_used.update(id(p) for p in entry.used)
         return {k: v.detach().clone() for k, v in out.items()}
 
@@ -363,11 +372,12 @@ class Graphed(MicroBatches):
         try:
             for p in params:
                 p.grad = None
-            with (torch.cuda.stream(side) if cuda else _null()), as_captured():
+            with (torch.cuda.stream(side) if cuda else _null()), as_captured(), stash_into(method, entry.stash):
                 set_dropout_key(job, micro)
                 # the check's pass through the eager function: torch.compile skips a frame first met
                 # under a dispatch mode, and would then never compile it (train.compile)
-                with eager_functions(job), capture_hazards(device) as hazards:
+                with eager_functions(job), python_work(method, f"run '{job.run.name}'"), \
+                        capture_hazards(device) as hazards:
                     self.inner.backward(job, static, micro, None)
                 if hazards:
                     raise SentembError(
@@ -392,7 +402,7 @@ class Graphed(MicroBatches):
         if cuda:
             graph = torch.cuda.CUDAGraph()
             try:
-                with torch.cuda.graph(graph, pool=self.pool):
+                with torch.cuda.graph(graph, pool=self.pool), stash_into(method, entry.stash):
                     entry.out = self.inner.backward(job, static, micro, None)
             except Exception as e:  # noqa: BLE001 - a capture error names the run and the way out
                 raise SentembError(f"run '{job.run.name}': train.graphs: capturing method '{method.name}' at batch shape "
@@ -402,6 +412,10 @@ class Graphed(MicroBatches):
             entry.graph = graph
         self.captures += 1
         self.entries[key] = entry
+        if self.storage is None:
+            from .graphs import state_storage
+
+            self.storage = state_storage(method)
         log.info("train.graphs: %s shape %d (%s)", "captured" if cuda else "static", len(self.entries), _shapes(key))
         return entry
 
@@ -452,12 +466,6 @@ def check_settings(settings, where: str) -> None:
                            "or set train.sam_rho: null")
 
 
-def _base_after_step():
-    from ..methods.base import Method
-
-    return Method.after_step
-
-
 def micro_batch_strategy(job) -> MicroBatches:
     """How the job computes one pass over a step's micro-batches: ``Sharded`` on several processes
     (``job.world`` > 1), ``Chunked`` with a chunk size (``job.chunk``, ``resolve_chunk_size``),
@@ -476,11 +484,6 @@ def strategy_for(job, where: str | None = None) -> StepStrategy:
     if getattr(job.settings, "graphs", False):
         device = getattr(job, "device", None)
         cuda = device is not None and device.type == "cuda"
-        method = getattr(job, "method", None)
-        if method is not None and type(method).after_step is not _base_after_step():
-            raise SentembError(f"{where}: train.graphs cannot serve method '{method.name}': it keeps state across steps "
-                               "(an after_step hook), and what its step stashes for the hook is Python work that a "
-                               "replayed graph does not redo; set train.graphs: false")
         if cuda and getattr(job, "world", 1) > 1:
             raise SentembError(f"{where}: train.graphs cannot be combined with train.devices {job.world} on CUDA yet (a "
                                "collective inside a captured graph is not supported here); set train.graphs: false")
