@@ -200,7 +200,7 @@ def test_check_method_passes_the_example_plugin_from_its_config():
     assert list(got) == list(CHECKS), p.stdout
     skipped = {"pretrain"} | {k for k in CHECKS if k.startswith("state_")}  # no pretraining stage, no state
     assert all(v == ("SKIP" if k in skipped else "PASS") for k, v in got.items()), p.stdout
-    assert f"debiased-simcse: 9 passed, 0 failed, {len(skipped)} skipped" in p.stdout
+    assert f"debiased-simcse: 10 passed, 0 failed, {len(skipped)} skipped" in p.stdout
 
 
 BROKEN = '''
@@ -232,20 +232,37 @@ class Misweighted(SimCSE):
         out = super().losses(batch)
         out[WEIGHTED] = {k: 2 * v for k, v in out[WEIGHTED].items()}
         return out
+
+
+@register_method
+class Clamped(SimCSE):
+    """SimCSE that skips the loss on a host-side test of its value: right eagerly, but a CUDA graph
+    cannot replay it (the `if` reads the device on the host)."""
+
+    name = "broken-host-read"
+
+    def batch_terms(self, emb, batch):
+        out = super().batch_terms(emb, batch)
+        if out["contrastive"] > 1e6:
+            return {WEIGHTED: {}}
+        return out
 '''
 
 
-@pytest.mark.parametrize("method, failing", [("broken-unseeded", "batches"), ("broken-weights", "loss")])
+@pytest.mark.parametrize("method, failing", [("broken-unseeded", "batches"), ("broken-weights", "loss"),
+                                             ("broken-host-read", "graphs")])
 def test_check_method_names_the_check_a_broken_method_fails(tmp_path, method, failing):
     (tmp_path / "broken.py").write_text(BROKEN)
     p = _check_method(method, "--method-module", "broken.py", "--check", "batches", "--check", "loss",
-                      "--check", "export", cwd=tmp_path)
+                      "--check", "export", "--check", "graphs", cwd=tmp_path)
     assert p.returncode == 1, p.stdout[-3000:] + p.stderr[-3000:]
     got = _lines(p.stdout)
     assert got[failing] == "FAIL" and all(v == "PASS" for k, v in got.items() if k != failing), p.stdout
     line = next(x for x in p.stdout.splitlines() if x.startswith(f"FAIL  {failing}"))
     assert {"batches": "batch['noise'] differs for the same (seed, micro)",
-            "loss": "the weighted terms sum to"}[failing] in line, line
+            "loss": "the weighted terms sum to",
+            "graphs": "broken.py:41 in batch_terms: aten._local_scalar_dense reads a device value on the host"}[failing] \
+        in line, line
     assert p.stdout.rstrip().endswith(f"failed: {failing}"), p.stdout
 
 
@@ -417,7 +434,7 @@ def test_check_method_passes_promptbert_from_the_example_config():
     out here, 35 s on 2 cores; both pass too)."""
     p = _check_method("promptbert", "--config", "examples/methods/config.yaml", "--skip", "devices", "--skip", "resume")
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    assert "promptbert: 7 passed, 0 failed, 7 skipped" in p.stdout, p.stdout  # pretrain + the 6 state checks (no state)
+    assert "promptbert: 8 passed, 0 failed, 7 skipped" in p.stdout, p.stdout  # pretrain + the 6 state checks (no state)
 
 
 def test_the_example_configs_published_rows_reach_the_paper_table(tmp_path):

@@ -28,6 +28,9 @@ pretrain       a method's pretraining stage (``Method.pretrain_stage``) is chunk
                (skipped without one)
 devices        ``train.devices: 2`` (two gloo processes started by ``sentemb train``) trains the weights
                of one process
+graphs         ``train.graphs: true`` (the static-shape step a CUDA graph replays, on a CPU run eagerly with
+               the capture check) trains to the eager weights and state (dropout off); what a replay cannot
+               serve fails naming the op or attribute and the method's line
 state_chunked  a method that keeps state (``Method.after_step``, buffers, frozen parameters, extra state):
                its whole state after 3 steps is the unchunked run's with ``train.chunk_size``
 state_devices  ... every rank's whole state after 3 steps on ``train.devices: 2`` is the one process's
@@ -637,6 +640,28 @@ def check_devices(h: Harness) -> None:
               f"devices 2: {f.name}", floor="whole")
 
 
+def check_graphs(h: Harness) -> None:
+    """``train.graphs: true`` (each batch shape's step captured once as a CUDA graph and replayed; on a
+    CPU the same static-shape step run eagerly, with the capture check), dropout off, 2 steps of 2
+    accumulated micro-batches: the eager run's whole state (1e-4). A step a replay cannot serve (a
+    host read of a device value, a data-dependent shape, Python state changed in the step) fails
+    naming the op or attribute and the method's line."""
+    from .train.loop import State, run_steps, setup
+
+    got = {}
+    for graphs in (False, True):
+        try:
+            with setup(h.exact_run(dropout=0.0, grad_accum=2, max_steps=2, graphs=graphs), "/nonexistent", h.cls) as job:
+                for _ in run_steps(job, State()):
+                    pass
+                got[graphs] = method_state(job.method)
+        except SentembError as e:
+            if not graphs:
+                raise
+            raise CheckFailed(str(e)) from e
+    same_state(got[True], got[False], "graphs vs eager (dropout off)")
+
+
 # ------------------------------------------------------------------------------------ a method's state
 def method_state(method, skip=()) -> dict[str, Any]:
     """The method's whole state as a checkpoint holds it (``state_dict()``: trainable and frozen
@@ -888,6 +913,7 @@ CHECKS: dict[str, Callable[[Harness], None]] = {
     "chunked": check_chunked,
     "pretrain": check_pretrain,
     "devices": check_devices,
+    "graphs": check_graphs,
     "state_chunked": check_state_chunked,
     "state_accum": check_state_accum,
     "state_sam": check_state_sam,
