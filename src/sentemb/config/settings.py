@@ -150,7 +150,9 @@ class TrainSettings:
         False,
         "Replay each micro-batch's forward and backward as a CUDA graph (sentemb.train.graphs; issue 37): captured once "
         "per batch shape (the widths of buckets), so the host no longer dispatches ~4,300 ops a step. Needs graph-safe "
-        "methods (no host reads of device values or host-built tensors inside the step: refused naming the op and line) "
+        "methods (no host reads of device values, host-built tensors or Python state changed inside the step: refused "
+        "naming the op or attribute and the line; a method that keeps state hands tensors to after_step with "
+        "Method.stash) "
         "and dropout_rng stream or counter (counter with chunk_size). On a CPU the same static-shape step runs eagerly "
         "(what CI tests). With stream dropout a graphed run draws other masks than an eager one: another random run "
         "(counter masks are the same). With compile, the graph replays the compiled (fused) kernels. Refused with unpad, "
