@@ -62,10 +62,11 @@ def test_graphed_training_is_the_eager_training(worlds, method):
     assert any(not torch.equal(init[k], eager[k]) for k in eager if eager[k].is_floating_point())
 
 
-@pytest.mark.parametrize("method", ["simcse", "una"])
+@pytest.mark.parametrize("method", ["simcse", "una", "paser"])
 def test_graphed_chunks_train_as_the_whole_batch_with_dropout_on(worlds, method):
     """Gradient caching inside the graphed step, counter dropout on: the weights of the unchunked
-    graphed run (the masks are keyed, so chunking draws the same ones)."""
+    graphed run (the masks are keyed, so chunking draws the same ones). PaSeR's decoder rows are one
+    per sentence in a graphed run, so its chunks are slices."""
     h = worlds(method)
     whole, _ = _train(h.exact_run(dropout_rng="counter", graphs=True), steps=2, cls=h.cls)
     chunked, strategy = _train(h.exact_run(dropout_rng="counter", graphs=True, chunk_size=4), steps=2, cls=h.cls)
@@ -355,3 +356,37 @@ def test_a_step_that_reads_its_step_number_or_bumps_python_state_is_refused_nami
     with pytest.raises(SentembError, match=r"it changes Counting\.calls during the step"):
         _train(run, steps=1, cls=Counting)
     _train(h.exact_run(dropout=0.0), steps=1, cls=Counting)  # eager: served
+
+
+def test_paser_in_a_graphed_run_has_one_decoder_row_per_sentence_and_the_eager_loss(worlds):
+    """PaSeR under ``train.graphs`` (``ctx.static``): a sentence without a target phrase gets a padding
+    decoder row (one attended pad token, no label), so the rows' count is the batch's (no new graph
+    per count) and a chunk's rows are a slice; the loss and its chunks' sum are the eager batch's
+    (dropout off), where such sentences have no row."""
+    from dataclasses import replace
+
+    h = worlds("paser")
+    m = h.make().eval()
+    lines = list(range(8))
+    sentences = [x.rstrip("\n") for x in h.corpus.read_text("utf-8").splitlines()[:8]]
+    for i in (1, 4, 5):  # no RAKE phrase: no target
+        m.phrases[i] = []
+    eager = m.build_batch(sentences, lines=lines, micro=7)
+    m.ctx = replace(m.ctx, static=True)
+    static = m.build_batch(sentences, lines=lines, micro=7)
+    assert eager["dec_rows"].tolist() == [0, 2, 3, 6, 7] and static["dec_rows"].tolist() == list(range(8))
+    assert (static["dec_labels"][[1, 4, 5]] == -100).all() and static["dec_attention_mask"][[1, 4, 5]].sum(1).tolist() == [1, 1, 1]
+    assert torch.equal(static["dec_labels"][[0, 2, 3, 6, 7]], eager["dec_labels"])
+    with torch.no_grad():
+        got = m.losses(static)
+        parts = [m.row_terms(m.encode(c), c, static) for c in (m.chunk(static, 0, 3), m.chunk(static, 3, 8))]
+        m.ctx = replace(m.ctx, static=False)
+        ref = m.losses(eager)
+    for k in ("gen", "mlm", "loss"):
+        assert float(got[k]) == pytest.approx(float(ref[k]), rel=1e-5), k
+    for k in ("gen", "mlm"):
+        assert float(sum(p[k] for p in parts)) == pytest.approx(float(ref[k]), rel=1e-5), k
+    with capture_hazards(torch.device("cpu")) as hazards:
+        m.ctx = replace(m.ctx, static=True)
+        m.chunk(static, 3, 8)
+    assert not hazards, hazards

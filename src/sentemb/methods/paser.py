@@ -500,14 +500,21 @@ class PaSeR(Method):
         if self.args.target_truncation == "sentence":  # the code: no target when s or s̃ reaches max_len tokens
             n_tok = att.sum(1)
             tgts = [t if max(int(n_tok[i]), int(n_tok[b + i])) < self.ctx.max_len else [] for i, t in enumerate(tgts)]
-        rows = [i for i, t in enumerate(tgts) if t]
+        real_rows = [i for i, t in enumerate(tgts) if t]
+        # a graphed run (ctx.static): one decoder row per sentence, those without a target a one-token
+        # pad row without labels, so that the count of rows with a target is no shape (one captured
+        # graph per width, not per count) and a chunk's decoder rows are a slice (``chunk``)
+        rows = list(range(b)) if self.ctx.static else real_rows
         # decoder rows: to a bucket too, beyond max_len up to the decoder's positions (max_target_len)
-        t_len = self.width(max((len(tgts[i]) - 1 for i in rows), default=1), limit=self.args.max_target_len)
+        t_len = self.width(max((len(tgts[i]) - 1 for i in real_rows), default=1), limit=self.args.max_target_len)
         dec_in = torch.full((len(rows), t_len), tok.pad_token_id, dtype=torch.long)
         dec_att = torch.zeros((len(rows), t_len), dtype=torch.long)
         dec_lab = torch.full((len(rows), t_len), -100, dtype=torch.long)
         for r, i in enumerate(rows):
             t = tgts[i]
+            if not t:  # a padding row (static only): one attended pad token, nothing to predict
+                dec_att[r, 0] = 1
+                continue
             dec_in[r, :len(t) - 1] = torch.tensor(t[:-1])
             dec_att[r, :len(t) - 1] = 1
             dec_lab[r, :len(t) - 1] = torch.tensor(t[1:])
@@ -539,9 +546,13 @@ class PaSeR(Method):
         made chunk-local)."""
         n = self.n_sentences(batch)
         dec = batch["dec_rows"]
-        sel = ((dec >= start) & (dec < stop)).nonzero().flatten()
         plain = {k: v for k, v in batch.items() if not k.startswith("dec_")}
         out = slice_rows(plain, start, stop, n, blocks={"input_ids": 2, "attention_mask": 2}, where="method 'paser'")
+        if self.ctx.static:  # one decoder row per sentence, in order (build_batch): a slice, no data-dependent shape
+            out.update({k: v[start:stop] for k, v in batch.items() if k.startswith("dec_")})
+            out["dec_rows"] = dec[start:stop] - start
+            return out
+        sel = ((dec >= start) & (dec < stop)).nonzero().flatten()
         out.update({k: v[sel] for k, v in batch.items() if k.startswith("dec_")})
         out["dec_rows"] = dec[sel] - start
         return out
