@@ -62,11 +62,12 @@ def test_graphed_training_is_the_eager_training(worlds, method):
     assert any(not torch.equal(init[k], eager[k]) for k in eager if eager[k].is_floating_point())
 
 
-@pytest.mark.parametrize("method", ["simcse", "una", "paser"])
+@pytest.mark.parametrize("method", ["simcse", "una", "paser", "arccse"])
 def test_graphed_chunks_train_as_the_whole_batch_with_dropout_on(worlds, method):
     """Gradient caching inside the graphed step, counter dropout on: the weights of the unchunked
     graphed run (the masks are keyed, so chunking draws the same ones). PaSeR's decoder rows are one
-    per sentence in a graphed run, so its chunks are slices."""
+    per sentence in a graphed run, and ArcCSE's triplets are taken by position, so their chunks are
+    slices."""
     h = worlds(method)
     whole, _ = _train(h.exact_run(dropout_rng="counter", graphs=True), steps=2, cls=h.cls)
     chunked, strategy = _train(h.exact_run(dropout_rng="counter", graphs=True, chunk_size=4), steps=2, cls=h.cls)
@@ -160,10 +161,20 @@ def test_sam_with_graphs_is_eager_sam(worlds):
 
 
 def test_a_method_whose_chunks_depend_on_the_data_is_refused_naming_its_line(worlds):
-    h = worlds("arccse")
-    with pytest.raises(SentembError, match=r"train\.graphs: method 'arccse' cannot be captured.*arccse\.py:\d+ in "
+    """A ``chunk`` that selects rows by their values (as ArcCSE's and PaSeR's do in an eager run) has a
+    data-dependent shape: refused with its line. The built-in ones take a static layout in a graphed
+    run (``test_graphed_chunks_train_as_the_whole_batch_with_dropout_on``)."""
+    h = worlds("simcse")
+
+    class ByValue(h.cls):
+        def chunk(self, batch, start, stop):
+            out = super().chunk(batch, start, stop)
+            keep = (out["attention_mask"].sum(1) >= 0).nonzero().flatten()  # every row, found by value
+            return {k: v[keep] for k, v in out.items()}
+
+    with pytest.raises(SentembError, match=r"train\.graphs: method 'simcse' cannot be captured.*test_graphs\.py:\d+ in "
                                            r"chunk: aten\.nonzero"):
-        _train(h.exact_run(dropout_rng="counter", graphs=True, chunk_size=4), steps=1, cls=h.cls)
+        _train(h.exact_run(dropout_rng="counter", graphs=True, chunk_size=4), steps=1, cls=ByValue)
 
 
 def test_masks_are_fresh_per_micro_batch_and_the_same_on_a_repeat(worlds):
@@ -389,4 +400,31 @@ def test_paser_in_a_graphed_run_has_one_decoder_row_per_sentence_and_the_eager_l
     with capture_hazards(torch.device("cpu")) as hazards:
         m.ctx = replace(m.ctx, static=True)
         m.chunk(static, 3, 8)
+    assert not hazards, hazards
+
+
+def test_arccse_in_a_graphed_run_chunks_its_triplets_by_position_and_keeps_the_batch_triplet_loss(worlds):
+    """ArcCSE's ``chunk`` in a graphed run (``ctx.static``): the triplet slots ``[start·T/n, stop·T/n)``,
+    a slice (no capture hazard); over any chunking every triplet is counted once, so the chunks' L_tri
+    (Eqs. 4-5, normalised by the batch's valid triplets) sum to the batch's, padding slots left out."""
+    from dataclasses import replace
+
+    h = worlds("arccse")
+    m = h.make().eval()
+    m.ctx = replace(m.ctx, static=True)
+    m.args = replace(m.args, triplet_margin=10.0)  # every triplet inside the hinge: each one counts
+    sentences = [x.rstrip("\n") for x in h.corpus.read_text("utf-8").splitlines()[:8]]
+    batch = m.build_batch(sentences, lines=list(range(8)), micro=3)
+    t = batch["tri_index"].numel()
+    batch["tri_index"][[1, 5, 6][: max(0, t - 1)]] = -1  # as padding slots
+    with torch.no_grad():
+        whole = float(m.row_terms(m.encode(batch), batch, batch)["triplet"])
+        assert whole > 0
+        for bounds in ([(0, 8)], [(0, 4), (4, 8)], [(0, 3), (3, 5), (5, 8)], [(i, i + 1) for i in range(8)]):
+            chunks = [m.chunk(batch, a, b) for a, b in bounds]
+            assert sum(c["tri_index"].numel() for c in chunks) == t
+            got = sum(float(m.row_terms(m.encode(c), c, batch)["triplet"]) for c in chunks)
+            assert got == pytest.approx(whole, rel=1e-5), bounds
+    with capture_hazards(torch.device("cpu")) as hazards:
+        m.chunk(batch, 3, 5)
     assert not hazards, hazards

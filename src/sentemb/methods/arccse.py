@@ -350,11 +350,25 @@ class ArcCSE(SimCSE):
 
     def chunk(self, batch, start, stop):
         """SimCSE's rows ``[start, stop)`` and the triplets of those sentences (``tri_index`` made
-        chunk-local); the triplet rows keep the batch's padding width."""
+        chunk-local); the triplet rows keep the batch's padding width.
+
+        In a graphed run (``ctx.static``) the triplets are taken by position instead, a slice: the
+        chunk of sentences ``[start, stop)`` of n takes triplet slots ``[start·T/n, stop·T/n)`` of the
+        T (padded) ones, with their batch-wide ``tri_index`` (only its sign is read then: padding or
+        not). Eqs. 4-5 see nothing of a triplet but its own three rows (encoded with dropout off), so
+        each triplet counted once, in whichever chunk, gives the batch's L_tri; and a slice has no
+        data-dependent shape, so gradient caching runs inside the graph."""
         out = super().chunk({k: v for k, v in batch.items() if k not in TRIPLET_KEYS}, start, stop)
         index = batch["tri_index"]
-        sel = ((index >= start) & (index < stop)).nonzero().flatten()
         t = index.numel()
+        if self.ctx.static:
+            n = self.n_sentences(batch)
+            lo, hi = start * t // n, stop * t // n
+            out.update(tri_input_ids=torch.cat([batch["tri_input_ids"][v * t + lo : v * t + hi] for v in range(3)]),
+                       tri_attention_mask=torch.cat([batch["tri_attention_mask"][v * t + lo : v * t + hi] for v in range(3)]),
+                       tri_index=index[lo:hi])
+            return out
+        sel = ((index >= start) & (index < stop)).nonzero().flatten()
         rows = torch.cat([sel, sel + t, sel + 2 * t])
         out.update(tri_input_ids=batch["tri_input_ids"][rows], tri_attention_mask=batch["tri_attention_mask"][rows],
                    tri_index=index[sel] - start)
