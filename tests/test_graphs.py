@@ -316,9 +316,11 @@ def test_the_plan_prices_a_compiled_graphed_step_at_its_measured_floor_and_mfu()
     assert step_seconds(1e9, 24, 1, 1e15, 0.3, graphs=True, compiled=True, width=1024) == wide
 
 
-def test_graphed_two_processes_train_as_one_with_counter_dropout(worlds, tmp_path):
+@pytest.mark.parametrize("method", ["simcse", "arccse"])
+def test_graphed_two_processes_train_as_one_with_counter_dropout(worlds, tmp_path, method):
     """``train.devices: 2`` (two gloo processes) with graphs on and counter dropout: the weights of one
-    graphed process (the chunked check's tolerance), as ``sentemb check-method``'s devices check."""
+    graphed process (the chunked check's tolerance), as ``sentemb check-method``'s devices check.
+    ArcCSE: each rank's share of the triplets is taken by position (its ``chunk`` in a graphed run)."""
     import json
     import os
     import subprocess
@@ -328,9 +330,9 @@ def test_graphed_two_processes_train_as_one_with_counter_dropout(worlds, tmp_pat
 
     from sentemb.train.loop import train
 
-    h = worlds("simcse")
+    h = worlds(method)
     over = dict(dropout_rng="counter", graphs=True, max_steps=2)
-    train(h.exact_run(**over), tmp_path / "one", progress=False)
+    train(h.exact_run(**over), tmp_path / "one", progress=False, method_cls=h.cls)
     (tmp_path / "run2.json").write_text(json.dumps(h.exact_run(devices=2, **over).to_dict()), "utf-8")
     r = subprocess.run([sys.executable, "-m", "sentemb", "train", "--run-config", str(tmp_path / "run2.json"),
                         "--output-dir", str(tmp_path / "two"), "--no-track", "--quiet"], capture_output=True, text=True,

@@ -29,8 +29,8 @@ pretrain       a method's pretraining stage (``Method.pretrain_stage``) is chunk
 devices        ``train.devices: 2`` (two gloo processes started by ``sentemb train``) trains the weights
                of one process
 graphs         ``train.graphs: true`` (the static-shape step a CUDA graph replays, on a CPU run eagerly with
-               the capture check) trains to the eager weights and state (dropout off); what a replay cannot
-               serve fails naming the op or attribute and the method's line
+               the capture check), whole and chunked, trains to the eager weights and state (dropout off);
+               what a replay cannot serve fails naming the op or attribute and the method's line
 state_chunked  a method that keeps state (``Method.after_step``, buffers, frozen parameters, extra state):
                its whole state after 3 steps is the unchunked run's with ``train.chunk_size``
 state_devices  ... every rank's whole state after 3 steps on ``train.devices: 2`` is the one process's
@@ -643,23 +643,27 @@ def check_devices(h: Harness) -> None:
 def check_graphs(h: Harness) -> None:
     """``train.graphs: true`` (each batch shape's step captured once as a CUDA graph and replayed; on a
     CPU the same static-shape step run eagerly, with the capture check), dropout off, 2 steps of 2
-    accumulated micro-batches: the eager run's whole state (1e-4). A step a replay cannot serve (a
-    host read of a device value, a data-dependent shape, Python state changed in the step) fails
-    naming the op or attribute and the method's line."""
+    accumulated micro-batches, whole and in chunks of 4 (gradient caching inside the graph): the eager
+    run's whole state (1e-4). A step a replay cannot serve (a host read of a device value, a
+    data-dependent shape such as a ``chunk`` that selects rows by value, Python state changed in the
+    step) fails naming the op or attribute and the method's line."""
     from .train.loop import State, run_steps, setup
 
     got = {}
-    for graphs in (False, True):
+    variants = {"eager": {}, "graphed": {"graphs": True},
+                "graphed, chunks of 4": {"graphs": True, "chunk_size": 4, "dropout_rng": "counter"}}
+    for name, over in variants.items():
         try:
-            with setup(h.exact_run(dropout=0.0, grad_accum=2, max_steps=2, graphs=graphs), "/nonexistent", h.cls) as job:
+            with setup(h.exact_run(dropout=0.0, grad_accum=2, max_steps=2, **over), "/nonexistent", h.cls) as job:
                 for _ in run_steps(job, State()):
                     pass
-                got[graphs] = method_state(job.method)
+                got[name] = method_state(job.method)
         except SentembError as e:
-            if not graphs:
+            if name == "eager":
                 raise
-            raise CheckFailed(str(e)) from e
-    same_state(got[True], got[False], "graphs vs eager (dropout off)")
+            raise CheckFailed(f"{name}: {e}") from e
+    for name in ("graphed", "graphed, chunks of 4"):
+        same_state(got[name], got["eager"], f"{name} vs eager (dropout off)")
 
 
 # ------------------------------------------------------------------------------------ a method's state
