@@ -363,11 +363,48 @@ def test_a_step_that_reads_its_step_number_or_bumps_python_state_is_refused_nami
             self.calls += 1
             return super().encode(batch)
 
+    class KeepsLast(h.cls):
+        def encode(self, batch):
+            enc = super().encode(batch)
+            self.last = enc.batch["z1"].detach()  # a new attribute, read later
+            return enc
+
+    class Nested(h.cls):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            self.seen = {"z": []}
+
+        def encode(self, batch):
+            enc = super().encode(batch)
+            self.seen["z"].append(enc.batch["z1"].detach())  # a list inside a dict
+            return enc
+
+    class Centre(h.cls):
+        """A plain tensor attribute read in the step and rebuilt (not updated in place) by the hook."""
+
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            self.centre = torch.zeros(())
+
+        def batch_terms(self, emb, batch):
+            out = super().batch_terms(emb, batch)
+            out["weighted"] = {k: v + 0 * self.centre for k, v in out["weighted"].items()}
+            return out
+
+        def after_step(self, step):
+            self.centre = self.centre * 0.9 + 0.1
+
     run = h.exact_run(dropout=0.0, graphs=True)
     with pytest.raises(SentembError, match=r"keeps Python state in its step.*it reads self\.step during the step"):
         _train(run, steps=1, cls=Scheduled)
     with pytest.raises(SentembError, match=r"it changes Counting\.calls during the step"):
         _train(run, steps=1, cls=Counting)
+    with pytest.raises(SentembError, match=r"it sets KeepsLast\.last during the step"):
+        _train(run, steps=1, cls=KeepsLast)
+    with pytest.raises(SentembError, match=r"it changes Nested\.seen during the step"):
+        _train(run, steps=1, cls=Nested)
+    with pytest.raises(SentembError, match=r"replaced centre with new tensors since its step was captured"):
+        _train(run, steps=2, cls=Centre)
     _train(h.exact_run(dropout=0.0), steps=1, cls=Counting)  # eager: served
 
 
@@ -403,6 +440,41 @@ def test_paser_in_a_graphed_run_has_one_decoder_row_per_sentence_and_the_eager_l
         m.ctx = replace(m.ctx, static=True)
         m.chunk(static, 3, 8)
     assert not hazards, hazards
+
+
+@pytest.mark.parametrize("mode", ["counter", "generator"])
+def test_paser_keyed_masks_do_not_depend_on_whether_a_chunk_runs_the_decoder(worlds, mode):
+    """Dropout on, keyed masks (``dropout_rng`` counter/keyed): the decoder's calls take a block of
+    their own (``call_block``), so the MLM forward after it draws the same masks whether the decoder
+    ran (a graphed batch: always; a chunk with a target) or not (an eager chunk without one): the
+    graphed batch's losses are the eager batch's, and the eager chunks' sum is the whole batch's."""
+    from dataclasses import replace
+
+    from sentemb.model.dropout import keyed
+
+    h = worlds("paser")
+    m = h.make().train()
+    sentences = [x.rstrip("\n") for x in h.corpus.read_text("utf-8").splitlines()[:8]]
+    for i in (1, 4, 5):  # no target: the eager chunk [4, 6) has no decoder row
+        m.phrases[i] = []
+    eager = m.build_batch(sentences, lines=list(range(8)), micro=7)
+    m.ctx = replace(m.ctx, static=True)
+    static = m.build_batch(sentences, lines=list(range(8)), micro=7)
+    with torch.no_grad():
+        with keyed(5, 7, 0, 8, mode=mode):
+            got = m.losses(static)
+        m.ctx = replace(m.ctx, static=False)
+        with keyed(5, 7, 0, 8, mode=mode):
+            ref = m.losses(eager)
+        parts = []
+        for a, b in ((0, 4), (4, 6), (6, 8)):
+            c = m.chunk(eager, a, b)
+            with keyed(5, 7, a, b, mode=mode):
+                parts.append(m.row_terms(m.encode(c), c, eager))
+    assert float(parts[1]["phrases"]) == 0  # the decoder skipped there
+    for k in ("gen", "mlm"):
+        assert float(got[k]) == pytest.approx(float(ref[k]), rel=1e-5), k
+        assert float(sum(p[k] for p in parts)) == pytest.approx(float(ref[k]), rel=1e-5), k
 
 
 def test_arccse_in_a_graphed_run_chunks_its_triplets_by_position_and_keeps_the_batch_triplet_loss(worlds):

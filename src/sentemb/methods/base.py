@@ -268,8 +268,11 @@ class Method(nn.Module):
 
     def _read(self, name: str) -> int:
         reads = self.__dict__.get("_reads")
-        if reads is not None:  # the graphed step's capture check records what the step reads
-            reads.add(name)
+        if reads is not None:  # the graphed step's capture check records what the step reads (its thread's)
+            import threading
+
+            if reads[0] == threading.get_ident():
+                reads[1].add(name)
         return self.__dict__.get(f"_{name}", 0)
 
     def __init__(self, encoder: nn.Module, tokenizer, args: dict[str, Any] | Any, ctx: MethodContext):

@@ -229,6 +229,11 @@ def decoding_signal(e_s: torch.Tensor, e_masked: torch.Tensor, m: float, n: floa
     return torch.stack([e_s, e_masked, m * diff, n * prod], dim=1)
 
 
+#: the dropout calls reserved for one decoder forward under keyed/counter masks (``call_block``): more
+#: than any decoder's (its embedding dropout and, per layer, the attention and residual dropouts)
+DECODER_DROPOUT_CALLS = 256
+
+
 class PhraseDecoder(nn.Module):
     """BART-style decoder: shared word embeddings + learned positions + LayerNorm, ``layers``
     post-LN transformer decoder layers (GELU, causal self-attention, cross-attention to the
@@ -569,21 +574,24 @@ class PaSeR(Method):
         sel = labels != -100
         n_tok = (batch["dec_labels"] != -100).sum()
         static = self.ctx.static  # train.graphs: no data-dependent shape, no host read (static_masked_ce)
-        if chunk["dec_rows"].numel() and static:
-            from ..model.dropout import rows
-            from .masking import static_masked_ce
+        from ..model.dropout import call_block, rows
 
-            with rows(chunk["dec_rows"]):
-                logits = self.decoder(chunk["dec_input_ids"], chunk["dec_attention_mask"], memory[chunk["dec_rows"]])
-            gen = static_masked_ce(logits, labels, lambda x: x, n_tok)
-        elif chunk["dec_rows"].numel() and not static and bool(sel.any()):
-            from ..model.dropout import rows
+        # keyed/counter masks: the decoder's dropout calls take a block of their own, so the MLM
+        # forward's masks are the same whether the decoder ran (graphed: always) or was skipped (a
+        # chunk without a target), in every chunking
+        with call_block(DECODER_DROPOUT_CALLS, "PaSeR's decoder"):
+            if chunk["dec_rows"].numel() and static:
+                from .masking import static_masked_ce
 
-            with rows(chunk["dec_rows"]):  # keyed dropout: decoder row r belongs to sentence dec_rows[r]
-                logits = self.decoder(chunk["dec_input_ids"], chunk["dec_attention_mask"], memory[chunk["dec_rows"]])
-            gen = F.cross_entropy(logits[sel].float(), labels[sel], reduction="sum") / n_tok
-        else:
-            gen = memory.float().sum() * 0.0  # no phrase in the chunk: L_gen = 0 (graph kept)
+                with rows(chunk["dec_rows"]):
+                    logits = self.decoder(chunk["dec_input_ids"], chunk["dec_attention_mask"], memory[chunk["dec_rows"]])
+                gen = static_masked_ce(logits, labels, lambda x: x, n_tok)
+            elif chunk["dec_rows"].numel() and not static and bool(sel.any()):
+                with rows(chunk["dec_rows"]):  # keyed dropout: decoder row r belongs to sentence dec_rows[r]
+                    logits = self.decoder(chunk["dec_input_ids"], chunk["dec_attention_mask"], memory[chunk["dec_rows"]])
+                gen = F.cross_entropy(logits[sel].float(), labels[sel], reduction="sum") / n_tok
+            else:
+                gen = memory.float().sum() * 0.0  # no phrase in the chunk: L_gen = 0 (graph kept)
         mlm_lab = chunk["mlm_labels"]
         msel = mlm_lab != -100
         if static:

@@ -353,6 +353,24 @@ def keyed(seed: int, micro: int, start: int, stop: int, mode: str = "generator",
 
 
 @contextmanager
+def call_block(size: int, where: str = "a block of dropout calls"):
+    """Inside a keyed context: the dropout calls here number from the context's count on, and after
+    the block the count goes on ``size`` later, however many calls were made inside (none, for an
+    optional forward skipped when a chunk has no rows for it). The masks of what follows thus do
+    not depend on whether or how the block ran: the same in every chunking, eager or graphed.
+    Outside a context it does nothing; more than ``size`` calls inside is an error."""
+    ctx = _current()
+    if ctx is None:
+        yield
+        return
+    base = ctx.calls
+    yield
+    if ctx.calls - base > size:
+        raise SentembError(f"keyed dropout: {ctx.calls - base} dropout calls in {where}, more than its block of {size}")
+    ctx.calls = base + size
+
+
+@contextmanager
 def rows(sentence, view=0):
     """Inside a ``keyed`` context: the forward passes here run over rows whose sentences (indices
     within the chunk) and views are these, e.g. UNA's interleaved a_1, p_1, a_2, p_2:

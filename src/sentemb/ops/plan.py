@@ -382,6 +382,9 @@ def _frozen_imports():
 
     from ..train import loop  # noqa: F401
 
+    if gc.get_freeze_count():  # a caller froze already: left as it is
+        yield
+        return
     gc.collect()
     gc.freeze()
     try:

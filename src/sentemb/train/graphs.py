@@ -39,12 +39,12 @@ fp16`` (the grad scaler reads its inf check on the host) and, on CUDA, ``train.d
 collective captured in a graph is not supported here yet).
 
 A replay reruns kernels, not Python. The capture check's pass therefore also refuses
-(``python_work``), naming it, a step that changes one of the method's own attributes or reads
-``Method.step``/``micro``; a method that keeps state across steps (``after_step``) hands tensors to
+(``python_work``), naming it, a step that changes, sets or removes one of the method's own
+attributes (containers followed a few levels deep) or reads ``Method.step``/``micro``; a method that keeps state across steps (``after_step``) hands tensors to
 its hook through ``Method.stash``, which in a graphed micro-batch writes the graph's static outputs
 (``stash_into``), copied out under each replay's micro-batch (``copy_stash``). Its hook must update
-parameters and buffers in place: one replaced by a new tensor is refused at the next step
-(``check_storage``). A graphed ``stream`` run is another
+parameters, buffers and tensor attributes in place: one replaced by a new tensor is refused at the
+next step (``check_storage``). A graphed ``stream`` run is another
 random run than an eager one (other masks are drawn), as ``train.unpad`` is.
 
 With ``train.compile`` the graph holds Inductor's fused kernels instead of the eager ones: the
@@ -252,51 +252,86 @@ def _module_internals() -> frozenset:
     return frozenset(vars(nn.Module()))
 
 
-def _fingerprint(v):
-    """What a replay would have to redo if it changed: a container's members by identity, a number or
-    string by value, anything else by identity."""
-    if isinstance(v, dict):
-        return ("dict", tuple((k, id(x)) for k, x in v.items()))
-    if isinstance(v, (list, tuple)):
-        return (type(v).__name__, tuple(id(x) for x in v))
-    if isinstance(v, (set, frozenset)):
-        return ("set", frozenset(id(x) for x in v))
+#: how deep ``_snapshot`` follows containers (a dict of lists of tensors: 2)
+_DEPTH = 3
+
+
+def _snapshot(v, depth: int = 0):
+    """What a replay would have to redo if it changed, holding the objects themselves (so that an id
+    is never reused while compared): a container (dict, list, tuple, set, deque) as itself and its
+    members, followed ``_DEPTH`` deep; a number or string by value; anything else as itself."""
+    import collections
+
+    if depth < _DEPTH:
+        if isinstance(v, dict):
+            return ("dict", v, tuple((k, _snapshot(x, depth + 1)) for k, x in v.items()))
+        if isinstance(v, (list, tuple, collections.deque)):
+            return (type(v).__name__, v, tuple(_snapshot(x, depth + 1) for x in v))
+        if isinstance(v, (set, frozenset)):
+            return ("set", v, tuple(v))
     if v is None or isinstance(v, (bool, int, float, str, bytes)):
-        return v
-    return ("obj", id(v))
+        return ("value", v)
+    return ("obj", v)
+
+
+def _same(a, b) -> bool:
+    """Two ``_snapshot``s are of the same objects with the same members (identity, values by ==)."""
+    if a[0] != b[0]:
+        return False
+    if a[0] == "value":
+        return type(a[1]) is type(b[1]) and a[1] == b[1]
+    if a[1] is not b[1]:
+        return False
+    if a[0] == "obj":
+        return True
+    if a[0] == "set":
+        return len(a[2]) == len(b[2]) and all(any(x is y for y in b[2]) for x in a[2])
+    if len(a[2]) != len(b[2]):
+        return False
+    if a[0] == "dict":
+        return all(ka == kb and _same(x, y) for (ka, x), (kb, y) in zip(a[2], b[2]))
+    return all(_same(x, y) for x, y in zip(a[2], b[2]))
 
 
 def python_state(method) -> dict:
-    """The fingerprints (``_fingerprint``) of ``method``'s own plain attributes: not its parameters,
-    buffers or submodules (a graph's memory), nor what the loop writes (``_LOOP_ATTRS``)."""
+    """The ``_snapshot`` of each of ``method``'s own plain attributes: not its parameters, buffers or
+    submodules (a graph's memory), nor what the loop writes (``_LOOP_ATTRS``)."""
     skip = _module_internals() | _LOOP_ATTRS
-    return {k: _fingerprint(v) for k, v in vars(method).items() if k not in skip}
+    return {k: _snapshot(v) for k, v in vars(method).items() if k not in skip}
 
 
 @contextmanager
-def python_work(method, where: str):
-    """Inside: one pass of a graphed step (the capture check's). On exit, a method attribute that
-    existed before and changed (a dict stashed into, a counter bumped) or a read of ``Method.step``/
-    ``micro`` is refused naming it: a replay reruns the recorded kernels, not the Python, so the
-    change would happen once (at the capture) and the read would keep the capture's value."""
+def python_work(method):
+    """Inside: one pass of a graphed step (the capture check's). Yields a list, filled on exit with
+    what a replay would not redo (it reruns the recorded kernels, not the Python): an attribute of
+    the method changed, added or removed in the step (a dict stashed into, a counter bumped, a value
+    kept for later; a change would happen once, at the capture), and a read of ``Method.step``/
+    ``micro`` on this thread (a replay keeps the captured values)."""
+    import threading
+
+    found: list[str] = []
     before = python_state(method)
-    method.__dict__["_reads"] = set()
+    method.__dict__["_reads"] = (threading.get_ident(), set())
     try:
-        yield
-        reads = sorted(method.__dict__["_reads"])
+        yield found
+        reads = sorted(method.__dict__["_reads"][1])
     finally:
         method.__dict__.pop("_reads", None)
     after = python_state(method)
-    changed = [k for k in before if k not in after or after[k] != before[k]]
     cls = type(method).__name__
-    why = [f"it changes {cls}.{k} during the step" for k in changed]
-    why += [f"it reads self.{k} during the step (a replay keeps the value of its capture)" for k in reads]
-    if why:
-        raise SentembError(
-            f"{where}: train.graphs: method '{method.name}' keeps Python state in its step, which a replayed graph "
-            f"does not redo: {'; '.join(why)}. Hand tensors to after_step with self.stash(name, tensor) and "
-            "take_stash(name), put values that change per step into the batch (build_batch gets step and micro), "
-            "or set train.graphs: false (docs/methods/writing-a-method.md, 'A method that keeps state')")
+    found += [f"it changes {cls}.{k} during the step" for k in before if k in after and not _same(after[k], before[k])]
+    found += [f"it removes {cls}.{k} during the step" for k in before if k not in after]
+    found += [f"it sets {cls}.{k} during the step (a cache filled once belongs in __init__)" for k in after
+              if k not in before]
+    found += [f"it reads self.{k} during the step (a replay keeps the value of its capture)" for k in reads]
+
+
+def python_state_error(method, found: list[str], where: str) -> str:
+    """The refusal of a step with Python work (``python_work``'s list)."""
+    return (f"{where}: train.graphs: method '{method.name}' keeps Python state in its step, which a replayed graph "
+            f"does not redo: {'; '.join(found)}. Hand tensors to after_step with self.stash(name, tensor) and "
+            "take_stash(name), put values that change per step into the batch (build_batch gets step and micro), or "
+            "set train.graphs: false (docs/methods/writing-a-method.md, 'A method that keeps state')")
 
 
 @contextmanager
@@ -319,9 +354,13 @@ def copy_stash(method, sink: dict, micro: int) -> None:
 
 
 def state_storage(method) -> list[tuple[str, int]]:
-    """(name, data pointer) of every parameter and buffer of ``method``: the memory a captured graph
-    reads."""
-    return [(k, t.data_ptr()) for k, t in (*method.named_parameters(), *method.named_buffers())]
+    """(name, data pointer) of every parameter and buffer of ``method`` and of its own plain tensor
+    attributes: the memory a captured graph reads."""
+    import torch
+
+    skip = _module_internals() | _LOOP_ATTRS
+    plain = [(k, v) for k, v in vars(method).items() if k not in skip and isinstance(v, torch.Tensor)]
+    return [(k, t.data_ptr()) for k, t in (*method.named_parameters(), *method.named_buffers(), *plain)]
 
 
 def check_storage(method, captured: list[tuple[str, int]], where: str) -> None:
@@ -330,13 +369,16 @@ def check_storage(method, captured: list[tuple[str, int]], where: str) -> None:
     now = state_storage(method)
     if now == captured:
         return
-    old = dict(captured)
-    moved = [k for k, ptr in now if old.get(k) != ptr] or sorted(set(old) - {k for k, _ in now})
+    old, new = dict(captured), dict(now)
+    moved = [k for k, ptr in now if k in old and old[k] != ptr]
+    gone, added = sorted(set(old) - set(new)), sorted(set(new) - set(old))
+    what = [f"replaced {', '.join(moved[:3])}{' and more' if len(moved) > 3 else ''} with new tensors"] if moved else []
+    what += [f"removed {', '.join(gone[:3])}"] if gone else []
+    what += [f"added {', '.join(added[:3])}"] if added else []
     raise SentembError(
-        f"{where}: train.graphs: method '{method.name}' replaced {', '.join(moved[:3])}"
-        f"{' and more' if len(moved) > 3 else ''} with new tensors since its step was captured; a replayed graph reads "
-        "the memory it was captured with: update state in place in after_step (copy_, mul_, add_, fill_), or set "
-        "train.graphs: false")
+        f"{where}: train.graphs: method '{method.name}' {'; '.join(what)} since its step was captured; a replayed "
+        "graph reads the memory it was captured with: keep state in tensors made in __init__ and update them in "
+        "place in after_step (copy_, mul_, add_, fill_), or set train.graphs: false")
 
 
 # --------------------------------------------------------------------------- the dropout key

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Callable
 
 from .. import SentembError
 from .graphs import (MAX_GRAPHS, WARMUP, _Entry, _key, _null, _shapes, as_captured, capture_hazards, copy_stash,
-                     python_work, set_dropout_key, stash_into)
+                     python_state_error, python_work, set_dropout_key, stash_into)
 
 if TYPE_CHECKING:  # nothing from sentemb.config: its TrainSettings.check imports this module
     import torch
@@ -355,6 +355,8 @@ class Graphed(MicroBatches):
         import torch
 
         method, device = job.method, job.device
+        if getattr(job, "prefetch", None) is not None:  # no build_batch running beside the capture check
+            job.prefetch.wait()
         static = {k: v.detach().clone() for k, v in batch.items()}
         entry = _Entry(batch=static)
         params = [p for p in method.parameters() if p.requires_grad]
@@ -376,14 +378,18 @@ class Graphed(MicroBatches):
                 set_dropout_key(job, micro)
                 # the check's pass through the eager function: torch.compile skips a frame first met
                 # under a dispatch mode, and would then never compile it (train.compile)
-                with eager_functions(job), python_work(method, f"run '{job.run.name}'"), \
-                        capture_hazards(device) as hazards:
+                with eager_functions(job), python_work(method) as python, capture_hazards(device) as hazards:
                     self.inner.backward(job, static, micro, None)
+                errors = []
                 if hazards:
-                    raise SentembError(
+                    errors.append(
                         f"run '{job.run.name}': train.graphs: method '{method.name}' cannot be captured as a CUDA graph: "
                         + "; ".join(map(str, hazards)) + ". Make these ops static (see docs/methods/writing-a-method.md, "
                         "'Graph-safe steps') or set train.graphs: false")
+                if python:
+                    errors.append(python_state_error(method, python, f"run '{job.run.name}'"))
+                if errors:
+                    raise SentembError(" Also: ".join(errors))
                 entry.used = [p for p in params if p.grad is not None]
                 for _ in range(WARMUP - 1 if cuda else 0):
                     self.inner.backward(job, static, micro, None)
