@@ -252,16 +252,22 @@ def _module_internals() -> frozenset:
     return frozenset(vars(nn.Module()))
 
 
-#: how deep ``_snapshot`` follows containers (a dict of lists of tensors: 2)
+#: how deep ``_snapshot`` follows containers (a dict of lists of tensors: 2), and up to how many
+#: members it follows one (a larger one, such as PaSeR's per-line phrases of a whole corpus, is
+#: compared by identity and length: following a million members would cost seconds per capture)
 _DEPTH = 3
+_FOLLOW = 1000
 
 
 def _snapshot(v, depth: int = 0):
     """What a replay would have to redo if it changed, holding the objects themselves (so that an id
     is never reused while compared): a container (dict, list, tuple, set, deque) as itself and its
-    members, followed ``_DEPTH`` deep; a number or string by value; anything else as itself."""
+    members, followed ``_DEPTH`` deep (beyond, or past ``_FOLLOW`` members: itself and its length);
+    a number or string by value; anything else as itself."""
     import collections
 
+    if isinstance(v, (dict, list, tuple, collections.deque, set, frozenset)) and (depth >= _DEPTH or len(v) > _FOLLOW):
+        return ("sized", v, len(v))
     if depth < _DEPTH:
         if isinstance(v, dict):
             return ("dict", v, tuple((k, _snapshot(x, depth + 1)) for k, x in v.items()))
@@ -284,6 +290,8 @@ def _same(a, b) -> bool:
         return False
     if a[0] == "obj":
         return True
+    if a[0] == "sized":
+        return a[2] == b[2]
     if a[0] == "set":
         return len(a[2]) == len(b[2]) and all(any(x is y for y in b[2]) for x in a[2])
     if len(a[2]) != len(b[2]):
