@@ -247,9 +247,15 @@ _LOOP_ATTRS = frozenset({"_step", "_micro", "_stashed", "_stash_sink", "_reads",
 
 
 def _module_internals() -> frozenset:
-    from torch import nn
+    """The attributes every ``nn.Module`` has (its parameters, buffers, hooks: not a method's own)."""
+    if not _INTERNALS:
+        from torch import nn
 
-    return frozenset(vars(nn.Module()))
+        _INTERNALS.append(frozenset(vars(nn.Module())))
+    return _INTERNALS[0]
+
+
+_INTERNALS: list = []
 
 
 #: how deep ``_snapshot`` follows containers (a dict of lists of tensors: 2), and up to how many
