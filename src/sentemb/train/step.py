@@ -284,7 +284,7 @@ class Graphed(MicroBatches):
         self.step_used: set[int] = set()
         self.captures = 0
         self.overflow = 0  # micro-batches run eagerly: their shape came after MAX_GRAPHS others
-        self.storage = None  # the method's parameters and buffers at the first capture (check_storage)
+        self.storage = None  # a hooked method's parameters, buffers and tensor attributes at the first capture (check_storage)
 
     def __repr__(self) -> str:
         return f"Graphed({self.inner!r})"
