@@ -2,6 +2,7 @@
 computation written with explicit loops and angles, gradient flow, dropout on/off, nested masking,
 and a hand-computed SAM + AdamW step on a two-parameter model."""
 
+import contextlib
 import math
 from types import SimpleNamespace
 
@@ -9,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from sentemb import SentembError
-from sentemb.methods import MethodContext, get_method
+from sentemb import SentembError, testing
+from sentemb.methods import WEIGHTED, MethodContext, get_method
 from sentemb.methods.arccse import arccon_loss, nested_span_masks, positive_logit, triplet_loss
 from sentemb.methods.simcse import info_nce
 from sentemb.model.backbone import load_encoder
@@ -525,3 +526,64 @@ def test_resume_with_sam_is_bit_identical_and_sam_changes_training(tiny_bert_dir
     a, b, c = (load_file(tmp_path / d / "model" / f) for d in ("full", "resumed", "plain"))
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert any(not torch.equal(a[k], c[k]) for k in a)  # SAM was really on
+
+
+# ------------------------------------------------------------------------------------ triplet_pass
+def _grads(m):
+    return {n: p.grad.detach().clone() for n, p in m.named_parameters() if p.grad is not None}
+
+
+def test_dropout_rows_leaves_the_rows_past_k_as_in_evaluation_mode(tiny_bert_dir):
+    """``dropout_rows(k)``: one training-mode forward in which rows k.. are what evaluation mode gives
+    them alone (hidden-state dropout and SDPA's attention dropout both off there), while rows ..k get
+    dropout (they differ from evaluation mode, and ``nn.Dropout`` zeroes a share p of their elements)."""
+    from sentemb.model.dropout import dropout_rows
+
+    m = _method(tiny_bert_dir)
+    batch = m.build_batch(SHORT + LONG[:2], micro=0)
+    ids, att = batch["input_ids"], batch["attention_mask"]
+    k = 3
+    with torch.no_grad():
+        m.encoder.eval()
+        ref = m.encoder(input_ids=ids[k:], attention_mask=att[k:]).last_hidden_state
+        plain = m.encoder(input_ids=ids[:k], attention_mask=att[:k]).last_hidden_state
+        m.encoder.train()
+        torch.manual_seed(1)
+        with dropout_rows(k):
+            got = m.encoder(input_ids=ids, attention_mask=att).last_hidden_state
+    torch.testing.assert_close(got[k:], ref, rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(got[:k], plain, atol=1e-3)
+    drop = torch.nn.Dropout(0.25).train()
+    with dropout_rows(100):
+        out = drop(torch.ones(300, 1000))
+    assert float((out[100:] == 1).all()) and abs(float((out[:100] == 0).float().mean()) - 0.25) < 0.01
+
+
+@pytest.mark.parametrize("rng", ["counter", "eval"])
+def test_triplets_with_views_are_the_separate_pass_in_one_forward(tiny_bert_dir, rng):
+    """``triplet_pass: with_views`` against ``separate``: the same loss terms and gradient, with
+    dropout on under ``counter`` masks (keyed by sentence, view and position, not by the padded width or
+    the rows beside them) and with dropout off; one encoder pass instead of two."""
+    from sentemb.model.dropout import keyed
+
+    out = {}
+    for mode in ("with_views", "separate"):
+        m = _method(tiny_bert_dir, triplet_margin=0.5, triplet_pass=mode)  # m′ 0.5: Eq. 4's hinge is active
+        if rng == "eval":
+            m.eval()
+        batch = m.build_batch(SHORT + LONG, micro=2)
+        assert batch["tri_input_ids"].size(1) != batch["input_ids"].size(1)  # the merge pads the narrower rows
+        calls = []
+        hook = m.encoder.encoder.layer[0].register_forward_hook(lambda *a: calls.append(1))
+        n = batch["input_ids"].size(0)
+        with keyed(7, 2, 0, n, mode="counter") if rng == "counter" else contextlib.nullcontext():
+            terms = m.losses(batch)
+        hook.remove()
+        terms["loss"].backward()
+        out[mode] = ({k: float(v) for k, v in terms.items() if k != WEIGHTED}, _grads(m), len(calls))
+    (t1, g1, c1), (t2, g2, c2) = out["with_views"], out["separate"]
+    assert (c1, c2) == (1, 2)
+    assert t1["triplet"] > 0
+    for k in t2:
+        assert t1[k] == pytest.approx(t2[k], rel=1e-5, abs=1e-7), k
+    testing.close(g1, g2, "with_views vs separate gradient", rel=1e-4)

@@ -195,8 +195,11 @@ def test_the_transfer_classifier_is_planned_as_cpu_time_and_its_runtime_checked(
 
 def test_the_step_time_is_compute_or_the_host_floor_and_passes_are_counted(tiny_bert_dir, tiny_corpus):
     """``step_seconds`` = max(FLOPs / (MFU x peak), floor x layers x passes), the MFU measured by width
-    (``mfu_for``); the counted step's encoder passes: SimCSE 1 (both views in one forward), ArcCSE 2
-    (the views, the triplets), with SAM 4 (every pass again at w + e)."""
+    (``mfu_for``); the counted step's encoder passes: SimCSE 1 (both views in one forward), ArcCSE 1
+    (its triplets in the views' forward, ``triplet_pass: with_views``) or 2 (``separate``: the views,
+    the triplets), with SAM twice that (every pass again at w + e)."""
+    from dataclasses import replace
+
     from sentemb.ops.plan import MEASURED_MFU, STEP_FLOOR_S_PER_LAYER, _count, mfu_for, step_seconds
     from sentemb.testing import tiny_run
 
@@ -205,15 +208,24 @@ def test_the_step_time_is_compute_or_the_host_floor_and_passes_are_counted(tiny_
     assert mfu_for("bert-base-uncased") == MEASURED_MFU[768] and mfu_for("roberta-large") == MEASURED_MFU[1024]
     assert mfu_for(384) == MEASURED_MFU[768] and mfu_for("roberta-large", 0.5) == 0.5
 
-    def passes(method, **over):
-        run = tiny_run(tiny_bert_dir, tiny_corpus, None, method, method_args={"min_words": 1} if method == "arccse" else {},
+    def passes(method, args=None, **over):
+        args = {"min_words": 1, **(args or {})} if method == "arccse" else {}
+        run = tiny_run(tiny_bert_dir, tiny_corpus, None, method, method_args=args,
                        batch_size=4, max_steps=1, eval_at_end=False, model_selection="last", prefetch=False, **over)
         m = _count(run, None)
         return m.grad_passes, m.nograd_passes
 
     assert passes("simcse") == (1, 0)
-    assert passes("arccse") == (2, 0)
-    assert passes("arccse", sam_rho=0.05) == (4, 0)
+    assert passes("arccse") == (1, 0)
+    assert passes("arccse", sam_rho=0.05) == (2, 0)
+    assert passes("arccse", {"triplet_pass": "separate"}) == (2, 0)
+    assert passes("arccse", {"triplet_pass": "separate"}, sam_rho=0.05) == (4, 0)
+    # train.graphs: a new shape's first step runs the capture check and then the step; the count is one step's
+    assert passes("simcse", graphs=True) == (1, 0) and passes("arccse", sam_rho=0.05, graphs=True) == (2, 0)
+    run = tiny_run(tiny_bert_dir, tiny_corpus, None, "simcse", batch_size=4, max_steps=1, eval_at_end=False,
+                   model_selection="last", prefetch=False)
+    eager = _count(run, None).flops
+    assert _count(replace(run, train=replace(run.train, graphs=True)), None).flops == pytest.approx(eager, rel=1e-9)
 
 
 # ------------------------------------------------------------------ issue 36: real lengths, floor, GPUs, shapes

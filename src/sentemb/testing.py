@@ -31,6 +31,9 @@ devices        ``train.devices: 2`` (two gloo processes started by ``sentemb tra
 graphs         ``train.graphs: true`` (the static-shape step a CUDA graph replays, on a CPU run eagerly with
                the capture check), whole and chunked, trains to the eager weights and state (dropout off);
                what a replay cannot serve fails naming the op or attribute and the method's line
+fused          ``train.fuse_micro_batches: 2`` (one forward over a step's micro-batches; a method declaring
+               ``Method.fusable``), with and without the paper's train settings: the accumulated run's weights
+               and logged terms (dropout off); refused, naming it, for a method that does not declare it
 state_chunked  a method that keeps state (``Method.after_step``, buffers, frozen parameters, extra state):
                its whole state after 3 steps is the unchunked run's with ``train.chunk_size``
 state_devices  ... every rank's whole state after 3 steps on ``train.devices: 2`` is the one process's
@@ -666,6 +669,59 @@ def check_graphs(h: Harness) -> None:
         same_state(got[name], got["eager"], f"{name} vs eager (dropout off)")
 
 
+def check_fused(h: Harness) -> None:
+    """``train.fuse_micro_batches: 2`` (``sentemb.train.step.Fused``; a method declaring
+    ``Method.fusable``), dropout off, with the method's paper train settings (``paper_train``:
+    ArcCSE's SAM) and without: (1) at the same weights, the gradient of a step's 2 micro-batches
+    fused is the one accumulated micro-batch by micro-batch (fp32 round-off, ``close``) and so are
+    the logged terms; (2) 2 optimizer steps train to the accumulated run's weights and state (1e-4:
+    AdamW's first steps divide each gradient element by its own magnitude, so an element near zero
+    turns round-off into a visible share of a step). A method that does not declare it is refused
+    naming it."""
+    from .methods.base import fusable_method
+    from .train.batches import micro_batches
+    from .train.loop import State, run_steps, setup
+    from .train.step import Fused, Plain, clear_grads
+
+    if not fusable_method(h.cls):
+        try:
+            with setup(h.exact_run(dropout=0.0, grad_accum=2, max_steps=1, fuse_micro_batches=2), "/nonexistent", h.cls):
+                pass
+        except SentembError as e:
+            _require("fusable" in str(e), f"fuse_micro_batches 2 refused without naming Method.fusable: {e}")
+            raise CheckSkipped("the method does not declare Method.fusable (fuse_micro_batches is refused, naming it)")
+        raise CheckFailed("train.fuse_micro_batches 2 was accepted for a method that does not declare Method.fusable")
+    paper = dict(getattr(h.cls, "paper_train", {}) or {})
+    for extra in ([{}, paper] if paper else [{}]):
+        what = "fuse_micro_batches 2 vs 1" + (f" with {extra}" if extra else "")
+        with setup(h.exact_run(dropout=0.0, grad_accum=2, max_steps=2, fuse_micro_batches=2, **extra),
+                   "/nonexistent", h.cls) as job:
+            _require("Fused" in repr(job.strategy), f"{what}: the loop chose {job.strategy!r}, not Fused")
+            batches = micro_batches(job, 0)
+            grads, logged = {}, {}
+            for name, strategy in (("fused", Fused(2)), ("accumulated", Plain())):
+                clear_grads(job)
+                state = State()
+                strategy.gradients(job, batches, state)
+                grads[name] = {n: p.grad.detach().clone() for n, p in job.method.named_parameters() if p.grad is not None}
+                logged[name] = {k: float(v) / state.n_terms for k, v in state.sum_terms.items()}
+            clear_grads(job)
+        close(grads["fused"], grads["accumulated"], f"{what}: the first step's gradient")
+        _require(logged["fused"].keys() == logged["accumulated"].keys(),
+                 f"{what}: logged terms {sorted(logged['fused'])} vs {sorted(logged['accumulated'])}")
+        for k, b in logged["accumulated"].items():
+            a = logged["fused"][k]
+            _require(abs(a - b) <= 1e-5 * max(1.0, abs(b)), f"{what}: logged {k} {a:.7g} vs {b:.7g}")
+        got = {}
+        for fuse in (1, 2):
+            with setup(h.exact_run(dropout=0.0, grad_accum=2, max_steps=2, fuse_micro_batches=fuse, **extra),
+                       "/nonexistent", h.cls) as job:
+                for _ in run_steps(job, State()):
+                    pass
+                got[fuse] = method_state(job.method)
+        same_state(got[2], got[1], what, rel=1e-4)
+
+
 # ------------------------------------------------------------------------------------ a method's state
 def method_state(method, skip=()) -> dict[str, Any]:
     """The method's whole state as a checkpoint holds it (``state_dict()``: trainable and frozen
@@ -693,9 +749,9 @@ def method_state(method, skip=()) -> dict[str, Any]:
     return out
 
 
-def same_state(got: dict, ref: dict, what: str, exact: bool = False) -> None:
+def same_state(got: dict, ref: dict, what: str, exact: bool = False, rel: float = REL) -> None:
     """Two ``method_state``s agree: the same entries; floating tensors within ``close``'s weight
-    tolerance (or bit for bit with ``exact``), every other entry equal."""
+    tolerance at ``rel`` (or bit for bit with ``exact``), every other entry equal."""
     import torch
 
     _require(got.keys() == ref.keys(), f"{what}: different state entries {sorted(set(got) ^ set(ref))}")
@@ -711,7 +767,7 @@ def same_state(got: dict, ref: dict, what: str, exact: bool = False) -> None:
             raise CheckFailed(f"{what}: state '{k}' differs (max |Δ| {gap:.3g})")
         _require(bool(same), f"{what}: state '{k}' differs ({_short(g)} vs {_short(v)})")
     if floats and not exact:
-        close({k: got[k] for k in floats}, {k: ref[k] for k in floats}, f"{what}: state", floor="whole")
+        close({k: got[k] for k in floats}, {k: ref[k] for k in floats}, f"{what}: state", rel=rel, floor="whole")
 
 
 def _short(v) -> str:
@@ -918,6 +974,7 @@ CHECKS: dict[str, Callable[[Harness], None]] = {
     "pretrain": check_pretrain,
     "devices": check_devices,
     "graphs": check_graphs,
+    "fused": check_fused,
     "state_chunked": check_state_chunked,
     "state_accum": check_state_accum,
     "state_sam": check_state_sam,

@@ -41,7 +41,9 @@ def register(sub) -> None:
                         "docs/plan-and-benchmarks.md)")
     p.add_argument("--graphs", choices=("config", "on", "off"), default="config",
                    help="price the training steps with train.graphs as each run sets it (config), or as if every "
-                        "run set it on or off: the CUDA-graphed step's measured floor (docs/plan-and-benchmarks.md)")
+                        "run set it on or off: the CUDA-graphed step's measured floor (docs/plan-and-benchmarks.md). "
+                        "A run with train.fuse_micro_batches > 1 is priced with 1 then, as the loop requires "
+                        "(its micro-batches replayed one by one)")
     p.add_argument("--compile", choices=("config", "on", "off"), default="config",
                    help="the same for train.compile: a graphed step with compile is priced at the fused step's "
                         "measured floor and MFU (width 768; docs/plan-and-benchmarks.md); without graphs it changes "

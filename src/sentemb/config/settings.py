@@ -30,6 +30,16 @@ class TrainSettings:
     max_steps: int | None = arg(None, "stop after this many optimizer steps (null = epochs decide)", minimum=1)
     batch_size: int = arg(64, "sentences per micro-batch (the in-batch negatives)", minimum=2)
     grad_accum: int = arg(1, "micro-batches per optimizer step", minimum=1)
+    fuse_micro_batches: int = arg(
+        1,
+        "Encode this many of a step's grad_accum micro-batches in one forward and backward (sentemb.train.step.Fused): "
+        "the encoder sees their rows at once, padded to the widest, and each micro-batch keeps its own in-batch "
+        "terms, so the gradient is the accumulated one (dropout off: to rounding; the method contract's check "
+        "fused). The host's per-pass cost, the eager step's floor on a GPU (docs/plan-and-benchmarks.md), is paid "
+        "once per group instead of once per micro-batch. Must divide grad_accum; for methods that declare "
+        "Method.fusable (simcse, arccse), with dropout_rng stream, one device, no chunk_size and no graphs. With "
+        "dropout on, the stream draws the masks of the fused rows at once: another random run, as unpad is.",
+        minimum=1)
     lr: float = arg(3.0e-5, "peak learning rate of AdamW", exclusive_minimum=0)
     weight_decay: float = arg(0.0, "AdamW weight decay (not on biases and LayerNorm weights)", minimum=0)
     warmup_ratio: float = arg(0.0, "share of the optimizer steps with a linear warm-up", minimum=0, maximum=1)
@@ -604,7 +614,7 @@ class Run:
 #: before they existed: left out of the fingerprint at that value (so such a state still resumes),
 #: in it at any other (``sampler: length`` is another data order, ``eval_unit`` other checkpoints)
 ADDED_DEFAULTS = {"sampler": "random", "eval_unit": "optimizer_steps", "dropout_rng": "stream", "eval_precision": "fp32",
-                  "graphs": False}
+                  "graphs": False, "fuse_micro_batches": 1}
 
 
 #: method arguments added after states were saved (issue 38: the switches to the authors' code), at
@@ -615,6 +625,7 @@ ADDED_METHOD_ARGS = {
               "target_truncation": "phrases"},
     "infocse": {"projection_init": "torch", "aux_lower_eval": True},
     "una": {"mlp_init": "normal"},
+    "arccse": {"triplet_pass": "separate"},  # issue 37: with_views (one encoder pass a step) is the default
 }
 
 

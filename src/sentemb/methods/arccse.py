@@ -18,12 +18,16 @@ Training, per batch of B sentences:
 
       L_tri = (1/|T|) Σ_{s∈T} max(0, cos(h̄, h̄″) − cos(h̄, h̄′) + m′),   m′ = 0
 
-  (``triplet_loss``; L_tri = 0 when no sentence of the batch has 25 words).
+  (``triplet_loss``; L_tri = 0 when no sentence of the batch has 25 words). By default
+  (``triplet_pass: with_views``) the triplet rows are encoded in the views' forward, dropout
+  applied to the view rows only (``sentemb.model.dropout.dropout_rows``): one encoder pass a step.
 * **Total** (Eq. 5): L = L_arc + λ·L_tri, λ = 0.1. Logged terms: ``loss``, ``arccon``, ``triplet``,
   ``triplets`` (|T|, the number of triplets in the batch).
 
 Optimisation is AdamW with Sharpness-Aware Minimization: that is the loop's ``train.sam_rho``
 (``sentemb.train.sam``; 0.05 in the ArcCSE runs, Foret et al.'s default, as the paper gives none).
+The runs encode a step's two micro-batches in one forward (``train.fuse_micro_batches: 2``,
+``merge``): ArcCon and Eq. 4 stay each micro-batch's own.
 
 Open choices (methods.md §5 **open**), with the switch that changes each:
 
@@ -88,7 +92,7 @@ from .base import WEIGHTED, Encoded, arg
 from .registry import register_method
 from .simcse import SimCSE, info_nce
 
-TRIPLET_KEYS = ("tri_input_ids", "tri_attention_mask", "tri_index")
+TRIPLET_KEYS = ("tri_input_ids", "tri_attention_mask", "tri_index", "tri_weight")
 #: the fewest triplets a graphed run's batch holds (``ArcCSE.build_triplets``: padded to a power of two)
 TRIPLET_PAD_MIN = 8
 
@@ -128,17 +132,21 @@ def arccon_loss(h: torch.Tensor, h_pos: torch.Tensor, margin_deg: float = 10.0, 
 
 
 def triplet_loss(h: torch.Tensor, h_less: torch.Tensor, h_more: torch.Tensor, margin: float = 0.0,
-                 count: int | torch.Tensor | None = None, valid: torch.Tensor | None = None) -> torch.Tensor:
+                 count: int | torch.Tensor | None = None, valid: torch.Tensor | None = None,
+                 weight: torch.Tensor | None = None) -> torch.Tensor:
     """ArcCSE Eq. 4, averaged over the triplets: mean max(0, cos(h̄, h̄″) − cos(h̄, h̄′) + m′) with
     h_less = h̄′ (20% masked), h_more = h̄″ (40% masked); 0 for no triplets. fp32. ``count``: divide
     the sum by the batch's number of triplets instead (a chunk's share, ``Method.row_terms``).
     ``valid`` (T,) bool: only these triplets count (the padding triplets of a graphed run,
-    ``build_triplets``); the mean is then over them (0 when none)."""
+    ``build_triplets``); the mean is then over them (0 when none). ``weight`` (T,): the weighted
+    sum Σ_t w_t·hinge_t instead of a mean (fused micro-batches, ``ArcCSE.merge``)."""
     with torch.autocast(device_type=h.device.type, enabled=False):
         if h.size(0) == 0:
             return h.float().sum() * 0.0
         h, h_less, h_more = h.float(), h_less.float(), h_more.float()
         hinge = F.relu(F.cosine_similarity(h, h_more, dim=-1) - F.cosine_similarity(h, h_less, dim=-1) + margin)
+        if weight is not None:
+            return (hinge * weight.to(hinge.dtype)).sum()
         if valid is not None:
             hinge = hinge * valid.to(hinge.dtype)
             if count is None:
@@ -223,6 +231,13 @@ class ArcCSE(SimCSE):
         triplet_max_len: int = arg(512, "truncation of triplet sentences in tokens (paper: the longest of the "
                                         "batch; capped at the model's position limit)", minimum=4)
         triplet_mlp: bool = arg(True, "triplet embeddings pass through the training MLP (open)")
+        triplet_pass: str = arg(
+            "with_views", "how the triplet rows are encoded: with_views - in the views' forward, with dropout on "
+            "the views' rows only (sentemb.model.dropout.dropout_rows), one encoder pass a step instead of two; "
+            "separate - a forward of their own in evaluation mode. The same embeddings with dropout off, and the "
+            "same dropout masks with dropout_rng counter; with stream another random run (the views' masks are drawn "
+            "at the shared padded width). A compiled step (train.compile) encodes them separately",
+            choices=("with_views", "separate"))
         mlp: str = arg("train_only", "Linear+Tanh head on [CLS]: in training only (paper), kept at test time, "
                        "or none", choices=("train_only", "always", "none"))
 
@@ -230,6 +245,7 @@ class ArcCSE(SimCSE):
     width_groups = {"tri_": "triplets"}  # the triplet rows' own width (``Method.width``)
     schedule_args = ("min_words", "max_span")  # which sentences form triplets: rows, not shapes
     paper_train = {"sam_rho": 0.05}  # SAM, as config/config.yaml trains ArcCSE
+    fusable = True  # ArcCon per micro-batch; the merge's triplets weighted per micro-batch (``merge``)
     contract_args = {"min_words": 5}  # the contract's short sentences form triplets too
 
     @classmethod
@@ -338,6 +354,34 @@ class ArcCSE(SimCSE):
         batch.update(self.build_triplets(sentences, self.np_rng(micro)))
         return batch
 
+    def merge(self, batches):
+        """k micro-batches as one (``Method.merge``, ``train.fuse_micro_batches``): SimCSE's rows by the
+        default; the triplet rows [s; s′; s″] of all micro-batches, each block in micro-batch order,
+        padded to the widest, ``tri_index`` moved to the merged sentence positions, and ``tri_weight``
+        (T,) = 1/(k·T_j) for a triplet of micro-batch j with T_j triplets: the merge's weighted
+        Eq. 4 sum is then the mean over the micro-batches of their own Eq. 4 means (``row_terms``),
+        what accumulating them one by one computes."""
+        from ..data.buckets import pad_to
+
+        merged, spans = super().merge([{k: v for k, v in b.items() if k not in TRIPLET_KEYS} for b in batches])
+        if "tri_index" not in batches[0]:
+            return merged, spans
+        k = len(batches)
+        counts = [int(b["tri_index"].numel()) for b in batches]
+        width = max(int(b["tri_input_ids"].size(1)) for b in batches)
+        pad = self.tokenizer.pad_token_id or 0
+        ids, att = [], []
+        for v in range(3):
+            for b, t in zip(batches, counts):
+                ids.append(pad_to(b["tri_input_ids"][v * t : (v + 1) * t], width, pad, dim=1))
+                att.append(pad_to(b["tri_attention_mask"][v * t : (v + 1) * t], width, 0, dim=1))
+        first = batches[0]["tri_index"]
+        merged["tri_input_ids"], merged["tri_attention_mask"] = torch.cat(ids), torch.cat(att)
+        merged["tri_index"] = torch.cat([b["tri_index"] + a for b, (a, _) in zip(batches, spans)]).to(first.dtype)
+        weights = [torch.full((t,), 1.0 / (k * t), device=first.device) for t in counts if t]
+        merged["tri_weight"] = torch.cat(weights) if weights else torch.zeros(0, device=first.device)
+        return merged, spans
+
     # -------------------------------------------------------------------------- losses
     def encode_triplets(self, batch) -> torch.Tensor:
         """(3T, d) embeddings of the triplet rows with dropout off (gradients flow)."""
@@ -374,9 +418,47 @@ class ArcCSE(SimCSE):
                    tri_index=index[sel] - start)
         return out
 
+    def _with_views(self, batch) -> bool:
+        """Encode the triplet rows in the views' forward (``triplet_pass: with_views``); not while
+        ``torch.compile`` traces the step (its dropout stays torch's own), nor with ``train.unpad``
+        (hidden states of packed tokens have no sentence rows to exempt)."""
+        from ..model.unpad import installed
+
+        a = self.args
+        return (a.triplet and a.triplet_pass == "with_views" and batch.get("tri_input_ids") is not None
+                and batch["tri_input_ids"].size(0) > 0 and not torch.compiler.is_compiling()
+                and not installed(self.encoder))
+
     def encode(self, batch):
-        z1, z2 = self.encode_views({k: v for k, v in batch.items() if k not in TRIPLET_KEYS})  # (n, d) each
-        return Encoded(batch={"z1": z1, "z2": z2})
+        """The two dropout views' MLP([CLS]) (``z1``, ``z2``: (n, d) each) and, with ``triplet_pass:
+        with_views``, the triplet rows' embeddings (``rows["triplets"]``, (3T, d)) from the same
+        forward: rows [x; x; s; s′; s″] padded to the wider of the two widths, dropout on the first
+        2n rows only (``dropout_rows``), the attention masks keeping every row to its own tokens."""
+        views = {k: v for k, v in batch.items() if k not in TRIPLET_KEYS}
+        if not self._with_views(batch):
+            z1, z2 = self.encode_views(views)  # (n, d) each
+            return Encoded(batch={"z1": z1, "z2": z2})
+        from ..data.buckets import pad_to
+        from ..model.dropout import dropout_rows
+
+        n = views["input_ids"].size(0)
+        tri = {"input_ids": batch["tri_input_ids"], "attention_mask": batch["tri_attention_mask"]}
+        if "token_type_ids" in views:
+            tri["token_type_ids"] = torch.zeros_like(tri["input_ids"])
+        width = max(int(views["input_ids"].size(1)), int(tri["input_ids"].size(1)))
+        pad = self.tokenizer.pad_token_id or 0
+        rows = {k: torch.cat([pad_to(v, width, pad if k == "input_ids" else 0, dim=1)] * 2
+                             + [pad_to(tri[k], width, pad if k == "input_ids" else 0, dim=1)])
+                for k, v in views.items() if k in tri}
+        with dropout_rows(2 * n):
+            cls = self.encoder(**rows, return_dict=True).last_hidden_state[:, 0]
+        h_tri = cls[2 * n :]
+        cls = cls[: 2 * n]
+        if self.mlp is not None:
+            cls = self.mlp(cls)
+            if self.args.triplet_mlp:
+                h_tri = self.mlp(h_tri)
+        return Encoded(batch={"z1": cls[:n], "z2": cls[n:]}, rows={"triplets": h_tri})
 
     def batch_terms(self, emb, batch):
         """ArcCon (Eq. 3) over the whole batch's two views (NT-Xent with ``arccon: false``)."""
@@ -400,8 +482,9 @@ class ArcCSE(SimCSE):
             valid = chunk["tri_index"] >= 0
             total = (batch["tri_index"] >= 0).sum()
         if a.triplet and n > 0:
-            h = self.encode_triplets(chunk)  # (3n, d): [s, s′, s″]
-            tri = triplet_loss(h[:n], h[n : 2 * n], h[2 * n :], a.triplet_margin, count=total, valid=valid)
+            h = enc.rows["triplets"] if "triplets" in enc.rows else self.encode_triplets(chunk)  # (3n, d): [s, s′, s″]
+            tri = triplet_loss(h[:n], h[n : 2 * n], h[2 * n :], a.triplet_margin, count=total, valid=valid,
+                               weight=chunk.get("tri_weight"))
         else:
             tri = torch.zeros((), dtype=torch.float32, device=device)
         return {"triplet": tri.detach(), WEIGHTED: {"triplet": a.triplet_weight * tri}}

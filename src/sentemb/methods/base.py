@@ -190,6 +190,11 @@ def all_ranks_rows(t: torch.Tensor) -> torch.Tensor:
     return gather_rows(t.detach(), with_grad=False)[0]
 
 
+def fusable_method(cls) -> bool:
+    """Whether ``cls`` itself declares ``Method.fusable`` (an inherited declaration does not count)."""
+    return bool(vars(cls).get("fusable", False))
+
+
 def total_loss(weighted: dict[str, torch.Tensor]) -> torch.Tensor:
     """The sum of the weighted terms in their order, fp32 (the loss a method back-propagates)."""
     terms = list(weighted.values())
@@ -244,6 +249,16 @@ class Method(nn.Module):
     #: sentences trains what one batch of B does (state included). None: when the loss has no in-batch
     #: term (``has_batch_terms = False``); a method whose in-batch negatives see the whole batch differs
     accum_equal: ClassVar[bool | None] = None
+
+    #: ``train.fuse_micro_batches`` (``sentemb.train.step.Fused``): True when one ``encode`` of the
+    #: ``merge`` of k micro-batches, ``batch_terms`` on each micro-batch's rows of it and ``row_terms``
+    #: on the whole merge compute the k micro-batches' summed loss: the encoder treats rows
+    #: independently, ``encode``/``batch_terms``/``row_terms`` read no ``self.micro``, and
+    #: ``row_terms`` of the merge is the mean of the micro-batches' (per-sentence terms of equal
+    #: micro-batches normalised by their count; otherwise ``merge`` says how, as ArcCSE's triplet
+    #: weights). Read from the class's own body only (``fusable_method``): a subclass changes the
+    #: loss, so it declares it again. The contract's check ``fused`` tests it.
+    fusable: ClassVar[bool] = False
 
     @property
     def step(self) -> int:
@@ -419,6 +434,30 @@ class Method(nn.Module):
         """The sub-batch of sentences ``[start, stop)`` (``slice_rows``; padding width kept, so that a
         sentence is computed on the same shape in every chunking). Override for another row layout."""
         return slice_rows(batch, start, stop, self.n_sentences(batch), where=f"method '{self.name}'")
+
+    def merge(self, batches: list[dict[str, torch.Tensor]]) -> tuple[dict[str, torch.Tensor], list[tuple[int, int]]]:
+        """k micro-batches as one batch for ``train.fuse_micro_batches`` (``fusable`` methods): their
+        rows concatenated, sentences of micro-batch j at ``spans[j]`` = [start, stop), each tensor
+        padded on the right to the widest (``input_ids`` with the pad token, everything else with
+        0, as ``pad_rows``). Returns (the merged batch, ``spans``). This default serves batches whose
+        every tensor has one row per sentence; another layout is an error naming the key (override)."""
+        from ..data.buckets import pad_to
+
+        sizes = [self.n_sentences(b) for b in batches]
+        spans = [(sum(sizes[:j]), sum(sizes[: j + 1])) for j in range(len(sizes))]
+        pad = self.tokenizer.pad_token_id if getattr(self.tokenizer, "pad_token_id", None) is not None else 0
+        out = {}
+        for key in batches[0]:
+            vs = [b.get(key) for b in batches]
+            for v, n in zip(vs, sizes):
+                if v is None or v.dim() == 0 or v.size(0) != n:
+                    raise SentembError(f"method '{self.name}'.merge: batch['{key}'] is not one row per sentence in every "
+                                       "micro-batch; override Method.merge to say how micro-batches are merged")
+            width = max(int(v.size(1)) for v in vs) if vs[0].dim() >= 2 else None
+            if width is not None:
+                vs = [pad_to(v, width, pad if key == "input_ids" else 0, dim=1) for v in vs]
+            out[key] = torch.cat(vs, 0)
+        return out, spans
 
     def encode(self, batch: dict[str, torch.Tensor]) -> Encoded:
         """Step (a): encode a chunk's sentences (module docstring)."""

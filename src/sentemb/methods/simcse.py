@@ -41,6 +41,7 @@ class SimCSE(Method):
                        "kept at test time, or none", choices=("train_only", "always", "none"))
 
     eval_pooler = "cls_before_pooler"
+    fusable = True  # rows encoded independently, InfoNCE per micro-batch, no per-sentence term (Method.fusable)
 
     @classmethod
     def pooler_for(cls, args):

@@ -266,7 +266,19 @@ def _current() -> _Context | None:
     return stack[-1] if stack else None
 
 
+def _rows_k() -> int | None:
+    stack = getattr(_LOCAL, "rows_k", None)
+    return stack[-1] if stack else None
+
+
 def _dropout(input: torch.Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> torch.Tensor:
+    k = _rows_k()
+    if k is not None and training and p > 0.0 and input.dim() > 0 and input.size(0) > k:  # dropout_rows
+        return torch.cat([_dropout_all(input[:k], p, training, False), input[k:]])
+    return _dropout_all(input, p, training, inplace)
+
+
+def _dropout_all(input: torch.Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> torch.Tensor:
     ctx = _current()
     if ctx is None or not training or p == 0.0 or input.dim() == 0:
         return _ORIGINAL["dropout"](input, p, training, inplace)
@@ -278,6 +290,22 @@ def _dropout(input: torch.Tensor, p: float = 0.5, training: bool = True, inplace
 
 
 def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False, **kw):
+    k = _rows_k()
+    if k is not None and dropout_p > 0.0 and query.dim() > 0 and query.size(0) > k:  # dropout_rows
+        n = query.size(0)
+
+        def rows(t, sl):  # a mask broadcast over the rows (size 1 there) is kept whole
+            return t[sl] if isinstance(t, torch.Tensor) and t.dim() > 0 and t.size(0) == n else t
+
+        head = _sdpa_all(query[:k], rows(key, slice(0, k)), rows(value, slice(0, k)), rows(attn_mask, slice(0, k)),
+                         dropout_p, is_causal, scale, enable_gqa, **kw)
+        tail = _sdpa_all(query[k:], rows(key, slice(k, None)), rows(value, slice(k, None)),
+                         rows(attn_mask, slice(k, None)), 0.0, is_causal, scale, enable_gqa, **kw)
+        return torch.cat([head, tail])
+    return _sdpa_all(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, **kw)
+
+
+def _sdpa_all(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False, **kw):
     ctx = _current()
     if ctx is None or dropout_p == 0.0:
         if enable_gqa:
@@ -300,7 +328,7 @@ def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, sca
         else:
             scores = scores + attn_mask
     weights = torch.softmax(scores, dim=-1)
-    weights = _dropout(weights, dropout_p, True)
+    weights = _dropout_all(weights, dropout_p, True)
     return weights.to(value.dtype) @ value
 
 
@@ -348,6 +376,27 @@ def keyed(seed: int, micro: int, start: int, stop: int, mode: str = "generator",
     stack.append(_Context(int(seed), int(micro), int(start), int(stop), mode=mode, key=key, kernel=kernel))
     try:
         yield stack[-1]
+    finally:
+        stack.pop()
+
+
+@contextmanager
+def dropout_rows(k: int):
+    """Inside: a dropout (``F.dropout``, ``nn.Dropout``, SDPA's ``dropout_p``) of a tensor of more than
+    ``k`` rows applies to its first ``k`` rows only; the other rows pass as in evaluation mode (no
+    mask, no scaling), and their attention runs without dropout. One forward then serves rows with
+    dropout and rows without, e.g. ArcCSE's two dropout views and its dropout-free triplets
+    (``triplet_pass: with_views``). The first ``k`` rows are drawn as they would be alone: from the
+    stream, or inside a ``keyed`` context by its keys and call count, so ``counter`` masks are those
+    of a forward of those rows alone. Rows sit on dim 0 (Hugging Face's hidden states and its SDPA's
+    (batch, heads, length, dim) inputs)."""
+    _install()
+    stack = getattr(_LOCAL, "rows_k", None)
+    if stack is None:
+        stack = _LOCAL.rows_k = []
+    stack.append(int(k))
+    try:
+        yield
     finally:
         stack.pop()
 

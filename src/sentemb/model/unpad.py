@@ -129,6 +129,12 @@ def _forward(self, *args, **kwargs):
     return type(self).forward(self, *args, **kwargs)
 
 
+def installed(encoder) -> bool:
+    """Whether ``install`` made ``encoder``'s training forward padding-free (its hidden states then
+    have one row per real token, not per sentence)."""
+    return getattr(getattr(encoder, "forward", None), "__func__", None) is _forward
+
+
 def install(encoder, where: str = "train.unpad") -> None:
     """Make ``encoder``'s training forward padding-free (an instance attribute: a deep copy of the
     encoder is rebound to the copy; saving and loading are unaffected)."""

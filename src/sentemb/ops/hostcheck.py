@@ -53,8 +53,10 @@ def first_steps(model: Path, corpus: Path, device: str, batch: int, max_len: int
     except Exception as e:  # noqa: BLE001 - a probe's failure is its row
         return f"first steps {method} B={batch}", f"FAILED: {_first_line(e)}", ""
     t = run.train
+    fuse = getattr(t, "fuse_micro_batches", 1)
     what = (f"first steps {method} B={batch}x{t.grad_accum} max_len {max_len} {'sam ' if t.sam_rho else ''}"
-            f"sampler {t.sampler}, buckets {buckets}")
+            f"sampler {t.sampler}, buckets {buckets}" + (f", fuse_micro_batches {fuse}" if fuse > 1 else "")
+            + (f", triplet_pass {margs['triplet_pass']}" if "triplet_pass" in (margs or {}) else ""))
     try:
         with setup(run, "/nonexistent-gpucheck-output") as job:
             build, shapes = job.method.build_batch, set()
@@ -488,9 +490,12 @@ def rows(model: Path, corpus: Path, senteval: Path, device: str, work: Path, mar
     out: list[Row] = []
     arc = {"grad_accum": 2, "sam_rho": 0.05, "sampler": "length"}
     if "first_steps" in parts and "arccse" in usable:
-        for b in ("none", "auto"):
-            out.append(first_steps(model, corpus, device, small(32), 512, "arccse", margs.get("arccse"),
-                                   usable["arccse"], arc, b, first, then))
+        # fuse 2 with the triplets in the views' forward: the paper configuration's step (one encoder pass per
+        # SAM pass); then the triplets in a pass of their own (triplet_pass: separate), as before issue 37's fusing
+        for b, fuse, tri in (("none", 1, None), ("auto", 1, None), ("auto", 2, None), ("auto", 2, "separate")):
+            args = {**(margs.get("arccse") or {}), **({"triplet_pass": tri} if tri else {})}
+            out.append(first_steps(model, corpus, device, small(32), 512, "arccse", args,
+                                   usable["arccse"], {**arc, "fuse_micro_batches": fuse}, b, first, then))
     for m, extra in (("paser", {}), ("arccse", arc)):
         if "workers" not in parts or m not in usable:
             continue

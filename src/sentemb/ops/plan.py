@@ -352,7 +352,8 @@ class Counter:
         base = get_method(run.method)
         needed = () if method_cls is not None else base.requires(base.make_args(args))
         inputs = {n: str(self.input(n, corpus, model)) for n in needed}
-        train = dataclasses.replace(t, batch_size=MICRO, grad_accum=1, chunk_size=None, max_steps=1, epochs=1, model_selection="last",
+        train = dataclasses.replace(t, batch_size=MICRO, grad_accum=1, fuse_micro_batches=1, chunk_size=None, max_steps=1,
+                                    epochs=1, model_selection="last",
                                     eval_at_end=False, device="cpu", prefetch=False, save_steps=10**9,
                                     log_steps=10**9, precision=_autocast_name(t.precision), compile=False,
                                     log_grad_norms=False, num_threads=None, buckets=None)  # the width as asked
@@ -510,6 +511,13 @@ def _count(run, method_cls, timing: tuple[list[str], int] | None = None) -> Meas
         for g in job.opt.param_groups:
             g["params"] = []
         try:
+            if getattr(job.settings, "graphs", False):  # train.graphs: a new shape's first step runs twice (the
+                for h in hooks:                         # capture check, then the step): the count is the replay's
+                    h.remove()
+                list(run_steps(job, State(), 1))
+                hooks = [x.register_forward_hook(lambda *a: calls.__setitem__(int(not torch.is_grad_enabled()),
+                                                                              calls[int(not torch.is_grad_enabled())] + 1))
+                         for x in layers0]
             _, flops, per_module = counted_by_module(lambda: list(run_steps(job, State(), 1)))
         finally:
             for h in hooks:
@@ -688,7 +696,9 @@ def _row_cap(run, arch) -> int:
 def width_profile(run, arch, lengths: Lengths) -> dict:
     """How one job's micro-batches are wide, from ``lengths``: ``batch_schedule`` (the run's sampler;
     epochs of the lengths until ``MIN_SCHEDULE_BATCHES`` micro-batches, seed 0) cut at the run's
-    batch size; each batch's longest row L (tokens, untruncated). Returns
+    batch size; each batch's longest row L (tokens, untruncated). With ``train.fuse_micro_batches``
+    k, each k consecutive micro-batches count as one batch (one forward, padded to the widest).
+    Returns
 
     * ``count``: counted width -> share of micro-batches, the width being the bucket of min(L, the
       row cap) on the counting ladder (``train.buckets`` resolved for cuda at the row cap; with
@@ -722,6 +732,9 @@ def width_profile(run, arch, lengths: Lengths) -> dict:
     per_epoch = max(1, n // b)
     epochs = max(1, math.ceil(MIN_SCHEDULE_BATCHES / per_epoch)) if t.sampler != "length" else 1
     sched = batch_schedule(n, b, epochs, 0, lengths.words if t.sampler == "length" else None)
+    fuse = int(getattr(t, "fuse_micro_batches", 1) or 1)
+    if fuse > 1:  # train.fuse_micro_batches: k consecutive micro-batches are one forward, at the widest one's width
+        sched = [np.concatenate([np.asarray(x) for x in sched[i : i + fuse]]) for i in range(0, len(sched), fuse)]
     tokens = lengths.tokens
     longest = np.fromiter((tokens[i].max() for i in sched), dtype=np.int64, count=len(sched))
     counted = np.array([bucket_width(int(min(x, cap)), ladder) for x in longest])
@@ -925,7 +938,10 @@ def _train_row(kind, label, run, m: Measure, encode: float, config: dict | Confi
     of the counted forward + backward) where the method has in-batch terms
     (``Method.has_batch_terms``): one pass over the share (``train.chunk_first_pass``, keyed or
     counter masks) or one per chunk (stream masks) at the step's floor. ``measures`` (width -> Measure) and ``profile`` (``width_profile``)
-    price each width at its share of the micro-batches; without them every step is ``m``."""
+    price each width at its share of the micro-batches; without them every step is ``m``. With
+    ``train.fuse_micro_batches`` k, k micro-batches are one forward: a step has grad_accum / k times
+    one micro-batch's encoder passes, at the widest of the k widths (``width_profile``), and memory
+    holds the k micro-batches' activations (flagged where they need chunks, which the loop refuses)."""
     from ..methods import get_method
     from .shapes import depth
 
@@ -945,7 +961,8 @@ def _train_row(kind, label, run, m: Measure, encode: float, config: dict | Confi
     static = (16 * at["trainable"] + 4 * at["frozen"] + (4 * at["trainable"] if t.sam_rho else 0)) / 1e9 \
         + CUDA_OVERHEAD_GB
     per_sentence = CUDA_ACTIVATION_RATIO * at["act"] / MICRO / 1e9
-    share = -(-t.batch_size // t.devices)
+    fuse = int(getattr(t, "fuse_micro_batches", 1) or 1)  # micro-batches per forward (train.fuse_micro_batches)
+    share = -(-t.batch_size * fuse // t.devices)
     chunk = plan_chunk(t.chunk_size, share, per_sentence, gpu_spec(gpu)[1] - static)
     extra = 4 / 3 if chunk is not None and cls.has_batch_terms else 1.0
     # train.chunk_first_pass: the no-grad first pass in one forward where the masks allow it (its memory is assumed to fit)
@@ -963,7 +980,8 @@ def _train_row(kind, label, run, m: Measure, encode: float, config: dict | Confi
         else:
             passes = mw.grad_passes + mw.nograd_passes / 3
         flops_step += frac * f
-        per_gpu += frac * step_seconds(f / t.devices, layers, passes * t.grad_accum, peak, mfu, t.graphs, fused, width)
+        per_gpu += frac * step_seconds(f / t.devices, layers, passes * t.grad_accum / fuse, peak, mfu, t.graphs, fused,
+                                       width)
     eval_flops = evals * DEV_SENTENCES * encode
     if dev_eval_s is not None:  # measured seconds per evaluation (DEV_EVAL_SECONDS), scaled by the encoder
         eval_hours = evals * dev_eval_s / 3600
@@ -982,6 +1000,8 @@ def _train_row(kind, label, run, m: Measure, encode: float, config: dict | Confi
     row.dev_share = eval_hours / hours if hours else 0.0
     row.step_s = per_gpu
     row = _flag(row, gpu, res, margin)
+    if fuse > 1 and chunk is not None:  # the loop refuses to chunk fused micro-batches (resolve_chunk_size)
+        row.flags.append(f"fuse_micro_batches {fuse}: {share} sentences do not fit one forward on {gpu}; set 1")
     if row.dev_share > DEV_SHARE_FLAG:
         row.flags.append(f"dev eval {100 * row.dev_share:.0f}% of its time > {100 * DEV_SHARE_FLAG:.0f}%")
     if widest.build_s is not None:
@@ -1107,8 +1127,12 @@ def plan(config: dict | Config, gpu: str = DEFAULT_GPU, mfu: float | None = DEFA
 
 def _with_graphs(run, graphs: bool | None, compile: bool | None = None):
     """``run`` with ``train.graphs`` set to ``graphs`` and ``train.compile`` to ``compile`` (None: as
-    it is)."""
+    it is). A run turned graphed or compiled is priced with ``train.fuse_micro_batches: 1``, which
+    the loop requires of it (``sentemb.train.step.check_fuse_settings``): its micro-batches are
+    replayed one by one."""
     over = {k: v for k, v in (("graphs", graphs), ("compile", compile)) if v is not None and getattr(run.train, k) != v}
+    if (over.get("graphs") or over.get("compile")) and getattr(run.train, "fuse_micro_batches", 1) > 1:
+        over["fuse_micro_batches"] = 1
     return dataclasses.replace(run, train=dataclasses.replace(run.train, **over)) if over else run
 
 

@@ -224,6 +224,82 @@ class Chunked(Plain):
         return super().backward(job, batch, micro, probe)
 
 
+class Fused(MicroBatches):
+    """``train.fuse_micro_batches`` k > 1: each k consecutive micro-batches of a step in one forward
+    and backward (``fused_backward``). The eager step's floor on a GPU is the host issuing each
+    encoder pass's kernels (``sentemb.ops.plan.STEP_FLOOR_S_PER_LAYER``), nearly the same for 16 or
+    256 sentences, so k micro-batches cost about one pass instead of k. The terms are logged as the
+    micro-batches' (their sum, counted k times)."""
+
+    def __init__(self, k: int):
+        self.k = k
+
+    def __repr__(self) -> str:
+        return f"Fused({self.k})"
+
+    def gradients(self, job, batches: list[tuple[int, dict]], state, norms: bool = False) -> None:
+        import torch
+
+        probe = None
+        if state is not None and norms:
+            from .grad_norms import TermGradNorms
+
+            probe = TermGradNorms(job.method.grad_norm_parameters(), job.accum, job.scaler)
+        for i in range(0, len(batches), self.k):
+            group = batches[i : i + self.k]
+            if state is not None:
+                for m, batch in group:
+                    state.n_sent += len(job.micro[m])
+                    if "attention_mask" in batch:
+                        state.n_tok += int(batch["attention_mask"].sum())
+            group = [(m, {key: v.to(job.device, non_blocking=True) for key, v in b.items()}) for m, b in group]
+            job.method.micro = group[0][0]  # a fusable method reads no micro index (Method.fusable)
+            terms = fused_backward(job, group, probe)
+            if state is None:
+                continue
+            detached = {key: v.detach() for key, v in terms.items()}
+            state.terms = {key: v / len(group) for key, v in detached.items()}
+            state.pending.append((state.step + 1, torch.isfinite(detached["loss"]), state.terms))
+            for key, v in detached.items():
+                state.sum_terms[key] = state.sum_terms[key] + v if key in state.sum_terms else v
+            state.n_terms += len(group)
+        if probe is not None:
+            state.grad_norms = probe.norms()
+
+
+def fused_backward(job, group: list[tuple[int, dict]], probe=None) -> dict:
+    """k micro-batches ``group`` ((global micro index, batch on the device) each) in one forward and
+    backward: ``Method.merge`` concatenates them, one ``Method.encode`` encodes every row, each
+    micro-batch's in-batch terms (``batch_terms``) see its own rows only (its own negatives), and
+    the per-sentence terms (``row_terms``) run once on the merge, whose value is the micro-batches'
+    mean (``Method.fusable``). The backward is that of Σ_j L_j / accum, what accumulating the k
+    micro-batches one by one back-propagates. Returns the detached logged terms and ``loss``
+    summed over the k micro-batches."""
+    from ..methods.base import WEIGHTED, add_terms, total_loss
+
+    method, k = job.method, len(group)
+    merged, spans = method.merge([b for _, b in group])
+    logged: dict = {}
+    weighted_sum: dict = {}
+    with autocast(job.device, job.amp):
+        enc = method.encode(merged)
+        for (m, batch), (a, b) in zip(group, spans):
+            out = method.batch_terms({key: v[a:b] for key, v in enc.batch.items()}, batch)
+            weighted = out.pop(WEIGHTED)
+            add_terms(logged, {key: v.detach() for key, v in out.items()})
+            add_terms(weighted_sum, weighted)
+        rows = method.row_terms(enc, merged, merged)
+    row_weighted = rows.pop(WEIGHTED)
+    add_terms(logged, {key: k * v.detach() for key, v in rows.items()})
+    add_terms(weighted_sum, {key: k * v for key, v in row_weighted.items()})
+    loss = total_loss(weighted_sum)
+    if probe is not None:
+        probe.add(weighted_sum)
+    if loss.requires_grad:
+        job.scaler.scale(loss / job.accum).backward()
+    return {"loss": loss.detach(), **logged}
+
+
 class Sharded(MicroBatches):
     """``train.devices`` > 1 (``sentemb.train.distributed``): this process (``job.rank`` of
     ``job.world``) computes its share of every micro-batch (``sharded_backward``; in chunks,
@@ -472,6 +548,7 @@ def check_settings(settings, where: str) -> None:
     if getattr(settings, "chunk_first_pass", "auto") == "whole" and settings.dropout_rng == "stream":
         raise SentembError(f"{where}: train.chunk_first_pass whole needs train.dropout_rng keyed or counter (stream masks "
                            "are drawn per chunk and replayed chunk by chunk); use chunks or auto, or another dropout_rng")
+    check_fuse_settings(settings, where)
     from .graphs import check_graph_settings
 
     check_graph_settings(settings, where)
@@ -481,11 +558,34 @@ def check_settings(settings, where: str) -> None:
                            "or set train.sam_rho: null")
 
 
+def check_fuse_settings(settings, where: str) -> None:
+    """``train.fuse_micro_batches`` with what ``Fused`` does not serve, refused naming the keys."""
+    k = getattr(settings, "fuse_micro_batches", 1)
+    if k == 1:
+        return
+    if settings.grad_accum % k:
+        raise SentembError(f"{where}: train.fuse_micro_batches {k} must divide train.grad_accum {settings.grad_accum}")
+    bad = [(settings.dropout_rng != "stream", f"train.dropout_rng {settings.dropout_rng} (its masks are keyed by "
+                                              "micro-batch and sentence, per forward); use stream"),
+           (settings.chunk_size not in (None, "auto"), f"train.chunk_size {settings.chunk_size} (gradient caching "
+                                                       "chunks one micro-batch; auto checks that the fused ones fit)"),
+           (settings.devices > 1, f"train.devices {settings.devices}"),
+           (getattr(settings, "graphs", False), "train.graphs (a graph is captured per micro-batch)"),
+           (settings.compile, "train.compile (the compiled step is one micro-batch's)")]
+    for hit, what in bad:
+        if hit:
+            raise SentembError(f"{where}: train.fuse_micro_batches {k} cannot be combined with {what}; set "
+                               "train.fuse_micro_batches: 1 or change that setting")
+
+
 def micro_batch_strategy(job) -> MicroBatches:
     """How the job computes one pass over a step's micro-batches: ``Sharded`` on several processes
     (``job.world`` > 1), ``Chunked`` with a chunk size (``job.chunk``, ``resolve_chunk_size``),
     ``Plain`` otherwise."""
     world, chunk = getattr(job, "world", 1), getattr(job, "chunk", None)
+    fuse = getattr(job.settings, "fuse_micro_batches", 1)
+    if fuse > 1:
+        return Fused(fuse)
     return Sharded() if world > 1 else Chunked() if chunk else Plain()
 
 
@@ -495,6 +595,13 @@ def strategy_for(job, where: str | None = None) -> StepStrategy:
     ``where`` prefixes it (default: the job's run)."""
     where = where or f"run '{job.run.name}'"
     check_settings(job.settings, where)
+    if getattr(job.settings, "fuse_micro_batches", 1) > 1:
+        from ..methods.base import fusable_method
+
+        if not fusable_method(type(job.method)):
+            raise SentembError(f"{where}: train.fuse_micro_batches {job.settings.fuse_micro_batches}: method "
+                               f"'{job.method.name}' does not declare Method.fusable (that one forward over several "
+                               "micro-batches computes their summed loss); set train.fuse_micro_batches: 1")
     inner = micro_batch_strategy(job)
     if getattr(job.settings, "graphs", False):
         device = getattr(job, "device", None)
@@ -764,6 +871,15 @@ def resolve_chunk_size(job, micro_batches: Callable[..., list[tuple[int, dict]]]
     per_sentence = _peak_per_sentence(job, micro_batches, min(4, batch), forward_backward)
     job.opt.zero_grad(set_to_none=True)  # the probe's gradients discarded
     free, _ = torch.cuda.mem_get_info(job.device)
+    fuse = getattr(job.settings, "fuse_micro_batches", 1)
+    if fuse > 1:  # train.fuse_micro_batches: the fused micro-batches must fit whole (Fused does not chunk)
+        if auto_chunk(per_sentence, free, batch * fuse) is not None:
+            raise SentembError(f"run '{job.run.name}': train.fuse_micro_batches {fuse}: {fuse} x {batch} sentences in one "
+                               f"forward do not fit {AUTO_CHUNK_MARGIN:.0%} of the GPU's free {free / 2**30:.1f} GB "
+                               f"({per_sentence / 2**20:.1f} MB a sentence, measured); set train.fuse_micro_batches: 1")
+        log.info("train.chunk_size auto: %.1f MB per sentence, %.1f GB free -> the %d fused micro-batches whole",
+                 per_sentence / 2**20, free / 2**30, fuse)
+        return None
     chosen = auto_chunk(per_sentence, free, batch)
     log.info("train.chunk_size auto: %.1f MB per sentence, %.1f GB free -> %s", per_sentence / 2**20, free / 2**30,
              "the whole batch" if chosen is None else f"chunks of {chosen} sentences")
