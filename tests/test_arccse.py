@@ -587,3 +587,33 @@ def test_triplets_with_views_are_the_separate_pass_in_one_forward(tiny_bert_dir,
     for k in t2:
         assert t1[k] == pytest.approx(t2[k], rel=1e-5, abs=1e-7), k
     testing.close(g1, g2, "with_views vs separate gradient", rel=1e-4)
+
+
+@pytest.mark.parametrize("mode", ["with_views", "auto"])
+def test_a_chunk_without_triplets_pads_its_views_as_the_whole_batch_does(tmp_path, mode):
+    """Gradient caching with keyed (CPU-generator) masks, which depend on the padded width: with
+    ``min_words: 27`` some chunk of 4 holds no long sentence, so no triplet row. It still takes the
+    batch's view width (``with_views`` pads to the triplets' width in every chunk; ``auto`` decides
+    on the widths every chunk keeps), so the chunked gradient is the unchunked one (contract check
+    ``chunked``). Before, such a chunk encoded its views at their own width: 0.2% off."""
+    h = testing.harness("arccse", tmp_path, args={"min_words": 27, "triplet_pass": mode})
+    testing.check_chunked(h)
+
+
+def test_auto_encodes_the_triplets_with_the_views_only_where_the_views_need_no_padding(tiny_bert_dir):
+    """``triplet_pass: auto``: one encoder pass where the triplet rows are no wider than the views
+    (max_len above the long sentences, as the base runs' 512), two where max_len cuts the views
+    shorter (the large runs' 32): padding every view row to the triplets' width would cost more."""
+    def calls(max_len):
+        torch.manual_seed(0)
+        enc, tok = load_encoder(tiny_bert_dir, pooling_layer=False)
+        m = get_method("arccse")(enc, tok, {}, MethodContext(max_len=max_len, seed=0))
+        batch = m.build_batch(SHORT + LONG, micro=0)
+        n = []
+        hook = m.encoder.encoder.layer[0].register_forward_hook(lambda *a: n.append(1))
+        m.losses(batch)
+        hook.remove()
+        return len(n), batch["tri_input_ids"].size(1) <= batch["input_ids"].size(1)
+
+    assert calls(512) == (1, True)
+    assert calls(16) == (2, False)

@@ -19,8 +19,9 @@ Training, per batch of B sentences:
       L_tri = (1/|T|) Σ_{s∈T} max(0, cos(h̄, h̄″) − cos(h̄, h̄′) + m′),   m′ = 0
 
   (``triplet_loss``; L_tri = 0 when no sentence of the batch has 25 words). By default
-  (``triplet_pass: with_views``) the triplet rows are encoded in the views' forward, dropout
-  applied to the view rows only (``sentemb.model.dropout.dropout_rows``): one encoder pass a step.
+  (``triplet_pass: auto``) the triplet rows are encoded in the views' forward wherever they are no
+  wider than the views, dropout applied to the view rows only (``sentemb.model.dropout.dropout_rows``):
+  one encoder pass a step.
 * **Total** (Eq. 5): L = L_arc + λ·L_tri, λ = 0.1. Logged terms: ``loss``, ``arccon``, ``triplet``,
   ``triplets`` (|T|, the number of triplets in the batch).
 
@@ -232,12 +233,14 @@ class ArcCSE(SimCSE):
                                         "batch; capped at the model's position limit)", minimum=4)
         triplet_mlp: bool = arg(True, "triplet embeddings pass through the training MLP (open)")
         triplet_pass: str = arg(
-            "with_views", "how the triplet rows are encoded: with_views - in the views' forward, with dropout on "
-            "the views' rows only (sentemb.model.dropout.dropout_rows), one encoder pass a step instead of two; "
-            "separate - a forward of their own in evaluation mode. The same embeddings with dropout off, and the "
-            "same dropout masks with dropout_rng counter; with stream another random run (the views' masks are drawn "
-            "at the shared padded width). A compiled step (train.compile) encodes them separately",
-            choices=("with_views", "separate"))
+            "auto", "how the triplet rows are encoded: with_views - in the views' forward, with dropout on the "
+            "views' rows only (sentemb.model.dropout.dropout_rows), one encoder pass a step instead of two, the "
+            "views padded to the triplets' width where those are wider; separate - a forward of their own in "
+            "evaluation mode; auto - with_views where the triplet rows are no wider than the views (no padding: "
+            "every run whose max_len does not cut the long sentences, as the base runs' 512), else separate. The same "
+            "embeddings with dropout off, and the same dropout masks with dropout_rng counter; with stream another "
+            "random run. A compiled step (train.compile) and train.unpad encode them separately",
+            choices=("auto", "with_views", "separate"))
         mlp: str = arg("train_only", "Linear+Tanh head on [CLS]: in training only (paper), kept at test time, "
                        "or none", choices=("train_only", "always", "none"))
 
@@ -425,15 +428,21 @@ class ArcCSE(SimCSE):
         from ..model.unpad import installed
 
         a = self.args
-        return (a.triplet and a.triplet_pass == "with_views" and batch.get("tri_input_ids") is not None
-                and batch["tri_input_ids"].size(0) > 0 and not torch.compiler.is_compiling()
-                and not installed(self.encoder))
+        tri = batch.get("tri_input_ids")
+        if not a.triplet or a.triplet_pass == "separate" or tri is None or torch.compiler.is_compiling() \
+                or installed(self.encoder):
+            return False
+        # decided on widths every chunk and process share keeps (Method.chunk), so that a chunk without
+        # triplet rows pads its views as the whole batch does (keyed masks depend on the padded width)
+        return a.triplet_pass == "with_views" or int(tri.size(1)) <= int(batch["input_ids"].size(1))
 
     def encode(self, batch):
         """The two dropout views' MLP([CLS]) (``z1``, ``z2``: (n, d) each) and, with ``triplet_pass:
-        with_views``, the triplet rows' embeddings (``rows["triplets"]``, (3T, d)) from the same
-        forward: rows [x; x; s; s′; s″] padded to the wider of the two widths, dropout on the first
-        2n rows only (``dropout_rows``), the attention masks keeping every row to its own tokens."""
+        with_views`` (or ``auto`` where the triplet rows are no wider than the views), the triplet
+        rows' embeddings (``rows["triplets"]``, (3T, d)) from the same forward: rows [x; x; s; s′; s″]
+        padded to the wider of the two widths, dropout on the first 2n rows only (``dropout_rows``),
+        the attention masks keeping every row to its own tokens. A chunk without triplet rows still
+        pads its views to the batch's triplet width, as the whole batch's forward does."""
         views = {k: v for k, v in batch.items() if k not in TRIPLET_KEYS}
         if not self._with_views(batch):
             z1, z2 = self.encode_views(views)  # (n, d) each

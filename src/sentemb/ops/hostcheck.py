@@ -493,7 +493,7 @@ def rows(model: Path, corpus: Path, senteval: Path, device: str, work: Path, mar
         # fuse 2 with the triplets in the views' forward: the paper configuration's step (one encoder pass per
         # SAM pass); then the triplets in a pass of their own (triplet_pass: separate), as before issue 37's fusing
         for b, fuse, tri in (("none", 1, None), ("auto", 1, None), ("auto", 2, None), ("auto", 2, "separate")):
-            args = {**(margs.get("arccse") or {}), **({"triplet_pass": tri} if tri else {})}
+            args = {**(margs["arccse"] if margs.get("arccse") is not None else {}), **({"triplet_pass": tri} if tri else {})}
             out.append(first_steps(model, corpus, device, small(32), 512, "arccse", args,
                                    usable["arccse"], {**arc, "fuse_micro_batches": fuse}, b, first, then))
     for m, extra in (("paser", {}), ("arccse", arc)):
