@@ -364,20 +364,17 @@ class ArcCSE(SimCSE):
         (T,) = 1/(k·T_j) for a triplet of micro-batch j with T_j triplets: the merge's weighted
         Eq. 4 sum is then the mean over the micro-batches of their own Eq. 4 means (``row_terms``),
         what accumulating them one by one computes."""
-        from ..data.buckets import pad_to
-
         merged, spans = super().merge([{k: v for k, v in b.items() if k not in TRIPLET_KEYS} for b in batches])
         if "tri_index" not in batches[0]:
             return merged, spans
         k = len(batches)
         counts = [int(b["tri_index"].numel()) for b in batches]
         width = max(int(b["tri_input_ids"].size(1)) for b in batches)
-        pad = self.tokenizer.pad_token_id or 0
         ids, att = [], []
         for v in range(3):
             for b, t in zip(batches, counts):
-                ids.append(pad_to(b["tri_input_ids"][v * t : (v + 1) * t], width, pad, dim=1))
-                att.append(pad_to(b["tri_attention_mask"][v * t : (v + 1) * t], width, 0, dim=1))
+                ids.append(self.pad_width("tri_input_ids", b["tri_input_ids"][v * t : (v + 1) * t], width))
+                att.append(self.pad_width("tri_attention_mask", b["tri_attention_mask"][v * t : (v + 1) * t], width))
         first = batches[0]["tri_index"]
         merged["tri_input_ids"], merged["tri_attention_mask"] = torch.cat(ids), torch.cat(att)
         merged["tri_index"] = torch.cat([b["tri_index"] + a for b, (a, _) in zip(batches, spans)]).to(first.dtype)
@@ -447,7 +444,6 @@ class ArcCSE(SimCSE):
         if not self._with_views(batch):
             z1, z2 = self.encode_views(views)  # (n, d) each
             return Encoded(batch={"z1": z1, "z2": z2})
-        from ..data.buckets import pad_to
         from ..model.dropout import dropout_rows
 
         n = views["input_ids"].size(0)
@@ -455,9 +451,7 @@ class ArcCSE(SimCSE):
         if "token_type_ids" in views:
             tri["token_type_ids"] = torch.zeros_like(tri["input_ids"])
         width = max(int(views["input_ids"].size(1)), int(tri["input_ids"].size(1)))
-        pad = self.tokenizer.pad_token_id or 0
-        rows = {k: torch.cat([pad_to(v, width, pad if k == "input_ids" else 0, dim=1)] * 2
-                             + [pad_to(tri[k], width, pad if k == "input_ids" else 0, dim=1)])
+        rows = {k: torch.cat([self.pad_width(k, v, width)] * 2 + [self.pad_width(k, tri[k], width)])
                 for k, v in views.items() if k in tri}
         with dropout_rows(2 * n):
             cls = self.encoder(**rows, return_dict=True).last_hidden_state[:, 0]

@@ -402,17 +402,22 @@ class Method(nn.Module):
                                       return_tensors="pt"))
         return self.pad_rows(out)
 
+    def pad_width(self, key: str, t: torch.Tensor, width: int) -> torch.Tensor:
+        """Tensor ``t`` of batch key ``key`` right-padded along dim 1 to ``width``: ``input_ids`` (and
+        keys ending in ``input_ids``) with the tokenizer's pad token, everything else with 0."""
+        from ..data.buckets import pad_to
+
+        pad = getattr(self.tokenizer, "pad_token_id", None) if key.endswith("input_ids") else 0
+        return pad_to(t, width, pad if pad is not None else 0, dim=1)
+
     def pad_rows(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """A tokenizer's output (``input_ids``, ``attention_mask``, ``token_type_ids``, ...) padded on
         the right to ``self.width`` of its width: ids with the pad token, everything else with 0
         (left-padding tokenizers are not bucketed). Unchanged without buckets."""
-        from ..data.buckets import pad_to
-
         if not self.ctx.buckets or "input_ids" not in batch or getattr(self.tokenizer, "padding_side", "right") == "left":
             return batch
         w = self.width(int(batch["input_ids"].size(1)))
-        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        return {k: pad_to(v, w, pad if k == "input_ids" else 0) if v.dim() == 2 else v for k, v in batch.items()}
+        return {k: self.pad_width(k, v, w) if v.dim() == 2 else v for k, v in batch.items()}
 
     def build_batch(self, sentences: list[str], step: int = 0, *, lines: Sequence[int] | None = None,
                     micro: int = 0) -> dict[str, torch.Tensor]:
@@ -441,11 +446,8 @@ class Method(nn.Module):
         padded on the right to the widest (``input_ids`` with the pad token, everything else with
         0, as ``pad_rows``). Returns (the merged batch, ``spans``). This default serves batches whose
         every tensor has one row per sentence; another layout is an error naming the key (override)."""
-        from ..data.buckets import pad_to
-
         sizes = [self.n_sentences(b) for b in batches]
         spans = [(sum(sizes[:j]), sum(sizes[: j + 1])) for j in range(len(sizes))]
-        pad = self.tokenizer.pad_token_id if getattr(self.tokenizer, "pad_token_id", None) is not None else 0
         out = {}
         for key in batches[0]:
             vs = [b.get(key) for b in batches]
@@ -455,7 +457,7 @@ class Method(nn.Module):
                                        "micro-batch; override Method.merge to say how micro-batches are merged")
             width = max(int(v.size(1)) for v in vs) if vs[0].dim() >= 2 else None
             if width is not None:
-                vs = [pad_to(v, width, pad if key == "input_ids" else 0, dim=1) for v in vs]
+                vs = [self.pad_width(key, v, width) for v in vs]
             out[key] = torch.cat(vs, 0)
         return out, spans
 

@@ -501,23 +501,21 @@ def _count(run, method_cls, timing: tuple[list[str], int] | None = None) -> Meas
         del terms
         job.opt.zero_grad(set_to_none=True)
         # FLOPs: one optimizer step of the loop's own code; the encoder's passes in it
-        calls = [0, 0]
-        hooks = [x.register_forward_hook(lambda *a: calls.__setitem__(int(not torch.is_grad_enabled()),
-                                                                      calls[int(not torch.is_grad_enabled())] + 1))
-                 for x in layers0]
+        calls = [0, 0]  # grad, no-grad passes of the encoder's first layer(s)
+
+        def count_pass(*_):
+            calls[int(not torch.is_grad_enabled())] += 1
+
         # the optimizer's update is elementwise (no counted FLOP) and, over a base encoder's parameters
         # under the counting mode, about a third of the count's time: the step runs with empty groups
         groups = [g["params"] for g in job.opt.param_groups]
         for g in job.opt.param_groups:
             g["params"] = []
+        hooks = []
         try:
             if getattr(job.settings, "graphs", False):  # train.graphs: a new shape's first step runs twice (the
-                for h in hooks:                         # capture check, then the step): the count is the replay's
-                    h.remove()
-                list(run_steps(job, State(), 1))
-                hooks = [x.register_forward_hook(lambda *a: calls.__setitem__(int(not torch.is_grad_enabled()),
-                                                                              calls[int(not torch.is_grad_enabled())] + 1))
-                         for x in layers0]
+                list(run_steps(job, State(), 1))         # capture check, then the step): the count is the replay's
+            hooks = [x.register_forward_hook(count_pass) for x in layers0]
             _, flops, per_module = counted_by_module(lambda: list(run_steps(job, State(), 1)))
         finally:
             for h in hooks:

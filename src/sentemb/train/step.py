@@ -160,29 +160,13 @@ class MicroBatches(StepStrategy):
     gradients summed in ``.grad``; each micro-batch's terms recorded in ``state``."""
 
     def gradients(self, job, batches: list[tuple[int, dict]], state, norms: bool = False) -> None:
-        import torch
-
-        probe = None
-        if state is not None and norms:
-            from .grad_norms import TermGradNorms
-
-            probe = TermGradNorms(job.method.grad_norm_parameters(), job.accum, job.scaler, parts=bool(job.chunk))
+        probe = _probe(job, state, norms, chunked=True)
         for m, batch in batches:
-            if state is not None:
-                state.n_sent += len(job.micro[m])
-                if "attention_mask" in batch:
-                    state.n_tok += int(batch["attention_mask"].sum())
+            _count_input(job, state, m, batch)
             batch = {key: v.to(job.device, non_blocking=True) for key, v in batch.items()}
             job.method.micro = m  # what encode/batch_terms read (Method.micro)
             terms = self.backward(job, batch, m, probe)
-            if state is None:
-                continue
-            loss = terms["loss"]
-            detached = state.terms = {key: v.detach() for key, v in terms.items()}
-            state.pending.append((state.step + 1, torch.isfinite(loss.detach()), detached))  # checked without a sync
-            for key, v in detached.items():
-                state.sum_terms[key] = state.sum_terms[key] + v if key in state.sum_terms else v
-            state.n_terms += 1
+            _record_terms(state, terms)
         self.reduce(job)
         if probe is not None:
             state.grad_norms = probe.norms()
@@ -238,33 +222,52 @@ class Fused(MicroBatches):
         return f"Fused({self.k})"
 
     def gradients(self, job, batches: list[tuple[int, dict]], state, norms: bool = False) -> None:
-        import torch
-
-        probe = None
-        if state is not None and norms:
-            from .grad_norms import TermGradNorms
-
-            probe = TermGradNorms(job.method.grad_norm_parameters(), job.accum, job.scaler)
+        probe = _probe(job, state, norms)
         for i in range(0, len(batches), self.k):
             group = batches[i : i + self.k]
-            if state is not None:
-                for m, batch in group:
-                    state.n_sent += len(job.micro[m])
-                    if "attention_mask" in batch:
-                        state.n_tok += int(batch["attention_mask"].sum())
+            for m, batch in group:
+                _count_input(job, state, m, batch)
             group = [(m, {key: v.to(job.device, non_blocking=True) for key, v in b.items()}) for m, b in group]
             job.method.micro = group[0][0]  # a fusable method reads no micro index (Method.fusable)
-            terms = fused_backward(job, group, probe)
-            if state is None:
-                continue
-            detached = {key: v.detach() for key, v in terms.items()}
-            state.terms = {key: v / len(group) for key, v in detached.items()}
-            state.pending.append((state.step + 1, torch.isfinite(detached["loss"]), state.terms))
-            for key, v in detached.items():
-                state.sum_terms[key] = state.sum_terms[key] + v if key in state.sum_terms else v
-            state.n_terms += len(group)
+            _record_terms(state, fused_backward(job, group, probe), len(group))
         if probe is not None:
             state.grad_norms = probe.norms()
+
+
+def _probe(job, state, norms: bool, chunked: bool = False):
+    """The step's ``TermGradNorms`` when its per-term norms are logged (``train.log_grad_norms`` on a
+    logged step), else None; ``chunked``: the gradient comes in chunks when ``job.chunk`` is set."""
+    if state is None or not norms:
+        return None
+    from .grad_norms import TermGradNorms
+
+    return TermGradNorms(job.method.grad_norm_parameters(), job.accum, job.scaler, parts=chunked and bool(job.chunk))
+
+
+def _count_input(job, state, m: int, batch: dict) -> None:
+    """Micro-batch ``m``'s sentences and real tokens in ``state``'s throughput counts (none without a state)."""
+    if state is None:
+        return
+    state.n_sent += len(job.micro[m])
+    if "attention_mask" in batch:
+        state.n_tok += int(batch["attention_mask"].sum())
+
+
+def _record_terms(state, terms: dict, n: int = 1) -> None:
+    """The logged ``terms`` of ``n`` micro-batches (their sum, ``loss`` among them) in ``state``: the
+    finiteness check's entry (read without a sync, ``check_finite``), the running sums the log
+    divides by ``n_terms``, and ``state.terms`` per micro-batch. Nothing without a state (SAM's
+    second pass)."""
+    import torch
+
+    if state is None:
+        return
+    detached = {key: v.detach() for key, v in terms.items()}
+    state.terms = detached if n == 1 else {key: v / n for key, v in detached.items()}
+    state.pending.append((state.step + 1, torch.isfinite(detached["loss"]), state.terms))
+    for key, v in detached.items():
+        state.sum_terms[key] = state.sum_terms[key] + v if key in state.sum_terms else v
+    state.n_terms += n
 
 
 def fused_backward(job, group: list[tuple[int, dict]], probe=None) -> dict:
