@@ -83,3 +83,22 @@ def test_graphed_row_sets_the_plans_estimate_beside_the_measured_step(tiny_bert_
         assert "FAILED" not in value and "% of the bf16 peak" in note, (what, value, note)
         plan = note.split("sentemb plan's graphed step at this GPU's peak ")[1]
         assert float(plan.split(" ms")[0]) > 0 and passes in plan, note
+
+
+def test_a_plug_in_method_s_graphed_row_runs_in_its_own_process_and_counts_its_momentum_encoder(
+        tiny_bert_dir, tiny_corpus, monkeypatch):
+    """gpu-check times every method but SimCSE in a process of its own (``_isolated``): a plug-in
+    method is registered there by importing its module again (found on the H200, 2026-11-28: the row
+    said ``unknown method 'esimcse'``). Its passes as the plan counts them include ESimCSE's momentum
+    encoder's no-grad forward (1 + 1/3)."""
+    from sentemb.methods import import_method_module
+    from sentemb.ops import benchmark
+
+    import_method_module(str(Path(__file__).resolve().parents[1] / "examples" / "methods" / "esimcse.py"))
+    kw = dict(model=str(tiny_bert_dir), corpus=str(tiny_corpus), device="cpu", batch=4, max_len=16, method="esimcse",
+              margs={"queue_size": 8}, inputs={}, train={}, warm=1, timed=1)
+    what, value, note = hostcheck._isolated(kw)
+    assert value.startswith("eager ") and "FAILED" not in value, (what, value, note)
+    monkeypatch.setattr(benchmark, "_peak", lambda device, override: 1e-3)
+    what, value, note = hostcheck.graphed(**kw)
+    assert "FAILED" not in value and "1.33333 passes" in note, (what, value, note)

@@ -246,15 +246,19 @@ def _loop_ms(run, warm: int, timed: int, count: bool = False) -> tuple[float, fl
 
             from ..train.step import eager_functions
 
-            layer0 = job.method.encoder.encoder.layer[0]
-            calls = [0, 0]  # the encoder's passes with and without grad, as the plan counts them
-            hook = layer0.register_forward_hook(
+            from .plan import encoder_copies
+
+            enc = job.method.encoder
+            calls = [0, 0]  # the passes of the encoder and its full copies (a momentum encoder), with and
+            hooks = [x.encoder.layer[0].register_forward_hook(  # without grad, as the plan counts them
                 lambda *a: calls.__setitem__(int(not torch.is_grad_enabled()), calls[int(not torch.is_grad_enabled())] + 1))
+                for x in [enc] + encoder_copies(job.method, enc)]
             try:  # the eager functions: torch.compile would skip a frame first met under the counter's mode for good
                 with eager_functions(job):
                     flops = counted(lambda: [None for _ in run_steps(job, state, 1)])[1]
             finally:
-                hook.remove()
+                for h in hooks:
+                    h.remove()
             flops = (flops, len(job.method.encoder.encoder.layer), calls[0] + calls[1] / 3,
                      int(job.method.encoder.config.hidden_size))
         for _ in run_steps(job, state, warm - count):
@@ -340,7 +344,8 @@ def graphed(model: Path, corpus: Path, device: str, batch: int, max_len: int, me
 
             fused = bool(train.get("compile"))
             plan_s = step_seconds(flops, layers, passes, peak * 1e12, mfu_for(width, compiled=fused), True, fused,
-                                  _width_key(width))
+                                  _width_key(width), chunked=train.get("chunk_size") is not None,
+                                  counter=train.get("dropout_rng") == "counter")
             mfu += (f", {100 * flops / g_s / 1e12 / peak:.1f}% of the bf16 peak; sentemb plan's graphed step at this "
                     f"GPU's peak {1000 * plan_s:.1f} ms ({100 * (plan_s - g_s) / g_s:+.0f}%, {passes:g} passes)")
     alone = (f"; alone: one micro-batch's graph replayed {1000 * replay[0]:.1f} ms, the eager update (clip, AdamW, "
@@ -385,8 +390,11 @@ def graphed_rows(model: Path, corpus: Path, device: str, margs: dict, usable: di
 
 _ISOLATED = """
 import json, sys
+from sentemb.methods import load_method_modules
 from sentemb.ops import hostcheck
-row = hostcheck.graphed(**json.loads(sys.argv[1]))
+kw = json.loads(sys.argv[1])
+load_method_modules(kw.pop("method_modules"))  # a plug-in method is registered by importing its module
+row = hostcheck.graphed(**kw)
 print("ROW " + json.dumps(row), flush=True)
 """
 
@@ -400,10 +408,14 @@ def _isolated(kw: dict) -> Row:
     import subprocess
     import sys
 
+    from ..methods import get_method, method_source
+
+    source = method_source(get_method(kw["method"]))
+    arg = json.dumps({**kw, "method_modules": [source[0]] if source else []})
     row: Row = (f"graphed {kw['method']} B={kw['batch']}", "FAILED", "")
     for blocking in (False, True):
         env = {**os.environ, **({"CUDA_LAUNCH_BLOCKING": "1", "SENTEMB_GRAPHED_TRACE": "1"} if blocking else {})}
-        r = subprocess.run([sys.executable, "-c", _ISOLATED, json.dumps(kw)], capture_output=True, text=True, env=env,
+        r = subprocess.run([sys.executable, "-c", _ISOLATED, arg], capture_output=True, text=True, env=env,
                            timeout=900)
         rows = [json.loads(line[4:]) for line in r.stdout.splitlines() if line.startswith("ROW ")]
         got = tuple(rows[-1]) if rows else (row[0], f"FAILED: exit {r.returncode}",
@@ -490,9 +502,9 @@ def rows(model: Path, corpus: Path, senteval: Path, device: str, work: Path, mar
     out: list[Row] = []
     arc = {"grad_accum": 2, "sam_rho": 0.05, "sampler": "length"}
     if "first_steps" in parts and "arccse" in usable:
-        # fuse 2 with the triplets in the views' forward: the paper configuration's step (one encoder pass per
-        # SAM pass); then the triplets in a pass of their own (triplet_pass: separate), as before issue 37's fusing
-        for b, fuse, tri in (("none", 1, None), ("auto", 1, None), ("auto", 2, None), ("auto", 2, "separate")):
+        # fuse 2: the paper configuration's step (the triplets in a pass of their own, triplet_pass auto); then the
+        # triplets in the views' forward (with_views: one encoder pass per SAM pass, measured slower on the H200)
+        for b, fuse, tri in (("none", 1, None), ("auto", 1, None), ("auto", 2, None), ("auto", 2, "with_views")):
             args = {**(margs["arccse"] if margs.get("arccse") is not None else {}), **({"triplet_pass": tri} if tri else {})}
             out.append(first_steps(model, corpus, device, small(32), 512, "arccse", args,
                                    usable["arccse"], {**arc, "fuse_micro_batches": fuse}, b, first, then))
