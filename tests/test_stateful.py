@@ -297,3 +297,30 @@ def test_the_positive_is_the_repetition_of_the_truncated_sentence_cut_only_where
             longest = max(longest, len(pos))
         assert (longest == 16) if cut else (longest > 16)  # the long sentences' positives pass max_len uncut
         assert b["input_ids"].size(1) == b["rep_input_ids"].size(1) >= longest
+
+
+def test_ema_is_the_per_parameter_momentum_update_of_eq_2():
+    """``sentemb.methods.ema_`` (one fused ``lerp_`` per dtype) against the per-tensor reference
+    θ_m ← λ·θ_m + (1 − λ)·θ_e, in fp64 and across two dtypes; the online module is untouched and
+    gets no gradient history; mismatched modules are refused by name."""
+    from torch import nn
+
+    from sentemb import SentembError
+    from sentemb.methods import ema_
+
+    torch.manual_seed(0)
+    online = nn.Sequential(nn.Linear(5, 4), nn.LayerNorm(4), nn.Linear(4, 3)).double()
+    target = nn.Sequential(nn.Linear(5, 4), nn.LayerNorm(4), nn.Linear(4, 3)).double()
+    target[2].float()  # a second dtype group
+    ref = [m.detach().clone().double() * 0.9 + 0.1 * p.detach() for m, p in zip(target.parameters(), online.parameters())]
+    before = [p.detach().clone() for p in online.parameters()]
+    ema_(target, online, 0.9)
+    for m, r in zip(target.parameters(), ref):
+        tol = 1e-15 if m.dtype == torch.float64 else 1e-6
+        assert torch.allclose(m.double(), r.to(m.dtype).double(), atol=tol, rtol=0), (m.dtype, (m.double() - r).abs().max())
+        assert m.grad_fn is None
+    assert all(torch.equal(p, b) for p, b in zip(online.parameters(), before))
+    with pytest.raises(SentembError, match="target parameters"):
+        ema_(nn.Linear(5, 4), online, 0.9)
+    with pytest.raises(SentembError, match="shape"):
+        ema_(nn.Sequential(nn.Linear(5, 4), nn.LayerNorm(4), nn.Linear(4, 2)), online, 0.9)

@@ -64,7 +64,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from sentemb.methods import WEIGHTED, Encoded, arg, register_method
+from sentemb.methods import WEIGHTED, Encoded, arg, ema_, register_method
 from sentemb.methods.simcse import SimCSE
 
 
@@ -210,14 +210,10 @@ class ESimCSE(SimCSE):
 
     @torch.no_grad()
     def momentum_update(self) -> None:
-        """Eq. 2: θ_m ← λ·θ_m + (1 − λ)·θ_e for the encoder and the MLP."""
-        lam = self.args.momentum
-        pairs = [(self.momentum_encoder, self.encoder)]
+        """Eq. 2: θ_m ← λ·θ_m + (1 − λ)·θ_e for the encoder and the MLP (``ema_``: one fused update)."""
+        ema_(self.momentum_encoder, self.encoder, self.args.momentum)
         if self.momentum_mlp is not None:
-            pairs.append((self.momentum_mlp, self.mlp))
-        for target, online in pairs:
-            for m, p in zip(target.parameters(), online.parameters()):
-                m.mul_(lam).add_(p.detach(), alpha=1 - lam)
+            ema_(self.momentum_mlp, self.mlp, self.args.momentum)
 
     @torch.no_grad()
     def enqueue(self, keys: torch.Tensor) -> None:

@@ -11,7 +11,7 @@ Where methods come from:
 
 The public API for a method in a file of its own (kept stable; it is what users' files import)::
 
-    from sentemb.methods import Method, Encoded, register_method, arg, WEIGHTED, all_ranks_rows
+    from sentemb.methods import Method, Encoded, register_method, arg, WEIGHTED, all_ranks_rows, ema_
     from sentemb.methods.simcse import SimCSE      # built-in classes, to subclass
 
 ``Encoded`` is what ``Method.encode`` returns (``sentemb.methods.base``), ``WEIGHTED`` the key of the
@@ -28,7 +28,7 @@ import pkgutil
 import sys
 from pathlib import Path
 
-from .base import WEIGHTED, Encoded, Method, MethodContext, all_ranks_rows, arg
+from .base import WEIGHTED, Encoded, Method, MethodContext, all_ranks_rows, arg, ema_
 from .registry import _REGISTRY, register_method
 
 _NOT_METHODS = {"base", "registry", "masking"}
@@ -133,5 +133,5 @@ def get_method(name: str) -> type[Method]:
     return reg[name]
 
 
-__all__ = ["WEIGHTED", "Encoded", "Method", "MethodContext", "all_ranks_rows", "arg", "get_method", "import_method_module", "load_method_modules",
+__all__ = ["WEIGHTED", "Encoded", "Method", "MethodContext", "all_ranks_rows", "arg", "ema_", "get_method", "import_method_module", "load_method_modules",
            "method_source", "register_method", "registry"]

@@ -190,6 +190,27 @@ def all_ranks_rows(t: torch.Tensor) -> torch.Tensor:
     return gather_rows(t.detach(), with_grad=False)[0]
 
 
+@torch.no_grad()
+def ema_(target: nn.Module, online: nn.Module, decay: float) -> None:
+    """θ_target ← decay·θ_target + (1 − decay)·θ_online over the two modules' parameters, in their
+    ``parameters()`` order (a momentum encoder: MoCo's Eq. 2, ESimCSE's Eq. 2). One fused multi-tensor
+    ``lerp_`` per dtype and device (``torch._foreach_lerp_``) instead of two eager ops per tensor: on
+    a GPU that is a few launches rather than ~400 for a BERT-base copy. In place, no host sync, so it
+    may run in ``after_step`` of a graphed run (``train.graphs``)."""
+    mine, theirs = list(target.parameters()), list(online.parameters())
+    if len(mine) != len(theirs):
+        raise SentembError(f"ema_: {len(mine)} target parameters against {len(theirs)} online ones")
+    groups: dict[tuple, tuple[list, list]] = {}
+    for m, p in zip(mine, theirs):
+        if m.shape != p.shape:
+            raise SentembError(f"ema_: a target parameter of shape {tuple(m.shape)} against {tuple(p.shape)}")
+        a, b = groups.setdefault((m.device, m.dtype), ([], []))
+        a.append(m)
+        b.append(p.detach().to(m.dtype))
+    for a, b in groups.values():
+        torch._foreach_lerp_(a, b, 1.0 - decay)
+
+
 def fusable_method(cls) -> bool:
     """Whether ``cls`` itself declares ``Method.fusable`` (an inherited declaration does not count)."""
     return bool(vars(cls).get("fusable", False))
