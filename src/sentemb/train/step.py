@@ -331,13 +331,16 @@ class SAM(StepStrategy):
 
     def __init__(self, inner: StepStrategy):
         self.inner = inner
+        self.saved: list = []  # w's copies, reused every step (sam.ascend's ``into``)
 
     def gradients(self, job, batches: list[tuple[int, dict]], state, norms: bool = False) -> None:
         from . import sam
 
         rng = _rng_state()
         self.inner.gradients(job, batches, state, norms)
-        saved = sam.ascend([p for group in job.opt.param_groups for p in group["params"]], job.settings.sam_rho)
+        saved = sam.ascend([p for group in job.opt.param_groups for p in group["params"]], job.settings.sam_rho,
+                           into=[w for _, w in self.saved])
+        self.saved = saved
         clear_grads(job)
         _set_rng_state(rng)  # same dropout masks in the second pass
         self.inner.gradients(job, batches, None)
