@@ -474,6 +474,54 @@ def test_sam_restores_weights_exactly():
     assert torch.equal(q.detach(), torch.ones(2))
 
 
+def test_sam_perturbs_every_tensor_in_a_fixed_number_of_ops():
+    """``sam.ascend`` / ``restore`` over many parameter tensors: w + ρ·g/‖g‖ per element against a
+    per-tensor reference (‖g‖ from the per-tensor norms, Foret et al.'s global norm), tensors
+    without a gradient left alone, w back bit-exactly, the saved tensors reused when passed as
+    ``into``, and the dispatched ops a fixed number whatever the number of tensors (multi-tensor
+    ops: host time an eager GPU step would otherwise pay per tensor)."""
+    from collections import Counter
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from sentemb.train import sam
+
+    class Count(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.n = Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.n[func.__name__] += 1
+            return func(*args, **(kwargs or {}))
+
+    def params(n):
+        torch.manual_seed(n)
+        ps = [torch.nn.Parameter(torch.randn(3 + i % 4, 2)) for i in range(n)]
+        for p in ps[:-1]:
+            p.grad = torch.randn_like(p)
+        return ps  # the last has no gradient
+
+    ops = {}
+    for n in (8, 64):
+        ps = params(n)
+        before = [p.detach().clone() for p in ps]
+        scale = 0.05 / math.sqrt(sum(float(p.grad.double().norm()) ** 2 for p in ps[:-1]))
+        saved = sam.ascend(ps, 0.05)
+        for p, b in zip(ps[:-1], before):
+            torch.testing.assert_close(p.detach(), b + scale * p.grad, rtol=1e-6, atol=1e-7)
+        assert torch.equal(ps[-1].detach(), before[-1]) and len(saved) == n - 1
+        sam.restore(saved)
+        assert all(torch.equal(p.detach(), b) for p, b in zip(ps, before))
+        with Count() as c:  # a step after the first: its saved tensors reused
+            again = sam.ascend(ps, 0.05, into=[w for _, w in saved])
+            sam.restore(again)
+        ops[n] = sum(c.n.values())
+        assert all(w2 is w for (_, w2), (_, w) in zip(again, saved))
+        assert all(torch.equal(p.detach(), b) for p, b in zip(ps, before))
+    assert ops[8] == ops[64] <= 30, ops
+
+
 def test_sam_with_fp16_is_refused_naming_the_key(tiny_bert_dir, tiny_senteval, tmp_path):
     from test_method_contract import run_cfg
 
@@ -600,14 +648,14 @@ def test_a_chunk_without_triplets_pads_its_views_as_the_whole_batch_does(tmp_pat
     testing.check_chunked(h)
 
 
-def test_auto_encodes_the_triplets_with_the_views_only_where_the_views_need_no_padding(tiny_bert_dir):
-    """``triplet_pass: auto``: one encoder pass where the triplet rows are no wider than the views
-    (max_len above the long sentences, as the base runs' 512), two where max_len cuts the views
-    shorter (the large runs' 32): padding every view row to the triplets' width would cost more."""
-    def calls(max_len):
+def test_auto_encodes_the_triplets_in_a_pass_of_their_own(tiny_bert_dir):
+    """``triplet_pass: auto`` is ``separate`` (measured faster than ``with_views`` on the H200 and
+    the CPU): two encoder passes whatever the widths; ``with_views`` one, the views padded to the
+    triplets' width where max_len cuts the views shorter (the large runs' 32)."""
+    def calls(max_len, mode):
         torch.manual_seed(0)
         enc, tok = load_encoder(tiny_bert_dir, pooling_layer=False)
-        m = get_method("arccse")(enc, tok, {}, MethodContext(max_len=max_len, seed=0))
+        m = get_method("arccse")(enc, tok, {"triplet_pass": mode}, MethodContext(max_len=max_len, seed=0))
         batch = m.build_batch(SHORT + LONG, micro=0)
         n = []
         hook = m.encoder.encoder.layer[0].register_forward_hook(lambda *a: n.append(1))
@@ -615,5 +663,7 @@ def test_auto_encodes_the_triplets_with_the_views_only_where_the_views_need_no_p
         hook.remove()
         return len(n), batch["tri_input_ids"].size(1) <= batch["input_ids"].size(1)
 
-    assert calls(512) == (1, True)
-    assert calls(16) == (2, False)
+    assert calls(512, "auto") == (2, True)
+    assert calls(16, "auto") == (2, False)
+    assert calls(512, "with_views") == (1, True)
+    assert calls(16, "with_views") == (1, False)
