@@ -139,6 +139,18 @@ COMPILED_GRAPHED_MFU = {768: 0.31}
 #: 36.2 ms graphed (24 layers: 1.51 ms per layer and pass), its wider layers' kernels longer than
 #: BERT-base's. With ``train.compile`` a wider encoder keeps this (unmeasured compiled).
 GRAPHED_FLOOR_BY_WIDTH = {768: GRAPHED_STEP_FLOOR_S_PER_LAYER, 1024: 0.00151}
+#: Gradient caching's chunks run their matmuls at this share of the whole batch's MFU, measured on an
+#: H200 (2026-11-28, fourth lend, ``docs/gpu/h200-2026-11-28.md``): SimCSE BERT-base B 512 max_len 32
+#: graphed with counter masks, 212 TFLOP/s unchunked and 175 in chunks of 128 (the whole-batch first
+#: pass; its 4/3 FLOPs counted), 0.83. One chunk size measured: the plan uses it for every chunk.
+CHUNKED_MFU_RATIO = 0.83
+#: ``train.dropout_rng: counter`` (masks hashed on the device, ``sentemb.model.dropout``), the same lend,
+#: SimCSE BERT-base max_len 32: the floor-bound B 64 step is 1.71× the stream one eager (85.4 / 49.9 ms:
+#: the hash's eager ops on the host), 1.14× graphed (15.8 / 13.8), 1.22× graphed and compiled (13.3 /
+#: 10.9); the compute-bound B 512 graphed step 1.13× (79.3 / 70.0: the hash's arithmetic). ``keyed``
+#: masks (drawn on the CPU) are unmeasured and priced as ``stream``.
+COUNTER_FLOOR_FACTOR = {"eager": 1.71, "graphed": 1.14, "compiled": 1.22}
+COUNTER_COMPUTE_FACTOR = 1.13
 DEFAULT_MFU = None  # None: MEASURED_MFU by the encoder's width
 GEN_MFU = 0.05  # beam-search generation is memory-bound: a tenth-ish of training's MFU (assumed)
 DEFAULT_MARGIN = 1.5  # a request must cover the estimate × this
@@ -979,7 +991,7 @@ def _train_row(kind, label, run, m: Measure, encode: float, config: dict | Confi
             passes = mw.grad_passes + mw.nograd_passes / 3
         flops_step += frac * f
         per_gpu += frac * step_seconds(f / t.devices, layers, passes * t.grad_accum / fuse, peak, mfu, t.graphs, fused,
-                                       width)
+                                       width, chunked=chunk is not None, counter=t.dropout_rng == "counter")
     eval_flops = evals * DEV_SENTENCES * encode
     if dev_eval_s is not None:  # measured seconds per evaluation (DEV_EVAL_SECONDS), scaled by the encoder
         eval_hours = evals * dev_eval_s / 3600
@@ -1032,16 +1044,23 @@ def _width_key(arch) -> int:
 
 
 def step_seconds(flops: float, layers: int, passes: float, peak: float, mfu: float, graphs: bool = False,
-                 compiled: bool = False, width: int = 768) -> float:
+                 compiled: bool = False, width: int = 768, chunked: bool = False, counter: bool = False) -> float:
     """The plan's time of one optimizer step on one GPU: its ``flops`` at ``mfu`` of ``peak``
-    (FLOP/s), or the floor (``STEP_FLOOR_S_PER_LAYER`` × ``layers`` × ``passes``, the host's; with
-    ``graphs``, ``train.graphs``, the GPU's small kernels: ``GRAPHED_FLOOR_BY_WIDTH`` at the
-    encoder's ``width`` key (768 or 1024), and with ``compiled`` too, ``train.compile``,
-    ``COMPILED_GRAPHED_FLOOR_S_PER_LAYER`` where measured), the larger."""
+    (FLOP/s; × ``CHUNKED_MFU_RATIO`` when ``chunked``, gradient caching's chunks), or the floor
+    (``STEP_FLOOR_S_PER_LAYER`` × ``layers`` × ``passes``, the host's; with ``graphs``,
+    ``train.graphs``, the GPU's small kernels: ``GRAPHED_FLOOR_BY_WIDTH`` at the encoder's ``width``
+    key (768 or 1024), and with ``compiled`` too, ``train.compile``,
+    ``COMPILED_GRAPHED_FLOOR_S_PER_LAYER`` where measured), the larger. ``counter``
+    (``train.dropout_rng: counter``) scales the floor by ``COUNTER_FLOOR_FACTOR`` and the FLOPs' time
+    by ``COUNTER_COMPUTE_FACTOR``."""
     graphed = GRAPHED_FLOOR_BY_WIDTH.get(width, GRAPHED_STEP_FLOOR_S_PER_LAYER)
     floor = ((COMPILED_GRAPHED_FLOOR_S_PER_LAYER if width == 768 else graphed) if graphs and compiled else
              graphed if graphs else STEP_FLOOR_S_PER_LAYER)
-    return max(flops / (mfu * peak), floor * layers * passes)
+    compute = flops / (mfu * (CHUNKED_MFU_RATIO if chunked else 1.0) * peak)
+    if counter:
+        floor *= COUNTER_FLOOR_FACTOR["compiled" if graphs and compiled else "graphed" if graphs else "eager"]
+        compute *= COUNTER_COMPUTE_FACTOR
+    return max(compute, floor * layers * passes)
 
 
 def _peak(gpu: str) -> float:
