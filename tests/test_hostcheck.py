@@ -102,3 +102,15 @@ def test_a_plug_in_method_s_graphed_row_runs_in_its_own_process_and_counts_its_m
     monkeypatch.setattr(benchmark, "_peak", lambda device, override: 1e-3)
     what, value, note = hostcheck.graphed(**kw)
     assert "FAILED" not in value and "1.33333 passes" in note, (what, value, note)
+
+
+def test_the_profile_row_names_the_ops_that_take_the_step(tiny_bert_dir, tiny_corpus):
+    """``--host-parts profile``: a method's steps under ``torch.profiler`` (on the CPU the ops' self
+    time stands for the GPU's busy time): wall and busy ms a step, the aten ops a step, the top ops."""
+    what, value, note = hostcheck.profile_steps(tiny_bert_dir, tiny_corpus, "cpu", 4, 16, "arccse",
+                                                {"triplet_pass": "with_views", "min_words": 1}, {},
+                                                {"grad_accum": 2, "sam_rho": 0.05, "fuse_micro_batches": 2}, 1, 1)
+    assert "FAILED" not in value and "triplet_pass with_views" in what, (what, value, note)
+    wall, busy = (float(x.split(" ms/step")[0]) for x in value.split(", "))
+    assert 0 < busy <= 1.5 * wall, value
+    assert int(note.split(" aten ops")[0]) > 100 and "top: aten::" in note, note

@@ -103,7 +103,9 @@ def register(sub) -> None:
     p.add_argument("--host-parts", default=None,
                    help="comma-separated parts of the host rows (default first_steps,workers,graph,dev_eval; also "
                         "graph_methods: the graph probe of every checked method at B 64; compile: torch.compile "
-                        "reduce-overhead of SimCSE's step); the graph probe runs at each --batch-size")
+                        "reduce-overhead of SimCSE's step; graphed: the loop's step eager and as CUDA graphs; profile: "
+                        "ArcCSE's paper step under torch.profiler with triplet_pass separate and with_views); the "
+                        "graph probe runs at each --batch-size")
     p.add_argument("--cpu", action="store_true",
                    help="run the same checks on the CPU at a toy size (tests; the figures mean nothing for a GPU)")
     p.set_defaults(func=_cmd_gpu_check)

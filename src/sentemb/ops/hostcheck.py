@@ -224,7 +224,56 @@ def graph_probe(model: Path, corpus: Path, device: str, batch: int, max_len: int
 
 
 #: the parts of the host rows, in the order they run (``gpu-check --host-parts``)
-PARTS = ("first_steps", "workers", "graph", "dev_eval", "graph_methods", "compile", "graphed")
+PARTS = ("first_steps", "workers", "graph", "dev_eval", "graph_methods", "compile", "graphed", "profile")
+
+
+def profile_steps(model: Path, corpus: Path, device: str, batch: int, max_len: int, method: str, margs: dict | None,
+                  inputs: dict, train: dict, warm: int = 10, steps: int = 5, top: int = 6) -> Row:
+    """``steps`` optimizer steps of ``method`` (after ``warm``) under ``torch.profiler``: the wall time
+    per step, the device's busy time per step (CUDA kernels' self time; on a CPU the ops' self CPU
+    time), the ops dispatched per step, and the ``top`` ops or kernels by that time. For a gap the
+    step times alone cannot explain, e.g. ArcCSE's ``triplet_pass: with_views`` against
+    ``separate`` (docs/gpu/h200-2026-11-28.md)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from .benchmark import _bench_run
+    from ..train.loop import State, run_steps, setup
+
+    what = (f"profile {method} B={batch}x{train.get('grad_accum', 1)} max_len {max_len}"
+            + "".join(f", {k} {v}" for k, v in sorted({**train, **(margs or {})}.items())))
+    try:
+        run = _bench_run(model, corpus, batch, device, max_len, "bf16", method, 10**9, margs, inputs, **train)
+        cuda = device.startswith("cuda")
+        with setup(run, "/nonexistent-gpucheck-output") as job:
+            state = State()
+            for _ in run_steps(job, state, warm):
+                pass
+            _sync(job.device)
+            acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+            t = time.perf_counter()
+            with profile(activities=acts) as prof:
+                for _ in run_steps(job, state, steps):
+                    pass
+                _sync(job.device)
+            wall = (time.perf_counter() - t) / steps
+        events = prof.key_averages()
+        if cuda:
+            kernels = [e for e in events if getattr(e, "self_device_time_total", 0) > 0]
+            busy = sum(e.self_device_time_total for e in kernels) / 1e6 / steps
+            ranked = sorted(kernels, key=lambda e: -e.self_device_time_total)
+            tops = [(e.key, e.self_device_time_total / 1e3 / steps) for e in ranked[:top]]
+        else:
+            ops = [e for e in events if e.key.startswith("aten::")]
+            busy = sum(e.self_cpu_time_total for e in ops) / 1e6 / steps
+            tops = [(e.key, e.self_cpu_time_total / 1e3 / steps) for e in sorted(ops, key=lambda e: -e.self_cpu_time_total)[:top]]
+        dispatched = sum(e.count for e in events if e.key.startswith("aten::")) / steps
+        where = "GPU busy" if cuda else "ops' self CPU time"
+        return (what, f"{1000 * wall:.1f} ms/step wall, {1000 * busy:.1f} ms/step {where}",
+                f"{dispatched:.0f} aten ops a step (nested ones included); top: "
+                + ", ".join(f"{k[:60]} {ms:.2f} ms" for k, ms in tops))
+    except Exception as e:  # noqa: BLE001 - a probe's failure is its row
+        return what, f"FAILED: {_first_line(e)}", ""
 
 
 def _loop_ms(run, warm: int, timed: int, count: bool = False) -> tuple[float, float, int, "tuple | None"]:
@@ -488,8 +537,9 @@ def rows(model: Path, corpus: Path, senteval: Path, device: str, work: Path, mar
     and 2, the graph probe of SimCSE at ``graph_batches`` (stream and counter dropout), STS-B dev
     evaluation (its share against the probe's eager B 64 step when ``step_s`` is not given), and,
     when ``parts`` names them, the graph probe of every other method in ``inputs`` at B 64
-    (``graph_methods``: where a method's step cannot be captured, the row says why) and the
-    ``torch.compile`` probe (``compile``). On a CPU (``gpu-check --cpu``, the tests) the same code at
+    (``graph_methods``: where a method's step cannot be captured, the row says why), the
+    ``torch.compile`` probe (``compile``), the graphed rows (``graphed``) and ArcCSE's paper step
+    under ``torch.profiler`` with each ``triplet_pass`` (``profile``). On a CPU (``gpu-check --cpu``, the tests) the same code at
     a toy size: batches of 4, 2 + 2 first steps, 3 steps per worker row."""
     from ..methods import get_method
 
@@ -508,6 +558,12 @@ def rows(model: Path, corpus: Path, senteval: Path, device: str, work: Path, mar
             args = {**(margs["arccse"] if margs.get("arccse") is not None else {}), **({"triplet_pass": tri} if tri else {})}
             out.append(first_steps(model, corpus, device, small(32), 512, "arccse", args,
                                    usable["arccse"], {**arc, "fuse_micro_batches": fuse}, b, first, then))
+    if "profile" in parts and "arccse" in usable:  # why with_views is slower than separate on the H200
+        for tri in ("separate", "with_views"):
+            args = {**(margs["arccse"] if margs.get("arccse") is not None else {}), "triplet_pass": tri}
+            out.append(profile_steps(model, corpus, device, small(32), 512, "arccse", args, usable["arccse"],
+                                     {**arc, "fuse_micro_batches": 2, "buckets": "auto"},
+                                     *((1, 1) if toy else (10, 5))))
     for m, extra in (("paser", {}), ("arccse", arc)):
         if "workers" not in parts or m not in usable:
             continue
