@@ -648,14 +648,16 @@ def test_a_chunk_without_triplets_pads_its_views_as_the_whole_batch_does(tmp_pat
     testing.check_chunked(h)
 
 
-def test_auto_encodes_the_triplets_in_a_pass_of_their_own(tiny_bert_dir):
-    """``triplet_pass: auto`` is ``separate`` (measured faster than ``with_views`` on the H200 and
-    the CPU): two encoder passes whatever the widths; ``with_views`` one, the views padded to the
-    triplets' width where max_len cuts the views shorter (the large runs' 32)."""
+def test_the_triplet_passes_of_each_triplet_pass(tiny_bert_dir):
+    """``triplet_pass``: the default, ``separate`` (measured faster than ``with_views`` on the H200
+    and the CPU), two encoder passes whatever the widths; ``with_views`` one, the views padded to the
+    triplets' width where max_len cuts the views shorter (the large runs' 32); ``auto`` one where
+    the triplet rows are no wider than the views (max_len above the long sentences, as the base
+    runs' 512), two where max_len cuts the views shorter."""
     def calls(max_len, mode):
         torch.manual_seed(0)
         enc, tok = load_encoder(tiny_bert_dir, pooling_layer=False)
-        m = get_method("arccse")(enc, tok, {"triplet_pass": mode}, MethodContext(max_len=max_len, seed=0))
+        m = get_method("arccse")(enc, tok, {"triplet_pass": mode} if mode else {}, MethodContext(max_len=max_len, seed=0))
         batch = m.build_batch(SHORT + LONG, micro=0)
         n = []
         hook = m.encoder.encoder.layer[0].register_forward_hook(lambda *a: n.append(1))
@@ -663,7 +665,8 @@ def test_auto_encodes_the_triplets_in_a_pass_of_their_own(tiny_bert_dir):
         hook.remove()
         return len(n), batch["tri_input_ids"].size(1) <= batch["input_ids"].size(1)
 
-    assert calls(512, "auto") == (2, True)
+    assert calls(512, None) == (2, True) and calls(16, None) == (2, False)
+    assert calls(512, "auto") == (1, True)
     assert calls(16, "auto") == (2, False)
     assert calls(512, "with_views") == (1, True)
     assert calls(16, "with_views") == (1, False)

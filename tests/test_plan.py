@@ -205,8 +205,8 @@ def test_the_transfer_classifier_is_planned_as_cpu_time_and_its_runtime_checked(
 def test_the_step_time_is_compute_or_the_host_floor_and_passes_are_counted(tiny_bert_dir, tiny_corpus):
     """``step_seconds`` = max(FLOPs / (MFU x peak), floor x layers x passes), the MFU measured by width
     (``mfu_for``); the counted step's encoder passes: SimCSE 1 (both views in one forward), ArcCSE 1
-    (its triplets in the views' forward, ``triplet_pass: with_views``) or 2 (``separate``, and
-    ``auto``, the default: the views, the triplets), with SAM twice that (every pass again at w + e)."""
+    (its triplets in the views' forward, ``triplet_pass: with_views``) or 2 (``separate``, the
+    default: the views, the triplets), with SAM twice that (every pass again at w + e)."""
     from dataclasses import replace
 
     from sentemb.ops.plan import MEASURED_MFU, STEP_FLOOR_S_PER_LAYER, _count, mfu_for, step_seconds
@@ -387,8 +387,9 @@ def test_the_width_fit_predicts_a_direct_count(tmp_path, method):
     the three counted fit widths gives a fourth width's direct count within 1% (exactly, in fact).
     ArcCSE (every sentence forming a triplet) at max_len 16 with triplets to 64: above max_len the
     main rows stay at 16 and only the triplet rows grow, a second segment fitted on its own. (Its
-    ``triplet_pass`` is pinned to ``separate``, the default's choice, so that a change of the default
-    leaves this test as it is.)"""
+    ``triplet_pass`` is pinned to ``separate``, the default: ``auto`` encodes the triplets with the
+    views up to max_len and apart above it, the same FLOPs at max_len but 1.4% other saved
+    activations, which the segment's quadratic through max_len then misses.)"""
     from sentemb.config.load import resolve_run
     from sentemb.ops.plan import WIDTH_FIELDS, Counter, fitted_measures, quadratic_through
 

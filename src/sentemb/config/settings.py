@@ -625,7 +625,7 @@ ADDED_METHOD_ARGS = {
               "target_truncation": "phrases"},
     "infocse": {"projection_init": "torch", "aux_lower_eval": True},
     "una": {"mlp_init": "normal"},
-    "arccse": {"triplet_pass": "separate"},  # issue 37: what runs settled before the switch did (auto does too)
+    "arccse": {"triplet_pass": "separate"},  # issue 37: what runs settled before the switch did (the default again)
 }
 
 

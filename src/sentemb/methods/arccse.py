@@ -19,7 +19,7 @@ Training, per batch of B sentences:
       L_tri = (1/|T|) Σ_{s∈T} max(0, cos(h̄, h̄″) − cos(h̄, h̄′) + m′),   m′ = 0
 
   (``triplet_loss``; L_tri = 0 when no sentence of the batch has 25 words). By default
-  (``triplet_pass: auto``) the triplet rows get a forward of their own. ``with_views`` encodes them
+  (``triplet_pass: separate``) the triplet rows get a forward of their own. ``with_views`` encodes them
   in the views' forward instead, dropout applied to the view rows only
   (``sentemb.model.dropout.dropout_rows``): one encoder pass a step, the same FLOPs and about 16%
   fewer dispatched ops, yet measured slower, on the H200 (the paper configuration's first steps: 177
@@ -236,11 +236,12 @@ class ArcCSE(SimCSE):
                                         "batch; capped at the model's position limit)", minimum=4)
         triplet_mlp: bool = arg(True, "triplet embeddings pass through the training MLP (open)")
         triplet_pass: str = arg(
-            "auto", "how the triplet rows are encoded: with_views - in the views' forward, with dropout on the "
+            "separate", "how the triplet rows are encoded: with_views - in the views' forward, with dropout on the "
             "views' rows only (sentemb.model.dropout.dropout_rows), one encoder pass a step instead of two, the "
             "views padded to the triplets' width where those are wider; separate - a forward of their own in "
-            "evaluation mode; auto - separate, the faster where measured (the H200: ArcCSE's paper step 141 ms with "
-            "separate, 177 with with_views; docs/gpu/h200-2026-11-28.md). The same "
+            "evaluation mode, the default: the faster where measured (the H200: ArcCSE's paper step 141 ms with "
+            "separate, 177 with with_views; docs/gpu/h200-2026-11-28.md); auto - with_views where the triplet rows "
+            "are no wider than the views, else separate (the default from 2026-11-27 to 11-28). The same "
             "embeddings with dropout off, and the same dropout masks with dropout_rng counter; with stream another "
             "random run. A compiled step (train.compile) and train.unpad encode them separately",
             choices=("auto", "with_views", "separate"))
@@ -432,13 +433,13 @@ class ArcCSE(SimCSE):
         if not a.triplet or a.triplet_pass == "separate" or tri is None or torch.compiler.is_compiling() \
                 or installed(self.encoder):
             return False
-        # auto: separate. One pass fewer, the same FLOPs, yet slower where measured (the H200 and the CPU:
-        # the rows sliced and concatenated at every dropout site, and two attention calls per layer)
-        return a.triplet_pass == "with_views"
+        # auto: decided on widths every chunk and process share keeps (Method.chunk), so that a chunk without
+        # triplet rows pads its views as the whole batch does (keyed masks depend on the padded width)
+        return a.triplet_pass == "with_views" or int(tri.size(1)) <= int(batch["input_ids"].size(1))
 
     def encode(self, batch):
         """The two dropout views' MLP([CLS]) (``z1``, ``z2``: (n, d) each) and, with ``triplet_pass:
-        with_views``, the triplet rows' embeddings (``rows["triplets"]``, (3T, d)) from the same
+        with_views`` (or ``auto`` where the triplet rows are no wider than the views), the triplet rows' embeddings (``rows["triplets"]``, (3T, d)) from the same
         forward: rows [x; x; s; s′; s″]
         padded to the wider of the two widths, dropout on the first 2n rows only (``dropout_rows``),
         the attention masks keeping every row to its own tokens. A chunk without triplet rows still

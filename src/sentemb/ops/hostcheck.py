@@ -240,10 +240,11 @@ def profile_steps(model: Path, corpus: Path, device: str, batch: int, max_len: i
     from .benchmark import _bench_run
     from ..train.loop import State, run_steps, setup
 
-    what = (f"profile {method} B={batch}x{train.get('grad_accum', 1)} max_len {max_len}"
+    what = (f"profile {method} B={batch} max_len {max_len}"
             + "".join(f", {k} {v}" for k, v in sorted({**train, **(margs or {})}.items())))
     try:
         run = _bench_run(model, corpus, batch, device, max_len, "bf16", method, 10**9, margs, inputs, **train)
+        what = what.replace(f"B={batch} ", f"B={batch}x{run.train.grad_accum} ", 1)
         cuda = device.startswith("cuda")
         with setup(run, "/nonexistent-gpucheck-output") as job:
             state = State()
@@ -552,7 +553,7 @@ def rows(model: Path, corpus: Path, senteval: Path, device: str, work: Path, mar
     out: list[Row] = []
     arc = {"grad_accum": 2, "sam_rho": 0.05, "sampler": "length"}
     if "first_steps" in parts and "arccse" in usable:
-        # fuse 2: the paper configuration's step (the triplets in a pass of their own, triplet_pass auto); then the
+        # fuse 2: the paper configuration's step (the triplets in a pass of their own, the default triplet_pass); then the
         # triplets in the views' forward (with_views: one encoder pass per SAM pass, measured slower on the H200)
         for b, fuse, tri in (("none", 1, None), ("auto", 1, None), ("auto", 2, None), ("auto", 2, "with_views")):
             args = {**(margs["arccse"] if margs.get("arccse") is not None else {}), **({"triplet_pass": tri} if tri else {})}

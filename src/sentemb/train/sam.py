@@ -20,7 +20,9 @@ not a few eager ops per parameter tensor: for BERT-base's 199 tensors, 10 dispat
 step (ascend into the previous step's copies, then restore) instead of 1,398, counted on the CPU
 (``tests/test_arccse.py`` checks that the count does not grow with the tensors). That is host time an
 eager GPU step pays, and a graphed one pays between its replays (unmeasured on a GPU). The
-arithmetic is the same per element.
+arithmetic is the same per element; ‖g‖ may differ in its last bits, the multi-tensor norm summing
+in another order. The scaled gradient is one multi-tensor temporary, a gradient's size, made after
+the backward, when the activations are gone.
 """
 
 from __future__ import annotations
@@ -34,12 +36,20 @@ EPS = 1e-12
 
 @torch.no_grad()
 def grad_norm(params: Iterable[torch.nn.Parameter]) -> torch.Tensor:
-    """‖∇L‖₂ over all parameters with a gradient (fp32 scalar): the L2 norm of the per-tensor norms
-    (``torch.nn.utils.get_total_norm``, multi-tensor where the device has it)."""
-    grads = [p.grad for p in params if p.grad is not None]
-    if not grads:
+    """‖∇L‖₂ over all parameters with a gradient (fp32 scalar): the L2 norm of the per-tensor norms,
+    those in one multi-tensor ``torch._foreach_norm`` per device and dtype (fp32; other dtypes are
+    converted first)."""
+    groups: dict[tuple, list] = {}
+    for p in params:
+        if p.grad is not None:
+            groups.setdefault((p.grad.device, p.grad.dtype), []).append(p.grad)
+    if not groups:
         return torch.zeros(())
-    return torch.nn.utils.get_total_norm([g if g.dtype == torch.float32 else g.float() for g in grads], 2.0).float()
+    device = next(iter(groups))[0]
+    norms = []
+    for (_, dtype), gs in groups.items():
+        norms += [n.to(device) for n in torch._foreach_norm(gs if dtype == torch.float32 else [g.float() for g in gs], 2)]
+    return torch.linalg.vector_norm(torch.stack(norms), 2)
 
 
 @torch.no_grad()
