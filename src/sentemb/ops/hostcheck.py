@@ -260,7 +260,10 @@ def profile_steps(model: Path, corpus: Path, device: str, batch: int, max_len: i
             wall = (time.perf_counter() - t) / steps
         events = prof.key_averages()
         if cuda:
-            kernels = [e for e in events if getattr(e, "self_device_time_total", 0) > 0]
+            from torch.autograd import DeviceType
+
+            # the kernels themselves (a CPU op's event also carries its kernels' time), as the profiler's table sums
+            kernels = [e for e in events if e.device_type == DeviceType.CUDA and not getattr(e, "is_user_annotation", False)]
             busy = sum(e.self_device_time_total for e in kernels) / 1e6 / steps
             ranked = sorted(kernels, key=lambda e: -e.self_device_time_total)
             tops = [(e.key, e.self_device_time_total / 1e3 / steps) for e in ranked[:top]]
