@@ -439,8 +439,8 @@ class ArcCSE(SimCSE):
 
     def encode(self, batch):
         """The two dropout views' MLP([CLS]) (``z1``, ``z2``: (n, d) each) and, with ``triplet_pass:
-        with_views`` (or ``auto`` where the triplet rows are no wider than the views), the triplet rows' embeddings (``rows["triplets"]``, (3T, d)) from the same
-        forward: rows [x; x; s; s′; s″]
+        with_views`` (or ``auto`` where the triplet rows are no wider than the views), the triplet
+        rows' embeddings (``rows["triplets"]``, (3T, d)) from the same forward: rows [x; x; s; s′; s″]
         padded to the wider of the two widths, dropout on the first 2n rows only (``dropout_rows``),
         the attention masks keeping every row to its own tokens. A chunk without triplet rows still
         pads its views to the batch's triplet width, as the whole batch's forward does."""

@@ -34,15 +34,20 @@ import torch
 EPS = 1e-12
 
 
+def _by_device_dtype(tensors: Iterable[torch.Tensor]) -> dict[tuple, list[torch.Tensor]]:
+    """``tensors`` grouped by (device, dtype), in order: the groups a multi-tensor op takes."""
+    groups: dict[tuple, list] = {}
+    for t in tensors:
+        groups.setdefault((t.device, t.dtype), []).append(t)
+    return groups
+
+
 @torch.no_grad()
 def grad_norm(params: Iterable[torch.nn.Parameter]) -> torch.Tensor:
     """‖∇L‖₂ over all parameters with a gradient (fp32 scalar): the L2 norm of the per-tensor norms,
     those in one multi-tensor ``torch._foreach_norm`` per device and dtype (fp32; other dtypes are
     converted first)."""
-    groups: dict[tuple, list] = {}
-    for p in params:
-        if p.grad is not None:
-            groups.setdefault((p.grad.device, p.grad.dtype), []).append(p.grad)
+    groups = _by_device_dtype(p.grad for p in params if p.grad is not None)
     if not groups:
         return torch.zeros(())
     device = next(iter(groups))[0]
@@ -66,10 +71,7 @@ def ascend(params: Iterable[torch.nn.Parameter], rho: float,
             w.shape != p.shape or w.dtype != p.dtype or w.device != p.device for w, p in zip(into, params)):
         into = [torch.empty_like(p) for p in params]
     torch._foreach_copy_(into, params)
-    groups: dict[tuple, list] = {}
-    for p in params:
-        groups.setdefault((p.device, p.dtype), []).append(p)
-    for (device, dtype), ps in groups.items():
+    for (device, dtype), ps in _by_device_dtype(params).items():
         torch._foreach_add_(ps, torch._foreach_mul([p.grad for p in ps], scale.to(device=device, dtype=dtype)))
     return list(zip(params, into))
 
