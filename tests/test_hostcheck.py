@@ -114,3 +114,35 @@ def test_the_profile_row_names_the_ops_that_take_the_step(tiny_bert_dir, tiny_co
     wall, busy = (float(x.split(" ms/step")[0]) for x in value.split(", "))
     assert 0 < busy <= 1.5 * wall, value
     assert int(note.split(" aten ops")[0]) > 100 and "top: aten::" in note, note
+
+
+def test_a_graphed_only_row_prices_itself_from_its_eager_twins_count(tiny_bert_dir, tiny_corpus, monkeypatch):
+    """``graphed(eager=False)`` (gpu-check's ``tune`` rows: variants of one step) times the graphed
+    step alone; its TFLOP/s are its eager twin's counted FLOPs (same method, batch and max_len) over
+    its own time, and a step never counted has none."""
+    from sentemb.ops import benchmark
+
+    monkeypatch.setattr(benchmark, "_peak", lambda device, override: 1e-3)
+    monkeypatch.setattr(hostcheck, "_COUNTED", {})
+    kw = dict(model=tiny_bert_dir, corpus=tiny_corpus, device="cpu", batch=4, max_len=16, method="simcse",
+              margs=None, inputs={}, warm=1, timed=1)
+    what, value, note = hostcheck.graphed(**kw, eager=False)
+    assert value.startswith("graphed ") and "eager" not in value and "TFLOP/s" not in note, (what, value, note)
+    hostcheck.graphed(**kw)
+    what, value, note = hostcheck.graphed(**kw, train={"update": "fused"}, eager=False)
+    assert "update fused" in what and "FAILED" not in value, (what, value)
+    ms = float(value.split()[1])
+    tflops = float(note.split(" TFLOP/s")[0].split("; ")[-1])
+    flops = hostcheck._COUNTED[("simcse", 4, 16)][0]
+    assert abs(tflops - flops / (ms / 1000) / 1e12) <= 0.01 * tflops, (note, flops, ms)
+
+
+def test_a_first_steps_row_runs_in_a_process_of_its_own(tiny_bert_dir, tiny_corpus):
+    """gpu-check's first-steps rows each run in a fresh process on a GPU (``_isolated(kw,
+    "first_steps")``): in one process a later row found the kernels and plans an earlier one built
+    (the H200's two lends ranked ArcCSE's triplet passes oppositely). The row comes back whole."""
+    kw = dict(model=str(tiny_bert_dir), corpus=str(tiny_corpus), device="cpu", batch=2, max_len=32, method="simcse",
+              margs=None, inputs={}, train={}, buckets="none", first=2, then=2)
+    what, value, note = hostcheck._isolated(kw, "first_steps")
+    assert what.startswith("first steps simcse B=2x1") and "ms/step (steps 1-2)" in value, (what, value, note)
+    assert "distinct batch shapes" in note, note

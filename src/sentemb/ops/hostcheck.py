@@ -56,6 +56,7 @@ def first_steps(model: Path, corpus: Path, device: str, batch: int, max_len: int
     fuse = getattr(t, "fuse_micro_batches", 1)
     what = (f"first steps {method} B={batch}x{t.grad_accum} max_len {max_len} {'sam ' if t.sam_rho else ''}"
             f"sampler {t.sampler}, buckets {buckets}" + (f", fuse_micro_batches {fuse}" if fuse > 1 else "")
+            + (", graphs" if t.graphs else "")
             + (f", triplet_pass {margs['triplet_pass']}" if "triplet_pass" in (margs or {}) else ""))
     try:
         with setup(run, "/nonexistent-gpucheck-output") as job:
@@ -224,7 +225,7 @@ def graph_probe(model: Path, corpus: Path, device: str, batch: int, max_len: int
 
 
 #: the parts of the host rows, in the order they run (``gpu-check --host-parts``)
-PARTS = ("first_steps", "workers", "graph", "dev_eval", "graph_methods", "compile", "graphed", "profile")
+PARTS = ("first_steps", "workers", "graph", "dev_eval", "graph_methods", "compile", "graphed", "profile", "tune")
 
 
 def profile_steps(model: Path, corpus: Path, device: str, batch: int, max_len: int, method: str, margs: dict | None,
@@ -357,11 +358,19 @@ def _replay_s(strat, n: int) -> "float | None":
     return (time.perf_counter() - t) / n
 
 
+#: the counted FLOPs of a step (``_loop_ms(count=True)``) by (method, batch, max_len): a graphed-only
+#: row (``graphed(eager=False)``) of the same step prices itself from its eager twin's count
+_COUNTED: dict = {}
+
+
 def graphed(model: Path, corpus: Path, device: str, batch: int, max_len: int, method: str, margs: dict | None,
-            inputs: dict, train: dict | None = None, warm: int = 8, timed: int = 15, label: str = "") -> Row:
+            inputs: dict, train: dict | None = None, warm: int = 8, timed: int = 15, label: str = "",
+            eager: bool = True) -> Row:
     """``train.graphs`` (issue 37): the loop's step of ``method`` eager and graphed, the same settings
     otherwise (``train``: e.g. ``chunk_size``, ``dropout_rng``, the method's ``paper_train``); each
-    ``warm`` steps (captures), then ``timed`` steps. ms/step both ways and the ratio."""
+    ``warm`` steps (captures), then ``timed`` steps. ms/step both ways and the ratio. Without
+    ``eager``, the graphed step alone (a variant of a step measured eagerly before: its FLOPs are
+    that row's count, ``_COUNTED``; with compile the eager run is a compilation of its own)."""
     from .benchmark import _bench_run
 
     train = dict(train or {})
@@ -369,7 +378,7 @@ def graphed(model: Path, corpus: Path, device: str, batch: int, max_len: int, me
             + "".join(f", {k} {v}" for k, v in sorted(train.items())))
     out = {}
     try:
-        for g in (False, True):
+        for g in (False, True) if eager else (True,):
             run = _bench_run(model, corpus, batch, device, max_len, "bf16", method, 10**9, margs, inputs,
                              graphs=g, **train)  # the loop as a run has it: batches built ahead (prefetch)
             out[g] = _loop_ms(run, warm, timed, count=not g)
@@ -382,7 +391,14 @@ def graphed(model: Path, corpus: Path, device: str, batch: int, max_len: int, me
             traceback.print_exc(file=sys.stderr)
         done = f"eager {1000 * out[False][0]:.1f} ms/step; " if False in out else ""
         return what, f"{done}FAILED: {_first_line(e)}", ""
-    (e_s, e_w, _, counted), (g_s, g_w, n, replay) = out[False], out[True]
+    (g_s, g_w, n, replay) = out[True]
+    key = (method, batch, max_len)
+    if eager:
+        e_s, e_w, _, counted = out[False]
+        if counted and train.get("chunk_size") is None:
+            _COUNTED[key] = counted
+    else:
+        e_s, e_w, counted = None, None, _COUNTED.get(key) if train.get("chunk_size") is None else None
     from .benchmark import _peak
 
     import torch
@@ -403,6 +419,9 @@ def graphed(model: Path, corpus: Path, device: str, batch: int, max_len: int, me
                     f"GPU's peak {1000 * plan_s:.1f} ms ({100 * (plan_s - g_s) / g_s:+.0f}%, {passes:g} passes)")
     alone = (f"; alone: one micro-batch's graph replayed {1000 * replay[0]:.1f} ms, the eager update (clip, AdamW, "
              f"schedule) {1000 * replay[1]:.1f} ms") if replay else ""
+    if not eager:
+        return (what, f"graphed {1000 * g_s:.1f} ms/step",
+                f"{n} graphs captured in the first {warm} steps ({g_w:.1f} s); {timed} steps timed{alone}{mfu}")
     return (what, f"eager {1000 * e_s:.1f} ms/step, graphed {1000 * g_s:.1f} ms/step ({e_s / g_s:.2f}x)",
             f"{n} graphs captured in the first {warm} steps ({g_w:.1f} s; eager {e_w:.1f} s); {timed} steps timed{alone}{mfu}")
 
@@ -441,21 +460,61 @@ def graphed_rows(model: Path, corpus: Path, device: str, margs: dict, usable: di
     return out
 
 
+def tune_rows(model: Path, corpus: Path, device: str, toy: bool) -> list[Row]:
+    """What could take the graphed and compiled SimCSE step (BERT-base, max_len 32) under issue 37's
+    targets (B 64 <= 10 ms, B 512 >= 35% of peak, chunks of 128 <= 1.5x): the step with
+    ``train.compile`` and ``graphs`` as it is (eager twin counted), then graphed alone with each other
+    ``train.attention`` (cuDNN's attention took 24% of the B 512 step on the H200), ``update: fused``
+    (the clip inside fused AdamW) and ``compile_random: inductor`` (Inductor's own dropout), B 64
+    first, then B 512; then B 512 compiled with counter dropout, whole and in chunks of 128; last,
+    ``attention: sdpa_math`` with ``compile_mode: max-autotune-no-cudagraphs``.
+    Rows print as they come, so a time limit keeps those done. On a CPU: batches of 4 and 8, chunks
+    of 2, without max-autotune. ``SENTEMB_TUNE`` (a JSON list of train settings) runs those variants
+    instead, the first with its eager twin, and no counter or max-autotune rows."""
+    import json
+    import os
+    import sys
+
+    b64, b512, c128 = (4, 8, 2) if toy else (64, 512, 128)
+    warm, timed = (2, 2) if toy else (8, 15)
+    base = {"compile": True, "buckets": [32]}
+    # in the order that compiles least: the variants of one compilation (Inductor's config) side by side
+    variants = [({}, True), ({"update": "fused"}, False), ({"attention": "sdpa_math"}, False),
+                ({"attention": "sdpa_efficient"}, False), ({"attention": "eager"}, False),
+                ({"compile_random": "inductor"}, False)]
+    if os.environ.get("SENTEMB_TUNE"):  # a subset: JSON list of train dicts over the compiled base, the first eager
+        variants = [(v, i == 0) for i, v in enumerate(json.loads(os.environ["SENTEMB_TUNE"]))]
+    cfgs = [(b, {**base, **v}, e) for b in (b64, b512) for v, e in variants]
+    counter = {**base, "dropout_rng": "counter", "update": "fused"}
+    if not os.environ.get("SENTEMB_TUNE"):
+        cfgs += [(b512, counter, False), (b512, {**counter, "chunk_size": c128}, False)]
+    if not toy and not os.environ.get("SENTEMB_TUNE"):  # last: the longest compilations
+        cfgs += [(b, {**base, "attention": "sdpa_math", "compile_mode": "max-autotune-no-cudagraphs"}, False)
+                 for b in (b64, b512)]
+    out = []
+    for b, t, e in cfgs:
+        out.append(graphed(model=str(model), corpus=str(corpus), device=device, batch=b, max_len=32, method="simcse",
+                           margs=None, inputs={}, train=t, warm=warm, timed=timed, eager=e))
+        print("tune row: | " + " | ".join(out[-1]) + " |", file=sys.stderr, flush=True)
+    return out
+
+
 _ISOLATED = """
 import json, sys
 from sentemb.methods import load_method_modules
 from sentemb.ops import hostcheck
 kw = json.loads(sys.argv[1])
 load_method_modules(kw.pop("method_modules"))  # a plug-in method is registered by importing its module
-row = hostcheck.graphed(**kw)
+row = getattr(hostcheck, kw.pop("fn"))(**kw)  # graphed, or first_steps
 print("ROW " + json.dumps(row), flush=True)
 """
 
 
-def _isolated(kw: dict) -> Row:
-    """``graphed(**kw)`` in a process of its own (a device-side error ends a CUDA context, and would
-    cost the rows after it); when it fails, once more with ``CUDA_LAUNCH_BLOCKING=1``, the failing
-    op's Python stack printed to stderr."""
+def _isolated(kw: dict, fn: str = "graphed") -> Row:
+    """``graphed(**kw)`` (or another row function of this module, ``fn``) in a process of its own (a
+    device-side error ends a CUDA context, and would cost the rows after it; a row's first steps would
+    find the kernels, cuDNN plans and allocator blocks an earlier row left); when it fails, once more
+    with ``CUDA_LAUNCH_BLOCKING=1``, the failing op's Python stack printed to stderr."""
     import json
     import os
     import subprocess
@@ -464,8 +523,8 @@ def _isolated(kw: dict) -> Row:
     from ..methods import get_method, method_source
 
     source = method_source(get_method(kw["method"]))
-    arg = json.dumps({**kw, "method_modules": [source[0]] if source else []})
-    row: Row = (f"graphed {kw['method']} B={kw['batch']}", "FAILED", "")
+    arg = json.dumps({**kw, "fn": fn, "method_modules": [source[0]] if source else []}, default=str)
+    row: Row = (f"{fn.replace('_', ' ')} {kw['method']} B={kw['batch']}", "FAILED", "")
     for blocking in (False, True):
         env = {**os.environ, **({"CUDA_LAUNCH_BLOCKING": "1", "SENTEMB_GRAPHED_TRACE": "1"} if blocking else {})}
         r = subprocess.run([sys.executable, "-c", _ISOLATED, arg], capture_output=True, text=True, env=env,
@@ -475,10 +534,10 @@ def _isolated(kw: dict) -> Row:
                                             (r.stderr.strip().splitlines() or [""])[-1][:300])
         if not blocking:
             row = got
-            if "FAILED" not in got[1]:
-                return got
+            if "FAILED" not in got[1] or not any(w in r.stderr for w in ("CUDA", "cuda", "device-side")):
+                return got  # done, or a failure that is not the device's (a second run would only repeat it)
         else:
-            print(f"graphed {kw['method']} again with CUDA_LAUNCH_BLOCKING=1:\n{r.stderr[-6000:]}", file=sys.stderr,
+            print(f"{fn} {kw['method']} again with CUDA_LAUNCH_BLOCKING=1:\n{r.stderr[-6000:]}", file=sys.stderr,
                   flush=True)
     return row
 
@@ -558,10 +617,24 @@ def rows(model: Path, corpus: Path, senteval: Path, device: str, work: Path, mar
     if "first_steps" in parts and "arccse" in usable:
         # fuse 2: the paper configuration's step (the triplets in a pass of their own, the default triplet_pass); then the
         # triplets in the views' forward (with_views: one encoder pass per SAM pass, measured slower on the H200)
-        for b, fuse, tri in (("none", 1, None), ("auto", 1, None), ("auto", 2, None), ("auto", 2, "with_views")):
+        # and the fused step graphed (train.graphs: each fused group one graph, one per shape of the buckets)
+        for b, fuse, tri, graphs in (("none", 1, None, False), ("auto", 1, None, False), ("auto", 2, None, False),
+                                     ("auto", 2, "with_views", False), ("auto", 2, None, True)):
             args = {**(margs["arccse"] if margs.get("arccse") is not None else {}), **({"triplet_pass": tri} if tri else {})}
-            out.append(first_steps(model, corpus, device, small(32), 512, "arccse", args,
-                                   usable["arccse"], {**arc, "fuse_micro_batches": fuse}, b, first, then))
+            kw = dict(model=str(model), corpus=str(corpus), device=device, batch=small(32), max_len=512, method="arccse",
+                      margs=args, inputs=usable["arccse"],
+                      train={**arc, "fuse_micro_batches": fuse, **({"graphs": True} if graphs else {})}, buckets=b,
+                      first=first, then=then)
+            # each row in a process of its own on a GPU: in one process the rows after the first met the fused
+            # shapes' kernels and cuDNN plans built, so two lends ranked with_views and separate oppositely
+            out.append(first_steps(**kw) if toy else _isolated(kw, "first_steps"))
+    if "profile" in parts and "simcse" in usable:  # where the compiled step's GPU time goes (issue 37's targets),
+        # and with each attention kernel at B 512 (cuDNN's took 24% of that step on the H200)
+        b64, b512 = (4, 8) if toy else (64, 512)
+        for b, att in ((b64, "sdpa"), (b512, "sdpa"), (b512, "sdpa_math"), (b512, "sdpa_efficient"), (b512, "eager")):
+            out.append(profile_steps(model, corpus, device, b, 32, "simcse", None, usable["simcse"],
+                                     {"compile": True, "buckets": [32], **({"attention": att} if att != "sdpa" else {})},
+                                     *((1, 1) if toy else (10, 5)), top=12))
     if "profile" in parts and "arccse" in usable:  # why with_views is slower than separate on the H200
         for tri in ("separate", "with_views"):
             args = {**(margs["arccse"] if margs.get("arccse") is not None else {}), "triplet_pass": tri}
@@ -589,6 +662,8 @@ def rows(model: Path, corpus: Path, senteval: Path, device: str, work: Path, mar
         probes.append(compile_probe(model, corpus, device, 64, 32))
     if "graphed" in parts:
         probes += graphed_rows(model, corpus, device, margs, usable, toy)
+    if "tune" in parts and "simcse" in usable:
+        probes += tune_rows(model, corpus, device, toy)
     if step_s is None and probes and "eager " in probes[0][1]:  # the probe's eager B 64 step
         step_s = float(probes[0][1].split("eager ")[1].split(" ms")[0]) / 1000
     if "dev_eval" in parts:
