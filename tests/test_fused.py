@@ -112,7 +112,6 @@ def test_the_default_merge_refuses_rows_that_are_not_one_per_sentence(tmp_path):
     ({"chunk_size": 4}, r"cannot be combined with train.chunk_size 4"),
     ({"dropout_rng": "counter"}, r"cannot be combined with train.dropout_rng counter"),
     ({"devices": 2}, r"cannot be combined with train.devices 2"),
-    ({"graphs": True}, r"cannot be combined with train.graphs"),
     ({"compile": True}, r"cannot be combined with train.compile"),
 ])
 def test_what_fusing_cannot_serve_is_refused_at_config_load(train, match):
@@ -163,3 +162,42 @@ def test_arccse_merges_micro_batches_without_triplets(arccse):
         assert merged["tri_weight"].numel() == 0 and merged["tri_input_ids"].size(0) == 0
         terms = fused_backward(job, [(0, none), (1, method.build_batch(SHORT[::-1], micro=1))])
         assert float(terms["triplet"]) == 0.0 and float(terms["triplets"]) == 0.0
+
+
+def test_fused_arccse_weighs_out_a_graphed_runs_padding_triplets(arccse):
+    """In a graphed run (``ctx.static``) each micro-batch's triplets are padded up to a power of two
+    with padding triplets (``tri_index`` -1). The merge keeps them out: T_j counts the real ones
+    (weights 1/(k·T_j), 0 for padding) and their index stays -1. Dropout off, fp64: the fused
+    backward is Σ_j Method.losses(micro-batch j) / 2, each micro-batch's own loss leaving its padding
+    out (its ``valid`` mask)."""
+    with setup(arccse.exact_run(dropout=0.0, grad_accum=2, fuse_micro_batches=2, graphs=True), "/nonexistent",
+               arccse.cls) as job:
+        method = job.method.double()
+        assert method.ctx.static
+        first = method.build_batch(LONG[:3] + SHORT, micro=0)
+        second = method.build_batch(LONG[3:] + SHORT + SHORT[:3], micro=1)
+        real = [int((b["tri_index"] >= 0).sum()) for b in (first, second)]
+        assert real == [3, 1] and first["tri_index"].numel() > 3  # 3 real triplets padded
+        merged, spans = method.merge([first, second])
+        n = first["tri_index"].numel()
+        want = [1 / 6] * 3 + [0.0] * (n - 3) + [1 / 2] + [0.0] * (second["tri_index"].numel() - 1)
+        assert torch.allclose(merged["tri_weight"].double(), torch.tensor(want, dtype=torch.float64))
+        assert (merged["tri_index"][3:n] == -1).all()
+
+        job.opt.zero_grad(set_to_none=True)
+        ref_terms = {}
+        for b in (first, second):
+            out = method.losses(b)
+            out.pop(WEIGHTED)
+            (out["loss"] / 2).backward()
+            for k, v in out.items():
+                ref_terms[k] = ref_terms.get(k, 0.0) + float(v.detach())
+        ref = _grads(method)
+        assert ref_terms["triplet"] > 0
+        job.opt.zero_grad(set_to_none=True)
+        got_terms = {k: float(v) for k, v in fused_backward(job, [(0, first), (1, second)]).items()}
+        got = _grads(method)
+    testing.close(got, ref, "fused vs accumulated gradient, padded triplets", rel=1e-10)
+    assert got_terms.keys() == ref_terms.keys()
+    for k in ref_terms:
+        assert got_terms[k] == pytest.approx(ref_terms[k], rel=1e-6), (k, got_terms, ref_terms)

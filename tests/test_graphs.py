@@ -502,3 +502,215 @@ def test_arccse_in_a_graphed_run_chunks_its_triplets_by_position_and_keeps_the_b
     with capture_hazards(torch.device("cpu")) as hazards:
         m.chunk(batch, 3, 5)
     assert not hazards, hazards
+
+
+# ------------------------------------------- issue 37, session 12: what could take the step under its targets
+
+
+def test_the_clip_divisor_is_clip_grad_norm_s_factor_inverted():
+    """``clip_divisor``: 1 / (``clip_grad_norm_``'s factor clamped at 1), the total norm computed here in
+    fp64 over every gradient flattened (mixed dtypes, a parameter without gradient)."""
+    from sentemb.train.step import clip_divisor
+
+    g = torch.Generator().manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(s, generator=g)) for s in ((7, 5), (11,), (3, 3, 2))]
+    params.append(torch.nn.Parameter(torch.randn(4, generator=g).to(torch.bfloat16)))
+    params.append(torch.nn.Parameter(torch.randn(2)))  # no gradient: not in the norm
+    for p, scale in zip(params[:4], (1.0, 3.0, 0.5, 2.0)):
+        p.grad = (scale * torch.randn(p.shape, generator=g)).to(p.dtype)
+    total = torch.cat([p.grad.double().flatten() for p in params[:4]]).norm().item()
+    for max_norm in (0.1, 1.0, 2 * total):
+        want = max(1.0, (total + 1e-6) / max_norm)
+        got = clip_divisor(params, max_norm)
+        assert got.dtype == torch.float32 and got.dim() == 0
+        assert abs(got.item() - want) <= 1e-6 * want, (max_norm, got.item(), want)
+    # against clip_grad_norm_ itself, on the fp32 gradients the loop has (it takes a bf16 tensor's norm in
+    # bf16): its clipped gradients are g / d to rounding
+    fp32 = params[:3]
+    for max_norm in (0.1, 1.0, 1e3):
+        d = clip_divisor(fp32, max_norm)
+        clipped = [torch.nn.Parameter(p.detach().clone()) for p in fp32]
+        for c, p in zip(clipped, fp32):
+            c.grad = p.grad.clone()
+        torch.nn.utils.clip_grad_norm_(clipped, max_norm)
+        for c, p in zip(clipped, fp32):
+            assert torch.allclose(c.grad, p.grad / d, rtol=1e-6, atol=0), max_norm
+
+
+@pytest.mark.parametrize("clip", [1e-3, 1e3])
+def test_the_fused_update_trains_as_the_separate_clip_and_step(worlds, clip):
+    """``train.update: fused`` (the clip's factor as fused AdamW's ``grad_scale``) against the clip
+    and the optimizer as two steps, graphed, 3 steps of 2 accumulated micro-batches, dropout off: the
+    same weights to fp32 rounding, whether the clip bites (1e-3: it changes the weights, checked) or
+    not (1e3)."""
+    h = worlds("simcse")
+    over = dict(dropout=0.0, grad_accum=2, graphs=True, grad_clip=clip)
+    separate, _ = _train(h.exact_run(**over), steps=3, cls=h.cls)
+    fused, _ = _train(h.exact_run(update="fused", **over), steps=3, cls=h.cls)
+    _same(fused, separate, 1e-5, f"update fused vs separate, grad_clip {clip}")
+    if clip < 1:  # the clip bites: without it the weights are elsewhere
+        loose, _ = _train(h.exact_run(**{**over, "grad_clip": None}), steps=3, cls=h.cls)
+        assert max((loose[k] - separate[k]).abs().max().item() for k in separate if separate[k].is_floating_point()) > 1e-4
+
+
+def test_compile_mode_and_compile_random_reach_torch_compile_and_inductor(worlds, monkeypatch):
+    """``train.compile_mode`` is torch.compile's ``mode``; ``compile_random`` sets Inductor's
+    ``fallback_random`` (eager: torch's dropout kernels; inductor: Inductor's own Philox); a job
+    compiled under other such settings than the last one drops Dynamo's cache first
+    (``fresh_compile_cache``), one under the same keeps it."""
+    import torch._dynamo
+    import torch._inductor.config
+
+    from sentemb.train import loop
+
+    modes, resets = [], []
+    monkeypatch.setattr(torch, "compile", lambda fn, mode=None, **k: modes.append(mode) or fn)
+    monkeypatch.setattr(torch._dynamo, "reset", lambda: resets.append(1))
+    monkeypatch.setattr(torch._inductor.config, "fallback_random", torch._inductor.config.fallback_random)
+    monkeypatch.setattr(loop, "_COMPILED_UNDER", [])
+    h = worlds("simcse")
+    for over, mode, fallback, reset in (({}, None, True, 0), ({}, None, True, 0),
+                                        ({"compile_random": "inductor"}, None, False, 1),
+                                        ({"compile_mode": "max-autotune-no-cudagraphs"}, "max-autotune-no-cudagraphs",
+                                         True, 1)):
+        modes.clear()
+        resets.clear()
+        with setup(h.exact_run(compile=True, **over), "/nonexistent", h.cls):
+            assert modes == [mode, mode] and torch._inductor.config.fallback_random is fallback, (over, modes)
+            assert len(resets) == reset, over
+
+
+def test_settings_the_fused_update_and_inductor_dropout_cannot_serve_are_refused():
+    from sentemb.train.step import check_settings
+
+    for train, key in (({"update": "fused", "precision": "fp16"}, "train.update fused"),
+                       ({"compile": True, "compile_random": "inductor", "dropout_rng": "counter"},
+                        "train.compile_random inductor")):
+        with pytest.raises(SentembError, match=key):
+            check_settings(TrainSettings(**train), "run 'r'")
+
+
+def test_inductor_dropout_is_another_random_run_of_the_compiled_step(worlds):
+    """``compile_random: inductor`` with dropout on, graphed and compiled (Inductor's CPU code): the
+    masks are Inductor's, so the weights leave those of the ``eager``-random compiled run (which are
+    the eager run's, ``test_graphs_with_compile_train_as_graphs_without``) by far more than rounding;
+    the same seed gives the same weights again (its seeds are drawn from torch's generator)."""
+    h = worlds("simcse")
+    over = dict(graphs=True, compile=True)
+    eager_rng, _ = _train(h.exact_run(**over), steps=2, cls=h.cls)
+    runs = [_train(h.exact_run(compile_random="inductor", **over), steps=2, cls=h.cls)[0] for _ in range(2)]
+    _same(runs[1], runs[0], 1e-6, "compile_random inductor, the same seed twice")
+    assert max((runs[0][k] - eager_rng[k]).abs().max().item() for k in eager_rng
+               if eager_rng[k].is_floating_point()) > 1e-4
+
+
+@pytest.mark.parametrize("attention", ["sdpa_math", "sdpa_efficient", "eager"])
+def test_each_attention_kernel_trains_to_the_sdpa_weights(worlds, attention):
+    """``train.attention``: another kernel for the same attention. Dropout off, graphed (the capture
+    check passes), 2 steps of 2 accumulated micro-batches: the weights of the default ``sdpa`` run to
+    fp32 rounding."""
+    h = worlds("simcse")
+    over = dict(dropout=0.0, grad_accum=2, graphs=True)
+    sdpa, _ = _train(h.exact_run(**over), steps=2, cls=h.cls)
+    other, _ = _train(h.exact_run(attention=attention, **over), steps=2, cls=h.cls)
+    _same(other, sdpa, 1e-4, f"attention {attention} vs sdpa")
+    with setup(h.exact_run(attention=attention, **over), "/nonexistent", h.cls) as job:  # the other kernel is the one set
+        impl = job.method.encoder.config._attn_implementation
+        assert impl == ("eager" if attention == "eager" else "sdpa"), impl
+        assert torch.backends.cuda.flash_sdp_enabled() is (attention in ("sdpa", "eager"))
+
+
+def test_the_sdpa_backend_is_restricted_while_the_job_runs_and_put_back_after():
+    """``sdpa_efficient`` and ``sdpa_math`` set the process's SDPA backend flags for the job's life
+    (``Job.close`` puts them back); ``sdpa`` and ``eager`` leave them alone."""
+    from sentemb.train.loop import sdpa_backend
+
+    flags = (torch.backends.cuda.flash_sdp_enabled, torch.backends.cuda.mem_efficient_sdp_enabled,
+             torch.backends.cuda.math_sdp_enabled, torch.backends.cuda.cudnn_sdp_enabled)
+    before = [f() for f in flags]
+    assert sdpa_backend("sdpa") is None and sdpa_backend("eager") is None
+    for attention, want in (("sdpa_math", [False, False, True, False]), ("sdpa_efficient", [False, True, True, False])):
+        undo = sdpa_backend(attention)
+        try:
+            assert [f() for f in flags] == want, attention
+        finally:
+            undo()
+        assert [f() for f in flags] == before, attention
+
+
+@pytest.mark.parametrize("method", ["simcse", "arccse"])
+def test_graphed_fused_micro_batches_train_as_the_eager_fused_step(worlds, method):
+    """``fuse_micro_batches: 2`` with ``graphs``: each group of two micro-batches is one unit (a flat
+    batch, ``Fused.units``), captured and replayed as one graph. Dropout off, with SAM (ArcCSE's
+    paper step), 3 steps of 2 micro-batches: the eager fused run's weights."""
+    h = worlds(method)
+    over = dict(dropout=0.0, grad_accum=2, fuse_micro_batches=2, sam_rho=0.05)
+    eager, _ = _train(h.exact_run(**over), steps=3, cls=h.cls)
+    graphed, strategy = _train(h.exact_run(graphs=True, **over), steps=3, cls=h.cls)
+    assert repr(strategy) == "SAM(Graphed(Fused(2)))" and strategy.inner.captures >= 1
+    assert all("|" in k for e in strategy.inner.entries.values() for k in e.batch)  # a flat unit per key
+    _same(graphed, eager, 1e-4, f"{method}: graphed fused vs eager fused weights")
+
+
+def test_a_compiled_job_runs_the_attention_kernel_it_asks_for_after_another_job_compiled(worlds):
+    """``train.compile`` with ``attention: sdpa_math`` after a compiled ``sdpa`` job in the same
+    process (gpu-check's rows): the compiled step runs the math attention (``bmm``), not the flash
+    kernel the first job compiled (dropout off: with dropout torch's CPU SDPA takes the math path
+    anyway)."""
+    from torch.profiler import profile
+
+    h = worlds("simcse")
+
+    def attention_ops(**over):
+        with setup(h.exact_run(compile=True, dropout=0.0, **over), "/nonexistent", h.cls) as job:
+            state = State()
+            for _ in run_steps(job, state, 1):  # compiled here
+                pass
+            with profile() as prof:
+                for _ in run_steps(job, state, 1):
+                    pass
+        return {e.key for e in prof.key_averages() if "attention" in e.key or e.key == "aten::bmm"}
+
+    assert any("flash_attention" in k for k in attention_ops()), "sdpa on the CPU: torch's flash kernel"
+    ops = attention_ops(attention="sdpa_math")
+    assert "aten::bmm" in ops and not any("flash_attention" in k for k in ops), ops
+
+
+def test_the_restricted_backend_is_not_served_from_aotautograds_cache():
+    """``sdpa_backend`` turns AOTAutograd's compile cache off while a restriction holds (and back on
+    after): that cache keys Dynamo's graph, which holds SDPA undecomposed, so a function compiled
+    before would be served with the kernel of its first compilation. Here: SDPA compiled with
+    torch's choice (the CPU flash kernel), then, after ``torch._dynamo.reset``, compiled again under
+    ``sdpa_math``: the math kernels (``bmm``) run."""
+    import torch._functorch.config as functorch_config
+    import torch.nn.functional as F
+    from torch.profiler import profile
+
+    from sentemb.train.loop import sdpa_backend
+
+    def attend(q, m):
+        return F.scaled_dot_product_attention(q, q, q, attn_mask=m)
+
+    q = torch.randn(2, 4, 8, 16, requires_grad=True)
+    m = torch.ones(2, 1, 8, 8, dtype=torch.bool)
+
+    def ops(fn):
+        with profile() as prof:
+            fn(q, m).sum().backward()
+        return {e.key for e in prof.key_averages() if "attention" in e.key or e.key == "aten::bmm"}
+
+    before = functorch_config.enable_autograd_cache
+    torch._dynamo.reset()
+    try:
+        assert any("flash_attention" in k for k in ops(torch.compile(attend)))
+        torch._dynamo.reset()
+        undo = sdpa_backend("sdpa_math")
+        try:
+            assert functorch_config.enable_autograd_cache is False
+            got = ops(torch.compile(attend))
+        finally:
+            undo()
+        assert functorch_config.enable_autograd_cache is before
+        assert "aten::bmm" in got and not any("flash_attention" in k for k in got), got
+    finally:
+        torch._dynamo.reset()

@@ -126,7 +126,9 @@ def test_a_setting_added_at_its_old_behaviour_reruns_nothing_and_runs_round_trip
     runs = [resolve_run(cfg, *job) for job in jobs(cfg)]
     runs.append(resolve_pretrain(cfg, "infocse", "tiny-bert"))
     others = {"chunk_size": 8, "dropout_rng": "keyed", "devices": 2, "sampler": "length", "eval_unit": "micro_batches",
-              "buckets": [16], "workers": 2, "eval_precision": "bf16", "graphs": True, "fuse_micro_batches": 2}
+              "buckets": [16], "workers": 2, "eval_precision": "bf16", "graphs": True, "fuse_micro_batches": 2,
+              "compile_mode": "max-autotune-no-cudagraphs", "compile_random": "inductor", "update": "fused",
+              "attention": "sdpa_math"}
     for run in runs:
         assert isinstance(run, Run) and isinstance(run.train, TrainSettings)
         again = Run.from_dict(json.loads(json.dumps(run.to_dict())))

@@ -676,7 +676,9 @@ def check_fused(h: Harness) -> None:
     fused is the one accumulated micro-batch by micro-batch (fp32 round-off, ``close``) and so are
     the logged terms; (2) 2 optimizer steps train to the accumulated run's weights and state (1e-4:
     AdamW's first steps divide each gradient element by its own magnitude, so an element near zero
-    turns round-off into a visible share of a step). A method that does not declare it is refused
+    turns round-off into a visible share of a step), and so does the fused step graphed
+    (``train.graphs``: each fused group one graph; skipped where the method's step cannot be
+    captured, which the check ``graphs`` reports). A method that does not declare it is refused
     naming it."""
     from .methods.base import fusable_method
     from .train.batches import micro_batches
@@ -713,13 +715,20 @@ def check_fused(h: Harness) -> None:
             a = logged["fused"][k]
             _require(abs(a - b) <= 1e-5 * max(1.0, abs(b)), f"{what}: logged {k} {a:.7g} vs {b:.7g}")
         got = {}
-        for fuse in (1, 2):
-            with setup(h.exact_run(dropout=0.0, grad_accum=2, max_steps=2, fuse_micro_batches=fuse, **extra),
-                       "/nonexistent", h.cls) as job:
-                for _ in run_steps(job, State()):
-                    pass
-                got[fuse] = method_state(job.method)
-        same_state(got[2], got[1], what, rel=1e-4)
+        for fuse, graphs in ((1, False), (2, False), (2, True)):  # and each fused group as one graph (train.graphs)
+            try:
+                with setup(h.exact_run(dropout=0.0, grad_accum=2, max_steps=2, fuse_micro_batches=fuse, graphs=graphs,
+                                       **extra), "/nonexistent", h.cls) as job:
+                    for _ in run_steps(job, State()):
+                        pass
+                    got[fuse, graphs] = method_state(job.method)
+            except SentembError as e:
+                if not graphs or "train.graphs" not in str(e):
+                    raise
+                # a step a graph cannot replay: the contract's check `graphs` reports it
+        same_state(got[2, False], got[1, False], what, rel=1e-4)
+        if (2, True) in got:
+            same_state(got[2, True], got[1, False], f"{what}, graphed", rel=1e-4)
 
 
 # ------------------------------------------------------------------------------------ a method's state

@@ -37,7 +37,8 @@ class TrainSettings:
         "terms, so the gradient is the accumulated one (dropout off: to rounding; the method contract's check "
         "fused). The host's per-pass cost, the eager step's floor on a GPU (docs/plan-and-benchmarks.md), is paid "
         "once per group instead of once per micro-batch. Must divide grad_accum; for methods that declare "
-        "Method.fusable (simcse, arccse), with dropout_rng stream, one device, no chunk_size and no graphs. With "
+        "Method.fusable (simcse, arccse), with dropout_rng stream, one device, no chunk_size and no compile. With "
+        "graphs, each group of fused micro-batches is one captured graph. With "
         "dropout on, the stream draws the masks of the fused rows at once: another random run, as unpad is.",
         minimum=1)
     lr: float = arg(3.0e-5, "peak learning rate of AdamW", exclusive_minimum=0)
@@ -46,6 +47,16 @@ class TrainSettings:
     lr_schedule: str = arg("linear", "learning rate after warm-up: linear decay to 0 or constant",
                            choices=("linear", "constant"))
     grad_clip: float | None = arg(1.0, "clip the gradient norm at this value (null = no clipping)", exclusive_minimum=0)
+    update: str = arg(
+        "separate",
+        "How the optimizer step applies grad_clip (sentemb.train.step.apply_update). separate - clip_grad_norm_ scales "
+        "every gradient, then AdamW steps (the HF Trainer's order; fused AdamW on CUDA); fused - the total norm is taken "
+        "and its clip factor handed to fused AdamW as its grad_scale, which divides each gradient by 1/factor inside the "
+        "optimizer's own kernel: one read of all gradients fewer and a few ops fewer for the host (measured on an "
+        "H200: -0.1 ms a step; docs/gpu/h200-2026-11-28b.md), the same update to rounding (a division by the "
+        "reciprocal: one ulp on about half the elements), hence a weights setting. Runs torch's fused AdamW on any "
+        "device (CPU too). Refused with precision fp16 (the grad scaler owns grad_scale).",
+        choices=("separate", "fused"))
     max_len: int = arg(32, "truncate sentences to this many tokens", minimum=4)
     eval_steps: int = arg(125, "STS-B dev evaluation every this many eval_unit", minimum=1)
     eval_unit: str = arg(
@@ -74,6 +85,35 @@ class TrainSettings:
                         "losses match an eager run to fp32 tolerance; see `sentemb benchmark --compile`). With dropout_rng counter "
                         "each dropout runs outside the compiled code (a graph break; sentemb.model.dropout.compile_safe), "
                         "which costs nothing inside graphs: true; keyed is refused.")
+    compile_mode: str = arg(
+        "default",
+        "With compile: torch.compile's mode. default - Inductor's heuristics; max-autotune-no-cudagraphs - Inductor "
+        "times candidate kernels for each matmul and fuses pointwise work into Triton matmul templates where they win "
+        "(longer compilation, cached per machine; its CUDA graphs are train.graphs' own, so Inductor's are off). "
+        "Other kernels round differently, hence a weights setting. Refused without compile.",
+        choices=("default", "max-autotune-no-cudagraphs"))
+    compile_random: str = arg(
+        "eager",
+        "With compile and dropout_rng stream: who draws the dropout masks inside the compiled code. eager - torch's "
+        "own dropout kernels from the global generator (Inductor's fallback_random), so a compiled run sees the "
+        "masks and losses of an eager one; inductor - Inductor's Philox draws them inside its fused kernels (no mask "
+        "kernel and no mask tensor per dropout site: faster), other masks, so another random run, like "
+        "train.unpad (measured on an H200: no faster, +0.2 ms at batch 64, +1.3 at 512). Refused with dropout_rng "
+        "counter or keyed (their masks are hashed outside the compiled code), and without compile.",
+        choices=("eager", "inductor"))
+    attention: str = arg(
+        "sdpa",
+        "The encoder's attention kernels. sdpa - torch's scaled_dot_product_attention, torch picking the kernel (on "
+        "an H100/H200 cuDNN's: at max_len 32 it took 24% of BERT-base's compiled step, 12.4 of 52.6 ms at batch "
+        "512, docs/gpu/h200-2026-11-28b.md); sdpa_efficient - the same function restricted to the memory-efficient "
+        "kernel (math where it cannot serve); sdpa_math - restricted to its math form (two batched matmuls and a "
+        "softmax, which train.compile fuses with the mask and dropout); eager - Hugging Face's eager attention (the "
+        "same arithmetic through its own mask; some transformers versions build that mask from host data, which "
+        "train.graphs refuses, naming the op). The same attention to rounding; with dropout_rng stream the "
+        "attention-probability masks are drawn by another kernel (another random run), hence a weights setting. "
+        "The backend restriction holds for the job's process while the job runs. Refused with unpad (its packed "
+        "forward has its own attention).",
+        choices=("sdpa", "sdpa_efficient", "sdpa_math", "eager"))
     token_cache: bool = arg(True, "Tokenize the corpus once (rule tokenize, results/stats/<corpus>/tokens.<backbone>/, "
                             "memory-mapped) instead of on every step; batches are identical either way.", weights=False)
     prefetch: bool = arg(True, "Build the next step's batches in a background thread (pinned memory on CUDA) while "
@@ -614,7 +654,8 @@ class Run:
 #: before they existed: left out of the fingerprint at that value (so such a state still resumes),
 #: in it at any other (``sampler: length`` is another data order, ``eval_unit`` other checkpoints)
 ADDED_DEFAULTS = {"sampler": "random", "eval_unit": "optimizer_steps", "dropout_rng": "stream", "eval_precision": "fp32",
-                  "graphs": False, "fuse_micro_batches": 1}
+                  "graphs": False, "fuse_micro_batches": 1, "compile_mode": "default", "compile_random": "eager",
+                  "update": "separate", "attention": "sdpa"}
 
 
 #: method arguments added after states were saved (issue 38: the switches to the authors' code), at

@@ -22,9 +22,10 @@ Training, per batch of B sentences:
   (``triplet_pass: separate``) the triplet rows get a forward of their own. ``with_views`` encodes them
   in the views' forward instead, dropout applied to the view rows only
   (``sentemb.model.dropout.dropout_rows``): one encoder pass a step, the same FLOPs and about 16%
-  fewer dispatched ops, yet measured slower, on the H200 (the paper configuration's first steps: 177
-  against 141 ms/step, ``docs/gpu/h200-2026-11-28.md``) and on the CPU (7%: every dropout site slices
-  and concatenates the rows).
+  fewer dispatched ops. Which is faster on a GPU is not settled: two H200 lends ranked them oppositely
+  (177 against 141 ms/step, then 112 against 136, the slower each time the first row to meet the fused
+  shapes in one process; ``docs/gpu/h200-2026-11-28b.md``); on the CPU ``with_views`` is 7% slower
+  (every dropout site slices and concatenates the rows).
 * **Total** (Eq. 5): L = L_arc + λ·L_tri, λ = 0.1. Logged terms: ``loss``, ``arccon``, ``triplet``,
   ``triplets`` (|T|, the number of triplets in the batch).
 
@@ -239,8 +240,9 @@ class ArcCSE(SimCSE):
             "separate", "how the triplet rows are encoded: with_views - in the views' forward, with dropout on the "
             "views' rows only (sentemb.model.dropout.dropout_rows), one encoder pass a step instead of two, the "
             "views padded to the triplets' width where those are wider; separate - a forward of their own in "
-            "evaluation mode, the default: the faster where measured (the H200: ArcCSE's paper step 141 ms with "
-            "separate, 177 with with_views; docs/gpu/h200-2026-11-28.md); auto - with_views where the triplet rows "
+            "evaluation mode, the default (which is faster on a GPU is not settled: two H200 lends ranked them "
+            "oppositely, each time against the row that ran first in its process; docs/gpu/h200-2026-11-28b.md; "
+            "on the CPU with_views is 7% slower); auto - with_views where the triplet rows "
             "are no wider than the views, else separate (the default from 2026-11-27 to 11-28). The same "
             "embeddings with dropout off, and the same dropout masks with dropout_rng counter; with stream another "
             "random run. A compiled step (train.compile) and train.unpad encode them separately",
@@ -365,7 +367,8 @@ class ArcCSE(SimCSE):
         """k micro-batches as one (``Method.merge``, ``train.fuse_micro_batches``): SimCSE's rows by the
         default; the triplet rows [s; s′; s″] of all micro-batches, each block in micro-batch order,
         padded to the widest, ``tri_index`` moved to the merged sentence positions, and ``tri_weight``
-        (T,) = 1/(k·T_j) for a triplet of micro-batch j with T_j triplets: the merge's weighted
+        (T,) = 1/(k·T_j) for a triplet of micro-batch j with T_j triplets (a graphed run's padding
+        triplets, ``tri_index`` -1, keep -1, weigh 0 and are not counted in T_j): the merge's weighted
         Eq. 4 sum is then the mean over the micro-batches of their own Eq. 4 means (``row_terms``),
         what accumulating them one by one computes."""
         merged, spans = super().merge([{k: v for k, v in b.items() if k not in TRIPLET_KEYS} for b in batches])
@@ -381,8 +384,14 @@ class ArcCSE(SimCSE):
                 att.append(self.pad_width("tri_attention_mask", b["tri_attention_mask"][v * t : (v + 1) * t], width))
         first = batches[0]["tri_index"]
         merged["tri_input_ids"], merged["tri_attention_mask"] = torch.cat(ids), torch.cat(att)
-        merged["tri_index"] = torch.cat([b["tri_index"] + a for b, (a, _) in zip(batches, spans)]).to(first.dtype)
-        weights = [torch.full((t,), 1.0 / (k * t), device=first.device) for t in counts if t]
+        # a graphed run's padding triplets (tri_index -1, build_triplets) stay -1 and weigh 0: T_j counts
+        # the real ones, with tensor ops (no host read inside a captured step)
+        merged["tri_index"] = torch.cat([torch.where(b["tri_index"] >= 0, b["tri_index"] + a, b["tri_index"])
+                                         for b, (a, _) in zip(batches, spans)]).to(first.dtype)
+        weights = []
+        for b in batches:
+            valid = (b["tri_index"] >= 0).to(torch.float32)
+            weights.append(valid / (k * valid.sum().clamp(min=1.0)))
         merged["tri_weight"] = torch.cat(weights) if weights else torch.zeros(0, device=first.device)
         return merged, spans
 

@@ -1144,11 +1144,11 @@ def plan(config: dict | Config, gpu: str = DEFAULT_GPU, mfu: float | None = DEFA
 
 def _with_graphs(run, graphs: bool | None, compile: bool | None = None):
     """``run`` with ``train.graphs`` set to ``graphs`` and ``train.compile`` to ``compile`` (None: as
-    it is). A run turned graphed or compiled is priced with ``train.fuse_micro_batches: 1``, which
-    the loop requires of it (``sentemb.train.step.check_fuse_settings``): its micro-batches are
-    replayed one by one."""
+    it is). A run turned compiled is priced with ``train.fuse_micro_batches: 1``, which the loop
+    requires of it (``sentemb.train.step.check_fuse_settings``): its micro-batches are run one by
+    one. A run turned graphed keeps its fused micro-batches (each group one graph)."""
     over = {k: v for k, v in (("graphs", graphs), ("compile", compile)) if v is not None and getattr(run.train, k) != v}
-    if (over.get("graphs") or over.get("compile")) and getattr(run.train, "fuse_micro_batches", 1) > 1:
+    if over.get("compile") and getattr(run.train, "fuse_micro_batches", 1) > 1:
         over["fuse_micro_batches"] = 1
     return dataclasses.replace(run, train=dataclasses.replace(run.train, **over)) if over else run
 

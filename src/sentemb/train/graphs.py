@@ -2,9 +2,10 @@
 
 An eager BERT-base step at the papers' batch 64 dispatches about 4,300 aten ops, and on a fast GPU
 the host's dispatching, not the arithmetic, is the step's time (34 ms on an H200 for about 2 ms of
-arithmetic). ``Graphed`` (``sentemb.train.step``) wraps the job's micro-batch strategy (``Plain``, ``Chunked`` or ``Sharded``
-of ``sentemb.train.step``) and runs each micro-batch's whole forward and backward (with gradient
-caching: both passes and the cached-gradient backward of every chunk) as one captured CUDA graph:
+arithmetic). ``Graphed`` (``sentemb.train.step``) wraps the job's micro-batch strategy (``Plain``, ``Chunked``,
+``Sharded`` or ``Fused`` of ``sentemb.train.step``) and runs each micro-batch's whole forward and backward (with gradient
+caching: both passes and the cached-gradient backward of every chunk; with ``train.fuse_micro_batches``: each group
+of fused micro-batches, one flat batch, ``Fused.units``) as one captured CUDA graph:
 
 1. **Static shapes.** A micro-batch is keyed by the shapes and dtypes of its tensors; the widths
    come from ``train.buckets`` (on CUDA ``auto``: a handful per run), so a run captures one graph

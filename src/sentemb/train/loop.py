@@ -113,8 +113,10 @@ def batch_schedule(n: int, batch_size: int, epochs: float, seed: int, lengths: "
     return out[:total]
 
 
-def build_optimizer(module: torch.nn.Module, lr: float, weight_decay: float, device: torch.device):
-    """AdamW; biases and LayerNorm weights are not decayed (the HF Trainer's convention)."""
+def build_optimizer(module: torch.nn.Module, lr: float, weight_decay: float, device: torch.device,
+                    fused: bool = False):
+    """AdamW; biases and LayerNorm weights are not decayed (the HF Trainer's convention). torch's fused
+    kernel on CUDA, and on any device with ``fused`` (``train.update: fused`` hands it the clip)."""
     import torch
 
     decay, no_decay = [], []
@@ -123,7 +125,54 @@ def build_optimizer(module: torch.nn.Module, lr: float, weight_decay: float, dev
             continue
         (no_decay if p.ndim < 2 or "LayerNorm" in n or "layer_norm" in n else decay).append(p)
     groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=lr, fused=device.type == "cuda")
+    return torch.optim.AdamW(groups, lr=lr, fused=fused or device.type == "cuda")
+
+
+def sdpa_backend(attention: str):
+    """``train.attention: sdpa_efficient`` or ``sdpa_math``: restrict the process's
+    ``scaled_dot_product_attention`` to the memory-efficient kernel (the math one where it cannot
+    serve) or to the math one, until the returned function is called (``Job.close``; None for another
+    ``attention``). The flags are the process's: compiled code traced and CUDA graphs captured
+    meanwhile keep the choice. AOTAutograd's compile cache is off meanwhile (its key does not see
+    the flags)."""
+    if attention not in ("sdpa_efficient", "sdpa_math"):
+        return None
+    import torch._functorch.config as functorch_config
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    ctx = sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH] if attention == "sdpa_efficient"
+                      else [SDPBackend.MATH])
+    ctx.__enter__()
+    # AOTAutograd's cache is keyed by Dynamo's graph, which holds SDPA undecomposed: it would serve code
+    # compiled under other backend flags (measured: the H200's sdpa_efficient rows ran cuDNN's kernels;
+    # on the CPU, the flash kernel under MATH), and store code compiled under these for other jobs
+    cache = functorch_config.enable_autograd_cache
+    functorch_config.enable_autograd_cache = False
+
+    def undo():
+        functorch_config.enable_autograd_cache = cache
+        ctx.__exit__(None, None, None)
+
+    return undo
+
+
+#: what the process's compiled code was compiled under (``fresh_compile_cache``)
+_COMPILED_UNDER: list = []
+
+
+def fresh_compile_cache(under: tuple) -> None:
+    """Drop the process's compiled code (``torch._dynamo.reset``) when this job compiles under other
+    settings (``under``: ``train.compile_mode``, ``compile_random``, ``dropout_rng``, ``attention``,
+    and the shapes' settings ``batch_size``, ``chunk_size``, ``max_len``, ``buckets``) than the last
+    one did: Dynamo's cache is keyed by the code object and its guards, not by Inductor's config or
+    mode, so a second job in the process (gpu-check's rows, the tests) would otherwise replay the
+    first job's kernels, or (other shapes) recompile them for dynamic shapes. A job alone in its
+    process (``sentemb train``) compiles afresh either way."""
+    if _COMPILED_UNDER and _COMPILED_UNDER[0] != under:
+        import torch._dynamo
+
+        torch._dynamo.reset()
+    _COMPILED_UNDER[:] = [under]
 
 
 def lr_lambda(schedule: str, total: int, warmup: int):
@@ -178,11 +227,17 @@ class Job:
     strategy: "StepStrategy | None" = None  # how a step's gradient is computed (sentemb.train.step.strategy_for)
     dropout_key: "torch.Tensor | None" = None  # train.graphs + dropout_rng counter: the static key (sentemb.train.graphs)
     encode_fn: Callable | None = None  # train.compile: method.encode compiled, for gradient caching's chunks; None = eager
+    restore: list = field(default_factory=list)  # what close() puts back (train.attention's backend)
 
     def close(self) -> None:
-        """Stop the prefetch thread or the batch workers (``train`` does; so should a caller of ``setup``)."""
-        if self.prefetch is not None:
-            self.prefetch.close()
+        """Stop the prefetch thread or the batch workers (``train`` does; so should a caller of ``setup``),
+        and put back the process state the job set (``restore``)."""
+        try:
+            if self.prefetch is not None:
+                self.prefetch.close()
+        finally:
+            while self.restore:
+                self.restore.pop()()
 
     def __enter__(self) -> Job:
         return self
@@ -250,17 +305,17 @@ def setup(run: Run | dict, out_dir: str | Path, method_cls: "type[Method] | None
         torch.set_num_threads(settings.num_threads)
     amp = _precision(settings.precision, device)
     if device.type == "cuda":
-        if hasattr(torch.backends.cuda.matmul, "fp32_precision"):  # torch >= 2.9
-            torch.backends.cuda.matmul.fp32_precision = "tf32"
-            torch.backends.cudnn.conv.fp32_precision = "tf32"
-        else:
-            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+        # TF32 for fp32 matmuls, through the one API whose state Inductor's max-autotune reads back
+        # (torch.get_float32_matmul_precision raises once the per-backend fp32_precision was set alone)
+        torch.set_float32_matmul_precision("high")
 
     sentences = read_corpus(paths["corpus"])
     dev_pairs = load_task(paths["senteval"], "STSBenchmark", "dev") if settings.selects_by_dev else []
     seed_everything(seed)
     # BERT's pretrained NSP pooler is neither loaded nor computed (methods.md §0).
     encoder, tokenizer = load_encoder(paths["model"], dropout=settings.dropout, pooling_layer=False)
+    if settings.attention == "eager":
+        encoder.set_attn_implementation("eager")
     if run.method_module and method_cls is None:  # a method from the user's code (config method_modules)
         from ..methods import import_method_module
 
@@ -287,9 +342,10 @@ def setup(run: Run | dict, out_dir: str | Path, method_cls: "type[Method] | None
     if settings.compile:
         import torch._inductor.config
 
-        # Dropout drawn by the eager kernels from the global generator, not by Inductor's own
-        # Philox: the compiled run sees the same dropout masks (and losses) as an eager one.
-        torch._inductor.config.fallback_random = True
+        # compile_random eager: dropout drawn by the eager kernels from the global generator, not by
+        # Inductor's own Philox, so the compiled run sees the same dropout masks (and losses) as an
+        # eager one; inductor: Inductor's Philox inside its fused kernels (another random run)
+        torch._inductor.config.fallback_random = settings.compile_random == "eager"
         if settings.dropout_rng == "counter":  # the masks outside the compiled graphs (a break at each dropout)
             from ..model.dropout import compile_safe
 
@@ -304,8 +360,11 @@ def setup(run: Run | dict, out_dir: str | Path, method_cls: "type[Method] | None
         from ..methods.base import eager_stash
 
         eager_stash()  # Method.stash outside the compiled code (no recompilation per micro-batch)
-        step_fn = torch.compile(method.losses)
-        encode_fn = torch.compile(method.encode)  # the chunks of gradient caching (chunked_backward)
+        mode = None if settings.compile_mode == "default" else settings.compile_mode
+        fresh_compile_cache((settings.compile_mode, settings.compile_random, settings.dropout_rng, settings.batch_size,
+                             settings.attention, settings.chunk_size, settings.max_len, settings.buckets))
+        step_fn = torch.compile(method.losses, mode=mode)
+        encode_fn = torch.compile(method.encode, mode=mode)  # the chunks of gradient caching (chunked_backward)
 
     lengths = sentence_lengths(sentences) if settings.sampler == "length" else None
     micro = batch_schedule(len(sentences), settings.batch_size, settings.epochs, seed, lengths)
@@ -321,7 +380,7 @@ def setup(run: Run | dict, out_dir: str | Path, method_cls: "type[Method] | None
                            f"train.eval_steps ({settings.eval_steps} {settings.eval_unit}) is beyond the run ({total} "
                            f"optimizer steps of {accum} micro-batches) and train.eval_at_end is false; lower "
                            "train.eval_steps, set train.eval_at_end: true, or set train.model_selection: last")
-    opt = build_optimizer(method, settings.lr, settings.weight_decay, device)
+    opt = build_optimizer(method, settings.lr, settings.weight_decay, device, fused=settings.update == "fused")
     warmup = int(settings.warmup_ratio * total)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(settings.lr_schedule, total, warmup))
     scaler = torch.amp.GradScaler(device.type, enabled=amp is torch.float16)
@@ -345,6 +404,9 @@ def setup(run: Run | dict, out_dir: str | Path, method_cls: "type[Method] | None
         from ..evaluate.sts import tune_dev_embedder
 
         tune_dev_embedder(job.embedder, settings.eval_precision, device)
+    undo = sdpa_backend(settings.attention)  # last: nothing after it can fail and leave the flags set
+    if undo is not None:
+        job.restore.append(undo)
     return job
 
 

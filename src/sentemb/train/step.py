@@ -161,15 +161,21 @@ class MicroBatches(StepStrategy):
 
     def gradients(self, job, batches: list[tuple[int, dict]], state, norms: bool = False) -> None:
         probe = _probe(job, state, norms, chunked=True)
-        for m, batch in batches:
-            _count_input(job, state, m, batch)
+        for m, batch, members in self.units(job, batches):
+            for mm, b in members:
+                _count_input(job, state, mm, b)
             batch = {key: v.to(job.device, non_blocking=True) for key, v in batch.items()}
             job.method.micro = m  # what encode/batch_terms read (Method.micro)
             terms = self.backward(job, batch, m, probe)
-            _record_terms(state, terms)
+            _record_terms(state, terms, len(members))
         self.reduce(job)
         if probe is not None:
             state.grad_norms = probe.norms()
+
+    def units(self, job, batches: list[tuple[int, dict]]) -> list[tuple[int, dict, list[tuple[int, dict]]]]:
+        """The step's units of work, one ``backward`` each: (micro index, batch, the micro-batches it
+        holds). Here every micro-batch is one; ``Fused`` joins k."""
+        return [(m, b, [(m, b)]) for m, b in batches]
 
     def backward(self, job, batch: dict, micro: int, probe) -> dict:
         """Forward and backward of micro-batch ``micro`` (``batch`` on the device), the loss scaled by
@@ -221,17 +227,37 @@ class Fused(MicroBatches):
     def __repr__(self) -> str:
         return f"Fused({self.k})"
 
-    def gradients(self, job, batches: list[tuple[int, dict]], state, norms: bool = False) -> None:
-        probe = _probe(job, state, norms)
+    def units(self, job, batches: list[tuple[int, dict]]) -> list[tuple[int, dict, list[tuple[int, dict]]]]:
+        """Each k consecutive micro-batches as one unit: their tensors in one flat batch (``FUSED_KEY``
+        names micro-batch j's ``key``), so that ``Graphed`` keys, copies and captures the unit as it
+        does one micro-batch; its index is the first one's (a fusable method reads none:
+        ``Method.fusable``). Each tensor of two or more dimensions is padded to the group's widest
+        (``Method.pad_width``, as ``Method.merge`` pads them anyway), so a unit's shape is its widest
+        member's k times, not one of the combinations of the members' widths: as few graphs as
+        widths."""
+        out = []
         for i in range(0, len(batches), self.k):
             group = batches[i : i + self.k]
-            for m, batch in group:
-                _count_input(job, state, m, batch)
-            group = [(m, {key: v.to(job.device, non_blocking=True) for key, v in b.items()}) for m, b in group]
-            job.method.micro = group[0][0]  # a fusable method reads no micro index (Method.fusable)
-            _record_terms(state, fused_backward(job, group, probe), len(group))
-        if probe is not None:
-            state.grad_norms = probe.norms()
+            widths = {}
+            for _, b in group:
+                for key, v in b.items():
+                    if v.dim() >= 2:
+                        widths[key] = max(widths.get(key, 0), int(v.size(1)))
+            flat = {FUSED_KEY.format(j, key): job.method.pad_width(key, v, widths[key]) if key in widths else v
+                    for j, (_, b) in enumerate(group) for key, v in b.items()}
+            out.append((group[0][0], flat, group))
+        return out
+
+    def backward(self, job, batch: dict, micro: int, probe) -> dict:
+        group: dict[int, dict] = {}
+        for name, v in batch.items():
+            j, key = name.split("|", 1)
+            group.setdefault(int(j), {})[key] = v
+        return fused_backward(job, [(micro + j, group[j]) for j in sorted(group)], probe)
+
+
+#: a fused unit's flat batch key for micro-batch j's tensor ``key`` (``Fused.units``)
+FUSED_KEY = "{}|{}"
 
 
 def _probe(job, state, norms: bool, chunked: bool = False):
@@ -391,6 +417,9 @@ class Graphed(MicroBatches):
 
     def reduce(self, job) -> None:
         self.inner.reduce(job)
+
+    def units(self, job, batches):
+        return self.inner.units(job, batches)
 
     def backward(self, job, batch: dict, micro: int, probe) -> dict:
         key = _key(batch)
@@ -560,6 +589,21 @@ def check_settings(settings, where: str) -> None:
     from .graphs import check_graph_settings
 
     check_graph_settings(settings, where)
+    if settings.update == "fused" and settings.precision == "fp16":
+        raise SentembError(f"{where}: train.update fused cannot be combined with train.precision fp16 (the gradient "
+                           "scaler hands fused AdamW its own grad_scale); use bf16, fp32 or auto, or train.update: "
+                           "separate")
+    for key, default in (("compile_mode", "default"), ("compile_random", "eager")):
+        if getattr(settings, key) != default and not settings.compile:
+            raise SentembError(f"{where}: train.{key} {getattr(settings, key)} has no effect without train.compile (it "
+                               f"would only change the run's fingerprint); set train.compile: true or train.{key}: "
+                               f"{default}")
+    if settings.attention != "sdpa" and settings.unpad:
+        raise SentembError(f"{where}: train.attention {settings.attention} cannot be combined with train.unpad (the "
+                           "packed forward runs its own variable-length attention); set one of them back")
+    if settings.compile_random == "inductor" and settings.dropout_rng != "stream":
+        raise SentembError(f"{where}: train.compile_random inductor needs train.dropout_rng stream ({settings.dropout_rng} "
+                           "masks are hashed outside the compiled code); set train.compile_random: eager")
     if settings.sam_rho and settings.precision == "fp16":
         raise SentembError(f"{where}: SAM (train.sam_rho {settings.sam_rho}) cannot be combined with train.precision "
                            "fp16 (the gradient scaler would scale SAM's ascent step); use bf16, fp32 or auto, "
@@ -578,7 +622,6 @@ def check_fuse_settings(settings, where: str) -> None:
            (settings.chunk_size not in (None, "auto"), f"train.chunk_size {settings.chunk_size} (gradient caching "
                                                        "chunks one micro-batch; auto checks that the fused ones fit)"),
            (settings.devices > 1, f"train.devices {settings.devices}"),
-           (getattr(settings, "graphs", False), "train.graphs (a graph is captured per micro-batch)"),
            (settings.compile, "train.compile (the compiled step is one micro-batch's)")]
     for hit, what in bad:
         if hit:
@@ -822,16 +865,41 @@ def first_pass_bounds(job, lo: int, hi: int, bounds: list[tuple[int, int]]) -> l
 
 
 def apply_update(job) -> None:
-    """Clip the gradient norm, step optimizer, grad scaler and LR schedule, clear gradients."""
+    """Clip the gradient norm, step optimizer, grad scaler and LR schedule, clear gradients. With
+    ``train.update: fused`` the clip is the optimizer's: ``clip_divisor`` becomes fused AdamW's
+    ``grad_scale`` for this step (its kernel divides every gradient by it), instead of
+    ``clip_grad_norm_``'s separate multiply over all gradients."""
     import torch
 
+    fused = job.settings.update == "fused"
     if job.settings.grad_clip:
         job.scaler.unscale_(job.opt)
-        torch.nn.utils.clip_grad_norm_(job.method.parameters(), job.settings.grad_clip)
-    job.scaler.step(job.opt)
+        if fused:
+            job.opt.grad_scale = clip_divisor(job.method.parameters(), job.settings.grad_clip)
+        else:
+            torch.nn.utils.clip_grad_norm_(job.method.parameters(), job.settings.grad_clip)
+    try:
+        job.scaler.step(job.opt)
+    finally:
+        if fused:
+            job.opt.grad_scale = None
     job.scaler.update()
     job.sched.step()
     clear_grads(job)
+
+
+def clip_divisor(params, max_norm: float) -> "torch.Tensor":
+    """What ``clip_grad_norm_(params, max_norm)`` multiplies every gradient by, as its reciprocal:
+    ``max(1, (‖g‖₂ + 1e-6) / max_norm)``, a device scalar (no host read), ``‖g‖₂`` over all gradients
+    (``sam.grad_norm``: one multi-tensor norm per device and dtype). Fused AdamW divides each
+    gradient by it (``grad_scale``, writing the quotient back into ``.grad``), so ``g / d`` stands for
+    ``clip_grad_norm_``'s ``g · (max_norm / (‖g‖₂ + 1e-6))`` clamped at 1: the same to rounding (one
+    ulp on about half the elements)."""
+    import torch
+
+    from .sam import grad_norm
+
+    return torch.clamp((grad_norm(params) + 1e-6) / max_norm, min=1.0)
 
 
 def clear_grads(job) -> None:
