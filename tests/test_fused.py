@@ -31,6 +31,20 @@ def _grads(method):
     return {n: p.grad.detach().clone() for n, p in method.named_parameters() if p.grad is not None}
 
 
+def _accumulated(job, batches):
+    """The reference: each micro-batch's own ``Method.losses`` back-propagated / len(batches) from zero
+    gradients; (the gradients, the logged terms summed over the micro-batches)."""
+    job.opt.zero_grad(set_to_none=True)
+    terms = {}
+    for b in batches:
+        out = job.method.losses(b)
+        out.pop(WEIGHTED)
+        (out["loss"] / len(batches)).backward()
+        for k, v in out.items():
+            terms[k] = terms.get(k, 0.0) + float(v.detach())
+    return _grads(job.method), terms
+
+
 def test_fused_arccse_is_the_mean_of_its_micro_batches_with_unequal_triplet_counts(arccse):
     """Two micro-batches with 3 and 1 triplets (sentences of >= min_words words), dropout off: the
     fused backward's gradient and logged terms are those of Σ_j Method.losses(micro-batch j) / 2,
@@ -46,15 +60,7 @@ def test_fused_arccse_is_the_mean_of_its_micro_batches_with_unequal_triplet_coun
         assert torch.allclose(merged["tri_weight"], torch.tensor([1 / 6] * 3 + [1 / 2]))
         assert merged["tri_index"].tolist() == first["tri_index"].tolist() + (second["tri_index"] + 7).tolist()
 
-        job.opt.zero_grad(set_to_none=True)
-        ref_terms = {}
-        for b in (first, second):
-            out = method.losses(b)
-            out.pop(WEIGHTED)
-            (out["loss"] / 2).backward()
-            for k, v in out.items():
-                ref_terms[k] = ref_terms.get(k, 0.0) + float(v.detach())
-        ref = _grads(method)
+        ref, ref_terms = _accumulated(job, [first, second])
         assert ref_terms["triplet"] > 0  # the hinge is active: the weighting is tested
 
         job.opt.zero_grad(set_to_none=True)
@@ -184,15 +190,7 @@ def test_fused_arccse_weighs_out_a_graphed_runs_padding_triplets(arccse):
         assert torch.allclose(merged["tri_weight"].double(), torch.tensor(want, dtype=torch.float64))
         assert (merged["tri_index"][3:n] == -1).all()
 
-        job.opt.zero_grad(set_to_none=True)
-        ref_terms = {}
-        for b in (first, second):
-            out = method.losses(b)
-            out.pop(WEIGHTED)
-            (out["loss"] / 2).backward()
-            for k, v in out.items():
-                ref_terms[k] = ref_terms.get(k, 0.0) + float(v.detach())
-        ref = _grads(method)
+        ref, ref_terms = _accumulated(job, [first, second])
         assert ref_terms["triplet"] > 0
         job.opt.zero_grad(set_to_none=True)
         got_terms = {k: float(v) for k, v in fused_backward(job, [(0, first), (1, second)]).items()}
