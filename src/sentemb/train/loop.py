@@ -143,9 +143,10 @@ def sdpa_backend(attention: str):
     ctx = sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH] if attention == "sdpa_efficient"
                       else [SDPBackend.MATH])
     ctx.__enter__()
-    # AOTAutograd's cache is keyed by Dynamo's graph, which holds SDPA undecomposed: it would serve code
-    # compiled under other backend flags (measured: the H200's sdpa_efficient rows ran cuDNN's kernels;
-    # on the CPU, the flash kernel under MATH), and store code compiled under these for other jobs
+    # AOTAutograd's cache is keyed by Dynamo's graph, which holds SDPA undecomposed: it can serve code
+    # compiled under other backend flags (on the CPU a function recompiled under MATH ran the flash
+    # kernel; the H200's sdpa_efficient rows timed as sdpa's, compiled in 4 s: possibly the same), and
+    # would store code compiled under these for other jobs
     cache = functorch_config.enable_autograd_cache
     functorch_config.enable_autograd_cache = False
 
