@@ -45,6 +45,19 @@ def _accumulated(job, batches):
     return _grads(job.method), terms
 
 
+def _fused_is_accumulated(job, batches, what: str) -> None:
+    """``fused_backward`` over ``batches`` against ``_accumulated``: the gradients (fp64, 1e-10) and
+    every logged term, with ArcCSE's hinge active (L_tri > 0: the triplet weighting is tested)."""
+    ref, ref_terms = _accumulated(job, batches)
+    assert ref_terms["triplet"] > 0
+    job.opt.zero_grad(set_to_none=True)
+    got_terms = {k: float(v) for k, v in fused_backward(job, list(enumerate(batches))).items()}
+    testing.close(_grads(job.method), ref, what, rel=1e-10)
+    assert got_terms.keys() == ref_terms.keys()
+    for k in ref_terms:
+        assert got_terms[k] == pytest.approx(ref_terms[k], rel=1e-6), (what, k, got_terms, ref_terms)
+
+
 def test_fused_arccse_is_the_mean_of_its_micro_batches_with_unequal_triplet_counts(arccse):
     """Two micro-batches with 3 and 1 triplets (sentences of >= min_words words), dropout off: the
     fused backward's gradient and logged terms are those of Σ_j Method.losses(micro-batch j) / 2,
@@ -60,16 +73,7 @@ def test_fused_arccse_is_the_mean_of_its_micro_batches_with_unequal_triplet_coun
         assert torch.allclose(merged["tri_weight"], torch.tensor([1 / 6] * 3 + [1 / 2]))
         assert merged["tri_index"].tolist() == first["tri_index"].tolist() + (second["tri_index"] + 7).tolist()
 
-        ref, ref_terms = _accumulated(job, [first, second])
-        assert ref_terms["triplet"] > 0  # the hinge is active: the weighting is tested
-
-        job.opt.zero_grad(set_to_none=True)
-        got_terms = {k: float(v) for k, v in fused_backward(job, [(0, first), (1, second)]).items()}
-        got = _grads(method)
-    testing.close(got, ref, "fused vs accumulated gradient", rel=1e-10)
-    assert got_terms.keys() == ref_terms.keys()
-    for k in ref_terms:
-        assert got_terms[k] == pytest.approx(ref_terms[k], rel=1e-6), k
+        _fused_is_accumulated(job, [first, second], "fused vs accumulated gradient")
 
 
 def test_fused_simcse_has_the_accumulated_gradient_of_micro_batches_of_other_widths(tmp_path):
@@ -190,12 +194,4 @@ def test_fused_arccse_weighs_out_a_graphed_runs_padding_triplets(arccse):
         assert torch.allclose(merged["tri_weight"].double(), torch.tensor(want, dtype=torch.float64))
         assert (merged["tri_index"][3:n] == -1).all()
 
-        ref, ref_terms = _accumulated(job, [first, second])
-        assert ref_terms["triplet"] > 0
-        job.opt.zero_grad(set_to_none=True)
-        got_terms = {k: float(v) for k, v in fused_backward(job, [(0, first), (1, second)]).items()}
-        got = _grads(method)
-    testing.close(got, ref, "fused vs accumulated gradient, padded triplets", rel=1e-10)
-    assert got_terms.keys() == ref_terms.keys()
-    for k in ref_terms:
-        assert got_terms[k] == pytest.approx(ref_terms[k], rel=1e-6), (k, got_terms, ref_terms)
+        _fused_is_accumulated(job, [first, second], "fused vs accumulated gradient, padded triplets")
