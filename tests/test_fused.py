@@ -122,13 +122,13 @@ def test_the_default_merge_refuses_rows_that_are_not_one_per_sentence(tmp_path):
     ({"chunk_size": 4}, r"cannot be combined with train.chunk_size 4"),
     ({"dropout_rng": "counter"}, r"cannot be combined with train.dropout_rng counter"),
     ({"devices": 2}, r"cannot be combined with train.devices 2"),
-    ({"compile": True}, r"cannot be combined with train.compile"),
 ])
 def test_what_fusing_cannot_serve_is_refused_at_config_load(train, match):
     with pytest.raises(SentembError, match=r"cfg: train\.fuse_micro_batches 2 " + match):
         TrainSettings(fuse_micro_batches=2, **{"grad_accum": 2, **train}).check("cfg")
     # (the match: "cfg: train.fuse_micro_batches 2 " + the reason)
     TrainSettings(fuse_micro_batches=2, grad_accum=4, chunk_size="auto").check("cfg")  # auto: checked to fit at set-up
+    TrainSettings(fuse_micro_batches=2, grad_accum=2, compile=True).check("cfg")  # the group's forward compiled
 
 
 def test_a_method_that_does_not_declare_fusable_is_refused_naming_it(tmp_path):

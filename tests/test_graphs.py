@@ -292,6 +292,9 @@ def test_the_plan_prices_a_graphed_step_at_the_graphed_floor():
     assert _with_graphs(run, None) is run
     both = _with_graphs(run, True, True).train
     assert both.graphs and both.compile and not _with_graphs(run, None, False).train.compile
+    # a fused run keeps its fused micro-batches graphed and compiled (the loop serves both since session 13)
+    fused = replace(run, train=TrainSettings(grad_accum=2, fuse_micro_batches=2))
+    assert _with_graphs(fused, True, True).train.fuse_micro_batches == 2
 
 
 def test_the_plan_prices_a_compiled_graphed_step_at_its_measured_floor_and_mfu():
@@ -314,6 +317,26 @@ def test_the_plan_prices_a_compiled_graphed_step_at_its_measured_floor_and_mfu()
     wide = step_seconds(1e9, 24, 1, 1e15, 0.3, graphs=True, width=1024)
     assert wide == pytest.approx(GRAPHED_FLOOR_BY_WIDTH[1024] * 24) and GRAPHED_FLOOR_BY_WIDTH[1024] > GRAPHED_STEP_FLOOR_S_PER_LAYER
     assert step_seconds(1e9, 24, 1, 1e15, 0.3, graphs=True, compiled=True, width=1024) == wide
+
+
+def test_the_plan_prices_the_compiled_graphed_step_by_its_attention_kernel():
+    """``train.attention``: the default ``auto`` (the memory-efficient kernel on CUDA) is priced at the
+    sixth lend's measured step, ``sdpa`` (cuDNN's kernel on the H200) at its own, slower one; a wider
+    encoder keeps its graphed floor and uncompiled MFU whatever the kernel (unmeasured there)."""
+    from sentemb.ops.plan import (COMPILED_GRAPHED_BY_ATTENTION, COMPILED_GRAPHED_FLOOR_S_PER_LAYER,
+                                  COMPILED_GRAPHED_MFU, MEASURED_MFU, mfu_for, step_seconds)
+
+    floor = {a: step_seconds(1e9, 12, 1, 1e15, 0.3, graphs=True, compiled=True, attention=a)
+             for a in ("auto", "sdpa_efficient", "sdpa", "sdpa_math")}
+    assert floor["auto"] == floor["sdpa_efficient"] == pytest.approx(12 * COMPILED_GRAPHED_FLOOR_S_PER_LAYER)
+    assert floor["sdpa"] == pytest.approx(12 * COMPILED_GRAPHED_BY_ATTENTION["sdpa"][0])
+    assert floor["sdpa"] > floor["sdpa_math"] > floor["auto"]
+    mfu = {a: mfu_for("bert-base-uncased", compiled=True, attention=a) for a in ("auto", "sdpa", "eager")}
+    assert mfu["auto"] == COMPILED_GRAPHED_MFU[768] > mfu["sdpa"] == mfu["eager"] > MEASURED_MFU[768]
+    assert mfu_for("roberta-large", compiled=True, attention="sdpa") == MEASURED_MFU[1024]
+    # uncompiled, the kernel does not enter the price (measured with cuDNN's only)
+    assert step_seconds(1e9, 12, 1, 1e15, 0.3, graphs=True, attention="sdpa") == step_seconds(1e9, 12, 1, 1e15, 0.3,
+                                                                                              graphs=True)
 
 
 @pytest.mark.parametrize("method", ["simcse", "arccse"])
@@ -638,6 +661,43 @@ def test_the_sdpa_backend_is_restricted_while_the_job_runs_and_put_back_after():
         assert [f() for f in flags] == before, attention
 
 
+def test_attention_auto_is_the_memory_efficient_kernel_on_cuda_and_torchs_pick_elsewhere(worlds):
+    """``train.attention: auto`` (the default): ``sdpa_efficient`` on a CUDA device (faster than the
+    cuDNN kernel torch picks on an H200 at short rows), ``sdpa`` on the CPU and with ``unpad`` (its
+    packed forward has its own attention); any other value as written. A CPU job under the default
+    leaves the SDPA flags alone and records the kernel it ran."""
+    from sentemb.train.loop import resolve_attention
+
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+    assert resolve_attention("auto", cuda) == "sdpa_efficient" and resolve_attention("auto", cpu) == "sdpa"
+    assert resolve_attention("auto", cuda, unpad=True) == "sdpa"
+    for other in ("sdpa", "sdpa_efficient", "sdpa_math", "eager"):
+        assert resolve_attention(other, cuda) == resolve_attention(other, cpu) == other
+    h = worlds("simcse")
+    run = h.exact_run(dropout=0.0)
+    assert run.train.attention == "auto"
+    flash = torch.backends.cuda.flash_sdp_enabled()
+    with setup(run, "/nonexistent", h.cls) as job:
+        assert job.attention == "sdpa" and not job.restore
+        assert torch.backends.cuda.flash_sdp_enabled() is flash
+
+
+def test_the_resolved_attention_kernel_is_the_one_the_job_sets(worlds, monkeypatch):
+    """What ``auto`` does on CUDA, on the CPU: with ``resolve_attention`` answering ``sdpa_efficient``
+    (as it does on a CUDA device), the job restricts the SDPA backend to it while it runs, records
+    it, and puts the flags back when it closes."""
+    from sentemb.train import loop
+
+    monkeypatch.setattr(loop, "resolve_attention", lambda attention, device, unpad=False: "sdpa_efficient")
+    h = worlds("simcse")
+    before = (torch.backends.cuda.flash_sdp_enabled(), torch.backends.cuda.cudnn_sdp_enabled())
+    with setup(h.exact_run(dropout=0.0), "/nonexistent", h.cls) as job:
+        assert job.attention == "sdpa_efficient" and len(job.restore) == 1
+        assert not torch.backends.cuda.flash_sdp_enabled() and not torch.backends.cuda.cudnn_sdp_enabled()
+        assert torch.backends.cuda.mem_efficient_sdp_enabled()
+    assert (torch.backends.cuda.flash_sdp_enabled(), torch.backends.cuda.cudnn_sdp_enabled()) == before
+
+
 @pytest.mark.parametrize("method", ["simcse", "arccse"])
 def test_graphed_fused_micro_batches_train_as_the_eager_fused_step(worlds, method):
     """``fuse_micro_batches: 2`` with ``graphs``: each group of two micro-batches is one unit (a flat
@@ -650,6 +710,24 @@ def test_graphed_fused_micro_batches_train_as_the_eager_fused_step(worlds, metho
     assert repr(strategy) == "SAM(Graphed(Fused(2)))" and strategy.inner.captures >= 1
     assert all("|" in k for e in strategy.inner.entries.values() for k in e.batch)  # a flat unit per key
     _same(graphed, eager, 1e-4, f"{method}: graphed fused vs eager fused weights")
+
+
+@pytest.mark.parametrize("method", ["simcse", "arccse"])
+def test_compiled_fused_micro_batches_train_as_the_eager_fused_step(worlds, method):
+    """``fuse_micro_batches: 2`` with ``train.compile`` and ``graphs`` (what the plan's ``--compile on``
+    prices ArcCSE's paper runs as): each fused group's encoder forward is the compiled
+    ``job.encode_fn``, inside the group's graph. Dropout off, with SAM, 2 steps of 2 micro-batches:
+    the eager fused run's weights; Dynamo compiled the encoder (its frame counted)."""
+    from torch._dynamo.utils import counters
+
+    h = worlds(method)
+    over = dict(dropout=0.0, grad_accum=2, fuse_micro_batches=2, sam_rho=0.05)
+    eager, _ = _train(h.exact_run(**over), steps=2, cls=h.cls)
+    counters.clear()
+    compiled, strategy = _train(h.exact_run(graphs=True, compile=True, **over), steps=2, cls=h.cls)
+    assert repr(strategy) == "SAM(Graphed(Fused(2)))"
+    assert counters["stats"]["unique_graphs"] >= 1, dict(counters["stats"])
+    _same(compiled, eager, 1e-4, f"{method}: compiled graphed fused vs eager fused weights")
 
 
 def test_a_compiled_job_runs_the_attention_kernel_it_asks_for_after_another_job_compiled(worlds):

@@ -42,10 +42,10 @@ def register(sub) -> None:
     p.add_argument("--graphs", choices=("config", "on", "off"), default="config",
                    help="price the training steps with train.graphs as each run sets it (config), or as if every "
                         "run set it on or off: the CUDA-graphed step's measured floor (docs/plan-and-benchmarks.md). "
-                        "A run with train.fuse_micro_batches > 1 is priced with 1 then, as the loop requires "
-                        "(its micro-batches replayed one by one)")
+                        "A run with train.fuse_micro_batches > 1 keeps it (each fused group one graph)")
     p.add_argument("--compile", choices=("config", "on", "off"), default="config",
                    help="the same for train.compile: a graphed step with compile is priced at the fused step's "
-                        "measured floor and MFU (width 768; docs/plan-and-benchmarks.md); without graphs it changes "
-                        "nothing in the estimate")
+                        "measured floor and MFU by its train.attention kernel (width 768; docs/plan-and-benchmarks.md); "
+                        "a fused run keeps its fused micro-batches (the group's encoder forward compiled); without "
+                        "graphs it changes nothing in the estimate")
     p.set_defaults(func=_cmd_plan)

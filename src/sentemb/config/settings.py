@@ -37,8 +37,9 @@ class TrainSettings:
         "terms, so the gradient is the accumulated one (dropout off: to rounding; the method contract's check "
         "fused). The host's per-pass cost, the eager step's floor on a GPU (docs/plan-and-benchmarks.md), is paid "
         "once per group instead of once per micro-batch. Must divide grad_accum; for methods that declare "
-        "Method.fusable (simcse, arccse), with dropout_rng stream, one device, no chunk_size and no compile. With "
-        "graphs, each group of fused micro-batches is one captured graph. With "
+        "Method.fusable (simcse, arccse), with dropout_rng stream, one device and no chunk_size. With "
+        "graphs, each group of fused micro-batches is one captured graph; with compile, the encoder's forward over "
+        "the group is the compiled one (the terms stay eager). With "
         "dropout on, the stream draws the masks of the fused rows at once: another random run, as unpad is.",
         minimum=1)
     lr: float = arg(3.0e-5, "peak learning rate of AdamW", exclusive_minimum=0)
@@ -102,18 +103,24 @@ class TrainSettings:
         "counter or keyed (their masks are hashed outside the compiled code), and without compile.",
         choices=("eager", "inductor"))
     attention: str = arg(
-        "sdpa",
-        "The encoder's attention kernels. sdpa - torch's scaled_dot_product_attention, torch picking the kernel (on "
-        "an H100/H200 cuDNN's: at max_len 32 it took 24% of BERT-base's compiled step, 12.4 of 52.6 ms at batch "
-        "512, docs/gpu/h200-2026-11-28b.md); sdpa_efficient - the same function restricted to the memory-efficient "
-        "kernel (math where it cannot serve); sdpa_math - restricted to its math form (two batched matmuls and a "
-        "softmax, which train.compile fuses with the mask and dropout); eager - Hugging Face's eager attention (the "
-        "same arithmetic through its own mask; some transformers versions build that mask from host data, which "
-        "train.graphs refuses, naming the op). The same attention to rounding; with dropout_rng stream the "
-        "attention-probability masks are drawn by another kernel (another random run), hence a weights setting. "
-        "The backend restriction holds for the job's process while the job runs. Refused with unpad (its packed "
-        "forward has its own attention).",
-        choices=("sdpa", "sdpa_efficient", "sdpa_math", "eager"))
+        "auto",
+        "The encoder's attention kernels. auto - sdpa_efficient on a CUDA device, sdpa elsewhere and with unpad "
+        "(measured on an H200, BERT-base bf16 at max_len 32, graphed and compiled: batch 64 10.9 -> 10.1 ms a "
+        "step, batch 512 54.5 -> 49.3 ms; compiled without graphs 29.8 -> 21.5 and 54.2 -> 49.2 ms; "
+        "docs/gpu/h200-2026-11-28c.md; longer rows unmeasured); sdpa - torch's scaled_dot_product_attention, "
+        "torch picking the kernel (on an H100/H200 cuDNN's: at max_len 32 it took 24% of BERT-base's compiled "
+        "step, 12.4 of 52.6 ms at batch 512, docs/gpu/h200-2026-11-28b.md; the default before auto existed); "
+        "sdpa_efficient - the same function restricted to the memory-efficient kernel (math where it cannot "
+        "serve); sdpa_math - restricted to its math form (two batched matmuls and a softmax, which train.compile "
+        "fuses with the mask and dropout; torch computes it in fp32 for bf16 inputs: 10.7 and 51.4 ms on the H200); "
+        "eager - Hugging Face's eager attention (the same arithmetic through its own mask; some transformers "
+        "versions build that mask from host data, which train.graphs refuses, naming the op). The same attention "
+        "to rounding; with dropout_rng stream the attention-probability masks are drawn by another kernel "
+        "(another random run), hence a weights setting, and auto is its own value in the fingerprint (a state "
+        "saved with sdpa does not resume under auto, on any device). The backend restriction holds for the job's "
+        "process while the job runs. Refused with unpad except sdpa and auto (its packed forward has its own "
+        "attention).",
+        choices=("auto", "sdpa", "sdpa_efficient", "sdpa_math", "eager"))
     token_cache: bool = arg(True, "Tokenize the corpus once (rule tokenize, results/stats/<corpus>/tokens.<backbone>/, "
                             "memory-mapped) instead of on every step; batches are identical either way.", weights=False)
     prefetch: bool = arg(True, "Build the next step's batches in a background thread (pinned memory on CUDA) while "
@@ -652,7 +659,9 @@ class Run:
 # ------------------------------------------------------------------------------------ one fingerprint
 #: train settings added after states were saved, at the value that computes what was computed
 #: before they existed: left out of the fingerprint at that value (so such a state still resumes),
-#: in it at any other (``sampler: length`` is another data order, ``eval_unit`` other checkpoints)
+#: in it at any other (``sampler: length`` is another data order, ``eval_unit`` other checkpoints).
+#: ``attention``'s default has since moved to ``auto`` (the memory-efficient kernel on CUDA): a run
+#: that does not write the key is another run than before, and a state saved then does not resume
 ADDED_DEFAULTS = {"sampler": "random", "eval_unit": "optimizer_steps", "dropout_rng": "stream", "eval_precision": "fp32",
                   "graphs": False, "fuse_micro_batches": 1, "compile_mode": "default", "compile_random": "eager",
                   "update": "separate", "attention": "sdpa"}

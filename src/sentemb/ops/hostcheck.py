@@ -39,6 +39,19 @@ def _first_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:240]}"
 
 
+def _kernel(train: dict, device: str) -> dict:
+    """``{"attention": the kernel}`` a row with these ``train`` overrides runs on ``device``
+    (``train.attention`` resolved: ``auto`` is ``sdpa_efficient`` on CUDA), so that a row's label
+    names it whether or not the row set it (the default moved between lends)."""
+    import torch
+
+    from ..config.settings import TrainSettings
+    from ..train.loop import resolve_attention
+
+    t = TrainSettings.from_dict(train, "train")
+    return {"attention": resolve_attention(t.attention, torch.device(device), t.unpad)}
+
+
 def first_steps(model: Path, corpus: Path, device: str, batch: int, max_len: int, method: str, margs: dict | None,
                 inputs: dict, train: dict, buckets, first: int = 15, then: int = 15) -> Row:
     """``first`` + ``then`` optimizer steps of ``method`` from a fresh job (``train`` overrides the
@@ -56,7 +69,8 @@ def first_steps(model: Path, corpus: Path, device: str, batch: int, max_len: int
     fuse = getattr(t, "fuse_micro_batches", 1)
     what = (f"first steps {method} B={batch}x{t.grad_accum} max_len {max_len} {'sam ' if t.sam_rho else ''}"
             f"sampler {t.sampler}, buckets {buckets}" + (f", fuse_micro_batches {fuse}" if fuse > 1 else "")
-            + (", graphs" if t.graphs else "")
+            + (", graphs" if t.graphs else "") + (", compile" if t.compile else "")
+            + f", attention {_kernel({'attention': t.attention}, device)['attention']}"
             + (f", triplet_pass {margs['triplet_pass']}" if "triplet_pass" in (margs or {}) else ""))
     try:
         with setup(run, "/nonexistent-gpucheck-output") as job:
@@ -68,18 +82,44 @@ def first_steps(model: Path, corpus: Path, device: str, batch: int, max_len: int
                 return out
 
             job.method.build_batch = recording
-            state, times = State(), []
+            state, times, steady, computed = State(), [], [], set()
+            inner = job.strategy
+            while getattr(inner, "inner", None) is not None:
+                inner = inner.inner
+            units = inner.units
+
+            def recorded_units(*a, **k):  # what each forward computes (Fused.units pads a group to its widest)
+                out = units(*a, **k)
+                computed.update(tuple(sorted((key, tuple(v.shape)) for key, v in b.items())) for _, b, _ in out)
+                return out
+
+            inner.units = recorded_units
+
+            def seen():  # the shapes captured under train.graphs (ArcCSE pads its triplets there), else the
+                # shapes computed (an eager step at a new shape plans new kernels)
+                strat = job.strategy
+                while strat is not None and not hasattr(strat, "entries"):
+                    strat = getattr(strat, "inner", None)
+                return (0, len(strat.entries)) if strat is not None else (len(computed), 0)
+
             for _ in range(first + then):
+                before = seen()
                 _sync(job.device)
                 t = time.perf_counter()
                 for _ in run_steps(job, state, 1):
                     pass
                 _sync(job.device)
                 times.append(time.perf_counter() - t)
+                if seen() == before:  # no shape met for the first time: replays, or kernels planned before
+                    steady.append(times[-1])
         a, b = times[:first], times[first:]
+        graphs = seen()[1]
+        calm = (f"steps meeting no new shape: {1000 * sum(steady) / len(steady):.0f} ms/step ({len(steady)} of "
+                f"{len(times)}); " if steady else "every step met a new shape; ")
         return (what, f"{1000 * sum(a) / len(a):.0f} ms/step (steps 1-{first}), {1000 * sum(b) / max(len(b), 1):.0f} "
                       f"ms/step (steps {first + 1}-{first + then})",
-                f"{len(shapes)} distinct batch shapes; slowest step {1000 * max(times):.0f} ms")
+                calm + f"{len(shapes)} distinct batch shapes" + (f", {graphs} captured graphs" if graphs else "")
+                + f"; slowest step {1000 * max(times):.0f} ms")
     except Exception as e:  # noqa: BLE001 - a probe's failure is its row
         return what, f"FAILED: {_first_line(e)}", ""
 
@@ -242,7 +282,7 @@ def profile_steps(model: Path, corpus: Path, device: str, batch: int, max_len: i
     from ..train.loop import State, run_steps, setup
 
     what = (f"profile {method} B={batch} max_len {max_len}"
-            + "".join(f", {k} {v}" for k, v in sorted({**train, **(margs or {})}.items())))
+            + "".join(f", {k} {v}" for k, v in sorted({**_kernel(train, device), **train, **(margs or {})}.items())))
     try:
         run = _bench_run(model, corpus, batch, device, max_len, "bf16", method, 10**9, margs, inputs, **train)
         what = what.replace(f"B={batch} ", f"B={batch}x{run.train.grad_accum} ", 1)
@@ -375,7 +415,7 @@ def graphed(model: Path, corpus: Path, device: str, batch: int, max_len: int, me
 
     train = dict(train or {})
     what = (f"graphed {method} B={batch} max_len {max_len}" + (f" {label}" if label else "")
-            + "".join(f", {k} {v}" for k, v in sorted(train.items())))
+            + "".join(f", {k} {v}" for k, v in sorted({**_kernel(train, device), **train}.items())))
     out = {}
     try:
         for g in (False, True) if eager else (True,):
@@ -411,10 +451,10 @@ def graphed(model: Path, corpus: Path, device: str, batch: int, max_len: int, me
         if peak:
             from .plan import _width_key, mfu_for, step_seconds
 
-            fused = bool(train.get("compile"))
-            plan_s = step_seconds(flops, layers, passes, peak * 1e12, mfu_for(width, compiled=fused), True, fused,
-                                  _width_key(width), chunked=train.get("chunk_size") is not None,
-                                  counter=train.get("dropout_rng") == "counter")
+            fused, att = bool(train.get("compile")), _kernel(train, device)["attention"]
+            plan_s = step_seconds(flops, layers, passes, peak * 1e12, mfu_for(width, compiled=fused, attention=att),
+                                  True, fused, _width_key(width), chunked=train.get("chunk_size") is not None,
+                                  counter=train.get("dropout_rng") == "counter", attention=att)
             mfu += (f", {100 * flops / g_s / 1e12 / peak:.1f}% of the bf16 peak; sentemb plan's graphed step at this "
                     f"GPU's peak {1000 * plan_s:.1f} ms ({100 * (plan_s - g_s) / g_s:+.0f}%, {passes:g} passes)")
     alone = (f"; alone: one micro-batch's graph replayed {1000 * replay[0]:.1f} ms, the eager update (clip, AdamW, "
@@ -463,11 +503,12 @@ def graphed_rows(model: Path, corpus: Path, device: str, margs: dict, usable: di
 def tune_rows(model: Path, corpus: Path, device: str, toy: bool) -> list[Row]:
     """What could take the graphed and compiled SimCSE step (BERT-base, max_len 32) under issue 37's
     targets (B 64 <= 10 ms, B 512 >= 35% of peak, chunks of 128 <= 1.5x): the step with
-    ``train.compile`` and ``graphs`` as it is (eager twin counted), then graphed alone with each other
-    ``train.attention`` (cuDNN's attention took 24% of the B 512 step on the H200), ``update: fused``
+    ``train.compile`` and ``graphs`` as it is (``attention: auto``, the memory-efficient kernel on CUDA;
+    eager twin counted), then graphed alone with each other ``train.attention`` (``sdpa``: cuDNN's on
+    the H200, 24% of the B 512 step there), ``update: fused``
     (the clip inside fused AdamW) and ``compile_random: inductor`` (Inductor's own dropout), B 64
     first, then B 512; then B 512 compiled with counter dropout, whole and in chunks of 128; last,
-    ``attention: sdpa_math`` with ``compile_mode: max-autotune-no-cudagraphs``.
+    ``compile_mode: max-autotune-no-cudagraphs`` (263 s of autotuning at B 64 on the H200).
     Rows print as they come, so a time limit keeps those done. On a CPU: batches of 4 and 8, chunks
     of 2, without max-autotune. ``SENTEMB_TUNE`` (a JSON list of train settings) runs those variants
     instead, the first with its eager twin, and no counter or max-autotune rows."""
@@ -479,8 +520,8 @@ def tune_rows(model: Path, corpus: Path, device: str, toy: bool) -> list[Row]:
     warm, timed = (2, 2) if toy else (8, 15)
     base = {"compile": True, "buckets": [32]}
     # in the order that compiles least: the variants of one compilation (Inductor's config) side by side
-    variants = [({}, True), ({"update": "fused"}, False), ({"attention": "sdpa_math"}, False),
-                ({"attention": "sdpa_efficient"}, False), ({"attention": "eager"}, False),
+    variants = [({}, True), ({"attention": "sdpa"}, False), ({"update": "fused"}, False),
+                ({"attention": "sdpa_math"}, False), ({"attention": "eager"}, False),
                 ({"compile_random": "inductor"}, False)]
     if os.environ.get("SENTEMB_TUNE"):  # a subset: JSON list of train dicts over the compiled base, the first eager
         variants = [(v, i == 0) for i, v in enumerate(json.loads(os.environ["SENTEMB_TUNE"]))]
@@ -489,7 +530,7 @@ def tune_rows(model: Path, corpus: Path, device: str, toy: bool) -> list[Row]:
     if not os.environ.get("SENTEMB_TUNE"):
         cfgs += [(b512, counter, False), (b512, {**counter, "chunk_size": c128}, False)]
     if not toy and not os.environ.get("SENTEMB_TUNE"):  # last: the longest compilations
-        cfgs += [(b, {**base, "attention": "sdpa_math", "compile_mode": "max-autotune-no-cudagraphs"}, False)
+        cfgs += [(b, {**base, "compile_mode": "max-autotune-no-cudagraphs"}, False)
                  for b in (b64, b512)]
     out = []
     for b, t, e in cfgs:
@@ -617,13 +658,20 @@ def rows(model: Path, corpus: Path, senteval: Path, device: str, work: Path, mar
     if "first_steps" in parts and "arccse" in usable:
         # fuse 2: the paper configuration's step (the triplets in a pass of their own, the default triplet_pass); then the
         # triplets in the views' forward (with_views: one encoder pass per SAM pass, measured slower on the H200)
-        # and the fused step graphed (train.graphs: each fused group one graph, one per shape of the buckets)
-        for b, fuse, tri, graphs in (("none", 1, None, False), ("auto", 1, None, False), ("auto", 2, None, False),
-                                     ("auto", 2, "with_views", False), ("auto", 2, None, True)):
+        # and the fused step graphed (train.graphs: each fused group one graph, one per shape of the buckets), then
+        # graphed and compiled (the group's encoder forward compiled: what the plan's --compile on prices); and the
+        # fused step with torch's own attention pick (cuDNN's on an H200: auto's memory-efficient kernel was
+        # measured faster at max_len 32 only, and these rows reach 512)
+        for b, fuse, tri, graphs, att in (("none", 1, None, False, None), ("auto", 1, None, False, None),
+                                          ("auto", 2, None, False, None), ("auto", 2, None, False, "sdpa"),
+                                          ("auto", 2, "with_views", False, None), ("auto", 2, None, True, None),
+                                          ("auto", 2, None, "compiled", None)):
             args = {**(margs["arccse"] if margs.get("arccse") is not None else {}), **({"triplet_pass": tri} if tri else {})}
             kw = dict(model=str(model), corpus=str(corpus), device=device, batch=small(32), max_len=512, method="arccse",
                       margs=args, inputs=usable["arccse"],
-                      train={**arc, "fuse_micro_batches": fuse, **({"graphs": True} if graphs else {})}, buckets=b,
+                      train={**arc, "fuse_micro_batches": fuse, **({"graphs": True} if graphs else {}),
+                             **({"compile": True} if graphs == "compiled" else {}), **({"attention": att} if att else {})},
+                      buckets=b,
                       first=first, then=then)
             # each row in a process of its own on a GPU: in one process the rows after the first met the fused
             # shapes' kernels and cuDNN plans built, so two lends ranked with_views and separate oppositely
@@ -631,9 +679,10 @@ def rows(model: Path, corpus: Path, senteval: Path, device: str, work: Path, mar
     if "profile" in parts and "simcse" in usable:  # where the compiled step's GPU time goes (issue 37's targets),
         # and with each attention kernel at B 512 (cuDNN's took 24% of that step on the H200)
         b64, b512 = (4, 8) if toy else (64, 512)
-        for b, att in ((b64, "sdpa"), (b512, "sdpa"), (b512, "sdpa_math"), (b512, "sdpa_efficient"), (b512, "eager")):
+        # (the default attention, auto: sdpa_efficient on CUDA; then torch's pick, cuDNN's on an H200, and the others)
+        for b, att in ((b64, None), (b512, None), (b512, "sdpa"), (b512, "sdpa_math"), (b512, "eager")):
             out.append(profile_steps(model, corpus, device, b, 32, "simcse", None, usable["simcse"],
-                                     {"compile": True, "buckets": [32], **({"attention": att} if att != "sdpa" else {})},
+                                     {"compile": True, "buckets": [32], **({"attention": att} if att else {})},
                                      *((1, 1) if toy else (10, 5)), top=12))
     if "profile" in parts and "arccse" in usable:  # why with_views is slower than separate on the H200
         for tri in ("separate", "with_views"):

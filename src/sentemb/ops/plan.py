@@ -128,13 +128,19 @@ STEP_FLOOR_S_PER_LAYER = 0.0029
 #: (47.3 eager, batches built in line), i.e. 1.16 ms per layer and pass; with SAM (two passes) 30.5 ms.
 #: At this batch the graphed step is the GPU's own time on small kernels, not the host's.
 GRAPHED_STEP_FLOOR_S_PER_LAYER = 0.00116
-#: The graphed step with ``train.compile`` (Inductor's fused kernels inside the graph), measured on
-#: an H200 (2026-11-27, third lend, ``docs/gpu/h200-2026-11-27-fused.md``): SimCSE BERT-base bf16
-#: max_len 32, B 64 10.8 ms a step (0.90 ms per layer and pass; 13.8 graphed without compile) and
-#: B 512 54.9 ms, 31.0% of the bf16 peak (24.4% without). Measured at width 768 only: a wider
-#: encoder keeps ``MEASURED_MFU``'s figure (no gain assumed where none was measured).
-COMPILED_GRAPHED_FLOOR_S_PER_LAYER = 0.0009
-COMPILED_GRAPHED_MFU = {768: 0.31}
+#: The graphed step with ``train.compile`` (Inductor's fused kernels inside the graph) and
+#: ``train.attention: auto`` (the memory-efficient attention kernel on CUDA), measured on an H200
+#: (2026-11-28, sixth lend, ``docs/gpu/h200-2026-11-28c.md``): SimCSE BERT-base bf16 max_len 32, B 64
+#: 10.1 ms a step (0.84 ms per layer and pass) and B 512 49.3 ms, 34.5% of the bf16 peak. Measured at
+#: width 768 only: a wider encoder keeps ``MEASURED_MFU``'s figure (no gain assumed where none was
+#: measured).
+COMPILED_GRAPHED_FLOOR_S_PER_LAYER = 0.00084
+COMPILED_GRAPHED_MFU = {768: 0.345}
+#: The same step with another ``train.attention`` (floor per layer and pass, MFU at width 768), the
+#: same lends: ``sdpa`` (torch's pick, cuDNN's kernel on the H200) 10.9 ms at B 64 and 31.2% at B 512
+#: (third to sixth lends); ``sdpa_math`` 10.7 ms and 33.1%. ``eager`` (Hugging Face's attention) is
+#: unmeasured and priced as ``sdpa``.
+COMPILED_GRAPHED_BY_ATTENTION = {"sdpa": (0.0009, 0.31), "sdpa_math": (0.00089, 0.33), "eager": (0.0009, 0.31)}
 #: The graphed floor by the encoder's width (the same lend): RoBERTa-large's SimCSE step at B 64 took
 #: 36.2 ms graphed (24 layers: 1.51 ms per layer and pass), its wider layers' kernels longer than
 #: BERT-base's. With ``train.compile`` a wider encoder keeps this (unmeasured compiled).
@@ -966,7 +972,7 @@ def _train_row(kind, label, run, m: Measure, encode: float, config: dict | Confi
     at = widest.at(layers)
     fused = bool(t.graphs and t.compile)
     width = _width_key(arch)
-    mfu = mfu_for(arch, mfu, compiled=fused)
+    mfu = mfu_for(arch, mfu, compiled=fused, attention=t.attention)
     scale = t.batch_size / MICRO
     static = (16 * at["trainable"] + 4 * at["frozen"] + (4 * at["trainable"] if t.sam_rho else 0)) / 1e9 \
         + CUDA_OVERHEAD_GB
@@ -991,7 +997,8 @@ def _train_row(kind, label, run, m: Measure, encode: float, config: dict | Confi
             passes = mw.grad_passes + mw.nograd_passes / 3
         flops_step += frac * f
         per_gpu += frac * step_seconds(f / t.devices, layers, passes * t.grad_accum / fuse, peak, mfu, t.graphs, fused,
-                                       width, chunked=chunk is not None, counter=t.dropout_rng == "counter")
+                                       width, chunked=chunk is not None, counter=t.dropout_rng == "counter",
+                                       attention=t.attention)
     eval_flops = evals * DEV_SENTENCES * encode
     if dev_eval_s is not None:  # measured seconds per evaluation (DEV_EVAL_SECONDS), scaled by the encoder
         eval_hours = evals * dev_eval_s / 3600
@@ -1025,13 +1032,16 @@ def _train_row(kind, label, run, m: Measure, encode: float, config: dict | Confi
     return row
 
 
-def mfu_for(arch, mfu: float | None = None, compiled: bool = False) -> float:
+def mfu_for(arch, mfu: float | None = None, compiled: bool = False, attention: str = "auto") -> float:
     """``mfu`` when given, else ``MEASURED_MFU`` by ``arch``'s hidden size (an ``ARCHITECTURES``
     name, a shape mapping, or a hidden size); ``compiled`` (``train.graphs`` with ``train.compile``):
-    ``COMPILED_GRAPHED_MFU`` where it was measured."""
+    ``COMPILED_GRAPHED_MFU`` where it was measured (``COMPILED_GRAPHED_BY_ATTENTION``'s for another
+    ``train.attention``)."""
     if mfu is not None:
         return mfu
     key = _width_key(arch)
+    if compiled and key == 768 and attention in COMPILED_GRAPHED_BY_ATTENTION:
+        return COMPILED_GRAPHED_BY_ATTENTION[attention][1]
     return (COMPILED_GRAPHED_MFU.get(key) if compiled else None) or MEASURED_MFU[key]
 
 
@@ -1044,17 +1054,20 @@ def _width_key(arch) -> int:
 
 
 def step_seconds(flops: float, layers: int, passes: float, peak: float, mfu: float, graphs: bool = False,
-                 compiled: bool = False, width: int = 768, chunked: bool = False, counter: bool = False) -> float:
+                 compiled: bool = False, width: int = 768, chunked: bool = False, counter: bool = False,
+                 attention: str = "auto") -> float:
     """The plan's time of one optimizer step on one GPU: its ``flops`` at ``mfu`` of ``peak``
     (FLOP/s; × ``CHUNKED_MFU_RATIO`` when ``chunked``, gradient caching's chunks), or the floor
     (``STEP_FLOOR_S_PER_LAYER`` × ``layers`` × ``passes``, the host's; with ``graphs``,
     ``train.graphs``, the GPU's small kernels: ``GRAPHED_FLOOR_BY_WIDTH`` at the encoder's ``width``
     key (768 or 1024), and with ``compiled`` too, ``train.compile``,
-    ``COMPILED_GRAPHED_FLOOR_S_PER_LAYER`` where measured), the larger. ``counter``
+    ``COMPILED_GRAPHED_FLOOR_S_PER_LAYER`` where measured, ``COMPILED_GRAPHED_BY_ATTENTION``'s for
+    another ``attention``), the larger. ``counter``
     (``train.dropout_rng: counter``) scales the floor by ``COUNTER_FLOOR_FACTOR`` and the FLOPs' time
     by ``COUNTER_COMPUTE_FACTOR``."""
     graphed = GRAPHED_FLOOR_BY_WIDTH.get(width, GRAPHED_STEP_FLOOR_S_PER_LAYER)
-    floor = ((COMPILED_GRAPHED_FLOOR_S_PER_LAYER if width == 768 else graphed) if graphs and compiled else
+    compiled_floor = COMPILED_GRAPHED_BY_ATTENTION.get(attention, (COMPILED_GRAPHED_FLOOR_S_PER_LAYER,))[0]
+    floor = ((compiled_floor if width == 768 else graphed) if graphs and compiled else
              graphed if graphs else STEP_FLOOR_S_PER_LAYER)
     compute = flops / (mfu * (CHUNKED_MFU_RATIO if chunked else 1.0) * peak)
     if counter:
@@ -1144,12 +1157,9 @@ def plan(config: dict | Config, gpu: str = DEFAULT_GPU, mfu: float | None = DEFA
 
 def _with_graphs(run, graphs: bool | None, compile: bool | None = None):
     """``run`` with ``train.graphs`` set to ``graphs`` and ``train.compile`` to ``compile`` (None: as
-    it is). A run turned compiled is priced with ``train.fuse_micro_batches: 1``, which the loop
-    requires of it (``sentemb.train.step.check_fuse_settings``): its micro-batches are run one by
-    one. A run turned graphed keeps its fused micro-batches (each group one graph)."""
+    it is). A run turned graphed or compiled keeps its fused micro-batches (each group one graph; the
+    group's encoder forward compiled)."""
     over = {k: v for k, v in (("graphs", graphs), ("compile", compile)) if v is not None and getattr(run.train, k) != v}
-    if over.get("compile") and getattr(run.train, "fuse_micro_batches", 1) > 1:
-        over["fuse_micro_batches"] = 1
     return dataclasses.replace(run, train=dataclasses.replace(run.train, **over)) if over else run
 
 
@@ -1294,7 +1304,9 @@ def format_plan(rows: list[Row], gpu: str, mfu: float | None) -> str:
         at += (f" ({graphed} jobs with train.graphs: {1000 * GRAPHED_STEP_FLOOR_S_PER_LAYER:.2f} ms, the graphed step "
                "measured on an H200" + (f"; {compiled} of them with train.compile: "
                                         f"{1000 * COMPILED_GRAPHED_FLOOR_S_PER_LAYER:.2f} ms and MFU "
-                                        f"{COMPILED_GRAPHED_MFU[768]:.2f} at width 768" if compiled else "") + ")")
+                                        f"{COMPILED_GRAPHED_MFU[768]:.3g} at width 768 with train.attention auto, other kernels at "
+                                        "their own" if compiled
+                                        else "") + ")")
     total = sum(by_kind.values())
     floor = sum(r.floor_hours for r in rows)
     lines += [f"total: {total:.1f} GPU-hours on {gpu} at {at}; floor {floor:.1f} GPU-hours (counted FLOPs at "

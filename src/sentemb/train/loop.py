@@ -128,6 +128,16 @@ def build_optimizer(module: torch.nn.Module, lr: float, weight_decay: float, dev
     return torch.optim.AdamW(groups, lr=lr, fused=fused or device.type == "cuda")
 
 
+def resolve_attention(attention: str, device, unpad: bool = False) -> str:
+    """``train.attention`` as the job runs it: ``auto`` is ``sdpa_efficient`` on a CUDA device (faster
+    than the cuDNN kernel torch picks there, at short rows: ``docs/gpu/h200-2026-11-28c.md``) and
+    ``sdpa`` elsewhere, or with ``unpad`` (its packed forward has its own attention); any other value
+    is itself."""
+    if attention != "auto":
+        return attention
+    return "sdpa_efficient" if getattr(device, "type", str(device)) == "cuda" and not unpad else "sdpa"
+
+
 def sdpa_backend(attention: str):
     """``train.attention: sdpa_efficient`` or ``sdpa_math``: restrict the process's
     ``scaled_dot_product_attention`` to the memory-efficient kernel (the math one where it cannot
@@ -164,7 +174,8 @@ _COMPILED_UNDER: list = []
 def fresh_compile_cache(under: tuple) -> None:
     """Drop the process's compiled code (``torch._dynamo.reset``) when this job compiles under other
     settings (``under``: ``train.compile_mode``, ``compile_random``, ``dropout_rng``, ``attention``,
-    and the shapes' settings ``batch_size``, ``chunk_size``, ``max_len``, ``buckets``) than the last
+    and the shapes' settings ``batch_size``, ``chunk_size``, ``max_len``, ``buckets``,
+    ``fuse_micro_batches``) than the last
     one did: Dynamo's cache is keyed by the code object and its guards, not by Inductor's config or
     mode, so a second job in the process (gpu-check's rows, the tests) would otherwise replay the
     first job's kernels, or (other shapes) recompile them for dynamic shapes. A job alone in its
@@ -227,8 +238,9 @@ class Job:
     world: int = 1
     strategy: "StepStrategy | None" = None  # how a step's gradient is computed (sentemb.train.step.strategy_for)
     dropout_key: "torch.Tensor | None" = None  # train.graphs + dropout_rng counter: the static key (sentemb.train.graphs)
-    encode_fn: Callable | None = None  # train.compile: method.encode compiled, for gradient caching's chunks; None = eager
+    encode_fn: Callable | None = None  # train.compile: method.encode compiled (gradient caching's chunks, fused groups); None = eager
     restore: list = field(default_factory=list)  # what close() puts back (train.attention's backend)
+    attention: str = "sdpa"  # train.attention as run (resolve_attention: auto resolved on the job's device)
 
     def close(self) -> None:
         """Stop the prefetch thread or the batch workers (``train`` does; so should a caller of ``setup``),
@@ -315,7 +327,8 @@ def setup(run: Run | dict, out_dir: str | Path, method_cls: "type[Method] | None
     seed_everything(seed)
     # BERT's pretrained NSP pooler is neither loaded nor computed (methods.md §0).
     encoder, tokenizer = load_encoder(paths["model"], dropout=settings.dropout, pooling_layer=False)
-    if settings.attention == "eager":
+    attention = resolve_attention(settings.attention, device, settings.unpad)
+    if attention == "eager":
         encoder.set_attn_implementation("eager")
     if run.method_module and method_cls is None:  # a method from the user's code (config method_modules)
         from ..methods import import_method_module
@@ -363,9 +376,10 @@ def setup(run: Run | dict, out_dir: str | Path, method_cls: "type[Method] | None
         eager_stash()  # Method.stash outside the compiled code (no recompilation per micro-batch)
         mode = None if settings.compile_mode == "default" else settings.compile_mode
         fresh_compile_cache((settings.compile_mode, settings.compile_random, settings.dropout_rng, settings.batch_size,
-                             settings.attention, settings.chunk_size, settings.max_len, settings.buckets))
+                             attention, settings.chunk_size, settings.max_len, settings.buckets,
+                             settings.fuse_micro_batches))
         step_fn = torch.compile(method.losses, mode=mode)
-        encode_fn = torch.compile(method.encode, mode=mode)  # the chunks of gradient caching (chunked_backward)
+        encode_fn = torch.compile(method.encode, mode=mode)  # gradient caching's chunks, fused groups (fused_backward)
 
     lengths = sentence_lengths(sentences) if settings.sampler == "length" else None
     micro = batch_schedule(len(sentences), settings.batch_size, settings.epochs, seed, lengths)
@@ -391,6 +405,7 @@ def setup(run: Run | dict, out_dir: str | Path, method_cls: "type[Method] | None
               accum=accum, total=total, opt=opt, sched=sched, scaler=scaler, fingerprint=run_fingerprint(run),
               meta={"method": run.method, "name": run.name, "backbone": run.backbone, "seed": seed},
               tracker=tracker if tracker is not None else Tracker(enabled=False), encode_fn=encode_fn)
+    job.attention = attention
     if tracker is not None and tracker.run_id:
         job.meta["mlflow_run_id"] = tracker.run_id  # evaluation jobs log their test scores onto this run
     # the dev embedder reads the method's modules by reference: built now, it sees the resumed weights
@@ -405,7 +420,7 @@ def setup(run: Run | dict, out_dir: str | Path, method_cls: "type[Method] | None
         from ..evaluate.sts import tune_dev_embedder
 
         tune_dev_embedder(job.embedder, settings.eval_precision, device)
-    undo = sdpa_backend(settings.attention)  # last: nothing after it can fail and leave the flags set
+    undo = sdpa_backend(attention)  # last: nothing after it can fail and leave the flags set
     if undo is not None:
         job.restore.append(undo)
     return job
@@ -634,7 +649,7 @@ def finish(job: Job, state: State, t_start: float) -> dict:
         "history": state.history, "train_seconds_this_process": round(seconds, 2),
         **cost_summary(job, state, seconds),
         "pooler": job.pooler, "device": str(job.device), "precision": str(job.amp or "fp32"),
-        "chunk_size": job.chunk or job.settings.batch_size, "chunked": job.chunk is not None,
+        "attention": job.attention, "chunk_size": job.chunk or job.settings.batch_size, "chunked": job.chunk is not None,
         **({"first_pass": job.first_chunk or "whole"} if job.chunk is not None and job.method.has_batch_terms else {}),
         **summary_extra,
         "provenance": training_provenance(job.run.to_dict(), len(job.sentences)),  # commit, corpus digest (the card)

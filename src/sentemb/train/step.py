@@ -302,16 +302,18 @@ def fused_backward(job, group: list[tuple[int, dict]], probe=None) -> dict:
     micro-batch's in-batch terms (``batch_terms``) see its own rows only (its own negatives), and
     the per-sentence terms (``row_terms``) run once on the merge, whose value is the micro-batches'
     mean (``Method.fusable``). The backward is that of Σ_j L_j / accum, what accumulating the k
-    micro-batches one by one back-propagates. Returns the detached logged terms and ``loss``
-    summed over the k micro-batches."""
+    micro-batches one by one back-propagates. With ``train.compile`` the encoder's forward over the
+    merge is the compiled ``job.encode_fn`` (as gradient caching's chunks); the terms stay eager.
+    Returns the detached logged terms and ``loss`` summed over the k micro-batches."""
     from ..methods.base import WEIGHTED, add_terms, total_loss
 
     method, k = job.method, len(group)
     merged, spans = method.merge([b for _, b in group])
     logged: dict = {}
     weighted_sum: dict = {}
+    encode = getattr(job, "encode_fn", None) or method.encode  # compiled with train.compile
     with autocast(job.device, job.amp):
-        enc = method.encode(merged)
+        enc = encode(merged)
         for (m, batch), (a, b) in zip(group, spans):
             out = method.batch_terms({key: v[a:b] for key, v in enc.batch.items()}, batch)
             weighted = out.pop(WEIGHTED)
@@ -598,7 +600,7 @@ def check_settings(settings, where: str) -> None:
             raise SentembError(f"{where}: train.{key} {getattr(settings, key)} has no effect without train.compile (it "
                                f"would only change the run's fingerprint); set train.compile: true or train.{key}: "
                                f"{default}")
-    if settings.attention != "sdpa" and settings.unpad:
+    if settings.attention not in ("sdpa", "auto") and settings.unpad:
         raise SentembError(f"{where}: train.attention {settings.attention} cannot be combined with train.unpad (the "
                            "packed forward runs its own variable-length attention); set one of them back")
     if settings.compile_random == "inductor" and settings.dropout_rng != "stream":
@@ -621,8 +623,7 @@ def check_fuse_settings(settings, where: str) -> None:
                                               "micro-batch and sentence, per forward); use stream"),
            (settings.chunk_size not in (None, "auto"), f"train.chunk_size {settings.chunk_size} (gradient caching "
                                                        "chunks one micro-batch; auto checks that the fused ones fit)"),
-           (settings.devices > 1, f"train.devices {settings.devices}"),
-           (settings.compile, "train.compile (the compiled step is one micro-batch's)")]
+           (settings.devices > 1, f"train.devices {settings.devices}")]
     for hit, what in bad:
         if hit:
             raise SentembError(f"{where}: train.fuse_micro_batches {k} cannot be combined with {what}; set "
