@@ -196,6 +196,87 @@ def test_resume_with_graphs_is_bit_identical(worlds, tmp_path):
                             method_cls=h.cls)
 
 
+def test_resume_with_the_graphed_update_is_bit_identical(worlds, tmp_path):
+    """``train.update: graphed``: the learning rates are device tensors in the saved optimizer state;
+    a killed run resumes to the uninterrupted run's weights, bit for bit."""
+    h = worlds("simcse")
+    testing.kill_and_resume(h.exact_run(dropout_rng="counter", graphs=True, update="graphed", save_steps=1), tmp_path,
+                            "graphed update resume", method_cls=h.cls)
+
+
+@pytest.mark.parametrize("method", ["simcse", "arccse"])
+def test_the_graphed_update_trains_as_the_separate_one(worlds, method):
+    """``train.update: graphed`` (the clip, fused AdamW and the zeroing as one graph a step; on the
+    CPU the same body eagerly) with SAM, a warm-up and the clip: 3 steps of 2 micro-batches, dropout
+    off, separate's weights to rounding (update fused's tolerance). The rate is a float32 tensor
+    that the schedule fills in place (the object a captured step reads stays the same)."""
+    h = worlds(method)
+    over = dict(dropout=0.0, grad_accum=2, sam_rho=0.05, graphs=True, warmup_ratio=0.5, grad_clip=0.01)
+    separate, _ = _train(h.exact_run(**over), steps=3, cls=h.cls)
+    graphed, strategy = _train(h.exact_run(update="graphed", **over), steps=3, cls=h.cls)
+    assert repr(strategy) == "SAM(Graphed(Plain()))" and strategy.inner.updates.stepped
+    _same(graphed, separate, 1e-5, f"{method}: update graphed vs separate")
+    with setup(h.exact_run(update="graphed", **over), "/nonexistent", h.cls) as job:
+        rates = [g["lr"] for g in job.opt.param_groups]
+        assert all(torch.is_tensor(r) and r.dtype == torch.float32 for r in rates)
+        state = State()
+        for _ in run_steps(job, state, 1):
+            pass
+        assert all(a is b for a, b in zip([g["lr"] for g in job.opt.param_groups], rates))  # filled in place
+        want = job.sched.base_lrs[0] * job.sched.lr_lambdas[0](job.sched.last_epoch)
+        assert float(rates[0]) == pytest.approx(want, rel=1e-7) and want > 0
+
+
+def test_the_graphed_update_captures_one_graph_per_set_of_gradients(worlds, monkeypatch):
+    """``UpdateGraphs`` as on CUDA, with a stand-in for the capture (a "graph" whose replay runs the
+    captured body): the first update runs eagerly (AdamW's state is made there), the second
+    captures, later ones replay; a step that hands over another set of gradients (a parameter no
+    micro-batch wrote has none) captures its own graph, and the first set replays its first one.
+    Trained through the loop, the weights are separate's."""
+    from sentemb.train import step as step_mod
+
+    captured = []
+
+    class Replay:
+        def __init__(self, job):
+            self.job, self.replays = job, 0
+
+        def replay(self):
+            self.replays += 1
+            step_mod.update_body(self.job)
+
+    monkeypatch.setattr(step_mod.UpdateGraphs, "_capture", lambda self, job: captured.append(Replay(job)) or captured[-1])
+    init = step_mod.UpdateGraphs.__init__
+    monkeypatch.setattr(step_mod.UpdateGraphs, "__init__", lambda self, capture: init(self, True))
+    h = worlds("simcse")
+    over = dict(dropout=0.0, grad_accum=2, graphs=True, grad_clip=0.01, batch_size=8)  # 64 lines: 4 steps
+    separate, _ = _train(h.exact_run(**over), steps=4, cls=h.cls)
+    graphed, strategy = _train(h.exact_run(update="graphed", **over), steps=4, cls=h.cls)
+    assert [c.replays for c in captured] == [3], "step 1 eager, then one graph replayed"
+    _same(graphed, separate, 1e-5, "update graphed (stand-in captures) vs separate")  # as update fused's test
+    captured.clear()
+    with setup(h.exact_run(update="graphed", **over), "/nonexistent", h.cls) as job:
+        updates = step_mod.UpdateGraphs(True)
+        params = [p for g in job.opt.param_groups for p in g["params"]]
+        for p in params:
+            p.grad = torch.ones_like(p)
+        for _ in range(3):
+            updates.apply(job)
+        assert len(updates.graphs) == 1 and captured[0].replays == 2
+        kept, params[0].grad = params[0].grad, None
+        updates.apply(job)
+        assert len(updates.graphs) == 2 and captured[1].replays == 1
+        params[0].grad = kept
+        updates.apply(job)
+        assert len(updates.graphs) == 2 and captured[0].replays == 3
+
+
+def test_the_graphed_update_needs_graphs():
+    with pytest.raises(SentembError, match=r"cfg: train\.update graphed needs train\.graphs: true"):
+        TrainSettings(update="graphed").check("cfg")
+    TrainSettings(update="graphed", graphs=True).check("cfg")
+
+
 def test_the_capture_check_names_each_hazard_and_its_line():
     x = torch.arange(6.0)
 

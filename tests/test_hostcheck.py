@@ -145,6 +145,9 @@ def test_a_graphed_only_row_prices_itself_from_its_eager_twins_count(tiny_bert_d
     # a chunked variant does other arithmetic (gradient caching's extra forward): it never borrows the count
     what, value, note = hostcheck.graphed(**kw, train={"chunk_size": 2, "dropout_rng": "counter"}, eager=False)
     assert "FAILED" not in value and "TFLOP/s" not in note, (what, value, note)
+    # update graphed needs graphs: its eager twin runs the separate update (else the row would be refused)
+    what, value, note = hostcheck.graphed(**kw, train={"update": "graphed"})
+    assert "update graphed" in what and value.startswith("eager ") and "FAILED" not in value, (what, value)
 
 
 def test_a_first_steps_row_runs_in_a_process_of_its_own(tiny_bert_dir, tiny_corpus):

@@ -56,8 +56,12 @@ class TrainSettings:
         "optimizer's own kernel: one read of all gradients fewer and a few ops fewer for the host (measured on an "
         "H200: -0.1 ms a step; docs/gpu/h200-2026-11-28b.md), the same update to rounding (a division by the "
         "reciprocal: one ulp on about half the elements), hence a weights setting. Runs torch's fused AdamW on any "
-        "device (CPU too). Refused with precision fp16 (the grad scaler owns grad_scale).",
-        choices=("separate", "fused"))
+        "device (CPU too). Refused with precision fp16 (the grad scaler owns grad_scale). graphed - separate's "
+        "update (clip_grad_norm_, fused AdamW, the gradients zeroed) captured as one CUDA graph beside the "
+        "micro-batches' (sentemb.train.step.UpdateGraphs), replayed once a step, the learning rate a float32 device "
+        "tensor that the schedule fills (another run to rounding: a relative 1e-8 on the rate); on a CPU the same "
+        "update eagerly. Needs graphs (which refuse precision fp16).",
+        choices=("separate", "fused", "graphed"))
     max_len: int = arg(32, "truncate sentences to this many tokens", minimum=4)
     eval_steps: int = arg(125, "STS-B dev evaluation every this many eval_unit", minimum=1)
     eval_unit: str = arg(

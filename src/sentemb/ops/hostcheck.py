@@ -368,13 +368,11 @@ def _loop_ms(run, warm: int, timed: int, count: bool = False) -> tuple[float, fl
         while strat is not None and not hasattr(strat, "entries"):
             strat = getattr(strat, "inner", None)
         replay = _replay_s(strat, timed) if strat is not None else None
-        if replay is not None:  # and the loop's eager update alone (clip, fused AdamW, schedule, zeroing)
-            from ..train.step import apply_update
-
+        if replay is not None:  # and the loop's update alone (clip, fused AdamW, schedule, zeroing; train.update)
             _sync(job.device)
             t = time.perf_counter()
             for _ in range(timed):
-                apply_update(job)
+                strat.update(job)
             _sync(job.device)
             replay = (replay, (time.perf_counter() - t) / timed)
         return secs, warm_s, len(strat.entries) if strat is not None else 0, replay if replay is not None else flops
@@ -419,8 +417,9 @@ def graphed(model: Path, corpus: Path, device: str, batch: int, max_len: int, me
     out = {}
     try:
         for g in (False, True) if eager else (True,):
+            over = train if g or train.get("update") != "graphed" else {**train, "update": "separate"}  # needs graphs
             run = _bench_run(model, corpus, batch, device, max_len, "bf16", method, 10**9, margs, inputs,
-                             graphs=g, **train)  # the loop as a run has it: batches built ahead (prefetch)
+                             graphs=g, **over)  # the loop as a run has it: batches built ahead (prefetch)
             out[g] = _loop_ms(run, warm, timed, count=not g)
     except Exception as e:  # noqa: BLE001 - a probe's failure is its row
         import os
@@ -457,7 +456,8 @@ def graphed(model: Path, corpus: Path, device: str, batch: int, max_len: int, me
                                   counter=train.get("dropout_rng") == "counter", attention=att)
             mfu += (f", {100 * flops / g_s / 1e12 / peak:.1f}% of the bf16 peak; sentemb plan's graphed step at this "
                     f"GPU's peak {1000 * plan_s:.1f} ms ({100 * (plan_s - g_s) / g_s:+.0f}%, {passes:g} passes)")
-    alone = (f"; alone: one micro-batch's graph replayed {1000 * replay[0]:.1f} ms, the eager update (clip, AdamW, "
+    kind = "graphed" if train.get("update") == "graphed" else "eager"
+    alone = (f"; alone: one micro-batch's graph replayed {1000 * replay[0]:.1f} ms, the {kind} update (clip, AdamW, "
              f"schedule) {1000 * replay[1]:.1f} ms") if replay else ""
     if not eager:
         return (what, f"graphed {1000 * g_s:.1f} ms/step",
@@ -506,7 +506,8 @@ def tune_rows(model: Path, corpus: Path, device: str, toy: bool) -> list[Row]:
     ``train.compile`` and ``graphs`` as it is (``attention: auto``, the memory-efficient kernel on CUDA;
     eager twin counted), then graphed alone with each other ``train.attention`` (``sdpa``: cuDNN's on
     the H200, 24% of the B 512 step there), ``update: fused``
-    (the clip inside fused AdamW) and ``compile_random: inductor`` (Inductor's own dropout), B 64
+    (the clip inside fused AdamW), ``update: graphed`` (the optimizer step captured too) and
+    ``compile_random: inductor`` (Inductor's own dropout), B 64
     first, then B 512; then B 512 compiled with counter dropout, whole and in chunks of 128; last,
     ``compile_mode: max-autotune-no-cudagraphs`` (263 s of autotuning at B 64 on the H200).
     Rows print as they come, so a time limit keeps those done. On a CPU: batches of 4 and 8, chunks
@@ -520,7 +521,7 @@ def tune_rows(model: Path, corpus: Path, device: str, toy: bool) -> list[Row]:
     warm, timed = (2, 2) if toy else (8, 15)
     base = {"compile": True, "buckets": [32]}
     # in the order that compiles least: the variants of one compilation (Inductor's config) side by side
-    variants = [({}, True), ({"attention": "sdpa"}, False), ({"update": "fused"}, False),
+    variants = [({}, True), ({"update": "graphed"}, False), ({"attention": "sdpa"}, False), ({"update": "fused"}, False),
                 ({"attention": "sdpa_math"}, False), ({"attention": "eager"}, False),
                 ({"compile_random": "inductor"}, False)]
     if os.environ.get("SENTEMB_TUNE"):  # a subset: JSON list of train dicts over the compiled base, the first eager

@@ -114,9 +114,10 @@ def batch_schedule(n: int, batch_size: int, epochs: float, seed: int, lengths: "
 
 
 def build_optimizer(module: torch.nn.Module, lr: float, weight_decay: float, device: torch.device,
-                    fused: bool = False):
+                    fused: bool = False, capturable: bool = False):
     """AdamW; biases and LayerNorm weights are not decayed (the HF Trainer's convention). torch's fused
-    kernel on CUDA, and on any device with ``fused`` (``train.update: fused`` hands it the clip)."""
+    kernel on CUDA, and on any device with ``fused`` (``train.update: fused`` hands it the clip);
+    ``capturable`` on CUDA (``train.update: graphed`` captures its step; see ``tensor_lr``)."""
     import torch
 
     decay, no_decay = [], []
@@ -125,7 +126,19 @@ def build_optimizer(module: torch.nn.Module, lr: float, weight_decay: float, dev
             continue
         (no_decay if p.ndim < 2 or "LayerNorm" in n or "layer_norm" in n else decay).append(p)
     groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=lr, fused=fused or device.type == "cuda")
+    return torch.optim.AdamW(groups, lr=lr, fused=fused or device.type == "cuda",
+                             capturable=capturable and device.type == "cuda")
+
+
+def tensor_lr(opt, device) -> None:
+    """Each param group's learning rate as a float32 tensor on ``device`` (``train.update: graphed``):
+    a captured AdamW step reads it from there, and the LR schedule fills it in place
+    (``LRScheduler`` does for a tensor), where a float would be frozen into the graph. The value is
+    the float's rounded to float32 (a relative 1e-8 or less): another run to rounding."""
+    import torch
+
+    for group in opt.param_groups:
+        group["lr"] = torch.tensor(float(group["lr"]), dtype=torch.float32, device=device)
 
 
 def resolve_attention(attention: str, device, unpad: bool = False) -> str:
@@ -395,9 +408,12 @@ def setup(run: Run | dict, out_dir: str | Path, method_cls: "type[Method] | None
                            f"train.eval_steps ({settings.eval_steps} {settings.eval_unit}) is beyond the run ({total} "
                            f"optimizer steps of {accum} micro-batches) and train.eval_at_end is false; lower "
                            "train.eval_steps, set train.eval_at_end: true, or set train.model_selection: last")
-    opt = build_optimizer(method, settings.lr, settings.weight_decay, device, fused=settings.update == "fused")
+    opt = build_optimizer(method, settings.lr, settings.weight_decay, device, fused=settings.update != "separate",
+                          capturable=settings.update == "graphed")
     warmup = int(settings.warmup_ratio * total)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(settings.lr_schedule, total, warmup))
+    if settings.update == "graphed":  # after the schedule's set-up: its base rates stay floats
+        tensor_lr(opt, device)
     scaler = torch.amp.GradScaler(device.type, enabled=amp is torch.float16)
     pooler = method_cls.pooler_for(method.args)
     job = Job(run=run, out_dir=out_dir, work=out_dir / ".work", settings=settings, seed=seed, device=device, amp=amp,
@@ -548,7 +564,7 @@ def log_step(job: Job, state: State) -> dict:
     now = time.perf_counter()
     dt = now - state.t_log
     metrics = {f"train/{key}": float(v) / state.n_terms for key, v in state.sum_terms.items()}
-    metrics.update({"train/lr": job.sched.get_last_lr()[0], "train/sentences_per_s": state.n_sent / dt,
+    metrics.update({"train/lr": float(job.sched.get_last_lr()[0]), "train/sentences_per_s": state.n_sent / dt,
                     "train/tokens_per_s": state.n_tok / dt,
                     "train/data_wait": state.data_wait / max(1, state.data_steps)})  # s per step blocked on data
     if state.grad_norms:
