@@ -214,7 +214,7 @@ def test_the_graphed_update_trains_as_the_separate_one(worlds, method):
     over = dict(dropout=0.0, grad_accum=2, sam_rho=0.05, graphs=True, warmup_ratio=0.5, grad_clip=0.01)
     separate, _ = _train(h.exact_run(**over), steps=3, cls=h.cls)
     graphed, strategy = _train(h.exact_run(update="graphed", **over), steps=3, cls=h.cls)
-    assert repr(strategy) == "SAM(Graphed(Plain()))" and strategy.inner.updates.stepped
+    assert repr(strategy) == "SAM(Graphed(Plain()))" and strategy.inner.updates is not None
     _same(graphed, separate, 1e-5, f"{method}: update graphed vs separate")
     with setup(h.exact_run(update="graphed", **over), "/nonexistent", h.cls) as job:
         rates = [g["lr"] for g in job.opt.param_groups]
@@ -231,8 +231,10 @@ def test_the_graphed_update_captures_one_graph_per_set_of_gradients(worlds, monk
     """``UpdateGraphs`` as on CUDA, with a stand-in for the capture (a "graph" whose replay runs the
     captured body): the first update runs eagerly (AdamW's state is made there), the second
     captures, later ones replay; a step that hands over another set of gradients (a parameter no
-    micro-batch wrote has none) captures its own graph, and the first set replays its first one.
-    Trained through the loop, the weights are separate's."""
+    micro-batch wrote has none) captures its own graph, and the first set replays its first one; a
+    parameter's first gradient after that is applied eagerly (its AdamW state made outside any
+    capture: every capture finds every gradient's state), then captured. Trained through the loop,
+    the weights are separate's."""
     from sentemb.train import step as step_mod
 
     captured = []
@@ -245,7 +247,13 @@ def test_the_graphed_update_captures_one_graph_per_set_of_gradients(worlds, monk
             self.replays += 1
             step_mod.update_body(self.job)
 
-    monkeypatch.setattr(step_mod.UpdateGraphs, "_capture", lambda self, job: captured.append(Replay(job)) or captured[-1])
+    def capture(self, job):
+        missing = [p for g in job.opt.param_groups for p in g["params"] if p.grad is not None and not job.opt.state.get(p)]
+        assert not missing, "AdamW state would be made inside the capture"
+        captured.append(Replay(job))
+        return captured[-1]
+
+    monkeypatch.setattr(step_mod.UpdateGraphs, "_capture", capture)
     init = step_mod.UpdateGraphs.__init__
     monkeypatch.setattr(step_mod.UpdateGraphs, "__init__", lambda self, capture: init(self, True))
     h = worlds("simcse")
@@ -269,6 +277,20 @@ def test_the_graphed_update_captures_one_graph_per_set_of_gradients(worlds, monk
         params[0].grad = kept
         updates.apply(job)
         assert len(updates.graphs) == 2 and captured[0].replays == 3
+    with setup(h.exact_run(update="graphed", **over), "/nonexistent", h.cls) as job:  # a late first gradient
+        captured.clear()
+        updates = step_mod.UpdateGraphs(True)
+        params = [p for g in job.opt.param_groups for p in g["params"]]
+        for p in params[1:]:
+            p.grad = torch.ones_like(p)
+        updates.apply(job)
+        updates.apply(job)
+        assert len(captured) == 1
+        params[0].grad = torch.ones_like(params[0])
+        updates.apply(job)  # params[0] has no AdamW state yet: eagerly
+        assert len(captured) == 1 and job.opt.state.get(params[0])
+        updates.apply(job)
+        assert len(captured) == 2 and captured[1].replays == 1
 
 
 def test_the_graphed_update_needs_graphs():

@@ -371,7 +371,9 @@ def _loop_ms(run, warm: int, timed: int, count: bool = False) -> tuple[float, fl
         if replay is not None:  # and the loop's update alone (clip, fused AdamW, schedule, zeroing; train.update)
             _sync(job.device)
             t = time.perf_counter()
+            every = {id(p) for g in job.opt.param_groups for p in g["params"]}
             for _ in range(timed):
+                strat.step_used = set(every)  # as after a step's micro-batches (update() forgets them)
                 strat.update(job)
             _sync(job.device)
             replay = (replay, (time.perf_counter() - t) / timed)

@@ -529,7 +529,9 @@ class Graphed(MicroBatches):
         if cuda:
             graph = torch.cuda.CUDAGraph()
             try:
-                with torch.cuda.graph(graph, pool=self.pool), stash_into(method, entry.stash):
+                # thread_local: a worker's pin-memory thread may allocate while this thread captures
+                with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"), \
+                        stash_into(method, entry.stash):
                     entry.out = self.inner.backward(job, static, micro, None)
             except Exception as e:  # noqa: BLE001 - a capture error names the run and the way out
                 raise SentembError(f"run '{job.run.name}': train.graphs: capturing method '{method.name}' at batch shape "
@@ -922,38 +924,41 @@ class UpdateGraphs:
     this graph is unmeasured there). A graph reads fixed tensors, so each one is keyed
     by the data pointers of the gradients the step hands over (a parameter no micro-batch wrote this
     step has none, ``Graphed.update``): another set captures another graph (``MAX_GRAPHS`` at most,
-    then eagerly, with a warning). The first step runs eagerly: AdamW creates its state there.
-    ``capture`` False (a CPU): the same body eagerly, every step."""
+    then eagerly, with a warning). A parameter's first update runs eagerly: AdamW creates its state
+    there (``_has_state``). ``capture`` False (a CPU): the same body eagerly, every step."""
 
     def __init__(self, capture: bool):
         self.capture = capture
         self.graphs: dict[tuple, object] = {}
-        self.stepped = False  # AdamW's state exists (the first update ran eagerly)
         self.overflow = 0
 
     def apply(self, job) -> None:
-        import torch
-
         from .graphs import MAX_GRAPHS
 
-        if not (self.capture and self.stepped):
+        key = tuple(p.grad.data_ptr() if p.grad is not None else None for g in job.opt.param_groups
+                    for p in g["params"]) if self.capture else ()
+        graph = self.graphs.get(key)
+        if graph is None and not self._has_state(job):
+            # a parameter's first update runs eagerly: AdamW makes its state there; made inside a capture,
+            # its moments and step count would be zeroed again by every replay
             update_body(job)
-            self.stepped = True
+        elif graph is None and len(self.graphs) >= MAX_GRAPHS:
+            if not self.overflow:
+                log.warning("train.update graphed: more than %d distinct sets of gradients; the others update "
+                            "eagerly", MAX_GRAPHS)
+            self.overflow += 1
+            update_body(job)
         else:
-            key = tuple(p.grad.data_ptr() if p.grad is not None else 0 for g in job.opt.param_groups
-                        for p in g["params"])
-            graph = self.graphs.get(key)
-            if graph is None and len(self.graphs) >= MAX_GRAPHS:
-                if not self.overflow:
-                    log.warning("train.update graphed: more than %d distinct sets of gradients; the others update "
-                                "eagerly", MAX_GRAPHS)
-                self.overflow += 1
-                update_body(job)
-            else:
-                if graph is None:
-                    graph = self.graphs[key] = self._capture(job)
-                graph.replay()
+            if graph is None:
+                graph = self.graphs[key] = self._capture(job)
+            graph.replay()
         job.sched.step()
+
+    def _has_state(self, job) -> bool:
+        """Every parameter with a gradient has AdamW's state (its first update ran); never on a CPU
+        (nothing is captured there)."""
+        return self.capture and all(job.opt.state.get(p) for g in job.opt.param_groups for p in g["params"]
+                                    if p.grad is not None)
 
     def _capture(self, job) -> "torch.cuda.CUDAGraph":
         import torch
@@ -962,7 +967,7 @@ class UpdateGraphs:
             job.prefetch.wait()
         graph = torch.cuda.CUDAGraph()
         try:
-            with torch.cuda.graph(graph):
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):  # as Graphed._capture
                 update_body(job)
         except Exception as e:  # noqa: BLE001 - a capture error names the run and the way out
             raise SentembError(f"run '{job.run.name}': train.update graphed: capturing the optimizer step failed: "
