@@ -251,13 +251,14 @@ class Fused(MicroBatches):
     def backward(self, job, batch: dict, micro: int, probe) -> dict:
         group: dict[int, dict] = {}
         for name, v in batch.items():
-            j, key = name.split("|", 1)
+            j, key = name.split(FUSED_SEP, 1)
             group.setdefault(int(j), {})[key] = v
         return fused_backward(job, [(micro + j, group[j]) for j in sorted(group)], probe)
 
 
 #: a fused unit's flat batch key for micro-batch j's tensor ``key`` (``Fused.units``)
-FUSED_KEY = "{}|{}"
+FUSED_SEP = "|"
+FUSED_KEY = "{}" + FUSED_SEP + "{}"
 
 
 def _probe(job, state, norms: bool, chunked: bool = False):
