@@ -52,6 +52,14 @@ def _kernel(train: dict, device: str) -> dict:
     return {"attention": resolve_attention(t.attention, torch.device(device), t.unpad)}
 
 
+def _graphed_strategy(job):
+    """The job's ``Graphed`` strategy (``train.graphs``) inside its wrappers (``SAM``), None without graphs."""
+    strat = job.strategy
+    while strat is not None and not hasattr(strat, "entries"):
+        strat = getattr(strat, "inner", None)
+    return strat
+
+
 def first_steps(model: Path, corpus: Path, device: str, batch: int, max_len: int, method: str, margs: dict | None,
                 inputs: dict, train: dict, buckets, first: int = 15, then: int = 15) -> Row:
     """``first`` + ``then`` optimizer steps of ``method`` from a fresh job (``train`` overrides the
@@ -70,7 +78,7 @@ def first_steps(model: Path, corpus: Path, device: str, batch: int, max_len: int
     what = (f"first steps {method} B={batch}x{t.grad_accum} max_len {max_len} {'sam ' if t.sam_rho else ''}"
             f"sampler {t.sampler}, buckets {buckets}" + (f", fuse_micro_batches {fuse}" if fuse > 1 else "")
             + (", graphs" if t.graphs else "") + (", compile" if t.compile else "")
-            + f", attention {_kernel({'attention': t.attention}, device)['attention']}"
+            + f", attention {_kernel(train, device)['attention']}"
             + (f", triplet_pass {margs['triplet_pass']}" if "triplet_pass" in (margs or {}) else ""))
     try:
         with setup(run, "/nonexistent-gpucheck-output") as job:
@@ -97,9 +105,7 @@ def first_steps(model: Path, corpus: Path, device: str, batch: int, max_len: int
 
             def seen():  # the shapes captured under train.graphs (ArcCSE pads its triplets there), else the
                 # shapes computed (an eager step at a new shape plans new kernels)
-                strat = job.strategy
-                while strat is not None and not hasattr(strat, "entries"):
-                    strat = getattr(strat, "inner", None)
+                strat = _graphed_strategy(job)
                 return (0, len(strat.entries)) if strat is not None else (len(computed), 0)
 
             for _ in range(first + then):
@@ -364,9 +370,7 @@ def _loop_ms(run, warm: int, timed: int, count: bool = False) -> tuple[float, fl
             pass
         _sync(job.device)
         secs = (time.perf_counter() - t) / timed
-        strat = job.strategy
-        while strat is not None and not hasattr(strat, "entries"):
-            strat = getattr(strat, "inner", None)
+        strat = _graphed_strategy(job)
         replay = _replay_s(strat, timed) if strat is not None else None
         if replay is not None:  # and the loop's update alone (clip, fused AdamW, schedule, zeroing; train.update)
             _sync(job.device)
