@@ -201,3 +201,48 @@ def test_a_failing_compile_falls_back_to_the_eager_ops_with_a_warning(monkeypatc
     assert torch.equal(got, counter_keep_mask(mix(1, 2), s, v, (4, 6, 5), 0.2, 3)) and torch.equal(got, again)
     warned = [r for r in caplog.records if "counter_kernel fused" in r.getMessage()]
     assert len(warned) == 1 and "no compiler here" in warned[0].getMessage()
+
+
+def test_the_inline_kernel_compiles_without_a_break_and_draws_the_eager_masks(monkeypatch):
+    """``train.counter_kernel: inline``: ``keyed`` puts the key, the chunk's start and the coordinates
+    on the device at its entry, so ``torch.compile`` traces the dropout with the code around it. One
+    ``fullgraph`` compilation (a graph break would raise) serves every chunk start and micro-batch
+    (no recompilation), and hidden-state masks, SDPA's attention-weight masks and ``rows()`` layouts
+    are the eager kernel's bit for bit."""
+    from torch._dynamo.utils import counters
+
+    from sentemb.model import dropout
+
+    monkeypatch.setattr(F, "dropout", F.dropout)  # compile_inline replaces them for the process
+    monkeypatch.setattr(F, "scaled_dot_product_attention", F.scaled_dot_product_attention)
+    monkeypatch.setattr(dropout, "_INSTALLED", dropout._INSTALLED)
+    dropout.compile_inline()
+    torch.manual_seed(0)
+    x, q = torch.randn(12, 9, 8), torch.randn(12, 2, 5, 4)
+    pairs = torch.tensor([0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5]), torch.tensor([0, 1] * 6)
+
+    def f(x, q):
+        h = F.dropout(x, 0.3, True) * 2.0 + 1.0  # a neighbour for Inductor to fuse the mask with
+        a = F.scaled_dot_product_attention(q, q, q, dropout_p=0.2)
+        with dropout.rows(*pairs):
+            u = F.dropout(x, 0.1, True)
+        return h, a, u
+
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(f, fullgraph=True, dynamic=False)
+    for seed, micro, start in ((5, 2, 0), (5, 3, 6), (8, 3, 12)):
+        with keyed(seed, micro, start, start + 6, mode="counter"):
+            want = f(x, q)
+        with keyed(seed, micro, start, start + 6, mode="counter", kernel="inline", device="cpu"):
+            got = compiled(x, q)
+        for w, g, what in zip(want, got, ("hidden", "attention", "rows")):
+            # a mask bit that differed would differ by the whole value; rounding stays far below
+            assert torch.allclose(g, w, rtol=1e-5, atol=1e-6), (seed, micro, start, what)
+        assert not torch.equal(got[0], compiled(x, q)[0])  # outside a context: torch's own dropout
+    assert counters["stats"]["unique_graphs"] == 2, dict(counters["stats"])  # the keyed trace and the plain one
+    assert not counters["graph_break"], dict(counters["graph_break"])
+    with keyed(1, 1, 0, 6, mode="counter", kernel="eager"):
+        eager = F.dropout(x, 0.5, True)
+    with keyed(1, 1, 0, 6, mode="counter", kernel="inline", device="cpu"):
+        assert torch.equal(F.dropout(x, 0.5, True), eager)  # and uncompiled, exactly the eager masks

@@ -77,6 +77,20 @@ def test_graphed_chunks_train_as_the_whole_batch_with_dropout_on(worlds, method)
     _same(whole, eager, testing.REL, f"{method}: graphed vs eager, counter dropout on")
 
 
+@pytest.mark.parametrize("method", ["una", "paser"])
+def test_the_inline_counter_kernel_draws_the_same_masks_in_the_graphed_chunked_step(worlds, method):
+    """``train.counter_kernel: inline`` without compile (its tensors made at each context's entry, the
+    form a compiled encoder traces) in the graphed chunked step of the methods that declare their rows
+    (``rows()``: UNA's pairs, PaSeR's decoder rows): the eager kernel's weights; the capture check
+    passes (its device constants are made before it, ``warm_inline``)."""
+    h = worlds(method)
+    over = dict(dropout_rng="counter", graphs=True, chunk_size=4)
+    eager, _ = _train(h.exact_run(counter_kernel="eager", **over), steps=2, cls=h.cls)
+    inline, strategy = _train(h.exact_run(counter_kernel="inline", **over), steps=2, cls=h.cls)
+    assert repr(strategy) == "Graphed(Chunked())"
+    _same(inline, eager, 1e-6, f"{method}: counter_kernel inline vs eager")
+
+
 def test_the_fused_counter_kernel_trains_to_the_same_weights(worlds):
     """``train.counter_kernel: fused`` (the counter hash compiled, Inductor's CPU code here) in the
     graphed, chunked step: the same masks, so bit for bit the weights of the eager kernel."""
@@ -114,13 +128,16 @@ def test_graphs_with_compile_train_as_graphs_without(worlds):
     _same(compiled, plain, 1e-4, "simcse: graphed with compile vs graphed")
 
 
-@pytest.mark.parametrize("graphs, chunk", [(True, None), (False, None), (True, 4)])
-def test_compile_with_counter_dropout_trains_as_the_eager_counter_run(worlds, monkeypatch, graphs, chunk):
+@pytest.mark.parametrize("graphs, chunk, kernel", [(True, None, "auto"), (False, None, "auto"), (True, 4, "auto"),
+                                                   (True, 4, "inline")])
+def test_compile_with_counter_dropout_trains_as_the_eager_counter_run(worlds, monkeypatch, graphs, chunk, kernel):
     """``train.compile`` with ``dropout_rng: counter`` (``sentemb.model.dropout.compile_safe``: each
     dropout a graph break, run outside the compiled code), graphed and not, and in the graphed chunked
     step (``Method.encode`` compiled, ``job.encode_fn``), dropout on: the weights of the eager counter
     run (the same masks; another draw would be ~1e-2 away) to fp32 tolerance, and Dynamo compiled the
-    code between the dropouts (several graphs)."""
+    code between the dropouts (several graphs). With ``counter_kernel: inline`` the masks are traced
+    with the encoder (``compile_inline``): no graph break, one graph for the chunks and one for the
+    graph-free first pass, and the same weights."""
     import torch.nn.functional as F
     from torch._dynamo.utils import counters
 
@@ -135,7 +152,7 @@ def test_compile_with_counter_dropout_trains_as_the_eager_counter_run(worlds, mo
     eager, _ = _train(h.exact_run(**over), steps=2, cls=h.cls)
     torch._dynamo.reset()
     counters.clear()
-    with setup(h.exact_run(compile=True, **over), "/nonexistent", h.cls) as job:
+    with setup(h.exact_run(compile=True, counter_kernel=kernel, **over), "/nonexistent", h.cls) as job:
         assert job.step_fn is not job.method.losses
         compiled_encode, encodes = job.encode_fn, []
         job.encode_fn = lambda batch: encodes.append(1) or compiled_encode(batch)  # which path the step took
@@ -148,6 +165,9 @@ def test_compile_with_counter_dropout_trains_as_the_eager_counter_run(worlds, mo
         # chunked: the chunks and the first pass go through the compiled encode (chunked_backward), and
         # Method.losses never runs, so the graphs counted above are the compiled encode's; whole: none does
         assert (len(encodes) > 0) == bool(chunk), (chunk, len(encodes))
+        if kernel == "inline":
+            assert not counters["graph_break"] and counters["stats"]["unique_graphs"] == 2, \
+                (dict(counters["graph_break"]), dict(counters["stats"]))
         compiled = {k: v.detach().clone() for k, v in job.method.state_dict().items() if torch.is_tensor(v)}
     _same(compiled, eager, 1e-4, f"simcse: compiled vs eager, counter dropout on, graphs {graphs}")
 

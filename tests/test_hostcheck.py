@@ -159,3 +159,16 @@ def test_a_first_steps_row_runs_in_a_process_of_its_own(tiny_bert_dir, tiny_corp
     what, value, note = hostcheck._isolated(kw, "first_steps")
     assert what.startswith("first steps simcse B=2x1") and "ms/step (steps 1-2)" in value, (what, value, note)
     assert "distinct batch shapes" in note, note
+
+
+def test_tune_rows_take_a_variant_list_and_a_batch_size(tiny_bert_dir, tiny_corpus, monkeypatch):
+    """gpu-check's ``tune`` with ``SENTEMB_TUNE`` (variants over the compiled graphed base) and
+    ``SENTEMB_TUNE_BATCHES`` (here the large batch only, 8 standing for 512 on a CPU): one row per
+    variant, in order, each naming its settings; the counter masks traced with the encoder
+    (``counter_kernel: inline``) in the chunked step run, as the next lend's rows do."""
+    monkeypatch.setenv("SENTEMB_TUNE", '[{"dropout_rng": "counter", "counter_kernel": "inline"}, '
+                                       '{"dropout_rng": "counter", "counter_kernel": "inline", "chunk_size": 2}]')
+    monkeypatch.setenv("SENTEMB_TUNE_BATCHES", "512")
+    rows = hostcheck.tune_rows(tiny_bert_dir, tiny_corpus, "cpu", toy=True)
+    assert len(rows) == 2 and all("B=8" in what and "FAILED" not in value for what, value, _ in rows), rows
+    assert "counter_kernel inline" in rows[0][0] and "chunk_size 2" in rows[1][0], rows

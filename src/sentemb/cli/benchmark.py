@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from .. import SentembError
 from ..ops.benchmark import (
-    LOOP_VARIANTS, bench_chunked, bench_compile, bench_dev_eval, bench_eval,
+    LOOP_VARIANTS, bench_chunked, bench_compile, bench_counter_compile, bench_dev_eval, bench_eval,
     bench_grad_norms, bench_method, bench_overhead, bench_st, padding_waste, _method_args, _peak)
 
 
@@ -78,6 +78,26 @@ def _cmd_grad_norms(args) -> int:
     return 0
 
 
+def _cmd_counter_compile(args) -> int:
+    device, name, methods, _, _ = _bench_setup(args)
+    chunk = args.chunked or max(1, args.batch_size // 4)
+    print(f"model {args.model} | device {name} | batch {args.batch_size} | chunks of {chunk} | max_len {args.max_len} "
+          f"| precision {args.precision} | train.compile, dropout_rng counter | median of {args.steps} steps after the "
+          f"first (compiling) step and {args.warmup} warm-up, each row in a process of its own")
+    print(f"{'method':<10} {'counter masks':<34} {'chunks':>7} {'first step s':>13} {'ms/step':>9} {'vs break':>9}")
+    for m in methods:
+        r = bench_counter_compile(args.model, args.corpus, args.batch_size, args.steps, args.warmup, device,
+                                  args.max_len, args.precision, chunk, m, args.threads)
+        for kernel, what in (("auto", "outside (a graph break each)"), ("inline", "traced (counter_kernel inline)")):
+            for c in (None, chunk):
+                first, per = r[kernel, c]
+                print(f"{m:<10} {what:<34} {c or 'none':>7} {first:>13.1f} {1000 * per:>9.1f} "
+                      f"{per / r['auto', c][1]:>9.2f}", flush=True)
+    print("(train.counter_kernel inline traces the counter masks with the encoder, so the compiled code has no graph "
+          "break at each dropout and Inductor fuses the hash into the kernels around it; the same masks)")
+    return 0
+
+
 def _cmd_chunked(args) -> int:
     device, name, methods, margs, inputs = _bench_setup(args)
     print(f"model {args.model} | device {name} | batch {args.batch_size} | chunks of {args.chunked} | max_len "
@@ -119,6 +139,8 @@ def _cmd_benchmark(args) -> int:
         return _cmd_overhead(args)
     if args.grad_norms:
         return _cmd_grad_norms(args)
+    if args.counter_compile:
+        return _cmd_counter_compile(args)
     if args.chunked:
         return _cmd_chunked(args)
 
@@ -238,6 +260,10 @@ def register(sub) -> None:
     p.add_argument("--counter", action="store_true",
                    help="--chunked: also both with train.dropout_rng: counter, and the chunked step with its first "
                         "pass chunk by chunk (train.chunk_first_pass: chunks)")
+    p.add_argument("--counter-compile", action="store_true",
+                   help="time train.compile with dropout_rng counter, the masks outside the compiled code (a graph "
+                        "break each) against traced with it (train.counter_kernel inline), whole and in chunks of "
+                        "--chunked N (default batch/4), each in a process of its own (--steps, --warmup)")
     p.add_argument("--method", action="append", default=[], metavar="NAME",
                    help="also time this registered method (repeatable); prints a per-method table with the "
                         "share of build_batch and the ratio to simcse measured in the same invocation")

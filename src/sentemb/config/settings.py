@@ -89,7 +89,8 @@ class TrainSettings:
     compile: bool = arg(False, "torch.compile the method's forward and losses (dropout drawn as in eager mode, so the "
                         "losses match an eager run to fp32 tolerance; see `sentemb benchmark --compile`). With dropout_rng counter "
                         "each dropout runs outside the compiled code (a graph break; sentemb.model.dropout.compile_safe), "
-                        "which costs nothing inside graphs: true; keyed is refused.")
+                        "which costs no host time inside graphs: true, but keeps Inductor from fusing the mask with its "
+                        "neighbours; counter_kernel inline traces it instead (no break). keyed is refused.")
     compile_mode: str = arg(
         "default",
         "With compile: torch.compile's mode. default - Inductor's heuristics; max-autotune-no-cudagraphs - Inductor "
@@ -194,7 +195,10 @@ class TrainSettings:
         "How dropout_rng counter computes its masks (sentemb.model.dropout.counter_keep_mask); the same bits either way. "
         "eager - ~10 int64 tensor ops per coordinate over the whole mask (memory-bound: +10 ms per BERT-base step at "
         "batch 64 on an H200); fused - the same hash through torch.compile, one kernel per mask (compiled once per "
-        "process, a few seconds); auto - fused on CUDA, eager elsewhere.", choices=("auto", "eager", "fused"),
+        "process, a few seconds); inline - the same hash traced with the encoder under compile (no graph break at "
+        "each dropout, so Inductor fuses the hash into the kernels around it; without compile, eager's ops; GPU time "
+        "unmeasured: gpu-check's tune rows); auto - fused on CUDA, eager elsewhere.",
+        choices=("auto", "eager", "fused", "inline"),
         weights=False)
     buckets: list | str | None = arg(
         "auto",

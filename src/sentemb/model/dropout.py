@@ -34,7 +34,11 @@ Two ways to draw a keyed mask (``mode``):
   position's mask does not depend on the padded width either (``train.buckets`` leaves it alone), nor
   on chunking or processes. No host round trip and no generator to advance: the form a captured
   CUDA graph can replay (with the micro-batch key as a device tensor). The hash is murmur3's 32-bit
-  finaliser over int64 tensors holding 32-bit words; its top 24 bits give the uniform draw.
+  finaliser over int64 tensors holding 32-bit words; its top 24 bits give the uniform draw. Three
+  kernels compute the same bits (``train.counter_kernel``): ``eager`` tensor ops, ``fused`` (the
+  hash compiled on its own), and ``inline``, whose inputs ``keyed`` makes as device tensors at the
+  context's entry so that ``torch.compile`` traces the mask with the encoder around it
+  (``compile_inline``: no graph break at each dropout, as ``compile_safe`` has).
 """
 
 from __future__ import annotations
@@ -129,19 +133,21 @@ def counter_keep_mask(key, sentences: torch.Tensor, views: torch.Tensor, shape, 
 
 
 def _counter_mask(words: torch.Tensor, sentences: torch.Tensor, views: torch.Tensor, call_word, dims: list,
-                  threshold: int, coord=_COORD) -> torch.Tensor:
+                  threshold: int, coord=_COORD, index=None) -> torch.Tensor:
     """``counter_keep_mask``'s hash (``call_word`` an int or a 0-d int64 tensor, ``coord`` ``_COORD``
     or the same constants as an int64 tensor: the same bits). Compiled, a coordinate is an index
     expression that Triton types int32, and its product with a constant above 2^31 does not compile:
-    the constants then come as loaded int64 values (``_coords``)."""
+    the constants then come as loaded int64 values (``_coords``). ``index(d)``: the int64 coordinates
+    0..d-1 (default ``torch.arange``; ``counter_kernel: inline`` slices them from a tensor made
+    outside the compiled code, ``_Context.index``, so they too are loaded values)."""
     dev = sentences.device
     lo, hi = words[0], words[1]
     h = _fmix32((sentences & _M32) ^ lo)
-    h = _fmix32(h ^ ((views * _COORD[0]) & _M32) ^ hi)
+    h = _fmix32(h ^ ((views * coord[0]) & _M32) ^ hi)
     h = _fmix32(h ^ call_word)
     h = h.view(-1, *([1] * len(dims)))
     for i, d in enumerate(dims):
-        idx = torch.arange(d, device=dev, dtype=torch.int64)
+        idx = torch.arange(d, device=dev, dtype=torch.int64) if index is None else index(d)
         idx = _fmix32((idx * coord[(i + 2) % len(_COORD)] + i) & _M32)
         h = _fmix32(h ^ idx.view(*([1] * (i + 1)), d, *([1] * (len(dims) - i - 1))))
     shape = (h.shape[0], *dims)
@@ -184,6 +190,31 @@ def _coords(dev: torch.device) -> torch.Tensor:
     return _COORDS[key]
 
 
+_ARANGED: dict = {}
+#: the least length of ``_aranged``'s tensor: hidden sizes, lengths and rows of a large encoder's batch
+ARANGED_MIN = 8192
+
+
+def _aranged(dev: torch.device, n: int = 0) -> torch.Tensor:
+    """int64 0, 1, …, at least ``max(n, ARANGED_MIN)`` long, on ``dev``: one tensor per device, made
+    (again, longer) only when a context needs more, at its entry (``keyed``) or before a CUDA
+    graph's capture (``warm_inline``), never inside compiled code."""
+    key = str(dev)
+    have = _ARANGED.get(key)
+    if have is None or have.size(0) < n:
+        _ARANGED[key] = torch.arange(max(n, ARANGED_MIN, 0 if have is None else 2 * have.size(0)), device=dev,
+                                     dtype=torch.int64)
+    return _ARANGED[key]
+
+
+def warm_inline(device, n: int = 0) -> None:
+    """Make ``counter_kernel: inline``'s device constants (``_coords``, ``_aranged`` for chunks of up
+    to ``n`` sentences) now, before a CUDA graph's capture: inside one they would be a host copy."""
+    dev = torch.device(device)
+    _coords(dev)
+    _aranged(dev, 8 * n)
+
+
 def _in_dispatch_mode() -> bool:
     """A Python dispatch mode is active (``sentemb.train.graphs.capture_hazards``' check, a FLOP
     counter): ``torch.compile`` does not run under one, and the eager ops give the same bits."""
@@ -210,7 +241,45 @@ class _Context:
     override: list = field(default_factory=list)  # stack of (sentence (R,), view (R,)) chunk-local
     mode: str = "generator"  # or "counter" (module docstring)
     key: torch.Tensor | None = None  # counter: the (seed, micro) key words, given (a graph's) or made per device
-    kernel: str = "eager"  # counter: eager or fused (counter_keep_mask)
+    kernel: str = "eager"  # counter: eager, fused (counter_keep_mask) or inline (keyed's docstring)
+    # counter_kernel inline: made at the context's entry, outside compiled code (keyed), so that compiled
+    # code reads tensors only and never specialises on the chunk's start or the micro-batch
+    start_t: torch.Tensor | None = None  # the chunk's first sentence, a 0-d int64 tensor on the device
+    coord: torch.Tensor | None = None  # _COORD on the device (_coords)
+    aranged: torch.Tensor | None = None  # int64 0, 1, ... on the device (_aranged)
+    n: int = 0  # stop - start, read instead of the two (which differ per chunk)
+
+    def index(self, d: int) -> torch.Tensor:
+        """The int64 coordinates 0..d-1 (``inline``): a slice of ``aranged``, loaded values rather than
+        an index expression (``_counter_mask``), else ``torch.arange``."""
+        a = self.aranged
+        return a[:d] if d <= a.size(0) else torch.arange(d, device=a.device, dtype=torch.int64)
+
+    def inline_mask(self, shape: torch.Size, p: float, call: int) -> torch.Tensor:
+        """``counter_kernel: inline``: the counter mask (the same bits as ``eager``) from what the
+        context's entry put on the device; inside ``torch.compile`` it is traced with the encoder, so
+        Inductor fuses the hash into the kernels around the dropout. It reads the chunk's size and
+        the call count from Python (constant per compiled shape), never its start or micro-batch."""
+        rows, dev = int(shape[0]), self.aranged.device
+        if self.override:
+            sent, view = self.override[-1]
+            if not isinstance(sent, torch.Tensor):  # host lists (eager-built rows): constants under compile
+                sent = torch.as_tensor(sent, dtype=torch.int64).to(dev)
+                view = torch.as_tensor(view, dtype=torch.int64).to(dev)
+            if sent.numel() != rows:
+                raise SentembError(f"keyed dropout: a tensor of {rows} rows inside rows() declaring {sent.numel()}")
+            st, vt = self.start_t + sent.to(dev, torch.int64), view.to(dev, torch.int64)
+        else:
+            n = self.n
+            if n <= 0 or rows % n:
+                raise SentembError(f"keyed dropout: a tensor of {rows} rows in a chunk of {n} sentences is not v views "
+                                   "of them; declare its rows with sentemb.model.dropout.rows(sentence, view) around that "
+                                   "forward")
+            r = self.index(rows)
+            st, vt = self.start_t + r % n, r // n
+        call_word = (int(call) * _COORD[1] + 0x5BD1E995) & _M32
+        return _counter_mask(self.key, st, vt, call_word, [int(d) for d in shape[1:]], int(round(p * (1 << 24))),
+                             coord=self.coord, index=self.index)
 
     def row_tensors(self, rows: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """``row_keys`` as int64 tensors on ``device``; the default layout (v views of the chunk's
@@ -247,6 +316,8 @@ class _Context:
         call = self.calls
         self.calls += 1
         if self.mode == "counter":
+            if self.kernel == "inline":
+                return self.inline_mask(shape, p, call)
             if self.key is None or self.key.device != torch.device(device):
                 self.key = key_words(mix(self.seed, self.micro), device)
             st, vt = self.row_tensors(shape[0], torch.device(device))
@@ -332,9 +403,20 @@ def _sdpa_all(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
     return weights.to(value.dtype) @ value
 
 
+def _torch_rules() -> None:
+    """Have Dynamo's table of torch's own functions built before this module replaces any: it is
+    built once, when ``torch._dynamo.trace_rules`` is imported, from what ``torch.nn.functional``
+    holds then, and an interceptor found there would be put in a compiled graph as an opaque
+    torch op instead of traced (``compile_inline`` needs it traced)."""
+    import torch._dynamo.trace_rules as rules
+
+    rules.get_torch_obj_rule_map()
+
+
 def _install() -> None:
     global _INSTALLED
     if not _INSTALLED:
+        _torch_rules()
         F.dropout = _dropout
         F.scaled_dot_product_attention = _sdpa
         _INSTALLED = True
@@ -357,23 +439,52 @@ def compile_safe() -> None:
     _INSTALLED = True
 
 
+def compile_inline() -> None:
+    """``train.counter_kernel: inline`` under ``train.compile``: ``F.dropout`` and
+    ``F.scaled_dot_product_attention`` are the plain interceptors, which Dynamo traces (it reads the
+    context from this module's thread-local stack and guards on what it reads: the chunk's size and
+    the call count, constant per shape), so the encoder compiles without a break at each dropout and
+    the counter hash is fused with its neighbours. Undoes ``compile_safe`` for the process."""
+    global _INSTALLED
+    _torch_rules()
+    F.dropout = _dropout
+    F.scaled_dot_product_attention = _sdpa
+    _INSTALLED = True
+
+
 @contextmanager
 def keyed(seed: int, micro: int, start: int, stop: int, mode: str = "generator", key: torch.Tensor | None = None,
-          kernel: str = "eager"):
+          kernel: str = "eager", device=None):
     """Inside: dropout masks keyed by sentences ``[start, stop)`` of micro-batch ``micro``, drawn
     the ``mode`` way (``generator`` or ``counter``, module docstring). ``key``: with ``counter``, the
     ``key_words`` tensor to read the (seed, micro-batch) key from (a captured graph's static input;
     ``seed`` and ``micro`` are then ignored for the masks). ``kernel``: with ``counter``, ``eager``
-    or ``fused`` (``counter_keep_mask``; the same masks)."""
+    or ``fused`` (``counter_keep_mask``), or ``inline``: the same masks.
+
+    ``inline`` (``train.counter_kernel: inline``) is the form ``torch.compile`` traces: the key, the
+    chunk's start and the coordinates are made here as tensors on ``device`` (needed), so the compiled
+    encoder reads only tensors and the chunk's size, and the dropout is no graph break
+    (``compile_inline``): Inductor fuses the hash with the kernels around it. Entered inside a CUDA
+    graph's capture, the key must be given and ``warm_inline`` must have run (only a fill kernel is
+    launched here then)."""
     if mode not in ("generator", "counter"):
         raise SentembError(f"keyed dropout: mode {mode!r} is not generator or counter")
-    if kernel not in ("eager", "fused"):
-        raise SentembError(f"keyed dropout: kernel {kernel!r} is not eager or fused")
+    if kernel not in ("eager", "fused", "inline"):
+        raise SentembError(f"keyed dropout: kernel {kernel!r} is not eager, fused or inline")
     _install()
     stack = getattr(_LOCAL, "stack", None)
     if stack is None:
         stack = _LOCAL.stack = []
-    stack.append(_Context(int(seed), int(micro), int(start), int(stop), mode=mode, key=key, kernel=kernel))
+    ctx = _Context(int(seed), int(micro), int(start), int(stop), mode=mode, key=key, kernel=kernel)
+    if mode == "counter" and kernel == "inline":
+        if device is None:
+            raise SentembError("keyed dropout: kernel inline needs the device its masks are made on")
+        dev = torch.device(device)
+        if ctx.key is None or ctx.key.device != dev:
+            ctx.key = key_words(mix(ctx.seed, ctx.micro), dev)
+        ctx.start_t = torch.full((), ctx.start, dtype=torch.int64, device=dev)  # a fill kernel: no host copy
+        ctx.coord, ctx.aranged, ctx.n = _coords(dev), _aranged(dev, 8 * (ctx.stop - ctx.start)), ctx.stop - ctx.start
+    stack.append(ctx)
     try:
         yield stack[-1]
     finally:

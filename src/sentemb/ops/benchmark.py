@@ -295,6 +295,69 @@ def bench_chunked(model_dir, corpus, batch_size, steps, warmup, device, max_len,
     return _bench_turns(runs, steps, warmup, rounds, device, batch_size)[0]
 
 
+_COUNTER_COMPILE = """
+import json, statistics, sys, time
+import torch
+from sentemb.ops.benchmark import _bench_run, _steps, _sync, _bench_jobs
+from contextlib import ExitStack
+kw = json.loads(sys.argv[1])
+if kw.pop("threads"):
+    torch.set_num_threads(kw["threads_n"])
+kw.pop("threads_n")
+steps, warmup, device = kw.pop("steps"), kw.pop("warmup"), torch.device(kw.pop("device"))
+run = _bench_run(kw.pop("model"), kw.pop("corpus"), kw.pop("batch_size"), device, kw.pop("max_len"), kw.pop("precision"),
+                 kw.pop("method"), 10**9, None, {}, prefetch=False, **kw)
+with ExitStack() as stack:
+    (job, state), = _bench_jobs(stack, {"run": run}, 1 + warmup + steps, run.train.batch_size).values()
+    t = time.perf_counter()
+    _steps(job, state, 1)
+    _sync(device)
+    first = time.perf_counter() - t
+    _steps(job, state, warmup)
+    times = []
+    for _ in range(steps):
+        _sync(device)
+        t = time.perf_counter()
+        _steps(job, state, 1)
+        _sync(device)
+        times.append(time.perf_counter() - t)
+print("RESULT " + json.dumps([first, statistics.median(times)]), flush=True)
+"""
+
+
+def bench_counter_compile(model_dir, corpus, batch_size, steps, warmup, device, max_len, precision, chunk_size,
+                          method="simcse", threads=None, kernels=("auto", "inline"), whole=True) -> dict:
+    """``train.compile`` with ``dropout_rng: counter``, its masks outside the compiled code (a graph
+    break at each dropout, ``counter_kernel`` auto) against traced with it (``inline``), the whole
+    micro-batch and in chunks of ``chunk_size``: each variant in a process of its own (the two put
+    other functions in ``torch.nn.functional`` for the process). Returns {(kernel, chunk): (first
+    step s, the median s/step of ``steps`` single steps after ``warmup``)}; the first step compiles
+    (Inductor's caches off, so it is a whole compilation).
+    ``kernels`` and ``whole`` (False: the chunked rows only) take a subset."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    out = {}
+    for kernel in kernels:
+        for chunk in (None, chunk_size) if whole else (chunk_size,):
+            arg = dict(model=str(model_dir), corpus=str(corpus), batch_size=batch_size, device=str(device),
+                       max_len=max_len, precision=precision, method=method, steps=steps, warmup=warmup,
+                       threads=bool(threads), threads_n=threads or 0, compile=True, dropout_rng="counter",
+                       counter_kernel=kernel, chunk_size=chunk)
+            # Inductor's caches off: the first step is a whole compilation, not a replay of an earlier row's
+            env = {**os.environ, "TORCHINDUCTOR_FORCE_DISABLE_CACHES": "1"}
+            r = subprocess.run([sys.executable, "-c", _COUNTER_COMPILE, json.dumps(arg)], capture_output=True, text=True,
+                               env=env)
+            got = [json.loads(line[7:]) for line in r.stdout.splitlines() if line.startswith("RESULT ")]
+            if not got:
+                raise SentembError(f"benchmark --counter-compile: counter_kernel {kernel}, chunk_size {chunk} failed "
+                                   f"(exit {r.returncode}): {(r.stderr.strip().splitlines() or [''])[-1][:300]}")
+            out[kernel, chunk] = tuple(got[0])
+    return out
+
+
 def bench_compile(model_dir, corpus, batch_size, steps, device, max_len, method="simcse"):
     """The loop with ``train.compile`` off and on, fp32, same seed: per-step losses and seconds per
     step after the first (compilation) step. Returns {False: (losses, first_s, s_per_step), True: …}."""

@@ -514,11 +514,14 @@ def tune_rows(model: Path, corpus: Path, device: str, toy: bool) -> list[Row]:
     the H200, 24% of the B 512 step there), ``update: fused``
     (the clip inside fused AdamW), ``update: graphed`` (the optimizer step captured too) and
     ``compile_random: inductor`` (Inductor's own dropout), B 64
-    first, then B 512; then B 512 compiled with counter dropout, whole and in chunks of 128; last,
+    first, then B 512; then B 512 compiled with counter dropout, whole and in chunks of 128, each with
+    the masks outside the compiled code (a graph break at each dropout) and ``counter_kernel: inline``
+    (traced with it); last,
     ``compile_mode: max-autotune-no-cudagraphs`` (263 s of autotuning at B 64 on the H200).
     Rows print as they come, so a time limit keeps those done. On a CPU: batches of 4 and 8, chunks
     of 2, without max-autotune. ``SENTEMB_TUNE`` (a JSON list of train settings) runs those variants
-    instead, the first with its eager twin, and no counter or max-autotune rows."""
+    instead, the first with its eager twin, and no counter or max-autotune rows;
+    ``SENTEMB_TUNE_BATCHES`` (``512``, or ``64,512``) keeps those batch sizes only."""
     import json
     import os
     import sys
@@ -532,10 +535,16 @@ def tune_rows(model: Path, corpus: Path, device: str, toy: bool) -> list[Row]:
                 ({"compile_random": "inductor"}, False)]
     if os.environ.get("SENTEMB_TUNE"):  # a subset: JSON list of train dicts over the compiled base, the first eager
         variants = [(v, i == 0) for i, v in enumerate(json.loads(os.environ["SENTEMB_TUNE"]))]
-    cfgs = [(b, {**base, **v}, e) for b in (b64, b512) for v, e in variants]
+    batches = (b64, b512)
+    if os.environ.get("SENTEMB_TUNE_BATCHES"):  # e.g. "512": only those batch sizes (toy: 4 and 8 stand for 64, 512)
+        want = [int(b) for b in os.environ["SENTEMB_TUNE_BATCHES"].split(",")]
+        batches = tuple(b for b, full in ((b64, 64), (b512, 512)) if full in want or b in want)
+    cfgs = [(b, {**base, **v}, e) for b in batches for v, e in variants]
     counter = {**base, "dropout_rng": "counter", "update": "fused"}
     if not os.environ.get("SENTEMB_TUNE"):
-        cfgs += [(b512, counter, False), (b512, {**counter, "chunk_size": c128}, False)]
+        inline = {**counter, "counter_kernel": "inline"}  # the masks traced with the encoder: no graph breaks
+        cfgs += [(b512, counter, False), (b512, {**counter, "chunk_size": c128}, False),
+                 (b512, inline, False), (b512, {**inline, "chunk_size": c128}, False)]
     if not toy and not os.environ.get("SENTEMB_TUNE"):  # last: the longest compilations
         cfgs += [(b, {**base, "compile_mode": "max-autotune-no-cudagraphs"}, False)
                  for b in (b64, b512)]

@@ -55,7 +55,9 @@ forward and backward (the capture check's pass runs eagerly: ``torch.compile`` d
 dispatch mode); a chunked step's chunks run through the compiled ``Method.encode``
 (``job.encode_fn``). It serves ``dropout_rng: stream`` or ``counter``
 (each counter dropout a graph break, run outside the compiled code: ``sentemb.model.dropout.
-compile_safe``; the breaks cost nothing at replay); each new batch shape is a recompilation, so
+compile_safe``; the breaks cost no host time at replay, but Inductor cannot fuse a mask with the
+kernels around it; with ``counter_kernel: inline`` the masks are traced with the encoder instead,
+``compile_inline``); each new batch shape is a recompilation, so
 ``train.buckets`` matters more.
 
 On the CPU (CI, a laptop) there are no CUDA graphs: the same strategy runs the same static-shape

@@ -186,7 +186,8 @@ _COMPILED_UNDER: list = []
 
 def fresh_compile_cache(under: tuple) -> None:
     """Drop the process's compiled code (``torch._dynamo.reset``) when this job compiles under other
-    settings (``under``: ``train.compile_mode``, ``compile_random``, ``dropout_rng``, ``attention``,
+    settings (``under``: ``train.compile_mode``, ``compile_random``, ``dropout_rng``, ``counter_kernel``,
+    ``attention``,
     and the shapes' settings ``batch_size``, ``chunk_size``, ``max_len``, ``buckets``,
     ``fuse_micro_batches``) than the last
     one did: Dynamo's cache is keyed by the code object and its guards, not by Inductor's config or
@@ -373,10 +374,13 @@ def setup(run: Run | dict, out_dir: str | Path, method_cls: "type[Method] | None
         # Inductor's own Philox, so the compiled run sees the same dropout masks (and losses) as an
         # eager one; inductor: Inductor's Philox inside its fused kernels (another random run)
         torch._inductor.config.fallback_random = settings.compile_random == "eager"
-        if settings.dropout_rng == "counter":  # the masks outside the compiled graphs (a break at each dropout)
-            from ..model.dropout import compile_safe
+        if settings.dropout_rng == "counter":
+            from ..model.dropout import compile_inline, compile_safe
 
-            compile_safe()
+            if settings.counter_kernel == "inline":  # the masks traced with the encoder (no break)
+                compile_inline()
+            else:  # the masks outside the compiled graphs (a break at each dropout)
+                compile_safe()
             # after a break Dynamo compiles the encoder's nested functions as frames of their own, and
             # transformers' one `deprecate_kwarg` wrapper code object serves several of them (each
             # arity, with and without grad, is a recompilation): the default limit of 8 would leave
@@ -388,7 +392,8 @@ def setup(run: Run | dict, out_dir: str | Path, method_cls: "type[Method] | None
 
         eager_stash()  # Method.stash outside the compiled code (no recompilation per micro-batch)
         mode = None if settings.compile_mode == "default" else settings.compile_mode
-        fresh_compile_cache((settings.compile_mode, settings.compile_random, settings.dropout_rng, settings.batch_size,
+        fresh_compile_cache((settings.compile_mode, settings.compile_random, settings.dropout_rng, settings.counter_kernel,
+                             settings.batch_size,
                              attention, settings.chunk_size, settings.max_len, settings.buckets,
                              settings.fuse_micro_batches))
         step_fn = torch.compile(method.losses, mode=mode)

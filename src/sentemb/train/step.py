@@ -120,11 +120,12 @@ def keyed_dropout(job, micro: int, start: int, stop: "int | dict"):
     # train.graphs: the static device key a captured graph reads (sentemb.train.graphs.set_dropout_key)
     key = getattr(job, "dropout_key", None) if counter else None
     return keyed(job.seed, micro, start, stop, mode="counter" if counter else "generator", key=key,
-                 kernel=_counter_kernel(job))
+                 kernel=_counter_kernel(job), device=job.device)
 
 
 def _counter_kernel(job) -> str:
-    """``train.counter_kernel`` resolved: ``auto`` is ``fused`` on CUDA, ``eager`` elsewhere."""
+    """``train.counter_kernel`` resolved: ``auto`` is ``fused`` on CUDA, ``eager`` elsewhere;
+    ``inline`` as set (the masks traced with the compiled encoder; ``sentemb.model.dropout.keyed``)."""
     kernel = getattr(job.settings, "counter_kernel", "auto")
     return ("fused" if job.device.type == "cuda" else "eager") if kernel == "auto" else kernel
 
@@ -486,10 +487,14 @@ class Graphed(MicroBatches):
         buffers = [(b, b.detach().clone()) for b in method.buffers()]
         rng = _device_rng(device)
         cuda = self.capture and device.type == "cuda"
-        if cuda and job.settings.dropout_rng == "counter" and _counter_kernel(job) == "fused":
+        if job.settings.dropout_rng == "counter" and _counter_kernel(job) == "fused" and cuda:
             from ..model.dropout import warm_fused
 
             warm_fused(device)  # compiled and tuned here, not in the passes that look like a capture
+        if job.settings.dropout_rng == "counter" and _counter_kernel(job) == "inline":
+            from ..model.dropout import warm_inline
+
+            warm_inline(device, method.n_sentences(static))  # its device constants, made before the capture check
         side = torch.cuda.Stream(device) if cuda else None
         if cuda:  # the warm-ups read what the main stream wrote (the static inputs, the step's gradients so far)
             side.wait_stream(torch.cuda.current_stream(device))
