@@ -246,3 +246,32 @@ def test_the_inline_kernel_compiles_without_a_break_and_draws_the_eager_masks(mo
         eager = F.dropout(x, 0.5, True)
     with keyed(1, 1, 0, 6, mode="counter", kernel="inline", device="cpu"):
         assert torch.equal(F.dropout(x, 0.5, True), eager)  # and uncompiled, exactly the eager masks
+
+
+def test_the_inline_kernel_reads_a_given_key_and_one_device_entry(monkeypatch):
+    """A given key (a captured graph's static input) is the context's key itself, never replaced by
+    a host copy; ``cuda`` without an index is the current device, as a tensor made there reports it
+    (so a graph's key on ``cuda:0`` matches a job on ``cuda``); a key on another device than the
+    masks' is refused; a longer ``arange`` keeps the shorter one alive (captured graphs may read it)."""
+    from sentemb import SentembError
+    from sentemb.model import dropout
+    from sentemb.model.dropout import key_words
+
+    key = key_words(mix(4, 1))
+    with keyed(0, 0, 0, 4, mode="counter", kernel="inline", key=key, device="cpu") as ctx:
+        assert ctx.key is key
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    assert dropout._device("cuda") == torch.device("cuda:0") and dropout._device("cpu") == torch.device("cpu")
+    monkeypatch.setattr(dropout, "_device", lambda d: torch.device("meta"))
+    try:
+        with keyed(0, 0, 0, 4, mode="counter", kernel="inline", key=key, device="cpu"):
+            raise AssertionError("a key on another device was taken")
+    except SentembError as e:
+        assert "key tensor is on cpu" in str(e)
+    monkeypatch.undo()
+    monkeypatch.setattr(dropout, "_ARANGED", {})
+    monkeypatch.setattr(dropout, "_SUPERSEDED", [])
+    short = dropout._aranged(torch.device("cpu"))
+    longer = dropout._aranged(torch.device("cpu"), 3 * short.size(0))
+    assert longer.size(0) >= 3 * short.size(0) and dropout._SUPERSEDED == [short]
+    assert torch.equal(longer[: short.size(0)], short)

@@ -91,6 +91,27 @@ def test_the_inline_counter_kernel_draws_the_same_masks_in_the_graphed_chunked_s
     _same(inline, eager, 1e-6, f"{method}: counter_kernel inline vs eager")
 
 
+def test_a_shape_past_the_graph_limit_runs_eagerly_with_its_own_dropout_key(worlds, monkeypatch):
+    """More batch shapes than ``MAX_GRAPHS``: the others run eagerly (``Graphed.overflow``), and with
+    counter masks they read their own micro-batch's key, not the one the last replay left in the
+    static key tensor: the weights of the eager counter run. (``capture`` is forced on so that the
+    CPU takes the limit's path; nothing is captured here.)"""
+    from sentemb.train import step
+
+    h = worlds("simcse")
+    over = dict(dropout_rng="counter", buckets=list(range(2, 33, 2)), max_len=32, batch_size=4, grad_accum=2)
+    eager, _ = _train(h.exact_run(**over), steps=3, cls=h.cls)
+    monkeypatch.setattr(step, "MAX_GRAPHS", 1)
+    with setup(h.exact_run(graphs=True, **over), "/nonexistent", h.cls) as job:
+        job.strategy.capture = True
+        torch.manual_seed(3)
+        for _ in run_steps(job, State(), 3):
+            pass
+        assert job.strategy.overflow > 0, "no micro-batch came past the limit"
+        graphed = {k: v.detach().clone() for k, v in job.method.state_dict().items() if torch.is_tensor(v)}
+    _same(graphed, eager, testing.REL, "simcse: past the graph limit, counter dropout on")
+
+
 def test_the_fused_counter_kernel_trains_to_the_same_weights(worlds):
     """``train.counter_kernel: fused`` (the counter hash compiled, Inductor's CPU code here) in the
     graphed, chunked step: the same masks, so bit for bit the weights of the eager kernel."""

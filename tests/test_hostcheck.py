@@ -3,6 +3,8 @@ runs, so the rows cannot rot between lent GPUs."""
 
 from pathlib import Path
 
+import pytest
+
 from sentemb.ops import hostcheck
 
 
@@ -162,13 +164,38 @@ def test_a_first_steps_row_runs_in_a_process_of_its_own(tiny_bert_dir, tiny_corp
 
 
 def test_tune_rows_take_a_variant_list_and_a_batch_size(tiny_bert_dir, tiny_corpus, monkeypatch):
-    """gpu-check's ``tune`` with ``SENTEMB_TUNE`` (variants over the compiled graphed base) and
-    ``SENTEMB_TUNE_BATCHES`` (here the large batch only, 8 standing for 512 on a CPU): one row per
-    variant, in order, each naming its settings; the counter masks traced with the encoder
-    (``counter_kernel: inline``) in the chunked step run, as the next lend's rows do."""
-    monkeypatch.setenv("SENTEMB_TUNE", '[{"dropout_rng": "counter", "counter_kernel": "inline"}, '
-                                       '{"dropout_rng": "counter", "counter_kernel": "inline", "chunk_size": 2}]')
+    """gpu-check's ``tune``: the default rows end with B 512's counter masks outside the compiled code
+    and traced (``counter_kernel: inline``), whole and in chunks; ``SENTEMB_TUNE`` (variants over the
+    compiled graphed base, the first with its eager twin) and ``SENTEMB_TUNE_BATCHES`` (512 only, 8
+    standing for it on a CPU) choose the rows. Which rows run, in order (the rows themselves:
+    ``test_a_graphed_only_row_prices_itself_from_its_eager_twins_count``, and the inline chunked
+    step compiled in ``tests/test_graphs.py``)."""
+    calls = []
+    monkeypatch.setattr(hostcheck, "graphed", lambda **kw: calls.append(kw) or (f"B={kw['batch']}", "ok", ""))
+    monkeypatch.delenv("SENTEMB_TUNE", raising=False)
+    monkeypatch.delenv("SENTEMB_TUNE_BATCHES", raising=False)
+    hostcheck.tune_rows(tiny_bert_dir, tiny_corpus, "cpu", toy=True)
+    tail = [(c["batch"], c["train"].get("counter_kernel"), c["train"].get("chunk_size")) for c in calls[-4:]]
+    assert tail == [(8, None, None), (8, None, 2), (8, "inline", None), (8, "inline", 2)], tail
+    assert all(c["train"]["compile"] and c["train"]["dropout_rng"] == "counter" for c in calls[-4:])
+    calls.clear()
+    monkeypatch.setenv("SENTEMB_TUNE", '[{"dropout_rng": "counter", "counter_kernel": "inline"}, {"update": "fused"}]')
     monkeypatch.setenv("SENTEMB_TUNE_BATCHES", "512")
     rows = hostcheck.tune_rows(tiny_bert_dir, tiny_corpus, "cpu", toy=True)
-    assert len(rows) == 2 and all("B=8" in what and "FAILED" not in value for what, value, _ in rows), rows
-    assert "counter_kernel inline" in rows[0][0] and "chunk_size 2" in rows[1][0], rows
+    assert len(rows) == 2 and [c["batch"] for c in calls] == [8, 8], calls
+    assert [c["eager"] for c in calls] == [True, False] and calls[0]["train"]["counter_kernel"] == "inline"
+    monkeypatch.setenv("SENTEMB_TUNE_BATCHES", " 64 , 512")
+    calls.clear()
+    hostcheck.tune_rows(tiny_bert_dir, tiny_corpus, "cpu", toy=True)
+    assert [c["batch"] for c in calls] == [4, 4, 8, 8], calls
+
+
+def test_tune_batches_that_are_not_the_rows_sizes_are_refused(tiny_bert_dir, tiny_corpus, monkeypatch):
+    """``SENTEMB_TUNE_BATCHES`` names the tune rows' batch sizes (64, 512); anything else is an error
+    naming the variable, before any row runs."""
+    from sentemb import SentembError
+
+    for bad in ("256", "x", ",", "64;512"):
+        monkeypatch.setenv("SENTEMB_TUNE_BATCHES", bad)
+        with pytest.raises(SentembError, match="SENTEMB_TUNE_BATCHES"):
+            hostcheck.tune_rows(tiny_bert_dir, tiny_corpus, "cpu", toy=True)

@@ -79,7 +79,7 @@ def _cmd_grad_norms(args) -> int:
 
 
 def _cmd_counter_compile(args) -> int:
-    device, name, methods, _, _ = _bench_setup(args)
+    device, name, methods, margs, inputs = _bench_setup(args)
     chunk = args.chunked or max(1, args.batch_size // 4)
     print(f"model {args.model} | device {name} | batch {args.batch_size} | chunks of {chunk} | max_len {args.max_len} "
           f"| precision {args.precision} | train.compile, dropout_rng counter | median of {args.steps} steps after the "
@@ -87,7 +87,8 @@ def _cmd_counter_compile(args) -> int:
     print(f"{'method':<10} {'counter masks':<34} {'chunks':>7} {'first step s':>13} {'ms/step':>9} {'vs break':>9}")
     for m in methods:
         r = bench_counter_compile(args.model, args.corpus, args.batch_size, args.steps, args.warmup, device,
-                                  args.max_len, args.precision, chunk, m, args.threads)
+                                  args.max_len, args.precision, chunk, m, args.threads, method_args=margs.get(m),
+                                  inputs=inputs)
         for kernel, what in (("auto", "outside (a graph break each)"), ("inline", "traced (counter_kernel inline)")):
             for c in (None, chunk):
                 first, per = r[kernel, c]

@@ -181,9 +181,20 @@ _WARM: set = set()
 _COORDS: dict = {}
 
 
+def _device(device) -> torch.device:
+    """``device`` with its index: ``cuda`` (what ``train.device: auto`` resolves to) is the current
+    CUDA device, ``cuda:0`` say, as a tensor made there reports it. A key tensor's device then
+    compares equal to it, and the device caches here have one entry per device."""
+    dev = torch.device(device)
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    return dev
+
+
 def _coords(dev: torch.device) -> torch.Tensor:
     """``_COORD`` as an int64 tensor on ``dev``, made once per device (``warm_fused``, before a
     capture: a graph must not hold the host copy)."""
+    dev = _device(dev)
     key = str(dev)
     if key not in _COORDS:
         _COORDS[key] = torch.tensor(_COORD, dtype=torch.int64).to(dev)
@@ -191,6 +202,7 @@ def _coords(dev: torch.device) -> torch.Tensor:
 
 
 _ARANGED: dict = {}
+_SUPERSEDED: list = []  # shorter aranges replaced in _ARANGED: captured graphs may still read their memory
 #: the least length of ``_aranged``'s tensor: hidden sizes, lengths and rows of a large encoder's batch
 ARANGED_MIN = 8192
 
@@ -199,9 +211,12 @@ def _aranged(dev: torch.device, n: int = 0) -> torch.Tensor:
     """int64 0, 1, …, at least ``max(n, ARANGED_MIN)`` long, on ``dev``: one tensor per device, made
     (again, longer) only when a context needs more, at its entry (``keyed``) or before a CUDA
     graph's capture (``warm_inline``), never inside compiled code."""
+    dev = _device(dev)
     key = str(dev)
     have = _ARANGED.get(key)
     if have is None or have.size(0) < n:
+        if have is not None:  # kept alive: a CUDA graph captured reading it holds its address, not a reference
+            _SUPERSEDED.append(have)
         _ARANGED[key] = torch.arange(max(n, ARANGED_MIN, 0 if have is None else 2 * have.size(0)), device=dev,
                                      dtype=torch.int64)
     return _ARANGED[key]
@@ -210,7 +225,7 @@ def _aranged(dev: torch.device, n: int = 0) -> torch.Tensor:
 def warm_inline(device, n: int = 0) -> None:
     """Make ``counter_kernel: inline``'s device constants (``_coords``, ``_aranged`` for chunks of up
     to ``n`` sentences) now, before a CUDA graph's capture: inside one they would be a host copy."""
-    dev = torch.device(device)
+    dev = _device(device)
     _coords(dev)
     _aranged(dev, 8 * n)
 
@@ -405,9 +420,10 @@ def _sdpa_all(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
 
 def _torch_rules() -> None:
     """Have Dynamo's table of torch's own functions built before this module replaces any: it is
-    built once, when ``torch._dynamo.trace_rules`` is imported, from what ``torch.nn.functional``
-    holds then, and an interceptor found there would be put in a compiled graph as an opaque
-    torch op instead of traced (``compile_inline`` needs it traced)."""
+    built once per process (``get_torch_obj_rule_map``, cached; its first call, at the latest the
+    first compilation) from what ``torch.nn.functional`` holds then, and an interceptor found there
+    would be put in a compiled graph as an opaque torch op instead of traced (``compile_inline``
+    needs it traced)."""
     import torch._dynamo.trace_rules as rules
 
     rules.get_torch_obj_rule_map()
@@ -433,6 +449,7 @@ def compile_safe() -> None:
     global _INSTALLED
     if getattr(F.dropout, "_sentemb_compile_safe", False):
         return
+    _torch_rules()
     F.dropout = torch.compiler.disable(_dropout)
     F.scaled_dot_product_attention = torch.compiler.disable(_sdpa)
     F.dropout._sentemb_compile_safe = True
@@ -479,9 +496,11 @@ def keyed(seed: int, micro: int, start: int, stop: int, mode: str = "generator",
     if mode == "counter" and kernel == "inline":
         if device is None:
             raise SentembError("keyed dropout: kernel inline needs the device its masks are made on")
-        dev = torch.device(device)
-        if ctx.key is None or ctx.key.device != dev:
+        dev = _device(device)
+        if ctx.key is None:  # a given key (a captured graph's static input) is read as it is
             ctx.key = key_words(mix(ctx.seed, ctx.micro), dev)
+        elif ctx.key.device != dev:
+            raise SentembError(f"keyed dropout: the key tensor is on {ctx.key.device}, the masks on {dev}")
         ctx.start_t = torch.full((), ctx.start, dtype=torch.int64, device=dev)  # a fill kernel: no host copy
         ctx.coord, ctx.aranged, ctx.n = _coords(dev), _aranged(dev, 8 * (ctx.stop - ctx.start)), ctx.stop - ctx.start
     stack.append(ctx)

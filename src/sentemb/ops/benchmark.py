@@ -306,7 +306,7 @@ if kw.pop("threads"):
 kw.pop("threads_n")
 steps, warmup, device = kw.pop("steps"), kw.pop("warmup"), torch.device(kw.pop("device"))
 run = _bench_run(kw.pop("model"), kw.pop("corpus"), kw.pop("batch_size"), device, kw.pop("max_len"), kw.pop("precision"),
-                 kw.pop("method"), 10**9, None, {}, prefetch=False, **kw)
+                 kw.pop("method"), 10**9, kw.pop("method_args"), kw.pop("inputs"), prefetch=False, **kw)
 with ExitStack() as stack:
     (job, state), = _bench_jobs(stack, {"run": run}, 1 + warmup + steps, run.train.batch_size).values()
     t = time.perf_counter()
@@ -326,14 +326,16 @@ print("RESULT " + json.dumps([first, statistics.median(times)]), flush=True)
 
 
 def bench_counter_compile(model_dir, corpus, batch_size, steps, warmup, device, max_len, precision, chunk_size,
-                          method="simcse", threads=None, kernels=("auto", "inline"), whole=True) -> dict:
+                          method="simcse", threads=None, kernels=("auto", "inline"), whole=True, method_args=None,
+                          inputs=None, timeout=3600) -> dict:
     """``train.compile`` with ``dropout_rng: counter``, its masks outside the compiled code (a graph
     break at each dropout, ``counter_kernel`` auto) against traced with it (``inline``), the whole
     micro-batch and in chunks of ``chunk_size``: each variant in a process of its own (the two put
     other functions in ``torch.nn.functional`` for the process). Returns {(kernel, chunk): (first
     step s, the median s/step of ``steps`` single steps after ``warmup``)}; the first step compiles
     (Inductor's caches off, so it is a whole compilation).
-    ``kernels`` and ``whole`` (False: the chunked rows only) take a subset."""
+    ``kernels`` and ``whole`` (False: the chunked rows only) take a subset; a row that runs past
+    ``timeout`` seconds fails the benchmark."""
     import json
     import os
     import subprocess
@@ -345,15 +347,20 @@ def bench_counter_compile(model_dir, corpus, batch_size, steps, warmup, device, 
             arg = dict(model=str(model_dir), corpus=str(corpus), batch_size=batch_size, device=str(device),
                        max_len=max_len, precision=precision, method=method, steps=steps, warmup=warmup,
                        threads=bool(threads), threads_n=threads or 0, compile=True, dropout_rng="counter",
-                       counter_kernel=kernel, chunk_size=chunk)
+                       counter_kernel=kernel, chunk_size=chunk, method_args=method_args,
+                       inputs={k: str(v) for k, v in (inputs or {}).items()})
             # Inductor's caches off: the first step is a whole compilation, not a replay of an earlier row's
             env = {**os.environ, "TORCHINDUCTOR_FORCE_DISABLE_CACHES": "1"}
-            r = subprocess.run([sys.executable, "-c", _COUNTER_COMPILE, json.dumps(arg)], capture_output=True, text=True,
-                               env=env)
+            where = f"benchmark --counter-compile: counter_kernel {kernel}, chunk_size {chunk}"
+            try:
+                r = subprocess.run([sys.executable, "-c", _COUNTER_COMPILE, json.dumps(arg)], capture_output=True,
+                                   text=True, env=env, timeout=timeout)
+            except subprocess.TimeoutExpired as e:
+                raise SentembError(f"{where}: no result in {timeout} s") from e
             got = [json.loads(line[7:]) for line in r.stdout.splitlines() if line.startswith("RESULT ")]
             if not got:
-                raise SentembError(f"benchmark --counter-compile: counter_kernel {kernel}, chunk_size {chunk} failed "
-                                   f"(exit {r.returncode}): {(r.stderr.strip().splitlines() or [''])[-1][:300]}")
+                tail = "\n  ".join(r.stderr.strip().splitlines()[-8:])
+                raise SentembError(f"{where} failed (exit {r.returncode}):\n  {tail}")
             out[kernel, chunk] = tuple(got[0])
     return out
 

@@ -25,6 +25,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from .. import SentembError
+
 Row = tuple[str, str, str]
 
 
@@ -537,9 +539,13 @@ def tune_rows(model: Path, corpus: Path, device: str, toy: bool) -> list[Row]:
         variants = [(v, i == 0) for i, v in enumerate(json.loads(os.environ["SENTEMB_TUNE"]))]
     batches = (b64, b512)
     if os.environ.get("SENTEMB_TUNE_BATCHES"):  # e.g. "512": only those batch sizes (toy: 4 and 8 stand for 64, 512)
-        want = [int(b) for b in os.environ["SENTEMB_TUNE_BATCHES"].split(",")]
-        batches = tuple(b for b, full in ((b64, 64), (b512, 512)) if full in want or b in want)
-    cfgs = [(b, {**base, **v}, e) for b in batches for v, e in variants]
+        text = os.environ["SENTEMB_TUNE_BATCHES"]
+        want = {w.strip() for w in text.split(",") if w.strip()}
+        if not want or not want <= {"64", "512"}:
+            raise SentembError(f"SENTEMB_TUNE_BATCHES={text!r}: a comma-separated list of 64 and 512 (the tune rows' "
+                               "batch sizes)")
+        batches = tuple(b for b, full in ((b64, "64"), (b512, "512")) if full in want)
+    cfgs = [(b, {**base, **v}, e) for b in (b64, b512) for v, e in variants]
     counter = {**base, "dropout_rng": "counter", "update": "fused"}
     if not os.environ.get("SENTEMB_TUNE"):
         inline = {**counter, "counter_kernel": "inline"}  # the masks traced with the encoder: no graph breaks
@@ -549,7 +555,7 @@ def tune_rows(model: Path, corpus: Path, device: str, toy: bool) -> list[Row]:
         cfgs += [(b, {**base, "compile_mode": "max-autotune-no-cudagraphs"}, False)
                  for b in (b64, b512)]
     out = []
-    for b, t, e in cfgs:
+    for b, t, e in [c for c in cfgs if c[0] in batches]:
         out.append(graphed(model=str(model), corpus=str(corpus), device=device, batch=b, max_len=32, method="simcse",
                            margs=None, inputs={}, train=t, warm=warm, timed=timed, eager=e))
         print("tune row: | " + " | ".join(out[-1]) + " |", file=sys.stderr, flush=True)

@@ -434,6 +434,7 @@ class Graphed(MicroBatches):
                 log.warning("train.graphs: more than %d distinct micro-batch shapes; the others run eagerly (pad to "
                             "fewer widths with train.buckets)", MAX_GRAPHS)
             self.overflow += 1
+            set_dropout_key(job, micro)  # counter masks: this micro-batch's key, not the last replay's
             out = self.inner.backward(job, batch, micro, None)
             self.step_used.update(id(p) for p in job.method.parameters() if p.grad is not None)
             return {k: v.detach() for k, v in out.items()}
