@@ -606,10 +606,17 @@ def test_the_chunked_benchmark_times_both_variants(tiny_bert_dir, tiny_corpus):
 def test_the_counter_compile_benchmark_times_both_kernels_in_processes_of_their_own(tiny_bert_dir, tiny_corpus):
     """``sentemb benchmark --counter-compile``: compiled counter dropout with the masks outside the
     compiled code and traced (``counter_kernel: inline``), whole and chunked, each row a process; here
-    the chunked row with the masks outside alone (the fastest compilation: the others take the same
-    path; the traced masks compiled: tests/test_graphs.py)."""
+    its chunked rows' processes without their compilations (``compile=False``: the compiled inline
+    step is ``tests/test_graphs.py``'s), and a row that fails names itself."""
+    from sentemb import SentembError
     from sentemb.ops.benchmark import bench_counter_compile
 
     r = bench_counter_compile(tiny_bert_dir, tiny_corpus, 8, steps=1, warmup=0, device=torch.device("cpu"),
-                              max_len=16, precision="fp32", chunk_size=4, threads=1, kernels=("auto",), whole=False)
-    assert set(r) == {("auto", 4)} and all(first > 0 and per > 0 for first, per in r.values()), r
+                              max_len=16, precision="fp32", chunk_size=4, threads=1, compile=False, whole=False)
+    assert set(r) == {("auto", 4), ("inline", 4)}, r
+    assert all(first > 0 and per > 0 for first, per in r.values()), r
+    with pytest.raises(SentembError, match="counter_kernel inline, chunk_size 4 failed"):
+        bench_counter_compile(tiny_bert_dir, tiny_corpus, 8, steps=1, warmup=0, device=torch.device("cpu"),
+                              max_len=16, precision="fp32", chunk_size=4, compile=False, kernels=("inline",),
+                              whole=False, method_args={"temperature": -1.0})
+

@@ -327,7 +327,7 @@ print("RESULT " + json.dumps([first, statistics.median(times)]), flush=True)
 
 def bench_counter_compile(model_dir, corpus, batch_size, steps, warmup, device, max_len, precision, chunk_size,
                           method="simcse", threads=None, kernels=("auto", "inline"), whole=True, method_args=None,
-                          inputs=None, timeout=3600) -> dict:
+                          inputs=None, timeout=3600, compile=True) -> dict:
     """``train.compile`` with ``dropout_rng: counter``, its masks outside the compiled code (a graph
     break at each dropout, ``counter_kernel`` auto) against traced with it (``inline``), the whole
     micro-batch and in chunks of ``chunk_size``: each variant in a process of its own (the two put
@@ -335,7 +335,8 @@ def bench_counter_compile(model_dir, corpus, batch_size, steps, warmup, device, 
     step s, the median s/step of ``steps`` single steps after ``warmup``)}; the first step compiles
     (Inductor's caches off, so it is a whole compilation).
     ``kernels`` and ``whole`` (False: the chunked rows only) take a subset; a row that runs past
-    ``timeout`` seconds fails the benchmark."""
+    ``timeout`` seconds fails the benchmark. ``compile`` False runs the same rows eagerly (the
+    tests' check of the rows' processes, without their compilations)."""
     import json
     import os
     import subprocess
@@ -346,7 +347,7 @@ def bench_counter_compile(model_dir, corpus, batch_size, steps, warmup, device, 
         for chunk in (None, chunk_size) if whole else (chunk_size,):
             arg = dict(model=str(model_dir), corpus=str(corpus), batch_size=batch_size, device=str(device),
                        max_len=max_len, precision=precision, method=method, steps=steps, warmup=warmup,
-                       threads=bool(threads), threads_n=threads or 0, compile=True, dropout_rng="counter",
+                       threads=bool(threads), threads_n=threads or 0, compile=compile, dropout_rng="counter",
                        counter_kernel=kernel, chunk_size=chunk, method_args=method_args,
                        inputs={k: str(v) for k, v in (inputs or {}).items()})
             # Inductor's caches off: the first step is a whole compilation, not a replay of an earlier row's
