@@ -114,9 +114,7 @@ def counter_keep_mask(key, sentences: torch.Tensor, views: torch.Tensor, shape, 
     the same bits (``tests/test_counter_dropout.py``)."""
     dev = sentences.device
     words = key if isinstance(key, torch.Tensor) else key_words(int(key), dev)
-    call_word = (int(call) * _COORD[1] + 0x5BD1E995) & _M32
-    dims = [int(d) for d in shape[1:]]
-    threshold = int(round(p * (1 << 24)))
+    call_word, threshold, dims = _call_word(call), _threshold(p), [int(d) for d in shape[1:]]
     if kernel == "fused" and not _FUSED_FAILED and not _in_dispatch_mode():  # (under a dispatch mode, e.g. the
         # capture check: the eager ops). The call's word as a device scalar (a factory op, no host copy): a
         # Python int would become a symbolic integer under dynamic shapes, and the XOR would need it as a constant
@@ -130,6 +128,16 @@ def counter_keep_mask(key, sentences: torch.Tensor, views: torch.Tensor, shape, 
     if kernel not in ("eager", "fused"):
         raise SentembError(f"train.counter_kernel: {kernel!r} is not eager or fused")
     return _counter_mask(words, sentences, views, call_word, dims, threshold)
+
+
+def _call_word(call: int) -> int:
+    """The dropout call's index as the 32-bit word the counter hash mixes in."""
+    return (int(call) * _COORD[1] + 0x5BD1E995) & _M32
+
+
+def _threshold(p: float) -> int:
+    """A 24-bit draw at or above this keeps the element (probability 1 − p)."""
+    return int(round(p * (1 << 24)))
 
 
 def _counter_mask(words: torch.Tensor, sentences: torch.Tensor, views: torch.Tensor, call_word, dims: list,
@@ -246,6 +254,14 @@ def _fused():
     return _FUSED[0]
 
 
+def _check_layout(rows: int, n: int) -> None:
+    """A tensor of ``rows`` rows in a chunk of ``n`` sentences must be v views of them (the default
+    layout), or its rows declared with ``rows()``."""
+    if n <= 0 or rows % n:
+        raise SentembError(f"keyed dropout: a tensor of {rows} rows in a chunk of {n} sentences is not v views of "
+                           "them; declare its rows with sentemb.model.dropout.rows(sentence, view) around that forward")
+
+
 @dataclass
 class _Context:
     seed: int
@@ -270,47 +286,24 @@ class _Context:
         a = self.aranged
         return a[:d] if d <= a.size(0) else torch.arange(d, device=a.device, dtype=torch.int64)
 
-    def inline_mask(self, shape: torch.Size, p: float, call: int) -> torch.Tensor:
-        """``counter_kernel: inline``: the counter mask (the same bits as ``eager``) from what the
-        context's entry put on the device; inside ``torch.compile`` it is traced with the encoder, so
-        Inductor fuses the hash into the kernels around the dropout. It reads the chunk's size and
-        the call count from Python (constant per compiled shape), never its start or micro-batch."""
-        rows, dev = int(shape[0]), self.aranged.device
+    def row_tensors(self, rows: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rows' (sentence, view) keys as int64 tensors on ``device``: those ``rows()`` declared
+        (tensors on the device are kept as they are: graph-safe, no host round trip), else the
+        default layout (v views of the chunk's sentences, view-major) made there from ``arange``,
+        with no host data. With ``inline`` the chunk's start is ``start_t`` and the coordinates come
+        from ``aranged``, so compiled code reads tensors, not the start."""
+        inline = self.start_t is not None
+        start, n = (self.start_t, self.n) if inline else (self.start, self.stop - self.start)
         if self.override:
             sent, view = self.override[-1]
             if not isinstance(sent, torch.Tensor):  # host lists (eager-built rows): constants under compile
-                sent = torch.as_tensor(sent, dtype=torch.int64).to(dev)
-                view = torch.as_tensor(view, dtype=torch.int64).to(dev)
+                sent, view = (torch.as_tensor(x, dtype=torch.int64).to(device) for x in (sent, view))
             if sent.numel() != rows:
                 raise SentembError(f"keyed dropout: a tensor of {rows} rows inside rows() declaring {sent.numel()}")
-            st, vt = self.start_t + sent.to(dev, torch.int64), view.to(dev, torch.int64)
-        else:
-            n = self.n
-            if n <= 0 or rows % n:
-                raise SentembError(f"keyed dropout: a tensor of {rows} rows in a chunk of {n} sentences is not v views "
-                                   "of them; declare its rows with sentemb.model.dropout.rows(sentence, view) around that "
-                                   "forward")
-            r = self.index(rows)
-            st, vt = self.start_t + r % n, r // n
-        call_word = (int(call) * _COORD[1] + 0x5BD1E995) & _M32
-        return _counter_mask(self.key, st, vt, call_word, [int(d) for d in shape[1:]], int(round(p * (1 << 24))),
-                             coord=self.coord, index=self.index)
-
-    def row_tensors(self, rows: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """``row_keys`` as int64 tensors on ``device``; the default layout (v views of the chunk's
-        sentences, view-major) made there from ``arange``, with no host data."""
-        n = self.stop - self.start
-        if self.override:
-            sent, view = self.override[-1]
-            if isinstance(sent, torch.Tensor):  # given on the device (graph-safe): no host round trip
-                if sent.numel() != rows:
-                    raise SentembError(f"keyed dropout: a tensor of {rows} rows inside rows() declaring {sent.numel()}")
-                return self.start + sent.to(device, torch.int64), view.to(device, torch.int64)
-            sent, view = self.row_keys(rows)
-            return (torch.as_tensor(sent, dtype=torch.int64).to(device), torch.as_tensor(view, dtype=torch.int64).to(device))
-        self.row_keys(rows)  # the same check of the layout
-        r = torch.arange(rows, device=device, dtype=torch.int64)
-        return self.start + r % n, r // n
+            return start + sent.to(device, torch.int64), view.to(device, torch.int64)
+        _check_layout(rows, n)
+        r = self.index(rows) if inline else torch.arange(rows, device=device, dtype=torch.int64)
+        return start + r % n, r // n
 
     def row_keys(self, rows: int) -> tuple[list[int], list[int]]:
         n = self.stop - self.start
@@ -321,9 +314,7 @@ class _Context:
             if len(sent) != rows:
                 raise SentembError(f"keyed dropout: a tensor of {rows} rows inside rows() declaring {len(sent)}")
             return [self.start + int(s) for s in sent], [int(v) for v in view]
-        if n <= 0 or rows % n:
-            raise SentembError(f"keyed dropout: a tensor of {rows} rows in a chunk of {n} sentences is not v views of "
-                               "them; declare its rows with sentemb.model.dropout.rows(sentence, view) around that forward")
+        _check_layout(rows, n)
         return [self.start + r % n for r in range(rows)], [r // n for r in range(rows)]
 
     def keep_mask(self, shape: torch.Size, p: float, device: torch.device) -> torch.Tensor:
@@ -331,8 +322,10 @@ class _Context:
         call = self.calls
         self.calls += 1
         if self.mode == "counter":
-            if self.kernel == "inline":
-                return self.inline_mask(shape, p, call)
+            if self.kernel == "inline":  # traced by torch.compile with the encoder (keyed's docstring)
+                st, vt = self.row_tensors(shape[0], self.aranged.device)
+                return _counter_mask(self.key, st, vt, _call_word(call), [int(d) for d in shape[1:]], _threshold(p),
+                                     coord=self.coord, index=self.index)
             if self.key is None or self.key.device != torch.device(device):
                 self.key = key_words(mix(self.seed, self.micro), device)
             st, vt = self.row_tensors(shape[0], torch.device(device))
