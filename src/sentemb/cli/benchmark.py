@@ -95,7 +95,7 @@ def _cmd_counter_compile(args) -> int:
                 print(f"{m:<10} {what:<34} {c or 'none':>7} {first:>13.1f} {1000 * per:>9.1f} "
                       f"{per / r['auto', c][1]:>9.2f}", flush=True)
     print("(train.counter_kernel inline traces the counter masks with the encoder, so the compiled code has no graph "
-          "break at each dropout and Inductor fuses the hash into the kernels around it; the same masks)")
+          "break at each dropout and Inductor can fuse the hash with the work around it; the same masks)")
     return 0
 
 

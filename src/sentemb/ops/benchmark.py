@@ -301,9 +301,9 @@ import torch
 from sentemb.ops.benchmark import _bench_run, _steps, _sync, _bench_jobs
 from contextlib import ExitStack
 kw = json.loads(sys.argv[1])
-if kw.pop("threads"):
-    torch.set_num_threads(kw["threads_n"])
-kw.pop("threads_n")
+if kw.get("threads"):  # 0: torch's default
+    torch.set_num_threads(kw["threads"])
+kw.pop("threads")
 steps, warmup, device = kw.pop("steps"), kw.pop("warmup"), torch.device(kw.pop("device"))
 run = _bench_run(kw.pop("model"), kw.pop("corpus"), kw.pop("batch_size"), device, kw.pop("max_len"), kw.pop("precision"),
                  kw.pop("method"), 10**9, kw.pop("method_args"), kw.pop("inputs"), prefetch=False, **kw)
@@ -347,7 +347,7 @@ def bench_counter_compile(model_dir, corpus, batch_size, steps, warmup, device, 
         for chunk in (None, chunk_size) if whole else (chunk_size,):
             arg = dict(model=str(model_dir), corpus=str(corpus), batch_size=batch_size, device=str(device),
                        max_len=max_len, precision=precision, method=method, steps=steps, warmup=warmup,
-                       threads=bool(threads), threads_n=threads or 0, compile=compile, dropout_rng="counter",
+                       threads=threads or 0, compile=compile, dropout_rng="counter",
                        counter_kernel=kernel, chunk_size=chunk, method_args=method_args,
                        inputs={k: str(v) for k, v in (inputs or {}).items()})
             # Inductor's caches off: the first step is a whole compilation, not a replay of an earlier row's
