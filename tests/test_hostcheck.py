@@ -199,3 +199,36 @@ def test_tune_batches_that_are_not_the_rows_sizes_are_refused(tiny_bert_dir, tin
         monkeypatch.setenv("SENTEMB_TUNE_BATCHES", bad)
         with pytest.raises(SentembError, match="SENTEMB_TUNE_BATCHES"):
             hostcheck.tune_rows(tiny_bert_dir, tiny_corpus, "cpu", toy=True)
+
+
+def test_profile_rows_put_the_chunked_step_beside_the_whole(tiny_bert_dir, tiny_corpus, monkeypatch):
+    """``--host-parts profile`` starts with the compiled graphed B 512 step with counter masks, whole
+    then in chunks of 128 (8 and 2 on a CPU), busy against wall time per step: where issue 37's
+    chunked step loses its time. ``SENTEMB_PROFILE`` profiles its own list instead and leaves out the
+    part's other rows; anything but a JSON list of objects is refused naming the variable. The row
+    itself on a chunked counter step (uncompiled, on the CPU)."""
+    from sentemb import SentembError
+
+    calls = []
+    monkeypatch.setattr(hostcheck, "profile_steps",
+                        lambda model, corpus, device, b, max_len, method, margs, inputs, train, *a, **k:
+                        calls.append((method, b, dict(train))) or ("p", "ok", ""))
+    monkeypatch.delenv("SENTEMB_PROFILE", raising=False)
+    hostcheck.rows(tiny_bert_dir, tiny_corpus, None, "cpu", Path("/nonexistent"), {}, {"simcse": {}}, 1.0,
+                   parts=("profile",))
+    first = [(b, t.get("chunk_size"), t["dropout_rng"], t["graphs"], t["compile"]) for _, b, t in calls[:2]]
+    assert first == [(8, None, "counter", True, True), (8, 2, "counter", True, True)], calls
+    assert len(calls) > 2  # the part's other rows follow
+    calls.clear()
+    monkeypatch.setenv("SENTEMB_PROFILE", '[{"counter_kernel": "inline", "dropout_rng": "counter"}, {"batch": 64}]')
+    hostcheck.rows(tiny_bert_dir, tiny_corpus, None, "cpu", Path("/nonexistent"), {}, {"simcse": {}}, 1.0,
+                   parts=("profile",))
+    assert [(b, t.get("counter_kernel")) for _, b, t in calls] == [(8, "inline"), (64, None)], calls
+    for bad in ("{", '{"a": 1}', "[1]"):
+        monkeypatch.setenv("SENTEMB_PROFILE", bad)
+        with pytest.raises(SentembError, match="SENTEMB_PROFILE"):
+            hostcheck.profile_variants(toy=True)
+    monkeypatch.undo()
+    what, value, note = hostcheck.profile_steps(tiny_bert_dir, tiny_corpus, "cpu", 4, 16, "simcse", None, {},
+                                                {"dropout_rng": "counter", "chunk_size": 2}, 1, 1)
+    assert "FAILED" not in value and "chunk_size 2" in what and "top: aten::" in note, (what, value, note)

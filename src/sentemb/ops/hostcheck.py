@@ -22,6 +22,7 @@ value ("FAILED: ...") so one broken probe does not cost the others.
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -327,6 +328,37 @@ def profile_steps(model: Path, corpus: Path, device: str, batch: int, max_len: i
                 + ", ".join(f"{k[:60]} {ms:.2f} ms" for k, ms in tops))
     except Exception as e:  # noqa: BLE001 - a probe's failure is its row
         return what, f"FAILED: {_first_line(e)}", ""
+
+
+def profile_variants(toy: bool) -> list[dict]:
+    """The SimCSE steps (max_len 32) that ``--host-parts profile`` puts under ``torch.profiler`` before
+    its other rows: each a dict of train settings over the compiled and graphed base (``compile``,
+    ``graphs``, ``buckets: [32]``) with its ``batch``.
+
+    By default the compiled graphed B 512 step with counter masks (``update: fused``), whole and in
+    chunks of 128: issue 37's chunk target (<= 1.5x the whole step) measured 1.70x on the fifth lend,
+    and the chunked step's first pass explains about 0.33x of it. The GPU's busy time against the wall
+    time per step tells whether the rest is GPU work (smaller matmuls, the extra forward) or gaps
+    between kernels (the host). ``SENTEMB_PROFILE``, a JSON list of such dicts (``batch`` 512 where
+    it is missing), profiles those instead, and then the part's other rows are left out. On a CPU:
+    batches of 8, chunks of 2."""
+    import json
+    import os
+
+    b512, c128 = (8, 2) if toy else (512, 128)
+    base = {"compile": True, "graphs": True, "buckets": [32]}
+    text = os.environ.get("SENTEMB_PROFILE")
+    if text:
+        try:
+            given = json.loads(text)
+        except ValueError as e:
+            raise SentembError(f"SENTEMB_PROFILE is not JSON ({e}): a list of train settings, e.g. "
+                               '[{"chunk_size": 128, "batch": 512}]') from None
+        if not isinstance(given, list) or not all(isinstance(v, dict) for v in given):
+            raise SentembError(f"SENTEMB_PROFILE={text!r}: a JSON list of objects (train settings, and batch)")
+        return [{**base, "batch": b512, **v} for v in given]
+    counter = {**base, "dropout_rng": "counter", "update": "fused"}
+    return [{**counter, "batch": b512}, {**counter, "batch": b512, "chunk_size": c128}]
 
 
 def _loop_ms(run, warm: int, timed: int, count: bool = False) -> tuple[float, float, int, "tuple | None"]:
@@ -698,15 +730,21 @@ def rows(model: Path, corpus: Path, senteval: Path, device: str, work: Path, mar
             # each row in a process of its own on a GPU: in one process the rows after the first met the fused
             # shapes' kernels and cuDNN plans built, so two lends ranked with_views and separate oppositely
             out.append(first_steps(**kw) if toy else _isolated(kw, "first_steps"))
-    if "profile" in parts and "simcse" in usable:  # where the compiled step's GPU time goes (issue 37's targets),
-        # and with each attention kernel at B 512 (cuDNN's took 24% of that step on the H200)
+    chosen = profile_variants(toy) if "profile" in parts and "simcse" in usable else []
+    for t in chosen:  # SENTEMB_PROFILE, or the chunked step against the whole
+        out.append(profile_steps(model, corpus, device, t.pop("batch"), 32, "simcse", None, usable["simcse"], t,
+                                 *((1, 1) if toy else (10, 5)), top=12))
+    if "profile" in parts and "simcse" in usable and not os.environ.get("SENTEMB_PROFILE"):
+        # where the compiled step's GPU time goes (issue 37's targets), and with each attention kernel at B 512
+        # (cuDNN's took 24% of that step on the H200)
         b64, b512 = (4, 8) if toy else (64, 512)
         # (the default attention, auto: sdpa_efficient on CUDA; then torch's pick, cuDNN's on an H200, and the others)
         for b, att in ((b64, None), (b512, None), (b512, "sdpa"), (b512, "sdpa_math"), (b512, "eager")):
             out.append(profile_steps(model, corpus, device, b, 32, "simcse", None, usable["simcse"],
                                      {"compile": True, "buckets": [32], **({"attention": att} if att else {})},
                                      *((1, 1) if toy else (10, 5)), top=12))
-    if "profile" in parts and "arccse" in usable:  # why with_views is slower than separate on the H200
+    if "profile" in parts and "arccse" in usable and not os.environ.get("SENTEMB_PROFILE"):
+        # why with_views is slower than separate on the H200
         for tri in ("separate", "with_views"):
             args = {**(margs["arccse"] if margs.get("arccse") is not None else {}), "triplet_pass": tri}
             out.append(profile_steps(model, corpus, device, small(32), 512, "arccse", args, usable["arccse"],
