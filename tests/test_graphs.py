@@ -936,3 +936,32 @@ def test_the_restricted_backend_is_not_served_from_aotautograds_cache():
         assert "aten::bmm" in got and not any("flash_attention" in k for k in got), got
     finally:
         torch._dynamo.reset()
+
+
+def test_a_job_on_a_cuda_device_by_index_makes_it_current(monkeypatch):
+    """A CUDA graph is captured on a stream of the current device: a job on ``cuda:1`` makes cuda:1
+    current (else its capture, made on cuda:0's stream, would record none of its kernels and replay
+    an empty graph). ``cuda`` without an index and the CPU leave the current device alone. (The
+    capture itself needs a GPU; this checks the call the loop's setup makes.)"""
+    from sentemb.utils import use_device
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: calls.append(torch.device(d)))
+    for name in ("cpu", "cuda", "cuda:1"):
+        assert use_device(torch.device(name)) == torch.device(name)
+    assert calls == [torch.device("cuda:1")], calls
+
+
+def test_a_compile_cache_reset_forgets_the_warmed_fused_masks(monkeypatch):
+    """``fresh_compile_cache`` drops the compiled code when a job compiles under other settings, and
+    with it the record that ``warm_fused`` compiled the fused mask: the next capture warms it again
+    rather than compiling it inside its warm-up passes."""
+    from sentemb.model import dropout
+    from sentemb.train import loop
+
+    monkeypatch.setattr(loop, "_COMPILED_UNDER", [("a",)])
+    monkeypatch.setattr(dropout, "_WARM", {"cuda:0"})
+    loop.fresh_compile_cache(("a",))
+    assert dropout._WARM == {"cuda:0"}  # the same settings: nothing dropped
+    loop.fresh_compile_cache(("b",))
+    assert dropout._WARM == set()

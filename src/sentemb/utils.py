@@ -107,6 +107,19 @@ def resolve_device(device: str | None = "auto"):
     return torch.device(device)
 
 
+def use_device(device):
+    """Make ``device`` (a ``torch.device``) the process's current CUDA device when it names one by
+    index (``train.device: cuda:1``), and return it. A CUDA graph is captured on a stream of the
+    current device (``torch.cuda.graph`` without ``stream=``): a job on cuda:1 with cuda:0 current
+    would capture nothing of its step (its kernels run on cuda:1's streams) and replay an empty graph.
+    ``train.devices: N`` sets each process's device itself (``sentemb.train.distributed``)."""
+    import torch
+
+    if device.type == "cuda" and device.index is not None:
+        torch.cuda.set_device(device)
+    return device
+
+
 def count_lines(path: str | os.PathLike) -> int:
     n = 0
     with open(path, "rb") as f:

@@ -186,6 +186,13 @@ def warm_fused(device) -> None:
 
 
 _WARM: set = set()
+
+
+def forget_warm() -> None:
+    """Forget which devices ``warm_fused`` warmed: after ``torch._dynamo.reset`` (a job compiling under
+    other settings, ``sentemb.train.loop.fresh_compile_cache``) the fused mask compiles again, and it
+    should do so in ``warm_fused``, not inside the capture's warm-up passes."""
+    _WARM.clear()
 _COORDS: dict = {}
 
 

@@ -197,7 +197,10 @@ def fresh_compile_cache(under: tuple) -> None:
     if _COMPILED_UNDER and _COMPILED_UNDER[0] != under:
         import torch._dynamo
 
+        from ..model.dropout import forget_warm
+
         torch._dynamo.reset()
+        forget_warm()  # warm_fused's kernels went with the reset: the next capture's warm-up makes them again
     _COMPILED_UNDER[:] = [under]
 
 
@@ -319,7 +322,7 @@ def setup(run: Run | dict, out_dir: str | Path, method_cls: "type[Method] | None
     from ..model.backbone import load_encoder
     from ..evaluate.senteval import load_task
     from ..tracking.runs import Tracker
-    from ..utils import resolve_device, seed_everything
+    from ..utils import resolve_device, seed_everything, use_device
 
     run = Run.from_dict(run)
     out_dir = Path(out_dir)
@@ -327,7 +330,7 @@ def setup(run: Run | dict, out_dir: str | Path, method_cls: "type[Method] | None
     settings.check(f"run '{run.name}'")
     from . import distributed
 
-    device = resolve_device(distributed.init(settings.devices, settings.device, f"run '{run.name}'"))
+    device = use_device(resolve_device(distributed.init(settings.devices, settings.device, f"run '{run.name}'")))
     if settings.num_threads:
         torch.set_num_threads(settings.num_threads)
     amp = _precision(settings.precision, device)
