@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import os
 import time
 
 import pytest
@@ -216,3 +217,26 @@ def test_forked_workers_read_wordnet_through_files_of_their_own(tmp_path):
                         multiprocessing_context=mp.get_context("fork"))
     got = list(loader)
     assert got == [ds[i] for i in range(len(ds))]
+
+
+def test_a_progress_bar_starts_no_thread_in_a_training_process():
+    """``train.workers`` forks the batch workers: a Python thread starting or ending at that moment can
+    leave the child's interpreter locked (a rank's worker hung 15 minutes in this suite on
+    2026-11-28, in ``os.fork``'s after-fork handler). tqdm's monitor thread came and went with each
+    progress bar (Hugging Face's weight loading); the loop's setup turns it off."""
+    import threading
+
+    import tqdm
+    from huggingface_hub.utils import tqdm as hf_tqdm
+
+    from sentemb.utils import no_tqdm_monitor
+
+    with tqdm.tqdm(total=1, disable=False, file=open(os.devnull, "w")) as bar:  # a monitor may be running now
+        bar.update()
+    no_tqdm_monitor()
+    before = {t.ident for t in threading.enumerate()}
+    assert not any(t.name == "tqdm_monitor" for t in threading.enumerate())
+    for cls in (tqdm.tqdm, hf_tqdm):
+        with cls(total=1, file=open(os.devnull, "w")) as bar:
+            bar.update()
+            assert {t.ident for t in threading.enumerate()} == before

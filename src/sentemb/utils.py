@@ -107,6 +107,22 @@ def resolve_device(device: str | None = "auto"):
     return torch.device(device)
 
 
+def no_tqdm_monitor() -> None:
+    """Keep tqdm from running its monitor thread (``tqdm.monitor_interval = 0``; a running one is
+    stopped). tqdm starts that thread with a progress bar (Hugging Face's "Loading weights") and ends
+    it when no bar is left. A Python thread that starts or ends while the process forks
+    (``train.workers``: the batch workers are forked) can leave the interpreter's thread list locked
+    in the child, which then hangs in ``os.fork``'s after-fork handler (``_PyThreadState_DeleteExcept``;
+    seen in this project's suite on 2026-11-28, a rank's batch worker of ``train.devices: 2`` stuck for
+    15 minutes after its model loaded). The monitor only warns about slow bars. Idempotent."""
+    import tqdm
+
+    tqdm.tqdm.monitor_interval = 0
+    monitor, tqdm.tqdm.monitor = tqdm.tqdm.monitor, None
+    if monitor is not None:
+        monitor.exit()
+
+
 def use_device(device):
     """Make ``device`` (a ``torch.device``) the process's current CUDA device when it names one by
     index (``train.device: cuda:1``), and return it. A CUDA graph is captured on a stream of the

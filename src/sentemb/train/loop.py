@@ -322,7 +322,9 @@ def setup(run: Run | dict, out_dir: str | Path, method_cls: "type[Method] | None
     from ..model.backbone import load_encoder
     from ..evaluate.senteval import load_task
     from ..tracking.runs import Tracker
-    from ..utils import resolve_device, seed_everything, use_device
+    from ..utils import no_tqdm_monitor, resolve_device, seed_everything, use_device
+
+    no_tqdm_monitor()  # no thread coming or going when the batch workers fork (train.workers)
 
     run = Run.from_dict(run)
     out_dir = Path(out_dir)
