@@ -219,24 +219,36 @@ def test_forked_workers_read_wordnet_through_files_of_their_own(tmp_path):
     assert got == [ds[i] for i in range(len(ds))]
 
 
-def test_a_progress_bar_starts_no_thread_in_a_training_process():
-    """``train.workers`` forks the batch workers: a Python thread starting or ending at that moment can
-    leave the child's interpreter locked (a rank's worker hung 15 minutes in this suite on
-    2026-11-28, in ``os.fork``'s after-fork handler). tqdm's monitor thread came and went with each
-    progress bar (Hugging Face's weight loading); the loop's setup turns it off."""
+def test_no_library_thread_comes_or_goes_before_the_workers_fork(tiny_bert_dir):
+    """``train.workers`` forks the batch workers once the model is loaded: a Python thread ending at
+    that moment can leave the child's interpreter locked (a rank's worker hung 15 minutes in this
+    suite on 2026-11-28, in ``os.fork``'s after-fork handler). Hugging Face's checkpoint loading
+    left its thread pool's threads to end on their own, and tqdm's monitor thread came and went
+    with each progress bar; after ``no_thread_churn`` (the loop's setup, with workers) neither
+    loading a model nor a progress bar starts a thread."""
     import threading
 
     import tqdm
     from huggingface_hub.utils import tqdm as hf_tqdm
+    from transformers import AutoModel
 
-    from sentemb.utils import no_tqdm_monitor
+    from sentemb.utils import no_thread_churn
 
-    with tqdm.tqdm(total=1, disable=False, file=open(os.devnull, "w")) as bar:  # a monitor may be running now
-        bar.update()
-    no_tqdm_monitor()
-    before = {t.ident for t in threading.enumerate()}
-    assert not any(t.name == "tqdm_monitor" for t in threading.enumerate())
-    for cls in (tqdm.tqdm, hf_tqdm):
-        with cls(total=1, file=open(os.devnull, "w")) as bar:
+    started = []
+    real_start = threading.Thread.start
+    threading.Thread.start = lambda self: started.append(self.name) or real_start(self)
+    try:
+        AutoModel.from_pretrained(tiny_bert_dir)
+        with tqdm.tqdm(total=1, file=open(os.devnull, "w")) as bar:
             bar.update()
-            assert {t.ident for t in threading.enumerate()} == before
+        assert started, "the check sees no thread start before no_thread_churn: it cannot fail"
+        no_thread_churn()
+        started.clear()
+        AutoModel.from_pretrained(tiny_bert_dir)
+        for cls in (tqdm.tqdm, hf_tqdm):
+            with cls(total=1, file=open(os.devnull, "w")) as bar:
+                bar.update()
+        assert started == [], started
+        assert not any(t.name == "tqdm_monitor" for t in threading.enumerate())
+    finally:
+        threading.Thread.start = real_start

@@ -107,20 +107,34 @@ def resolve_device(device: str | None = "auto"):
     return torch.device(device)
 
 
-def no_tqdm_monitor() -> None:
-    """Keep tqdm from running its monitor thread (``tqdm.monitor_interval = 0``; a running one is
-    stopped). tqdm starts that thread with a progress bar (Hugging Face's "Loading weights") and ends
-    it when no bar is left. A Python thread that starts or ends while the process forks
-    (``train.workers``: the batch workers are forked) can leave the interpreter's thread list locked
-    in the child, which then hangs in ``os.fork``'s after-fork handler (``_PyThreadState_DeleteExcept``;
-    seen in this project's suite on 2026-11-28, a rank's batch worker of ``train.devices: 2`` stuck for
-    15 minutes after its model loaded). The monitor only warns about slow bars. Idempotent."""
+def no_thread_churn() -> None:
+    """Keep the libraries from starting and ending Python threads around a fork (``train.workers``:
+    the batch workers are forked once the model is loaded). A thread that ends while the process
+    forks can leave the interpreter's thread list locked in the child, which then hangs in
+    ``os.fork``'s after-fork handler (``_PyThreadState_DeleteExcept``; seen in this project's suite on
+    2026-11-28: a rank's batch worker of ``train.devices: 2`` stuck for 15 minutes after its model
+    loaded). Two libraries did that here:
+
+    - Hugging Face transformers loads a checkpoint's tensors in a thread pool that it shuts down
+      without waiting (``shutdown(wait=False)``), so its threads end at any time after the load:
+      ``HF_DEACTIVATE_ASYNC_LOAD=1`` loads them in the calling thread (a variable the user set is
+      left as it is);
+    - tqdm starts a monitor thread with a progress bar (the weight loading's) and ends it when no bar
+      is left: ``tqdm.monitor_interval = 0`` (a running monitor is stopped; it only warns about slow
+      bars).
+
+    Idempotent."""
     import tqdm
 
-    tqdm.tqdm.monitor_interval = 0
-    monitor, tqdm.tqdm.monitor = tqdm.tqdm.monitor, None
-    if monitor is not None:
-        monitor.exit()
+    os.environ.setdefault("HF_DEACTIVATE_ASYNC_LOAD", "1")
+    tqdm.tqdm.monitor_interval = 0  # read through each bar's class: subclasses too
+    classes = [tqdm.tqdm]
+    for cls in classes:  # a running monitor stands on the class of the bar that started it (Hugging Face's)
+        classes += cls.__subclasses__()
+        monitor = cls.__dict__.get("monitor")
+        if monitor is not None:
+            cls.monitor = None
+            monitor.exit()
 
 
 def use_device(device):

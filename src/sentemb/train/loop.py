@@ -322,14 +322,14 @@ def setup(run: Run | dict, out_dir: str | Path, method_cls: "type[Method] | None
     from ..model.backbone import load_encoder
     from ..evaluate.senteval import load_task
     from ..tracking.runs import Tracker
-    from ..utils import no_tqdm_monitor, resolve_device, seed_everything, use_device
-
-    no_tqdm_monitor()  # no thread coming or going when the batch workers fork (train.workers)
+    from ..utils import no_thread_churn, resolve_device, seed_everything, use_device
 
     run = Run.from_dict(run)
     out_dir = Path(out_dir)
     settings, paths, seed = run.train, run.paths, int(run.seed)
     settings.check(f"run '{run.name}'")
+    if settings.workers > 0:
+        no_thread_churn()  # before the model loads: no thread ending when the batch workers fork
     from . import distributed
 
     device = use_device(resolve_device(distributed.init(settings.devices, settings.device, f"run '{run.name}'")))
