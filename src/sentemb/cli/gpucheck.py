@@ -103,9 +103,13 @@ def register(sub) -> None:
     p.add_argument("--host-parts", default=None,
                    help="comma-separated parts of the host rows (default first_steps,workers,graph,dev_eval; also "
                         "graph_methods: the graph probe of every checked method at B 64; compile: torch.compile "
-                        "reduce-overhead of SimCSE's step; graphed: the loop's step eager and as CUDA graphs; profile: "
-                        "ArcCSE's paper step under torch.profiler with triplet_pass separate and with_views); the "
-                        "graph probe runs at each --batch-size")
+                        "reduce-overhead of SimCSE's step; graphed: the loop's step eager and as CUDA graphs; tune: "
+                        "SimCSE's compiled graphed step with each switch aimed at issue 37's targets (SENTEMB_TUNE, "
+                        "SENTEMB_TUNE_BATCHES choose the rows); profile: steps under torch.profiler, busy against "
+                        "wall time and the top kernels: SimCSE's compiled graphed B 512 counter step whole and in "
+                        "chunks of 128, its compiled step with each attention kernel, ArcCSE's paper step with each "
+                        "triplet_pass (SENTEMB_PROFILE chooses SimCSE steps instead); docs/plan-and-benchmarks.md); "
+                        "the graph probe runs at each --batch-size")
     p.add_argument("--cpu", action="store_true",
                    help="run the same checks on the CPU at a toy size (tests; the figures mean nothing for a GPU)")
     p.set_defaults(func=_cmd_gpu_check)
