@@ -227,7 +227,10 @@ class TrainSettings:
         "Processes that build the batches (sentemb.train.batches): 0 - in the loop's process (a background thread "
         "with prefetch, else in line); N - N worker processes building the next steps' micro-batches ahead. Batches "
         "are a function of (seed, micro-batch), so the weights are the same either way. The wait for data is logged "
-        "as train/data_wait (seconds per step).", minimum=0, weights=False)
+        "as train/data_wait (seconds per step). The workers are forked once the model is loaded; so that no thread "
+        "ends while the job forks (the child could hang), such a job loads checkpoints in its own thread "
+        "(HF_DEACTIVATE_ASYNC_LOAD=1 unless set) and runs no tqdm monitor thread (sentemb.utils.no_thread_churn).",
+        minimum=0, weights=False)
 
     @classmethod
     def from_dict(cls, values: dict | None, where: str = "train") -> TrainSettings:
