@@ -941,14 +941,16 @@ def test_the_restricted_backend_is_not_served_from_aotautograds_cache():
 def test_a_job_on_a_cuda_device_by_index_makes_it_current(monkeypatch):
     """A CUDA graph is captured on a stream of the current device: a job on ``cuda:1`` makes cuda:1
     current (else its capture, made on cuda:0's stream, would record none of its kernels and replay
-    an empty graph). ``cuda`` without an index and the CPU leave the current device alone. (The
-    capture itself needs a GPU; this checks the call the loop's setup makes.)"""
+    an empty graph). ``cuda`` without an index and the CPU leave the current device alone. The
+    device that was current is returned, for the job to put back when it closes. (The capture
+    itself needs a GPU; this checks the call, and ``tests/test_workers.py``'s
+    ``test_setup_makes_the_device_current_and_the_fork_safe`` that setup makes it.)"""
     from sentemb.utils import use_device
 
     calls = []
     monkeypatch.setattr(torch.cuda, "set_device", lambda d: calls.append(torch.device(d)))
-    for name in ("cpu", "cuda", "cuda:1"):
-        assert use_device(torch.device(name)) == torch.device(name)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    assert [use_device(torch.device(name)) for name in ("cpu", "cuda", "cuda:1")] == [None, None, 0]
     assert calls == [torch.device("cuda:1")], calls
 
 

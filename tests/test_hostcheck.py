@@ -205,8 +205,8 @@ def test_profile_rows_put_the_chunked_step_beside_the_whole(tiny_bert_dir, tiny_
     """``--host-parts profile`` starts with the compiled graphed B 512 step with counter masks, whole
     then in chunks of 128 (8 and 2 on a CPU), busy against wall time per step: where issue 37's
     chunked step loses its time. ``SENTEMB_PROFILE`` profiles its own list instead and leaves out the
-    part's other rows; anything but a JSON list of objects is refused naming the variable. The row
-    itself on a chunked counter step (uncompiled, on the CPU)."""
+    part's other rows; anything but a JSON list of objects is refused, naming the variable,
+    before any row runs. The row itself on a chunked counter step (uncompiled, on the CPU)."""
     from sentemb import SentembError
 
     calls = []
@@ -224,10 +224,12 @@ def test_profile_rows_put_the_chunked_step_beside_the_whole(tiny_bert_dir, tiny_
     hostcheck.rows(tiny_bert_dir, tiny_corpus, None, "cpu", Path("/nonexistent"), {}, {"simcse": {}}, 1.0,
                    parts=("profile",))
     assert [(b, t.get("counter_kernel")) for _, b, t in calls] == [(8, "inline"), (64, None)], calls
+    monkeypatch.setattr(hostcheck, "first_steps", lambda **kw: pytest.fail("a row ran before the refusal"))
     for bad in ("{", '{"a": 1}', "[1]"):
         monkeypatch.setenv("SENTEMB_PROFILE", bad)
         with pytest.raises(SentembError, match="SENTEMB_PROFILE"):
-            hostcheck.profile_variants(toy=True)
+            hostcheck.rows(tiny_bert_dir, tiny_corpus, None, "cpu", Path("/nonexistent"), {},
+                           {"simcse": {}, "arccse": {}}, 1.0, parts=("first_steps", "profile"))
     monkeypatch.undo()
     what, value, note = hostcheck.profile_steps(tiny_bert_dir, tiny_corpus, "cpu", 4, 16, "simcse", None, {},
                                                 {"dropout_rng": "counter", "chunk_size": 2}, 1, 1)

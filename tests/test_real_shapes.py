@@ -29,8 +29,9 @@ fp16 (the suite's budget): on a CPU an fp16 matmul has no native kernel and runs
 than fp32 (this project's 2-core machine: 1.97 s against 0.11 s for 128x1024 @ 1024x30522), which made
 infocse-code on BERT-large take 122 s of the suite. What fp16 changes in a step (autocast's dtype, the
 gradient scaler) does not depend on the width, so a run in fp16 takes its step in fp16 at the
-narrowest width the configuration runs that method in fp16 (``FP16_WIDTH``), and in bf16 at wider
-ones: their shapes are still taken at their real widths.
+narrowest width the configuration runs that method in fp16 with the same train keys
+(``STEP_TRAIN_KEYS``: SAM, accumulation, compile, ... meet the scaler; ``FP16_WIDTH``), and in bf16
+at wider ones: their shapes are still taken at their real widths.
 """
 
 from __future__ import annotations
@@ -108,16 +109,22 @@ def _cases():
 CONFIG_DICT, CASES = _cases()
 
 
+def fp16_key(run) -> str:
+    """What an fp16 step meets besides the width: the method and the train keys of ``step_key``."""
+    train = {k: getattr(run.train, k) for k in STEP_TRAIN_KEYS} | {"accum": min(run.train.grad_accum, 2)}
+    return json.dumps([run.method, train], sort_keys=True, default=str)
+
+
 def _fp16_width() -> dict:
-    """Method -> the narrowest hidden size at which a case runs it in fp16."""
+    """``fp16_key`` -> the narrowest hidden size at which a case runs it in fp16."""
     from sentemb.ops.shapes import architecture_of
 
     out: dict = {}
     for p in CASES:
         run = p.values[0]
         if run.train.precision == "fp16":
-            h = PUBLISHED[architecture_of(run.backbone_hub_id)]["hidden_size"]
-            out[run.method] = min(h, out.get(run.method, h))
+            h, key = PUBLISHED[architecture_of(run.backbone_hub_id)]["hidden_size"], fp16_key(run)
+            out[key] = min(h, out.get(key, h))
     return out
 
 
@@ -248,7 +255,7 @@ def test_one_optimizer_step_at_the_real_widths(run, workdir, corpus):
     inputs = {n: build_input(n, run, workdir, corpus, model, arch, layers)
               for n in cls.requires(cls.make_args(run.method_args))}
     precision = run.train.precision
-    if precision == "fp16" and PUBLISHED[arch]["hidden_size"] > FP16_WIDTH[run.method]:
+    if precision == "fp16" and PUBLISHED[arch]["hidden_size"] > FP16_WIDTH[fp16_key(run)]:
         precision = "bf16"  # fp16's own step is the narrower case's (the module's docstring)
     with setup(local(run, corpus, model, inputs, precision), "/nonexistent") as job:
         cfg = job.method.encoder.config

@@ -219,13 +219,14 @@ def test_forked_workers_read_wordnet_through_files_of_their_own(tmp_path):
     assert got == [ds[i] for i in range(len(ds))]
 
 
-def test_no_library_thread_comes_or_goes_before_the_workers_fork(tiny_bert_dir):
+def test_no_library_thread_comes_or_goes_before_the_workers_fork(tiny_bert_dir, monkeypatch):
     """``train.workers`` forks the batch workers once the model is loaded: a Python thread ending at
     that moment can leave the child's interpreter locked (a rank's worker hung 15 minutes in this
     suite on 2026-11-28, in ``os.fork``'s after-fork handler). Hugging Face's checkpoint loading
     left its thread pool's threads to end on their own, and tqdm's monitor thread came and went
     with each progress bar; after ``no_thread_churn`` (the loop's setup, with workers) neither
-    loading a model nor a progress bar starts a thread."""
+    loading a model nor a progress bar starts a thread. (The libraries' defaults are put back
+    first: an earlier job of this process may have turned them off.)"""
     import threading
 
     import tqdm
@@ -234,21 +235,43 @@ def test_no_library_thread_comes_or_goes_before_the_workers_fork(tiny_bert_dir):
 
     from sentemb.utils import no_thread_churn
 
+    monkeypatch.setenv("HF_DEACTIVATE_ASYNC_LOAD", "0")
+    monkeypatch.setattr(tqdm.tqdm, "monitor_interval", 10)
     started = []
     real_start = threading.Thread.start
-    threading.Thread.start = lambda self: started.append(self.name) or real_start(self)
-    try:
+    monkeypatch.setattr(threading.Thread, "start", lambda self: started.append(self.name) or real_start(self))
+    with open(os.devnull, "w") as devnull:
         AutoModel.from_pretrained(tiny_bert_dir)
-        with tqdm.tqdm(total=1, file=open(os.devnull, "w")) as bar:
+        with tqdm.tqdm(total=1, file=devnull) as bar:
             bar.update()
-        assert started, "the check sees no thread start before no_thread_churn: it cannot fail"
+        assert started, "no thread started before no_thread_churn: the check below could not fail"
+        monkeypatch.delenv("HF_DEACTIVATE_ASYNC_LOAD")
         no_thread_churn()
+        assert os.environ["HF_DEACTIVATE_ASYNC_LOAD"] == "1"
         started.clear()
         AutoModel.from_pretrained(tiny_bert_dir)
         for cls in (tqdm.tqdm, hf_tqdm):
-            with cls(total=1, file=open(os.devnull, "w")) as bar:
+            with cls(total=1, file=devnull) as bar:
                 bar.update()
-        assert started == [], started
-        assert not any(t.name == "tqdm_monitor" for t in threading.enumerate())
-    finally:
-        threading.Thread.start = real_start
+    assert started == [], started
+    assert not any(t.name == "tqdm_monitor" for t in threading.enumerate())
+
+
+def test_setup_makes_the_device_current_and_the_fork_safe(world, tmp_path, monkeypatch):
+    """The loop's setup calls ``use_device`` (a job on cuda:N makes it current: its CUDA graphs are
+    captured there; ``tests/test_graphs.py``) and, with ``train.workers``, ``no_thread_churn`` before
+    the model loads; a job without workers leaves the libraries' threads alone."""
+    import torch
+
+    from sentemb import utils
+    from sentemb.train.loop import setup
+
+    enc, senteval, _ = world
+    h = testing.harness("simcse", tmp_path / "h", model_dir=enc, senteval=senteval)
+    churn, devices = [], []
+    monkeypatch.setattr(utils, "no_thread_churn", lambda: churn.append(True))
+    monkeypatch.setattr(utils, "use_device", lambda d: devices.append(d) or None)
+    for n in (0, 1):
+        with setup(_cfg(h, workers=n), tmp_path / f"workers{n}", method_cls=h.cls):
+            assert len(churn) == n
+    assert devices == [torch.device("cpu")] * 2, devices

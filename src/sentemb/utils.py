@@ -117,13 +117,15 @@ def no_thread_churn() -> None:
 
     - Hugging Face transformers loads a checkpoint's tensors in a thread pool that it shuts down
       without waiting (``shutdown(wait=False)``), so its threads end at any time after the load:
-      ``HF_DEACTIVATE_ASYNC_LOAD=1`` loads them in the calling thread (a variable the user set is
-      left as it is);
+      ``HF_DEACTIVATE_ASYNC_LOAD=1`` loads them in the calling thread (the same tensors; a variable
+      the user set is left as it is). It is set in ``os.environ``: for the rest of the process and
+      the processes it starts.
     - tqdm starts a monitor thread with a progress bar (the weight loading's) and ends it when no bar
-      is left: ``tqdm.monitor_interval = 0`` (a running monitor is stopped; it only warns about slow
-      bars).
+      is left: ``tqdm.monitor_interval = 0`` (a running monitor is stopped). The monitor also
+      refreshes a bar that has not printed for ``maxinterval`` seconds; without it a bar prints when
+      it advances, as the loop's does every step.
 
-    Idempotent."""
+    Idempotent; not undone when the job closes."""
     import tqdm
 
     os.environ.setdefault("HF_DEACTIVATE_ASYNC_LOAD", "1")
@@ -137,17 +139,20 @@ def no_thread_churn() -> None:
             monitor.exit()
 
 
-def use_device(device):
+def use_device(device) -> "int | None":
     """Make ``device`` (a ``torch.device``) the process's current CUDA device when it names one by
-    index (``train.device: cuda:1``), and return it. A CUDA graph is captured on a stream of the
-    current device (``torch.cuda.graph`` without ``stream=``): a job on cuda:1 with cuda:0 current
-    would capture nothing of its step (its kernels run on cuda:1's streams) and replay an empty graph.
-    ``train.devices: N`` sets each process's device itself (``sentemb.train.distributed``)."""
+    index (``train.device: cuda:1``), and return the device that was current before (None where
+    nothing changed): the job puts it back when it closes. A CUDA graph is captured on a stream of
+    the current device (``torch.cuda.graph`` without ``stream=``): a job on cuda:1 with cuda:0
+    current would capture nothing of its step (its kernels run on cuda:1's streams) and replay an
+    empty graph. ``train.devices: N`` sets each process's device itself (``sentemb.train.distributed``)."""
     import torch
 
-    if device.type == "cuda" and device.index is not None:
-        torch.cuda.set_device(device)
-    return device
+    if device.type != "cuda" or device.index is None:
+        return None
+    before = torch.cuda.current_device()
+    torch.cuda.set_device(device)
+    return before
 
 
 def count_lines(path: str | os.PathLike) -> int:

@@ -228,8 +228,9 @@ class TrainSettings:
         "with prefetch, else in line); N - N worker processes building the next steps' micro-batches ahead. Batches "
         "are a function of (seed, micro-batch), so the weights are the same either way. The wait for data is logged "
         "as train/data_wait (seconds per step). The workers are forked once the model is loaded; so that no thread "
-        "ends while the job forks (the child could hang), such a job loads checkpoints in its own thread "
-        "(HF_DEACTIVATE_ASYNC_LOAD=1 unless set) and runs no tqdm monitor thread (sentemb.utils.no_thread_churn).",
+        "ends while the job forks (the child could hang), such a job loads checkpoints in the calling thread "
+        "(HF_DEACTIVATE_ASYNC_LOAD=1 in its environment unless set) and runs no tqdm monitor thread "
+        "(sentemb.utils.no_thread_churn).",
         minimum=0, weights=False)
 
     @classmethod

@@ -193,6 +193,8 @@ def forget_warm() -> None:
     other settings, ``sentemb.train.loop.fresh_compile_cache``) the fused mask compiles again, and it
     should do so in ``warm_fused``, not inside the capture's warm-up passes."""
     _WARM.clear()
+
+
 _COORDS: dict = {}
 
 

@@ -22,12 +22,14 @@ value ("FAILED: ...") so one broken probe does not cost the others.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from pathlib import Path
 
 from .. import SentembError
 
+log = logging.getLogger(__name__)
 Row = tuple[str, str, str]
 
 
@@ -340,10 +342,11 @@ def profile_variants(toy: bool) -> list[dict]:
     and the chunked step's first pass explains about 0.33x of it. The GPU's busy time against the wall
     time per step tells whether the rest is GPU work (smaller matmuls, the extra forward) or gaps
     between kernels (the host). ``SENTEMB_PROFILE``, a JSON list of such dicts (``batch`` 512 where
-    it is missing), profiles those instead, and then the part's other rows are left out. On a CPU:
-    batches of 8, chunks of 2."""
+    it is missing, 8 on a CPU), profiles those instead, and then the part's other rows are left out;
+    what is not a list of objects is refused naming the variable. On a CPU: batches of 8, chunks of 2.
+    (Whether torch's profiler sees the kernels of a graph captured before it started is unchecked on
+    a GPU: a busy time near 0 would say it does not.)"""
     import json
-    import os
 
     b512, c128 = (8, 2) if toy else (512, 128)
     base = {"compile": True, "graphs": True, "buckets": [32]}
@@ -696,8 +699,10 @@ def rows(model: Path, corpus: Path, senteval: Path, device: str, work: Path, mar
     evaluation (its share against the probe's eager B 64 step when ``step_s`` is not given), and,
     when ``parts`` names them, the graph probe of every other method in ``inputs`` at B 64
     (``graph_methods``: where a method's step cannot be captured, the row says why), the
-    ``torch.compile`` probe (``compile``), the graphed rows (``graphed``) and ArcCSE's paper step
-    under ``torch.profiler`` with each ``triplet_pass`` (``profile``). On a CPU (``gpu-check --cpu``, the tests) the same code at
+    ``torch.compile`` probe (``compile``), the graphed rows (``graphed``), the tune rows (``tune``) and
+    steps under ``torch.profiler`` (``profile``: SimCSE's compiled graphed B 512 counter step whole
+    and in chunks, or ``SENTEMB_PROFILE``'s steps, ``profile_variants``; then SimCSE's compiled step
+    with each attention kernel and ArcCSE's paper step with each ``triplet_pass``). On a CPU (``gpu-check --cpu``, the tests) the same code at
     a toy size: batches of 4, 2 + 2 first steps, 3 steps per worker row."""
     from ..methods import get_method
 
@@ -707,6 +712,11 @@ def rows(model: Path, corpus: Path, senteval: Path, device: str, work: Path, mar
     usable = {m: {n: str(v) for n, v in ins.items()} for m, ins in inputs.items()
               if not any(isinstance(v, Exception) for v in ins.values())}
 
+    # SENTEMB_PROFILE read before any row runs: a bad value costs no row
+    profiled = profile_variants(toy) if "profile" in parts and "simcse" in usable else []
+    if "profile" in parts and not profiled:
+        log.warning("--host-parts profile: no SimCSE step to profile (%s)",
+                    "SENTEMB_PROFILE is an empty list" if "simcse" in usable else "simcse is not among the methods")
     out: list[Row] = []
     arc = {"grad_accum": 2, "sam_rho": 0.05, "sampler": "length"}
     if "first_steps" in parts and "arccse" in usable:
@@ -730,8 +740,7 @@ def rows(model: Path, corpus: Path, senteval: Path, device: str, work: Path, mar
             # each row in a process of its own on a GPU: in one process the rows after the first met the fused
             # shapes' kernels and cuDNN plans built, so two lends ranked with_views and separate oppositely
             out.append(first_steps(**kw) if toy else _isolated(kw, "first_steps"))
-    chosen = profile_variants(toy) if "profile" in parts and "simcse" in usable else []
-    for t in chosen:  # SENTEMB_PROFILE, or the chunked step against the whole
+    for t in profiled:  # SENTEMB_PROFILE, or the chunked step against the whole
         out.append(profile_steps(model, corpus, device, t.pop("batch"), 32, "simcse", None, usable["simcse"], t,
                                  *((1, 1) if toy else (10, 5)), top=12))
     if "profile" in parts and "simcse" in usable and not os.environ.get("SENTEMB_PROFILE"):

@@ -332,7 +332,8 @@ def setup(run: Run | dict, out_dir: str | Path, method_cls: "type[Method] | None
         no_thread_churn()  # before the model loads: no thread ending when the batch workers fork
     from . import distributed
 
-    device = use_device(resolve_device(distributed.init(settings.devices, settings.device, f"run '{run.name}'")))
+    device = resolve_device(distributed.init(settings.devices, settings.device, f"run '{run.name}'"))
+    device_before = use_device(device)  # cuda:N current (graph capture); put back when the job closes
     if settings.num_threads:
         torch.set_num_threads(settings.num_threads)
     amp = _precision(settings.precision, device)
@@ -446,6 +447,8 @@ def setup(run: Run | dict, out_dir: str | Path, method_cls: "type[Method] | None
         from ..evaluate.sts import tune_dev_embedder
 
         tune_dev_embedder(job.embedder, settings.eval_precision, device)
+    if device_before is not None:
+        job.restore.append(lambda: torch.cuda.set_device(device_before))
     undo = sdpa_backend(attention)  # last: nothing after it can fail and leave the flags set
     if undo is not None:
         job.restore.append(undo)
