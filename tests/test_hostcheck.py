@@ -234,3 +234,19 @@ def test_profile_rows_put_the_chunked_step_beside_the_whole(tiny_bert_dir, tiny_
     what, value, note = hostcheck.profile_steps(tiny_bert_dir, tiny_corpus, "cpu", 4, 16, "simcse", None, {},
                                                 {"dropout_rng": "counter", "chunk_size": 2}, 1, 1)
     assert "FAILED" not in value and "chunk_size 2" in what and "top: aten::" in note, (what, value, note)
+
+
+def test_a_row_in_a_fresh_process_past_its_time_limit_costs_that_row_only(monkeypatch):
+    """``in_fresh_process`` (gpu-check's isolated rows, ``benchmark --counter-compile``'s): the JSON
+    payloads of the lines with its tag, the exit code; a process past its time limit is killed and
+    says so. An isolated gpu-check row that times out is a failed row, not the end of gpu-check."""
+    from sentemb.ops import benchmark
+
+    script = ("import json, sys, time; a = json.loads(sys.argv[1]); print('X ' + json.dumps(a['v'])); "
+              "print('Y 1', flush=True); time.sleep(a['s']); sys.exit(a['rc'])")
+    assert benchmark.in_fresh_process(script, {"v": [1, 2], "s": 0, "rc": 3}, "X ")[:2] == ([[1, 2]], 3)
+    got, code, err = benchmark.in_fresh_process(script, {"v": 1, "s": 60, "rc": 0}, "X ", timeout=3)
+    assert (got, code) == ([], None) and "no result in 3 s" in err, err
+    monkeypatch.setattr(benchmark, "in_fresh_process", lambda *a, **k: ([], None, "killed: no result in 900 s"))
+    what, value, note = hostcheck._isolated(dict(method="simcse", batch=4))
+    assert what == "graphed simcse B=4" and value == "FAILED: no result in 900 s", (what, value, note)

@@ -325,6 +325,26 @@ print("RESULT " + json.dumps([first, statistics.median(times)]), flush=True)
 """
 
 
+def in_fresh_process(script: str, arg: dict, tag: str, env: dict | None = None,
+                     timeout: float = 900) -> tuple[list, "int | None", str]:
+    """Run ``script`` (Python source that reads one JSON argument from ``sys.argv[1]``) with ``arg`` in
+    a fresh interpreter: a benchmark or gpu-check row that must not meet what an earlier one left in
+    the process (compiled code, kernels, cuDNN plans, allocator blocks, a dead CUDA context). Returns
+    the JSON payloads of its stdout lines that start with ``tag``, its exit code and its stderr; past
+    ``timeout`` seconds it is killed, and returns no payload, exit code None and stderr saying so."""
+    import json
+    import subprocess
+    import sys
+
+    try:
+        r = subprocess.run([sys.executable, "-c", script, json.dumps(arg, default=str)], capture_output=True,
+                           text=True, env=env, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
+        return [], None, f"{err}\nkilled: no result in {timeout:g} s"
+    return [json.loads(line[len(tag):]) for line in r.stdout.splitlines() if line.startswith(tag)], r.returncode, r.stderr
+
+
 def bench_counter_compile(model_dir, corpus, batch_size, steps, warmup, device, max_len, precision, chunk_size,
                           method="simcse", threads=None, kernels=("auto", "inline"), whole=True, method_args=None,
                           inputs=None, timeout=3600, compile=True) -> dict:
@@ -337,10 +357,7 @@ def bench_counter_compile(model_dir, corpus, batch_size, steps, warmup, device, 
     ``kernels`` and ``whole`` (False: the chunked rows only) take a subset; a row that runs past
     ``timeout`` seconds fails the benchmark. ``compile`` False runs the same rows eagerly (the
     tests' check of the rows' processes, without their compilations)."""
-    import json
     import os
-    import subprocess
-    import sys
 
     out = {}
     for kernel in kernels:
@@ -353,15 +370,12 @@ def bench_counter_compile(model_dir, corpus, batch_size, steps, warmup, device, 
             # Inductor's caches off: the first step is a whole compilation, not a replay of an earlier row's
             env = {**os.environ, "TORCHINDUCTOR_FORCE_DISABLE_CACHES": "1"}
             where = f"benchmark --counter-compile: counter_kernel {kernel}, chunk_size {chunk}"
-            try:
-                r = subprocess.run([sys.executable, "-c", _COUNTER_COMPILE, json.dumps(arg)], capture_output=True,
-                                   text=True, env=env, timeout=timeout)
-            except subprocess.TimeoutExpired as e:
-                raise SentembError(f"{where}: no result in {timeout} s") from e
-            got = [json.loads(line[7:]) for line in r.stdout.splitlines() if line.startswith("RESULT ")]
+            got, code, err = in_fresh_process(_COUNTER_COMPILE, arg, "RESULT ", env, timeout)
+            if code is None:
+                raise SentembError(f"{where}: no result in {timeout} s")
             if not got:
-                tail = "\n  ".join(r.stderr.strip().splitlines()[-8:])
-                raise SentembError(f"{where} failed (exit {r.returncode}):\n  {tail}")
+                tail = "\n  ".join(err.strip().splitlines()[-8:])
+                raise SentembError(f"{where} failed (exit {code}):\n  {tail}")
             out[kernel, chunk] = tuple(got[0])
     return out
 

@@ -613,29 +613,26 @@ def _isolated(kw: dict, fn: str = "graphed") -> Row:
     device-side error ends a CUDA context, and would cost the rows after it; a row's first steps would
     find the kernels, cuDNN plans and allocator blocks an earlier row left); when it fails, once more
     with ``CUDA_LAUNCH_BLOCKING=1``, the failing op's Python stack printed to stderr."""
-    import json
-    import os
-    import subprocess
     import sys
 
     from ..methods import get_method, method_source
+    from .benchmark import in_fresh_process
 
     source = method_source(get_method(kw["method"]))
-    arg = json.dumps({**kw, "fn": fn, "method_modules": [source[0]] if source else []}, default=str)
+    arg = {**kw, "fn": fn, "method_modules": [source[0]] if source else []}
     row: Row = (f"{fn.replace('_', ' ')} {kw['method']} B={kw['batch']}", "FAILED", "")
     for blocking in (False, True):
         env = {**os.environ, **({"CUDA_LAUNCH_BLOCKING": "1", "SENTEMB_GRAPHED_TRACE": "1"} if blocking else {})}
-        r = subprocess.run([sys.executable, "-c", _ISOLATED, arg], capture_output=True, text=True, env=env,
-                           timeout=900)
-        rows = [json.loads(line[4:]) for line in r.stdout.splitlines() if line.startswith("ROW ")]
-        got = tuple(rows[-1]) if rows else (row[0], f"FAILED: exit {r.returncode}",
-                                            (r.stderr.strip().splitlines() or [""])[-1][:300])
+        rows, code, err = in_fresh_process(_ISOLATED, arg, "ROW ", env, timeout=900)
+        # a row past the time limit costs that row, not the rows after it
+        got = tuple(rows[-1]) if rows else (row[0], "FAILED: " + ("no result in 900 s" if code is None else f"exit {code}"),
+                                            (err.strip().splitlines() or [""])[-1][:300])
         if not blocking:
             row = got
-            if "FAILED" not in got[1] or not any(w in r.stderr for w in ("CUDA", "cuda", "device-side")):
+            if "FAILED" not in got[1] or not any(w in err for w in ("CUDA", "cuda", "device-side")):
                 return got  # done, or a failure that is not the device's (a second run would only repeat it)
         else:
-            print(f"{fn} {kw['method']} again with CUDA_LAUNCH_BLOCKING=1:\n{r.stderr[-6000:]}", file=sys.stderr,
+            print(f"{fn} {kw['method']} again with CUDA_LAUNCH_BLOCKING=1:\n{err[-6000:]}", file=sys.stderr,
                   flush=True)
     return row
 
