@@ -250,3 +250,17 @@ def test_a_row_in_a_fresh_process_past_its_time_limit_costs_that_row_only(monkey
     monkeypatch.setattr(benchmark, "in_fresh_process", lambda *a, **k: ([], None, "killed: no result in 900 s"))
     what, value, note = hostcheck._isolated(dict(method="simcse", batch=4))
     assert what == "graphed simcse B=4" and value == "FAILED: no result in 900 s", (what, value, note)
+
+
+def test_tune_variants_that_are_not_a_list_of_settings_are_refused_naming_the_variable(tiny_bert_dir, tiny_corpus,
+                                                                                      monkeypatch):
+    """``SENTEMB_TUNE`` is read as ``SENTEMB_PROFILE`` is: a JSON list of train settings, anything
+    else refused naming the variable before any row runs."""
+    from sentemb import SentembError
+
+    monkeypatch.setattr(hostcheck, "graphed", lambda **kw: pytest.fail("a row ran before the refusal"))
+    monkeypatch.delenv("SENTEMB_TUNE_BATCHES", raising=False)
+    for bad in ("{", '{"update": "fused"}', '["fused"]'):
+        monkeypatch.setenv("SENTEMB_TUNE", bad)
+        with pytest.raises(SentembError, match="SENTEMB_TUNE"):
+            hostcheck.tune_rows(tiny_bert_dir, tiny_corpus, "cpu", toy=True)

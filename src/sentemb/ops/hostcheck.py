@@ -332,6 +332,24 @@ def profile_steps(model: Path, corpus: Path, device: str, batch: int, max_len: i
         return what, f"FAILED: {_first_line(e)}", ""
 
 
+def _train_list(name: str) -> "list[dict] | None":
+    """The environment variable ``name`` (``SENTEMB_TUNE``, ``SENTEMB_PROFILE``): a JSON list of train
+    settings (objects), None where it is unset or empty; anything else is refused naming it."""
+    import json
+
+    text = os.environ.get(name)
+    if not text:
+        return None
+    try:
+        given = json.loads(text)
+    except ValueError as e:
+        raise SentembError(f"{name} is not JSON ({e}): a list of train settings, e.g. "
+                           '[{"chunk_size": 128}]') from None
+    if not isinstance(given, list) or not all(isinstance(v, dict) for v in given):
+        raise SentembError(f"{name}={text!r}: a JSON list of objects (train settings)")
+    return given
+
+
 def profile_variants(toy: bool) -> list[dict]:
     """The SimCSE steps (max_len 32) that ``--host-parts profile`` puts under ``torch.profiler`` before
     its other rows: each a dict of train settings over the compiled and graphed base (``compile``,
@@ -346,19 +364,10 @@ def profile_variants(toy: bool) -> list[dict]:
     what is not a list of objects is refused naming the variable. On a CPU: batches of 8, chunks of 2.
     (Whether torch's profiler sees the kernels of a graph captured before it started is unchecked on
     a GPU: a busy time near 0 would say it does not.)"""
-    import json
-
     b512, c128 = (8, 2) if toy else (512, 128)
     base = {"compile": True, "graphs": True, "buckets": [32]}
-    text = os.environ.get("SENTEMB_PROFILE")
-    if text:
-        try:
-            given = json.loads(text)
-        except ValueError as e:
-            raise SentembError(f"SENTEMB_PROFILE is not JSON ({e}): a list of train settings, e.g. "
-                               '[{"chunk_size": 128, "batch": 512}]') from None
-        if not isinstance(given, list) or not all(isinstance(v, dict) for v in given):
-            raise SentembError(f"SENTEMB_PROFILE={text!r}: a JSON list of objects (train settings, and batch)")
+    given = _train_list("SENTEMB_PROFILE")
+    if given is not None:
         return [{**base, "batch": b512, **v} for v in given]
     counter = {**base, "dropout_rng": "counter", "update": "fused"}
     return [{**counter, "batch": b512}, {**counter, "batch": b512, "chunk_size": c128}]
@@ -559,8 +568,6 @@ def tune_rows(model: Path, corpus: Path, device: str, toy: bool) -> list[Row]:
     of 2, without max-autotune. ``SENTEMB_TUNE`` (a JSON list of train settings) runs those variants
     instead, the first with its eager twin, and no counter or max-autotune rows;
     ``SENTEMB_TUNE_BATCHES`` (``512``, or ``64,512``) keeps those batch sizes only."""
-    import json
-    import os
     import sys
 
     b64, b512, c128 = (4, 8, 2) if toy else (64, 512, 128)
@@ -570,8 +577,9 @@ def tune_rows(model: Path, corpus: Path, device: str, toy: bool) -> list[Row]:
     variants = [({}, True), ({"update": "graphed"}, False), ({"attention": "sdpa"}, False), ({"update": "fused"}, False),
                 ({"attention": "sdpa_math"}, False), ({"attention": "eager"}, False),
                 ({"compile_random": "inductor"}, False)]
-    if os.environ.get("SENTEMB_TUNE"):  # a subset: JSON list of train dicts over the compiled base, the first eager
-        variants = [(v, i == 0) for i, v in enumerate(json.loads(os.environ["SENTEMB_TUNE"]))]
+    chosen = _train_list("SENTEMB_TUNE")  # a subset: train dicts over the compiled base, the first eager
+    if chosen is not None:
+        variants = [(v, i == 0) for i, v in enumerate(chosen)]
     batches = (b64, b512)
     if os.environ.get("SENTEMB_TUNE_BATCHES"):  # e.g. "512": only those batch sizes (toy: 4 and 8 stand for 64, 512)
         text = os.environ["SENTEMB_TUNE_BATCHES"]
@@ -582,11 +590,11 @@ def tune_rows(model: Path, corpus: Path, device: str, toy: bool) -> list[Row]:
         batches = tuple(b for b, full in ((b64, "64"), (b512, "512")) if full in want)
     cfgs = [(b, {**base, **v}, e) for b in (b64, b512) for v, e in variants]
     counter = {**base, "dropout_rng": "counter", "update": "fused"}
-    if not os.environ.get("SENTEMB_TUNE"):
+    if chosen is None:
         inline = {**counter, "counter_kernel": "inline"}  # the masks traced with the encoder: no graph breaks
         cfgs += [(b512, counter, False), (b512, {**counter, "chunk_size": c128}, False),
                  (b512, inline, False), (b512, {**inline, "chunk_size": c128}, False)]
-    if not toy and not os.environ.get("SENTEMB_TUNE"):  # last: the longest compilations
+    if not toy and chosen is None:  # last: the longest compilations
         cfgs += [(b, {**base, "compile_mode": "max-autotune-no-cudagraphs"}, False)
                  for b in (b64, b512)]
     out = []
@@ -608,6 +616,10 @@ print("ROW " + json.dumps(row), flush=True)
 """
 
 
+#: seconds an isolated row (``_isolated``) may run before it is killed and reported as failed
+ROW_LIMIT_S = 900
+
+
 def _isolated(kw: dict, fn: str = "graphed") -> Row:
     """``graphed(**kw)`` (or another row function of this module, ``fn``) in a process of its own (a
     device-side error ends a CUDA context, and would cost the rows after it; a row's first steps would
@@ -623,9 +635,10 @@ def _isolated(kw: dict, fn: str = "graphed") -> Row:
     row: Row = (f"{fn.replace('_', ' ')} {kw['method']} B={kw['batch']}", "FAILED", "")
     for blocking in (False, True):
         env = {**os.environ, **({"CUDA_LAUNCH_BLOCKING": "1", "SENTEMB_GRAPHED_TRACE": "1"} if blocking else {})}
-        rows, code, err = in_fresh_process(_ISOLATED, arg, "ROW ", env, timeout=900)
+        rows, code, err = in_fresh_process(_ISOLATED, arg, "ROW ", env, timeout=ROW_LIMIT_S)
         # a row past the time limit costs that row, not the rows after it
-        got = tuple(rows[-1]) if rows else (row[0], "FAILED: " + ("no result in 900 s" if code is None else f"exit {code}"),
+        got = tuple(rows[-1]) if rows else (row[0], "FAILED: " + (f"no result in {ROW_LIMIT_S} s" if code is None
+                                                                  else f"exit {code}"),
                                             (err.strip().splitlines() or [""])[-1][:300])
         if not blocking:
             row = got
@@ -711,6 +724,7 @@ def rows(model: Path, corpus: Path, senteval: Path, device: str, work: Path, mar
 
     # SENTEMB_PROFILE read before any row runs: a bad value costs no row
     profiled = profile_variants(toy) if "profile" in parts and "simcse" in usable else []
+    others = _train_list("SENTEMB_PROFILE") is None  # the part's other rows, unless its steps are chosen
     if "profile" in parts and not profiled:
         log.warning("--host-parts profile: no SimCSE step to profile (%s)",
                     "SENTEMB_PROFILE is an empty list" if "simcse" in usable else "simcse is not among the methods")
@@ -740,7 +754,7 @@ def rows(model: Path, corpus: Path, senteval: Path, device: str, work: Path, mar
     for t in profiled:  # SENTEMB_PROFILE, or the chunked step against the whole
         out.append(profile_steps(model, corpus, device, t.pop("batch"), 32, "simcse", None, usable["simcse"], t,
                                  *((1, 1) if toy else (10, 5)), top=12))
-    if "profile" in parts and "simcse" in usable and not os.environ.get("SENTEMB_PROFILE"):
+    if "profile" in parts and "simcse" in usable and others:
         # where the compiled step's GPU time goes (issue 37's targets), and with each attention kernel at B 512
         # (cuDNN's took 24% of that step on the H200)
         b64, b512 = (4, 8) if toy else (64, 512)
@@ -749,7 +763,7 @@ def rows(model: Path, corpus: Path, senteval: Path, device: str, work: Path, mar
             out.append(profile_steps(model, corpus, device, b, 32, "simcse", None, usable["simcse"],
                                      {"compile": True, "buckets": [32], **({"attention": att} if att else {})},
                                      *((1, 1) if toy else (10, 5)), top=12))
-    if "profile" in parts and "arccse" in usable and not os.environ.get("SENTEMB_PROFILE"):
+    if "profile" in parts and "arccse" in usable and others:
         # why with_views is slower than separate on the H200
         for tri in ("separate", "with_views"):
             args = {**(margs["arccse"] if margs.get("arccse") is not None else {}), "triplet_pass": tri}
