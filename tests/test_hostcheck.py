@@ -143,7 +143,9 @@ def test_a_graphed_only_row_prices_itself_from_its_eager_twins_count(tiny_bert_d
     ms = float(value.split()[1])
     tflops = float(note.split(" TFLOP/s")[0].split("; ")[-1])
     flops = hostcheck._COUNTED[("simcse", 4, 16)][0]
-    assert abs(tflops - flops / (ms / 1000) / 1e12) <= 0.01 * tflops, (note, flops, ms)
+    # to the printed precision: ms to 0.05 (a relative 0.05/ms: 1.1% at the 4.6 ms seen under load), TFLOP/s
+    # to 3 significant digits (0.5%)
+    assert abs(tflops - flops / (ms / 1000) / 1e12) <= (0.05 / ms + 0.005) * tflops, (note, flops, ms)
     # a chunked variant does other arithmetic (gradient caching's extra forward): it never borrows the count
     what, value, note = hostcheck.graphed(**kw, train={"chunk_size": 2, "dropout_rng": "counter"}, eager=False)
     assert "FAILED" not in value and "TFLOP/s" not in note, (what, value, note)
