@@ -143,10 +143,10 @@ def test_the_fingerprint_is_the_weight_changing_settings_declared_by_each_settin
     base = run_cfg(tiny_bert_dir, tiny_corpus, tiny_senteval)
     free = set(weight_free_keys())
     assert {"log_steps", "save_steps", "prefetch", "token_cache", "log_grad_norms", "num_threads", "device",
-            "chunk_size", "devices", "buckets", "workers", "counter_kernel", "chunk_first_pass"} == free
+            "chunk_size", "devices", "buckets", "workers", "counter_kernel", "chunk_first_pass", "worker_timeout"} == free
     other = {"log_steps": 7, "save_steps": 3, "prefetch": False, "token_cache": False, "log_grad_norms": True,
              "num_threads": 1, "device": "cuda", "chunk_size": 4, "devices": 2, "buckets": [16], "workers": 2,
-             "counter_kernel": "fused", "chunk_first_pass": "chunks"}
+             "counter_kernel": "fused", "chunk_first_pass": "chunks", "worker_timeout": 5}
     for key, value in other.items():
         assert fingerprint(dataclasses.replace(base, train=dataclasses.replace(base.train, **{key: value}))) == \
             fingerprint(base), key

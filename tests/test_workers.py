@@ -93,6 +93,27 @@ def test_an_error_in_a_worker_reaches_the_loop_with_the_methods_message(simcse, 
     _no_workers_left()
 
 
+def test_a_hung_worker_stops_the_run_after_worker_timeout_naming_the_key(simcse, tmp_path, monkeypatch):
+    """A worker that hangs building step 1's batches (it sleeps well past the limit) stops the run after
+    ``train.worker_timeout`` seconds with an error naming the key and the step, not never; the hung
+    worker is stopped too."""
+    from sentemb.train.loop import train
+
+    real = simcse.cls.build_batch
+
+    def hung(self, sentences, step=0, **kw):
+        if step == 1:
+            time.sleep(120)
+        return real(self, sentences, step, **kw)
+
+    monkeypatch.setattr(simcse.cls, "build_batch", hung)
+    t0 = time.monotonic()
+    with pytest.raises(SentembError, match=r"train\.worker_timeout: the batches of step 1 .* within 2 s"):
+        train(_cfg(simcse, workers=1, worker_timeout=2), tmp_path / "hung", progress=False)
+    assert time.monotonic() - t0 < 60  # the limit plus the DataLoader's 5 s join of the hung worker, not 120 s
+    _no_workers_left()
+
+
 def test_data_wait_and_dev_evaluation_are_priced(simcse, tmp_path, monkeypatch):
     """train/data_wait in MLflow on every log step; train.json's data_wait_s(_per_step), dev_eval_s,
     dev_evals and dev_eval_share; MLflow's totals at the last step."""

@@ -232,6 +232,14 @@ class TrainSettings:
         "(HF_DEACTIVATE_ASYNC_LOAD=1 in its environment unless set) and runs no tqdm monitor thread "
         "(sentemb.utils.no_thread_churn).",
         minimum=0, weights=False)
+    worker_timeout: float = arg(
+        600,
+        "With workers > 0: the seconds the loop waits for one step's batches from the worker processes before it "
+        "stops with an error naming this key, the step and the workers' process ids (a worker that dies is reported "
+        "at once; this catches one that hangs, which would otherwise hold the job, and its GPU, for good). "
+        "0 - wait without limit. A step's batches take milliseconds to build (PaSeR's, the slowest, about 0.3 s), "
+        "so the default leaves room for a loaded machine.",
+        minimum=0, weights=False)
 
     @classmethod
     def from_dict(cls, values: dict | None, where: str = "train") -> TrainSettings:
@@ -725,7 +733,7 @@ def fingerprint(run: Run | dict) -> str:
 #: fingerprinted with the others in; ``sentemb.train.loop.resume`` accepts that fingerprint too
 LEGACY_WEIGHT_FREE = ("token_cache", "prefetch", "num_threads", "log_grad_norms", "chunk_size", "devices",
                       # weight-free settings added since (issue 36): absent from such a state's settings too
-                      "buckets", "workers")
+                      "buckets", "workers", "chunk_first_pass", "counter_kernel", "worker_timeout")
 
 
 def legacy_fingerprint(run: Run | dict) -> str:

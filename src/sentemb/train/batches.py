@@ -23,7 +23,9 @@ anywhere, ahead of time, and the weights are the same:
   processes, which corrupts PaSeR's synonym look-ups). The workers are shut down by
   ``close`` (``Job.close``: at the end, on an error, on KeyboardInterrupt); an exception in a
   worker's ``build_batch`` is raised in the loop by the step that wants the batch, carrying the
-  method's message and the worker's traceback; a worker that dies is reported by the DataLoader.
+  method's message and the worker's traceback; a worker that dies is reported by the DataLoader, and
+  one that hangs by ``train.worker_timeout`` (the loop waits that long for a step's batches, then
+  stops with an error naming the setting, the step and the workers' pids; the workers are stopped).
   With ``train.devices > 1`` every rank has its own N workers (each rank builds the whole
   micro-batch and encodes its share, ``sentemb.train.distributed``).
 
@@ -178,6 +180,7 @@ class WorkerBatches:
                             num_workers=self.workers, collate_fn=_as_is, pin_memory=self.pin,
                             multiprocessing_context=multiprocessing.get_context("fork"),
                             worker_init_fn=_worker_init, prefetch_factor=2, persistent_workers=False,
+                            timeout=float(self.job.settings.worker_timeout),  # 0: no limit
                             # the workers' base seed drawn from a generator of its own: the loop's
                             # global generator (dropout masks) must not advance when workers start
                             generator=torch.Generator().manual_seed(int(self.job.seed)))
@@ -191,6 +194,19 @@ class WorkerBatches:
             self._start(step)
         try:
             batches = next(self._it)
+        except RuntimeError as e:
+            pids = [getattr(w, "pid", None) for w in getattr(self._it, "_workers", ())]
+            self.close()
+            limit = self.job.settings.worker_timeout
+            if limit and "timed out" in str(e):
+                from .. import SentembError
+
+                raise SentembError(
+                    f"train.worker_timeout: the batches of step {step} did not come from the {self.workers} batch "
+                    f"worker process(es) (pids {', '.join(map(str, pids)) or '?'}) within {limit:g} s; a worker is "
+                    f"hung or far slower than a step's batches should be. Raise train.worker_timeout (0: no "
+                    f"limit), or set train.workers 0 to build batches in the loop's process.") from None
+            raise
         except BaseException:
             self.close()
             raise
