@@ -233,12 +233,13 @@ class TrainSettings:
         "(sentemb.utils.no_thread_churn).",
         minimum=0, weights=False)
     worker_timeout: float = arg(
-        600,
+        300,
         "With workers > 0: the seconds the loop waits for one step's batches from the worker processes before it "
         "stops with an error naming this key, the step and the workers' process ids (a worker that dies is reported "
         "at once; this catches one that hangs, which would otherwise hold the job, and its GPU, for good). "
         "0 - wait without limit. A step's batches take milliseconds to build (PaSeR's, the slowest, about 0.3 s), "
-        "so the default leaves room for a loaded machine.",
+        "so the default leaves room for a loaded machine; it is below NCCL's 10-minute collective timeout, so with "
+        "devices > 1 the hung rank's error, not the other ranks' collective timeout, ends the job.",
         minimum=0, weights=False)
 
     @classmethod
@@ -732,7 +733,8 @@ def fingerprint(run: Run | dict) -> str:
 #: the weight-free train settings before each was declared so (issue 28): a state saved then was
 #: fingerprinted with the others in; ``sentemb.train.loop.resume`` accepts that fingerprint too
 LEGACY_WEIGHT_FREE = ("token_cache", "prefetch", "num_threads", "log_grad_norms", "chunk_size", "devices",
-                      # weight-free settings added since (issue 36): absent from such a state's settings too
+                      # weight-free settings added since (issues 36, 37 and later): absent from such a state's
+                      # settings too; every weight-free key but log_steps, save_steps and device belongs here
                       "buckets", "workers", "chunk_first_pass", "counter_kernel", "worker_timeout")
 
 

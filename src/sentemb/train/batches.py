@@ -198,7 +198,7 @@ class WorkerBatches:
             pids = [getattr(w, "pid", None) for w in getattr(self._it, "_workers", ())]
             self.close()
             limit = self.job.settings.worker_timeout
-            if limit and "timed out" in str(e):
+            if limit and str(e).startswith("DataLoader timed out after"):  # torch's own message, not a worker's
                 from .. import SentembError
 
                 raise SentembError(
