@@ -36,9 +36,18 @@ def test_first_steps_counts_fewer_shapes_with_buckets(tiny_bert_dir, tmp_path):
     assert shapes["[8, 16]"] <= 3 < shapes["none"], shapes
 
 
-def test_dev_eval_rows_time_both_precisions(tiny_bert_dir, tiny_senteval):
+def test_dev_eval_rows_time_both_precisions(tiny_bert_dir, tiny_senteval, monkeypatch):
+    """The rows time the loop's dev embedder (Method.embedder's batch, eval_precision applied by
+    tune_dev_embedder, the dev set tokenized once): the timed call builds no plan."""
+    from sentemb.evaluate.sts import DEV_BATCH
+    from sentemb.model.encoder import Embedder
+
+    plans, real = [], Embedder.plan
+    monkeypatch.setattr(Embedder, "plan", lambda self, uniq: plans.append(len(uniq)) or real(self, uniq))
     rows = hostcheck.dev_eval(tiny_bert_dir, tiny_senteval, "cpu", step_s=0.01, eval_steps=125)
     assert [r[0].split()[3] for r in rows] == ["fp32", "bf16"], rows
+    assert all(f"batch {DEV_BATCH}, tokenized once" in r[0] for r in rows), rows  # on a CPU bf16 keeps the batch
+    assert len(plans) == 2 * 2, plans  # each precision: its first call, for the dev set's two sentence lists
     for what, value, note in rows:
         secs = float(value.split()[0])
         share = float(note.split("; ")[1].split("%")[0])

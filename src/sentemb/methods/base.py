@@ -554,8 +554,10 @@ class Method(nn.Module):
         """What the loop's STS-B dev evaluation encodes sentences with (list[str] -> array), using
         the current weights. Default: the encoder + ``pooler`` (+ ``dev_head``)."""
         # fp32 even on CUDA: model selection should not hinge on bf16 rounding (3,000 sentences: cheap).
+        from ..evaluate.sts import DEV_BATCH
+
         return Embedder(self.encoder, self.tokenizer, "cls_before_pooler" if pooler == "cls" else pooler,
-                        head=self.dev_head(pooler), batch_size=128, device=device, precision="fp32", keep_plan=True)
+                        head=self.dev_head(pooler), batch_size=DEV_BATCH, device=device, precision="fp32", keep_plan=True)
 
     def export(self, out_dir: Path, pooler: str, meta: dict[str, Any]) -> None:
         """Write the trained sentence encoder to ``out_dir`` (HF + sentence-transformers layout).

@@ -158,18 +158,31 @@ def workers(model: Path, corpus: Path, device: str, batch: int, max_len: int, me
 
 
 def dev_eval(model: Path, senteval: Path, device: str, step_s: float | None, eval_steps: int = 125) -> list[Row]:
-    """One STS-B dev evaluation of ``model`` ([CLS] pooling, as the loop's dev embedder) in fp32 and
-    bf16: seconds (second call: the first builds the embedder's padded plan), and with ``step_s`` its
-    share of a run that evaluates every ``eval_steps`` steps of that length."""
+    """One STS-B dev evaluation of ``model`` in fp32 and bf16 by the loop's own dev embedder: [CLS]
+    pooling, ``Method.embedder``'s batch (``DEV_BATCH``) and kept plan (the dev set tokenized once),
+    then ``train.eval_precision`` applied as the loop applies it (``tune_dev_embedder``: bf16 on CUDA
+    in batches of ``DEV_BATCH_CUDA``). Seconds of the second call (the first tokenizes and builds the
+    plan, as the loop's first evaluation does), and with ``step_s`` its share of a run that evaluates
+    every ``eval_steps`` steps of that length. ``sentemb.ops.plan.DEV_EVAL_SECONDS`` was measured by an
+    earlier form of this row, which encoded in batches of 256 in both precisions and tokenized the dev
+    set on every call; the loop does neither."""
     from ..evaluate.senteval import load_task
-    from ..evaluate.sts import embedder_for, stsb_dev
+    from ..evaluate.sts import DEV_BATCH, stsb_dev, tune_dev_embedder
+    from ..model.backbone import load_encoder
+    from ..model.encoder import Embedder
+    from ..utils import resolve_device
 
     rows = []
     try:
         pairs = load_task(senteval, "STSBenchmark", "dev")
+        dev = resolve_device(device)
+        encoder, tokenizer = load_encoder(model, device=dev)
+        encoder.eval()
         for prec in ("fp32", "bf16"):
-            emb = embedder_for(model, "cls_before_pooler", device=device, batch_size=256, precision=prec)
-            stsb_dev(emb, pairs)  # warm-up
+            emb = Embedder(encoder, tokenizer, "cls_before_pooler", batch_size=DEV_BATCH, device=dev, precision="fp32",
+                           keep_plan=True)
+            tune_dev_embedder(emb, prec, dev)
+            stsb_dev(emb, pairs)  # the first evaluation: tokenizes the dev set and keeps the plan
             _sync(device)
             t = time.perf_counter()
             score = stsb_dev(emb, pairs)
@@ -177,7 +190,8 @@ def dev_eval(model: Path, senteval: Path, device: str, step_s: float | None, eva
             secs = time.perf_counter() - t
             share = (f"; {100 * secs / (eval_steps * step_s + secs):.1f}% of a run evaluating every {eval_steps} steps "
                      f"of {1000 * step_s:.0f} ms") if step_s else ""
-            rows.append((f"STS-B dev evaluation {prec} ({Path(model).name}, 3,000 sentences, batch 256)",
+            rows.append((f"STS-B dev evaluation {prec} ({Path(model).name}, 3,000 sentences, batch {emb.batch_size}, "
+                         "tokenized once)",
                          f"{secs:.2f} s", f"Spearman {score:.2f}{share}"))
     except Exception as e:  # noqa: BLE001
         rows.append(("STS-B dev evaluation", f"FAILED: {_first_line(e)}", ""))

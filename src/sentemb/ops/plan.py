@@ -184,6 +184,10 @@ PARAPHRASE_INPUT_LEN = 32  # tokens per source sentence (assumed)
 #: run's ``train.eval_precision``; ``auto`` is bf16 on a GPU): ``sentemb gpu-check --host``,
 #: docs/gpu/h200-2026-11-27.md. A dev evaluation is short and host-bound (its FLOPs at the training
 #: MFU would say 0.28 s in fp32); another encoder takes these times × its forward FLOPs / BERT-base's.
+#: That row encoded in batches of 256 in both precisions and tokenized the dev set on every call; the
+#: loop's dev embedder keeps the tokenized set and encodes fp32 in batches of 128 and bf16 (on CUDA) in
+#: batches of 512. The row now measures the loop's way (``sentemb.ops.hostcheck.dev_eval``); these
+#: constants stand until a GPU reruns it.
 DEV_EVAL_SECONDS = {"fp32": 0.59, "bf16": 0.29}
 DEV_EVAL_REFERENCE = "bert-base-uncased"
 DEV_SHARE_FLAG = 0.10  # flag a training job that spends more than this share of its time in dev evaluation
