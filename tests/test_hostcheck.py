@@ -44,10 +44,14 @@ def test_dev_eval_rows_time_both_precisions(tiny_bert_dir, tiny_senteval, monkey
 
     plans, real = [], Embedder.plan
     monkeypatch.setattr(Embedder, "plan", lambda self, uniq: plans.append(len(uniq)) or real(self, uniq))
+    clock, reads = hostcheck.time.perf_counter, []  # how many plans were built at each read of the clock
+    monkeypatch.setattr(hostcheck.time, "perf_counter", lambda: reads.append(len(plans)) or clock())
     rows = hostcheck.dev_eval(tiny_bert_dir, tiny_senteval, "cpu", step_s=0.01, eval_steps=125)
     assert [r[0].split()[3] for r in rows] == ["fp32", "bf16"], rows
     assert all(f"batch {DEV_BATCH}, tokenized once" in r[0] for r in rows), rows  # on a CPU bf16 keeps the batch
     assert len(plans) == 2 * 2, plans  # each precision: its first call, for the dev set's two sentence lists
+    # the timed calls (between a start and an end read) build none: the plans come before each start
+    assert len(reads) == 4 and reads[0] == reads[1] == 2 and reads[2] == reads[3] == 4, reads
     for what, value, note in rows:
         secs = float(value.split()[0])
         share = float(note.split("; ")[1].split("%")[0])

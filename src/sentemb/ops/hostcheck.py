@@ -163,21 +163,33 @@ def dev_eval(model: Path, senteval: Path, device: str, step_s: float | None, eva
     then ``train.eval_precision`` applied as the loop applies it (``tune_dev_embedder``: bf16 on CUDA
     in batches of ``DEV_BATCH_CUDA``). Seconds of the second call (the first tokenizes and builds the
     plan, as the loop's first evaluation does), and with ``step_s`` its share of a run that evaluates
-    every ``eval_steps`` steps of that length. ``sentemb.ops.plan.DEV_EVAL_SECONDS`` was measured by an
-    earlier form of this row, which encoded in batches of 256 in both precisions and tokenized the dev
-    set on every call; the loop does neither."""
+    every ``eval_steps`` steps of that length. The encoder is loaded as the loop loads it (no NSP
+    pooler), and on CUDA the loop's process-wide settings hold while the rows run (``setup``: TF32
+    matmuls, ``train.attention: auto``'s SDPA kernel), then are put back.
+    ``sentemb.ops.plan.DEV_EVAL_SECONDS`` was measured by an earlier form of this row, which encoded in
+    batches of 256 in both precisions and tokenized the dev set on every call; the loop does neither."""
+    import torch
+
     from ..evaluate.senteval import load_task
     from ..evaluate.sts import DEV_BATCH, stsb_dev, tune_dev_embedder
     from ..model.backbone import load_encoder
     from ..model.encoder import Embedder
+    from ..train.loop import resolve_attention, sdpa_backend
     from ..utils import resolve_device
 
-    rows = []
+    rows, restore = [], []
     try:
         pairs = load_task(senteval, "STSBenchmark", "dev")
         dev = resolve_device(device)
-        encoder, tokenizer = load_encoder(model, device=dev)
+        encoder, tokenizer = load_encoder(model, device=dev, pooling_layer=False)
         encoder.eval()
+        if dev.type == "cuda":
+            before = torch.get_float32_matmul_precision()
+            torch.set_float32_matmul_precision("high")
+            restore.append(lambda: torch.set_float32_matmul_precision(before))
+            undo = sdpa_backend(resolve_attention("auto", dev))
+            if undo is not None:
+                restore.append(undo)
         for prec in ("fp32", "bf16"):
             emb = Embedder(encoder, tokenizer, "cls_before_pooler", batch_size=DEV_BATCH, device=dev, precision="fp32",
                            keep_plan=True)
@@ -195,6 +207,9 @@ def dev_eval(model: Path, senteval: Path, device: str, step_s: float | None, eva
                          f"{secs:.2f} s", f"Spearman {score:.2f}{share}"))
     except Exception as e:  # noqa: BLE001
         rows.append(("STS-B dev evaluation", f"FAILED: {_first_line(e)}", ""))
+    finally:
+        for put_back in reversed(restore):
+            put_back()
     return rows
 
 
