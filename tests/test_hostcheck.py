@@ -39,7 +39,7 @@ def test_first_steps_counts_fewer_shapes_with_buckets(tiny_bert_dir, tmp_path):
 def test_dev_eval_rows_time_both_precisions(tiny_bert_dir, tiny_senteval, monkeypatch):
     """The rows time the loop's dev embedder (Method.embedder's batch, eval_precision applied by
     tune_dev_embedder, the dev set tokenized once): the timed call builds no plan."""
-    from sentemb.evaluate.sts import DEV_BATCH
+    from sentemb.methods.base import DEV_BATCH
     from sentemb.model.encoder import Embedder
 
     plans, real = [], Embedder.plan

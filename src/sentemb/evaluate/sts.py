@@ -194,9 +194,8 @@ def _times100(agg: dict) -> dict:
     return out
 
 
-#: the loop's dev embedder's batch (``Method.embedder``: fp32, the dev set's plan kept)
-DEV_BATCH = 128
-#: dev-evaluation batch on CUDA with a bf16 ``train.eval_precision`` (fp32 keeps the embedder's own, ``DEV_BATCH``)
+#: dev-evaluation batch on CUDA with a bf16 ``train.eval_precision`` (fp32 keeps the embedder's own,
+#: ``sentemb.methods.base.DEV_BATCH``)
 DEV_BATCH_CUDA = 512
 
 

@@ -86,6 +86,10 @@ from .. import SentembError
 from ..config.fields import ArgSpec, arg, build, check_mapping, specs  # noqa: F401  (arg, ArgSpec: public here too)
 from ..model.encoder import EmbedFn, Embedder
 
+#: The batch of the loop's STS-B dev embedder (``Method.embedder``: fp32, the dev set's plan kept;
+#: ``sentemb.evaluate.sts.tune_dev_embedder`` raises it to ``DEV_BATCH_CUDA`` for bf16 on CUDA).
+DEV_BATCH = 128
+
 #: Names a method may list in ``requires(args)``; ``sentemb.config.load.run_inputs`` maps each to a path.
 INPUT_NAMES = ("token_freq", "tfidf", "tfidf_para", "rake", "paraphrases", "nltk", "pretrained")
 
@@ -554,8 +558,6 @@ class Method(nn.Module):
         """What the loop's STS-B dev evaluation encodes sentences with (list[str] -> array), using
         the current weights. Default: the encoder + ``pooler`` (+ ``dev_head``)."""
         # fp32 even on CUDA: model selection should not hinge on bf16 rounding (3,000 sentences: cheap).
-        from ..evaluate.sts import DEV_BATCH
-
         return Embedder(self.encoder, self.tokenizer, "cls_before_pooler" if pooler == "cls" else pooler,
                         head=self.dev_head(pooler), batch_size=DEV_BATCH, device=device, precision="fp32", keep_plan=True)
 

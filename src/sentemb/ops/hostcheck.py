@@ -171,7 +171,8 @@ def dev_eval(model: Path, senteval: Path, device: str, step_s: float | None, eva
     import torch
 
     from ..evaluate.senteval import load_task
-    from ..evaluate.sts import DEV_BATCH, stsb_dev, tune_dev_embedder
+    from ..evaluate.sts import stsb_dev, tune_dev_embedder
+    from ..methods.base import DEV_BATCH
     from ..model.backbone import load_encoder
     from ..model.encoder import Embedder
     from ..train.loop import resolve_attention, sdpa_backend
