@@ -134,3 +134,46 @@ def test_the_real_corpus_under_the_real_tokenizer_gives_the_tokenizers_batches(m
     for max_len in (8, 32):
         for idx in batch_schedule(len(sents), 64, 1, seed=0):
             assert_same(cache.batch(idx, max_len), reference(tok, [sents[i] for i in idx], max_len))
+
+
+@pytest.mark.parametrize("which", ["bert", "roberta"])
+@pytest.mark.parametrize("padding_side", ["right", "left"])
+def test_method_rows_with_repeats_and_cached_lines_equal_one_tokenizer_call(which, padding_side, tiny_bert_dir,
+                                                                           tiny_roberta_dir):
+    """``Method.tokenize_rows``: repeated texts tokenized once, corpus lines read from the cache, the
+    blocks padded together; the reference is one tokenizer call on all the rows. Rows drawn so that
+    the cached block is sometimes the wider and sometimes the narrower, with texts past max_len."""
+    from sentemb.methods import MethodContext, get_method
+    from sentemb.model.backbone import load_encoder
+
+    enc, tok = load_encoder(tiny_bert_dir if which == "bert" else tiny_roberta_dir, pooling_layer=False)
+    tok.padding_side = padding_side
+    sents = corpus_lines()
+    cache = TokenCache.build(sents, tok)
+    other = [" ".join(reversed(s.split())) + " extra words" for s in sents]  # texts that are no corpus line
+    rng = np.random.default_rng(1)
+    wider = set()
+    for max_len in (9, 32):
+        m = get_method("simcse")(enc, tok, {}, MethodContext(max_len=max_len, seed=0, tokens=cache))
+        for _ in range(30):
+            texts, lines = [], []
+            for _ in range(int(rng.integers(1, 12))):
+                kind = rng.integers(3)
+                i = int(rng.integers(len(sents)))
+                if kind == 0:  # a corpus line, known as one
+                    texts.append(sents[i]), lines.append(i)
+                elif kind == 1:  # another text
+                    texts.append(other[i]), lines.append(None)
+                else:  # a repeat of an earlier row, as a corpus line or not
+                    j = int(rng.integers(len(texts))) if texts else 0
+                    texts.append(texts[j] if texts else sents[i]), lines.append(None if texts[:-1] else i)
+            ref = reference(tok, texts, max_len)
+            got = m.tokenize_rows(texts, lines)
+            assert_same({k: got[k] for k in ref}, ref)
+            assert_same({k: m.tokenize_rows(texts)[k] for k in ref}, ref)  # without lines: the tokenizer alone
+            cached = [t for t, line in zip(texts, lines) if line is not None]
+            rest = [t for t, line in zip(texts, lines) if line is None and t not in cached]
+            if cached and rest:
+                wider.add(reference(tok, cached, max_len)["input_ids"].size(1) >
+                          reference(tok, rest, max_len)["input_ids"].size(1))
+    assert wider == {True, False}  # both blocks were the wider one in some draw

@@ -511,6 +511,29 @@ def test_the_grad_norm_benchmark_times_both_variants(tiny_bert_dir, tiny_corpus)
     assert r["off"] > 0 and r["on"] > 0 and r["terms"] == ["contrastive"]
 
 
+def test_the_build_benchmark_times_each_steps_batches_through_the_loops_job(tiny_bert_dir, tiny_corpus, capsys,
+                                                                            monkeypatch):
+    """``sentemb benchmark --build-only``: build_batch of steps 0..steps-1 of the loop's schedule, in
+    order, on the job ``setup`` makes (so with the corpus's token cache), one row per method."""
+    from sentemb.cli import main
+    from sentemb.methods.simcse import SimCSE
+
+    seen = []
+    build = SimCSE.build_batch
+
+    def spy(self, sentences, step=0, *, lines=None, micro=0):
+        seen.append((step, self.ctx.tokens is not None, list(lines)))
+        return build(self, sentences, step, lines=lines, micro=micro)
+
+    monkeypatch.setattr(SimCSE, "build_batch", spy)
+    assert main(["benchmark", "--build-only", "--model", str(tiny_bert_dir), "--corpus", str(tiny_corpus),
+                 "--batch-size", "16", "--steps", "3", "--max-len", "16"]) == 0
+    assert [s for s, _, _ in seen] == [3, 0, 1, 2] and all(cached for _, cached, _ in seen)  # warm-up, then in order
+    assert len({tuple(x) for _, _, x in seen}) == 4  # each step its own sentences
+    row = [x for x in capsys.readouterr().out.splitlines() if x.startswith("simcse ")]
+    assert len(row) == 1 and float(row[0].split()[1]) > 0
+
+
 def test_chunk_size_auto_is_the_whole_batch_on_cpu_and_is_reported(tiny_bert_dir, tiny_corpus, tiny_senteval, tmp_path,
                                                                    caplog):
     """``train.chunk_size: auto`` on CPU: no chunking (host memory is not the bound), said in the log

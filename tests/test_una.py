@@ -179,6 +179,42 @@ def test_span_write_back_keeps_text_and_case():
     assert aug._write(sent, toks, new) == "the cat runs in the city , ( sa sky fast ."
 
 
+QUOTED = ['He said "hi" and \'\'bye\'\' ``ok\'\'.', '"a" "b', "''", "``", 'a " b', "x '' y `` z \"q\"",
+          "It's 5 o'clock (GMT), isn't it?", "Don't  stop\tbelieving ... "]
+
+
+def _nltk_spans(text):
+    from nltk.tokenize import NLTKWordTokenizer
+
+    try:
+        return list(NLTKWordTokenizer().span_tokenize(text))
+    except (ValueError, RuntimeError):
+        return None
+
+
+def test_token_spans_are_nltks_span_tokenize_from_the_tokens_made_once():
+    """The write-back's spans come from the one tokenization (``token_spans``); NLTK's
+    ``span_tokenize`` (which tokenizes again) is the reference, quotes included."""
+    from sentemb.methods.una import token_spans
+    from sentemb.stats.tfidf import word_tokens
+
+    for text in QUOTED + SENTS:
+        assert token_spans(text, word_tokens(text)) == _nltk_spans(text), text
+    assert token_spans("a b", ["a", "c"]) is None  # tokens that are not in the text: no spans
+
+
+@pytest.mark.realdata
+def test_token_spans_on_the_real_corpus(shared):
+    from sentemb.data.corpus import read_corpus
+    from sentemb.methods.una import token_spans
+    from sentemb.stats.tfidf import word_tokens
+
+    lines = read_corpus(shared / "data" / "wiki1m_head.txt")
+    assert sum('"' in x for x in lines) > 100  # the sample has quotes to convert back
+    for text in lines:
+        assert token_spans(text, word_tokens(text)) == _nltk_spans(text), text
+
+
 def test_ablations_random_selection_and_random_replacement(corpus, tfidf):
     import pyarrow.parquet as pq
 
@@ -316,6 +352,33 @@ def test_batch_layout_on_alpha_steps_and_other_steps(tiny_bert_dir, corpus, tfid
             assert 0 < float(batch["replaced"]) <= 1
         else:
             assert len(rows) == 2 * B and int(batch["negatives"]) == 0 and float(batch["replaced"]) == 0
+
+
+@pytest.mark.parametrize("paraphrase,loss", [(False, "symmetric"), (True, "symmetric"), (False, "simcse")])
+def test_batches_are_one_tokenizer_call_on_the_rows_with_or_without_the_token_cache(tiny_bert_dir, corpus, tfidf,
+                                                                                      tfidf_para, paraphrase, loss):
+    """build_batch tokenizes each distinct row once and reads anchors from the corpus's token cache:
+    the reference is the tokenizer called once on all rows, negatives drawn again from np_rng(micro)."""
+    from sentemb.data.corpus import read_corpus
+    from sentemb.data.tokens import TokenCache
+
+    plain = _method(tiny_bert_dir, corpus, tfidf, alpha=2, paraphrase=paraphrase, loss=loss)
+    cached = _method(tiny_bert_dir, corpus, tfidf, alpha=2, paraphrase=paraphrase, loss=loss)
+    lines_all = read_corpus(corpus)
+    cached.ctx.tokens = TokenCache.build(lines_all, cached.tokenizer)
+    para = [" ".join(reversed(x.split())) for x in lines_all]
+    for step in range(4):
+        idx = [(7 * step + 3 * k) % len(lines_all) for k in range(6)]
+        sents = [lines_all[i] for i in idx]
+        rows = [x for i, s in zip(idx, sents) for x in (s, para[i] if paraphrase else s)]
+        if step % 2 == 0:
+            rng = plain.np_rng(step)
+            negs = [plain.augmenter.negative(s, rng)[0] for s in sents]
+            rows += [x for n in negs for x in ((n, n) if loss == "symmetric" else (n,))]
+        ref = plain.tokenizer(rows, padding=True, truncation=True, max_length=32, return_tensors="pt")
+        for m in (plain, cached):
+            got = m.build_batch(sents, step=step, lines=idx, micro=step)
+            assert all(torch.equal(got[k], ref[k]) for k in ref), (step, m is cached)
 
 
 def test_batches_are_deterministic_in_seed_and_micro(tiny_bert_dir, corpus, tfidf):

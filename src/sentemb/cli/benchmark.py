@@ -129,6 +129,27 @@ def _cmd_chunked(args) -> int:
     return 0
 
 
+def _cmd_build_only(args) -> int:
+    import statistics
+
+    from ..ops.benchmark import bench_build
+
+    device, name, _, margs, inputs = _bench_setup(args)
+    methods = args.method or ["simcse"]
+    print(f"model {args.model} (its tokenizer) | corpus {args.corpus} | batch {args.batch_size} | max_len "
+          f"{args.max_len} | {name} | build_batch of optimizer steps 0..{args.steps - 1}, one call each, "
+          "after one warm-up call")
+    print(f"{'method':<10} {'ms/step mean':>13} {'median':>8} {'max':>8} {'slowest step':>13} {'sentences/s':>12}")
+    for m in methods:
+        t = bench_build(args.model, args.corpus, args.batch_size, args.steps, args.max_len, m, margs.get(m), inputs)
+        mean = sum(t) / len(t)
+        print(f"{m:<10} {1000 * mean:>13.2f} {1000 * statistics.median(t):>8.2f} {1000 * max(t):>8.2f} "
+              f"{t.index(max(t)):>13} {args.batch_size / mean:>12.0f}", flush=True)
+    print("(one process: the loop builds a step's batches a step ahead in a thread, or over train.workers "
+          "processes; a mean above the GPU step's time holds the GPU back)")
+    return 0
+
+
 def _cmd_benchmark(args) -> int:
     import torch
 
@@ -136,6 +157,8 @@ def _cmd_benchmark(args) -> int:
 
     # a plug-in's method (--method NAME from a file of one's own), imported before any --method is looked up
     load_method_modules(args.method_module or None, "--method-module")
+    if args.build_only:
+        return _cmd_build_only(args)
     if args.overhead:
         return _cmd_overhead(args)
     if args.grad_norms:
@@ -278,4 +301,7 @@ def register(sub) -> None:
                         "passes per step")
     p.add_argument("--input", action="append", default=[], metavar="NAME=PATH",
                    help="an input a method declares (token_freq, tfidf, rake, paraphrases, nltk, ...)")
+    p.add_argument("--build-only", action="store_true",
+                   help="time only each --method's build_batch (the host work of a step's batches, CPU, no model "
+                        "step) over optimizer steps 0..--steps-1 and print ms per step")
     p.set_defaults(func=_cmd_benchmark)

@@ -427,6 +427,48 @@ class Method(nn.Module):
                                       return_tensors="pt"))
         return self.pad_rows(out)
 
+    def tokenize_rows(self, texts: Sequence[str], lines: Sequence[int | None] | None = None) -> dict[str, torch.Tensor]:
+        """Exactly ``tokenizer(texts, padding=True, truncation=True, max_length=ctx.max_len,
+        return_tensors="pt")`` (before ``pad_rows``), for rows that repeat texts (a dropout view's
+        copy, UNA's negatives twice): each distinct text is tokenized once and its rows gathered. A
+        text whose ``lines[i]`` is its corpus line index (``None``: not a corpus line) is read from
+        the token cache when the loop has one, and the two blocks are padded to the longest row as
+        the one call pads (right-padding tokenizers; a left-padding one tokenizes every text)."""
+        index: dict[str, int] = {}
+        line_of: list[int | None] = []
+        pos = []
+        for i, text in enumerate(texts):
+            j = index.setdefault(text, len(index))
+            if j == len(line_of):
+                line_of.append(None)
+            if lines is not None and lines[i] is not None and line_of[j] is None:
+                line_of[j] = int(lines[i])
+            pos.append(j)
+        uniq = list(index)
+        cache = self.ctx.tokens if getattr(self.tokenizer, "padding_side", "right") != "left" else None
+        cached = [j for j, line in enumerate(line_of) if line is not None] if cache is not None else []
+        rest = [j for j in range(len(uniq)) if cache is None or line_of[j] is None]
+        blocks = []
+        if cached:
+            blocks.append((cached, cache.batch([line_of[j] for j in cached], self.ctx.max_len)))
+        if rest:
+            blocks.append((rest, dict(self.tokenizer([uniq[j] for j in rest], padding=True, truncation=True,
+                                                     max_length=self.ctx.max_len, return_tensors="pt"))))
+        if len(blocks) == 1:
+            whole = blocks[0][1]
+        else:  # rows in the order of `uniq`, padded to the longest of both blocks
+            if set(blocks[0][1]) != set(blocks[1][1]):
+                raise SentembError(f"method '{self.name}': the token cache's keys {sorted(blocks[0][1])} differ "
+                                   f"from the tokenizer's {sorted(blocks[1][1])} (train.token_cache: false)")
+            width = max(int(b["input_ids"].size(1)) for _, b in blocks)
+            where = torch.empty(len(uniq), dtype=torch.int64)
+            where[torch.tensor(cached + rest)] = torch.arange(len(uniq))
+            whole = {k: torch.cat([self.pad_width(k, b[k], width) for _, b in blocks], 0)[where] for k in blocks[1][1]}
+        if pos == list(range(len(uniq))):
+            return whole
+        take = torch.tensor(pos, dtype=torch.int64)
+        return {k: v[take] for k, v in whole.items()}
+
     def pad_width(self, key: str, t: torch.Tensor, width: int) -> torch.Tensor:
         """Tensor ``t`` of batch key ``key`` right-padded along dim 1 to ``width``: ``input_ids`` (and
         keys ending in ``input_ids``) with the tokenizer's pad token, everything else with 0."""

@@ -44,7 +44,8 @@ Open choices (documented, switchable):
   ``exclude_self``).
 * A window whose s-mass is zero (all s = 0 but the term) is sampled uniformly.
 * Bucketed widths (``train.buckets``): all rows (anchors, positives, negatives) are tokenized
-  together and padded to a bucket of the longest (``Method.pad_rows``); padded positions are
+  as one tokenizer call would (``Method.tokenize_rows``: each distinct text once, anchors from the
+  corpus's token cache) and padded to a bucket of the longest (``Method.pad_rows``); padded positions are
   attention 0, so the loss is unchanged (``tests/test_buckets.py``). The number of rows is 2B on
   steps without negatives and 4B (``loss: simcse``: 3B) on the steps with them.
 * An empty paraphrase line means "no paraphrase": the anchor's copy is used and counted
@@ -58,6 +59,7 @@ replaced; 0 on steps without negatives), ``empty_paraphrases``.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -130,6 +132,26 @@ def _match_case(original: str, term: str) -> str:
 
 
 _QUOTES = {"``": '"', "''": '"'}
+_QUOTE_MARKS = re.compile(r"``|'{2}|\"")
+
+
+def token_spans(text: str, raw: list[str]) -> list[tuple[int, int]] | None:
+    """The character spans of ``raw`` = ``NLTKWordTokenizer().tokenize(text)`` in ``text``: what
+    ``NLTKWordTokenizer().span_tokenize(text)`` returns, from tokens already made (span_tokenize
+    tokenizes again; UNA's write-back needs both, nltk/tokenize/destructive.py). As there, the
+    tokenizer's quote tokens (a double quote, two backquotes, two single quotes) are given back the quote marks of the text in
+    order, then ``nltk.tokenize.util.align_tokens`` finds each token after the previous one.
+    ``None`` where the tokens do not align (span_tokenize raises there)."""
+    from nltk.tokenize.util import align_tokens
+
+    tokens = raw
+    if '"' in text or "''" in text:
+        marks = iter(m.group() for m in _QUOTE_MARKS.finditer(text))
+        tokens = [next(marks, tok) if tok in ('"', "``", "''") else tok for tok in raw]
+    try:
+        return align_tokens(tokens, text)
+    except ValueError:
+        return None
 
 
 class UNAAugmenter:
@@ -168,14 +190,10 @@ class UNAAugmenter:
                    meta["n_docs"], **kw)
 
     # -------------------------------------------------------------------------------------------
-    def _spans(self, sentence: str, n: int):
-        from nltk.tokenize import NLTKWordTokenizer
-
-        try:
-            spans = list(NLTKWordTokenizer().span_tokenize(sentence))
-        except (ValueError, LookupError):
-            return None
-        return spans if len(spans) == n else None
+    @staticmethod
+    def _spans(sentence: str, raw: list[str]):
+        spans = token_spans(sentence, raw)
+        return spans if spans is not None and len(spans) == len(raw) else None
 
     def _draw(self, term: str, rng: np.random.Generator) -> str:
         exclude = self.redraw == "exclude_self"
@@ -190,9 +208,10 @@ class UNAAugmenter:
 
     def negative(self, sentence: str, rng: np.random.Generator) -> tuple[str, float]:
         """(UNA negative of ``sentence``, share of its scored terms replaced)."""
-        from ..stats.tfidf import sentence_tfidf, tokenize
+        from ..stats.tfidf import sentence_tfidf, word_tokens
 
-        tokens = tokenize(sentence)
+        raw = word_tokens(sentence)  # tokenized once: the terms (lowercased) and the write-back's spans
+        tokens = [t.lower() for t in raw]
         known = [t for t in tokens if t in self.df]
         if not known:
             return sentence, 0.0
@@ -216,13 +235,18 @@ class UNAAugmenter:
             k = self.rank.get(tokens[i], -1)
             new[i] = self.terms[j + 1 if 0 <= k <= j and len(self.terms) > 1 else j]
         changed = {old for old, t in zip(tokens, new) if old != t}
-        return self._write(sentence, tokens, new), min(1.0, len(changed) / len(uniq))
+        return self._write(sentence, tokens, new, raw), min(1.0, len(changed) / len(uniq))
 
-    def _write(self, sentence: str, tokens: list[str], new: list[str]) -> str:
-        """The negative's text: ``new`` tokens written back (``write_back``)."""
+    def _write(self, sentence: str, tokens: list[str], new: list[str], raw: list[str] | None = None) -> str:
+        """The negative's text: ``new`` tokens written back (``write_back``). ``raw``: the
+        sentence's word tokens in their case (``stats.tfidf.word_tokens``), when already made."""
         if self.write_back == "tokens":
             return " ".join(new)
-        spans = self._spans(sentence, len(tokens))
+        if raw is None:
+            from ..stats.tfidf import word_tokens
+
+            raw = word_tokens(sentence)
+        spans = self._spans(sentence, raw)
         if spans is None:  # tokenizer spans do not align: the code's write-back for this sentence
             return " ".join(new)
         parts, last = [], 0
@@ -369,6 +393,8 @@ class UNA(Method):
         else:
             positives = sentences
         rows = [x for pair in zip(sentences, positives) for x in pair]
+        # a_i is corpus line lines[i] (the token cache); p_i and the negatives are texts of their own
+        row_lines = None if lines is None else [x for i in lines for x in (int(i), None)]
         n_neg, share = 0, 0.0
         if self.has_negatives(step):
             rng = self.np_rng(micro)
@@ -379,8 +405,10 @@ class UNA(Method):
                 negs = [x for n in negs for x in (n, n)]
             rows += negs
             n_neg = len(negs)
-        enc = self.tokenizer(rows, padding=True, truncation=True, max_length=self.ctx.max_len, return_tensors="pt")
-        out = self.pad_rows(dict(enc))  # to a bucket of the longest row (train.buckets)
+            if row_lines is not None:
+                row_lines += [None] * n_neg
+        # = tokenizer(rows, padding=True, ...), each distinct text tokenized once (Method.tokenize_rows)
+        out = self.pad_rows(self.tokenize_rows(rows, row_lines))  # to a bucket of the longest row (train.buckets)
         out.update(negatives=torch.tensor(n_neg, dtype=torch.int64), replaced=torch.tensor(share, dtype=torch.float32),
                    empty_paraphrases=torch.tensor(n_empty, dtype=torch.int64),
                    neg_anchor=torch.arange(len(sentences)).repeat_interleave(n_neg // len(sentences)) if n_neg else

@@ -33,11 +33,18 @@ log = logging.getLogger(__name__)
 TOKENIZER_NAME = "nltk.word_tokenize(preserve_line=True), lowercased"
 
 
-def tokenize(text: str) -> list[str]:
-    """UNA's terms of one sentence: NLTK word tokens, lowercased (no punkt data needed)."""
+def word_tokens(text: str) -> list[str]:
+    """One sentence's NLTK word tokens in their case (``word_tokenize(text, preserve_line=True)``,
+    i.e. ``NLTKWordTokenizer().tokenize(text)``): what :func:`tokenize` lowercases, and what UNA's
+    span write-back aligns to the text (``sentemb.methods.una.token_spans``)."""
     from nltk.tokenize import word_tokenize
 
-    return [t.lower() for t in word_tokenize(text, preserve_line=True)]
+    return word_tokenize(text, preserve_line=True)
+
+
+def tokenize(text: str) -> list[str]:
+    """UNA's terms of one sentence: NLTK word tokens, lowercased (no punkt data needed)."""
+    return [t.lower() for t in word_tokens(text)]
 
 
 def sentence_tfidf(tokens: Sequence[str], df: dict, n_docs: int) -> dict[str, float]:
