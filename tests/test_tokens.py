@@ -164,9 +164,12 @@ def test_method_rows_with_repeats_and_cached_lines_equal_one_tokenizer_call(whic
                     texts.append(sents[i]), lines.append(i)
                 elif kind == 1:  # another text
                     texts.append(other[i]), lines.append(None)
-                else:  # a repeat of an earlier row, as a corpus line or not
-                    j = int(rng.integers(len(texts))) if texts else 0
-                    texts.append(texts[j] if texts else sents[i]), lines.append(None if texts[:-1] else i)
+                elif texts:  # a repeat of an earlier row; a corpus line's repeat with its line or without
+                    j = int(rng.integers(len(texts)))
+                    line = sents.index(texts[j]) if texts[j] in sents and rng.random() < 0.5 else None
+                    texts.append(texts[j]), lines.append(line)
+                else:  # a corpus line first seen without its line (a later repeat may give it)
+                    texts.append(sents[i]), lines.append(None)
             ref = reference(tok, texts, max_len)
             got = m.tokenize_rows(texts, lines)
             assert_same({k: got[k] for k in ref}, ref)
@@ -177,3 +180,10 @@ def test_method_rows_with_repeats_and_cached_lines_equal_one_tokenizer_call(whic
                 wider.add(reference(tok, cached, max_len)["input_ids"].size(1) >
                           reference(tok, rest, max_len)["input_ids"].size(1))
     assert wider == {True, False}  # both blocks were the wider one in some draw
+    tok.truncation_side = "left"  # the cache keeps first tokens: such a tokenizer tokenizes every row
+    m = get_method("simcse")(enc, tok, {}, MethodContext(max_len=9, seed=0, tokens=cache))
+    long = [i for i, x in enumerate(sents) if len(tok(x)["input_ids"]) > 9][:5]
+    assert len(long) == 5
+    ref = reference(tok, [sents[i] for i in long], 9)
+    assert_same({k: m.tokenize_rows([sents[i] for i in long], long)[k] for k in ref}, ref)
+    assert_same({k: m.tokenize([sents[i] for i in long], long)[k] for k in ref}, ref)

@@ -528,10 +528,13 @@ def test_the_build_benchmark_times_each_steps_batches_through_the_loops_job(tiny
     monkeypatch.setattr(SimCSE, "build_batch", spy)
     assert main(["benchmark", "--build-only", "--model", str(tiny_bert_dir), "--corpus", str(tiny_corpus),
                  "--batch-size", "16", "--steps", "3", "--max-len", "16"]) == 0
-    assert [s for s, _, _ in seen] == [3, 0, 1, 2] and all(cached for _, cached, _ in seen)  # warm-up, then in order
-    assert len({tuple(x) for _, _, x in seen}) == 4  # each step its own sentences
+    assert [s for s, _, _ in seen] == [*range(3, 13), 0, 1, 2] and all(cached for _, cached, _ in seen)  # warm-up first
+    assert len({tuple(x) for _, _, x in seen[-3:]}) == 3  # each timed step its own sentences
     row = [x for x in capsys.readouterr().out.splitlines() if x.startswith("simcse ")]
     assert len(row) == 1 and float(row[0].split()[1]) > 0
+    assert main(["benchmark", "--build-only", "--overhead", "--model", str(tiny_bert_dir), "--corpus",
+                 str(tiny_corpus)]) == 2
+    assert "--build-only times build_batch alone; it cannot be combined with --overhead" in capsys.readouterr().err
 
 
 def test_chunk_size_auto_is_the_whole_batch_on_cpu_and_is_reported(tiny_bert_dir, tiny_corpus, tiny_senteval, tmp_path,

@@ -134,11 +134,24 @@ def _cmd_build_only(args) -> int:
 
     from ..ops.benchmark import bench_build
 
-    device, name, _, margs, inputs = _bench_setup(args)
+    import torch
+
+    from ..ops.benchmark import WARM_BUILDS
+
+    other = [flag for flag, on in (("--overhead", args.overhead), ("--grad-norms", args.grad_norms),
+                                   ("--counter-compile", args.counter_compile), ("--chunked", args.chunked),
+                                   ("--compare-st", args.compare_st), ("--unpad", args.unpad),
+                                   ("--senteval", args.senteval), ("--sam-rho", args.sam_rho is not None)) if on]
+    if other:
+        raise SentembError(f"--build-only times build_batch alone; it cannot be combined with {', '.join(other)}")
+    if args.threads:
+        torch.set_num_threads(args.threads)
     methods = args.method or ["simcse"]
+    margs = _method_args(args.method_args, methods)
+    inputs = dict(kv.split("=", 1) for kv in args.input)
     print(f"model {args.model} (its tokenizer) | corpus {args.corpus} | batch {args.batch_size} | max_len "
-          f"{args.max_len} | {name} | build_batch of optimizer steps 0..{args.steps - 1}, one call each, "
-          "after one warm-up call")
+          f"{args.max_len} | cpu x{torch.get_num_threads()} threads | build_batch of optimizer steps "
+          f"0..{args.steps - 1}, one call each, after {WARM_BUILDS} untimed calls")
     print(f"{'method':<10} {'ms/step mean':>13} {'median':>8} {'max':>8} {'slowest step':>13} {'sentences/s':>12}")
     for m in methods:
         t = bench_build(args.model, args.corpus, args.batch_size, args.steps, args.max_len, m, margs.get(m), inputs)
@@ -302,6 +315,7 @@ def register(sub) -> None:
     p.add_argument("--input", action="append", default=[], metavar="NAME=PATH",
                    help="an input a method declares (token_freq, tfidf, rake, paraphrases, nltk, ...)")
     p.add_argument("--build-only", action="store_true",
-                   help="time only each --method's build_batch (the host work of a step's batches, CPU, no model "
-                        "step) over optimizer steps 0..--steps-1 and print ms per step")
+                   help="time only each --method's build_batch (default simcse): the host work of a step's "
+                        "batches, on the CPU, no model step, over optimizer steps 0..--steps-1; prints ms per step "
+                        "(--device, --precision and --warmup do not apply)")
     p.set_defaults(func=_cmd_benchmark)

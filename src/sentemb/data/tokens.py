@@ -15,7 +15,8 @@ That equality is tested on the real corpus for every tokenizer in the repository
 The workflow writes one cache per corpus and backbone (rule ``tokenize``,
 ``results/stats/<corpus>/tokens.<backbone>/``); without one, ``sentemb.train.loop`` tokenizes the corpus
 in memory once at set-up. A method that rewrites sentences (UNA, PaSeR, ArcCSE's triplets)
-tokenizes its own rows in ``build_batch``; the loop still builds
+tokenizes its own rows in ``build_batch`` (UNA through ``Method.tokenize_rows``: its anchors from the
+cache, each other distinct row once); the loop still builds
 those batches one step ahead, in a background thread (``sentemb.train.loop.Prefetcher``).
 """
 

@@ -420,12 +420,19 @@ class Method(nn.Module):
         """``tokenizer(sentences, padding=True, truncation=True, max_length=ctx.max_len)`` as CPU
         tensors; read from the corpus's token cache (no tokenizer call) when the loop has one and
         ``lines`` (the sentences' corpus line indices) are given: the same tensors either way."""
-        if self.ctx.tokens is not None and lines is not None:
+        if self._token_cache() is not None and lines is not None:
             out = self.ctx.tokens.batch(lines, self.ctx.max_len)
         else:
             out = dict(self.tokenizer(list(sentences), padding=True, truncation=True, max_length=self.ctx.max_len,
                                       return_tensors="pt"))
         return self.pad_rows(out)
+
+    def _token_cache(self):
+        """The corpus's token cache where it gives the tokenizer's own rows: ``TokenCache.batch`` keeps
+        a row's first tokens, so a tokenizer that truncates on the left tokenizes every row."""
+        if getattr(self.tokenizer, "truncation_side", "right") != "right":
+            return None
+        return self.ctx.tokens
 
     def tokenize_rows(self, texts: Sequence[str], lines: Sequence[int | None] | None = None) -> dict[str, torch.Tensor]:
         """Exactly ``tokenizer(texts, padding=True, truncation=True, max_length=ctx.max_len,
@@ -433,7 +440,9 @@ class Method(nn.Module):
         copy, UNA's negatives twice): each distinct text is tokenized once and its rows gathered. A
         text whose ``lines[i]`` is its corpus line index (``None``: not a corpus line) is read from
         the token cache when the loop has one, and the two blocks are padded to the longest row as
-        the one call pads (right-padding tokenizers; a left-padding one tokenizes every text)."""
+        the one call pads (right-padding, right-truncating tokenizers; another tokenizes every text)."""
+        if not texts:
+            raise SentembError(f"method '{self.name}': no rows to tokenize")
         index: dict[str, int] = {}
         line_of: list[int | None] = []
         pos = []
@@ -445,7 +454,7 @@ class Method(nn.Module):
                 line_of[j] = int(lines[i])
             pos.append(j)
         uniq = list(index)
-        cache = self.ctx.tokens if getattr(self.tokenizer, "padding_side", "right") != "left" else None
+        cache = self._token_cache() if getattr(self.tokenizer, "padding_side", "right") != "left" else None
         cached = [j for j, line in enumerate(line_of) if line is not None] if cache is not None else []
         rest = [j for j in range(len(uniq)) if cache is None or line_of[j] is None]
         blocks = []
@@ -471,10 +480,15 @@ class Method(nn.Module):
 
     def pad_width(self, key: str, t: torch.Tensor, width: int) -> torch.Tensor:
         """Tensor ``t`` of batch key ``key`` right-padded along dim 1 to ``width``: ``input_ids`` (and
-        keys ending in ``input_ids``) with the tokenizer's pad token, everything else with 0."""
+        keys ending in ``input_ids``) with the tokenizer's pad token, ``token_type_ids`` with its pad
+        segment (``pad_token_type_id``, 0 for BERT), everything else with 0."""
         from ..data.buckets import pad_to
 
-        pad = getattr(self.tokenizer, "pad_token_id", None) if key.endswith("input_ids") else 0
+        pad = 0
+        if key.endswith("input_ids"):
+            pad = getattr(self.tokenizer, "pad_token_id", None)
+        elif key.endswith("token_type_ids"):
+            pad = getattr(self.tokenizer, "pad_token_type_id", 0)
         return pad_to(t, width, pad if pad is not None else 0, dim=1)
 
     def pad_rows(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

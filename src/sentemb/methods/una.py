@@ -141,7 +141,9 @@ def token_spans(text: str, raw: list[str]) -> list[tuple[int, int]] | None:
     tokenizes again; UNA's write-back needs both, nltk/tokenize/destructive.py). As there, the
     tokenizer's quote tokens (a double quote, two backquotes, two single quotes) are given back the quote marks of the text in
     order, then ``nltk.tokenize.util.align_tokens`` finds each token after the previous one.
-    ``None`` where the tokens do not align (span_tokenize raises there)."""
+    ``None`` where the tokens do not align (span_tokenize raises there), and where the text has
+    fewer quote marks than quote tokens a token is aligned as it is (span_tokenize raises there too;
+    no such text is known, and a token that is not in the text gives ``None``)."""
     from nltk.tokenize.util import align_tokens
 
     tokens = raw

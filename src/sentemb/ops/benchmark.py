@@ -97,26 +97,32 @@ def bench_method(model_dir, corpus, batch_size, steps, warmup, device, max_len, 
         return secs, timed_tok, timed_pad, job.method.encoder.config, t_build[0], flops / max(n_pad[0], 1)
 
 
+WARM_BUILDS = 10  # bench_build's untimed builds: UNA's default alpha (5) puts negatives in two of them
+
+
 def bench_build(model_dir, corpus, batch_size, steps, max_len, method="simcse", method_args=None,
                 inputs=None) -> list[float]:
     """Seconds of the method's ``build_batch`` (the host work of a step's batches, done in the
     loop's prefetch thread or ``train.workers`` processes, off the device) for the loop's optimizer
-    steps 0..``steps``−1 of ``corpus``, in order (UNA's negatives on its α-th steps), after one
-    untimed warm-up build (lazy imports, caches). The job is ``sentemb.train.loop.setup``'s on the
-    CPU, so the method reads the corpus's token cache as in training (built in memory here)."""
+    steps 0..``steps``−1 of ``corpus``, in order (UNA's negatives on its α-th steps), after
+    ``WARM_BUILDS`` untimed builds of the steps after them (lazy imports and caches, on every kind of
+    step a schedule of period ≤ ``WARM_BUILDS`` has). The job is ``sentemb.train.loop.setup``'s on
+    the CPU, so the method reads the corpus's token cache as in training (built in memory here)."""
     from ..train.loop import setup
 
     run = _bench_run(model_dir, corpus, batch_size, "cpu", max_len, "fp32", method, 10**9, method_args, inputs,
                      prefetch=False)
     with setup(run, "/nonexistent-benchmark-output") as job:
-        if job.total < steps + 1:
-            raise SentembError(f"--corpus gives {job.total} steps of batch {batch_size}; {steps + 1} are needed")
+        if job.total < steps + WARM_BUILDS:
+            raise SentembError(f"--corpus gives {job.total} steps of batch {batch_size}; {steps + WARM_BUILDS} are "
+                               "needed")
 
         def build(s):
             idx = job.micro[s]
             return job.method.build_batch([job.sentences[i] for i in idx], step=s, lines=idx, micro=s)
 
-        build(steps)  # warm-up, on a batch not timed
+        for s in range(steps, steps + WARM_BUILDS):  # warm-up, on batches not timed
+            build(s)
         times = []
         for s in range(steps):
             t0 = time.perf_counter()

@@ -475,7 +475,8 @@ def _count(run, method_cls, timing: tuple[list[str], int] | None = None) -> Meas
     """Count one step of ``run`` (see ``Counter.measure``); with ``timing`` = (sentences, batch
     size), also time ``build_batch`` on batches of those sentences (the mean of steps 0..3, after one
     untimed warm-up call; line indices are the counting corpus's, whose method inputs, e.g. PaSeR's
-    phrases and UNA's paraphrases, stand in for the real lines')."""
+    phrases and UNA's paraphrases, stand in for the real lines', and whose token cache gives rows
+    read by line: SimCSE's batch and UNA's anchors; UNA's negatives are drawn from the real sentences)."""
     import time
 
     import torch
