@@ -3,6 +3,8 @@ Transformer formula, and the flags."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from conftest import REPO
@@ -327,6 +329,36 @@ def test_shape_count_is_bounded_by_the_buckets_on_real_batches(tmp_path, shared,
         assert prof["shapes"]["main"] == len(real) <= len(buckets) <= 8, (sampler, max_len)
 
 
+def test_batch_building_is_timed_on_the_real_sentences_with_inputs_built_from_them(tmp_path, monkeypatch):
+    """The plan times ``build_batch`` in a job of its own whose corpus is the real sentences and whose
+    method inputs (UNA's paraphrase stand-ins and TF-IDF) are built from them, not from the counting
+    corpus's long synthetic lines; the counted FLOPs stay the counting corpus's."""
+    from sentemb.config.load import resolve_run
+    from sentemb.ops import plan
+
+    real = [f"a short real sentence number {i} ." for i in range(40)]
+    run = {"method": "una", "backbone": "tiny-bert", "seeds": [1], "method_args": {"paraphrase": True},
+           "train": {"batch_size": 8, "max_len": 32, "max_steps": 5, "eval_steps": 10}}
+    config = _minilm_config(tmp_path, run, stats={"paraphrase": {"enabled": True}})
+    r = resolve_run(config, "una", "tiny-bert", 1)
+    timed = []
+    build = plan._build_seconds
+
+    def spy(job_run, cls, batch_size):
+        timed.append((job_run, batch_size))
+        return build(job_run, cls, batch_size)
+
+    monkeypatch.setattr(plan, "_build_seconds", spy)
+    counter = plan.Counter(config, tmp_path / "work")
+    m = counter.measure(r, None, 32, real)
+    (job_run, b), = timed
+    assert b == 8 and m.build_s > 0
+    assert Path(job_run.paths["corpus"]).read_text("utf-8").splitlines() == real
+    para = Path(job_run.paths["inputs"]["paraphrases"]).read_text("utf-8").splitlines()
+    assert para == [" ".join(reversed(x.split())) for x in real]  # the stand-in, at the real lengths
+    assert counter.measure(r, None, 48, real).build_s == m.build_s and len(timed) == 1  # once per shape
+
+
 @pytest.mark.realdata
 @pytest.mark.parametrize("method", ["simcse", "arccse"])
 def test_real_length_pricing_is_the_transformer_formula_at_each_batch_s_padded_width(tmp_path, shared, minilm_dir,
@@ -546,3 +578,15 @@ def test_a_frozen_full_copy_of_the_encoder_is_counted_at_the_real_depth(tmp_path
     lower = sum(p.numel() for n, p in enc.named_parameters() if not n.startswith("encoder.layer.1."))
     assert m.frozen == lower and m.frozen_layer == 0  # embeddings + 1 layer, whatever the depth
     assert encoder_copies(enc, enc) == []
+
+
+@pytest.mark.realdata
+def test_the_sts_corpus_is_made_from_the_mirrors_senteval_data_when_not_prepared(tmp_path, shared):
+    """PaSeR's ``sts-unlabeled`` corpus, not prepared yet, is made for the plan's lengths and batch
+    timing as ``sentemb prepare-sts-corpus`` makes it, into the temporary folder: its 30,840 lines."""
+    from sentemb.ops.plan import STS_UNLABELED_LINES, corpus_text_files
+
+    config = _minilm_config(tmp_path, {"method": "simcse", "backbone": "tiny-bert", "seeds": [1]})
+    (path, what), = corpus_text_files(config, "sts-unlabeled")
+    assert "sts-unlabeled made from" in what and not str(path).startswith(str(tmp_path))
+    assert len(path.read_text("utf-8").splitlines()) == STS_UNLABELED_LINES

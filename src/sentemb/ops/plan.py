@@ -53,7 +53,9 @@ How (issue 20 §3; docs/plan-and-benchmarks.md):
 * **Shapes, batch building.** Per training job the distinct padded widths one epoch meets per encoder
   pass (``shapes``: main, ArcCSE's triplets; what a compiled or graph-captured step recompiles for),
   and the time to build one optimizer step's batches (the method's ``build_batch`` on real sentences,
-  timed on this CPU, over ``train.workers`` processes): flagged where it exceeds the GPU step.
+  with its inputs built from them: PaSeR's RAKE phrases, UNA's TF-IDF and paraphrase stand-ins of
+  their lengths; the backbone's stand-in tokenizer; timed on this CPU, over ``train.workers``
+  processes): flagged where it exceeds the GPU step.
 * Steps: the corpus's lines (``corpus.expected_lines``; the built-in ``sts-unlabeled`` corpus
   ``STS_UNLABELED_LINES``), ``batch_size``, ``epochs`` or ``max_steps``, ``grad_accum``, as
   ``sentemb.train.loop.batch_schedule`` cuts them. STS-B dev evaluations (fp32, ``DEV_SENTENCES``
@@ -92,6 +94,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
+import hashlib
 import json
 import logging
 import math
@@ -196,7 +199,8 @@ MIN_SCHEDULE_BATCHES = 256  # micro-batches drawn from the lengths per job (epoc
 #: BERT WordPiece tokens per whitespace word of wiki1m (measured: all-MiniLM-L6-v2's tokenizer on
 #: shared/data/wiki1m_head.txt, 11,913 lines: 1.333). The last fallback: words x this + 2 specials.
 TOKENS_PER_WORD = 1.333
-BUILD_TIMING_STEPS = 4  # build_batch calls timed per method shape (steps 0..3: UNA's negatives every alpha-th)
+BUILD_TIMING_ROUNDS = 3  # rounds of those steps; the fastest is taken
+BUILD_TIMING_STEPS = 5  # build_batch calls timed per method shape (steps 0..4: UNA's negatives on one, its default alpha)
 
 from .shapes import COUNTING_WORDS as WORDS  # noqa: E402  (each one token of every stand-in tokenizer)
 
@@ -287,6 +291,16 @@ class Counter:
             self.cache[key] = p
         return self.cache[key]
 
+    def sentences_corpus(self, sentences: list[str]) -> Path:
+        """A corpus file of ``sentences`` (real ones, for timing ``build_batch``), one per line."""
+        text = "".join(" ".join(x.split()) + "\n" for x in sentences if x.strip())
+        key = ("sentences", hashlib.sha256(text.encode("utf-8")).hexdigest())
+        if key not in self.cache:
+            p = self.work / f"sentences-{key[1][:12]}.txt"
+            p.write_text(text, "utf-8")
+            self.cache[key] = p
+        return self.cache[key]
+
     def lengths(self, corpus: str, backbone: str) -> "Lengths":
         """The corpus's token lengths under ``backbone``'s tokenizer (``corpus_lengths``), cached."""
         key = ("lengths", corpus, backbone)
@@ -358,7 +372,8 @@ class Counter:
         truncated at ``max_len`` as the run truncates them, the method's own rows (ArcCSE's triplets)
         built from those sentences at their own lengths. With ``timing`` (real sentences), also time
         the method's ``build_batch`` on them at the run's batch size (``Measure.build_s``; cached per
-        method shape and batch size, whatever the width)."""
+        method shape and batch size, whatever the width): a job of its own on a corpus of those
+        sentences, with the method's inputs built from it (``_build_seconds``)."""
         from ..methods import get_method
 
         cls, args, arch, layers, shape = self._shape(run, method_cls)
@@ -382,12 +397,15 @@ class Counter:
         local = dataclasses.replace(run, train=train, method_args=args, tracking={"enabled": False, "uri": None},
                                     paths={"model": str(model), "corpus": str(corpus), "senteval": None,
                                            "inputs": inputs})
-        want_timing = timing is not None and tkey not in self.cache
         t0 = time.perf_counter()
-        m = _count(local, cls, (timing, t.batch_size) if want_timing else None)
+        m = _count(local, cls)
         self.counts.append((cls.__name__, width, time.perf_counter() - t0))
-        if want_timing:
-            self.cache[tkey] = m.build_s
+        if timing is not None and tkey not in self.cache:
+            # on a corpus of the real sentences, with the method's inputs built from it (PaSeR's phrases,
+            # UNA's TF-IDF and paraphrase stand-ins of the real lengths), not the counting corpus's
+            real = self.sentences_corpus(timing)
+            paths = {**local.paths, "corpus": str(real), "inputs": {n: str(self.input(n, real, model)) for n in needed}}
+            self.cache[tkey] = _build_seconds(dataclasses.replace(local, paths=paths), cls, t.batch_size)
         self.cache[key] = m
         _release()
         log.info("counted %s %.40s %s max_len %d width %d: %.3g FLOPs/micro-step at %d layers", cls.__name__, arch,
@@ -471,14 +489,8 @@ def encoder_copies(method, enc) -> list:
     return out
 
 
-def _count(run, method_cls, timing: tuple[list[str], int] | None = None) -> Measure:
-    """Count one step of ``run`` (see ``Counter.measure``); with ``timing`` = (sentences, batch
-    size), also time ``build_batch`` on batches of those sentences (the mean of steps 0..3, after one
-    untimed warm-up call; line indices are the counting corpus's, whose method inputs, e.g. PaSeR's
-    phrases and UNA's paraphrases, stand in for the real lines', and whose token cache gives rows
-    read by line: SimCSE's batch and UNA's anchors; UNA's negatives are drawn from the real sentences)."""
-    import time
-
+def _count(run, method_cls) -> Measure:
+    """Count one step of ``run`` (see ``Counter.measure``)."""
     import torch
 
     from .flops import counted_by_module
@@ -548,21 +560,34 @@ def _count(run, method_cls, timing: tuple[list[str], int] | None = None) -> Meas
         flops_layer = sum(v for k, v in per_module.items() if k in layer_names)
         if not flops_layer:
             raise SentembError(f"sentemb plan: no FLOPs attributed to the encoder's first layer ({sorted(per_module)[:8]})")
-        build_s = None
-        if timing is not None:
-            sentences, b = timing
-            reps = -(-b // max(1, len(sentences)))
-            batch_sents = (list(sentences) * reps)[:b]
-            lines = [i % len(job.sentences) for i in range(b)]
-            job.method.build_batch(batch_sents, step=1, lines=lines, micro=0)  # warm-up (caches, lazy imports)
-            t0 = time.perf_counter()
-            for step in range(BUILD_TIMING_STEPS):
-                job.method.build_batch(batch_sents, step=step, lines=lines, micro=0)
-            build_s = (time.perf_counter() - t0) / BUILD_TIMING_STEPS
         return Measure(layers=len(enc.encoder.layer), flops=flops, flops_layer=flops_layer, act_bytes=total[0],
                        act_layer=in_layer[0], trainable=trainable, frozen=frozen, params_layer=params_layer,
-                       grad_passes=float(calls[0]), nograd_passes=float(calls[1]), build_s=build_s,
-                       frozen_layer=frozen_layer)
+                       grad_passes=float(calls[0]), nograd_passes=float(calls[1]), frozen_layer=frozen_layer)
+
+
+def _build_seconds(run, method_cls, batch_size: int) -> float:
+    """Seconds of the method's ``build_batch`` for one optimizer step of ``batch_size`` sentences:
+    the mean of steps 0..``BUILD_TIMING_STEPS``−1 (UNA's negatives on step 0, one step in its default
+    α), the fastest of ``BUILD_TIMING_ROUNDS`` rounds (a round slowed by something else on this CPU
+    is not the method's cost), after one untimed call (lazy imports, caches), on ``run``'s corpus
+    lines 0, 1, … (repeated when fewer) with their line indices, as the loop gives them (the token
+    cache reads them)."""
+    import time
+
+    from ..train.loop import setup
+
+    with setup(run, "/nonexistent-plan", method_cls) as job:
+        n = len(job.sentences)
+        lines = [i % n for i in range(batch_size)]
+        sentences = [job.sentences[i] for i in lines]
+        job.method.build_batch(sentences, step=1, lines=lines, micro=0)  # warm-up
+        rounds = []
+        for _ in range(BUILD_TIMING_ROUNDS):
+            t0 = time.perf_counter()
+            for step in range(BUILD_TIMING_STEPS):
+                job.method.build_batch(sentences, step=step, lines=lines, micro=0)
+            rounds.append((time.perf_counter() - t0) / BUILD_TIMING_STEPS)
+        return min(rounds)
 
 
 # ---------------------------------------------------------------------------------------- lengths
@@ -605,7 +630,32 @@ def corpus_text_files(config: dict | Config, corpus: str, lengths_from: str | Pa
     if corpus == cfg.corpus.name and cfg.corpus.mirror_path:
         out += [(r / cfg.corpus.mirror_path, "mirrored corpus") for r in roots]
     out += [(r / "data" / f"{corpus}_head.txt", "head sample of the corpus") for r in roots]
+    if corpus == "sts-unlabeled":  # not prepared yet: made as the workflow makes it, from the SentEval data
+        for d in [Path(Layout.of(cfg).eval_data("senteval"))] + [r / "data" / "senteval" for r in roots]:
+            made = _sts_unlabeled_text(d)
+            if made is not None:
+                out.append((made, f"sts-unlabeled made from {d} (sentemb prepare-sts-corpus)"))
+                break
     return [(p, what) for p, what in out if p.is_file()]
+
+
+def _sts_unlabeled_text(senteval_dir: Path) -> Path | None:
+    """The ``sts-unlabeled`` corpus (``sentemb.data.fetch.prepare_sts_corpus``) of ``senteval_dir``,
+    written once to this machine's temporary folder (never the workflow's outputs); None where that
+    folder holds no STS data."""
+    from ..data.fetch import prepare_sts_corpus
+
+    if not (senteval_dir / "STS" / "STSBenchmark").is_dir():
+        return None
+    key = hashlib.sha256(str(senteval_dir.resolve()).encode("utf-8")).hexdigest()[:16]
+    out = Path(tempfile.gettempdir()) / f"sentemb-plan-sts-unlabeled-{key}.txt"
+    if not out.is_file():
+        try:
+            prepare_sts_corpus(senteval_dir, out)
+        except SentembError as e:
+            log.warning("sentemb plan: sts-unlabeled from %s: %s", senteval_dir, e)
+            return None
+    return out
 
 
 def _sample_lines(path: Path, n: int, seed: int = 0) -> tuple[list[str], int]:
