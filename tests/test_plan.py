@@ -333,6 +333,10 @@ def test_batch_building_is_timed_on_the_real_sentences_with_inputs_built_from_th
     """The plan times ``build_batch`` in a job of its own whose corpus is the real sentences and whose
     method inputs (UNA's paraphrase stand-ins and TF-IDF) are built from them, not from the counting
     corpus's long synthetic lines; the counted FLOPs stay the counting corpus's."""
+    import dataclasses
+
+    import pyarrow.parquet as pq
+
     from sentemb.config.load import resolve_run
     from sentemb.ops import plan
 
@@ -356,7 +360,14 @@ def test_batch_building_is_timed_on_the_real_sentences_with_inputs_built_from_th
     assert Path(job_run.paths["corpus"]).read_text("utf-8").splitlines() == real
     para = Path(job_run.paths["inputs"]["paraphrases"]).read_text("utf-8").splitlines()
     assert para == [" ".join(reversed(x.split())) for x in real]  # the stand-in, at the real lengths
+    terms = set(pq.read_table(job_run.paths["inputs"]["tfidf_para"], columns=["term"]).column("term").to_pylist())
+    assert terms == {w for x in real for w in x.split()}  # the TF-IDF of the real words, and of no other
     assert counter.measure(r, None, 48, real).build_s == m.build_s and len(timed) == 1  # once per shape
+    # alpha decides which steps mine negatives: another alpha is timed again, the FLOP count is reused
+    other = dataclasses.replace(r, method_args={**r.method_args, "alpha": 1})
+    n_counts = len(counter.counts)
+    counter.measure(other, None, 32, real)
+    assert len(timed) == 2 and timed[1][0].method_args["alpha"] == 1 and len(counter.counts) == n_counts
 
 
 @pytest.mark.realdata
@@ -581,12 +592,19 @@ def test_a_frozen_full_copy_of_the_encoder_is_counted_at_the_real_depth(tmp_path
 
 
 @pytest.mark.realdata
-def test_the_sts_corpus_is_made_from_the_mirrors_senteval_data_when_not_prepared(tmp_path, shared):
+def test_the_sts_corpus_is_made_from_the_mirrors_senteval_data_when_not_prepared(tmp_path, shared, monkeypatch):
     """PaSeR's ``sts-unlabeled`` corpus, not prepared yet, is made for the plan's lengths and batch
     timing as ``sentemb prepare-sts-corpus`` makes it, into the temporary folder: its 30,840 lines."""
+    import tempfile
+
     from sentemb.ops.plan import STS_UNLABELED_LINES, corpus_text_files
 
     config = _minilm_config(tmp_path, {"method": "simcse", "backbone": "tiny-bert", "seeds": [1]})
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
     (path, what), = corpus_text_files(config, "sts-unlabeled")
-    assert "sts-unlabeled made from" in what and not str(path).startswith(str(tmp_path))
+    assert "sts-unlabeled made from" in what and path.parent == tmp_path / "tmp"
     assert len(path.read_text("utf-8").splitlines()) == STS_UNLABELED_LINES
+    path.write_text("cut short\n", "utf-8")  # a file that is not what its summary says is made again
+    (again, _), = corpus_text_files(config, "sts-unlabeled")
+    assert again == path and len(path.read_text("utf-8").splitlines()) == STS_UNLABELED_LINES

@@ -199,7 +199,7 @@ MIN_SCHEDULE_BATCHES = 256  # micro-batches drawn from the lengths per job (epoc
 #: BERT WordPiece tokens per whitespace word of wiki1m (measured: all-MiniLM-L6-v2's tokenizer on
 #: shared/data/wiki1m_head.txt, 11,913 lines: 1.333). The last fallback: words x this + 2 specials.
 TOKENS_PER_WORD = 1.333
-BUILD_TIMING_ROUNDS = 3  # rounds of those steps; the fastest is taken
+BUILD_TIMING_ROUNDS = 3  # timed rounds of those steps, each on new batches, after one untimed round; the fastest
 BUILD_TIMING_STEPS = 5  # build_batch calls timed per method shape (steps 0..4: UNA's negatives on one, its default alpha)
 
 from .shapes import COUNTING_WORDS as WORDS  # noqa: E402  (each one token of every stand-in tokenizer)
@@ -297,6 +297,7 @@ class Counter:
         key = ("sentences", hashlib.sha256(text.encode("utf-8")).hexdigest())
         if key not in self.cache:
             p = self.work / f"sentences-{key[1][:12]}.txt"
+            p.parent.mkdir(parents=True, exist_ok=True)
             p.write_text(text, "utf-8")
             self.cache[key] = p
         return self.cache[key]
@@ -310,7 +311,8 @@ class Counter:
         return self.cache[key]
 
     def input(self, name: str, corpus: Path, model: Path) -> Path:
-        """Input ``name`` built on the counting corpus (``sentemb.stats.inputs``: its ``build``)."""
+        """Input ``name`` built on ``corpus`` (``sentemb.stats.inputs``: its ``build``): the counting
+        corpus of a width, or the real sentences that batch building is timed on."""
         from ..stats.inputs import build_input, get_input
 
         key = ("input", name, str(corpus), str(model) if get_input(name).per_backbone else "")
@@ -380,37 +382,51 @@ class Counter:
         t = run.train
         width = int(width or t.max_len)
         key = ("measure", *shape, width)
-        tkey = ("build", *shape, t.batch_size)
-        if key in self.cache and (timing is None or tkey in self.cache):
-            m = self.cache[key]
-            return dataclasses.replace(m, build_s=self.cache.get(tkey, m.build_s))
+        # timing depends on every argument (UNA's alpha decides which steps mine negatives; the count's
+        # shape drops such schedule arguments) and on the sentences
+        tkey = None
+        if timing is not None:
+            tkey = ("build", *shape, json.dumps(args, sort_keys=True, default=str), t.batch_size,
+                    str(self.sentences_corpus(timing)))
         model = self.model_dir(arch, layers)
-        corpus = self.corpus(width)
         base = get_method(run.method)
         needed = () if method_cls is not None else base.requires(base.make_args(args))
-        inputs = {n: str(self.input(n, corpus, model)) for n in needed}
         train = dataclasses.replace(t, batch_size=MICRO, grad_accum=1, fuse_micro_batches=1, chunk_size=None, max_steps=1,
                                     epochs=1, model_selection="last",
                                     eval_at_end=False, device="cpu", prefetch=False, save_steps=10**9,
                                     log_steps=10**9, precision=_autocast_name(t.precision), compile=False,
                                     log_grad_norms=False, num_threads=None, buckets=None)  # the width as asked
         local = dataclasses.replace(run, train=train, method_args=args, tracking={"enabled": False, "uri": None},
-                                    paths={"model": str(model), "corpus": str(corpus), "senteval": None,
-                                           "inputs": inputs})
-        t0 = time.perf_counter()
-        m = _count(local, cls)
-        self.counts.append((cls.__name__, width, time.perf_counter() - t0))
-        if timing is not None and tkey not in self.cache:
-            # on a corpus of the real sentences, with the method's inputs built from it (PaSeR's phrases,
-            # UNA's TF-IDF and paraphrase stand-ins of the real lengths), not the counting corpus's
-            real = self.sentences_corpus(timing)
-            paths = {**local.paths, "corpus": str(real), "inputs": {n: str(self.input(n, real, model)) for n in needed}}
-            self.cache[tkey] = _build_seconds(dataclasses.replace(local, paths=paths), cls, t.batch_size)
-        self.cache[key] = m
-        _release()
-        log.info("counted %s %.40s %s max_len %d width %d: %.3g FLOPs/micro-step at %d layers", cls.__name__, arch,
-                 json.dumps(_reduced(run.method, args), default=str)[:60], t.max_len, width, m.flops, layers)
+                                    paths={"model": str(model), "corpus": "", "senteval": None, "inputs": {}})
+        if key not in self.cache:
+            corpus = self.corpus(width)
+            inputs = {n: str(self.input(n, corpus, model)) for n in needed}
+            t0 = time.perf_counter()
+            m = _count(dataclasses.replace(local, paths={**local.paths, "corpus": str(corpus), "inputs": inputs}), cls)
+            self.counts.append((cls.__name__, width, time.perf_counter() - t0))
+            self.cache[key] = m
+            _release()
+            log.info("counted %s %.40s %s max_len %d width %d: %.3g FLOPs/micro-step at %d layers", cls.__name__,
+                     arch, json.dumps(_reduced(run.method, args), default=str)[:60], t.max_len, width, m.flops, layers)
+        if tkey is not None and tkey not in self.cache:
+            self.cache[tkey] = self._time_build(local, cls, needed, model, timing, t.batch_size)
+        m = self.cache[key]
         return dataclasses.replace(m, build_s=self.cache.get(tkey, m.build_s))
+
+    def _time_build(self, local, cls, needed, model: Path, timing: list[str], batch_size: int) -> float | None:
+        """``_build_seconds`` in a job whose corpus is the real sentences ``timing``, with the method's
+        inputs built from it (PaSeR's phrases, UNA's TF-IDF and paraphrase stand-ins of the real
+        lengths), not the counting corpus's. None, said in the log, where it cannot be timed."""
+        real = self.sentences_corpus(timing)
+        if sum(1 for _ in open(real, encoding="utf-8")) < 2:
+            log.warning("sentemb plan: fewer than 2 sentences to time %s's batch building on", cls.__name__)
+            return None
+        try:
+            paths = {**local.paths, "corpus": str(real), "inputs": {n: str(self.input(n, real, model)) for n in needed}}
+            return _build_seconds(dataclasses.replace(local, paths=paths), cls, batch_size)
+        except (SentembError, OSError) as e:
+            log.warning("sentemb plan: %s's batch building not timed: %s", cls.__name__, e)
+            return None
 
 
 @contextlib.contextmanager
@@ -566,26 +582,32 @@ def _count(run, method_cls) -> Measure:
 
 
 def _build_seconds(run, method_cls, batch_size: int) -> float:
-    """Seconds of the method's ``build_batch`` for one optimizer step of ``batch_size`` sentences:
-    the mean of steps 0..``BUILD_TIMING_STEPS``−1 (UNA's negatives on step 0, one step in its default
-    α), the fastest of ``BUILD_TIMING_ROUNDS`` rounds (a round slowed by something else on this CPU
-    is not the method's cost), after one untimed call (lazy imports, caches), on ``run``'s corpus
-    lines 0, 1, … (repeated when fewer) with their line indices, as the loop gives them (the token
-    cache reads them)."""
+    """Seconds of the method's ``build_batch`` for one optimizer step of ``batch_size`` sentences, as
+    the loop calls it: each step a new batch of ``run``'s corpus lines (with their line indices, so
+    the token cache reads them; the lines wrap around when fewer) and its own ``micro``, steps
+    0..``BUILD_TIMING_STEPS``−1 (UNA's negatives on step 0, one step in its default α). One round is
+    built untimed (lazy imports, first caches), then ``BUILD_TIMING_ROUNDS`` rounds, each on new
+    batches, as training meets new words (PaSeR's WordNet look-ups, memoized per word); the fastest
+    round's mean: a round slowed by something else on this CPU, or by caches still cold in a
+    process that has looked up little yet (WordNet's), is not the steady cost of a training job."""
     import time
 
     from ..train.loop import setup
 
     with setup(run, "/nonexistent-plan", method_cls) as job:
         n = len(job.sentences)
-        lines = [i % n for i in range(batch_size)]
-        sentences = [job.sentences[i] for i in lines]
-        job.method.build_batch(sentences, step=1, lines=lines, micro=0)  # warm-up
+
+        def build(k: int, step: int) -> None:  # the k-th batch of the timing, at optimizer step `step`
+            lines = [(k * batch_size + i) % n for i in range(batch_size)]
+            job.method.build_batch([job.sentences[i] for i in lines], step=step, lines=lines, micro=k)
+
+        for s in range(BUILD_TIMING_STEPS):  # warm-up round
+            build(s, s)
         rounds = []
-        for _ in range(BUILD_TIMING_ROUNDS):
+        for r in range(1, BUILD_TIMING_ROUNDS + 1):
             t0 = time.perf_counter()
-            for step in range(BUILD_TIMING_STEPS):
-                job.method.build_batch(sentences, step=step, lines=lines, micro=0)
+            for s in range(BUILD_TIMING_STEPS):
+                build(r * BUILD_TIMING_STEPS + s, s)
             rounds.append((time.perf_counter() - t0) / BUILD_TIMING_STEPS)
         return min(rounds)
 
@@ -630,13 +652,14 @@ def corpus_text_files(config: dict | Config, corpus: str, lengths_from: str | Pa
     if corpus == cfg.corpus.name and cfg.corpus.mirror_path:
         out += [(r / cfg.corpus.mirror_path, "mirrored corpus") for r in roots]
     out += [(r / "data" / f"{corpus}_head.txt", "head sample of the corpus") for r in roots]
-    if corpus == "sts-unlabeled":  # not prepared yet: made as the workflow makes it, from the SentEval data
-        for d in [Path(Layout.of(cfg).eval_data("senteval"))] + [r / "data" / "senteval" for r in roots]:
+    out = [(p, what) for p, what in out if p.is_file()]
+    if corpus == "sts-unlabeled" and not out:  # not prepared yet: made as the workflow makes it, from SentEval's data
+        for d in [Path(Layout.of(cfg).eval_data("senteval"))] + [r / cfg.senteval.mirror_path for r in roots]:
             made = _sts_unlabeled_text(d)
             if made is not None:
                 out.append((made, f"sts-unlabeled made from {d} (sentemb prepare-sts-corpus)"))
                 break
-    return [(p, what) for p, what in out if p.is_file()]
+    return out
 
 
 def _sts_unlabeled_text(senteval_dir: Path) -> Path | None:
@@ -649,10 +672,16 @@ def _sts_unlabeled_text(senteval_dir: Path) -> Path | None:
         return None
     key = hashlib.sha256(str(senteval_dir.resolve()).encode("utf-8")).hexdigest()[:16]
     out = Path(tempfile.gettempdir()) / f"sentemb-plan-sts-unlabeled-{key}.txt"
-    if not out.is_file():
+    try:  # made again unless its summary (written last) gives its line count
+        summary = json.loads(Path(f"{out}.json").read_text("utf-8"))
+        with open(out, encoding="utf-8") as f:
+            fresh = summary.get("sentences") == sum(1 for _ in f)
+    except (OSError, ValueError):
+        fresh = False
+    if not fresh:
         try:
             prepare_sts_corpus(senteval_dir, out)
-        except SentembError as e:
+        except (SentembError, OSError) as e:
             log.warning("sentemb plan: sts-unlabeled from %s: %s", senteval_dir, e)
             return None
     return out
@@ -941,11 +970,12 @@ def fitted_measures(counter: "Counter", run, widths, method_cls=None, timing: li
     arch = backbone_architecture(counter.config, run.backbone)
     t = run.train
     out: dict[int, Measure] = {}
-    first = [timing]
+    first, build_s = [timing], [None]
 
-    def measure(w: int) -> Measure:
+    def measure(w: int) -> Measure:  # batch building is timed once, whatever the width
         m = counter.measure(run, method_cls, w, first[0])
-        first[0] = None
+        if first[0] is not None:
+            first[0], build_s[0] = None, m.build_s
         return m
 
     segs = width_segments(run, arch)
@@ -965,7 +995,7 @@ def fitted_measures(counter: "Counter", run, widths, method_cls=None, timing: li
         top = ms[max(pts)]
         for w in group:
             out[w] = dataclasses.replace(top, **{f: float(a + b * w + c * w * w) for f, (a, b, c) in fits.items()})
-    return {int(w): out[min(int(w), cap)] for w in widths}
+    return {int(w): dataclasses.replace(out[min(int(w), cap)], build_s=build_s[0]) for w in widths}
 
 
 def job_measures(counter: "Counter", run, profile: dict, method_cls=None, timing: list | None = None) -> dict[int, Measure]:
