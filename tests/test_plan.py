@@ -370,6 +370,31 @@ def test_batch_building_is_timed_on_the_real_sentences_with_inputs_built_from_th
     assert len(timed) == 2 and timed[1][0].method_args["alpha"] == 1 and len(counter.counts) == n_counts
 
 
+def test_una_is_priced_as_its_steps_with_and_without_negatives_mixed_by_alpha(tmp_path):
+    """UNA mines negatives on one step in alpha: its step's FLOPs and time are 1/alpha of a step with
+    negatives (priced alone: alpha 1) and the rest of one without (``negatives: false``), each of
+    those priced as a run of its own; memory is the step with negatives'."""
+    from sentemb.config.load import resolve_run
+    from sentemb.ops.plan import Counter, _priced_row
+
+    text = tmp_path / "lines.txt"
+    text.write_text("".join(f"a real sentence with words {i} and {i + 1} .\n" for i in range(60)), "utf-8")
+
+    def row(**args):
+        run = {"method": "una", "backbone": "tiny-bert", "seeds": [1], "method_args": args,
+               "train": {"batch_size": 8, "max_len": 32, "max_steps": 20, "eval_steps": 10**6}}
+        config = _minilm_config(tmp_path, run)
+        r = resolve_run(config, "una", "tiny-bert", 1)
+        return _priced_row(Counter(config, tmp_path / "work", text), "train", "una", r, config, "H100", None, 1.5,
+                           {"cpus": 8})
+
+    mixed, every, none = row(alpha=5), row(alpha=1), row(negatives=False)
+    assert none.flops_step < every.flops_step  # a step with negatives encodes twice the rows
+    assert mixed.flops_step == pytest.approx(0.2 * every.flops_step + 0.8 * none.flops_step, rel=1e-9)
+    assert mixed.step_s == pytest.approx(0.2 * every.step_s + 0.8 * none.step_s, rel=1e-9)
+    assert mixed.mem_gb == pytest.approx(every.mem_gb, rel=1e-9) and mixed.mem_gb > none.mem_gb
+
+
 @pytest.mark.realdata
 @pytest.mark.parametrize("method", ["simcse", "arccse"])
 def test_real_length_pricing_is_the_transformer_formula_at_each_batch_s_padded_width(tmp_path, shared, minilm_dir,

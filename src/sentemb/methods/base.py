@@ -385,6 +385,14 @@ class Method(nn.Module):
         return ()
 
     @classmethod
+    def step_kinds(cls, args) -> list[tuple[float, dict[str, Any]]]:
+        """The kinds of optimizer step a run with ``args`` (an ``Args``) takes, for ``sentemb plan``:
+        (share of the steps, argument overrides under which the first step is of that kind), the
+        first kind with no overrides and the most work. Default: every step is like the first. UNA:
+        negatives on one step in α."""
+        return [(1.0, {})]
+
+    @classmethod
     def pooler_for(cls, args) -> str:
         """The evaluation pooler of a model trained with ``args`` (an ``Args``; known before training)."""
         return cls.eval_pooler

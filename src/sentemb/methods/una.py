@@ -336,6 +336,14 @@ class UNA(Method):
     contract_args = {"paraphrase": True, "radius": 8, "alpha": 2}  # negatives on steps 0 and 2 of 4
 
     @classmethod
+    def step_kinds(cls, args):
+        """Negatives join the batch on one step in α (step 0 among them); the other steps are those
+        of ``negatives: false`` (2B rows)."""
+        if not args.negatives or args.alpha <= 1:
+            return [(1.0, {})]
+        return [(1.0 / args.alpha, {}), (1.0 - 1.0 / args.alpha, {"negatives": False})]
+
+    @classmethod
     def requires(cls, args):
         if not args.negatives:
             return ("paraphrases",) if args.paraphrase else ()

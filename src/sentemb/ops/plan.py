@@ -223,6 +223,10 @@ class Measure:
     nograd_passes: float = 0.0
     build_s: float | None = None  # seconds of the method's build_batch at the run's batch size (this CPU)
     frozen_layer: int = 0  # frozen parameters per encoder layer (a frozen full copy's: ESimCSE's momentum encoder)
+    #: where a run's steps differ (``Method.step_kinds``: UNA's negatives on one step in alpha): (share of
+    #: the steps, that kind's Measure); the time and FLOPs of a step are their mix, memory this one's (the
+    #: first kind, the most work)
+    kinds: list | None = None
 
     def at(self, layers: int) -> dict:
         d = layers - self.layers
@@ -999,6 +1003,31 @@ def fitted_measures(counter: "Counter", run, widths, method_cls=None, timing: li
 
 
 def job_measures(counter: "Counter", run, profile: dict, method_cls=None, timing: list | None = None) -> dict[int, Measure]:
+    """Counted width -> the Measure of one micro-batch at that width (``_one_kind_measures``), with
+    the kinds of step the method takes (``Method.step_kinds``; UNA's steps with and without negatives)
+    each counted and attached (``Measure.kinds``) where there are several. Batch building is timed on
+    the run itself (all its kinds of step)."""
+    from ..methods import get_method
+
+    kinds = [(1.0, {})]
+    if method_cls is None:
+        cls = get_method(run.method)
+        kinds = cls.step_kinds(cls.make_args(run.method_args))
+    main = _one_kind_measures(counter, run, profile, method_cls, timing)
+    if len(kinds) == 1:
+        return main
+    if kinds[0][1]:
+        raise SentembError(f"sentemb plan: {run.method}.step_kinds: the first kind must have no overrides")
+    others = [(share, _one_kind_measures(counter, dataclasses.replace(run, method_args={**run.method_args, **over}),
+                                         profile, None, None)) for share, over in kinds[1:]]
+    out = {}
+    for w, m in main.items():
+        out[w] = dataclasses.replace(m, kinds=[(kinds[0][0], m)] + [(share, o[w]) for share, o in others])
+    return out
+
+
+def _one_kind_measures(counter: "Counter", run, profile: dict, method_cls=None,
+                       timing: list | None = None) -> dict[int, Measure]:
     """Counted width -> the Measure of one micro-batch at that width (``fitted_measures``). ArcCSE
     with triplets is priced in two variants, every sentence forming a triplet (``min_words`` 1)
     and none (``triplet: false``), each fitted in the width, mixed per width by its
@@ -1072,18 +1101,18 @@ def _train_row(kind, label, run, m: Measure, encode: float, config: dict | Confi
     peak = _peak(gpu)
     flops_step, per_gpu = 0.0, 0.0
     for w, frac in shares.items():
-        mw = measures[w]
-        f = mw.at(layers)["flops"] * scale * t.grad_accum * extra
-        if chunk is not None:  # per chunk the grad passes; the in-batch terms' no-grad forward once or per chunk
-            n = -(-share // chunk)
-            first = (1 if whole_first else n) / 3 if cls.has_batch_terms else 0.0
-            passes = n * mw.grad_passes + first
-        else:
-            passes = mw.grad_passes + mw.nograd_passes / 3
-        flops_step += frac * f
-        per_gpu += frac * step_seconds(f / t.devices, layers, passes * t.grad_accum / fuse, peak, mfu, t.graphs, fused,
-                                       width, chunked=chunk is not None, counter=t.dropout_rng == "counter",
-                                       attention=t.attention)
+        for part, mw in measures[w].kinds or [(1.0, measures[w])]:  # the kinds of step (UNA's negatives), mixed
+            f = mw.at(layers)["flops"] * scale * t.grad_accum * extra
+            if chunk is not None:  # per chunk the grad passes; the in-batch terms' no-grad forward once or per chunk
+                n = -(-share // chunk)
+                first = (1 if whole_first else n) / 3 if cls.has_batch_terms else 0.0
+                passes = n * mw.grad_passes + first
+            else:
+                passes = mw.grad_passes + mw.nograd_passes / 3
+            flops_step += frac * part * f
+            per_gpu += frac * part * step_seconds(f / t.devices, layers, passes * t.grad_accum / fuse, peak, mfu,
+                                                  t.graphs, fused, width, chunked=chunk is not None,
+                                                  counter=t.dropout_rng == "counter", attention=t.attention)
     eval_flops = evals * DEV_SENTENCES * encode
     if dev_eval_s is not None:  # measured seconds per evaluation (DEV_EVAL_SECONDS), scaled by the encoder
         eval_hours = evals * dev_eval_s / 3600
