@@ -348,9 +348,9 @@ def test_batch_building_is_timed_on_the_real_sentences_with_inputs_built_from_th
     timed = []
     build = plan._build_seconds
 
-    def spy(job_run, cls, batch_size):
+    def spy(job_run, cls, batch_size, steps):
         timed.append((job_run, batch_size))
-        return build(job_run, cls, batch_size)
+        return build(job_run, cls, batch_size, steps)
 
     monkeypatch.setattr(plan, "_build_seconds", spy)
     counter = plan.Counter(config, tmp_path / "work")
@@ -374,8 +374,10 @@ def test_una_is_priced_as_its_steps_with_and_without_negatives_mixed_by_alpha(tm
     """UNA mines negatives on one step in alpha: its step's FLOPs and time are 1/alpha of a step with
     negatives (priced alone: alpha 1) and the rest of one without (``negatives: false``), each of
     those priced as a run of its own; memory is the step with negatives'."""
+    import dataclasses
+
     from sentemb.config.load import resolve_run
-    from sentemb.ops.plan import Counter, _priced_row
+    from sentemb.ops.plan import Counter, _priced_row, build_timing_steps
 
     text = tmp_path / "lines.txt"
     text.write_text("".join(f"a real sentence with words {i} and {i + 1} .\n" for i in range(60)), "utf-8")
@@ -385,13 +387,18 @@ def test_una_is_priced_as_its_steps_with_and_without_negatives_mixed_by_alpha(tm
                "train": {"batch_size": 8, "max_len": 32, "max_steps": 20, "eval_steps": 10**6}}
         config = _minilm_config(tmp_path, run)
         r = resolve_run(config, "una", "tiny-bert", 1)
-        return _priced_row(Counter(config, tmp_path / "work", text), "train", "una", r, config, "H100", None, 1.5,
-                           {"cpus": 8})
+        # an MFU so low that every step is priced at its compute, not at the host floor, so times differ
+        return _priced_row(Counter(config, tmp_path / "work", text), "train", "una", r, config, "H100", 1e-6, 1.5,
+                           {"cpus": 8}), r
 
-    mixed, every, none = row(alpha=5), row(alpha=1), row(negatives=False)
-    assert none.flops_step < every.flops_step  # a step with negatives encodes twice the rows
+    (mixed, r5), (every, r1), (none, r0) = row(alpha=5), row(alpha=1), row(negatives=False)
+    assert none.flops_step < every.flops_step and none.step_s < every.step_s  # negatives: twice the rows
     assert mixed.flops_step == pytest.approx(0.2 * every.flops_step + 0.8 * none.flops_step, rel=1e-9)
     assert mixed.step_s == pytest.approx(0.2 * every.step_s + 0.8 * none.step_s, rel=1e-9)
+    # batch building is timed over whole periods of the schedule: one step in alpha with negatives
+    assert [build_timing_steps(x) for x in (r5, r1, r0)] == [5, 5, 5]
+    assert [build_timing_steps(dataclasses.replace(r5, method_args={**r5.method_args, "alpha": a}))
+            for a in (2, 3, 7, 9)] == [6, 6, 7, 9]
     assert mixed.mem_gb == pytest.approx(every.mem_gb, rel=1e-9) and mixed.mem_gb > none.mem_gb
 
 

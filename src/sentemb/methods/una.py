@@ -337,8 +337,8 @@ class UNA(Method):
 
     @classmethod
     def step_kinds(cls, args):
-        """Negatives join the batch on one step in α (step 0 among them); the other steps are those
-        of ``negatives: false`` (2B rows)."""
+        """Negatives join the batch on one step in α (step 0 among them; of a run's T steps exactly
+        ⌈T/α⌉, 1/α up to the last step); the other steps are those of ``negatives: false`` (2B rows)."""
         if not args.negatives or args.alpha <= 1:
             return [(1.0, {})]
         return [(1.0 / args.alpha, {}), (1.0 - 1.0 / args.alpha, {"negatives": False})]

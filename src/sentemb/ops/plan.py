@@ -200,7 +200,7 @@ MIN_SCHEDULE_BATCHES = 256  # micro-batches drawn from the lengths per job (epoc
 #: shared/data/wiki1m_head.txt, 11,913 lines: 1.333). The last fallback: words x this + 2 specials.
 TOKENS_PER_WORD = 1.333
 BUILD_TIMING_ROUNDS = 3  # timed rounds of those steps, each on new batches, after one untimed round; the fastest
-BUILD_TIMING_STEPS = 5  # build_batch calls timed per method shape (steps 0..4: UNA's negatives on one, its default alpha)
+BUILD_TIMING_STEPS = 5  # build_batch calls per timing round at least (build_timing_steps: a whole number of UNA's alpha)
 
 from .shapes import COUNTING_WORDS as WORDS  # noqa: E402  (each one token of every stand-in tokenizer)
 
@@ -413,11 +413,13 @@ class Counter:
             log.info("counted %s %.40s %s max_len %d width %d: %.3g FLOPs/micro-step at %d layers", cls.__name__,
                      arch, json.dumps(_reduced(run.method, args), default=str)[:60], t.max_len, width, m.flops, layers)
         if tkey is not None and tkey not in self.cache:
-            self.cache[tkey] = self._time_build(local, cls, needed, model, timing, t.batch_size)
+            self.cache[tkey] = self._time_build(local, cls, needed, model, timing, t.batch_size,
+                                                build_timing_steps(run, method_cls))
         m = self.cache[key]
         return dataclasses.replace(m, build_s=self.cache.get(tkey, m.build_s))
 
-    def _time_build(self, local, cls, needed, model: Path, timing: list[str], batch_size: int) -> float | None:
+    def _time_build(self, local, cls, needed, model: Path, timing: list[str], batch_size: int,
+                    steps: int = BUILD_TIMING_STEPS) -> float | None:
         """``_build_seconds`` in a job whose corpus is the real sentences ``timing``, with the method's
         inputs built from it (PaSeR's phrases, UNA's TF-IDF and paraphrase stand-ins of the real
         lengths), not the counting corpus's. None, said in the log, where it cannot be timed."""
@@ -427,7 +429,7 @@ class Counter:
             return None
         try:
             paths = {**local.paths, "corpus": str(real), "inputs": {n: str(self.input(n, real, model)) for n in needed}}
-            return _build_seconds(dataclasses.replace(local, paths=paths), cls, batch_size)
+            return _build_seconds(dataclasses.replace(local, paths=paths), cls, batch_size, steps)
         except (SentembError, OSError) as e:
             log.warning("sentemb plan: %s's batch building not timed: %s", cls.__name__, e)
             return None
@@ -585,11 +587,11 @@ def _count(run, method_cls) -> Measure:
                        grad_passes=float(calls[0]), nograd_passes=float(calls[1]), frozen_layer=frozen_layer)
 
 
-def _build_seconds(run, method_cls, batch_size: int) -> float:
+def _build_seconds(run, method_cls, batch_size: int, steps: int = BUILD_TIMING_STEPS) -> float:
     """Seconds of the method's ``build_batch`` for one optimizer step of ``batch_size`` sentences, as
     the loop calls it: each step a new batch of ``run``'s corpus lines (with their line indices, so
     the token cache reads them; the lines wrap around when fewer) and its own ``micro``, steps
-    0..``BUILD_TIMING_STEPS``−1 (UNA's negatives on step 0, one step in its default α). One round is
+    0..``steps``−1 (``build_timing_steps``: UNA's negatives on one step in α). One round is
     built untimed (lazy imports, first caches), then ``BUILD_TIMING_ROUNDS`` rounds, each on new
     batches, as training meets new words (PaSeR's WordNet look-ups, memoized per word); the fastest
     round's mean: a round slowed by something else on this CPU, or by caches still cold in a
@@ -605,14 +607,14 @@ def _build_seconds(run, method_cls, batch_size: int) -> float:
             lines = [(k * batch_size + i) % n for i in range(batch_size)]
             job.method.build_batch([job.sentences[i] for i in lines], step=step, lines=lines, micro=k)
 
-        for s in range(BUILD_TIMING_STEPS):  # warm-up round
+        for s in range(steps):  # warm-up round
             build(s, s)
         rounds = []
         for r in range(1, BUILD_TIMING_ROUNDS + 1):
             t0 = time.perf_counter()
-            for s in range(BUILD_TIMING_STEPS):
-                build(r * BUILD_TIMING_STEPS + s, s)
-            rounds.append((time.perf_counter() - t0) / BUILD_TIMING_STEPS)
+            for s in range(steps):
+                build(r * steps + s, s)
+            rounds.append((time.perf_counter() - t0) / steps)
         return min(rounds)
 
 
@@ -1007,23 +1009,40 @@ def job_measures(counter: "Counter", run, profile: dict, method_cls=None, timing
     the kinds of step the method takes (``Method.step_kinds``; UNA's steps with and without negatives)
     each counted and attached (``Measure.kinds``) where there are several. Batch building is timed on
     the run itself (all its kinds of step)."""
-    from ..methods import get_method
-
-    kinds = [(1.0, {})]
-    if method_cls is None:
-        cls = get_method(run.method)
-        kinds = cls.step_kinds(cls.make_args(run.method_args))
+    kinds = step_kinds(run, method_cls)
+    if kinds[0][1] or abs(sum(share for share, _ in kinds) - 1) > 1e-9:
+        raise SentembError(f"sentemb plan: {run.method}.step_kinds: the first kind has no overrides and the shares "
+                           f"sum to 1 ({kinds})")
     main = _one_kind_measures(counter, run, profile, method_cls, timing)
     if len(kinds) == 1:
         return main
-    if kinds[0][1]:
-        raise SentembError(f"sentemb plan: {run.method}.step_kinds: the first kind must have no overrides")
     others = [(share, _one_kind_measures(counter, dataclasses.replace(run, method_args={**run.method_args, **over}),
                                          profile, None, None)) for share, over in kinds[1:]]
     out = {}
     for w, m in main.items():
-        out[w] = dataclasses.replace(m, kinds=[(kinds[0][0], m)] + [(share, o[w]) for share, o in others])
+        parts = [(kinds[0][0], m)] + [(share, o[w]) for share, o in others]
+        # memory is the kind that holds the most activations (the step with negatives); batch building the run's
+        top = max((x for _, x in parts), key=lambda x: x.act_bytes)
+        out[w] = dataclasses.replace(top, kinds=parts, build_s=m.build_s)
     return out
+
+
+def step_kinds(run, method_cls=None) -> list[tuple[float, dict]]:
+    """The run's kinds of optimizer step (``Method.step_kinds``); one for a pretraining stage."""
+    from ..methods import get_method
+
+    if method_cls is not None:
+        return [(1.0, {})]
+    cls = get_method(run.method)
+    return cls.step_kinds(cls.make_args(run.method_args))
+
+
+def build_timing_steps(run, method_cls=None) -> int:
+    """Optimizer steps per timing round: at least ``BUILD_TIMING_STEPS`` and a whole number of the
+    schedule's period (UNA: α steps, one with negatives), so that each kind of step is timed in its share."""
+    share = step_kinds(run, method_cls)[0][0]
+    period = max(1, round(1 / share)) if share < 1 else 1
+    return period * -(-BUILD_TIMING_STEPS // period)
 
 
 def _one_kind_measures(counter: "Counter", run, profile: dict, method_cls=None,
