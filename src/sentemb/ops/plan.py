@@ -225,7 +225,7 @@ class Measure:
     frozen_layer: int = 0  # frozen parameters per encoder layer (a frozen full copy's: ESimCSE's momentum encoder)
     #: where a run's steps differ (``Method.step_kinds``: UNA's negatives on one step in alpha): (share of
     #: the steps, that kind's Measure); the time and FLOPs of a step are their mix, memory this one's (the
-    #: first kind, the most work)
+    #: kind with the most activations: UNA's step with negatives)
     kinds: list | None = None
 
     def at(self, layers: int) -> dict:
@@ -424,7 +424,9 @@ class Counter:
         inputs built from it (PaSeR's phrases, UNA's TF-IDF and paraphrase stand-ins of the real
         lengths), not the counting corpus's. None, said in the log, where it cannot be timed."""
         real = self.sentences_corpus(timing)
-        if sum(1 for _ in open(real, encoding="utf-8")) < 2:
+        with open(real, encoding="utf-8") as f:
+            lines = sum(1 for _ in f)
+        if lines < 2:
             log.warning("sentemb plan: fewer than 2 sentences to time %s's batch building on", cls.__name__)
             return None
         try:
