@@ -132,11 +132,9 @@ def _cmd_chunked(args) -> int:
 def _cmd_build_only(args) -> int:
     import statistics
 
-    from ..ops.benchmark import bench_build
-
     import torch
 
-    from ..ops.benchmark import WARM_BUILDS
+    from ..ops.benchmark import WARM_BUILDS, bench_build
 
     other = [flag for flag, on in (("--overhead", args.overhead), ("--grad-norms", args.grad_norms),
                                    ("--counter-compile", args.counter_compile), ("--chunked", args.chunked),
@@ -144,11 +142,7 @@ def _cmd_build_only(args) -> int:
                                    ("--senteval", args.senteval), ("--sam-rho", args.sam_rho is not None)) if on]
     if other:
         raise SentembError(f"--build-only times build_batch alone; it cannot be combined with {', '.join(other)}")
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    methods = args.method or ["simcse"]
-    margs = _method_args(args.method_args, methods)
-    inputs = dict(kv.split("=", 1) for kv in args.input)
+    _, _, methods, margs, inputs = _bench_setup(args)  # threads, methods (default simcse), their args and inputs
     print(f"model {args.model} (its tokenizer) | corpus {args.corpus} | batch {args.batch_size} | max_len "
           f"{args.max_len} | cpu x{torch.get_num_threads()} threads | build_batch of optimizer steps "
           f"0..{args.steps - 1}, one call each, after {WARM_BUILDS} untimed calls")
