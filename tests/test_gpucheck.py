@@ -23,7 +23,7 @@ def test_the_same_checks_run_on_the_cpu(shared, tmp_path):
     out = tmp_path / "table.md"
     p = subprocess.run([sys.executable, "-m", "sentemb", "gpu-check", "--cpu", "--shared", str(shared), "--corpus",
                         str(corpus), "--batch-size", "8", "--steps", "1", "--warmup", "1", "--no-dag",
-                        "--sts-tasks", "STSBenchmark", "--output", str(out),
+                        "--sts-tasks", "STSBenchmark", "--output", str(out), "--rows-json", str(tmp_path / "rows.json"),
                         # two of the six (the suite's time budget): no input, and SAM's second pass
                         # (ArcCSE's paper_train); every method runs the loop in the method contract, and
                         # the inputs' builders (sentemb.stats.inputs) run there too
@@ -50,6 +50,18 @@ def test_the_same_checks_run_on_the_cpu(shared, tmp_path):
     epoch = next(line for line in table.splitlines() if line.startswith("| train simcse one epoch of the corpus"))
     before, after = (float(x) for x in epoch.split("STS Avg (fp32, avg pooling) ")[1].split(";")[0].split(" -> "))
     assert 50 < before < 100 and 50 < after < 100 and "steps end to end" in epoch, epoch
+    # every training step it measured, for sentemb plan-check: settings, steps timed (1 after 1 warm-up), ms/step
+    from sentemb.ops.plan_check import load_measured
+
+    header, rows = load_measured(tmp_path / "rows.json")
+    assert header["corpus"] == "data/c.txt" and header["device"].startswith("cpu")
+    by = {r.what: r for r in rows}
+    assert set(by) == {"train simcse B=8 bf16", "train arccse B=8 bf16", "train simcse B=8 bf16 chunk_size 2"}, set(by)
+    assert by["train arccse B=8 bf16"].train == {"prefetch": False, "sam_rho": 0.05}
+    assert by["train simcse B=8 bf16 chunk_size 2"].train["chunk_size"] == 2
+    for r in rows:
+        assert r.steps == (1, 2) and r.batch == 8 and r.model == "all-MiniLM-L6-v2"
+        assert f"{r.ms:.0f} ms/step" in next(line for line in table.splitlines() if line.startswith(f"| {r.what} |"))
     dev = next(line for line in table.splitlines() if line.startswith("| train simcse B=8 devices 2"))
     diff = float(dev.split("relative difference ")[1].split()[0].rstrip("|"))
     assert diff < 1e-4, dev  # two processes, keyed dropout: the one-process weights to fp32 round-off

@@ -17,8 +17,20 @@ def test_first_steps_counts_fewer_shapes_with_buckets(tiny_bert_dir, tmp_path):
     corpus = tmp_path / "corpus.txt"  # 1-25 words a line: 3-27 tokens with [CLS] and [SEP]
     corpus.write_text("".join(" ".join(rng.choice(TINY_WORDS) for _ in range(rng.randint(1, 25))) + "\n"
                               for _ in range(64)))
+    from sentemb.ops import plan_check
+
+    plan_check.RECORDED.clear()
     rows = {str(b): hostcheck.first_steps(tiny_bert_dir, corpus, "cpu", 2, 32, "simcse", None, {}, {}, b, 3, 3)
             for b in ("none", [8, 16])}
+    # for sentemb plan-check: the mean of the steps that met no new shape, with those steps named
+    for rec, (_, _, note) in zip(plan_check.RECORDED, rows.values()):
+        if "steps meeting no new shape" in note:
+            calm = note.split("steps meeting no new shape: ")[1].split(" ms/step")[0]
+            assert rec["steady"] and f"{rec['ms']:.0f}" == calm and 0 < len(rec["only_steps"]) < 6, (rec, note)
+            assert rec["steps"] == (0, 6) and 0 not in rec["only_steps"]  # the first step always meets a shape
+        else:
+            assert not rec["steady"] and rec["steps"] == (3, 6)
+    plan_check.RECORDED.clear()
     import re
 
     shapes = {}
@@ -79,9 +91,17 @@ def test_workers_row_reads_the_loops_data_wait(tiny_bert_dir, tiny_corpus, tmp_p
     assert float(value.split(";")[1].split()[0]) >= 0
 
 
-def test_graphed_row_times_both_ways_and_counts_the_steps_flops(tiny_bert_dir, tiny_corpus):
+def test_graphed_row_times_both_ways_and_counts_the_steps_flops(tiny_bert_dir, tiny_corpus, monkeypatch):
+    from sentemb.ops import plan_check
+
+    monkeypatch.setattr(plan_check, "RECORDED", [])
     what, value, note = hostcheck.graphed(tiny_bert_dir, tiny_corpus, "cpu", 4, 16, "simcse", None, {}, warm=1, timed=1)
     assert value.startswith("eager ") and "graphed " in value and "FAILED" not in value, (what, value)
+    # both steps recorded for sentemb plan-check, with the settings they ran and the step timed (1 after 1)
+    eager, graphed = plan_check.RECORDED
+    assert (eager["train"]["graphs"], graphed["train"]["graphs"]) == (False, True)
+    assert eager["steps"] == graphed["steps"] == (1, 2) and eager["batch"] == 4 and eager["max_len"] == 16
+    assert f"eager {eager['ms']:.1f} ms/step" in value and f"graphed {graphed['ms']:.1f} ms/step" in value
     # the graphed step's TFLOP/s come from the matmuls counted in one eager step (no peak on a CPU)
     tflops = float(note.split("; ")[-1].split(" TFLOP/s")[0])
     assert tflops > 0 and "% of the bf16 peak" not in note, note
@@ -173,8 +193,15 @@ def test_a_first_steps_row_runs_in_a_process_of_its_own(tiny_bert_dir, tiny_corp
     (the H200's two lends ranked ArcCSE's triplet passes oppositely). The row comes back whole."""
     kw = dict(model=str(tiny_bert_dir), corpus=str(tiny_corpus), device="cpu", batch=2, max_len=32, method="simcse",
               margs=None, inputs={}, train={}, buckets="none", first=2, then=2)
+    from sentemb.ops import plan_check
+
+    plan_check.RECORDED.clear()
     what, value, note = hostcheck._isolated(kw, "first_steps")
     assert what.startswith("first steps simcse B=2x1") and "ms/step (steps 1-2)" in value, (what, value, note)
+    # the step it measured comes back from its process, for sentemb plan-check
+    (rec,) = plan_check.RECORDED
+    assert rec["what"].startswith(what) and rec["model"] == Path(tiny_bert_dir).name and rec["method"] == "simcse"
+    plan_check.RECORDED.clear()
     assert "distinct batch shapes" in note, note
 
 

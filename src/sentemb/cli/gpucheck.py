@@ -53,6 +53,10 @@ def _cmd_gpu_check(args: argparse.Namespace) -> int:
         load_config(args.config)
     load_method_modules(args.method_module or None, "--method-module")
     methods = methods_to_check(args.method)
+    if args.rows_json:  # written after every measured step from here on
+        from ..ops.plan_check import record_to
+
+        record_to(args.rows_json, _rows_header(device, corpus))
     t = time.perf_counter()
     os.environ.setdefault("SENTEMB_SHARED", str(shared))  # the NLTK data of PaSeR's RAKE input, MiniLM's vocabulary
     lines = check(model, corpus, senteval, device, batches, args.steps, args.warmup,
@@ -62,10 +66,36 @@ def _cmd_gpu_check(args: argparse.Namespace) -> int:
                   host=args.host or args.only_host, classic=not args.only_host,
                   host_parts=tuple(x for x in args.host_parts.split(",") if x) if args.host_parts else None)
     lines.append(_row("gpu-check wall time", f"{time.perf_counter() - t:.0f} s", ""))
+    if args.rows_json:
+        from ..ops.plan_check import RECORDED
+
+        print(f"{len(RECORDED)} measured steps in {args.rows_json} (sentemb plan-check {args.rows_json})",
+              file=sys.stderr)
     if args.output:
         Path(args.output).write_text("\n".join(lines) + "\n")
         Path(args.output).with_suffix(".json").write_text(json.dumps({"lines": lines}, indent=2))
     return 0
+
+
+def _rows_header(device: str, corpus: Path) -> dict:
+    """The header of ``--rows-json`` (``sentemb plan-check``): the GPU (a ``sentemb.ops.gpus`` name when
+    the device's name has one), torch, the checkout's commit and the corpus (found again by its file
+    name under a mirror's ``data/``)."""
+    import subprocess
+
+    import torch
+
+    from ..ops.gpus import GPUS
+
+    name = torch.cuda.get_device_name() if device == "cuda" else f"cpu x{torch.get_num_threads()}"
+    gpu = next((k for k in sorted(GPUS, key=len, reverse=True) if k in name.upper()), None)
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                cwd=Path(__file__).resolve().parent, timeout=10).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        commit = None
+    return {"source": "sentemb gpu-check " + " ".join(sys.argv[2:]), "gpu": gpu, "device": name,
+            "torch": torch.__version__, "commit": commit, "corpus": f"data/{corpus.name}"}
 
 
 def register(sub) -> None:
@@ -96,6 +126,9 @@ def register(sub) -> None:
     p.add_argument("--no-dag", action="store_true", help="skip the tiny DAG")
     p.add_argument("--sts-tasks", default=None, help="comma-separated STS tasks of the fp32/bf16 comparison (default all 7)")
     p.add_argument("--output", default=None, help="also write the table (Markdown) here")
+    p.add_argument("--rows-json", default=None,
+                   help="also write every training step measured (its settings and ms/step) here, after each row: "
+                        "sentemb plan-check FILE prices them as sentemb plan does")
     p.add_argument("--host", action="store_true",
                    help="also the host rows (sentemb.ops.hostcheck): first steps with train.buckets none/auto, "
                         "train.workers 0/2, STS-B dev evaluation fp32/bf16, and a CUDA-graph probe of the step")

@@ -8,6 +8,8 @@ import dataclasses
 import json
 from pathlib import Path
 
+from .. import SentembError
+
 from ..ops.plan import DEFAULT_GPU, DEFAULT_MARGIN, DEFAULT_MFU, GPU_MEMORY_GB, format_plan, gpu_spec, plan
 
 
@@ -23,6 +25,25 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         Path(args.json).write_text(json.dumps([dataclasses.asdict(r) for r in rows], indent=1))
     print(format_plan(rows, gpu_spec(args.gpu)[0], args.mfu))
     return 0
+
+
+def _cmd_plan_check(args: argparse.Namespace) -> int:
+    from ..config.load import load_config
+    from ..ops.plan_check import format_check, load_measured, price_measured, resolve_corpus, verdict
+
+    header, rows = load_measured(args.rows)
+    if not rows:
+        raise SentembError(f"{args.rows}: no rows")
+    gpu = gpu_spec(args.gpu or header.get("gpu") or DEFAULT_GPU)[0]
+    corpus = resolve_corpus(args.corpus, header, Path(args.rows))
+    priced = price_measured(rows, load_config(args.config), corpus, gpu)
+    print(format_check(priced, gpu, header, corpus, args.tolerance))
+    if args.json:
+        Path(args.json).write_text(json.dumps(
+            [{**dataclasses.asdict(r), "plan_ms": round(1000 * s, 3), "error": round(verdict(r.ms, 1000 * s)[0], 4),
+              "widths": {str(w): f for w, f in p["count"].items()}} for r, s, p in priced], indent=1))
+    off = [r for r, s, _ in priced if r.steady and not verdict(r.ms, 1000 * s, args.tolerance)[1]]
+    return 1 if args.strict and off else 0
 
 
 def register(sub) -> None:
@@ -47,5 +68,20 @@ def register(sub) -> None:
                    help="the same for train.compile: a graphed step with compile is priced at the fused step's "
                         "measured floor and MFU by its train.attention kernel (width 768; docs/plan-and-benchmarks.md); "
                         "a fused run keeps its fused micro-batches (the group's encoder forward compiled); without "
-                        "graphs it changes nothing in the estimate")
+                        "graphs, the compiled step launched from the host is priced at its measured floor where one "
+                        "was measured (width 768, attention auto or sdpa), else as eager")
     p.set_defaults(func=_cmd_plan)
+
+    p = sub.add_parser("plan-check", help="sentemb plan's step estimate against steps measured on a GPU "
+                                          "(gpu-check --rows-json, docs/gpu/*.rows.json)")
+    p.add_argument("rows", help="a measured-rows JSON file (sentemb gpu-check --rows-json; docs/gpu/*.rows.json)")
+    p.add_argument("--config", default="config/config.yaml", help="the configuration whose backbones the rows name")
+    p.add_argument("--gpu", default=None, help="GPU to price for (default: the file's gpu)")
+    p.add_argument("--corpus", default=None,
+                   help="the corpus the rows were measured on (default: the file's corpus, found in the mirror or "
+                        "shared/)")
+    p.add_argument("--tolerance", type=float, default=0.25,
+                   help="a steady row is within when |plan - measured| <= this x measured (issue 37: 0.25)")
+    p.add_argument("--json", default=None, help="also write each row with the plan's figure here")
+    p.add_argument("--strict", action="store_true", help="exit 1 when a steady row is off")
+    p.set_defaults(func=_cmd_plan_check)

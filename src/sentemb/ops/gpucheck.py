@@ -129,6 +129,7 @@ def check(model: Path, corpus: Path, senteval: Path, device_name: str, batches: 
     import torch
 
     from .benchmark import _peak, bench_method, bench_st
+    from .plan_check import record
     from ..data.corpus import read_corpus
     from ..evaluate.sts import embedder_for, evaluate_sts
     from ..methods import get_method
@@ -172,6 +173,9 @@ def check(model: Path, corpus: Path, senteval: Path, device_name: str, batches: 
                 lines.append(_row(f"train {m} B={b}", "skipped", str(e)))
                 continue
             mem = f", peak mem {torch.cuda.max_memory_allocated(device) / 2**30:.1f} GiB" if cuda else ""
+            sam = get_method(m).paper_train.get("sam_rho")
+            record(f"train {m} B={b} bf16", m, model, b, max_len, secs / steps, (warmup, warmup + steps),
+                   {"prefetch": False, **({"sam_rho": sam} if sam else {})}, margs.get(m) or {})
             tf = fpt * padded / secs / 1e12
             if m == "simcse":
                 simcse_step[b] = (secs / steps, fpt * padded / steps, cfg)
@@ -190,6 +194,8 @@ def check(model: Path, corpus: Path, senteval: Path, device_name: str, batches: 
             secs, *_ = bench_method(model, corpus, b, steps, warmup, device, max_len, precision, "simcse", None, {},
                                     chunk_size=c)
             mem = f", peak mem {torch.cuda.max_memory_allocated(device) / 2**30:.1f} GiB" if cuda else ""
+            record(f"train simcse B={b} bf16 chunk_size {c}", "simcse", model, b, max_len, secs / steps,
+                   (warmup, warmup + steps), {"prefetch": False, "chunk_size": c})
             whole = simcse_step.get(b, (None,))[0]
             ratio = f"; {secs / steps / whole:.2f}x the unchunked step" if whole else ""
             lines.append(_row(f"train simcse B={b} bf16 chunk_size {c}",

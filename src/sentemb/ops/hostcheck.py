@@ -95,7 +95,7 @@ def first_steps(model: Path, corpus: Path, device: str, batch: int, max_len: int
                 return out
 
             job.method.build_batch = recording
-            state, times, steady, computed = State(), [], [], set()
+            state, times, steady, computed, calm_steps = State(), [], [], set(), []
             inner = job.strategy
             while getattr(inner, "inner", None) is not None:
                 inner = inner.inner
@@ -123,7 +123,17 @@ def first_steps(model: Path, corpus: Path, device: str, batch: int, max_len: int
                 times.append(time.perf_counter() - t)
                 if seen() == before:  # no shape met for the first time: replays, or kernels planned before
                     steady.append(times[-1])
+                    calm_steps.append(len(times) - 1)
         a, b = times[:first], times[first:]
+        from .plan_check import record
+
+        rec = dict(train={**train, "buckets": buckets, "prefetch": False}, method_args=margs or {})
+        if steady:  # sentemb plan-check: the steps that met no new shape, what the plan prices
+            record(what + ", steps meeting no new shape", method, model, batch, max_len, sum(steady) / len(steady),
+                   (0, len(times)), only_steps=calm_steps, **rec)
+        else:
+            record(what + f", steps {first + 1}-{first + then}", method, model, batch, max_len,
+                   sum(b) / max(len(b), 1), (first, first + then), steady=False, note="every step met a new shape", **rec)
         graphs = seen()[1]
         calm = (f"steps meeting no new shape: {1000 * sum(steady) / len(steady):.0f} ms/step ({len(steady)} of "
                 f"{len(times)}); " if steady else "every step met a new shape; ")
@@ -513,6 +523,12 @@ def graphed(model: Path, corpus: Path, device: str, batch: int, max_len: int, me
         done = f"eager {1000 * out[False][0]:.1f} ms/step; " if False in out else ""
         return what, f"{done}FAILED: {_first_line(e)}", ""
     (g_s, g_w, n, replay) = out[True]
+    from .plan_check import record
+
+    for g, (secs, *_) in out.items():  # sentemb plan-check: the loop's steps warm..warm+timed-1 of each
+        over = train if g or train.get("update") != "graphed" else {**train, "update": "separate"}
+        record(what + (", graphed" if g else ", not graphed"), method, model, batch, max_len, secs, (warm, warm + timed),
+               {**over, "graphs": g}, margs or {})
     key = (method, batch, max_len)
     if eager:
         e_s, e_w, _, counted = out[False]
@@ -642,7 +658,8 @@ from sentemb.ops import hostcheck
 kw = json.loads(sys.argv[1])
 load_method_modules(kw.pop("method_modules"))  # a plug-in method is registered by importing its module
 row = getattr(hostcheck, kw.pop("fn"))(**kw)  # graphed, or first_steps
-print("ROW " + json.dumps(row), flush=True)
+from sentemb.ops.plan_check import RECORDED
+print("ROW " + json.dumps({"row": row, "measured": RECORDED}), flush=True)
 """
 
 
@@ -667,11 +684,15 @@ def _isolated(kw: dict, fn: str = "graphed") -> Row:
         env = {**os.environ, **({"CUDA_LAUNCH_BLOCKING": "1", "SENTEMB_GRAPHED_TRACE": "1"} if blocking else {})}
         rows, code, err = in_fresh_process(_ISOLATED, arg, "ROW ", env, timeout=ROW_LIMIT_S)
         # a row past the time limit costs that row, not the rows after it
-        got = tuple(rows[-1]) if rows else (row[0], "FAILED: " + (f"no result in {ROW_LIMIT_S} s" if code is None
-                                                                  else f"exit {code}"),
-                                            (err.strip().splitlines() or [""])[-1][:300])
+        got = tuple(rows[-1]["row"]) if rows else (row[0], "FAILED: " + (f"no result in {ROW_LIMIT_S} s" if code is None
+                                                                         else f"exit {code}"),
+                                                   (err.strip().splitlines() or [""])[-1][:300])
         if not blocking:
             row = got
+            if rows:  # the rows it measured, for sentemb plan-check
+                from .plan_check import add_recorded
+
+                add_recorded(rows[-1]["measured"])
             if "FAILED" not in got[1] or not any(w in err for w in ("CUDA", "cuda", "device-side")):
                 return got  # done, or a failure that is not the device's (a second run would only repeat it)
         else:

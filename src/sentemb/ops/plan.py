@@ -144,6 +144,15 @@ COMPILED_GRAPHED_MFU = {768: 0.345}
 #: (third to sixth lends); ``sdpa_math`` 10.7 ms and 33.1%. ``eager`` (Hugging Face's attention) is
 #: unmeasured and priced as ``sdpa``.
 COMPILED_GRAPHED_BY_ATTENTION = {"sdpa": (0.0009, 0.31), "sdpa_math": (0.00089, 0.33), "eager": (0.0009, 0.31)}
+#: ``train.compile`` without ``train.graphs`` (Inductor's fused kernels launched from the host), the
+#: sixth lend's compiled, not graphed, twins of those rows (``docs/gpu/h200-2026-11-28c.md``; checked by
+#: ``sentemb plan-check docs/gpu/h200-2026-11-28c.rows.json``): SimCSE BERT-base bf16 max_len 32, B 64
+#: 21.5 ms a step with the memory-efficient attention (``auto`` on CUDA; 1.79 ms per layer and pass) and
+#: 29.8 ms with ``sdpa`` (cuDNN's kernel, 2.48 ms); at B 512 49.2 and 54.2 ms, the graphed steps' times
+#: (compute-bound at the compiled MFU of ``mfu_for``). Before this constant the plan priced such a step
+#: at the eager floor, 17-62% above these. Another kernel or a wider encoder is unmeasured compiled
+#: alone: the eager floor and MFU.
+COMPILED_FLOOR_BY_ATTENTION = {"auto": 0.00179, "sdpa_efficient": 0.00179, "sdpa": 0.00248}
 #: The graphed floor by the encoder's width (the same lend): RoBERTa-large's SimCSE step at B 64 took
 #: 36.2 ms graphed (24 layers: 1.51 ms per layer and pass), its wider layers' kernels longer than
 #: BERT-base's. With ``train.compile`` a wider encoder keeps this (unmeasured compiled).
@@ -801,11 +810,13 @@ def _row_cap(run, arch) -> int:
     return max(int(t.max_len), min(int(run.method_args.get("triplet_max_len", 512)), limit))
 
 
-def width_profile(run, arch, lengths: Lengths) -> dict:
+def width_profile(run, arch, lengths: Lengths, steps: "Sequence[int] | None" = None) -> dict:
     """How one job's micro-batches are wide, from ``lengths``: ``batch_schedule`` (the run's sampler;
     epochs of the lengths until ``MIN_SCHEDULE_BATCHES`` micro-batches, seed 0) cut at the run's
     batch size; each batch's longest row L (tokens, untruncated). With ``train.fuse_micro_batches``
     k, each k consecutive micro-batches count as one batch (one forward, padded to the widest).
+    ``steps`` (optimizer step indices): only those steps' micro-batches (``grad_accum`` each) of a
+    job of seed 0 on these very lines (``sentemb plan-check``: the steps a benchmark timed).
     Returns
 
     * ``count``: counted width -> share of micro-batches, the width being the bucket of min(L, the
@@ -839,7 +850,15 @@ def width_profile(run, arch, lengths: Lengths) -> dict:
     b = min(t.batch_size, n)
     per_epoch = max(1, n // b)
     epochs = max(1, math.ceil(MIN_SCHEDULE_BATCHES / per_epoch)) if t.sampler != "length" else 1
+    if steps is not None:
+        steps = sorted(set(int(x) for x in steps))
+        if not steps or steps[0] < 0:
+            raise SentembError(f"width_profile: steps {steps} are not optimizer step indices")
+        epochs = max(epochs, math.ceil((steps[-1] + 1) * t.grad_accum / per_epoch) + 1)
     sched = batch_schedule(n, b, epochs, 0, lengths.words if t.sampler == "length" else None)
+    if steps is not None:
+        a = t.grad_accum
+        sched = [m for s in steps for m in sched[s * a : (s + 1) * a]]
     fuse = int(getattr(t, "fuse_micro_batches", 1) or 1)
     if fuse > 1:  # train.fuse_micro_batches: k consecutive micro-batches are one forward, at the widest one's width
         sched = [np.concatenate([np.asarray(x) for x in sched[i : i + fuse]]) for i in range(0, len(sched), fuse)]
@@ -1093,12 +1112,10 @@ def _train_row(kind, label, run, m: Measure, encode: float, config: dict | Confi
     ``train.fuse_micro_batches`` k, k micro-batches are one forward: a step has grad_accum / k times
     one micro-batch's encoder passes, at the widest of the k widths (``width_profile``), and memory
     holds the k micro-batches' activations (flagged where they need chunks, which the loop refuses)."""
-    from ..methods import get_method
     from .shapes import depth
 
     cfg = Config.of(config)
     t = run.train
-    cls = method_cls or get_method(run.method)
     arch = backbone_architecture(cfg, run.backbone)
     layers = depth(arch)
     measures = measures or {t.max_len: m}
@@ -1106,34 +1123,11 @@ def _train_row(kind, label, run, m: Measure, encode: float, config: dict | Confi
     widest = measures[max(measures)]
     at = widest.at(layers)
     fused = bool(t.graphs and t.compile)
-    width = _width_key(arch)
     mfu = mfu_for(arch, mfu, compiled=fused, attention=t.attention)
-    scale = t.batch_size / MICRO
-    static = (16 * at["trainable"] + 4 * at["frozen"] + (4 * at["trainable"] if t.sam_rho else 0)) / 1e9 \
-        + CUDA_OVERHEAD_GB
-    per_sentence = CUDA_ACTIVATION_RATIO * at["act"] / MICRO / 1e9
-    fuse = int(getattr(t, "fuse_micro_batches", 1) or 1)  # micro-batches per forward (train.fuse_micro_batches)
-    share = -(-t.batch_size * fuse // t.devices)
-    chunk = plan_chunk(t.chunk_size, share, per_sentence, gpu_spec(gpu)[1] - static)
-    extra = 4 / 3 if chunk is not None and cls.has_batch_terms else 1.0
-    # train.chunk_first_pass: the no-grad first pass in one forward where the masks allow it (its memory is assumed to fit)
-    whole_first = t.dropout_rng != "stream" and getattr(t, "chunk_first_pass", "auto") != "chunks"
+    static, per_sentence, share, chunk = _step_memory(run, at, gpu)
     steps, evals = schedule(t, corpus_lines(cfg, run.corpus))
     peak = _peak(gpu)
-    flops_step, per_gpu = 0.0, 0.0
-    for w, frac in shares.items():
-        for part, mw in measures[w].kinds or [(1.0, measures[w])]:  # the kinds of step (UNA's negatives), mixed
-            f = mw.at(layers)["flops"] * scale * t.grad_accum * extra
-            if chunk is not None:  # per chunk the grad passes; the in-batch terms' no-grad forward once or per chunk
-                n = -(-share // chunk)
-                first = (1 if whole_first else n) / 3 if cls.has_batch_terms else 0.0
-                passes = n * mw.grad_passes + first
-            else:
-                passes = mw.grad_passes + mw.nograd_passes / 3
-            flops_step += frac * part * f
-            per_gpu += frac * part * step_seconds(f / t.devices, layers, passes * t.grad_accum / fuse, peak, mfu,
-                                                  t.graphs, fused, width, chunked=chunk is not None,
-                                                  counter=t.dropout_rng == "counter", attention=t.attention)
+    per_gpu, flops_step = step_time(run, arch, measures, shares, gpu, mfu, method_cls)
     eval_flops = evals * DEV_SENTENCES * encode
     if dev_eval_s is not None:  # measured seconds per evaluation (DEV_EVAL_SECONDS), scaled by the encoder
         eval_hours = evals * dev_eval_s / 3600
@@ -1152,6 +1146,7 @@ def _train_row(kind, label, run, m: Measure, encode: float, config: dict | Confi
     row.dev_share = eval_hours / hours if hours else 0.0
     row.step_s = per_gpu
     row = _flag(row, gpu, res, margin)
+    fuse = int(getattr(t, "fuse_micro_batches", 1) or 1)
     if fuse > 1 and chunk is not None:  # the loop refuses to chunk fused micro-batches (resolve_chunk_size)
         row.flags.append(f"fuse_micro_batches {fuse}: {share} sentences do not fit one forward on {gpu}; set 1")
     if row.dev_share > DEV_SHARE_FLAG:
@@ -1167,9 +1162,71 @@ def _train_row(kind, label, run, m: Measure, encode: float, config: dict | Confi
     return row
 
 
+def _step_memory(run, at: dict, gpu: str) -> tuple[float, float, int, int | None]:
+    """(GB a GPU holds for weights, gradients, AdamW state, SAM's copy and the CUDA context; GB of
+    activations per sentence; sentences per forward on one GPU, ``train.fuse_micro_batches`` included;
+    the chunk, ``plan_chunk``, or None) of ``run`` at ``at`` (``Measure.at`` of its widest width)."""
+    t = run.train
+    static = (16 * at["trainable"] + 4 * at["frozen"] + (4 * at["trainable"] if t.sam_rho else 0)) / 1e9 \
+        + CUDA_OVERHEAD_GB
+    per_sentence = CUDA_ACTIVATION_RATIO * at["act"] / MICRO / 1e9
+    fuse = int(getattr(t, "fuse_micro_batches", 1) or 1)  # micro-batches per forward (train.fuse_micro_batches)
+    share = -(-t.batch_size * fuse // t.devices)
+    return static, per_sentence, share, plan_chunk(t.chunk_size, share, per_sentence, gpu_spec(gpu)[1] - static)
+
+
+def step_time(run, arch, measures: dict[int, Measure], shares: dict | None, gpu: str, mfu: float | None = None,
+              method_cls=None) -> tuple[float, float]:
+    """(seconds, counted FLOPs) of one optimizer step of ``run`` on one GPU of ``train.devices``:
+    each counted width's ``Measure`` (``measures``) at its share of the micro-batches (``shares``,
+    ``width_profile``'s ``count``; None: the widest alone), each kind of step mixed by its share
+    (``Method.step_kinds``), priced by ``step_seconds`` at ``gpu``'s peak and ``mfu`` (None:
+    ``mfu_for``). With ``train.chunk_size`` (``plan_chunk``) the grad passes run per chunk and the
+    in-batch terms' no-grad first pass once (``train.chunk_first_pass``, keyed or counter masks) or
+    once per chunk (stream masks), at the step's FLOPs + a third of the forward and backward; with
+    ``train.fuse_micro_batches`` k, k micro-batches are one forward. What ``sentemb plan`` prices a
+    training job's step at (``_train_row``), and ``sentemb plan-check`` a measured one."""
+    from ..methods import get_method
+    from .shapes import depth
+
+    t = run.train
+    cls = method_cls or get_method(run.method)
+    layers = depth(arch)
+    shares = shares or {max(measures): 1.0}
+    at = measures[max(measures)].at(layers)
+    fused = bool(t.graphs and t.compile)
+    width = _width_key(arch)
+    alone = bool(t.compile and not t.graphs and compiles_alone(width, t.attention))  # compiled, launched eagerly
+    mfu = mfu_for(arch, mfu, compiled=fused or alone, attention=t.attention)
+    scale = t.batch_size / MICRO
+    fuse = int(getattr(t, "fuse_micro_batches", 1) or 1)
+    _, _, share, chunk = _step_memory(run, at, gpu)
+    extra = 4 / 3 if chunk is not None and cls.has_batch_terms else 1.0
+    # train.chunk_first_pass: the no-grad first pass in one forward where the masks allow it (its memory is assumed to fit)
+    whole_first = t.dropout_rng != "stream" and getattr(t, "chunk_first_pass", "auto") != "chunks"
+    peak = _peak(gpu)
+    flops_step, per_gpu = 0.0, 0.0
+    for w, frac in shares.items():
+        for part, mw in measures[w].kinds or [(1.0, measures[w])]:  # the kinds of step (UNA's negatives), mixed
+            f = mw.at(layers)["flops"] * scale * t.grad_accum * extra
+            if chunk is not None:  # per chunk the grad passes; the in-batch terms' no-grad forward once or per chunk
+                n = -(-share // chunk)
+                first = (1 if whole_first else n) / 3 if cls.has_batch_terms else 0.0
+                passes = n * mw.grad_passes + first
+            else:
+                passes = mw.grad_passes + mw.nograd_passes / 3
+            flops_step += frac * part * f
+            per_gpu += frac * part * step_seconds(f / t.devices, layers, passes * t.grad_accum / fuse, peak, mfu,
+                                                  t.graphs, fused, width, chunked=chunk is not None,
+                                                  counter=t.dropout_rng == "counter", attention=t.attention,
+                                                  compile_only=alone)
+    return per_gpu, flops_step
+
+
 def mfu_for(arch, mfu: float | None = None, compiled: bool = False, attention: str = "auto") -> float:
     """``mfu`` when given, else ``MEASURED_MFU`` by ``arch``'s hidden size (an ``ARCHITECTURES``
-    name, a shape mapping, or a hidden size); ``compiled`` (``train.graphs`` with ``train.compile``):
+    name, a shape mapping, or a hidden size); ``compiled`` (``train.compile``, graphed or, where
+    ``compiles_alone``, not: the same kernels, the same MFU at B 512 on the H200):
     ``COMPILED_GRAPHED_MFU`` where it was measured (``COMPILED_GRAPHED_BY_ATTENTION``'s for another
     ``train.attention``)."""
     if mfu is not None:
@@ -1190,25 +1247,34 @@ def _width_key(arch) -> int:
 
 def step_seconds(flops: float, layers: int, passes: float, peak: float, mfu: float, graphs: bool = False,
                  compiled: bool = False, width: int = 768, chunked: bool = False, counter: bool = False,
-                 attention: str = "auto") -> float:
+                 attention: str = "auto", compile_only: bool = False) -> float:
     """The plan's time of one optimizer step on one GPU: its ``flops`` at ``mfu`` of ``peak``
     (FLOP/s; × ``CHUNKED_MFU_RATIO`` when ``chunked``, gradient caching's chunks), or the floor
     (``STEP_FLOOR_S_PER_LAYER`` × ``layers`` × ``passes``, the host's; with ``graphs``,
     ``train.graphs``, the GPU's small kernels: ``GRAPHED_FLOOR_BY_WIDTH`` at the encoder's ``width``
     key (768 or 1024), and with ``compiled`` too, ``train.compile``,
     ``COMPILED_GRAPHED_FLOOR_S_PER_LAYER`` where measured, ``COMPILED_GRAPHED_BY_ATTENTION``'s for
-    another ``attention``), the larger. ``counter``
+    another ``attention``; ``compile_only``, ``train.compile`` without graphs:
+    ``COMPILED_FLOOR_BY_ATTENTION``'s where measured), the larger. ``counter``
     (``train.dropout_rng: counter``) scales the floor by ``COUNTER_FLOOR_FACTOR`` and the FLOPs' time
     by ``COUNTER_COMPUTE_FACTOR``."""
     graphed = GRAPHED_FLOOR_BY_WIDTH.get(width, GRAPHED_STEP_FLOOR_S_PER_LAYER)
     compiled_floor = COMPILED_GRAPHED_BY_ATTENTION.get(attention, (COMPILED_GRAPHED_FLOOR_S_PER_LAYER,))[0]
     floor = ((compiled_floor if width == 768 else graphed) if graphs and compiled else
-             graphed if graphs else STEP_FLOOR_S_PER_LAYER)
+             graphed if graphs else
+             COMPILED_FLOOR_BY_ATTENTION[attention] if compile_only and compiles_alone(width, attention) else
+             STEP_FLOOR_S_PER_LAYER)
     compute = flops / (mfu * (CHUNKED_MFU_RATIO if chunked else 1.0) * peak)
     if counter:
         floor *= COUNTER_FLOOR_FACTOR["compiled" if graphs and compiled else "graphed" if graphs else "eager"]
         compute *= COUNTER_COMPUTE_FACTOR
     return max(compute, floor * layers * passes)
+
+
+def compiles_alone(width: int, attention: str) -> bool:
+    """Whether ``train.compile`` without graphs has a measured price at this width key and attention
+    kernel (``COMPILED_FLOOR_BY_ATTENTION``); elsewhere such a step is priced as an eager one."""
+    return width == 768 and attention in COMPILED_FLOOR_BY_ATTENTION
 
 
 def _peak(gpu: str) -> float:

@@ -1,0 +1,263 @@
+"""``sentemb plan-check``: ``sentemb plan``'s step estimate against steps measured on a GPU (issue 37:
+the plan "within 25 % of the measured step on every row gpu-check measures").
+
+A measured row (``Measured``) names a step as the loop ran it: the method, the model (a backbone of
+the configuration), the batch, ``max_len``, the train settings over the benchmark's
+(``sentemb.ops.benchmark._bench_run``: seed 0, no dev evaluation), the method's arguments, the
+optimizer steps timed and the milliseconds per step. ``sentemb gpu-check --rows-json FILE`` writes the
+rows it measures in this form; ``docs/gpu/*.rows.json`` hold the rows of earlier lends, transcribed
+from their tables.
+
+Each row is priced as ``sentemb plan`` prices a training job (``plan.width_profile``,
+``plan.job_measures``, ``plan.step_time``), on the lengths of the corpus it was measured on, its width
+profile cut to the very steps that were timed: the loop's batch schedule of seed 0 on those lines
+(``width_profile(steps=...)``), so that a length-sampled ArcCSE row is priced at the widths and
+triplets its timed steps had, not at an epoch's mean.
+
+A row is ``steady`` when its timed steps measure what the plan prices: steps after the warm-up, every
+shape met before (no capture, no compilation, no first kernel plan of a width). A first-steps row
+whose window met a new shape is reported, and left out of the verdict.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .. import SentembError
+
+log = logging.getLogger(__name__)
+
+#: the target: |plan − measured| ≤ this × measured (issue 37)
+TOLERANCE = 0.25
+#: the corpus name the checked rows' lengths are read under (no token cache or prepared corpus has it)
+CHECK_CORPUS = "sentemb-plan-check"
+
+
+@dataclass
+class Measured:
+    """One measured step (see the module docstring). ``steps``: the optimizer steps timed, [a, b);
+    ``only_steps``: where ``ms`` is the mean of some of them only (a first-steps row's steps that met
+    no new shape), those."""
+
+    what: str
+    method: str
+    model: str
+    batch: int
+    max_len: int
+    ms: float
+    steps: tuple[int, int]
+    train: dict = field(default_factory=dict)
+    method_args: dict = field(default_factory=dict)
+    precision: str = "bf16"
+    steady: bool = True
+    note: str = ""
+    only_steps: list | None = None
+
+    def timed(self) -> list[int]:
+        """The optimizer steps ``ms`` is the mean of."""
+        return list(self.only_steps) if self.only_steps else list(range(*self.steps))
+
+
+REQUIRED = ("what", "method", "model", "batch", "max_len", "ms", "steps")
+
+#: the rows measured in this process, in the file's form (``record``; ``sentemb gpu-check --rows-json``)
+RECORDED: list[dict] = []
+#: (file, header) that ``RECORDED`` is written to after every row (``record_to``), or None
+_RECORD_TO: "tuple[Path, dict] | None" = None
+
+
+def record_to(path: str | Path, header: dict) -> None:
+    """Write ``RECORDED`` (and ``header``'s keys) to ``path`` now and after every row recorded from now
+    on, so that a run stopped by a time limit leaves the rows it measured."""
+    global _RECORD_TO
+    _RECORD_TO = (Path(path), dict(header))
+    _flush()
+
+
+def _flush() -> None:
+    if _RECORD_TO is None:
+        return
+    path, header = _RECORD_TO
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".part")
+    tmp.write_text(json.dumps({**header, "rows": RECORDED}, indent=1) + "\n", "utf-8")
+    tmp.replace(path)
+
+
+def record(*args, **kwargs) -> None:
+    """Append ``measured_record(*args, **kwargs)`` to ``RECORDED``; the model is kept by its directory's
+    name (``gpu-check --model bert-base-uncased`` writes it as ``.../bert-base-uncased``: a backbone name)."""
+    row = measured_record(*args, **kwargs)
+    row["model"] = Path(row["model"]).name
+    add_recorded([row])
+
+
+def add_recorded(rows: list[dict]) -> None:
+    """Rows recorded elsewhere (a row's own process, ``hostcheck._isolated``), in the file's form."""
+    RECORDED.extend(rows)
+    _flush()
+
+
+def measured_record(what: str, method: str, model: str, batch: int, max_len: int, seconds: float,
+                    steps: tuple[int, int], train: dict | None = None, method_args: dict | None = None,
+                    precision: str = "bf16", steady: bool = True, note: str = "",
+                    only_steps: list[int] | None = None) -> dict:
+    """A measured row in the file's form (``Measured`` as a mapping; ``seconds`` per step)."""
+    out = dataclasses.asdict(Measured(what, method, str(model), int(batch), int(max_len), round(1000 * seconds, 3),
+                                      (int(steps[0]), int(steps[1])), _plain(train or {}), _plain(method_args or {}),
+                                      precision, bool(steady), note,
+                                      [int(x) for x in only_steps] if only_steps else None))
+    if out["only_steps"] is None:
+        del out["only_steps"]
+    return out
+
+
+def _plain(d: dict) -> dict:
+    """``d`` as JSON has it (tuples as lists)."""
+    return json.loads(json.dumps(d, default=str))
+
+
+def load_measured(path: str | Path) -> tuple[dict, list[Measured]]:
+    """(the file's header: ``gpu``, ``corpus``, ``source`` ..., its rows) of a measured-rows file:
+    ``{"gpu": "H200", "corpus": "data/wiki1m_head.txt", ..., "rows": [{...}, ...]}``. A missing or
+    malformed key is an error naming the file, the row and the key."""
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text("utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise SentembError(f"{p}: not a readable JSON file ({e})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("rows"), list):
+        raise SentembError(f"{p}: expected an object with a 'rows' list")
+    rows = []
+    names = {f.name for f in dataclasses.fields(Measured)}
+    for i, r in enumerate(data["rows"]):
+        where = f"{p}: rows[{i}]"
+        if not isinstance(r, dict):
+            raise SentembError(f"{where}: expected an object")
+        missing = [k for k in REQUIRED if k not in r]
+        if missing:
+            raise SentembError(f"{where}: missing {', '.join(missing)}")
+        unknown = sorted(set(r) - names)
+        if unknown:
+            raise SentembError(f"{where}: unknown key(s) {', '.join(unknown)} (known: {', '.join(sorted(names))})")
+        steps = r["steps"]
+        if not (isinstance(steps, list | tuple) and len(steps) == 2 and all(isinstance(x, int) for x in steps)
+                and 0 <= steps[0] < steps[1]):
+            raise SentembError(f"{where}.steps: {steps!r} is not [first, end) optimizer steps (0 <= first < end)")
+        for k in ("batch", "max_len"):
+            if not isinstance(r[k], int) or r[k] < 1:
+                raise SentembError(f"{where}.{k}: {r[k]!r} is not a positive integer")
+        if not isinstance(r["ms"], int | float) or r["ms"] <= 0:
+            raise SentembError(f"{where}.ms: {r['ms']!r} is not a positive number")
+        only = r.get("only_steps")
+        if only is not None and not (isinstance(only, list) and only and all(isinstance(x, int) for x in only)
+                                     and all(steps[0] <= x < steps[1] for x in only)):
+            raise SentembError(f"{where}.only_steps: {only!r} is not a non-empty list of steps within {steps}")
+        for k in ("train", "method_args"):
+            if not isinstance(r.get(k, {}), dict):
+                raise SentembError(f"{where}.{k}: expected an object")
+        rows.append(Measured(**{**r, "steps": (int(steps[0]), int(steps[1]))}))
+    return {k: v for k, v in data.items() if k != "rows"}, rows
+
+
+def resolve_corpus(given: str | Path | None, header: dict, path: Path) -> Path:
+    """The corpus the rows were measured on: ``given`` (``--corpus``), else the header's ``corpus`` as
+    it is, or its file name under ``data/`` of the mirror and the ``shared/`` folders (a lend's path
+    is the device's)."""
+    import os
+
+    from .shapes import shared_dirs
+
+    if given:
+        p = Path(given)
+        if not p.is_file():
+            raise SentembError(f"--corpus: {p} is not a file")
+        return p
+    name = header.get("corpus")
+    if not name:
+        raise SentembError(f"{path}: no 'corpus' in its header; give --corpus")
+    roots = [Path(os.environ["SENTEMB_MIRROR"])] if os.environ.get("SENTEMB_MIRROR") else []
+    candidates = [Path(name)] + [r / name for r in roots + list(shared_dirs())] + \
+        [r / "data" / Path(name).name for r in roots + list(shared_dirs())]
+    for c in candidates:
+        if c.is_file():
+            return c
+    raise SentembError(f"{path}: its corpus {name} is not found here (looked in the mirror and shared/); give --corpus")
+
+
+def measured_run(row: Measured, corpus: Path):
+    """The run ``row`` measured (``_bench_run``'s, with its train settings and method arguments), under
+    the backbone name ``row.model`` and the corpus name ``CHECK_CORPUS``."""
+    from .benchmark import _bench_run
+
+    try:
+        run = _bench_run(row.model, corpus, row.batch, "cuda", row.max_len, row.precision, row.method, 10**9,
+                         row.method_args, {}, **row.train)
+    except (TypeError, ValueError) as e:
+        raise SentembError(f"row {row.what!r}: its train settings or method arguments do not make a run: {e}") from None
+    return dataclasses.replace(run, backbone=row.model, corpus=CHECK_CORPUS)
+
+
+def price_measured(rows: list[Measured], config, corpus: Path, gpu: str) -> list[tuple[Measured, float, dict]]:
+    """Each row with the plan's seconds per step for it on ``gpu`` and the profile it was priced at
+    (``width_profile`` of the timed steps)."""
+    import torch
+
+    from ..config.settings import Config
+    from .plan import Counter, _frozen_imports, job_measures, step_time, width_profile
+    from .shapes import backbone_architecture
+
+    cfg = Config.of(config)
+    out = []
+    torch.manual_seed(0)
+    with tempfile.TemporaryDirectory(prefix="sentemb-plan-check-") as tmp, _frozen_imports():
+        counter = Counter(cfg, Path(tmp), corpus)
+        for row in rows:
+            if row.model not in cfg.backbones:
+                raise SentembError(f"row {row.what!r}: model {row.model} is not a backbone of the configuration "
+                                   f"(known: {', '.join(sorted(cfg.backbones))})")
+            run = measured_run(row, corpus)
+            arch = backbone_architecture(cfg, run.backbone)
+            lengths = counter.lengths(run.corpus, run.backbone)
+            profile = width_profile(run, arch, lengths, steps=row.timed())
+            measures = job_measures(counter, run, profile)
+            seconds, _ = step_time(run, arch, measures, profile["count"], gpu)
+            out.append((row, seconds, profile))
+    return out
+
+
+def verdict(measured_ms: float, plan_ms: float, tolerance: float = TOLERANCE) -> tuple[float, bool]:
+    """(the plan's relative error against the measured step, whether it is within ``tolerance``)."""
+    err = (plan_ms - measured_ms) / measured_ms
+    return err, abs(err) <= tolerance + 1e-12
+
+
+def format_check(priced: list[tuple[Measured, float, dict]], gpu: str, header: dict, corpus: Path,
+                 tolerance: float = TOLERANCE) -> str:
+    """The table ``sentemb plan-check`` prints, and its verdict over the steady rows."""
+    lines = [f"sentemb plan vs steps measured on {header.get('device') or header.get('gpu') or '?'}"
+             f" ({header.get('source', '')}; priced for {gpu}; lengths of {corpus})", "",
+             "| what | measured ms/step | plan ms/step | plan vs measured | |", "| --- | ---: | ---: | ---: | --- |"]
+    steady = within = 0
+    for row, seconds, profile in priced:
+        plan_ms = 1000 * seconds
+        err, ok = verdict(row.ms, plan_ms, tolerance)
+        widths = ", ".join(f"{w}: {100 * f:.0f}%" for w, f in sorted(profile["count"].items()))
+        if row.steady:
+            steady += 1
+            within += ok
+            mark = "within" if ok else f"OFF by more than {100 * tolerance:.0f}%"
+        else:
+            mark = "not steady (see its note), left out of the count"
+        which = (f"{len(row.only_steps)} of steps {row.steps[0]}-{row.steps[1] - 1}" if row.only_steps
+                 else f"steps {row.steps[0]}-{row.steps[1] - 1}")
+        note = f"{mark}; {which} at widths {widths}" + (f"; {row.note}" if row.note else "")
+        lines.append(f"| {row.what} | {row.ms:.1f} | {plan_ms:.1f} | {100 * err:+.0f}% | {note} |")
+    lines += ["", f"{within} of {steady} steady rows within {100 * tolerance:.0f}% of the measured step"
+              + (f" ({len(priced) - steady} not steady, left out)" if len(priced) > steady else "")]
+    return "\n".join(lines)

@@ -1,0 +1,153 @@
+"""``sentemb plan-check`` (``sentemb.ops.plan_check``): ``sentemb plan``'s step price for steps measured
+on a GPU, at the widths those very steps had."""
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sentemb import SentembError
+from sentemb.ops import plan_check
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _row(**over) -> dict:
+    return {**plan_check.measured_record("simcse B=64", "simcse", "bert-base-uncased", 64, 32, 0.0101, (8, 23),
+                                         {"graphs": True, "compile": True, "buckets": [32]}), **over}
+
+
+def test_the_steps_priced_are_the_steps_the_loop_trains_on(tiny_bert_dir, tmp_path):
+    """``width_profile(steps=...)``: the widths of a length-sampled job's optimizer steps 3..9 (fused
+    pairs of micro-batches, two per step) as the loop's own ``micro_batches`` builds them for a job of
+    seed 0 on the same lines: the plan prices the widths that were timed, not an epoch's mean."""
+    from sentemb.ops.benchmark import _bench_run
+    from sentemb.ops.plan import Lengths, width_profile
+    from sentemb.testing import TINY_WORDS
+    from sentemb.train.batches import micro_batches
+    from sentemb.train.loop import sentence_lengths, setup
+
+    rng = np.random.default_rng(5)
+    lines = [" ".join(rng.choice(TINY_WORDS, int(rng.integers(1, 60)))) for _ in range(200)]
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("\n".join(lines) + "\n")
+    run = _bench_run(tiny_bert_dir, corpus, 4, "cpu", 64, "fp32", "simcse", 10**9, None, {}, prefetch=False,
+                     sampler="length", buckets=[16, 32, 48, 64], grad_accum=2, fuse_micro_batches=2)
+    steps = list(range(3, 10))
+    with setup(run, "/nonexistent") as job:
+        tok = job.method.tokenizer
+        loop_widths = []
+        for s in steps:
+            group = micro_batches(job, s)
+            assert len(group) == 2
+            loop_widths.append(max(b["input_ids"].shape[1] for _, b in group))  # the fused forward's width
+    ids = tok(lines)["input_ids"]
+    lengths = Lengths("test", np.array([len(x) for x in ids]), sentence_lengths(lines), lines)
+    profile = width_profile(run, "bert-base-uncased", lengths, steps=steps)
+    want = {w: loop_widths.count(w) / len(steps) for w in set(loop_widths)}
+    assert profile["count"] == pytest.approx(want), (profile["count"], loop_widths)
+    assert set(want) <= {16, 32, 48, 64} and len(want) > 1  # several widths: the check can fail
+    # another window prices other widths (the restriction is used)
+    other = width_profile(run, "bert-base-uncased", lengths, steps=[0, 1, 2])
+    assert other["count"] != profile["count"] or other["batches"] != profile["batches"]
+
+
+@pytest.mark.realdata
+def test_a_measured_row_is_priced_as_sentemb_plan_prices_the_job(shared, tmp_path):
+    """A SimCSE row at max_len 32 (every step at width 32) gets exactly the step time ``sentemb plan``
+    gives the same run as a training job of a configuration, graphed and compiled and eager; the
+    table says within or off against the 25% target, and ``--strict`` fails on a row that is off."""
+    import dataclasses
+
+    from sentemb.cli import main
+    from sentemb.config.load import load_config
+    from sentemb.ops import plan as P
+    from sentemb.ops.shapes import backbone_architecture
+
+    config = load_config(ROOT / "config" / "config.yaml")
+    corpus = shared / "data" / "wiki1m_head.txt"
+    rows = [_row(), _row(what="eager B=64", train={}, ms=34.0, steps=[3, 8]), _row(what="off", ms=1000.0)]
+    path = tmp_path / "rows.json"
+    path.write_text(json.dumps({"gpu": "H200", "corpus": "data/wiki1m_head.txt", "rows": rows}))
+    header, measured = plan_check.load_measured(path)
+    priced = plan_check.price_measured(measured, config, corpus, "H200")
+    # the reference: the plan's own pricing of a configured job with these settings (resolve_run's run,
+    # the job's whole-epoch width profile: at max_len 32 every batch is 32 wide)
+    from sentemb.config.load import resolve_run
+    from sentemb.config.settings import Config
+
+    cfg = Config.of(config)
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp, P._frozen_imports():
+        counter = P.Counter(cfg, Path(tmp), corpus)
+        base = resolve_run(cfg, "simcse", "bert-base-uncased", 42)
+        for (row, seconds, profile), over in zip(priced[:2], ({"graphs": True, "compile": True, "buckets": [32]}, {})):
+            run = dataclasses.replace(base, train=dataclasses.replace(base.train, batch_size=64, max_len=32,
+                                                                      grad_accum=1, **over))
+            job = P._priced_row(counter, "train", "x", run, cfg, "H200", None, 1.5, {})
+            assert profile["count"] == {32: 1.0}
+            assert seconds == pytest.approx(job.step_s, rel=1e-9), row.what
+    assert priced[0][1] < priced[1][1] / 2  # the graphed step is priced at its own floor
+    out = tmp_path / "out.json"
+    assert main(["plan-check", str(path), "--config", str(ROOT / "config" / "config.yaml"), "--json", str(out)]) == 0
+    got = json.loads(out.read_text())
+    assert [r["what"] for r in got] == ["simcse B=64", "eager B=64", "off"]
+    assert got[0]["plan_ms"] == pytest.approx(1000 * priced[0][1], rel=1e-6)
+    assert got[2]["error"] < -0.9
+    assert main(["plan-check", str(path), "--config", str(ROOT / "config" / "config.yaml"), "--strict"]) == 1
+    assert backbone_architecture(cfg, "bert-base-uncased")
+
+
+def test_bad_rows_are_refused_naming_the_file_the_row_and_the_key(tmp_path):
+    path = tmp_path / "rows.json"
+    for bad, says in (({"steps": [5, 5]}, "rows[1].steps"), ({"ms": 0}, "rows[1].ms"), ({"batch": "64"}, "rows[1].batch"),
+                      ({"only_steps": [30]}, "rows[1].only_steps"), ({"colour": 1}, "rows[1]: unknown key(s) colour")):
+        path.write_text(json.dumps({"rows": [_row(), _row(**bad)]}))
+        with pytest.raises(SentembError, match=re.escape(f"rows.json: {says}")):
+            plan_check.load_measured(path)
+    path.write_text(json.dumps({"rows": [{k: v for k, v in _row().items() if k != "steps"}]}))
+    with pytest.raises(SentembError, match=r"rows\[0\]: missing steps"):
+        plan_check.load_measured(path)
+
+
+def test_recorded_rows_are_written_after_each_row(tmp_path, monkeypatch):
+    """``gpu-check --rows-json``: the file holds every row recorded so far (a run stopped by its time
+    limit keeps them); the model is kept by its directory's name (a backbone name)."""
+    monkeypatch.setattr(plan_check, "RECORDED", [])
+    monkeypatch.setattr(plan_check, "_RECORD_TO", None)
+    path = tmp_path / "rows.json"
+    plan_check.record_to(path, {"gpu": "H200", "corpus": "data/c.txt"})
+    assert json.loads(path.read_text())["rows"] == []
+    plan_check.record("a", "simcse", "/tmp/x/bert-base-uncased", 64, 32, 0.01, (8, 23), {"buckets": (32,)})
+    doc = json.loads(path.read_text())
+    assert doc["gpu"] == "H200" and doc["rows"][0]["model"] == "bert-base-uncased"
+    assert doc["rows"][0]["train"] == {"buckets": [32]} and doc["rows"][0]["ms"] == 10.0
+    plan_check.add_recorded([dict(doc["rows"][0], what="b")])
+    header, rows = plan_check.load_measured(path)
+    assert [r.what for r in rows] == ["a", "b"] and rows[0].steps == (8, 23)
+
+
+@pytest.mark.realdata
+def test_the_plan_stays_within_25_percent_of_the_lends_steady_rows(shared):
+    """The rows the H200 measured on the fifth and sixth lends (``docs/gpu/*.rows.json``, transcribed
+    from their tables): a change to the plan's constants or its pricing that takes a steady row out of
+    issue 37's 25% fails here. The compiled, not graphed, rows were 17-62% off before
+    ``COMPILED_FLOOR_BY_ATTENTION``."""
+    from sentemb.config.load import load_config
+
+    rows = []
+    for name in ("h200-2026-11-28b.rows.json", "h200-2026-11-28c.rows.json"):
+        header, got = plan_check.load_measured(ROOT / "docs" / "gpu" / name)
+        assert header["gpu"] == "H200"
+        rows += got
+    corpus = plan_check.resolve_corpus(None, header, ROOT / "docs" / "gpu" / name)
+    priced = plan_check.price_measured(rows, load_config(ROOT / "config" / "config.yaml"), corpus, "H200")
+    steady = [(r.what, r.ms, round(1000 * s, 1)) for r, s, _ in priced if r.steady]
+    assert len(steady) == 21
+    off = [x for x in steady if not plan_check.verdict(x[1], x[2])[1]]
+    assert not off, off
+    alone = [(r.ms, s) for r, s, _ in priced if r.train.get("compile") and not r.train.get("graphs")]
+    assert len(alone) == 4
