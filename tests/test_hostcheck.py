@@ -306,3 +306,19 @@ def test_tune_variants_that_are_not_a_list_of_settings_are_refused_naming_the_va
         monkeypatch.setenv("SENTEMB_TUNE", bad)
         with pytest.raises(SentembError, match="SENTEMB_TUNE"):
             hostcheck.tune_rows(tiny_bert_dir, tiny_corpus, "cpu", toy=True)
+
+
+def test_graphed_rows_time_every_method_at_both_batches(tiny_bert_dir, tiny_corpus, monkeypatch):
+    """``--host-parts graphed`` (issue 37: "every method at B 64 and B 512, chunked, SAM"): SimCSE's
+    rows, then every other method at B 64 and then at B 512 with its paper ``sam_rho``, each in a
+    process of its own on a GPU (in this process on a CPU, 4 and 8 standing for 64 and 512)."""
+    calls = []
+    fake = lambda **kw: calls.append(kw) or (f"{kw['method']} B={kw['batch']}", "ok", "")  # noqa: E731
+    monkeypatch.setattr(hostcheck, "graphed", fake)
+    monkeypatch.setattr(hostcheck, "_isolated", lambda kw, fn="graphed": fake(**kw))
+    usable = {m: {} for m in ("simcse", "arccse", "una")}
+    hostcheck.graphed_rows(tiny_bert_dir, tiny_corpus, "cpu", {}, usable, toy=True)
+    others = [(c["method"], c["batch"], c["train"].get("sam_rho")) for c in calls if c["method"] != "simcse"]
+    assert others == [("arccse", 4, 0.05), ("una", 4, None), ("arccse", 8, 0.05), ("una", 8, None)], others
+    simcse = [(c["batch"], c["train"]) for c in calls if c["method"] == "simcse"]
+    assert (8, {"dropout_rng": "counter", "chunk_size": 2}) in simcse and (4, {"sam_rho": 0.05}) in simcse

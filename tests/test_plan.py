@@ -400,6 +400,8 @@ def test_una_is_priced_as_its_steps_with_and_without_negatives_mixed_by_alpha(tm
     assert [build_timing_steps(dataclasses.replace(r5, method_args={**r5.method_args, "alpha": a}))
             for a in (2, 3, 7, 9)] == [6, 6, 7, 9]
     assert mixed.mem_gb == pytest.approx(every.mem_gb, rel=1e-9) and mixed.mem_gb > none.mem_gb
+    # a graphed run captures each kind of step at each width: twice the shapes of a run of one kind
+    assert every.shapes == none.shapes and mixed.shapes["main"] == 2 * every.shapes["main"], (mixed.shapes, every.shapes)
 
 
 @pytest.mark.realdata

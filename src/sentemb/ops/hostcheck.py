@@ -569,8 +569,9 @@ def graphed_rows(model: Path, corpus: Path, device: str, margs: dict, usable: di
     """The graphed rows of issue 37 on this device: SimCSE B 64 (stream and counter dropout), B 512,
     B 512 in chunks of 128 (counter; its unchunked counter step for the ratio; the graph-free first
     pass over the whole batch, ``chunk_first_pass: auto``, and chunk by chunk), SAM at B 64, B 64 and
-    B 512 with ``train.compile`` (and B 64 with compile and counter dropout; CUDA only), and every other method at B 64 with its paper train
-    settings. On a CPU: batches of 4, 2 + 2 steps."""
+    B 512 with ``train.compile`` (and B 64 with compile and counter dropout; CUDA only), and every other
+    method at B 64, then at B 512, with its paper train settings (each in a process of its own). On a
+    CPU: batches of 4 and 8, 2 + 2 steps, in this process."""
     from ..methods import get_method
 
     b64, b512, c128 = (4, 8, 2) if toy else (64, 512, 128)
@@ -582,10 +583,11 @@ def graphed_rows(model: Path, corpus: Path, device: str, margs: dict, usable: di
     if not toy:  # Inductor's fused kernels inside the graph (one width: one compilation per run)
         cfgs += [("simcse", b64, {"compile": True, "buckets": [32]}), ("simcse", b512, {"compile": True, "buckets": [32]}),
                  ("simcse", b64, {"compile": True, "buckets": [32], "dropout_rng": "counter"})]
-    for m in sorted(usable):
-        if m != "simcse" and (methods is None or m in methods):
+    others = [m for m in sorted(usable) if m != "simcse" and (methods is None or m in methods)]
+    for b in (b64, b512):  # issue 37: every method at B 64 and B 512 (all at B 64 first: the target's rows)
+        for m in others:
             paper = {k: v for k, v in get_method(m).paper_train.items() if k in ("sam_rho",)}
-            cfgs.append((m, b64, paper))
+            cfgs.append((m, b, paper))
     import sys
 
     out = []

@@ -1143,6 +1143,9 @@ def _train_row(kind, label, run, m: Measure, encode: float, config: dict | Confi
     row.lengths = lengths
     row.widths = {int(w): round(float(f), 4) for w, f in sorted(shares.items())}
     row.shapes = dict((profile or {}).get("shapes") or {})
+    kinds = len(widest.kinds or ()) or 1  # each kind of step (UNA's 4B rows with negatives, 2B without) its own shapes
+    if kinds > 1 and "main" in row.shapes:
+        row.shapes["main"] *= kinds
     row.dev_share = eval_hours / hours if hours else 0.0
     row.step_s = per_gpu
     row = _flag(row, gpu, res, margin)
@@ -1474,7 +1477,8 @@ def format_plan(rows: list[Row], gpu: str, mfu: float | None) -> str:
     flagged = [r for r in rows if r.flags]
     cpu = [r for r in rows if r.kind == "classify"]
     lines += ["", "columns: floor-h = counted FLOPs / the GPU's bf16 peak; shapes = distinct padded widths one epoch "
-              "meets per encoder pass (main[/triplets]); dev% = share of the job's time in STS-B dev evaluation; "
+              "meets per encoder pass (main[/triplets]), times the method's kinds of step (UNA: with and without "
+              "negatives); dev% = share of the job's time in STS-B dev evaluation; "
               "bld ms = building one optimizer step's batches on the job's CPUs (train.workers), timed here; "
               "step ms = the estimated GPU step"]
     sources: dict[str, int] = {}
