@@ -66,3 +66,24 @@ def test_the_same_checks_run_on_the_cpu(shared, tmp_path):
     diff = float(dev.split("relative difference ")[1].split()[0].rstrip("|"))
     assert diff < 1e-4, dev  # two processes, keyed dropout: the one-process weights to fp32 round-off
 
+
+
+def test_plan_check_prices_the_steps_it_measured(shared, monkeypatch, capsys):
+    """``gpu-check --plan-check``: after the table, the steps measured priced as ``sentemb plan`` prices
+    a job, the model found among the config's backbones by its directory's name (the mirror's
+    all-MiniLM-L6-v2 is the demo config's ``minilm``); a model that is none of them is named, not priced."""
+    from pathlib import Path
+
+    from sentemb.cli.gpucheck import _plan_check
+    from sentemb.ops import plan_check
+
+    root = Path(__file__).resolve().parents[1]
+    row = plan_check.measured_record("train simcse B=8 bf16", "simcse", "all-MiniLM-L6-v2", 8, 32, 0.05, (1, 2),
+                                     {"prefetch": False})
+    monkeypatch.setattr(plan_check, "RECORDED", [row, {**row, "what": "elsewhere", "model": "my-own-model"}])
+    out = _plan_check(str(root / "config" / "demo.yaml"), "cpu", shared / "data" / "wiki1m_head.txt")
+    assert capsys.readouterr().out.strip() == "\n".join(out).strip()
+    priced = [line for line in out if line.startswith("| train simcse B=8 bf16 |")]
+    assert len(priced) == 1 and float(priced[0].split("|")[3]) > 0, out
+    assert "0 of 1 steady rows" in out[-2] or "1 of 1 steady rows" in out[-2], out
+    assert out[-1].startswith("not priced: row 'elsewhere': model my-own-model is not a backbone"), out

@@ -71,10 +71,39 @@ def _cmd_gpu_check(args: argparse.Namespace) -> int:
 
         print(f"{len(RECORDED)} measured steps in {args.rows_json} (sentemb plan-check {args.rows_json})",
               file=sys.stderr)
+    if args.plan_check:
+        lines += ["", *_plan_check(args.config, device, corpus)]
     if args.output:
         Path(args.output).write_text("\n".join(lines) + "\n")
         Path(args.output).with_suffix(".json").write_text(json.dumps({"lines": lines}, indent=2))
     return 0
+
+
+def _plan_check(config: str | None, device: str, corpus: Path) -> list[str]:
+    """``sentemb plan-check`` of the steps this run measured (``--plan-check``): the plan's price of
+    each beside it, priced on this machine's CPU after the rows (``config``: the backbones the model
+    is found among; default the repository's ``config/config.yaml``). Printed as it is made."""
+    from ..config.load import load_config
+    from ..ops.gpus import GPUS
+    from ..ops.plan import DEFAULT_GPU
+    from ..ops.plan_check import RECORDED, Measured, backbone_for, format_check, price_measured
+
+    cfg = load_config(config or Path(__file__).resolve().parents[3] / "config" / "config.yaml")
+    header = _rows_header(device, corpus)
+    rows, skipped = [], []
+    for r in RECORDED:
+        try:
+            backbone_for(cfg, r["model"], r["what"])
+        except SentembError as e:
+            skipped.append(str(e))
+            continue
+        rows.append(Measured(**r))
+    gpu = header["gpu"] if header["gpu"] in GPUS else DEFAULT_GPU
+    out = format_check(price_measured(rows, cfg, corpus, gpu), gpu, header, corpus).splitlines() if rows else \
+        ["sentemb plan-check: no measured step to price"]
+    out += [f"not priced: {x}" for x in dict.fromkeys(skipped)]
+    print("\n".join(out), flush=True)
+    return out
 
 
 def _rows_header(device: str, corpus: Path) -> dict:
@@ -117,7 +146,8 @@ def register(sub) -> None:
     p.add_argument("--batch-size", type=int, action="append", help="default 64 and 512")
     p.add_argument("--method", action="append", metavar="NAME",
                    help="a registered method (repeatable; default every one: the six and imported plug-ins)")
-    p.add_argument("--config", default=None, help="a config whose method_modules (the user's methods) to import")
+    p.add_argument("--config", default=None, help="a config whose method_modules (the user's methods) to import; "
+                                                  "with --plan-check, whose backbones the model is among")
     p.add_argument("--method-module", action="append", default=[],
                    help="a Python file or module with @register_method classes (repeatable)")
     p.add_argument("--steps", type=int, default=10)
@@ -126,6 +156,10 @@ def register(sub) -> None:
     p.add_argument("--no-dag", action="store_true", help="skip the tiny DAG")
     p.add_argument("--sts-tasks", default=None, help="comma-separated STS tasks of the fp32/bf16 comparison (default all 7)")
     p.add_argument("--output", default=None, help="also write the table (Markdown) here")
+    p.add_argument("--plan-check", action="store_true",
+                   help="after the table, price every training step measured as sentemb plan does and print the "
+                        "plan's error on each (sentemb plan-check; the model found among --config's backbones, "
+                        "default config/config.yaml)")
     p.add_argument("--rows-json", default=None,
                    help="also write every training step measured (its settings and ms/step) here, after each row: "
                         "sentemb plan-check FILE prices them as sentemb plan does")

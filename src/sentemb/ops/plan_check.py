@@ -190,6 +190,23 @@ def resolve_corpus(given: str | Path | None, header: dict, path: Path) -> Path:
     raise SentembError(f"{path}: its corpus {name} is not found here (looked in the mirror and shared/); give --corpus")
 
 
+def backbone_for(config, model: str, what: str = "") -> str:
+    """The configured backbone a row's ``model`` names: a backbone of that name, else the one whose
+    model directory (``mirror_path``, or the last part of its ``hub_id``) has that name (gpu-check keeps
+    a model by its directory's name: the mirror's ``all-MiniLM-L6-v2`` is the demo's ``minilm``)."""
+    from ..config.settings import Config
+
+    cfg = Config.of(config)
+    if model in cfg.backbones:
+        return model
+    for name, spec in cfg.backbones.items():
+        dirs = {Path(spec.mirror_path).name if spec.mirror_path else None, str(spec.hub_id).rstrip("/").split("/")[-1]}
+        if model in dirs:
+            return name
+    raise SentembError(f"row {what!r}: model {model} is not a backbone of the configuration, nor the model directory "
+                       f"of one (known: {', '.join(sorted(cfg.backbones))}); give --config with it")
+
+
 def measured_run(row: Measured, corpus: Path):
     """The run ``row`` measured (``_bench_run``'s, with its train settings and method arguments), under
     the backbone name ``row.model`` and the corpus name ``CHECK_CORPUS``."""
@@ -218,10 +235,7 @@ def price_measured(rows: list[Measured], config, corpus: Path, gpu: str) -> list
     with tempfile.TemporaryDirectory(prefix="sentemb-plan-check-") as tmp, _frozen_imports():
         counter = Counter(cfg, Path(tmp), corpus)
         for row in rows:
-            if row.model not in cfg.backbones:
-                raise SentembError(f"row {row.what!r}: model {row.model} is not a backbone of the configuration "
-                                   f"(known: {', '.join(sorted(cfg.backbones))})")
-            run = measured_run(row, corpus)
+            run = measured_run(dataclasses.replace(row, model=backbone_for(cfg, row.model, row.what)), corpus)
             arch = backbone_architecture(cfg, run.backbone)
             lengths = counter.lengths(run.corpus, run.backbone)
             profile = width_profile(run, arch, lengths, steps=row.timed())
