@@ -57,7 +57,8 @@ def test_the_same_checks_run_on_the_cpu(shared, tmp_path):
     assert header["corpus"] == "data/c.txt" and header["device"].startswith("cpu")
     by = {r.what: r for r in rows}
     assert set(by) == {"train simcse B=8 bf16", "train arccse B=8 bf16", "train simcse B=8 bf16 chunk_size 2"}, set(by)
-    assert by["train arccse B=8 bf16"].train == {"prefetch": False, "sam_rho": 0.05}
+    assert by["train arccse B=8 bf16"].train == {"prefetch": False, "sam_rho": 0.05, "attention": "sdpa"}  # as it ran
+    assert all(r.build_ms is not None and 0 <= r.build_ms < r.ms for r in rows)  # built in line: part of the step
     assert by["train simcse B=8 bf16 chunk_size 2"].train["chunk_size"] == 2
     for r in rows:
         assert r.steps == (1, 2) and r.batch == 8 and r.model == "all-MiniLM-L6-v2"

@@ -102,6 +102,9 @@ def test_graphed_row_times_both_ways_and_counts_the_steps_flops(tiny_bert_dir, t
     assert (eager["train"]["graphs"], graphed["train"]["graphs"]) == (False, True)
     assert eager["steps"] == graphed["steps"] == (1, 2) and eager["batch"] == 4 and eager["max_len"] == 16
     assert f"eager {eager['ms']:.1f} ms/step" in value and f"graphed {graphed['ms']:.1f} ms/step" in value
+    # the attention kernel as it ran (auto resolved), and steady only when no graph was captured in the timed step
+    assert eager["train"]["attention"] == graphed["train"]["attention"] == "sdpa"
+    assert eager["steady"] == graphed["steady"] and (graphed["steady"] or "captured in the timed steps" in graphed["note"])
     # the graphed step's TFLOP/s come from the matmuls counted in one eager step (no peak on a CPU)
     tflops = float(note.split("; ")[-1].split(" TFLOP/s")[0])
     assert tflops > 0 and "% of the bf16 peak" not in note, note

@@ -68,7 +68,9 @@ def test_a_measured_row_is_priced_as_sentemb_plan_prices_the_job(shared, tmp_pat
 
     config = load_config(ROOT / "config" / "config.yaml")
     corpus = shared / "data" / "wiki1m_head.txt"
-    rows = [_row(), _row(what="eager B=64", train={}, ms=34.0, steps=[3, 8]), _row(what="off", ms=1000.0)]
+    rows = [_row(), _row(what="eager B=64", train={}, ms=34.0, steps=[3, 8]), _row(what="off", ms=1000.0),
+            _row(what="compiled B=512", batch=512, ms=49.2, train={"compile": True, "buckets": [32]}),
+            _row(what="built in line", ms=14.0, build_ms=3.9), _row(what="a method of nobody's", method="nope")]
     path = tmp_path / "rows.json"
     path.write_text(json.dumps({"gpu": "H200", "corpus": "data/wiki1m_head.txt", "rows": rows}))
     header, measured = plan_check.load_measured(path)
@@ -84,27 +86,46 @@ def test_a_measured_row_is_priced_as_sentemb_plan_prices_the_job(shared, tmp_pat
     with tempfile.TemporaryDirectory() as tmp, P._frozen_imports():
         counter = P.Counter(cfg, Path(tmp), corpus)
         base = resolve_run(cfg, "simcse", "bert-base-uncased", 42)
-        for (row, seconds, profile), over in zip(priced[:2], ({"graphs": True, "compile": True, "buckets": [32]}, {})):
-            run = dataclasses.replace(base, train=dataclasses.replace(base.train, batch_size=64, max_len=32,
+        cases = ((0, 64, {"graphs": True, "compile": True, "buckets": [32]}), (1, 64, {}),
+                 (3, 512, {"compile": True, "buckets": [32]}))  # compile alone: its floor, and the compiled MFU
+        for i, batch, over in cases:
+            row, seconds, profile = priced[i]
+            run = dataclasses.replace(base, train=dataclasses.replace(base.train, batch_size=batch, max_len=32,
                                                                       grad_accum=1, **over))
             job = P._priced_row(counter, "train", "x", run, cfg, "H200", None, 1.5, {})
             assert profile["count"] == {32: 1.0}
             assert seconds == pytest.approx(job.step_s, rel=1e-9), row.what
     assert priced[0][1] < priced[1][1] / 2  # the graphed step is priced at its own floor
+    # the in-line batch building is taken off the measured step (the plan prices the step without it), and a
+    # row that cannot be priced is said so while the others are priced
+    assert priced[4][1] == priced[0][1] and plan_check.verdict(priced[4][0].step_ms(), 1000 * priced[4][1])[1]
+    assert isinstance(priced[5][1], str) and "nope" in priced[5][1]
+    assert abs(priced[3][1] - 0.0492) < 0.1 * 0.0492  # compiled alone at B 512: the graphed step's time, not eager's
     out = tmp_path / "out.json"
     assert main(["plan-check", str(path), "--config", str(ROOT / "config" / "config.yaml"), "--json", str(out)]) == 0
     got = json.loads(out.read_text())
-    assert [r["what"] for r in got] == ["simcse B=64", "eager B=64", "off"]
+    assert [r["what"] for r in got] == ["simcse B=64", "eager B=64", "off", "compiled B=512", "built in line",
+                                        "a method of nobody's"]
+    assert got[5]["plan_ms"] is None and "nope" in got[5]["not_priced"]
     assert got[0]["plan_ms"] == pytest.approx(1000 * priced[0][1], rel=1e-6)
     assert got[2]["error"] < -0.9
     assert main(["plan-check", str(path), "--config", str(ROOT / "config" / "config.yaml"), "--strict"]) == 1
+    # the corpus is found by its name and checked against the one measured
+    path.write_text(json.dumps({"gpu": "H200", "corpus": "data/wiki1m_head.txt", "corpus_lines": 5, "rows": rows[:1]}))
+    with pytest.raises(SentembError, match="corpus data/wiki1m_head.txt is not .*give --corpus"):
+        plan_check.resolve_corpus(None, plan_check.load_measured(path)[0], path)
     assert backbone_architecture(cfg, "bert-base-uncased")
 
 
 def test_bad_rows_are_refused_naming_the_file_the_row_and_the_key(tmp_path):
     path = tmp_path / "rows.json"
-    for bad, says in (({"steps": [5, 5]}, "rows[1].steps"), ({"ms": 0}, "rows[1].ms"), ({"batch": "64"}, "rows[1].batch"),
-                      ({"only_steps": [30]}, "rows[1].only_steps"), ({"colour": 1}, "rows[1]: unknown key(s) colour")):
+    for bad, says in (({"steps": [5, 5]}, "rows[1].steps"), ({"steps": [True, 3]}, "rows[1].steps"),
+                      ({"ms": 0}, "rows[1].ms"), ({"batch": "64"}, "rows[1].batch"), ({"batch": True}, "rows[1].batch"),
+                      ({"build_ms": 20.0}, "rows[1].build_ms"),
+                      ({"only_steps": [30]}, "rows[1].only_steps"), ({"colour": 1}, "rows[1]: unknown key(s) colour"),
+                      ({"train": {"batch_size": 8}}, "rows[1].train.batch_size"),
+                      ({"train": {"attention": "bogus"}}, "rows[1].train.attention"),
+                      ({"train": {"chunk_size": "many"}}, "rows[1]: train.chunk_size")):
         path.write_text(json.dumps({"rows": [_row(), _row(**bad)]}))
         with pytest.raises(SentembError, match=re.escape(f"rows.json: {says}")):
             plan_check.load_measured(path)

@@ -101,6 +101,8 @@ def _plan_check(config: str | None, device: str, corpus: Path) -> list[str]:
     gpu = header["gpu"] if header["gpu"] in GPUS else DEFAULT_GPU
     out = format_check(price_measured(rows, cfg, corpus, gpu), gpu, header, corpus).splitlines() if rows else \
         ["sentemb plan-check: no measured step to price"]
+    if rows and header["gpu"] not in GPUS:
+        out.insert(1, f"(this device, {header['device']}, is none of sentemb.ops.gpus: priced for {gpu})")
     out += [f"not priced: {x}" for x in dict.fromkeys(skipped)]
     print("\n".join(out), flush=True)
     return out
@@ -123,8 +125,10 @@ def _rows_header(device: str, corpus: Path) -> dict:
                                 cwd=Path(__file__).resolve().parent, timeout=10).stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         commit = None
+    from ..ops.plan_check import corpus_identity
+
     return {"source": "sentemb gpu-check " + " ".join(sys.argv[2:]), "gpu": gpu, "device": name,
-            "torch": torch.__version__, "commit": commit, "corpus": f"data/{corpus.name}"}
+            "torch": torch.__version__, "commit": commit, "corpus": f"data/{corpus.name}", **corpus_identity(corpus)}
 
 
 def register(sub) -> None:

@@ -31,19 +31,29 @@ def _cmd_plan_check(args: argparse.Namespace) -> int:
     from ..config.load import load_config
     from ..ops.plan_check import format_check, load_measured, price_measured, resolve_corpus, verdict
 
+    from ..methods import load_method_modules
+
+    config = load_config(args.config)  # its method_modules are imported as it is validated
+    load_method_modules(args.method_module or None, "--method-module")  # rows of a plug-in method
     header, rows = load_measured(args.rows)
     if not rows:
         raise SentembError(f"{args.rows}: no rows")
-    gpu = gpu_spec(args.gpu or header.get("gpu") or DEFAULT_GPU)[0]
+    if not args.gpu and not header.get("gpu"):
+        raise SentembError(f"{args.rows}: its device ({header.get('device', 'not named')}) is none of the GPUs the plan "
+                           f"knows ({', '.join(GPU_MEMORY_GB)}); give --gpu")
+    gpu = gpu_spec(args.gpu or header["gpu"])[0]
     corpus = resolve_corpus(args.corpus, header, Path(args.rows))
-    priced = price_measured(rows, load_config(args.config), corpus, gpu)
+    priced = price_measured(rows, config, corpus, gpu)
     print(format_check(priced, gpu, header, corpus, args.tolerance))
     if args.json:
         Path(args.json).write_text(json.dumps(
-            [{**dataclasses.asdict(r), "plan_ms": round(1000 * s, 3), "error": round(verdict(r.ms, 1000 * s)[0], 4),
-              "widths": {str(w): f for w, f in p["count"].items()}} for r, s, p in priced], indent=1))
-    off = [r for r, s, _ in priced if r.steady and not verdict(r.ms, 1000 * s, args.tolerance)[1]]
-    return 1 if args.strict and off else 0
+            [{**dataclasses.asdict(r), "plan_ms": None if isinstance(s, str) else round(1000 * s, 3),
+              "error": None if isinstance(s, str) else round(verdict(r.step_ms(), 1000 * s)[0], 4),
+              "not_priced": s if isinstance(s, str) else None,
+              "widths": {str(w): f for w, f in p.get("count", {}).items()}} for r, s, p in priced], indent=1))
+    bad = [r for r, s, _ in priced
+           if isinstance(s, str) or (r.steady and not verdict(r.step_ms(), 1000 * s, args.tolerance)[1])]
+    return 1 if args.strict and bad else 0
 
 
 def register(sub) -> None:
@@ -83,5 +93,8 @@ def register(sub) -> None:
     p.add_argument("--tolerance", type=float, default=0.25,
                    help="a steady row is within when |plan - measured| <= this x measured (issue 37: 0.25)")
     p.add_argument("--json", default=None, help="also write each row with the plan's figure here")
-    p.add_argument("--strict", action="store_true", help="exit 1 when a steady row is off")
+    p.add_argument("--strict", action="store_true", help="exit 1 when a steady row is off or a row cannot be priced")
+    p.add_argument("--method-module", action="append", default=[],
+                   help="a Python file or module with @register_method classes, for rows of a plug-in method "
+                        "(repeatable)")
     p.set_defaults(func=_cmd_plan_check)

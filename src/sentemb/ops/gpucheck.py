@@ -129,6 +129,7 @@ def check(model: Path, corpus: Path, senteval: Path, device_name: str, batches: 
     import torch
 
     from .benchmark import _peak, bench_method, bench_st
+    from .hostcheck import _kernel
     from .plan_check import record
     from ..data.corpus import read_corpus
     from ..evaluate.sts import embedder_for, evaluate_sts
@@ -166,7 +167,7 @@ def check(model: Path, corpus: Path, senteval: Path, device_name: str, batches: 
                 lines.append(_row(f"train {m} B={b}", "skipped", "; ".join(f"input {n}: {v}" for n, v in missing.items())))
                 continue
             try:
-                secs, tok, padded, cfg, _, fpt = bench_method(model, corpus, b, steps, warmup, device, max_len, precision,
+                secs, tok, padded, cfg, build, fpt = bench_method(model, corpus, b, steps, warmup, device, max_len, precision,
                                                             m, margs.get(m), {n: str(v) for n, v in inputs[m].items()},
                                                             get_method(m).paper_train.get("sam_rho"))
             except SentembError as e:
@@ -175,7 +176,8 @@ def check(model: Path, corpus: Path, senteval: Path, device_name: str, batches: 
             mem = f", peak mem {torch.cuda.max_memory_allocated(device) / 2**30:.1f} GiB" if cuda else ""
             sam = get_method(m).paper_train.get("sam_rho")
             record(f"train {m} B={b} bf16", m, model, b, max_len, secs / steps, (warmup, warmup + steps),
-                   {"prefetch": False, **({"sam_rho": sam} if sam else {})}, margs.get(m) or {})
+                   {"prefetch": False, **({"sam_rho": sam} if sam else {}), **_kernel({}, device_name)},
+                   margs.get(m) or {}, build_s=build / steps)
             tf = fpt * padded / secs / 1e12
             if m == "simcse":
                 simcse_step[b] = (secs / steps, fpt * padded / steps, cfg)
@@ -191,11 +193,12 @@ def check(model: Path, corpus: Path, senteval: Path, device_name: str, batches: 
             c = max(1, b // 4)
             if cuda:
                 torch.cuda.reset_peak_memory_stats(device)
-            secs, *_ = bench_method(model, corpus, b, steps, warmup, device, max_len, precision, "simcse", None, {},
-                                    chunk_size=c)
+            secs, _, _, _, build, _ = bench_method(model, corpus, b, steps, warmup, device, max_len, precision, "simcse",
+                                                   None, {}, chunk_size=c)
             mem = f", peak mem {torch.cuda.max_memory_allocated(device) / 2**30:.1f} GiB" if cuda else ""
             record(f"train simcse B={b} bf16 chunk_size {c}", "simcse", model, b, max_len, secs / steps,
-                   (warmup, warmup + steps), {"prefetch": False, "chunk_size": c})
+                   (warmup, warmup + steps), {"prefetch": False, "chunk_size": c, **_kernel({}, device_name)},
+                   build_s=build / steps)
             whole = simcse_step.get(b, (None,))[0]
             ratio = f"; {secs / steps / whole:.2f}x the unchunked step" if whole else ""
             lines.append(_row(f"train simcse B={b} bf16 chunk_size {c}",

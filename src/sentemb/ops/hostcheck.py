@@ -89,13 +89,17 @@ def first_steps(model: Path, corpus: Path, device: str, batch: int, max_len: int
         with setup(run, "/nonexistent-gpucheck-output") as job:
             build, shapes = job.method.build_batch, set()
 
+            built = [0.0]  # seconds of build_batch (in line: prefetch false) since the step began
+
             def recording(*a, **k):
+                t0 = time.perf_counter()
                 out = build(*a, **k)
+                built[0] += time.perf_counter() - t0
                 shapes.add(tuple(sorted((key, tuple(v.shape)) for key, v in out.items())))
                 return out
 
             job.method.build_batch = recording
-            state, times, steady, computed, calm_steps = State(), [], [], set(), []
+            state, times, steady, computed, calm_steps, build_times = State(), [], [], set(), [], []
             inner = job.strategy
             while getattr(inner, "inner", None) is not None:
                 inner = inner.inner
@@ -116,24 +120,29 @@ def first_steps(model: Path, corpus: Path, device: str, batch: int, max_len: int
             for _ in range(first + then):
                 before = seen()
                 _sync(job.device)
+                built[0] = 0.0
                 t = time.perf_counter()
                 for _ in run_steps(job, state, 1):
                     pass
                 _sync(job.device)
                 times.append(time.perf_counter() - t)
+                build_times.append(built[0])
                 if seen() == before:  # no shape met for the first time: replays, or kernels planned before
                     steady.append(times[-1])
                     calm_steps.append(len(times) - 1)
         a, b = times[:first], times[first:]
         from .plan_check import record
 
-        rec = dict(train={**train, "buckets": buckets, "prefetch": False}, method_args=margs or {})
+        rec = dict(train={**train, **_kernel(train, device), "buckets": buckets, "prefetch": False},
+                   method_args=margs or {})
         if steady:  # sentemb plan-check: the steps that met no new shape, what the plan prices
             record(what + ", steps meeting no new shape", method, model, batch, max_len, sum(steady) / len(steady),
-                   (0, len(times)), only_steps=calm_steps, **rec)
+                   (0, len(times)), only_steps=calm_steps,
+                   build_s=sum(build_times[i] for i in calm_steps) / len(calm_steps), **rec)
         else:
             record(what + f", steps {first + 1}-{first + then}", method, model, batch, max_len,
-                   sum(b) / max(len(b), 1), (first, first + then), steady=False, note="every step met a new shape", **rec)
+                   sum(b) / max(len(b), 1), (first, first + then), steady=False, note="every step met a new shape",
+                   build_s=sum(build_times[first:]) / max(len(b), 1), **rec)
         graphs = seen()[1]
         calm = (f"steps meeting no new shape: {1000 * sum(steady) / len(steady):.0f} ms/step ({len(steady)} of "
                 f"{len(times)}); " if steady else "every step met a new shape; ")
@@ -413,12 +422,15 @@ def profile_variants(toy: bool) -> list[dict]:
     return [{**counter, "batch": b512}, {**counter, "batch": b512, "chunk_size": c128}]
 
 
-def _loop_ms(run, warm: int, timed: int, count: bool = False) -> tuple[float, float, int, "tuple | None"]:
+def _loop_ms(run, warm: int, timed: int, count: bool = False, info: dict | None = None
+             ) -> tuple[float, float, int, "tuple | None"]:
     """The loop's own steps (``run_steps``) of ``run``: ``warm`` steps (the captures of a graphed
     run happen here), then ``timed`` steps to a device sync. Returns (s/step timed, s warm, graphs,
     and, graphed on CUDA, (s per replay of the most replayed graph alone: ``_replay_s``, s per eager
     update alone), or with ``count`` the first step's (counted FLOPs, encoder layers, encoder passes as
-    ``sentemb plan`` counts them, hidden size), or None)."""
+    ``sentemb plan`` counts them, hidden size), or None). ``info`` (a dict) gets ``captured_in_timed``:
+    the graphs captured during the timed steps (0: every timed step replayed a graph captured before;
+    None without graphs)."""
     from ..train.loop import State, run_steps, setup
 
     with setup(run, "/nonexistent-gpucheck-output") as job:
@@ -451,12 +463,15 @@ def _loop_ms(run, warm: int, timed: int, count: bool = False) -> tuple[float, fl
             pass
         _sync(job.device)
         warm_s = time.perf_counter() - t
+        strat = _graphed_strategy(job)
+        before = len(strat.entries) if strat is not None else None
         t = time.perf_counter()
         for _ in run_steps(job, state, timed):
             pass
         _sync(job.device)
         secs = (time.perf_counter() - t) / timed
-        strat = _graphed_strategy(job)
+        if info is not None:
+            info["captured_in_timed"] = len(strat.entries) - before if strat is not None else None
         replay = _replay_s(strat, timed) if strat is not None else None
         if replay is not None:  # and the loop's update alone (clip, fused AdamW, schedule, zeroing; train.update)
             _sync(job.device)
@@ -506,13 +521,13 @@ def graphed(model: Path, corpus: Path, device: str, batch: int, max_len: int, me
     train = dict(train or {})
     what = (f"graphed {method} B={batch} max_len {max_len}" + (f" {label}" if label else "")
             + "".join(f", {k} {v}" for k, v in sorted({**_kernel(train, device), **train}.items())))
-    out = {}
+    out, info = {}, {}
     try:
         for g in (False, True) if eager else (True,):
             over = train if g or train.get("update") != "graphed" else {**train, "update": "separate"}  # needs graphs
             run = _bench_run(model, corpus, batch, device, max_len, "bf16", method, 10**9, margs, inputs,
                              graphs=g, **over)  # the loop as a run has it: batches built ahead (prefetch)
-            out[g] = _loop_ms(run, warm, timed, count=not g)
+            out[g] = _loop_ms(run, warm, timed, count=not g, info=info if g else None)
     except Exception as e:  # noqa: BLE001 - a probe's failure is its row
         import os
         import sys
@@ -525,10 +540,14 @@ def graphed(model: Path, corpus: Path, device: str, batch: int, max_len: int, me
     (g_s, g_w, n, replay) = out[True]
     from .plan_check import record
 
-    for g, (secs, *_) in out.items():  # sentemb plan-check: the loop's steps warm..warm+timed-1 of each
+    # sentemb plan-check: the loop's steps warm..warm+timed-1 of each (the attention kernel as it ran); steady
+    # when no graph was captured in them (the eager twin trains on the same batches)
+    new = info.get("captured_in_timed")
+    for g, (secs, *_) in out.items():
         over = train if g or train.get("update") != "graphed" else {**train, "update": "separate"}
         record(what + (", graphed" if g else ", not graphed"), method, model, batch, max_len, secs, (warm, warm + timed),
-               {**over, "graphs": g}, margs or {})
+               {**over, **_kernel(train, device), "graphs": g}, margs or {}, steady=not new,
+               note=f"{new} graph(s) captured in the timed steps" if new else "")
     key = (method, batch, max_len)
     if eager:
         e_s, e_w, _, counted = out[False]

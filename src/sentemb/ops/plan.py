@@ -276,9 +276,11 @@ class Counter:
     """Counts steps and encodes on CPU, cached per distinct job shape (model dirs, corpora, inputs
     under one temporary directory)."""
 
-    def __init__(self, config: dict | Config, work: Path, lengths_from: str | Path | None = None):
+    def __init__(self, config: dict | Config, work: Path, lengths_from: str | Path | None = None,
+                 sample: int | None = LENGTH_SAMPLE):
         self.config, self.work = Config.of(config), Path(work)
         self.lengths_from = lengths_from
+        self.sample = sample  # lines of a corpus text the lengths are read from (None: every line)
         self.cache: dict = {}
         self.counts: list[tuple[str, int, float]] = []  # (method class, width, seconds) of every step counted
 
@@ -319,7 +321,7 @@ class Counter:
         """The corpus's token lengths under ``backbone``'s tokenizer (``corpus_lengths``), cached."""
         key = ("lengths", corpus, backbone)
         if key not in self.cache:
-            self.cache[key] = corpus_lengths(self.config, corpus, backbone, self.lengths_from)
+            self.cache[key] = corpus_lengths(self.config, corpus, backbone, self.lengths_from, self.sample)
             log.info("lengths of %s for %s: %s", corpus, backbone, self.cache[key].source)
         return self.cache[key]
 
@@ -742,13 +744,15 @@ def _tokenizer_for(config: dict | Config, backbone: str):
     return None, f"no {family} tokenizer found"
 
 
-def corpus_lengths(config: dict | Config, corpus: str, backbone: str, lengths_from: str | Path | None = None) -> Lengths:
+def corpus_lengths(config: dict | Config, corpus: str, backbone: str, lengths_from: str | Path | None = None,
+                   sample: int | None = LENGTH_SAMPLE) -> Lengths:
     """The lengths ``sentemb plan`` prices ``corpus`` at for ``backbone`` (see ``Lengths``), from the
     first source that exists:
 
     1. the workflow's token cache ``results/stats/<corpus>/tokens.<backbone>/`` (every line; words
        from the prepared corpus text when present, else the token lengths stand for them);
-    2. a seeded sample of ``LENGTH_SAMPLE`` lines of the corpus text (``corpus_text_files``),
+    2. a seeded sample of ``sample`` lines (``LENGTH_SAMPLE``; None: every line) of the corpus text
+       (``corpus_text_files``),
        tokenized with the backbone's tokenizer (``_tokenizer_for``), or, with none found, whitespace
        words × ``TOKENS_PER_WORD`` + 2;
     3. nothing: ``Lengths(tokens=None)``, priced at ``max_len`` (an upper bound)."""
@@ -780,7 +784,7 @@ def corpus_lengths(config: dict | Config, corpus: str, backbone: str, lengths_fr
                     break
             return Lengths(f"token cache {cache} ({len(tokens)} lines; {how})", tokens, words, sentences)
     for path, what in texts:
-        lines, total = _sample_lines(path, LENGTH_SAMPLE)
+        lines, total = _sample_lines(path, sample if sample is not None else 2**62)
         if not lines:
             continue
         words = sentence_lengths(lines)
@@ -1123,11 +1127,11 @@ def _train_row(kind, label, run, m: Measure, encode: float, config: dict | Confi
     widest = measures[max(measures)]
     at = widest.at(layers)
     fused = bool(t.graphs and t.compile)
-    mfu = mfu_for(arch, mfu, compiled=fused, attention=t.attention)
     static, per_sentence, share, chunk = _step_memory(run, at, gpu)
     steps, evals = schedule(t, corpus_lines(cfg, run.corpus))
     peak = _peak(gpu)
-    per_gpu, flops_step = step_time(run, arch, measures, shares, gpu, mfu, method_cls)
+    per_gpu, flops_step = step_time(run, arch, measures, shares, gpu, mfu, method_cls)  # the given mfu, or step_time's
+    mfu = mfu_for(arch, mfu, compiled=fused, attention=t.attention)  # the dev evaluation's (no measured time)
     eval_flops = evals * DEV_SENTENCES * encode
     if dev_eval_s is not None:  # measured seconds per evaluation (DEV_EVAL_SECONDS), scaled by the encoder
         eval_hours = evals * dev_eval_s / 3600

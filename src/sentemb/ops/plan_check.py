@@ -57,6 +57,12 @@ class Measured:
     steady: bool = True
     note: str = ""
     only_steps: list | None = None
+    #: of ``ms``, building the batches in line (``prefetch: false``); the plan prices the step without it
+    build_ms: float | None = None
+
+    def step_ms(self) -> float:
+        """What the plan's step is compared with: ``ms`` less the in-line batch building."""
+        return self.ms - (self.build_ms or 0.0)
 
     def timed(self) -> list[int]:
         """The optimizer steps ``ms`` is the mean of."""
@@ -106,15 +112,15 @@ def add_recorded(rows: list[dict]) -> None:
 def measured_record(what: str, method: str, model: str, batch: int, max_len: int, seconds: float,
                     steps: tuple[int, int], train: dict | None = None, method_args: dict | None = None,
                     precision: str = "bf16", steady: bool = True, note: str = "",
-                    only_steps: list[int] | None = None) -> dict:
-    """A measured row in the file's form (``Measured`` as a mapping; ``seconds`` per step)."""
+                    only_steps: list[int] | None = None, build_s: float | None = None) -> dict:
+    """A measured row in the file's form (``Measured`` as a mapping; ``seconds`` per step, ``build_s``
+    of them building the batches in line)."""
     out = dataclasses.asdict(Measured(what, method, str(model), int(batch), int(max_len), round(1000 * seconds, 3),
                                       (int(steps[0]), int(steps[1])), _plain(train or {}), _plain(method_args or {}),
                                       precision, bool(steady), note,
-                                      [int(x) for x in only_steps] if only_steps else None))
-    if out["only_steps"] is None:
-        del out["only_steps"]
-    return out
+                                      [int(x) for x in only_steps] if only_steps else None,
+                                      round(1000 * build_s, 3) if build_s is not None else None))
+    return {k: v for k, v in out.items() if not (k in ("only_steps", "build_ms") and v is None)}
 
 
 def _plain(d: dict) -> dict:
@@ -146,23 +152,54 @@ def load_measured(path: str | Path) -> tuple[dict, list[Measured]]:
         if unknown:
             raise SentembError(f"{where}: unknown key(s) {', '.join(unknown)} (known: {', '.join(sorted(names))})")
         steps = r["steps"]
-        if not (isinstance(steps, list | tuple) and len(steps) == 2 and all(isinstance(x, int) for x in steps)
+        if not (isinstance(steps, list | tuple) and len(steps) == 2 and all(_is_int(x) for x in steps)
                 and 0 <= steps[0] < steps[1]):
             raise SentembError(f"{where}.steps: {steps!r} is not [first, end) optimizer steps (0 <= first < end)")
         for k in ("batch", "max_len"):
-            if not isinstance(r[k], int) or r[k] < 1:
+            if not _is_int(r[k]) or r[k] < 1:
                 raise SentembError(f"{where}.{k}: {r[k]!r} is not a positive integer")
-        if not isinstance(r["ms"], int | float) or r["ms"] <= 0:
+        if not _is_number(r["ms"]) or r["ms"] <= 0:
             raise SentembError(f"{where}.ms: {r['ms']!r} is not a positive number")
+        build = r.get("build_ms")
+        if build is not None and not (_is_number(build) and 0 <= build < r["ms"]):
+            raise SentembError(f"{where}.build_ms: {build!r} is not a number from 0 to ms ({r['ms']})")
         only = r.get("only_steps")
-        if only is not None and not (isinstance(only, list) and only and all(isinstance(x, int) for x in only)
+        if only is not None and not (isinstance(only, list) and only and all(_is_int(x) for x in only)
                                      and all(steps[0] <= x < steps[1] for x in only)):
             raise SentembError(f"{where}.only_steps: {only!r} is not a non-empty list of steps within {steps}")
         for k in ("train", "method_args"):
             if not isinstance(r.get(k, {}), dict):
                 raise SentembError(f"{where}.{k}: expected an object")
+        for k in ("batch_size", "max_len"):
+            if k in r.get("train", {}):
+                raise SentembError(f"{where}.train.{k}: give it as the row's {'batch' if k == 'batch_size' else k}")
+        from ..config.settings import TrainSettings
+
+        TrainSettings.from_dict({**r.get("train", {}), "batch_size": r["batch"], "max_len": r["max_len"]},
+                                f"{where}.train").check(where)
         rows.append(Measured(**{**r, "steps": (int(steps[0]), int(steps[1]))}))
     return {k: v for k, v in data.items() if k != "rows"}, rows
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_number(x) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool)
+
+
+def corpus_identity(path: str | Path) -> dict:
+    """``corpus_lines`` (non-empty lines, what the loop trains on) and ``corpus_sha256`` of a corpus
+    file: written in a measured-rows file's header, checked against the file ``plan-check`` finds."""
+    import hashlib
+
+    h, n = hashlib.sha256(), 0
+    with open(path, "rb") as f:
+        for line in f:
+            h.update(line)
+            n += bool(line.strip())
+    return {"corpus_lines": n, "corpus_sha256": h.hexdigest()}
 
 
 def resolve_corpus(given: str | Path | None, header: dict, path: Path) -> Path:
@@ -186,6 +223,10 @@ def resolve_corpus(given: str | Path | None, header: dict, path: Path) -> Path:
         [r / "data" / Path(name).name for r in roots + list(shared_dirs())]
     for c in candidates:
         if c.is_file():
+            want = {k: header[k] for k in ("corpus_lines", "corpus_sha256") if k in header}
+            got = corpus_identity(c) if want else {}
+            if any(got[k] != v for k, v in want.items()):
+                raise SentembError(f"{path}: its corpus {name} is not {c} ({want} measured, {got} here); give --corpus")
             return c
     raise SentembError(f"{path}: its corpus {name} is not found here (looked in the mirror and shared/); give --corpus")
 
@@ -220,9 +261,11 @@ def measured_run(row: Measured, corpus: Path):
     return dataclasses.replace(run, backbone=row.model, corpus=CHECK_CORPUS)
 
 
-def price_measured(rows: list[Measured], config, corpus: Path, gpu: str) -> list[tuple[Measured, float, dict]]:
+def price_measured(rows: list[Measured], config, corpus: Path, gpu: str) -> list[tuple[Measured, "float | str", dict]]:
     """Each row with the plan's seconds per step for it on ``gpu`` and the profile it was priced at
-    (``width_profile`` of the timed steps)."""
+    (``width_profile`` of the timed steps), on the lengths of every line of ``corpus`` (the batch
+    schedule's indices are the loop's lines). A row that cannot be priced gets the reason instead of
+    the seconds, and the others are priced."""
     import torch
 
     from ..config.settings import Config
@@ -233,14 +276,21 @@ def price_measured(rows: list[Measured], config, corpus: Path, gpu: str) -> list
     out = []
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory(prefix="sentemb-plan-check-") as tmp, _frozen_imports():
-        counter = Counter(cfg, Path(tmp), corpus)
+        counter = Counter(cfg, Path(tmp), corpus, sample=None)
         for row in rows:
-            run = measured_run(dataclasses.replace(row, model=backbone_for(cfg, row.model, row.what)), corpus)
-            arch = backbone_architecture(cfg, run.backbone)
-            lengths = counter.lengths(run.corpus, run.backbone)
-            profile = width_profile(run, arch, lengths, steps=row.timed())
-            measures = job_measures(counter, run, profile)
-            seconds, _ = step_time(run, arch, measures, profile["count"], gpu)
+            try:
+                run = measured_run(dataclasses.replace(row, model=backbone_for(cfg, row.model, row.what)), corpus)
+                arch = backbone_architecture(cfg, run.backbone)
+                lengths = counter.lengths(run.corpus, run.backbone)
+                if lengths.tokens is None:
+                    raise SentembError(f"no lengths of {corpus} ({lengths.source})")
+                profile = width_profile(run, arch, lengths, steps=row.timed())
+                measures = job_measures(counter, run, profile)
+                seconds, _ = step_time(run, arch, measures, profile["count"], gpu)
+            except (SentembError, KeyError, ValueError, TypeError) as e:
+                log.warning("plan-check: row %r not priced: %s", row.what, e)
+                out.append((row, f"{type(e).__name__}: {e}", {}))
+                continue
             out.append((row, seconds, profile))
     return out
 
@@ -257,10 +307,14 @@ def format_check(priced: list[tuple[Measured, float, dict]], gpu: str, header: d
     lines = [f"sentemb plan vs steps measured on {header.get('device') or header.get('gpu') or '?'}"
              f" ({header.get('source', '')}; priced for {gpu}; lengths of {corpus})", "",
              "| what | measured ms/step | plan ms/step | plan vs measured | |", "| --- | ---: | ---: | ---: | --- |"]
-    steady = within = 0
+    steady = within = failed = 0
     for row, seconds, profile in priced:
+        if isinstance(seconds, str):
+            failed += 1
+            lines.append(f"| {row.what} | {row.ms:.1f} | | | not priced: {seconds} |")
+            continue
         plan_ms = 1000 * seconds
-        err, ok = verdict(row.ms, plan_ms, tolerance)
+        err, ok = verdict(row.step_ms(), plan_ms, tolerance)
         widths = ", ".join(f"{w}: {100 * f:.0f}%" for w, f in sorted(profile["count"].items()))
         if row.steady:
             steady += 1
@@ -271,7 +325,11 @@ def format_check(priced: list[tuple[Measured, float, dict]], gpu: str, header: d
         which = (f"{len(row.only_steps)} of steps {row.steps[0]}-{row.steps[1] - 1}" if row.only_steps
                  else f"steps {row.steps[0]}-{row.steps[1] - 1}")
         note = f"{mark}; {which} at widths {widths}" + (f"; {row.note}" if row.note else "")
-        lines.append(f"| {row.what} | {row.ms:.1f} | {plan_ms:.1f} | {100 * err:+.0f}% | {note} |")
+        measured = f"{row.ms:.1f}" + (f" ({row.step_ms():.1f} without building the batches in line)"
+                                      if row.build_ms else "")
+        lines.append(f"| {row.what} | {measured} | {plan_ms:.1f} | {100 * err:+.0f}% | {note} |")
+    unsteady = len(priced) - steady - failed
     lines += ["", f"{within} of {steady} steady rows within {100 * tolerance:.0f}% of the measured step"
-              + (f" ({len(priced) - steady} not steady, left out)" if len(priced) > steady else "")]
+              + (f" ({unsteady} not steady, left out)" if unsteady else "")
+              + (f" ({failed} not priced)" if failed else "")]
     return "\n".join(lines)
