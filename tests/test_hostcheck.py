@@ -58,8 +58,15 @@ def test_dev_eval_rows_time_both_precisions(tiny_bert_dir, tiny_senteval, monkey
     monkeypatch.setattr(Embedder, "plan", lambda self, uniq: plans.append(len(uniq)) or real(self, uniq))
     clock, reads = hostcheck.time.perf_counter, []  # how many plans were built at each read of the clock
     monkeypatch.setattr(hostcheck.time, "perf_counter", lambda: reads.append(len(plans)) or clock())
+    from sentemb.ops import plan_check
+
+    monkeypatch.setattr(plan_check, "RECORDED", [])
     rows = hostcheck.dev_eval(tiny_bert_dir, tiny_senteval, "cpu", step_s=0.01, eval_steps=125)
     assert [r[0].split()[3] for r in rows] == ["fp32", "bf16"], rows
+    # each evaluation recorded for sentemb plan-check (against the plan's DEV_EVAL_SECONDS), by precision
+    assert [(r["kind"], r["precision"], r["batch"]) for r in plan_check.RECORDED] == [("dev_eval", "fp32", DEV_BATCH),
+                                                                                      ("dev_eval", "bf16", DEV_BATCH)]
+    assert [f"{r['ms'] / 1000:.2f} s" for r in plan_check.RECORDED] == [r[1] for r in rows]
     assert all(f"batch {DEV_BATCH}, tokenized once" in r[0] for r in rows), rows  # on a CPU bf16 keeps the batch
     assert len(plans) == 2 * 2, plans  # each precision: its first call, for the dev set's two sentence lists
     # the timed calls (between a start and an end read) build none: the plans come before each start

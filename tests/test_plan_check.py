@@ -70,7 +70,10 @@ def test_a_measured_row_is_priced_as_sentemb_plan_prices_the_job(shared, tmp_pat
     corpus = shared / "data" / "wiki1m_head.txt"
     rows = [_row(), _row(what="eager B=64", train={}, ms=34.0, steps=[3, 8]), _row(what="off", ms=1000.0),
             _row(what="compiled B=512", batch=512, ms=49.2, train={"compile": True, "buckets": [32]}),
-            _row(what="built in line", ms=14.0, build_ms=3.9), _row(what="a method of nobody's", method="nope")]
+            _row(what="built in line", ms=14.0, build_ms=3.9), _row(what="a method of nobody's", method="nope"),
+            _row(what="dev eval base", kind="dev_eval", batch=512, max_len=512, ms=100.0, steps=[1, 2], train={}),
+            _row(what="dev eval large", kind="dev_eval", model="bert-large-uncased", batch=512, max_len=512, ms=100.0,
+                 steps=[1, 2], train={}, precision="fp32")]
     path = tmp_path / "rows.json"
     path.write_text(json.dumps({"gpu": "H200", "corpus": "data/wiki1m_head.txt", "rows": rows}))
     header, measured = plan_check.load_measured(path)
@@ -100,12 +103,14 @@ def test_a_measured_row_is_priced_as_sentemb_plan_prices_the_job(shared, tmp_pat
     # row that cannot be priced is said so while the others are priced
     assert priced[4][1] == priced[0][1] and plan_check.verdict(priced[4][0].step_ms(), 1000 * priced[4][1])[1]
     assert isinstance(priced[5][1], str) and "nope" in priced[5][1]
+    # a dev evaluation: the plan's measured seconds of one (BERT-base's), scaled by the encoder's forward FLOPs
+    assert priced[6][1] == P.DEV_EVAL_SECONDS["bf16"] and priced[7][1] > 3 * P.DEV_EVAL_SECONDS["fp32"]
     assert abs(priced[3][1] - 0.0492) < 0.1 * 0.0492  # compiled alone at B 512: the graphed step's time, not eager's
     out = tmp_path / "out.json"
     assert main(["plan-check", str(path), "--config", str(ROOT / "config" / "config.yaml"), "--json", str(out)]) == 0
     got = json.loads(out.read_text())
     assert [r["what"] for r in got] == ["simcse B=64", "eager B=64", "off", "compiled B=512", "built in line",
-                                        "a method of nobody's"]
+                                        "a method of nobody's", "dev eval base", "dev eval large"]
     assert got[5]["plan_ms"] is None and "nope" in got[5]["not_priced"]
     assert got[0]["plan_ms"] == pytest.approx(1000 * priced[0][1], rel=1e-6)
     assert got[2]["error"] < -0.9
@@ -125,7 +130,8 @@ def test_bad_rows_are_refused_naming_the_file_the_row_and_the_key(tmp_path):
                       ({"only_steps": [30]}, "rows[1].only_steps"), ({"colour": 1}, "rows[1]: unknown key(s) colour"),
                       ({"train": {"batch_size": 8}}, "rows[1].train.batch_size"),
                       ({"train": {"attention": "bogus"}}, "rows[1].train.attention"),
-                      ({"train": {"chunk_size": "many"}}, "rows[1]: train.chunk_size")):
+                      ({"train": {"chunk_size": "many"}}, "rows[1]: train.chunk_size"),
+                      ({"kind": "eval"}, "rows[1].kind"), ({"kind": "dev_eval", "precision": "fp8"}, "rows[1].precision")):
         path.write_text(json.dumps({"rows": [_row(), _row(**bad)]}))
         with pytest.raises(SentembError, match=re.escape(f"rows.json: {says}")):
             plan_check.load_measured(path)

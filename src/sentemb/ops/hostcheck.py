@@ -225,6 +225,11 @@ def dev_eval(model: Path, senteval: Path, device: str, step_s: float | None, eva
             rows.append((f"STS-B dev evaluation {prec} ({Path(model).name}, 3,000 sentences, batch {emb.batch_size}, "
                          "tokenized once)",
                          f"{secs:.2f} s", f"Spearman {score:.2f}{share}"))
+            from .plan_check import record
+
+            # sentemb plan-check: against the plan's price of one evaluation (DEV_EVAL_SECONDS); its second call
+            record(rows[-1][0], "simcse", model, emb.batch_size, emb.max_length, secs, (1, 2), precision=prec,
+                   kind="dev_eval")
     except Exception as e:  # noqa: BLE001
         rows.append(("STS-B dev evaluation", f"FAILED: {_first_line(e)}", ""))
     finally:

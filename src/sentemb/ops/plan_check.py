@@ -59,6 +59,10 @@ class Measured:
     only_steps: list | None = None
     #: of ``ms``, building the batches in line (``prefetch: false``); the plan prices the step without it
     build_ms: float | None = None
+    #: ``train``: an optimizer step; ``dev_eval``: one STS-B dev evaluation of the model (``ms`` per
+    #: evaluation, ``batch`` the evaluation's, ``precision`` its ``train.eval_precision``), against the
+    #: plan's ``DEV_EVAL_SECONDS`` scaled to the encoder
+    kind: str = "train"
 
     def step_ms(self) -> float:
         """What the plan's step is compared with: ``ms`` less the in-line batch building."""
@@ -71,6 +75,8 @@ class Measured:
 
 REQUIRED = ("what", "method", "model", "batch", "max_len", "ms", "steps")
 
+#: what a measured row times (``Measured.kind``)
+KINDS = ("train", "dev_eval")
 #: the rows measured in this process, in the file's form (``record``; ``sentemb gpu-check --rows-json``)
 RECORDED: list[dict] = []
 #: (file, header) that ``RECORDED`` is written to after every row (``record_to``), or None
@@ -112,15 +118,16 @@ def add_recorded(rows: list[dict]) -> None:
 def measured_record(what: str, method: str, model: str, batch: int, max_len: int, seconds: float,
                     steps: tuple[int, int], train: dict | None = None, method_args: dict | None = None,
                     precision: str = "bf16", steady: bool = True, note: str = "",
-                    only_steps: list[int] | None = None, build_s: float | None = None) -> dict:
+                    only_steps: list[int] | None = None, build_s: float | None = None, kind: str = "train") -> dict:
     """A measured row in the file's form (``Measured`` as a mapping; ``seconds`` per step, ``build_s``
     of them building the batches in line)."""
     out = dataclasses.asdict(Measured(what, method, str(model), int(batch), int(max_len), round(1000 * seconds, 3),
                                       (int(steps[0]), int(steps[1])), _plain(train or {}), _plain(method_args or {}),
                                       precision, bool(steady), note,
                                       [int(x) for x in only_steps] if only_steps else None,
-                                      round(1000 * build_s, 3) if build_s is not None else None))
-    return {k: v for k, v in out.items() if not (k in ("only_steps", "build_ms") and v is None)}
+                                      round(1000 * build_s, 3) if build_s is not None else None, kind))
+    return {k: v for k, v in out.items()
+            if not ((k in ("only_steps", "build_ms") and v is None) or (k == "kind" and v == "train"))}
 
 
 def _plain(d: dict) -> dict:
@@ -170,13 +177,17 @@ def load_measured(path: str | Path) -> tuple[dict, list[Measured]]:
         for k in ("train", "method_args"):
             if not isinstance(r.get(k, {}), dict):
                 raise SentembError(f"{where}.{k}: expected an object")
+        if r.get("kind", "train") not in KINDS:
+            raise SentembError(f"{where}.kind: {r['kind']!r} is not one of {', '.join(KINDS)}")
+        if r.get("kind") == "dev_eval" and r.get("precision", "bf16") not in ("fp32", "bf16"):
+            raise SentembError(f"{where}.precision: {r['precision']!r} is not fp32 or bf16 (a dev evaluation's)")
         for k in ("batch_size", "max_len"):
             if k in r.get("train", {}):
                 raise SentembError(f"{where}.train.{k}: give it as the row's {'batch' if k == 'batch_size' else k}")
         from ..config.settings import TrainSettings
 
-        TrainSettings.from_dict({**r.get("train", {}), "batch_size": r["batch"], "max_len": r["max_len"]},
-                                f"{where}.train").check(where)
+        TrainSettings.from_dict({**r.get("train", {}), "batch_size": r["batch"], "max_len": r["max_len"],
+                                 "precision": r.get("precision", "bf16")}, f"{where}.train").check(where)
         rows.append(Measured(**{**r, "steps": (int(steps[0]), int(steps[1]))}))
     return {k: v for k, v in data.items() if k != "rows"}, rows
 
@@ -269,7 +280,7 @@ def price_measured(rows: list[Measured], config, corpus: Path, gpu: str) -> list
     import torch
 
     from ..config.settings import Config
-    from .plan import Counter, _frozen_imports, job_measures, step_time, width_profile
+    from .plan import DEV_EVAL_REFERENCE, DEV_EVAL_SECONDS, Counter, _frozen_imports, job_measures, step_time, width_profile
     from .shapes import backbone_architecture
 
     cfg = Config.of(config)
@@ -279,6 +290,12 @@ def price_measured(rows: list[Measured], config, corpus: Path, gpu: str) -> list
         counter = Counter(cfg, Path(tmp), corpus, sample=None)
         for row in rows:
             try:
+                if row.kind == "dev_eval":  # the plan's price of one evaluation (plan._priced_row's dev_eval_s)
+                    arch = backbone_architecture(cfg, backbone_for(cfg, row.model, row.what))
+                    seconds = DEV_EVAL_SECONDS[row.precision] * counter.encode(arch)[0] / \
+                        counter.encode(DEV_EVAL_REFERENCE)[0]
+                    out.append((row, seconds, {}))
+                    continue
                 run = measured_run(dataclasses.replace(row, model=backbone_for(cfg, row.model, row.what)), corpus)
                 arch = backbone_architecture(cfg, run.backbone)
                 lengths = counter.lengths(run.corpus, run.backbone)
@@ -304,9 +321,10 @@ def verdict(measured_ms: float, plan_ms: float, tolerance: float = TOLERANCE) ->
 def format_check(priced: list[tuple[Measured, float, dict]], gpu: str, header: dict, corpus: Path,
                  tolerance: float = TOLERANCE) -> str:
     """The table ``sentemb plan-check`` prints, and its verdict over the steady rows."""
-    lines = [f"sentemb plan vs steps measured on {header.get('device') or header.get('gpu') or '?'}"
+    lines = [f"sentemb plan vs steps (and dev evaluations) measured on {header.get('device') or header.get('gpu') or '?'}"
              f" ({header.get('source', '')}; priced for {gpu}; lengths of {corpus})", "",
-             "| what | measured ms/step | plan ms/step | plan vs measured | |", "| --- | ---: | ---: | ---: | --- |"]
+             "(ms per optimizer step; per evaluation for a dev evaluation)", "",
+             "| what | measured ms | plan ms | plan vs measured | |", "| --- | ---: | ---: | ---: | --- |"]
     steady = within = failed = 0
     for row, seconds, profile in priced:
         if isinstance(seconds, str):
@@ -315,7 +333,7 @@ def format_check(priced: list[tuple[Measured, float, dict]], gpu: str, header: d
             continue
         plan_ms = 1000 * seconds
         err, ok = verdict(row.step_ms(), plan_ms, tolerance)
-        widths = ", ".join(f"{w}: {100 * f:.0f}%" for w, f in sorted(profile["count"].items()))
+        widths = ", ".join(f"{w}: {100 * f:.0f}%" for w, f in sorted(profile.get("count", {}).items()))
         if row.steady:
             steady += 1
             within += ok
@@ -324,12 +342,14 @@ def format_check(priced: list[tuple[Measured, float, dict]], gpu: str, header: d
             mark = "not steady (see its note), left out of the count"
         which = (f"{len(row.only_steps)} of steps {row.steps[0]}-{row.steps[1] - 1}" if row.only_steps
                  else f"steps {row.steps[0]}-{row.steps[1] - 1}")
-        note = f"{mark}; {which} at widths {widths}" + (f"; {row.note}" if row.note else "")
+        where = (f"{which} at widths {widths}" if row.kind == "train" else
+                 f"one evaluation ({row.precision}), against DEV_EVAL_SECONDS scaled to the encoder")
+        note = f"{mark}; {where}" + (f"; {row.note}" if row.note else "")
         measured = f"{row.ms:.1f}" + (f" ({row.step_ms():.1f} without building the batches in line)"
                                       if row.build_ms else "")
         lines.append(f"| {row.what} | {measured} | {plan_ms:.1f} | {100 * err:+.0f}% | {note} |")
     unsteady = len(priced) - steady - failed
-    lines += ["", f"{within} of {steady} steady rows within {100 * tolerance:.0f}% of the measured step"
+    lines += ["", f"{within} of {steady} steady rows within {100 * tolerance:.0f}% of the measured time"
               + (f" ({unsteady} not steady, left out)" if unsteady else "")
               + (f" ({failed} not priced)" if failed else "")]
     return "\n".join(lines)
