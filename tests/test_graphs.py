@@ -402,6 +402,10 @@ def test_arccse_pads_its_triplet_count_in_a_graphed_run_and_eq4_ignores_the_padd
     want = triplet_loss(real[:t], real[t : 2 * t], real[2 * t :], 0.3)
     got = triplet_loss(emb[:big], emb[big : 2 * big], emb[2 * big :], 0.3, valid=padded["tri_index"] >= 0)
     assert float(want) > 0 and torch.allclose(got, want)
+    # a batch without a long sentence has no triplet rows in a graphed run either (as eager): padding triplets
+    # alone would cost an encoder pass (two with SAM) for a loss and gradients of 0
+    none = m.build_triplets(["two words", "x y"], np.random.default_rng(0))
+    assert none["tri_index"].numel() == 0 and none["tri_input_ids"].shape[0] == 0
 
 
 def test_the_strategy_of_a_graphed_run_and_its_refusal_on_several_gpus():

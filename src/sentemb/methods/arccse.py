@@ -292,12 +292,14 @@ class ArcCSE(SimCSE):
         In a graphed run (``ctx.static``, ``train.graphs``) T is padded up to a power of two (at
         least ``TRIPLET_PAD_MIN``) with padding triplets ([CLS] [SEP] rows, ``tri_index`` −1) that Eq. 4
         leaves out: the number of long sentences, which varies from batch to batch, would otherwise
-        make a new batch shape, and a new captured graph, nearly every step."""
+        make a new batch shape, and a new captured graph, nearly every step. A batch without a long
+        sentence has no triplet rows there either (one more shape, captured once): padding triplets
+        alone would cost an encoder pass (with SAM, two) whose loss and gradients are 0."""
         a = self.args
         index = [i for i, s in enumerate(sentences) if len(s.split()) >= a.min_words]
         long = [sentences[i] for i in index]
-        if a.triplet and self.ctx.static:
-            return self._padded_triplets(index, self._real_triplets(long, index, rng) if long else None)
+        if a.triplet and self.ctx.static and long:
+            return self._padded_triplets(index, self._real_triplets(long, index, rng))
         if not a.triplet or not long:
             empty = torch.zeros((0, 1), dtype=torch.long)
             return {"tri_input_ids": empty, "tri_attention_mask": empty.clone(), "tri_index": torch.zeros(0, dtype=torch.long)}
@@ -335,7 +337,7 @@ class ArcCSE(SimCSE):
             att[i, : len(r)] = 1
         return {"tri_input_ids": ids, "tri_attention_mask": att, "tri_index": torch.tensor(index, dtype=torch.long)}
 
-    def _padded_triplets(self, index: list[int], real: dict | None) -> dict[str, torch.Tensor]:
+    def _padded_triplets(self, index: list[int], real: dict) -> dict[str, torch.Tensor]:
         """``build_triplets`` with T padded (its docstring): the ``real`` triplets first, then padding
         triplets of [CLS] [SEP] with ``tri_index`` −1."""
         tok = self.tokenizer
@@ -343,15 +345,14 @@ class ArcCSE(SimCSE):
         padded = max(TRIPLET_PAD_MIN, 1 << max(t - 1, 0).bit_length())
         cls_id = tok.cls_token_id if tok.cls_token_id is not None else (tok.bos_token_id or 0)
         sep_id = tok.sep_token_id if tok.sep_token_id is not None else (tok.eos_token_id or 0)
-        width = real["tri_input_ids"].size(1) if real is not None else self.width(2, limit=self._triplet_len())
+        width = real["tri_input_ids"].size(1)
         pad = tok.pad_token_id or 0
         ids = torch.full((3 * padded, width), pad, dtype=torch.long)
         att = torch.zeros((3 * padded, width), dtype=torch.long)
         ids[:, 0], ids[:, 1], att[:, :2] = cls_id, sep_id, 1
         for v in range(3):
-            if real is not None:
-                ids[v * padded : v * padded + t] = real["tri_input_ids"][v * t : (v + 1) * t]
-                att[v * padded : v * padded + t] = real["tri_attention_mask"][v * t : (v + 1) * t]
+            ids[v * padded : v * padded + t] = real["tri_input_ids"][v * t : (v + 1) * t]
+            att[v * padded : v * padded + t] = real["tri_attention_mask"][v * t : (v + 1) * t]
         tri_index = torch.full((padded,), -1, dtype=torch.long)
         tri_index[:t] = torch.tensor(index, dtype=torch.long)
         return {"tri_input_ids": ids, "tri_attention_mask": att, "tri_index": tri_index}

@@ -864,8 +864,9 @@ def width_profile(run, arch, lengths: Lengths, steps: "Sequence[int] | None" = N
         a = t.grad_accum
         sched = [m for s in steps for m in sched[s * a : (s + 1) * a]]
     fuse = int(getattr(t, "fuse_micro_batches", 1) or 1)
+    micro = [np.asarray(x) for x in sched]  # the micro-batches, before fusing (ArcCSE pads triplets per micro-batch)
     if fuse > 1:  # train.fuse_micro_batches: k consecutive micro-batches are one forward, at the widest one's width
-        sched = [np.concatenate([np.asarray(x) for x in sched[i : i + fuse]]) for i in range(0, len(sched), fuse)]
+        sched = [np.concatenate(micro[i : i + fuse]) for i in range(0, len(micro), fuse)]
     tokens = lengths.tokens
     longest = np.fromiter((tokens[i].max() for i in sched), dtype=np.int64, count=len(sched))
     counted = np.array([bucket_width(int(min(x, cap)), ladder) for x in longest])
@@ -879,16 +880,53 @@ def width_profile(run, arch, lengths: Lengths, steps: "Sequence[int] | None" = N
         share = np.fromiter(((lengths.words[i] >= min_words).mean() for i in sched), dtype=float, count=len(sched))
         tri_share = {int(w): float(share[counted == w].mean()) for w in widths}
         tri_batches = {int(w): float((share[counted == w] > 0).mean()) for w in widths}
+    tri_mix = {}
     if tri_share:  # ArcCSE's triplets: the sentences of >= min_words words, at their own length
         min_words = int(run.method_args.get("min_words", 25))
         tri = [int(tokens[i][lengths.words[i] >= min_words].max()) for i in sched
                if (lengths.words[i] >= min_words).any()]
         tri_buckets = resolve_buckets(t.buckets, cap, "cuda")
         shapes["triplets"] = int(len({bucket_width(min(x, cap), tri_buckets) for x in tri}))
+        tri_mix, tri_batches = _triplet_mix(micro, fuse, counted, tokens, lengths.words, min_words, cap, ladder,
+                                            b, bool(t.graphs))
     return {"count": {int(w): float(c) / len(sched) for w, c in zip(widths, counts)}, "shapes": shapes,
             "triplet_share": tri_share, "triplet_batches": tri_batches if tri_share else {},
-            "padding": padding_overhead(plain.tolist(), buckets=main_buckets),
+            "triplet_mix": tri_mix, "padding": padding_overhead(plain.tolist(), buckets=main_buckets),
             "batches": len(sched)}
+
+
+def _triplet_mix(micro: list, fuse: int, counted, tokens, words, min_words: int, cap: int, ladder, b: int,
+                 static: bool) -> tuple[dict, dict]:
+    """ArcCSE's triplet rows as the loop builds them (``ArcCSE.build_triplets``, ``merge``), per group of
+    ``fuse`` micro-batches (one forward): T_j triplets in micro-batch j (its sentences of at least
+    ``min_words`` words), in a graphed run (``static``) padded to ``max(TRIPLET_PAD_MIN, 2^⌈log2 T_j⌉)``
+    where T_j > 0 (none where it is 0); the group's triplet rows padded to the widest micro-batch's
+    triplet width W (the bucket of its longest such sentence, on the counting ``ladder``). Returns
+    (counted width w -> {W: mean over the groups of width w of their triplets / (fuse · b) at W}: the
+    share of a full triplet step, all ``b`` sentences of each micro-batch forming one, at width W;
+    counted width -> share of its groups that run the triplet pass at all)."""
+    import numpy as np
+
+    from ..data.buckets import bucket_width
+    from ..methods.arccse import TRIPLET_PAD_MIN
+
+    mix: dict[int, dict[int, float]] = {}
+    runs: dict[int, list[bool]] = {}
+    groups = [micro[i : i + fuse] for i in range(0, len(micro), fuse)]
+    for w, group in zip(counted.tolist(), groups):
+        rows, width = 0, 0
+        for idx in group:
+            long = words[idx] >= min_words
+            n_long = int(long.sum())
+            if n_long:
+                width = max(width, bucket_width(int(min(tokens[idx][long].max(), cap)), ladder))
+            rows += max(TRIPLET_PAD_MIN, 1 << max(n_long - 1, 0).bit_length()) if static and n_long else n_long
+        runs.setdefault(int(w), []).append(bool(rows))
+        if rows:
+            at = mix.setdefault(int(w), {})
+            at[int(width)] = at.get(int(width), 0.0) + rows / (fuse * b)
+    out = {w: {W: v / len(runs[w]) for W, v in sorted(m.items())} for w, m in mix.items()}
+    return out, {w: float(np.mean(r)) for w, r in runs.items()}
 
 
 # ---------------------------------------------------------------------------------------- the plan
@@ -1074,19 +1112,27 @@ def _one_kind_measures(counter: "Counter", run, profile: dict, method_cls=None,
                        timing: list | None = None) -> dict[int, Measure]:
     """Counted width -> the Measure of one micro-batch at that width (``fitted_measures``). ArcCSE
     with triplets is priced in two variants, every sentence forming a triplet (``min_words`` 1)
-    and none (``triplet: false``), each fitted in the width, mixed per width by its
-    ``triplet_share`` (the FLOPs are linear in the triplet rows; their width is taken as the batch's,
-    an upper bound), the encoder passes by its ``triplet_batches`` (the share of batches that run
+    and none (``triplet: false``), each counted as an eager step and fitted in the width; per counted
+    width, the no-triplet step plus, at each triplet width W, the profile's ``triplet_mix`` share of
+    (full − none) at W (the FLOPs and activations are linear in the triplet rows: the rows the loop
+    builds, a graphed run's padding of T included, ``_triplet_mix``; a profile without it mixes at
+    the batch's width by ``triplet_share``, an upper bound), the encoder passes by its
+    ``triplet_batches`` (the share of batches that run
     the triplet pass at all). ``build_batch`` is timed in both on the real sentences and mixed by the job's
     mean triplet share."""
     widths = sorted(profile["count"])
     tri = profile.get("triplet_share") or {}
     if not tri or method_cls is not None:
         return fitted_measures(counter, run, widths, method_cls, timing)
-    full = fitted_measures(counter, dataclasses.replace(run, method_args={**run.method_args, "min_words": 1}), widths,
-                           None, timing)
-    none = fitted_measures(counter, dataclasses.replace(run, method_args={**run.method_args, "triplet": False}), widths,
-                           None, timing)
+    mixes = profile.get("triplet_mix") or {}
+    at = sorted(set(widths) | {W for m in mixes.values() for W in m})  # the main widths and the triplets' own
+    # counted as eager steps: a graphed run's padding of T (build_triplets) is priced by the profile's
+    # triplet_mix, not by the count's 4 sentences padded to TRIPLET_PAD_MIN
+    eager = dataclasses.replace(run.train, graphs=False)
+    full = fitted_measures(counter, dataclasses.replace(run, train=eager, method_args={**run.method_args, "min_words": 1}),
+                           at, None, timing)
+    none = fitted_measures(counter, dataclasses.replace(run, train=eager, method_args={**run.method_args, "triplet": False}),
+                           at, None, timing)
     build_s = None
     if timing is not None:  # every real sentence forming a triplet, and none, mixed by the job's share
         share = sum(f * tri.get(w, 0.0) for w, f in profile["count"].items())
@@ -1095,7 +1141,13 @@ def _one_kind_measures(counter: "Counter", run, profile: dict, method_cls=None,
     batches = profile.get("triplet_batches") or {}
     out = {}
     for w in widths:
-        out[w] = _mix(none[w], full[w], tri.get(w, 0.0))
+        if mixes:  # the triplet rows each group has, at their own width (_triplet_mix)
+            out[w] = dataclasses.replace(none[w])
+            for W, share in (mixes.get(w) or {}).items():
+                for f in ("flops", "flops_layer", "act_bytes", "act_layer"):
+                    setattr(out[w], f, getattr(out[w], f) + share * (getattr(full[W], f) - getattr(none[W], f)))
+        else:  # a profile without it (made by hand): every triplet row at the batch's width, an upper bound
+            out[w] = _mix(none[w], full[w], tri.get(w, 0.0))
         for f in ("grad_passes", "nograd_passes"):  # a batch with any triplet runs the whole triplet pass
             lo, hi = getattr(none[w], f), getattr(full[w], f)
             setattr(out[w], f, lo + batches.get(w, tri.get(w, 0.0)) * (hi - lo))
