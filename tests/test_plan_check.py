@@ -181,20 +181,26 @@ def test_the_plan_stays_within_25_percent_of_the_lends_steady_rows(shared):
 
 
 @pytest.mark.realdata
-def test_the_plans_arccse_flops_are_the_loops_own_on_each_step_priced(shared, tmp_path):
-    """ArcCSE's step (B × 2 fused, SAM, bucketed), eager and graphed: the FLOPs
-    the plan prices each optimizer step at (``width_profile(steps=[s])``, ``job_measures``,
-    ``step_time``) are the FLOPs the loop's own step counts (``sentemb.ops.flops.counted`` around
-    ``run_steps``) on the same real sentences: the triplet rows at their own width, and a graphed
-    run's padding of T (``build_triplets``; counted through the eager path with static batches, the
-    tensors a graph replays). Before, the plan counted a graphed run's padding on the 4 sentences of a
-    count padded to 8, not on the batch's own long sentences."""
+@pytest.mark.parametrize("batch,max_len,sampler", [(8, 32, "random"), (16, 512, "length")])
+def test_the_plans_arccse_flops_are_the_loops_own_on_each_step_priced(shared, tmp_path, batch, max_len, sampler):
+    """ArcCSE's step (B × 2 fused, SAM, the CUDA bucket ladder), eager and graphed: the FLOPs the plan
+    prices each optimizer step at (``width_profile(steps=[s])``, ``job_measures``, ``step_time``) are
+    the FLOPs the loop's own step counts (``sentemb.ops.flops.counted`` around ``run_steps``) on the
+    same real sentences, every step of an epoch of 400 lines: the triplet rows at the loop's own
+    widths (past max_len 32: 48 ... 192 ... up to the triplets' truncation), and a graphed run's
+    padding of T (``build_triplets``; counted through the eager path with static batches, the
+    tensors a graph replays). Random batches of 8 at max_len 32 (the large models'): 0-8 long
+    sentences in a micro-batch, most of them padded to 8; length-sampled batches of 16 at max_len 512
+    (the paper's, at B 16): all long or all short, a few padded to 16. Graphed with ``update: graphed``
+    (the count is of an eager step: the update counts no FLOP). Before session 18 the plan counted a
+    graphed run's padding on the 4 sentences of a count padded to 8."""
     import dataclasses
 
     import torch
 
     from sentemb.config.load import load_config
     from sentemb.config.settings import Config
+    from sentemb.data.buckets import AUTO_LADDER
     from sentemb.ops import plan as P
     from sentemb.ops.benchmark import _bench_run
     from sentemb.ops.flops import counted
@@ -206,14 +212,13 @@ def test_the_plans_arccse_flops_are_the_loops_own_on_each_step_priced(shared, tm
     corpus.write_text("".join((shared / "data" / "wiki1m_head.txt").read_text("utf-8").splitlines(True)[:400]), "utf-8")
     arch = backbone_architecture(cfg, "tiny-bert")
     model = write_model_dir(arch, tmp_path / "tiny-bert")
-    # random batches (the paper's are length-sampled): a micro-batch's long sentences number 0..8, so a graphed
-    # run pads most of them; max_len 32 (the large models'), so the triplet rows are wider than the views
-    train = {"grad_accum": 2, "sam_rho": 0.05, "sampler": "random", "buckets": [16, 24, 32, 48, 64, 96, 128],
-             "fuse_micro_batches": 2, "prefetch": False}
-    steps = range(2, 8)
+    ladder = [w for w in AUTO_LADDER if w < max_len] + [max_len]  # what buckets: auto is on CUDA
+    train = {"grad_accum": 2, "sam_rho": 0.05, "sampler": sampler, "buckets": ladder, "fuse_micro_batches": 2,
+             "prefetch": False}
+    steps = range(400 // (2 * batch))
     for graphs in (False, True):
-        row = plan_check.Measured("x", "arccse", "tiny-bert", 8, 32, 1.0, (steps[0], steps[-1] + 1),
-                                  {**train, "graphs": graphs})
+        over = {"graphs": True, "update": "graphed"} if graphs else {}
+        row = plan_check.Measured("x", "arccse", "tiny-bert", batch, max_len, 1.0, (0, len(steps)), {**train, **over})
         with P._frozen_imports():
             counter = P.Counter(cfg, tmp_path / f"count-{graphs}", corpus, sample=None)
             run = plan_check.measured_run(row, corpus)
@@ -222,14 +227,11 @@ def test_the_plans_arccse_flops_are_the_loops_own_on_each_step_priced(shared, tm
             for s in steps:
                 profile = P.width_profile(run, arch, lengths, steps=[s])
                 priced.append(P.step_time(run, arch, P.job_measures(counter, run, profile), profile["count"], "H100")[1])
-        real_run = _bench_run(model, corpus, 8, "cpu", 32, "bf16", "arccse", 10**9, None, {}, **train)
+        real_run = _bench_run(model, corpus, batch, "cpu", max_len, "bf16", "arccse", 10**9, None, {}, **train)
         torch.manual_seed(0)
         with setup(real_run, "/nonexistent") as job:
             job.method.ctx = dataclasses.replace(job.method.ctx, static=graphs)  # the batches a graph replays
-            state, real = State(), []
-            for s in range(steps[-1] + 1):
-                n = counted(lambda: list(run_steps(job, state, 1)))[1]
-                if s >= steps[0]:
-                    real.append(n)
+            state = State()
+            real = [counted(lambda: list(run_steps(job, state, 1)))[1] for _ in steps]
         assert priced == pytest.approx(real, rel=0.01), (graphs, priced, real)
         assert len(set(real)) > 2  # steps of several widths and triplet counts: the check can fail

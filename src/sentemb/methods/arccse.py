@@ -293,8 +293,8 @@ class ArcCSE(SimCSE):
         least ``TRIPLET_PAD_MIN``) with padding triplets ([CLS] [SEP] rows, ``tri_index`` −1) that Eq. 4
         leaves out: the number of long sentences, which varies from batch to batch, would otherwise
         make a new batch shape, and a new captured graph, nearly every step. A batch without a long
-        sentence has no triplet rows there either (one more shape, captured once): padding triplets
-        alone would cost an encoder pass (with SAM, two) whose loss and gradients are 0."""
+        sentence has no triplet rows there either (a batch shape of its own): padding triplets alone
+        would cost an encoder pass (with SAM, two) whose loss and gradients are 0."""
         a = self.args
         index = [i for i, s in enumerate(sentences) if len(s.split()) >= a.min_words]
         long = [sentences[i] for i in index]

@@ -809,9 +809,19 @@ def _row_cap(run, arch) -> int:
     t = run.train
     if run.method != "arccse" or not run.method_args.get("triplet", True):
         return int(t.max_len)
+    return max(int(t.max_len), _triplet_len(run, arch))
+
+
+def _triplet_len(run, arch) -> int:
+    """ArcCSE's triplet truncation (``ArcCSE._triplet_len``): ``triplet_max_len`` within the
+    encoder's positions (RoBERTa's family: two fewer)."""
+    from .shapes import fields_of
+
     f = fields_of(arch)
-    limit = int(f.get("max_position_embeddings", 512)) - (2 if f.get("model_type") == "roberta" else 0)
-    return max(int(t.max_len), min(int(run.method_args.get("triplet_max_len", 512)), limit))
+    limit = int(f.get("max_position_embeddings", 512))
+    if f.get("model_type") in ("roberta", "xlm-roberta", "camembert"):
+        limit -= 2  # RoBERTa's positions start at padding_idx + 1
+    return min(int(run.method_args.get("triplet_max_len", 512)), limit)
 
 
 def width_profile(run, arch, lengths: Lengths, steps: "Sequence[int] | None" = None) -> dict:
@@ -885,23 +895,24 @@ def width_profile(run, arch, lengths: Lengths, steps: "Sequence[int] | None" = N
         min_words = int(run.method_args.get("min_words", 25))
         tri = [int(tokens[i][lengths.words[i] >= min_words].max()) for i in sched
                if (lengths.words[i] >= min_words).any()]
-        tri_buckets = resolve_buckets(t.buckets, cap, "cuda")
-        shapes["triplets"] = int(len({bucket_width(min(x, cap), tri_buckets) for x in tri}))
-        tri_mix, tri_batches = _triplet_mix(micro, fuse, counted, tokens, lengths.words, min_words, cap, ladder,
-                                            b, bool(t.graphs))
+        tri_len = _triplet_len(run, arch)  # the loop's triplet widths (Method.width with the triplets' limit)
+        shapes["triplets"] = int(len({bucket_width(min(x, tri_len), main_buckets, tri_len) for x in tri}))
+        tri_mix, tri_batches = _triplet_mix(micro, fuse, counted, tokens, lengths.words, min_words,
+                                            _triplet_len(run, arch), main_buckets, b, bool(t.graphs))
     return {"count": {int(w): float(c) / len(sched) for w, c in zip(widths, counts)}, "shapes": shapes,
             "triplet_share": tri_share, "triplet_batches": tri_batches if tri_share else {},
             "triplet_mix": tri_mix, "padding": padding_overhead(plain.tolist(), buckets=main_buckets),
             "batches": len(sched)}
 
 
-def _triplet_mix(micro: list, fuse: int, counted, tokens, words, min_words: int, cap: int, ladder, b: int,
+def _triplet_mix(micro: list, fuse: int, counted, tokens, words, min_words: int, tri_len: int, buckets, b: int,
                  static: bool) -> tuple[dict, dict]:
     """ArcCSE's triplet rows as the loop builds them (``ArcCSE.build_triplets``, ``merge``), per group of
     ``fuse`` micro-batches (one forward): T_j triplets in micro-batch j (its sentences of at least
     ``min_words`` words), in a graphed run (``static``) padded to ``max(TRIPLET_PAD_MIN, 2^⌈log2 T_j⌉)``
     where T_j > 0 (none where it is 0); the group's triplet rows padded to the widest micro-batch's
-    triplet width W (the bucket of its longest such sentence, on the counting ``ladder``). Returns
+    triplet width W, the loop's own (``Method.width``): the run's ``buckets`` (cut at ``max_len``) of
+    its longest such sentence truncated at ``tri_len``, past them widening up to ``tri_len``. Returns
     (counted width w -> {W: mean over the groups of width w of their triplets / (fuse · b) at W}: the
     share of a full triplet step, all ``b`` sentences of each micro-batch forming one, at width W;
     counted width -> share of its groups that run the triplet pass at all)."""
@@ -919,7 +930,7 @@ def _triplet_mix(micro: list, fuse: int, counted, tokens, words, min_words: int,
             long = words[idx] >= min_words
             n_long = int(long.sum())
             if n_long:
-                width = max(width, bucket_width(int(min(tokens[idx][long].max(), cap)), ladder))
+                width = max(width, bucket_width(int(min(tokens[idx][long].max(), tri_len)), buckets, tri_len))
             rows += max(TRIPLET_PAD_MIN, 1 << max(n_long - 1, 0).bit_length()) if static and n_long else n_long
         runs.setdefault(int(w), []).append(bool(rows))
         if rows:
@@ -1116,7 +1127,9 @@ def _one_kind_measures(counter: "Counter", run, profile: dict, method_cls=None,
     width, the no-triplet step plus, at each triplet width W, the profile's ``triplet_mix`` share of
     (full − none) at W (the FLOPs and activations are linear in the triplet rows: the rows the loop
     builds, a graphed run's padding of T included, ``_triplet_mix``; a profile without it mixes at
-    the batch's width by ``triplet_share``, an upper bound), the encoder passes by its
+    the batch's width by ``triplet_share``, an upper bound; with ``triplet_pass: with_views`` a group
+    with triplets wider than its views widens every view, which this scales by the triplet rows'
+    share: low for mixed groups, random batches at ``max_len`` 32), the encoder passes by its
     ``triplet_batches`` (the share of batches that run
     the triplet pass at all). ``build_batch`` is timed in both on the real sentences and mixed by the job's
     mean triplet share."""
@@ -1128,7 +1141,8 @@ def _one_kind_measures(counter: "Counter", run, profile: dict, method_cls=None,
     at = sorted(set(widths) | {W for m in mixes.values() for W in m})  # the main widths and the triplets' own
     # counted as eager steps: a graphed run's padding of T (build_triplets) is priced by the profile's
     # triplet_mix, not by the count's 4 sentences padded to TRIPLET_PAD_MIN
-    eager = dataclasses.replace(run.train, graphs=False)
+    eager = dataclasses.replace(run.train, graphs=False,  # (update: graphed needs graphs; it counts no FLOP)
+                                update="separate" if run.train.update == "graphed" else run.train.update)
     full = fitted_measures(counter, dataclasses.replace(run, train=eager, method_args={**run.method_args, "min_words": 1}),
                            at, None, timing)
     none = fitted_measures(counter, dataclasses.replace(run, train=eager, method_args={**run.method_args, "triplet": False}),
