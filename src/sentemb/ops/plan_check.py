@@ -148,16 +148,19 @@ def load_measured(path: str | Path) -> tuple[dict, list[Measured]]:
         raise SentembError(f"{p}: expected an object with a 'rows' list")
     rows = []
     names = {f.name for f in dataclasses.fields(Measured)}
-    for i, r in enumerate(data["rows"]):
+    defaults = {f.name: f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+                for f in dataclasses.fields(Measured) if f.name not in REQUIRED}  # Measured's, written once
+    for i, given in enumerate(data["rows"]):
         where = f"{p}: rows[{i}]"
-        if not isinstance(r, dict):
+        if not isinstance(given, dict):
             raise SentembError(f"{where}: expected an object")
-        missing = [k for k in REQUIRED if k not in r]
+        missing = [k for k in REQUIRED if k not in given]
         if missing:
             raise SentembError(f"{where}: missing {', '.join(missing)}")
-        unknown = sorted(set(r) - names)
+        unknown = sorted(set(given) - names)
         if unknown:
             raise SentembError(f"{where}: unknown key(s) {', '.join(unknown)} (known: {', '.join(sorted(names))})")
+        r = {**defaults, **given}
         steps = r["steps"]
         if not (isinstance(steps, list | tuple) and len(steps) == 2 and all(_is_int(x) for x in steps)
                 and 0 <= steps[0] < steps[1]):
@@ -167,27 +170,27 @@ def load_measured(path: str | Path) -> tuple[dict, list[Measured]]:
                 raise SentembError(f"{where}.{k}: {r[k]!r} is not a positive integer")
         if not _is_number(r["ms"]) or r["ms"] <= 0:
             raise SentembError(f"{where}.ms: {r['ms']!r} is not a positive number")
-        build = r.get("build_ms")
+        build = r["build_ms"]
         if build is not None and not (_is_number(build) and 0 <= build < r["ms"]):
             raise SentembError(f"{where}.build_ms: {build!r} is not a number from 0 to ms ({r['ms']})")
-        only = r.get("only_steps")
+        only = r["only_steps"]
         if only is not None and not (isinstance(only, list) and only and all(_is_int(x) for x in only)
                                      and all(steps[0] <= x < steps[1] for x in only)):
             raise SentembError(f"{where}.only_steps: {only!r} is not a non-empty list of steps within {steps}")
         for k in ("train", "method_args"):
-            if not isinstance(r.get(k, {}), dict):
+            if not isinstance(r[k], dict):
                 raise SentembError(f"{where}.{k}: expected an object")
-        if r.get("kind", "train") not in KINDS:
+        if r["kind"] not in KINDS:
             raise SentembError(f"{where}.kind: {r['kind']!r} is not one of {', '.join(KINDS)}")
-        if r.get("kind") == "dev_eval" and r.get("precision", "bf16") not in ("fp32", "bf16"):
+        if r["kind"] == "dev_eval" and r["precision"] not in ("fp32", "bf16"):
             raise SentembError(f"{where}.precision: {r['precision']!r} is not fp32 or bf16 (a dev evaluation's)")
         for k in ("batch_size", "max_len"):
-            if k in r.get("train", {}):
+            if k in r["train"]:
                 raise SentembError(f"{where}.train.{k}: give it as the row's {'batch' if k == 'batch_size' else k}")
         from ..config.settings import TrainSettings
 
-        TrainSettings.from_dict({**r.get("train", {}), "batch_size": r["batch"], "max_len": r["max_len"],
-                                 "precision": r.get("precision", "bf16")}, f"{where}.train").check(where)
+        TrainSettings.from_dict({**r["train"], "batch_size": r["batch"], "max_len": r["max_len"],
+                                 "precision": r["precision"]}, f"{where}.train").check(where)
         rows.append(Measured(**{**r, "steps": (int(steps[0]), int(steps[1]))}))
     return {k: v for k, v in data.items() if k != "rows"}, rows
 
