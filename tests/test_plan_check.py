@@ -64,7 +64,6 @@ def test_a_measured_row_is_priced_as_sentemb_plan_prices_the_job(shared, tmp_pat
     from sentemb.cli import main
     from sentemb.config.load import load_config
     from sentemb.ops import plan as P
-    from sentemb.ops.shapes import backbone_architecture
 
     config = load_config(ROOT / "config" / "config.yaml")
     corpus = shared / "data" / "wiki1m_head.txt"
@@ -119,7 +118,6 @@ def test_a_measured_row_is_priced_as_sentemb_plan_prices_the_job(shared, tmp_pat
     path.write_text(json.dumps({"gpu": "H200", "corpus": "data/wiki1m_head.txt", "corpus_lines": 5, "rows": rows[:1]}))
     with pytest.raises(SentembError, match="corpus data/wiki1m_head.txt is not .*give --corpus"):
         plan_check.resolve_corpus(None, plan_check.load_measured(path)[0], path)
-    assert backbone_architecture(cfg, "bert-base-uncased")
 
 
 def test_bad_rows_are_refused_naming_the_file_the_row_and_the_key(tmp_path):

@@ -526,10 +526,11 @@ def graphed(model: Path, corpus: Path, device: str, batch: int, max_len: int, me
     train = dict(train or {})
     what = (f"graphed {method} B={batch} max_len {max_len}" + (f" {label}" if label else "")
             + "".join(f", {k} {v}" for k, v in sorted({**_kernel(train, device), **train}.items())))
-    out, info = {}, {}
+    out, info, settings = {}, {}, {}
     try:
         for g in (False, True) if eager else (True,):
             over = train if g or train.get("update") != "graphed" else {**train, "update": "separate"}  # needs graphs
+            settings[g] = over
             run = _bench_run(model, corpus, batch, device, max_len, "bf16", method, 10**9, margs, inputs,
                              graphs=g, **over)  # the loop as a run has it: batches built ahead (prefetch)
             out[g] = _loop_ms(run, warm, timed, count=not g, info=info if g else None)
@@ -549,9 +550,8 @@ def graphed(model: Path, corpus: Path, device: str, batch: int, max_len: int, me
     # when no graph was captured in them (the eager twin trains on the same batches)
     new = info.get("captured_in_timed")
     for g, (secs, *_) in out.items():
-        over = train if g or train.get("update") != "graphed" else {**train, "update": "separate"}
         record(what + (", graphed" if g else ", not graphed"), method, model, batch, max_len, secs, (warm, warm + timed),
-               {**over, **_kernel(train, device), "graphs": g}, margs or {}, steady=not new,
+               {**settings[g], **_kernel(train, device), "graphs": g}, margs or {}, steady=not new,
                note=f"{new} graph(s) captured in the timed steps" if new else "")
     key = (method, batch, max_len)
     if eager:
