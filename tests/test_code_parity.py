@@ -220,8 +220,8 @@ def paser_gap(model_dir, setup, args):
 #: the switches to the authors' code and sentemb's default (the paper's reading or the former behaviour)
 SWITCHES = {"paser": {"decoder_embeddings": "word", "decoder_dropout_layout": "torch", "decoder_ffn": 768,
                       "masked_linear_init": "torch", "target_truncation": "phrases"},
-            "infocse-base": {"projection_init": "torch"},
-            "infocse-large": {"projection_init": "torch", "aux_lower_eval": True},
+            "infocse-base": {"projection_init": "torch", "head_init": "pretrained"},
+            "infocse-large": {"projection_init": "torch", "aux_lower_eval": True, "head_init": "pretrained"},
             "una": {"mlp_init": "normal"}}
 
 
@@ -376,16 +376,22 @@ def infocse_gap(m, backbone):
     return [float(t[k]) for k in ("contrastive", "aux_mlm", "loss")], [float(x) for x in ref]
 
 
-def infocse_code_checks(m):
+def infocse_code_checks(m, model_dir):
     """What a loss on the model's own weights cannot see: ``cl_init``'s ``init_weights`` leaves the
-    BatchNorm projection's Linear layers N(0, initializer_range) (BatchNorm untouched)."""
+    BatchNorm projection's Linear layers N(0, initializer_range) (BatchNorm untouched), and ``c_head``
+    keeps that draw: the scripts' Hub checkpoints hold none, so ``train_cls_mlm.py`` loads no
+    ``model.pt`` (``head_init: random``; here not the backbone's upper layers of ``init: backbone``)."""
     std = m.encoder.config.initializer_range
     for lin in (x for x in m.mlp.modules() if isinstance(x, torch.nn.Linear)):
         assert lin.bias is None and 0.7 < float(lin.weight.detach().std()) / std < 1.3
+    top = _encoder(model_dir)[0].encoder.layer[-len(m.aux_head):].state_dict()
+    for k, v in m.aux_head.state_dict().items():
+        if v.dim() == 2:
+            assert not torch.equal(v, top[k]) and 0.7 < float(v.std()) / std < 1.3, k
 
 
 def infocse_code_compare(model_dir, args, backbone):
-    infocse_code_checks(make_infocse(model_dir, args))
+    infocse_code_checks(make_infocse(model_dir, args), model_dir)
     ours, ref = infocse_gap(make_infocse(model_dir, args), backbone)
     for o, r in zip(ours, ref):  # L_cl, L_aux and the total, each
         assert abs(o - r) < TOL_FP32 * abs(r) and o > 0, (ours, ref)

@@ -430,3 +430,44 @@ def test_aux_mlm_loss_takes_a_bare_output_matrix():
         x = x[0] if isinstance(x, tuple) else x
         ref = (_ce((x[0, 1] @ W.T).numpy(), 3) + _ce((x[1, 3] @ W.T).numpy(), 7)) / 2
     assert float(got.detach()) == pytest.approx(ref, rel=1e-5)
+
+
+def test_head_init_random_starts_the_head_layers_fresh_as_the_authors_scripts(tiny_bert_dir, pretrained, tmp_path):
+    """The authors' scripts name the Hub's headless Condenser: train_cls_mlm.py loads model.pt only from a
+    local directory, so c_head keeps init_weights' draw (Linear N(0, initializer_range), biases 0,
+    LayerNorm 1/0) while the encoder and the MLM head come from the checkpoint."""
+    from safetensors.torch import save_file
+
+    head = load_file(str(pretrained / "aux_head.safetensors"))
+    headless = tmp_path / "condenser-headless"  # HF weights with cls.predictions.*, no c_head anywhere
+    headless.mkdir()
+    (headless / "config.json").write_bytes((pretrained / "config.json").read_bytes())
+    weights = load_file(str(pretrained / "model.safetensors"))
+    save_file({**{f"bert.{k}": v for k, v in weights.items()},
+               **{k: v.contiguous() for k, v in head.items() if k.startswith("cls.predictions.")}},
+              str(headless / "model.safetensors"))
+    with pytest.raises(SentembError, match=rf"{headless}: no auxiliary head layers.*head_init: random"):
+        _make(InfoCSE, tiny_bert_dir, {"skip_from": 1, "aux_checkpoint": str(headless)})
+    std = json.loads((tiny_bert_dir / "config.json").read_text())["initializer_range"]
+    makers = {"headless": {"aux_checkpoint": str(headless)}, "stage 1": {}, "backbone": {"init": "backbone"}}
+    for what, extra in makers.items():
+        m = _make(InfoCSE, tiny_bert_dir, {"skip_from": 1, "head_init": "random", **extra}, {"pretrained": pretrained})
+        state = m.aux_head.state_dict()
+        pre = {k[len("c_head."):]: v for k, v in head.items() if k.startswith("c_head.")}
+        top = m.encoder.encoder.layer[-2:].state_dict()
+        ws = [v for k, v in state.items() if k.endswith(".weight") and v.dim() == 2]
+        assert len(ws) == 2 * 6, what  # q, k, v, attention output, intermediate, output per layer
+        flat = torch.cat([w.flatten() for w in ws])
+        assert abs(float(flat.std()) / std - 1) < 0.05 and abs(float(flat.mean())) < 0.1 * std, what
+        for k, v in state.items():
+            if "LayerNorm.weight" in k:
+                assert torch.equal(v, torch.ones_like(v)), (what, k)
+            elif k.endswith(".bias"):
+                assert torch.equal(v, torch.zeros_like(v)), (what, k)
+            if v.dim() == 2:  # neither the checkpoint's head layers nor the backbone's upper layers
+                assert not torch.equal(v, pre[k]) and not torch.equal(v, top[k]), (what, k)
+        if what != "backbone":  # the MLM head and the encoder still come from the checkpoint
+            assert torch.equal(m.aux_mlm.bias, head["cls.predictions.bias"]), what
+            assert torch.equal(m.encoder.embeddings.word_embeddings.weight,
+                               weights["embeddings.word_embeddings.weight"]), what
+        assert all(p.requires_grad for p in m.aux_head.parameters()), what

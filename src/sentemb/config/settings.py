@@ -694,7 +694,7 @@ ADDED_DEFAULTS = {"sampler": "random", "eval_unit": "optimizer_steps", "dropout_
 ADDED_METHOD_ARGS = {
     "paser": {"masked_linear_init": "torch", "decoder_dropout_layout": "torch", "decoder_embeddings": "word",
               "target_truncation": "phrases"},
-    "infocse": {"projection_init": "torch", "aux_lower_eval": True},
+    "infocse": {"projection_init": "torch", "aux_lower_eval": True, "head_init": "pretrained"},
     "una": {"mlp_init": "normal"},
     "arccse": {"triplet_pass": "separate"},  # issue 37: what runs settled before the switch did (the default again)
 }

@@ -66,7 +66,15 @@ code's (2 epochs, lr 7e-6, ``mlp: batchnorm``, mask 0.3 on large). Ablations: ``
 ``head_layers`` layers), ``detach: false`` (Table 6: the lower auxiliary layers are trainable), λ and
 mask-rate studies as named runs. ``aux_checkpoint`` skips stage 1 with a directory holding a BERT
 encoder, its MLM head and the head layers (this module's stage-1 output, or a Condenser checkpoint
-with head weights: ``c_head.*`` in ``model.pt``); a headless one is refused.
+with head weights: ``c_head.*`` in ``model.pt``); a headless one is refused unless ``head_init:
+random``.
+* ``head_init``: the auxiliary network's ``head_layers`` come with the rest of it (``pretrained``:
+  stage 1 or ``aux_checkpoint``, or with ``init: backbone`` the backbone's upper layers; the paper
+  pretrains both networks), or start fresh (``random``: N(0, initializer_range), biases 0, LayerNorm
+  1/0). ``random`` is what the authors' scripts run: they name Hub checkpoints (``Luyu/condenser``,
+  ``ffgcc/condenser-bert-large-uncased``) that hold no ``c_head``, and ``train_cls_mlm.py`` loads
+  ``model.pt`` only from a local directory, so its ``c_head`` keeps ``init_weights``'s draw, while the
+  encoder, the frozen lower copy and the MLM head come from Condenser. ``infocse-code`` sets it.
 """
 
 from __future__ import annotations
@@ -230,12 +238,13 @@ def encoder_state(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k: v for k, v in weights.items() if not k.startswith(("cls.", "pooler.", "c_head."))}
 
 
-def read_aux_checkpoint(path: str | Path, hidden_size: int, head_layers: int) -> dict[str, Any]:
+def read_aux_checkpoint(path: str | Path, hidden_size: int, head_layers: int, need_layers: bool = True) -> dict[str, Any]:
     """Encoder, MLM head and auxiliary head layers of a stage-1 output or ``aux_checkpoint``.
 
     Layouts: this module's (``aux_head.safetensors``: ``c_head.<i>.*`` + ``cls.predictions.*``), or a
     Condenser checkpoint (HF weights with ``cls.predictions.*`` + ``model.pt`` holding ``c_head.*``).
-    Errors name the path and what is missing."""
+    ``need_layers=False`` (``head_init: random``): the head layers are not read, and a headless
+    checkpoint (the Hub's Condenser) serves. Errors name the path and what is missing."""
     from safetensors.torch import load_file
 
     path = Path(path)
@@ -251,13 +260,14 @@ def read_aux_checkpoint(path: str | Path, hidden_size: int, head_layers: int) ->
         head = load_file(str(path / AUX_HEAD_FILE))
     elif (path / "model.pt").is_file():  # Condenser: the head's state dict beside the HF weights
         head = torch.load(path / "model.pt", map_location="cpu", weights_only=True)
-    layers = _strip(head, "c_head.")
-    if not layers:
+    layers = _strip(head, "c_head.") if need_layers else {}
+    if need_layers and not layers:
         raise SentembError(f"InfoCSE auxiliary checkpoint {path}: no auxiliary head layers (c_head.<i>.* in "
                            f"{AUX_HEAD_FILE} or model.pt); a headless checkpoint cannot start stage 2 (drop "
-                           "aux_checkpoint to run the pretrain stage)")
+                           "aux_checkpoint to run the pretrain stage, or set head_init: random as the authors' "
+                           "scripts run)")
     n = len({k.split(".")[0] for k in layers})
-    if n != head_layers:
+    if need_layers and n != head_layers:
         raise SentembError(f"InfoCSE auxiliary checkpoint {path}: {n} head layers, but head_layers is {head_layers}")
     mlm = mlm_head_state(head) or mlm_head_state(weights)
     if not mlm:
@@ -313,7 +323,13 @@ class InfoCSE(Method):
                         "the auxiliary network is the backbone's lower skip_from + upper head_layers layers)",
                         choices=("pretrain", "backbone"))
         aux_checkpoint: str | None = arg(None, "skip stage 1: a directory with a BERT encoder, its MLM head and the "
-                                         "head layers (this stage-1 output or Condenser with c_head weights)")
+                                         "head layers (this stage-1 output or Condenser with c_head weights; "
+                                         "with head_init: random a headless one, e.g. the Hub's Luyu/condenser)")
+        head_init: str = arg("pretrained", "the auxiliary network's head_layers: pretrained with the rest of it (stage 1 "
+                             "or aux_checkpoint; init: backbone: the backbone's upper layers), or random: "
+                             "N(0, initializer_range), biases 0, LayerNorm 1/0 (code: its scripts name a Hub "
+                             "checkpoint without c_head, so train_cls_mlm.py's model.pt is never loaded)",
+                             choices=("pretrained", "random"))
         aux_inputs: str = arg("sentence", "open: one masked copy per sentence fed with view 1's [CLS] (paper), or one "
                               "per view with that view's [CLS] (code)", choices=("sentence", "view"))
         mlp: str = arg("train_only", "projection on [CLS] in training: SimCSE's Linear+Tanh, the code's BatchNorm "
@@ -362,14 +378,14 @@ class InfoCSE(Method):
         """The state after ``skip_from`` layers is read, and with ``init: backbone`` the upper
         ``head_layers`` layers are copied into the auxiliary network."""
         a = cls.make_args(args)
-        return max(a.skip_from + 1, a.head_layers if a.init == "backbone" else 0)
+        return max(a.skip_from + 1, a.head_layers if a.init == "backbone" and a.head_init == "pretrained" else 0)
 
     # ------------------------------------------------------------------ construction
     def __init__(self, encoder, tokenizer, args, ctx):
         super().__init__(encoder, tokenizer, args, ctx)
         a, cfg = self.args, encoder.config
         n_layers = cfg.num_hidden_layers
-        _check_layers(a, n_layers, a.init == "backbone")
+        _check_layers(a, n_layers, a.init == "backbone" and a.head_init == "pretrained")
         std = getattr(cfg, "initializer_range", 0.02)
         if a.mlp == "train_only":
             self.mlp = MLPHead(cfg.hidden_size, std)
@@ -383,10 +399,11 @@ class InfoCSE(Method):
         from transformers.models.bert.modeling_bert import BertLayer
 
         src = None
+        fresh = a.head_init == "random"  # the head layers keep _init_bert_'s draw below (the code's c_head)
         if a.aux_checkpoint:
-            src = read_aux_checkpoint(a.aux_checkpoint, cfg.hidden_size, a.head_layers)
+            src = read_aux_checkpoint(a.aux_checkpoint, cfg.hidden_size, a.head_layers, need_layers=not fresh)
         elif a.init == "pretrain":
-            src = read_aux_checkpoint(ctx.input("pretrained"), cfg.hidden_size, a.head_layers)
+            src = read_aux_checkpoint(ctx.input("pretrained"), cfg.hidden_size, a.head_layers, need_layers=not fresh)
         if src is not None:
             where = a.aux_checkpoint or str(ctx.input("pretrained"))
             m = src["meta"]
@@ -408,12 +425,15 @@ class InfoCSE(Method):
         _init_bert_(self.aux_head, std)
         self.aux_mlm = MLMHead(cfg, weight=self.encoder.get_input_embeddings().weight)
         if src is not None:
-            missing, _ = self.aux_head.load_state_dict(src["layers"], strict=False)
-            if missing:
-                raise SentembError(f"infocse: {where}: head layer tensors missing: {', '.join(missing[:5])}")
+            if not fresh:
+                missing, _ = self.aux_head.load_state_dict(src["layers"], strict=False)
+                if missing:
+                    raise SentembError(f"infocse: {where}: head layer tensors missing: {', '.join(missing[:5])}")
             self.aux_mlm.load_bert(src["mlm"], where)
         else:  # Table 4 "w/o pretraining": the backbone's upper layers and (if present) MLM head
-            self.aux_head.load_state_dict(copy.deepcopy(self.encoder.encoder.layer[n_layers - a.head_layers:]).state_dict())
+            if not fresh:
+                self.aux_head.load_state_dict(
+                    copy.deepcopy(self.encoder.encoder.layer[n_layers - a.head_layers:]).state_dict())
             head = mlm_head_state(read_weights(ctx.model_dir)) if ctx.model_dir else {}
             if head:
                 self.aux_mlm.load_bert(head, str(ctx.model_dir))
