@@ -537,3 +537,12 @@ def test_una_code_comparison_fails_with_a_switch_set_back(tiny_bert_dir, una_inp
     args = {**code_args(paper_config, "una-code"), switch: SWITCHES["una"][switch]}
     with pytest.raises(AssertionError):
         una_code_compare(tiny_bert_dir, una_inputs, args, run)
+
+
+def test_every_code_run_selects_its_checkpoint_by_an_fp32_dev_evaluation(paper_config):
+    """The authors' trainers (SimCSE's CLTrainer.evaluate and UNA's loop) score STS-B dev without
+    autocast: a -code run does not take the config's eval_precision: auto (bf16 on CUDA)."""
+    code_runs = [r for r in paper_config["runs"] if str(r.get("name", "")).endswith("-code")]
+    assert {r["name"] for r in code_runs} >= {"una-code", "paser-code", "infocse-code"}
+    for r in code_runs:
+        assert (r.get("train") or {}).get("eval_precision") == "fp32", r["name"]

@@ -172,6 +172,38 @@ def test_dev_embedder_takes_the_eval_precision(simcse):
     assert e.precision == "auto"
 
 
+def test_dev_max_len_truncates_the_dev_sentences_as_the_tokenizer_does(simcse, world, tmp_path):
+    """train.dev_max_len (UNA's code: its dev set tokenized at max_len 32): the dev embedder encodes
+    each sentence cut to that many tokens, as one forward of tokenizer(s, truncation=True,
+    max_length=n) would; null keeps the whole sentence. The loop's job takes the setting."""
+    import numpy as np
+    import torch
+
+    from sentemb.evaluate.sts import tune_dev_embedder
+    from sentemb.train.loop import setup
+
+    m = simcse.make()
+    m.eval()
+    sents = ["the man plays a guitar in the park with his old dog and a red car " * 2, "a cat sits on a mat"]
+    tok = m.tokenizer
+
+    def reference(n):
+        with torch.no_grad():
+            return torch.stack([m.encoder(**tok(s, truncation=n is not None, max_length=n, return_tensors="pt"))
+                                .last_hidden_state[0, 0] for s in sents]).numpy()
+
+    assert len(tok(sents[0])["input_ids"]) > 12
+    whole = m.embedder("cls_before_pooler", torch.device("cpu"))
+    cut = tune_dev_embedder(m.embedder("cls_before_pooler", torch.device("cpu")), "fp32", torch.device("cpu"), 12)
+    assert np.allclose(whole(sents), reference(None), atol=1e-5) and np.allclose(cut(sents), reference(12), atol=1e-5)
+    assert not np.allclose(cut(sents)[0], whole(sents)[0], atol=1e-3) and np.allclose(cut(sents)[1], whole(sents)[1])
+    job = setup(simcse.run(max_steps=1, dev_max_len=12), tmp_path / "out")
+    try:
+        assert job.embedder.max_length == 12
+    finally:
+        job.close()
+
+
 @pytest.mark.realdata
 def test_bf16_dev_evaluation_of_minilm_is_within_0_05_of_fp32(minilm_dir, shared):
     """STS-B dev of all-MiniLM-L6-v2 through the loop's dev embedder (``Method.embedder``: tokenized

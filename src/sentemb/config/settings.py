@@ -79,6 +79,11 @@ class TrainSettings:
         "agree with fp32 to about 0.01 on STS, but a near tie can keep another checkpoint, so it is a weights "
         "setting (fp32 is its value before it existed: ADDED_DEFAULTS). Its cost is in train.json "
         "(dev_eval_s, dev_eval_share).", choices=("fp32", "bf16", "auto"))
+    dev_max_len: int | None = arg(
+        None, "Truncation, in tokens, of the STS-B dev sentences of the evaluation that selects the checkpoint. "
+        "null - the model's maximum (SentEval as SimCSE's code calls it: no truncation short of 512); an integer - "
+        "that many tokens, special ones included (UNA's code: its max_len, 32). A weights setting: it changes "
+        "which checkpoint is kept (null is its value before it existed: ADDED_DEFAULTS).", minimum=3)
     log_steps: int = arg(10, "log the mean loss terms every this many optimizer steps", minimum=1, weights=False)
     save_steps: int = arg(250, "save the resume state every this many optimizer steps", minimum=1, weights=False)
     precision: str = arg("auto", "auto = bf16 autocast on CUDA, fp32 elsewhere; bf16, fp16 (with a gradient "
@@ -685,7 +690,7 @@ class Run:
 #: that does not write the key is another run than before, and a state saved then does not resume
 ADDED_DEFAULTS = {"sampler": "random", "eval_unit": "optimizer_steps", "dropout_rng": "stream", "eval_precision": "fp32",
                   "graphs": False, "fuse_micro_batches": 1, "compile_mode": "default", "compile_random": "eager",
-                  "update": "separate", "attention": "sdpa"}
+                  "update": "separate", "attention": "sdpa", "dev_max_len": None}
 
 
 #: method arguments added after states were saved (issue 38: the switches to the authors' code), at

@@ -199,14 +199,26 @@ def _times100(agg: dict) -> dict:
 DEV_BATCH_CUDA = 512
 
 
-def tune_dev_embedder(embed: EmbedFn, precision: str, device) -> EmbedFn:
+def tune_dev_embedder(embed: EmbedFn, precision: str, device, max_len: int | None = None) -> EmbedFn:
     """The loop's dev embedder (``Method.embedder``) set to ``train.eval_precision``: fp32 leaves it
     as built (fp32, its own batch size: what was computed before the setting existed);
     bf16 / auto set its ``precision`` (auto: bf16 on CUDA only), and on CUDA, where bf16 applies,
-    batches of ``DEV_BATCH_CUDA`` sentences. An embedder without a ``precision`` attribute (a plug-in's
-    own) is left as it is, with a warning. The dev set is tokenized once and reused when the
-    embedder keeps its plan (``Embedder(keep_plan=True)``, the default ``Method.embedder``)."""
+    batches of ``DEV_BATCH_CUDA`` sentences. ``max_len`` (``train.dev_max_len``): the sentences are
+    truncated to that many tokens (None: the embedder's own maximum). An embedder without a
+    ``precision`` (or ``max_length``) attribute (a plug-in's own) is left as it is, with a warning
+    (an error for ``max_len``: the run would select by another evaluation than it says). The dev set
+    is tokenized once and reused when the embedder keeps its plan (``Embedder(keep_plan=True)``, the
+    default ``Method.embedder``)."""
     import logging
+
+    if max_len is not None:
+        if not hasattr(embed, "max_length"):
+            from .. import SentembError
+
+            raise SentembError(f"train.dev_max_len {max_len}: the method's dev embedder {type(embed).__name__} has no "
+                               "max_length setting; leave train.dev_max_len null for this method")
+        embed.max_length = int(max_len)
+        getattr(embed, "_plans", {}).clear()  # a batch plan tokenized at another length is not reused
 
     if precision == "fp32":  # as built (an embedder asked for bf16 before is set back to fp32)
         if getattr(embed, "precision", "fp32") != "fp32":

@@ -446,7 +446,7 @@ def setup(run: Run | dict, out_dir: str | Path, method_cls: "type[Method] | None
     if job.embedder is not None:  # train.eval_precision (and larger batches with bf16 on CUDA)
         from ..evaluate.sts import tune_dev_embedder
 
-        tune_dev_embedder(job.embedder, settings.eval_precision, device)
+        tune_dev_embedder(job.embedder, settings.eval_precision, device, settings.dev_max_len)
     if device_before is not None:
         job.restore.append(lambda: torch.cuda.set_device(device_before))
     undo = sdpa_backend(attention)  # last: nothing after it can fail and leave the flags set
