@@ -529,6 +529,11 @@ def una_code_compare(model_dir, d, args, run):
 def test_una_code_loss_equals_the_authors_step(tiny_bert_dir, una_inputs, paper_config):
     run = find_run(paper_config, "una-code", "bert-base-uncased")
     una_code_compare(tiny_bert_dir, una_inputs, code_args(paper_config, "una-code"), run)
+    # the negatives' arithmetic of function/tfidf_una.py (its own tests in test_una.py) and the dev set
+    # tokenized at max_len (data/dataset.py SimcseEvalDataset)
+    args = code_args(paper_config, "una-code")
+    assert (args["redraw"], args["selection_form"], args["rank_ties"]) == ("code", "code", "first_seen")
+    assert run.train["dev_max_len"] == 32
 
 
 @pytest.mark.parametrize("switch", sorted(SWITCHES["una"]))

@@ -237,6 +237,8 @@ def test_ablations_random_selection_and_random_replacement(corpus, tfidf):
 
 
 def test_code_redraw_may_keep_a_term_but_never_returns_the_anchor(corpus, tfidf):
+    """redraw: code with the paper's selection: the window holds the term itself, and a negative whose
+    text equals its anchor's is replaced by the code's fallback (never the anchor)."""
     aug = UNAAugmenter.from_parquet(tfidf, radius=1, redraw="code", write_back="tokens")
     rng = np.random.default_rng(0)
     sent = "red car"
@@ -248,6 +250,98 @@ def test_code_redraw_may_keep_a_term_but_never_returns_the_anchor(corpus, tfidf)
     k = aug.rank["car"]
     kept = sum(sample_replacement(k, s, 1, rng, exclude_self=False) == k for _ in range(500))
     assert kept > 0
+
+
+def _code_probabilities(sent, lines, beta):
+    """The authors' ``ThresholdRep.get_replace_prob`` (function/tfidf_una.py) by hand: per token
+    position, p = (z − min z)/Σ(z − min z) · β · n, the first arg-max set to 1 where every p < 1."""
+    z = _hand_z(sent, lines)
+    zs = np.array([z[t] for t in sent.split()])
+    with np.errstate(invalid="ignore"):
+        p = (zs - zs.min()) / (zs - zs.min()).sum() * beta * len(zs)
+    if p.max() < 1:
+        p[p.argmax()] = 1
+    return p
+
+
+def test_code_selection_form_draws_each_token_position_with_the_codes_probability(corpus, tfidf):
+    """selection_form: code: every occurrence of a repeated term ("the" 3 times) is drawn on its own,
+    with the code's per-position probability, and gets its own replacement."""
+    lines = corpus.read_text("utf-8").splitlines()
+    sent = "the dog runs in the park with the big red car"
+    toks = sent.split()
+    p = np.minimum(_code_probabilities(sent, lines, 0.5), 1.0)
+    aug = UNAAugmenter.from_parquet(tfidf, beta=0.5, radius=3, write_back="tokens", selection_form="code")
+    rng = np.random.default_rng(1)
+    n, hits, split = 3000, np.zeros(len(toks)), 0
+    for _ in range(n):
+        new = aug.negative(sent, rng)[0].split()
+        assert len(new) == len(toks)
+        changed = np.array([a != b for a, b in zip(toks, new)])  # exclude_self: a drawn position changes
+        hits += changed
+        the = [new[i] for i in (0, 4, 7)]
+        split += len(set(the)) > 1
+    for i, (h, q) in enumerate(zip(hits / n, p)):
+        assert abs(h - q) <= 4 * math.sqrt(q * (1 - q) / n) + 1e-9, (toks[i], h, q)
+    assert split > 0  # the occurrences of one term are not replaced alike
+    paper = UNAAugmenter.from_parquet(tfidf, beta=0.5, radius=3, write_back="tokens")
+    for _ in range(300):
+        new = paper.negative(sent, rng)[0].split()
+        assert len({new[i] for i in (0, 4, 7)}) == 1  # the paper's form: one replacement per term
+
+
+def test_code_selection_form_replaces_nothing_where_all_scores_are_equal(corpus, tfidf):
+    """The code's 0/0 on a one-term sentence: no position is selected (NaN probabilities); the negative
+    is the lowercased tokens, and only where that text is the anchor's does the fallback fire (one
+    vocabulary term drawn ∝ s − min s). The paper's form replaces the arg-max term."""
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(tfidf, columns=["term", "s"]).to_pydict()
+    s = np.array(table["s"])
+    rng = np.random.default_rng(2)
+    code = UNAAugmenter.from_parquet(tfidf, write_back="tokens", selection_form="code")
+    assert code.negative("Car", rng) == ("car", 0.0)  # "Car" != "car": no fallback, as `example == output`
+    assert code.negative("car", rng) == ("car", 0.0)  # redraw exclude_self: no fallback at all
+    assert UNAAugmenter.from_parquet(tfidf, write_back="tokens").negative("car", rng)[0] != "car"
+    fallback = UNAAugmenter.from_parquet(tfidf, write_back="tokens", selection_form="code", redraw="code")
+    n = 4000
+    draws = [fallback.negative("car", rng) for _ in range(n)]
+    assert all(share == 1.0 and len(neg.split()) == 1 for neg, share in draws)
+    want = (s - s.min()) / (s - s.min()).sum()
+    got = {t: 0 for t in table["term"]}
+    for neg, _ in draws:
+        got[neg] += 1
+    for t, q in zip(table["term"], want):
+        assert abs(got[t] / n - q) <= 4 * math.sqrt(q * (1 - q) / n) + 1e-9, (t, got[t] / n, q)
+    assert got[table["term"][int(np.argmin(s))]] == 0
+
+
+def test_rank_ties_first_seen_orders_equal_s_by_first_occurrence(corpus, tmp_path):
+    """rank_ties: first_seen (the code's stable sort of its corpus-ordered dict): among equal s, the
+    term that occurs first in the corpus ranks first; the ``first`` column is that order whatever the
+    workers and chunks."""
+    import pyarrow.parquet as pq
+
+    from sentemb.stats.tfidf import tokenize, write_tfidf
+
+    order = {}
+    for line in corpus.read_text("utf-8").splitlines():
+        for t in tokenize(line):
+            order.setdefault(t, len(order))
+    out = tmp_path / "tfidf.parquet"
+    write_tfidf([corpus], out, workers=2, chunk_size=7)
+    table = pq.read_table(out).to_pydict()
+    assert dict(zip(table["term"], table["first"])) == order
+    s = dict(zip(table["term"], table["s"]))
+    assert len(s) - len(set(s.values())) > 5  # ties to order
+    aug = UNAAugmenter.from_parquet(out, rank_ties="first_seen")
+    assert aug.terms == sorted(s, key=lambda t: (-s[t], order[t]))
+    assert UNAAugmenter.from_parquet(out).terms == sorted(s, key=lambda t: (-s[t], t))
+    assert list(aug.s) == sorted(s.values(), reverse=True)
+    old = tmp_path / "old.parquet"
+    pq.write_table(pq.read_table(out).drop(["first"]).replace_schema_metadata(pq.read_table(out).schema.metadata), old)
+    with pytest.raises(SentembError, match=r"old\.parquet: no column .*first.*stats_tfidf"):
+        UNAAugmenter.from_parquet(old, rank_ties="first_seen")
 
 
 # ------------------------------------------------------------------------------ losses

@@ -184,7 +184,9 @@ rule paraphrase_shard:
     benchmark:
         f"benchmarks/stats/{{corpus}}/paraphrase_shard{{shard}}of{{nshards}}.tsv"
     params:
-        gpu_env=GPU_ENV,
+        # stats.paraphrase.precision fp32 through the environment (sentemb paraphrase's --precision default):
+        # the default leaves the command and the params as they were, so no finished shard is rerun
+        gpu_env=GPU_ENV + ("SENTEMB_PARAPHRASE_PRECISION=fp32 " if _PARA["precision"] == "fp32" else ""),
         batch_size=_PARA["batch_size"],
         num_beams=_PARA["num_beams"],
         max_length=_PARA["max_length"],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 
 def _freq(a):
@@ -34,7 +35,8 @@ def _paraphrase(a):
     paraphrase_shard(a.corpus, a.model, a.output, shard=a.shard, num_shards=a.num_shards,
                            batch_size=a.batch_size, num_beams=a.num_beams,
                            max_length=a.max_length, device=a.device,
-                           max_input_length=a.max_input_length, max_batches=a.max_batches)
+                           max_input_length=a.max_input_length, max_batches=a.max_batches,
+                           precision=a.precision)
 
 
 def _merge(a):
@@ -93,6 +95,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-size", type=int, default=para.batch_size)
     p.add_argument("--num-beams", type=int, default=para.num_beams)
     p.add_argument("--max-length", type=int, default=para.max_length)
+    p.add_argument("--precision", choices=("bf16", "fp32"),
+                   default=os.environ.get("SENTEMB_PARAPHRASE_PRECISION") or para.precision,
+                   help="generation on CUDA (config stats.paraphrase.precision, which the workflow passes as "
+                        "the environment variable SENTEMB_PARAPHRASE_PRECISION, this option's default); the CPU is "
+                        "always fp32")
     p.add_argument("--max-input-length", type=int, default=None)
     p.add_argument("--device", default="auto")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")

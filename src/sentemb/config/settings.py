@@ -343,6 +343,9 @@ class ParaphraseSettings:
     batch_size: int = arg(32, "sentences per generation batch", minimum=1)
     num_beams: int = arg(10, "beam search width", minimum=1)
     max_length: int = arg(60, "Max generated tokens.", minimum=2)
+    precision: str = arg("bf16", "Generation on CUDA: bf16 autocast (about twice as fast), or fp32 as the UNA "
+                         "authors' data/augment/paraphrase.py generates (another beam may win where scores are "
+                         "close). On the CPU always fp32. Shared by every run on the corpus.", choices=("bf16", "fp32"))
 
 
 @dataclass
@@ -700,7 +703,7 @@ ADDED_METHOD_ARGS = {
     "paser": {"masked_linear_init": "torch", "decoder_dropout_layout": "torch", "decoder_embeddings": "word",
               "target_truncation": "phrases"},
     "infocse": {"projection_init": "torch", "aux_lower_eval": True, "head_init": "pretrained"},
-    "una": {"mlp_init": "normal"},
+    "una": {"mlp_init": "normal", "selection_form": "paper", "rank_ties": "term"},
     "arccse": {"triplet_pass": "separate"},  # issue 37: what runs settled before the switch did (the default again)
 }
 

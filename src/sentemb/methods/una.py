@@ -28,14 +28,19 @@ Open choices (documented, switchable):
 
 * ``redraw``: the paper guarantees each negative differs from its anchor. ``exclude_self``
   (default) removes term i itself from its window. ``code``: the authors' code — the window
-  includes term i, and a negative that equals its anchor falls back to replacing one uniformly
-  chosen token by a term drawn uniformly from the rest of the vocabulary.
+  includes term i, and a negative whose text equals its anchor's becomes one vocabulary term drawn
+  ∝ s − min s (``UNAAugmenter._fallback_term``).
+* ``selection_form``: ``paper`` (default) reads Eq. 3–4 per distinct term (below); ``code`` computes
+  the authors' per-token-position arithmetic (``UNAAugmenter._code_tokens``).
+* ``rank_ties``: the order of terms with equal s in the ranking the window runs over: by term
+  (default, the statistics file's rank) or by first occurrence in the corpus (``first_seen``, the
+  code's stable sort of its corpus-ordered dict).
 * ``write_back``: ``span`` (default) replaces each replaced token's character span in the
   original sentence (rest of the text and its case kept; a Title-case / UPPER-case token gets the
   replacement in the same case; a word replacing a token attached to a word, e.g. ")" in "(SA)",
   is set off by spaces); ``tokens``: the code's lowercased tokens joined by spaces.
 * A *term* is a distinct lowercased token of the sentence (the TF-IDF vector's support): one draw
-  per term, and all its occurrences get the same replacement. Tokens absent from the TF-IDF
+  per term, and all its occurrences get the same replacement (``selection_form: paper``). Tokens absent from the TF-IDF
   vocabulary (only possible when a sentence is not in the statistics' corpus) are neither scored
   nor replaced; a sentence without any known term gives its anchor back unchanged.
 * Ablations (Table 2): ``selection: random`` replaces each term with probability β plus one
@@ -163,10 +168,13 @@ class UNAAugmenter:
 
     def __init__(self, terms: Sequence[str], df: Sequence[int], s: Sequence[float], n_docs: int, *,
                  beta: float = 0.5, radius: int = 4000, selection: str = "tfidf", replacement: str = "tfidf",
-                 redraw: str = "exclude_self", write_back: str = "span"):
+                 redraw: str = "exclude_self", write_back: str = "span", selection_form: str = "paper"):
         self.terms = list(terms)  # rank order
         self.s = np.asarray(s, dtype=np.float64)
         self.cumsum = _cumsum0(self.s)
+        # the code's fallback draws a term ∝ s − min s (its normalized_tf_idf, reset_token_list)
+        self.fallback_cumsum = _cumsum0(self.s - self.s.min()) if len(self.s) else _cumsum0(self.s)
+        self.selection_form = selection_form
         self.rank = {t: i for i, t in enumerate(self.terms)}
         self.df = {t: int(d) for t, d in zip(self.terms, df)}
         self.n_docs = int(n_docs)
@@ -174,12 +182,20 @@ class UNAAugmenter:
         self.selection, self.replacement, self.redraw, self.write_back = selection, replacement, redraw, write_back
 
     @classmethod
-    def from_parquet(cls, path, **kw) -> "UNAAugmenter":
+    def from_parquet(cls, path, rank_ties: str = "term", **kw) -> "UNAAugmenter":
+        """The augmenter on a ``tfidf*.parquet``. ``rank_ties``: ``term`` keeps the file's ranks (equal s
+        by term); ``first_seen`` ranks equal s by the terms' first occurrence in the corpus (its column
+        ``first``), as the authors' code's stable sort of its corpus-ordered dict does."""
         import pyarrow.parquet as pq
 
         from ..stats import read_metadata
 
-        t = pq.read_table(path, columns=["term", "df", "s", "rank"])
+        cols = ["term", "df", "s", "rank"] + (["first"] if rank_ties == "first_seen" else [])
+        missing = [c for c in cols if c not in pq.read_schema(path).names]
+        if missing:
+            raise SentembError(f"{path}: no column {', '.join(map(repr, missing))} (rank_ties: first_seen reads "
+                               "'first', written since 2026-11-29: re-run the statistics stage, rule stats_tfidf)")
+        t = pq.read_table(path, columns=cols)
         meta = read_metadata(path)
         if "n_docs" not in meta:
             raise SentembError(f"{path}: no n_docs in its metadata (write it with `sentemb stats`)")
@@ -187,6 +203,8 @@ class UNAAugmenter:
         order = np.argsort(rank, kind="stable")
         if not np.array_equal(rank[order], np.arange(len(rank))):
             raise SentembError(f"{path}: column 'rank' is not 0..{len(rank) - 1}")
+        if rank_ties == "first_seen":  # s descending, equal s by first occurrence
+            order = np.lexsort((t.column("first").to_numpy(), -t.column("s").to_numpy()))
         terms = t.column("term").to_pylist()
         return cls([terms[i] for i in order], t.column("df").to_numpy()[order], t.column("s").to_numpy()[order],
                    meta["n_docs"], **kw)
@@ -222,22 +240,63 @@ class UNAAugmenter:
         else:  # tf over all n tokens; unknown tokens are not scored (not in the statistics' vocabulary)
             z_of = {t: _tf_idf(tokens, t, self.df[t], self.n_docs) for t in dict.fromkeys(known)}
         uniq = list(z_of)  # the sentence's distinct known terms, first-seen order
-        if self.selection == "random":
-            chosen = rng.random(len(uniq)) < self.beta
-            chosen[int(rng.integers(len(uniq)))] = True
+        if self.selection_form == "code":  # per token position, each occurrence drawn and replaced on its own
+            new = self._code_tokens(tokens, z_of, rng)
         else:
-            chosen = rng.random(len(uniq)) < replacement_probabilities([z_of[t] for t in uniq], self.beta)
-        repl = {t: self._draw(t, rng) for t, c in zip(uniq, chosen) if c}
-        new = [repl.get(t, t) for t in tokens]
-        if self.redraw == "code" and new == tokens:
-            # the code's fallback: one uniformly chosen token becomes a uniformly drawn vocabulary term
-            # (other than that token itself, so the negative differs from its anchor)
-            i = int(rng.integers(len(tokens)))
-            j = int(rng.integers(max(1, len(self.terms) - 1)))
-            k = self.rank.get(tokens[i], -1)
-            new[i] = self.terms[j + 1 if 0 <= k <= j and len(self.terms) > 1 else j]
+            if self.selection == "random":
+                chosen = rng.random(len(uniq)) < self.beta
+                chosen[int(rng.integers(len(uniq)))] = True
+            else:
+                chosen = rng.random(len(uniq)) < replacement_probabilities([z_of[t] for t in uniq], self.beta)
+            repl = {t: self._draw(t, rng) for t, c in zip(uniq, chosen) if c}
+            new = [repl.get(t, t) for t in tokens]
         changed = {old for old, t in zip(tokens, new) if old != t}
-        return self._write(sentence, tokens, new, raw), min(1.0, len(changed) / len(uniq))
+        out = self._write(sentence, tokens, new, raw)
+        if self.redraw == "code" and out == sentence:
+            # the code's fallback (function/tfidf_una.py ThresholdRep.__call__: `if example == output:
+            # output = self.get_random_token()`): the negative is one vocabulary term drawn ∝ s − min s
+            return self._fallback_term(rng), 1.0
+        return out, min(1.0, len(changed) / len(uniq))
+
+    def _code_tokens(self, tokens: list[str], z_of: dict[str, float], rng: np.random.Generator) -> list[str]:
+        """Steps 2 and 3 as the authors' code computes them (``selection_form: code``;
+        function/tfidf_una.py ``ThresholdRep.get_replace_prob`` and ``replace_tokens``): over the n
+        token positions (a repeated term counted at each), p_i = β·n·(z_i − min z)/Σ_j (z_j − min z),
+        not clipped; where every p < 1 the first arg-max is set to 1; where all z are equal (0/0: NaN)
+        no position is replaced. One draw per position in order, and each replaced position gets a
+        replacement of its own. ``selection: random``: each position with probability β, plus one
+        uniformly chosen position. Unknown tokens (not in the statistics) have p = 0 and do not count."""
+        pos = [i for i, t in enumerate(tokens) if t in z_of]
+        u = rng.random(len(pos))
+        if self.selection == "random":
+            p = np.full(len(pos), self.beta)
+            p[int(rng.integers(len(pos)))] = 1.0
+        else:
+            z = np.array([z_of[tokens[i]] for i in pos], dtype=np.float64)
+            d = z - z.min()
+            total = d.sum()
+            if total > 0:
+                p = d / total * self.beta * len(pos)
+                if p.max() < 1:
+                    p[int(np.argmax(p))] = 1.0
+            else:  # the code's 0/0: NaN probabilities, and `random < nan` is false everywhere
+                p = np.zeros(len(pos))
+        new = list(tokens)
+        for k, i in enumerate(pos):
+            if u[k] < p[k]:
+                new[i] = self._draw(tokens[i], rng)
+        return new
+
+    def _fallback_term(self, rng: np.random.Generator) -> str:
+        """One vocabulary term drawn ∝ s_j − min s (uniformly where all s are equal): the code's
+        ``get_random_token`` over its ``normalized_tf_idf``."""
+        cs = self.fallback_cumsum
+        if len(self.terms) == 0:
+            raise SentembError("una: an empty TF-IDF vocabulary")
+        if cs[-1] <= 0:
+            return self.terms[int(rng.integers(len(self.terms)))]
+        j = int(np.searchsorted(cs, float(rng.random()) * cs[-1], side="right")) - 1
+        return self.terms[min(max(j, 0), len(self.terms) - 1)]
 
     def _write(self, sentence: str, tokens: list[str], new: list[str], raw: list[str] | None = None) -> str:
         """The negative's text: ``new`` tokens written back (``write_back``). ``raw``: the
@@ -324,7 +383,15 @@ class UNA(Method):
         replacement: str = arg("tfidf", "replacement term: ∝ s within radius r (Step 3) or uniform over the "
                                "vocabulary (Table 2 ablation)", choices=("tfidf", "random"))
         redraw: str = arg("exclude_self", "exclude_self: a term is never replaced by itself (paper); code: it "
-                          "may be, with the authors' one-random-token fallback", choices=("exclude_self", "code"))
+                          "may be, and a negative whose text equals its anchor's becomes one vocabulary term "
+                          "drawn ∝ s − min s (the authors' fallback)", choices=("exclude_self", "code"))
+        selection_form: str = arg("paper", "paper: Eq. 3-4 over the sentence's distinct terms (one draw and one "
+                                  "replacement per term, the arg-max term always); code: over token positions "
+                                  "(repeats counted, each occurrence drawn and replaced on its own, nothing "
+                                  "replaced where all scores are equal: the code's 0/0)", choices=("paper", "code"))
+        rank_ties: str = arg("term", "order of terms with equal s in the ranking the radius-r window runs over: "
+                             "by term (the statistics file's), or first_seen: by first occurrence in the corpus "
+                             "(code: a stable sort of its corpus-ordered dict)", choices=("term", "first_seen"))
         write_back: str = arg("span", "span: replace character spans in the original sentence; tokens: "
                               "lowercased tokens joined by spaces (authors' code)", choices=("span", "tokens"))
         mlp_init: str = arg("normal", "the training MLP's Linear: N(0, initializer_range) weights and zero bias "
@@ -358,9 +425,10 @@ class UNA(Method):
         self.augmenter = None
         if a.negatives:
             stats = ctx.input("tfidf_para" if a.paraphrase else "tfidf")
-            self.augmenter = UNAAugmenter.from_parquet(stats, beta=a.beta, radius=a.radius,
+            self.augmenter = UNAAugmenter.from_parquet(stats, rank_ties=a.rank_ties, beta=a.beta, radius=a.radius,
                                                        selection=a.selection, replacement=a.replacement,
-                                                       redraw=a.redraw, write_back=a.write_back)
+                                                       redraw=a.redraw, write_back=a.write_back,
+                                                       selection_form=a.selection_form)
         self.paraphrases: list[str] | None = None
         if a.paraphrase:
             self.paraphrases = self._read_paraphrases(ctx.input("paraphrases"), ctx.corpus)

@@ -4,7 +4,8 @@ Default model ``tuner007/pegasus_paraphrase``; any seq2seq model + tokenizer loa
 ``AutoModelForSeq2SeqLM``/``AutoTokenizer`` works. Decoding: beam search (10 beams), one output,
 ``max_length`` 60 tokens, no sampling, so outputs are deterministic. Inputs are truncated to
 ``max_input_length`` (default: the smaller of the tokenizer's ``model_max_length`` and the model's
-``max_position_embeddings``; 60 for pegasus_paraphrase). On CUDA generation runs under bf16 autocast.
+``max_position_embeddings``; 60 for pegasus_paraphrase). On CUDA generation runs under bf16 autocast
+(``stats.paraphrase.precision: fp32``: without, as the UNA authors' ``data/augment/paraphrase.py``).
 
 Sharding: shard i of N takes corpus lines ``i, i+N, i+2N, …`` (strided, so every shard gets a
 similar length mix and finishes at about the same time). Within a shard the non-empty lines are
@@ -82,7 +83,7 @@ class Paraphraser:
     """Batched deterministic beam-search paraphrasing with a seq2seq model."""
 
     def __init__(self, model, tokenizer, device="auto", num_beams: int = 10, max_length: int = 60,
-                 max_input_length: int | None = None):
+                 max_input_length: int | None = None, precision: str = "bf16"):
         import torch
 
         from ..utils import resolve_device
@@ -97,8 +98,11 @@ class Paraphraser:
             limits = [x for x in limits if isinstance(x, int) and 0 < x < 100_000]
             max_input_length = min(limits) if limits else 512
         self.max_input_length = max_input_length
+        if precision not in ("bf16", "fp32"):
+            raise SentembError(f"paraphrase: precision must be bf16 or fp32, not {precision!r} (stats.paraphrase.precision)")
+        self.precision = precision if self.device.type == "cuda" else "fp32"  # the CPU generates in fp32
         self.autocast = (torch.autocast("cuda", dtype=torch.bfloat16)
-                         if self.device.type == "cuda" else contextlib.nullcontext())
+                         if self.precision == "bf16" else contextlib.nullcontext())
 
     @classmethod
     def from_pretrained(cls, model_dir, **kw) -> Paraphraser:
@@ -145,6 +149,7 @@ def _fingerprint(corpus, model_dir, shard, num_shards, batch_size, p: Paraphrase
         "shard": shard, "num_shards": num_shards, "batch_size": batch_size,
         "num_beams": p.num_beams, "max_length": p.max_length,
         "max_input_length": p.max_input_length, "device_type": p.device.type,
+        **({"precision": p.precision} if p.precision != "bf16" else {}),  # (bf16: as before the setting existed)
     }
 
 
@@ -184,7 +189,7 @@ def _read_checkpoint(path: Path, fingerprint: dict, plan: list[list[int]]) -> di
 def paraphrase_shard(corpus, model_dir, output, shard: int = 0, num_shards: int = 1,
                      batch_size: int = 32, num_beams: int = 10, max_length: int = 60,
                      device: str = "auto", max_input_length: int | None = None,
-                     max_batches: int | None = None) -> dict:
+                     max_batches: int | None = None, precision: str = "bf16") -> dict:
     """Paraphrase shard ``shard`` of ``num_shards`` of ``corpus`` into ``output`` (JSONL), resumably.
 
     ``max_batches`` stops after that many new batches without writing ``output`` (the checkpoint
@@ -198,7 +203,8 @@ def paraphrase_shard(corpus, model_dir, output, shard: int = 0, num_shards: int 
         raise SentembError("paraphrase: batch_size and num_beams must be >= 1, max_length >= 2")
     output = Path(output)
     para = Paraphraser.from_pretrained(model_dir, device=device, num_beams=num_beams,
-                                       max_length=max_length, max_input_length=max_input_length)
+                                       max_length=max_length, max_input_length=max_input_length,
+                                       precision=precision)
     mine = {i: line for i, line in enumerate(iter_lines(corpus)) if i % num_shards == shard}
     todo = [i for i, line in mine.items() if line.strip()]
     lens = para.lengths([mine[i] for i in todo]) if todo else []

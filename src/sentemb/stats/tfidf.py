@@ -14,8 +14,11 @@ s_t = idf(t) · max_d tf(t, d) exactly, so the corpus is streamed keeping only d
 term (memory O(vocabulary), never an N × V matrix). Chunks are processed in parallel and merged by
 integer sums and float maxima, so results are bit-identical for any worker count.
 
-Output ``tfidf.parquet``: term, df, idf, s, rank — sorted by s descending, ties by term ascending;
-``rank`` is the 0-based row position (UNA samples replacements within radius r in this order).
+Output ``tfidf.parquet``: term, df, idf, s, rank, first — sorted by s descending, ties by term
+ascending; ``rank`` is the 0-based row position (UNA samples replacements within radius r in this
+order). ``first`` numbers the terms in the order they first occur in the sources (line by line,
+token by token): the order the authors' code keeps terms in (a dict filled as it reads the corpus),
+and so their order among equal s after its stable sort (UNA's ``rank_ties: first_seen``).
 """
 
 from __future__ import annotations
@@ -57,7 +60,8 @@ def sentence_tfidf(tokens: Sequence[str], df: dict, n_docs: int) -> dict[str, fl
 
 
 def _chunk_stats(lines: list[str]) -> tuple[int, dict[str, int], dict[str, float]]:
-    """(documents, df, max tf) over one chunk of sentences."""
+    """(documents, df, max tf) over one chunk of sentences; ``df``'s keys are in the order the terms
+    first occur in the chunk (a dict keeps its insertion order)."""
     n_docs, df, maxtf = 0, {}, {}
     for line in lines:
         tokens = tokenize(line)
@@ -100,6 +104,7 @@ def tfidf_stats(sources: Sequence[str | os.PathLike], workers: int | None = None
         for t, v in ctf.items():
             if v > maxtf.get(t, -1.0):
                 maxtf[t] = v
+    first = {t: i for i, t in enumerate(df)}  # chunks merged in order: the corpus's first-occurrence order
     terms = sorted(df)  # deterministic base order, then a stable sort by s descending
     dfa = np.fromiter((df[t] for t in terms), dtype=np.int64, count=len(terms))
     tfa = np.fromiter((maxtf[t] for t in terms), dtype=np.float64, count=len(terms))
@@ -110,6 +115,7 @@ def tfidf_stats(sources: Sequence[str | os.PathLike], workers: int | None = None
         "term": pa.array([terms[i] for i in order], pa.string()),
         "df": dfa[order], "idf": idf[order], "s": s[order],
         "rank": np.arange(len(terms), dtype=np.int64),
+        "first": np.fromiter((first[terms[i]] for i in order), dtype=np.int64, count=len(terms)),
     })
     meta = {"n_docs": n_docs, "n_lines": n_lines, "sources": [str(p) for p in sources],
             "vocab_size": len(terms), "tokenizer": TOKENIZER_NAME, "statistic": "tfidf",
