@@ -227,6 +227,7 @@ SWITCHES = {"paser": {"decoder_embeddings": "word", "decoder_dropout_layout": "t
 
 def test_paser_code_loss_equals_the_authors_cl_forward(tiny_bert_dir, paser_setup, paper_config):
     args = code_args(paper_config, "paser-code")
+    assert args["eda_draw"] == "once"  # EDA applied offline (the code's README): test_paser.py checks the switch
     m, ours, ref = paser_gap(tiny_bert_dir, paser_setup, args)
     assert abs(ours - ref) < TOL * abs(ref) and ours > 0  # sentemb casts the logits to fp32 for the CE
     paser_code_init_and_dropout(make_paser(tiny_bert_dir, *paser_setup, args))
@@ -551,3 +552,6 @@ def test_every_code_run_selects_its_checkpoint_by_an_fp32_dev_evaluation(paper_c
     assert {r["name"] for r in code_runs} >= {"una-code", "paser-code", "infocse-code"}
     for r in code_runs:
         assert (r.get("train") or {}).get("eval_precision") == "fp32", r["name"]
+        # the HF Trainer 4.2.1's AdamW (transformers.optimization.AdamW) where the code trains with it
+        want = "adamw" if r["name"] == "una-code" else "adamw_hf"  # UNA's run.py: torch.optim.AdamW
+        assert (r.get("train") or {}).get("optimizer", "adamw") == want, r["name"]

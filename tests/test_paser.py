@@ -162,6 +162,37 @@ def test_eda_swap_and_delete_never_touch_masks(op):
     assert EDA("rd", 1.0, M, None)(f"{M} x", np.random.default_rng(0)).split().count(M) == 1
 
 
+def test_eda_draw_once_augments_each_line_alike_in_every_epoch(tiny_bert_dir, setup):
+    """eda_draw: once (the code's EDA applied offline): a line's s and s̃ are the same whatever the
+    micro-batch (epoch) and the line's place in the batch: EDA on s, then on s̃, from the line's own
+    generator (seed, EDA_ONCE_STREAM, line); the MLM masks are still drawn per micro-batch. With the
+    default (step) the augmentation changes between micro-batches."""
+    from sentemb.methods.paser import EDA_ONCE_STREAM
+
+    corpus, rake = setup
+    m = make(tiny_bert_dir, corpus, rake, eda="rs", eda_draw="once")
+    lines = list(range(len(SENTS)))
+    b = len(SENTS)
+
+    def rows(batch, order):
+        ids, att = batch["input_ids"], batch["attention_mask"]
+        return {l: (ids[i][att[i] == 1].tolist(), ids[b + i][att[b + i] == 1].tolist()) for i, l in enumerate(order)}
+
+    a = m.build_batch(SENTS, lines=lines, micro=5)
+    later = m.build_batch(SENTS, lines=lines, micro=6)
+    rev = m.build_batch(SENTS[::-1], lines=lines[::-1], micro=9)
+    assert rows(a, lines) == rows(later, lines) == rows(rev, lines[::-1])
+    assert not torch.equal(a["mlm_labels"], later["mlm_labels"])
+    eda = EDA("rs", 0.5, M, None)
+    for l, s in enumerate(SENTS):  # the reference: the line's own generator, s first, then s̃
+        g = np.random.default_rng([3, EDA_ONCE_STREAM, l])
+        want_s, want_m = eda(s, g), eda(mask_phrases(s, PHRASES[l], M).text, g)
+        tok = m.tokenizer
+        assert rows(a, lines)[l] == (tok(want_s)["input_ids"], tok(want_m)["input_ids"]), l
+    step = make(tiny_bert_dir, corpus, rake, eda="rs")
+    assert rows(step.build_batch(SENTS, lines=lines, micro=5), lines) != rows(step.build_batch(SENTS, lines=lines, micro=6), lines)
+
+
 @pytest.mark.realdata
 def test_build_batch_with_wordnet_is_deterministic_per_seed_and_micro(tiny_bert_dir, setup, shared):
     corpus, rake = setup

@@ -44,6 +44,11 @@ class TrainSettings:
         minimum=1)
     lr: float = arg(3.0e-5, "peak learning rate of AdamW", exclusive_minimum=0)
     weight_decay: float = arg(0.0, "AdamW weight decay (not on biases and LayerNorm weights)", minimum=0)
+    optimizer: str = arg(
+        "adamw", "adamw - torch.optim.AdamW (fused on CUDA); adamw_hf - the AdamW of transformers 4.2.1, which the HF "
+        "Trainer of the SimCSE family's code (SimCSE, PaSeR, InfoCSE) steps with: epsilon added to sqrt(v) before "
+        "the bias correction (an effective epsilon of eps/sqrt(1-beta2^t), 3.2e-7 at step 1) and weight decay after "
+        "the update (sentemb.train.optim.HFAdamW). Needs update: separate.", choices=("adamw", "adamw_hf"))
     warmup_ratio: float = arg(0.0, "share of the optimizer steps with a linear warm-up", minimum=0, maximum=1)
     lr_schedule: str = arg("linear", "learning rate after warm-up: linear decay to 0 or constant",
                            choices=("linear", "constant"))
@@ -691,7 +696,7 @@ class Run:
 #: in it at any other (``sampler: length`` is another data order, ``eval_unit`` other checkpoints).
 #: ``attention``'s default has since moved to ``auto`` (the memory-efficient kernel on CUDA): a run
 #: that does not write the key is another run than before, and a state saved then does not resume
-ADDED_DEFAULTS = {"sampler": "random", "eval_unit": "optimizer_steps", "dropout_rng": "stream", "eval_precision": "fp32",
+ADDED_DEFAULTS = {"optimizer": "adamw", "sampler": "random", "eval_unit": "optimizer_steps", "dropout_rng": "stream", "eval_precision": "fp32",
                   "graphs": False, "fuse_micro_batches": 1, "compile_mode": "default", "compile_random": "eager",
                   "update": "separate", "attention": "sdpa", "dev_max_len": None}
 
@@ -701,7 +706,7 @@ ADDED_DEFAULTS = {"sampler": "random", "eval_unit": "optimizer_steps", "dropout_
 #: value, in it at any other (a built-in method's name; a plug-in cannot take one)
 ADDED_METHOD_ARGS = {
     "paser": {"masked_linear_init": "torch", "decoder_dropout_layout": "torch", "decoder_embeddings": "word",
-              "target_truncation": "phrases"},
+              "target_truncation": "phrases", "eda_draw": "step"},
     "infocse": {"projection_init": "torch", "aux_lower_eval": True, "head_init": "pretrained"},
     "una": {"mlp_init": "normal", "selection_form": "paper", "rank_ties": "term"},
     "arccse": {"triplet_pass": "separate"},  # issue 37: what runs settled before the switch did (the default again)

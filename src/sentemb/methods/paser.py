@@ -59,6 +59,10 @@ Open choices (the paper and code leave them open; taken here, switches where che
   EDA character cleaning; stopwords are NLTK's English list (EDA ships a near-identical list);
   WordNet synonyms are sorted before the random choice (deterministic across processes);
   n = max(1, int(ratio · #unmasked words)) replacements/swaps; deletion probability = ratio.
+* **When EDA draws** (``eda_draw``): ``step`` (default; the paper is silent) draws from the
+  micro-batch's generator, so a sentence seen in five epochs gets five augmentations; ``once``
+  draws from the line's own generator (seed, line), so s and s̃ are augmented alike in every epoch,
+  as the authors' code, which applies EDA offline to its training CSV (its README), reads them.
 * **MLM input:** s after EDA, in its own forward pass (as SimCSE's auxiliary MLM), so E_s is
   computed from the uncorrupted s.
 * **Bucketed widths** (``train.buckets``): [s; s̃] are padded to a bucket of their longest row
@@ -159,6 +163,11 @@ def mask_phrases(sentence: str, phrases: Sequence[str], mask_token: str) -> Mask
 
 
 # ----------------------------------------------------------------------------- EDA
+#: the stream key of ``eda_draw: once`` (seeds (seed, EDA_ONCE_STREAM, line): apart from the
+#: micro-batch generators (seed, micro))
+EDA_ONCE_STREAM = 0x6564
+
+
 class EDA:
     """EDA operations (Wei & Zou 2019, ``eda.py``) on whitespace words that never touch ``protect``
     tokens (the mask token). All randomness from the numpy Generator passed in."""
@@ -361,6 +370,9 @@ class PaSeR(Method):
                        "deletion, or none", choices=("sr", "rs", "rd", "none"))
         eda_ratio: float = arg(0.5, "EDA ratio α (code README): n = max(1, int(α·#words)); deletion probability",
                                minimum=0, maximum=1)
+        eda_draw: str = arg("step", "when EDA draws: step - each time a sentence is batched (another augmentation in "
+                            "every epoch; the paper is silent); once - once per corpus line, the same in every "
+                            "epoch (code: EDA applied offline to its training CSV)", choices=("step", "once"))
         signal_m: float = arg(10.0, "m, factor of the difference part of the decoding signal")
         signal_n: float = arg(10.0, "n, factor of the product part of the decoding signal")
         signal_abs: bool = arg(True, "absolute values of difference and product (paper); false = code")
@@ -490,9 +502,15 @@ class PaSeR(Method):
                                "to read their RAKE phrases")
         tok, rng = self.tokenizer, self.np_rng(micro)
         masked = [mask_phrases(s, self.phrases[int(l)], tok.mask_token) for s, l in zip(sentences, lines)]
-        # EDA after masking, on s and s̃ independently (s first for the whole batch, then s̃).
-        s_aug = [self.eda(s, rng) for s in sentences]
-        m_aug = [self.eda(m.text, rng) for m in masked]
+        # EDA after masking, on s and s̃ independently (s first for the whole batch, then s̃); eda_draw once:
+        # each line's own draws (s̃'s after s's), the same whenever the line comes (the code's offline EDA)
+        if self.args.eda_draw == "once":
+            line_rngs = [np.random.default_rng([int(self.ctx.seed), EDA_ONCE_STREAM, int(l)]) for l in lines]
+            s_aug = [self.eda(s, g) for s, g in zip(sentences, line_rngs)]
+            m_aug = [self.eda(m.text, g) for m, g in zip(masked, line_rngs)]
+        else:
+            s_aug = [self.eda(s, rng) for s in sentences]
+            m_aug = [self.eda(m.text, rng) for m in masked]
         b = len(sentences)
         enc = tok(s_aug + m_aug, padding=True, truncation=True, max_length=self.ctx.max_len, return_tensors="pt")
         real = int(enc["input_ids"].size(1))  # the longest row: MLM draws are made over it

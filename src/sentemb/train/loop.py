@@ -114,10 +114,12 @@ def batch_schedule(n: int, batch_size: int, epochs: float, seed: int, lengths: "
 
 
 def build_optimizer(module: torch.nn.Module, lr: float, weight_decay: float, device: torch.device,
-                    fused: bool = False, capturable: bool = False):
+                    fused: bool = False, capturable: bool = False, kind: str = "adamw"):
     """AdamW; biases and LayerNorm weights are not decayed (the HF Trainer's convention). torch's fused
     kernel on CUDA, and on any device with ``fused`` (``train.update: fused`` hands it the clip);
-    ``capturable`` on CUDA (``train.update: graphed`` captures its step; see ``tensor_lr``)."""
+    ``capturable`` on CUDA (``train.update: graphed`` captures its step; see ``tensor_lr``).
+    ``kind`` (``train.optimizer``): ``adamw_hf`` is transformers 4.2.1's AdamW
+    (``sentemb.train.optim.HFAdamW``; neither fused nor capturable)."""
     import torch
 
     decay, no_decay = [], []
@@ -126,6 +128,12 @@ def build_optimizer(module: torch.nn.Module, lr: float, weight_decay: float, dev
             continue
         (no_decay if p.ndim < 2 or "LayerNorm" in n or "layer_norm" in n else decay).append(p)
     groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    if kind == "adamw_hf":
+        from .optim import HFAdamW
+
+        if fused or capturable:
+            raise SentembError("train.optimizer adamw_hf has no fused or capturable kernel: set train.update: separate")
+        return HFAdamW(groups, lr=lr)
     return torch.optim.AdamW(groups, lr=lr, fused=fused or device.type == "cuda",
                              capturable=capturable and device.type == "cuda")
 
@@ -420,7 +428,7 @@ def setup(run: Run | dict, out_dir: str | Path, method_cls: "type[Method] | None
                            f"optimizer steps of {accum} micro-batches) and train.eval_at_end is false; lower "
                            "train.eval_steps, set train.eval_at_end: true, or set train.model_selection: last")
     opt = build_optimizer(method, settings.lr, settings.weight_decay, device, fused=settings.update != "separate",
-                          capturable=settings.update == "graphed")
+                          capturable=settings.update == "graphed", kind=settings.optimizer)
     warmup = int(settings.warmup_ratio * total)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(settings.lr_schedule, total, warmup))
     if settings.update == "graphed":  # after the schedule's set-up: its base rates stay floats

@@ -610,6 +610,9 @@ def check_settings(settings, where: str) -> None:
         raise SentembError(f"{where}: train.update fused cannot be combined with train.precision fp16 (the gradient "
                            "scaler hands fused AdamW its own grad_scale); use bf16, fp32 or auto, or train.update: "
                            "separate")
+    if settings.optimizer == "adamw_hf" and settings.update != "separate":
+        raise SentembError(f"{where}: train.optimizer adamw_hf cannot be combined with train.update {settings.update} "
+                           "(transformers' AdamW has no fused or capturable kernel); set train.update: separate")
     if settings.update == "graphed" and not settings.graphs:
         raise SentembError(f"{where}: train.update graphed needs train.graphs: true (it captures the optimizer step "
                            "beside the micro-batches' graphs); set train.graphs: true or train.update: separate")
