@@ -14,8 +14,9 @@ from sentemb.train.optim import HFAdamW
 
 
 def reference_hf_adamw(params, grads_per_step, lr, wd, betas=(0.9, 0.999), eps=1e-8):
-    """transformers/optimization.py AdamW.step (v4.2.1) in float64, parameter by parameter: a None
-    gradient skips the parameter (its step count stays)."""
+    """transformers/optimization.py AdamW.step (v4.2.1) in float64, parameter by parameter, after the
+    Trainer's model.zero_grad() (torch 1.x: zeros): a parameter without a gradient yet is skipped (None),
+    one that had a gradient before and gets none now steps on a zero gradient."""
     b1, b2 = betas
     p = [x.astype(np.float64).copy() for x in params]
     m = [np.zeros_like(x) for x in p]
@@ -24,7 +25,9 @@ def reference_hf_adamw(params, grads_per_step, lr, wd, betas=(0.9, 0.999), eps=1
     for grads in grads_per_step:
         for i, g in enumerate(grads):
             if g is None:
-                continue
+                if t[i] == 0:
+                    continue
+                g = np.zeros_like(p[i])
             g = g.astype(np.float64)
             t[i] += 1
             m[i] = m[i] * b1 + (1 - b1) * g
@@ -53,7 +56,8 @@ def test_hf_adamw_is_transformers_4_2_adamw(wd):
     params = [rng.normal(size=(4, 3)), rng.normal(size=5)]
     # tiny gradients (a rare token's row: √v̂ near ε) and a parameter without a gradient on step 2
     steps = [[rng.normal(size=(4, 3)) * 1e-7, rng.normal(size=5)] for _ in range(6)]
-    steps[1][1] = None
+    steps[0][1] = None  # no gradient yet: skipped
+    steps[3][1] = None  # a gradient before, none now: a zero gradient (the Trainer's zero_grad)
     ours, opt = _run(HFAdamW, params, steps, lr=1e-3, weight_decay=wd)
     ref = reference_hf_adamw(params, steps, 1e-3, wd)
     for a, b in zip(ours, ref):

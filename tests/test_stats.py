@@ -550,18 +550,18 @@ def test_paraphrase_precision_fp32_as_the_una_code_and_through_the_workflows_env
     """stats.paraphrase.precision: bf16 autocast on CUDA (default) or fp32 (UNA's data/augment/paraphrase.py);
     the CPU generates in fp32 either way. The rule passes fp32 as SENTEMB_PARAPHRASE_PRECISION (the
     default leaves its command as it was: no finished shard reruns), which `sentemb paraphrase` takes
-    as its --precision default. The plan prices fp32 generation at half the bf16 rate."""
+    as its --precision default. A CPU job's checkpoint keeps its fingerprint (it resumes)."""
     import contextlib
 
     from sentemb.cli import build_parser
     from sentemb.config.settings import ParaphraseSettings
-    from sentemb.ops.plan import _paraphrase_rows
-    from sentemb.stats.paraphrase import Paraphraser
+    from sentemb.stats.paraphrase import Paraphraser, _fingerprint
 
     assert ParaphraseSettings().precision == "bf16"
     for precision in ("bf16", "fp32"):
         p = Paraphraser.from_pretrained(tiny_pegasus, device="cpu", precision=precision, num_beams=2, max_length=6)
         assert p.precision == "fp32" and isinstance(p.autocast, contextlib.nullcontext)
+        assert "precision" not in _fingerprint(tiny_pegasus / "config.json", tiny_pegasus, 0, 1, 3, p)
     with pytest.raises(SentembError, match=r"stats\.paraphrase\.precision"):
         Paraphraser.from_pretrained(tiny_pegasus, device="cpu", precision="fp16")
     argv = ["paraphrase", "--corpus", "c", "--model", "m", "--output", "o"]
@@ -570,13 +570,3 @@ def test_paraphrase_precision_fp32_as_the_una_code_and_through_the_workflows_env
     assert build_parser().parse_args(argv).precision == "fp32"
     rule = (REPO / "workflow" / "rules" / "stats.smk").read_text()
     assert 'SENTEMB_PARAPHRASE_PRECISION=fp32 " if _PARA["precision"] == "fp32"' in rule
-    base = {"backbones": {"b": {"hub_id": "x/y"}}, "runs": [{"method": "una", "backbone": "b",
-                                                             "method_args": {"paraphrase": True}}],
-            "corpus": {"max_sentences": 1000}}
-    from sentemb.config.load import validate_config
-
-    hours = {}
-    for precision in ("bf16", "fp32"):
-        cfg = validate_config({**base, "stats": {"paraphrase": {"precision": precision, "shards": 1}}})
-        hours[precision] = sum(r.gpu_hours for r in _paraphrase_rows(cfg, "h100", {}, 1.0))
-    assert hours["fp32"] == pytest.approx(2 * hours["bf16"])

@@ -194,7 +194,9 @@ class UNAAugmenter:
         missing = [c for c in cols if c not in pq.read_schema(path).names]
         if missing:
             raise SentembError(f"{path}: no column {', '.join(map(repr, missing))} (rank_ties: first_seen reads "
-                               "'first', written since 2026-11-29: re-run the statistics stage, rule stats_tfidf)")
+                               "'first', written since 2026-11-29): rebuild this file with the rule that made it, "
+                               "stats_tfidf or stats_tfidf_para (e.g. `snakemake -R stats_tfidf_para ...`; the runs "
+                               "that read it then rerun too)")
         t = pq.read_table(path, columns=cols)
         meta = read_metadata(path)
         if "n_docs" not in meta:
@@ -265,7 +267,8 @@ class UNAAugmenter:
         not clipped; where every p < 1 the first arg-max is set to 1; where all z are equal (0/0: NaN)
         no position is replaced. One draw per position in order, and each replaced position gets a
         replacement of its own. ``selection: random``: each position with probability β, plus one
-        uniformly chosen position. Unknown tokens (not in the statistics) have p = 0 and do not count."""
+        uniformly chosen position: this project's per-position reading of the Table 2 ablation, not the
+        code's ``UnifRep``. Unknown tokens (not in the statistics) have p = 0 and do not count."""
         pos = [i for i, t in enumerate(tokens) if t in z_of]
         u = rng.random(len(pos))
         if self.selection == "random":

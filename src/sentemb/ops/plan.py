@@ -1516,8 +1516,8 @@ def _paraphrase_rows(config: dict | Config, gpu: str, res: dict, margin: float) 
         lines = corpus_lines(cfg, c)
         for shard in range(para.shards):
             n = len(range(shard, lines, para.shards))
-            # stats.paraphrase.precision fp32: TF32 matmuls, half the bf16 rate (as the fp32 dev evaluation)
-            hours = per_sentence * n / (GEN_MFU * _peak(gpu) / (2 if para.precision == "fp32" else 1)) / 3600
+            # at GEN_MFU whatever stats.paraphrase.precision: fp32 generation is slower by an unmeasured factor
+            hours = per_sentence * n / (GEN_MFU * _peak(gpu)) / 3600
             row = Row("paraphrase", f"{c}/shard{shard}of{para.shards}", params, per_sentence * para.batch_size,
                       math.ceil(n / para.batch_size), hours, (4 * params + kv) / 1e9 + CUDA_OVERHEAD_GB,
                       HOST_BASE_GB + 4 * params / 1e9, floor_hours=per_sentence * n / _peak(gpu) / 3600)

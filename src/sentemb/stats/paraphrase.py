@@ -149,7 +149,9 @@ def _fingerprint(corpus, model_dir, shard, num_shards, batch_size, p: Paraphrase
         "shard": shard, "num_shards": num_shards, "batch_size": batch_size,
         "num_beams": p.num_beams, "max_length": p.max_length,
         "max_input_length": p.max_input_length, "device_type": p.device.type,
-        **({"precision": p.precision} if p.precision != "bf16" else {}),  # (bf16: as before the setting existed)
+        # fp32 on CUDA only: every other job generates as it did before the setting existed (bf16 on CUDA,
+        # fp32 on the CPU), and its checkpoint still resumes
+        **({"precision": "fp32"} if p.device.type == "cuda" and p.precision == "fp32" else {}),
     }
 
 

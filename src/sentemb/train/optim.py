@@ -6,14 +6,17 @@ differs from ``torch.optim.AdamW`` in two places:
 
 * ε is added to √v *before* the bias correction: the update is
   lr · (√(1−β₂ᵗ)/(1−β₁ᵗ)) · m / (√v + ε), i.e. torch's m̂/(√v̂ + ε′) with ε′ = ε/√(1−β₂ᵗ): 3.2e-7 at
-  step 1 for ε = 1e-8, 1.05e-8 by the end of a run. It matters only where √v̂ is that small (a
+  step 1 for ε = 1e-8, 1.0e-8 after a few thousand steps. It matters only where √v̂ is that small (a
   rarely seen token's embedding row).
 * Weight decay is applied after the Adam update, p ← p − lr·wd·p on the updated p (torch decays
   first). The SimCSE-family scripts train with weight decay 0, where both agree.
 
-Each parameter keeps its own step count (a parameter without a gradient on a step is skipped and its
-count does not advance, as there). The step runs with ``torch._foreach_*`` ops over the parameters
-that share a step count; no fused or capturable kernel, so ``train.update`` must be ``separate``.
+Each parameter keeps its own step count. The Trainer 4.2.1 zeroes gradients (``model.zero_grad()``
+on torch 1.x: a zero tensor, not None), so a parameter that had a gradient before and gets none on a
+step still steps, on a zero gradient (its moments decay, its momentum moves it); one that never had
+a gradient is skipped. This loop sets gradients to None, and the step reads a missing gradient of a
+parameter with state as zeros. The step runs with ``torch._foreach_*`` ops over the parameters that
+share a step count; no fused or capturable kernel, so ``train.update`` must be ``separate``.
 """
 
 from __future__ import annotations
@@ -43,11 +46,12 @@ class HFAdamW(torch.optim.Optimizer):
             lr = float(group["lr"])
             by_step: dict[int, tuple[list, list, list, list]] = {}
             for p in group["params"]:
-                if p.grad is None:
-                    continue
-                if p.grad.is_sparse:
-                    raise RuntimeError("HFAdamW does not support sparse gradients")
                 state = self.state[p]
+                if p.grad is None and not state:  # never had a gradient: the Trainer's zero_grad leaves None
+                    continue
+                grad = p.grad if p.grad is not None else torch.zeros_like(p)  # zero_grad(): zeros, not None
+                if grad.is_sparse:
+                    raise RuntimeError("HFAdamW does not support sparse gradients")
                 if not state:
                     state["step"] = 0
                     state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
@@ -55,7 +59,7 @@ class HFAdamW(torch.optim.Optimizer):
                 state["step"] += 1
                 ps, gs, ms, vs = by_step.setdefault(int(state["step"]), ([], [], [], []))
                 ps.append(p)
-                gs.append(p.grad)
+                gs.append(grad)
                 ms.append(state["exp_avg"])
                 vs.append(state["exp_avg_sq"])
             for t, (ps, gs, ms, vs) in by_step.items():
