@@ -409,12 +409,12 @@ def test_promptbert_rows_count_the_template_and_max_len_is_enforced(clean_regist
 
 
 def test_promptbert_exports_its_evaluation_embedding(clean_registry, tmp_path):
-    """With the default arguments (no denoising at evaluation, the authors' unsupervised protocol) the
-    export = the dev embedder = `sentemb evaluate` = SentenceTransformer(path) (the contract runs
-    ``eval_denoise: true``); its modules.json names the module copied beside the weights."""
+    """Without denoising and the period (the contract runs ``eval_denoise: true``) the export = the dev
+    embedder = `sentemb evaluate` = SentenceTransformer(path); its modules.json names the module copied
+    beside the weights."""
     from sentemb import testing
 
-    h, _ = _promptbert(tmp_path)
+    h, _ = _promptbert(tmp_path, {"dev_denoise": False, "eval_period": False})
     testing.check_export(h)
     out = next((tmp_path).glob("export-*/model"))
     assert json.loads((out / "modules.json").read_text())[0]["type"] == "promptbert_st.PromptTransformer"
@@ -428,6 +428,72 @@ def test_promptbert_exports_its_evaluation_embedding(clean_registry, tmp_path):
     methods._IMPORTED.clear()
     assert json.loads((out / "sentemb.json").read_text())["method_module"] == str(PROMPTBERT)
     np.testing.assert_array_equal(embedder_for(out, "method", device="cpu")(testing.SENTS), want)
+
+
+def test_promptbert_delta_per_length_is_one_template_row_per_length_shared(clean_registry, tmp_path):
+    """delta: per_length (the authors' get_delta): one template row for every sentence length 0..max_len − 2,
+    each with its own dropout, and the sentences of one length share its ĥ; per_sentence: a row per
+    sentence. In eval mode (no dropout) both give the same views."""
+    import torch
+
+    from sentemb.testing import SENTS
+
+    seen = []
+    views = {}
+    for delta in ("per_length", "per_sentence"):
+        h, m = _promptbert(tmp_path / delta, {"mlp": False, "delta": delta})
+        hook = m.encoder.register_forward_hook(lambda mod, args, kw, out: seen.append((delta, kw.get("input_ids"))),
+                                               with_kwargs=True)
+        batch = m.build_batch(SENTS)
+        m.eval()
+        with torch.no_grad():
+            views[delta] = m.encode(batch).batch["z1"]
+        hook.remove()
+    rows = {d: [ids.size(0) for dd, ids in seen if dd == d and ids is not None] for d in ("per_length", "per_sentence")}
+    assert rows["per_length"] == [2 * len(SENTS), 16 - 1, 16 - 1]  # the views, then T's and T''s rows for 0..14
+    assert rows["per_sentence"] == [2 * len(SENTS), len(SENTS), len(SENTS)]
+    torch.testing.assert_close(views["per_length"], views["per_sentence"], atol=2e-5, rtol=1e-5)
+
+
+def test_promptbert_defaults_select_on_the_denoised_state_and_evaluate_with_the_period(clean_registry, tmp_path):
+    """The authors' unsup-bert: the trainer's dev embedding is h − ĥ (``--mask_embedding_sentence_delta``,
+    eval mode), without a period; their evaluation.py embeds the raw h of the sentence with a period
+    added where it ends in none of . ? " ' (``dev_denoise``, ``eval_period``). Both against the filled
+    template strings, one sentence at a time; the export, `sentemb evaluate` and SentenceTransformer(path)
+    all add the period."""
+    import torch
+
+    from sentemb.evaluate.sts import embedder_for
+
+    sents = ["a man plays the guitar", "is it raining?", 'he said "yes"', "the end."]
+    h, m = _promptbert(tmp_path)
+    m.eval()
+    tok, enc, t = m.tokenizer, m.encoder, m.args.template
+    cut = 1 + len(tok(t.split("[X]")[0], add_special_tokens=False)["input_ids"])
+
+    def state(s, denoise):
+        filled = tok(t.replace("[X]", s))["input_ids"]
+        with torch.no_grad():
+            v = enc(input_ids=torch.tensor([filled])).last_hidden_state[0, filled.index(tok.mask_token_id)]
+            if denoise:
+                alone = tok(t.replace("[X]", ""))["input_ids"]
+                k = len(tok(s, add_special_tokens=False)["input_ids"])
+                pos = torch.tensor([list(range(cut)) + [p + k for p in range(cut, len(alone))]])
+                v = v - enc(input_ids=torch.tensor([alone]), position_ids=pos).last_hidden_state[0, alone.index(tok.mask_token_id)]
+        return v.numpy()
+
+    dev = m.embedder("method", torch.device("cpu"))(sents)
+    np.testing.assert_allclose(dev, np.stack([state(s, True) for s in sents]), atol=2e-5)
+    dotted = ["a man plays the guitar.", "is it raining?", 'he said "yes"', "the end."]
+    out = tmp_path / "model"
+    m.export(out, "method", meta={"method": "promptbert", "name": "promptbert", "backbone": "tiny", "seed": 5})
+    want = np.stack([state(s, False) for s in dotted])
+    np.testing.assert_allclose(embedder_for(out, "method", device="cpu")(sents), want, atol=2e-5)
+    from sentence_transformers import SentenceTransformer
+
+    st = SentenceTransformer(str(out), device="cpu", trust_remote_code=True).encode(sents, convert_to_numpy=True)
+    np.testing.assert_allclose(st, want, atol=2e-5)
+    assert not np.allclose(want[0], state(sents[0], False), atol=1e-4)  # the period changed the first
 
 
 def test_check_method_passes_promptbert_from_the_example_config():

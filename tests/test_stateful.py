@@ -82,6 +82,45 @@ def test_word_repetition_is_eq1(example):
     assert m.word_repetition(list(range(5)), 0.0, rng) == list(range(5)) and {0, 1, 2} <= lengths
 
 
+def test_word_repetition_code_rule_is_the_authors_train_py(example):
+    """dup_len: code (ESimCSE/train.py, --dup_type bpe): with the input length N + 2 ([CLS], [SEP]),
+    L = int(dup_rate·(N+2)); none where L = 0, else random.randrange(min(10, L)): each of 0..min(10, L)−1
+    about equally often, never more."""
+    rng = np.random.default_rng(1)
+    for n in (1, 4, 5, 10, 28, 40):
+        top = int(0.32 * (n + 2))
+        seen = {len(example.word_repetition(list(range(n)), 0.32, rng, "code")) - n for _ in range(600)}
+        assert seen == (set(range(min(10, top))) if top > 0 else {0}), (n, seen)
+
+
+def test_momentum_init_random_and_the_online_head_are_the_authors_models_py(example, h):
+    """momentum_init: random: the momentum encoder starts from BERT's init (models.py copies the still-random
+    encoder); momentum_head: online: the keys go through the training MLP itself, no momentum copy of it."""
+    m = h.make()
+    r = h.cls(*_encoder(h), {**h.args, "momentum_init": "random", "momentum_head": "online"}, m.ctx)
+    std = r.encoder.config.initializer_range
+    enc = dict(r.encoder.named_parameters())
+    for name, p in r.momentum_encoder.named_parameters():
+        if name.endswith("LayerNorm.weight"):
+            assert torch.equal(p, torch.ones_like(p)), name
+        elif name.endswith("bias"):
+            assert torch.equal(p, torch.zeros_like(p)), name
+        elif p.dim() == 2 and p.numel() > 200:
+            assert not torch.equal(p, enc[name]) and abs(float(p.std()) / std - 1) < 0.2, name
+    assert r.momentum_mlp is None and m.momentum_mlp is not None
+    batch = r.build_batch(["a man plays the guitar", "the dog runs"], micro=0)
+    with torch.no_grad():
+        want = r.mlp(r.momentum_encoder(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                                        return_dict=True).last_hidden_state[:, 0])
+    assert torch.allclose(r.encode(batch).batch["k"], want, atol=1e-6)
+
+
+def _encoder(h):
+    from sentemb.model.backbone import load_encoder
+
+    return load_encoder(h.model_dir, pooling_layer=False)
+
+
 def test_the_loop_tells_the_method_its_step_and_micro_batch_and_calls_the_hook_once_per_step(example, h):
     """``self.step``/``self.micro`` at every ``encode``, ``after_step`` once per optimizer step after
     the update, with ``grad_accum: 2`` and SAM (each micro-batch encoded twice; ``state_sam`` checks

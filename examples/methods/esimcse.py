@@ -24,7 +24,8 @@ With ``queue_size: 0`` and ``dup_rate: 0`` it is SimCSE's InfoNCE (Gao et al. 20
 Where the state is and when it changes (the loop's promises, ``sentemb.methods.base``):
 
 * ``momentum_encoder`` (and ``momentum_mlp``): frozen parameters (``requires_grad = False``, so the
-  optimizer leaves them out), updated by Eq. 2 in ``after_step``;
+  optimizer leaves them out), updated by Eq. 2 in ``after_step``. The authors' code differs in three
+  places, each a switch (``dup_len``, ``momentum_init``, ``momentum_head``; docs/methods/esimcse.md);
 * ``queue`` (M × d) and ``queue_len``: persistent buffers (saved and resumed with the weights),
   written in ``after_step`` from the keys ``batch_terms`` stashed during the step
   (``self.stash("keys", k)``, kept per micro-batch): a repeated call (gradient caching, SAM's second
@@ -68,13 +69,20 @@ from sentemb.methods import WEIGHTED, Encoded, arg, ema_, register_method
 from sentemb.methods.simcse import SimCSE
 
 
-def word_repetition(ids: list[int], dup_rate: float, rng) -> list[int]:
-    """Eq. 1: the subwords ``ids`` (no special tokens) with dup_len of them repeated in place,
-    dup_len ~ U{0, .., max(2, int(dup_rate·N))} (at most N), the positions a uniform sample."""
+def word_repetition(ids: list[int], dup_rate: float, rng, rule: str = "paper") -> list[int]:
+    """Eq. 1: the subwords ``ids`` (no special tokens) with dup_len of them repeated in place, the
+    positions a uniform sample. ``rule`` (``dup_len``): ``paper``, dup_len ~ U{0, .., max(2,
+    int(dup_rate·N))} (at most N); ``code``, the authors' ``train.py`` (``--dup_type bpe``): with L =
+    int(dup_rate·(N + 2)) (their input length counts [CLS] and [SEP]), none where L = 0, else dup_len ~
+    U{0, .., min(10, L) − 1} (``random.randrange(min(10, L))``)."""
     n = len(ids)
     if n == 0 or dup_rate <= 0:
         return list(ids)
-    dup_len = min(n, int(rng.integers(0, max(2, int(dup_rate * n)) + 1)))
+    if rule == "code":
+        top = int(dup_rate * (n + 2))
+        dup_len = min(n, int(rng.integers(0, min(10, top)))) if top > 0 else 0
+    else:
+        dup_len = min(n, int(rng.integers(0, max(2, int(dup_rate * n)) + 1)))
     chosen = set(rng.choice(n, size=dup_len, replace=False).tolist()) if dup_len else set()
     out = []
     for i, t in enumerate(ids):
@@ -117,6 +125,16 @@ class ESimCSE(SimCSE):
         cut_positive: bool = arg(False, "cut the word-repeated positive back to max_len after the repetition "
                                  "(false: as the authors' code, the repetition of the max_len-truncated sentence "
                                  "is kept whole, up to the encoder's positions)")
+        dup_len: str = arg("paper", "how many subwords are repeated: paper - U{0..max(2, int(dup_rate*N))} (Eq. 1); "
+                           "code - U{0..min(10, L)-1} with L = int(dup_rate*(N+2)), none where L = 0 (train.py)",
+                           choices=("paper", "code"))
+        momentum_init: str = arg("copy", "the momentum encoder's start: a copy of the encoder (the paper's reading), "
+                                 "or random - BERT's init, N(0, initializer_range) (code: its momentum_model is "
+                                 "copied from the still-random encoder in __init__, before from_pretrained fills "
+                                 "the encoder; 0.995^t of it is left at step t)", choices=("copy", "random"))
+        momentum_head: str = arg("ema", "the keys' MLP: ema - a momentum copy of the training MLP, updated by Eq. 2; "
+                                 "online - the training MLP itself, without gradient (code: models.py applies "
+                                 "cls.mlp to the momentum encoder's output)", choices=("ema", "online"))
 
     # tiny encoder: a queue that fills and wraps within the contract's 3 steps of 16, and a momentum
     # that moves visibly per update (so a wrong number of updates shows)
@@ -125,7 +143,11 @@ class ESimCSE(SimCSE):
     def __init__(self, encoder, tokenizer, args, ctx):
         super().__init__(encoder, tokenizer, args, ctx)
         self.momentum_encoder = copy.deepcopy(encoder).requires_grad_(False).eval()
-        self.momentum_mlp = copy.deepcopy(self.mlp).requires_grad_(False).eval() if self.mlp is not None else None
+        if self.args.momentum_init == "random":  # BERT's _init_weights over every module (the code's)
+            _reinit_(self.momentum_encoder, getattr(encoder.config, "initializer_range", 0.02))
+        self.momentum_mlp = None
+        if self.mlp is not None and self.args.momentum_head == "ema":
+            self.momentum_mlp = copy.deepcopy(self.mlp).requires_grad_(False).eval()
         d = encoder.config.hidden_size
         self.register_buffer("queue", torch.zeros(self.args.queue_size, d))  # newest first
         self.register_buffer("queue_len", torch.zeros((), dtype=torch.long))
@@ -164,7 +186,7 @@ class ESimCSE(SimCSE):
         rows = []
         for ids, mask in zip(batch["input_ids"].tolist(), batch["attention_mask"].tolist()):
             real = [t for t, m in zip(ids, mask) if m][1:-1]  # the subwords, without [CLS] and [SEP]
-            rep = word_repetition(real, self.args.dup_rate, rng)[: limit - 2]  # repeat, then cut
+            rep = word_repetition(real, self.args.dup_rate, rng, self.args.dup_len)[: limit - 2]  # repeat, then cut
             rows.append([cls_id, *rep, sep_id])
         longest = max(len(r) for r in rows)
         if longest > limit:  # never: the cut above (a check, not a second truncation)
@@ -191,6 +213,8 @@ class ESimCSE(SimCSE):
             k = self.momentum_encoder(**{key: batch[key] for key in keys}, return_dict=True).last_hidden_state[:, 0]
             if self.momentum_mlp is not None:
                 k = self.momentum_mlp(k)
+            elif self.mlp is not None and self.args.momentum_head == "online":
+                k = self.mlp(k)
         return Encoded(batch={"z1": cls[:n], "z2": cls[n:], "k": k.float()})  # (n, d) each
 
     def batch_terms(self, emb, batch):
@@ -224,6 +248,22 @@ class ESimCSE(SimCSE):
         if size:
             self.queue.copy_(torch.cat([keys.to(self.queue.dtype), self.queue], 0)[:size])
             self.queue_len.add_(keys.size(0)).clamp_(max=size)
+
+def _reinit_(model: torch.nn.Module, std: float) -> None:
+    """BERT's initialisation (``BertPreTrainedModel._init_weights``) of every module of ``model``:
+    Linear and Embedding weights N(0, std), biases 0, an Embedding's padding row 0, LayerNorm 1/0."""
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, (torch.nn.Linear, torch.nn.Embedding)):
+                m.weight.normal_(0.0, std)
+                if isinstance(m, torch.nn.Linear) and m.bias is not None:
+                    m.bias.zero_()
+                if isinstance(m, torch.nn.Embedding) and m.padding_idx is not None:
+                    m.weight[m.padding_idx].zero_()
+            elif isinstance(m, torch.nn.LayerNorm):
+                m.weight.fill_(1.0)
+                m.bias.zero_()
+
 
 __all__ = ["ESimCSE", "queue_info_nce", "word_repetition"]
 

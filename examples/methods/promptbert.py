@@ -31,7 +31,10 @@ the same training mode (dropout) as h.
 
 Evaluation embeds through template T too: the raw [MASK] state h_i, with no head and, by default, no
 denoising (the authors' unsupervised evaluation, ``eargs`` of ``run.sh unsup-bert``, passes neither
-``--mask_embedding_sentence_delta`` nor the MLP). ``eval_denoise: true`` subtracts ĥ at evaluation too:
+``--mask_embedding_sentence_delta`` nor the MLP), the sentence ending in a period where it ends in none
+of . ? " ' (``eval_period``, their ``evaluation.py``). The STS-B dev evaluation that selects the
+checkpoint subtracts ĥ (``dev_denoise``, their trainer's ``sent_emb`` path) and adds no period. In
+training ĥ is computed per sentence length and shared (``delta: per_length``, their ``get_delta``). ``eval_denoise: true`` subtracts ĥ at evaluation too:
 the export then stores ĥ_k for every sentence length k (a (k_max + 1) × d table, computed once in eval
 mode), as the authors' supervised evaluation computes it.
 
@@ -110,6 +113,16 @@ class PromptBERT(Method):
                             "alone at the same positions (false = ablation without it)")
         eval_denoise: bool = arg(False, "subtract it at evaluation too (the export stores one vector per "
                                  "sentence length); authors' unsupervised evaluation: false")
+        dev_denoise: bool = arg(True, "subtract it in the STS-B dev evaluation that selects the checkpoint (authors' "
+                                "unsup-bert: --mask_embedding_sentence_delta makes their trainer's dev embedding "
+                                "denoised, while their test evaluation is not)")
+        eval_period: bool = arg(True, "at evaluation (and in the export), a sentence not ending in . ? \" ' gets a "
+                                "period before it fills the template (authors' evaluation.py; not in their dev "
+                                "selection)")
+        delta: str = arg("per_length", "ĥ in training: per_length - one template row per sentence length, each with "
+                         "its own dropout, shared by the batch's sentences of that length (authors' get_delta); "
+                         "per_sentence - one row per sentence (the paper's ĥ_i; the same without dropout)",
+                         choices=("per_length", "per_sentence"))
         mlp: bool = arg(True, "a Linear+Tanh head on the views in training only (authors' --mlp_only_train)")
 
     eval_pooler = "method"
@@ -118,8 +131,10 @@ class PromptBERT(Method):
     #: and the gradient through h and through ĥ nearly cancel too; the fp32 round-off of another batch split
     #: (chunked, two processes) is amplified ~1000× past the contract's tolerances (measured: chunked 1e-3 vs
     #: 1e-4, devices 2.5e-5 vs 1e-5). tests/test_plugins.py checks the denoising itself against an independent
-    #: computation. eval_denoise: the contract exercises the export's stored ĥ_k table.
-    contract_args = {"denoise": False, "eval_denoise": True}
+    #: computation. eval_denoise: the contract exercises the export's stored ĥ_k table. The contract's export
+    #: check holds the export to the dev embedder, so both denoise and neither adds the period here (the
+    #: authors' dev and test embeddings differ by those two; tests/test_plugins.py checks each).
+    contract_args = {"denoise": False, "eval_denoise": True, "dev_denoise": True, "eval_period": False}
 
     @classmethod
     def check(cls, args, config, where="method_args"):
@@ -171,13 +186,19 @@ class PromptBERT(Method):
         h = st.gather(hidden, torch.cat([batch["mask_pos"], batch["mask_pos2"]]))
         if self.args.denoise:
             noise = []
+            per_length = self.args.delta == "per_length"
+            # per_length: a row for every possible sentence length 0..max_len-2 (a static shape), gathered by length
+            lengths = torch.arange(self.ctx.max_len - 1, device=batch["lengths"].device) if per_length \
+                else batch["lengths"]
+            n = len(lengths)
             for v, (head, tail) in enumerate(self.parts):
-                t_ids, t_pos = st.template_rows(head, tail, batch["lengths"], self.offset)  # on the batch's device
-                with rows(list(range(b)), 2 + v):  # keyed dropout: the template rows are views 2, 3 of sentence i
+                t_ids, t_pos = st.template_rows(head, tail, lengths, self.offset)  # on the batch's device
+                with rows(list(range(n)), 2 + v):  # keyed dropout: template row i is view 2 or 3 of key i
                     th = self.encoder(input_ids=t_ids, position_ids=t_pos, attention_mask=torch.ones_like(t_ids),
                                       return_dict=True).last_hidden_state
-                pos = st.mask_positions(torch.zeros(b, dtype=torch.long), head, tail, self.mask_id)
-                noise.append(st.gather(th, pos))
+                pos = st.mask_positions(torch.zeros(n, dtype=torch.long), head, tail, self.mask_id)
+                hat = st.gather(th, pos)
+                noise.append(hat[batch["lengths"]] if per_length else hat)
             h = h - torch.cat(noise)
         if self.mlp is not None:
             h = self.mlp(h)
@@ -188,13 +209,16 @@ class PromptBERT(Method):
         return {"contrastive": loss.detach(), WEIGHTED: {"contrastive": loss}}
 
     # ------------------------------------------------------------------ evaluation and export
-    def _table(self, model, longest: int):
+    def _table(self, model, longest: int, denoise: bool):
         head, tail = self.parts[0]
-        return st.denoise_table(model, head, tail, self.mask_id, longest) if self.args.eval_denoise else None
+        return st.denoise_table(model, head, tail, self.mask_id, longest) if denoise else None
 
     def embedder(self, pooler, device):
+        """The STS-B dev embedding that selects the checkpoint: through T, denoised with ``dev_denoise``
+        (in eval mode, at the current weights), no period (the authors' trainer's dev batcher adds none)."""
         return PromptEmbedder(self.encoder, self.tokenizer, *self.parts[0], self.mask_id,
-                              table=lambda longest: self._table(self.encoder, longest), device=device)
+                              table=lambda longest: self._table(self.encoder, longest, self.args.dev_denoise),
+                              device=device)
 
     def export(self, out_dir, pooler, meta):
         out_dir = Path(out_dir)
@@ -207,9 +231,9 @@ class PromptBERT(Method):
 
         shutil.rmtree(out_dir / "1_Pooling", ignore_errors=True)
         head, tail = self.parts[0]
-        table = self._table(self.encoder, limit - len(head) - len(tail))
+        table = self._table(self.encoder, limit - len(head) - len(tail), self.args.eval_denoise)
         st.save_prompt(out_dir, {"template": self.args.template, "head": head, "tail": tail, "mask_id": self.mask_id,
-                                 "denoise": table is not None}, table)
+                                 "denoise": table is not None, "period": bool(self.args.eval_period)}, table)
         modules = [{"idx": 0, "name": "0", "path": "", "type": "promptbert_st.PromptTransformer"}]
         (out_dir / "modules.json").write_text(json.dumps(modules, indent=2))
 
@@ -218,21 +242,25 @@ class PromptBERT(Method):
         cfg, table = st.load_prompt(model_dir)
         encoder, tokenizer = load_encoder(model_dir, device=device)
         return PromptEmbedder(encoder, tokenizer, cfg["head"], cfg["tail"], cfg["mask_id"],
-                              table=(lambda longest: table), device=device, batch_size=batch_size, precision=precision)
+                              table=(lambda longest: table), device=device, batch_size=batch_size, precision=precision,
+                              period=bool(cfg.get("period", False)))
 
 
 class PromptEmbedder:
     """list[str] -> (n, d) float32: each sentence through template T, the [MASK] state (minus ĥ_k with
     a table), length-sorted batches; a sentence keeps up to the model's maximum minus T's tokens."""
 
-    def __init__(self, encoder, tokenizer, head, tail, mask_id, *, table, device, batch_size=128, precision="fp32"):
+    def __init__(self, encoder, tokenizer, head, tail, mask_id, *, table, device, batch_size=128, precision="fp32",
+                 period: bool = False):
         self.encoder, self.tokenizer, self.head, self.tail, self.mask_id = encoder, tokenizer, head, tail, mask_id
         self.table, self.device, self.batch_size, self.precision = table, torch.device(device), batch_size, precision
+        self.period = period  # st.end_period before the template (the authors' evaluation.py)
         self.budget = max(1, max_length_of(encoder, tokenizer) - len(head) - len(tail))
 
     def __call__(self, sentences):
         uniq = list(dict.fromkeys(sentences))
-        sents = [list(s) for s in self.tokenizer(uniq, add_special_tokens=False, truncation=True,
+        texts = [st.end_period(u) for u in uniq] if self.period else uniq
+        sents = [list(s) for s in self.tokenizer(texts, add_special_tokens=False, truncation=True,
                                                  max_length=self.budget)["input_ids"]]
         table = self.table(self.budget)
         order = sorted(range(len(uniq)), key=lambda i: len(sents[i]), reverse=True)

@@ -47,6 +47,12 @@ def template_ids(tokenizer, template: str) -> tuple[list[int], list[int]]:
     return head, tail
 
 
+def end_period(text: str) -> str:
+    """The authors' ``evaluation.py``: a sentence that does not end in . ? " or ' gets a period
+    before it fills the template (``if len(s) > 0 and s[-1] not in '.?"\'': s += '.'``)."""
+    return text + "." if len(text) > 0 and text[-1] not in ".?\"'" else text
+
+
 def position_offset(config) -> int:
     """The first position id: RoBERTa-type models count positions from padding_idx + 1."""
     return int(config.pad_token_id) + 1 if getattr(config, "model_type", "") in ROBERTA_TYPES else 0
@@ -192,7 +198,8 @@ def _prompt_transformer():
         def _rows(self, texts):
             head, tail = self.prompt["head"], self.prompt["tail"]
             budget = max(1, (self.max_seq_length or 512) - len(head) - len(tail))
-            sents = [list(s) for s in self.tokenizer([str(t) for t in texts], add_special_tokens=False,
+            texts = [end_period(str(t)) if self.prompt.get("period") else str(t) for t in texts]
+            sents = [list(s) for s in self.tokenizer(texts, add_special_tokens=False,
                                                      truncation=True, max_length=budget)["input_ids"]]
             ids, att = fill(sents, head, tail, self.tokenizer.pad_token_id or 0)
             lengths = torch.tensor([len(s) for s in sents], dtype=torch.long)
