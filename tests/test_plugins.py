@@ -453,6 +453,22 @@ def test_promptbert_delta_per_length_is_one_template_row_per_length_shared(clean
     assert rows["per_length"] == [2 * len(SENTS), 16 - 1, 16 - 1]  # the views, then T's and T''s rows for 0..14
     assert rows["per_sentence"] == [2 * len(SENTS), len(SENTS), len(SENTS)]
     torch.testing.assert_close(views["per_length"], views["per_sentence"], atol=2e-5, rtol=1e-5)
+    # keyed dropout (training mode): a chunk's views, its ĥ rows keyed by the length itself, are the whole
+    # batch's rows of those sentences, whichever sentence the chunk starts at
+    from sentemb.model.dropout import keyed
+
+    for delta in ("per_length", "per_sentence"):
+        h, m = _promptbert(tmp_path / f"{delta}-keyed", {"mlp": False, "delta": delta})
+        m.train()
+        batch = m.build_batch(SENTS)
+        n = m.n_sentences(batch)
+        with torch.no_grad():
+            with keyed(5, 0, 0, n):
+                whole = m.encode(batch).batch["z1"]
+            for start, stop in ((0, n // 2), (n // 2, n), (1, n - 1)):
+                with keyed(5, 0, start, stop):
+                    part = m.encode(m.chunk(batch, start, stop)).batch["z1"]
+                torch.testing.assert_close(part, whole[start:stop], atol=1e-5, rtol=1e-5)
 
 
 def test_promptbert_defaults_select_on_the_denoised_state_and_evaluate_with_the_period(clean_registry, tmp_path):

@@ -129,9 +129,9 @@ class ESimCSE(SimCSE):
                            "code - U{0..min(10, L)-1} with L = int(dup_rate*(N+2)), none where L = 0 (train.py)",
                            choices=("paper", "code"))
         momentum_init: str = arg("copy", "the momentum encoder's start: a copy of the encoder (the paper's reading), "
-                                 "or random - BERT's init, N(0, initializer_range) (code: its momentum_model is "
-                                 "copied from the still-random encoder in __init__, before from_pretrained fills "
-                                 "the encoder; 0.995^t of it is left at step t)", choices=("copy", "random"))
+                                 "or random - BERT's init, N(0, initializer_range) (code: from_pretrained fills "
+                                 "only bert.*, and cl_init's init_weights draws momentum_model afresh; 0.995^t of it "
+                                 "is left at step t)", choices=("copy", "random"))
         momentum_head: str = arg("ema", "the keys' MLP: ema - a momentum copy of the training MLP, updated by Eq. 2; "
                                  "online - the training MLP itself, without gradient (code: models.py applies "
                                  "cls.mlp to the momentum encoder's output)", choices=("ema", "online"))
@@ -250,16 +250,15 @@ class ESimCSE(SimCSE):
             self.queue_len.add_(keys.size(0)).clamp_(max=size)
 
 def _reinit_(model: torch.nn.Module, std: float) -> None:
-    """BERT's initialisation (``BertPreTrainedModel._init_weights``) of every module of ``model``:
-    Linear and Embedding weights N(0, std), biases 0, an Embedding's padding row 0, LayerNorm 1/0."""
+    """BERT's initialisation as transformers 4.2.1's ``BertPreTrainedModel._init_weights`` draws it over
+    every module of ``model``: Linear and Embedding weights N(0, std) (the padding row too), Linear
+    biases 0, LayerNorm 1/0."""
     with torch.no_grad():
         for m in model.modules():
             if isinstance(m, (torch.nn.Linear, torch.nn.Embedding)):
                 m.weight.normal_(0.0, std)
                 if isinstance(m, torch.nn.Linear) and m.bias is not None:
                     m.bias.zero_()
-                if isinstance(m, torch.nn.Embedding) and m.padding_idx is not None:
-                    m.weight[m.padding_idx].zero_()
             elif isinstance(m, torch.nn.LayerNorm):
                 m.weight.fill_(1.0)
                 m.bias.zero_()

@@ -193,7 +193,9 @@ class PromptBERT(Method):
             n = len(lengths)
             for v, (head, tail) in enumerate(self.parts):
                 t_ids, t_pos = st.template_rows(head, tail, lengths, self.offset)  # on the batch's device
-                with rows(list(range(n)), 2 + v):  # keyed dropout: template row i is view 2 or 3 of key i
+                # keyed dropout: template row i is view 2 or 3 of key i; per_length's rows are keyed by the length
+                # itself (absolute), so a chunk or a process draws the masks the whole batch draws
+                with rows(list(range(n)), 2 + v, absolute=per_length):
                     th = self.encoder(input_ids=t_ids, position_ids=t_pos, attention_mask=torch.ones_like(t_ids),
                                       return_dict=True).last_hidden_state
                 pos = st.mask_positions(torch.zeros(n, dtype=torch.long), head, tail, self.mask_id)

@@ -304,12 +304,13 @@ class _Context:
         inline = self.start_t is not None
         start, n = (self.start_t, self.n) if inline else (self.start, self.stop - self.start)
         if self.override:
-            sent, view = self.override[-1]
+            sent, view, absolute = self.override[-1]
             if not isinstance(sent, torch.Tensor):  # host lists (eager-built rows): constants under compile
                 sent, view = (torch.as_tensor(x, dtype=torch.int64).to(device) for x in (sent, view))
             if sent.numel() != rows:
                 raise SentembError(f"keyed dropout: a tensor of {rows} rows inside rows() declaring {sent.numel()}")
-            return start + sent.to(device, torch.int64), view.to(device, torch.int64)
+            sent = sent.to(device, torch.int64)
+            return (sent if absolute else start + sent), view.to(device, torch.int64)
         _check_layout(rows, n)
         r = self.index(rows) if inline else torch.arange(rows, device=device, dtype=torch.int64)
         return start + r % n, r // n
@@ -317,12 +318,13 @@ class _Context:
     def row_keys(self, rows: int) -> tuple[list[int], list[int]]:
         n = self.stop - self.start
         if self.override:
-            sent, view = self.override[-1]
+            sent, view, absolute = self.override[-1]
             if isinstance(sent, torch.Tensor):
                 sent, view = [int(s) for s in sent.tolist()], [int(v) for v in view.tolist()]
             if len(sent) != rows:
                 raise SentembError(f"keyed dropout: a tensor of {rows} rows inside rows() declaring {len(sent)}")
-            return [self.start + int(s) for s in sent], [int(v) for v in view]
+            base = 0 if absolute else self.start
+            return [base + int(s) for s in sent], [int(v) for v in view]
         _check_layout(rows, n)
         return [self.start + r % n for r in range(rows)], [r // n for r in range(rows)]
 
@@ -552,12 +554,14 @@ def call_block(size: int, where: str = "a block of dropout calls"):
 
 
 @contextmanager
-def rows(sentence, view=0):
+def rows(sentence, view=0, absolute: bool = False):
     """Inside a ``keyed`` context: the forward passes here run over rows whose sentences (indices
     within the chunk) and views are these, e.g. UNA's interleaved a_1, p_1, a_2, p_2:
     ``rows([0, 0, 1, 1], [0, 1, 0, 1])``. Outside a context it does nothing. Tensors on the device
     are kept as they are (no host read: the form a captured step, ``train.graphs``, needs); the
-    ``counter`` masks read them there."""
+    ``counter`` masks read them there. ``absolute``: the keys are not the chunk's sentences but keys
+    of the micro-batch as a whole, the same in every chunk and process (PromptBERT's template rows,
+    one per sentence length: key L wherever the chunk starts); give them a view no sentence row has."""
     ctx = _current()
     if ctx is None:
         yield
@@ -565,7 +569,7 @@ def rows(sentence, view=0):
     if isinstance(sentence, torch.Tensor):
         sentence = sentence.flatten()
         view = torch.full_like(sentence, int(view)) if isinstance(view, int) else view.flatten()
-        ctx.override.append((sentence, view))
+        ctx.override.append((sentence, view, absolute))
         try:
             yield
         finally:
@@ -573,7 +577,7 @@ def rows(sentence, view=0):
         return
     sentence = [int(s) for s in torch.as_tensor(sentence).flatten().tolist()]
     view = [int(view)] * len(sentence) if isinstance(view, int) else [int(v) for v in torch.as_tensor(view).tolist()]
-    ctx.override.append((sentence, view))
+    ctx.override.append((sentence, view, absolute))
     try:
         yield
     finally:

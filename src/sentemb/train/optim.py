@@ -15,7 +15,9 @@ Each parameter keeps its own step count. The Trainer 4.2.1 zeroes gradients (``m
 on torch 1.x: a zero tensor, not None), so a parameter that had a gradient before and gets none on a
 step still steps, on a zero gradient (its moments decay, its momentum moves it); one that never had
 a gradient is skipped. This loop sets gradients to None, and the step reads a missing gradient of a
-parameter with state as zeros. The step runs with ``torch._foreach_*`` ops over the parameters that
+parameter with state as zeros. Two edge cases still differ, both for a parameter left unused on a
+step: after a first step the GradScaler skipped (the Trainer's zeroed gradient exists, the state
+here does not), and on the first step after a resume (the Trainer's gradients are None again). The step runs with ``torch._foreach_*`` ops over the parameters that
 share a step count; no fused or capturable kernel, so ``train.update`` must be ``separate``.
 """
 
