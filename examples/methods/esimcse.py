@@ -39,17 +39,18 @@ Where the state is and when it changes (the loop's promises, ``sentemb.methods.b
 
 Open choices: the momentum encoder runs in eval mode (no dropout: a key is a target, and it is then
 the same in every chunking and pass) on the *original* sentences, through a momentum copy of the
-training MLP; keys are stored in
+training MLP (``momentum_head: online``: the training MLP itself, the authors' code); keys are stored in
 fp32; the queue is enqueued once per optimizer step in micro-batch order (newest first), so with
 ``grad_accum`` the step's micro-batches all see the queue of the step before. Defaults: λ = 0.995
-(§3.2), dup_rate 0.32 and M = 160 (2.5 × the batch of 64; §4's BERT-base setting as we read it).
+(§3.2), dup_rate 0.32 and M = 160 (2.5 × the batch of 64; §4's BERT-base setting, and the authors'
+``run.sh``'s).
 
 Truncation (the positive's length): the repetition is applied to the sentence *as truncated* at
 ``max_len`` (its subwords between [CLS] and [SEP]), as the authors' code does (caskcsg/sentemb,
 ``ESimCSE/train.py``, ``--dup_type bpe`` in its ``run.sh``: the tokenizer truncates at
 ``max_seq_length``, then subwords other than [CLS]/[SEP] are repeated and the rows are not cut
 again). So a positive is longer than its anchor by its dup_len, and may pass ``max_len`` by up to
-max(2, int(dup_rate·(max_len − 2))) tokens: a sentence at ``max_len`` keeps the length difference
+max(2, int(dup_rate·(max_len − 2))) tokens (with ``dup_len: code`` at most 9): a sentence at ``max_len`` keeps the length difference
 that the repetition is for. It is cut (its [SEP] kept) only at the encoder's positions
 (``max_position_embeddings``, RoBERTa's less its 2 offset), never beyond; ``cut_positive: true``
 cuts it back to ``max_len`` instead (repetition first, then the cut: the positive then loses the

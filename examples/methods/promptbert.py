@@ -40,7 +40,8 @@ mode), as the authors' supervised evaluation computes it.
 
 Defaults are the authors' BERT-base unsupervised run: T = 'This sentence of "[X]" means [MASK].'
 (training and evaluation), T' = 'This sentence : "[X]" means [MASK].', τ = 0.05, batch 256, lr 1e-5,
-one epoch, max_seq_length 32 (set the last four in the config's ``train``).
+one epoch, max_seq_length 32 (set the last four in the config's ``train``; their 32 sentence pieces
+are ``max_len: 34``, below).
 
 ``max_len`` and the templates. ``train.max_len`` bounds the sentence as for every method (the corpus's
 token cache: at most max_len − 2 word pieces, the [CLS] and [SEP] counted); the templates' own tokens
@@ -120,7 +121,8 @@ class PromptBERT(Method):
                                 "period before it fills the template (authors' evaluation.py; not in their dev "
                                 "selection)")
         delta: str = arg("per_length", "ĥ in training: per_length - one template row per sentence length, each with "
-                         "its own dropout, shared by the batch's sentences of that length (authors' get_delta); "
+                         "its own dropout, shared by the batch's sentences of that length (within a chunk under "
+                         "stream dropout; authors' get_delta); "
                          "per_sentence - one row per sentence (the paper's ĥ_i; the same without dropout)",
                          choices=("per_length", "per_sentence"))
         mlp: bool = arg(True, "a Linear+Tanh head on the views in training only (authors' --mlp_only_train)")

@@ -114,7 +114,7 @@ def denoise_table(model, head, tail, mask_id, longest: int, batch_size: int = 12
 
 
 def save_prompt(out_dir: str | Path, config: dict, table: torch.Tensor | None) -> None:
-    """``promptbert.json`` (template, head, tail, mask id, denoise), the ĥ_k table if any, and this file."""
+    """``promptbert.json`` (template, head, tail, mask id, denoise, period), the ĥ_k table if any, and this file."""
     out_dir = Path(out_dir)
     (out_dir / CONFIG_FILE).write_text(json.dumps(config, indent=2), "utf-8")
     if table is not None:
