@@ -197,6 +197,9 @@ def test_dev_max_len_truncates_the_dev_sentences_as_the_tokenizer_does(simcse, w
     cut = tune_dev_embedder(m.embedder("cls_before_pooler", torch.device("cpu")), "fp32", torch.device("cpu"), 12)
     assert np.allclose(whole(sents), reference(None), atol=1e-5) and np.allclose(cut(sents), reference(12), atol=1e-5)
     assert not np.allclose(cut(sents)[0], whole(sents)[0], atol=1e-3) and np.allclose(cut(sents)[1], whole(sents)[1])
+    # an embedder that kept the whole sentences' plan (the loop's, after an evaluation) cuts them once told to
+    tune_dev_embedder(whole, "fp32", torch.device("cpu"), 12)
+    assert np.allclose(whole(sents), reference(12), atol=1e-5)
     job = setup(simcse.run(max_steps=1, dev_max_len=12), tmp_path / "out")
     try:
         assert job.embedder.max_length == 12

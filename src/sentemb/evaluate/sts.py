@@ -217,8 +217,7 @@ def tune_dev_embedder(embed: EmbedFn, precision: str, device, max_len: int | Non
 
             raise SentembError(f"train.dev_max_len {max_len}: the method's dev embedder {type(embed).__name__} has no "
                                "max_length setting; leave train.dev_max_len null for this method")
-        embed.max_length = int(max_len)
-        getattr(embed, "_plans", {}).clear()  # a batch plan tokenized at another length is not reused
+        embed.max_length = int(max_len)  # a kept plan is keyed by it (Embedder): none made before is reused
 
     if precision == "fp32":  # as built (an embedder asked for bf16 before is set back to fp32)
         if getattr(embed, "precision", "fp32") != "fp32":

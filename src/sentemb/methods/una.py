@@ -173,7 +173,7 @@ class UNAAugmenter:
         self.s = np.asarray(s, dtype=np.float64)
         self.cumsum = _cumsum0(self.s)
         # the code's fallback draws a term ∝ s − min s (its normalized_tf_idf, reset_token_list)
-        self.fallback_cumsum = _cumsum0(self.s - self.s.min()) if len(self.s) else _cumsum0(self.s)
+        self.fallback_cumsum = _cumsum0(self.s - self.s.min() if len(self.s) else self.s)
         self.selection_form = selection_form
         self.rank = {t: i for i, t in enumerate(self.terms)}
         self.df = {t: int(d) for t, d in zip(self.terms, df)}
@@ -293,9 +293,9 @@ class UNAAugmenter:
     def _fallback_term(self, rng: np.random.Generator) -> str:
         """One vocabulary term drawn ∝ s_j − min s (uniformly where all s are equal): the code's
         ``get_random_token`` over its ``normalized_tf_idf``."""
-        cs = self.fallback_cumsum
-        if len(self.terms) == 0:
+        if not self.terms:
             raise SentembError("una: an empty TF-IDF vocabulary")
+        cs = self.fallback_cumsum
         if cs[-1] <= 0:
             return self.terms[int(rng.integers(len(self.terms)))]
         j = int(np.searchsorted(cs, float(rng.random()) * cs[-1], side="right")) - 1

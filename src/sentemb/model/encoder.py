@@ -54,7 +54,8 @@ class Embedder:
         # kept and reused when the same sentences come again (the loop's STS-B dev set: its first and
         # its second sentences, every eval_steps)
         self.keep_plan = keep_plan
-        self._plans: dict[tuple[str, ...], list] = {}
+        # keyed by (max_length, batch_size, sentences): a plan cut or batched otherwise is not reused
+        self._plans: dict[tuple, list] = {}
         self._cls_last = ClsLastLayer.of(model) if cls_fast_path and pooler == "cls_before_pooler" else None
 
     @classmethod
@@ -72,7 +73,7 @@ class Embedder:
         from .backbone import needs_hidden_states, pool
 
         uniq = list(dict.fromkeys(sentences))
-        key = tuple(uniq)
+        key = (self.max_length, self.batch_size, tuple(uniq))
         plan = self._plans.get(key)
         if plan is None:
             plan = self.plan(uniq)
