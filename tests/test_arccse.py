@@ -670,3 +670,13 @@ def test_the_triplet_passes_of_each_triplet_pass(tiny_bert_dir):
     assert calls(16, "auto") == (2, False)
     assert calls(512, "with_views") == (1, True)
     assert calls(16, "with_views") == (1, False)
+
+
+def test_the_methods_listing_gives_the_whole_first_paragraph_of_the_summary(capsys):
+    """``sentemb methods``: a module docstring whose first paragraph wraps over lines is listed whole
+    (it was cut at its first line: "... (Zhang, Zhu,")."""
+    from sentemb.cli import main
+
+    assert main(["methods"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("arccse: "))
+    assert "Angular Space" in line and "ACL 2022" in line and line.rstrip().endswith(")."), line

@@ -48,6 +48,12 @@ BASE = {"backbones": {"b": {"hub_id": "x/b"}}, "runs": [{"method": "simcse", "ba
     ({"evaluation": {"tasks": ["STS99"]}}, "evaluation.tasks[0]"),
     ({"runs": [{"method": "simcse", "backbone": "nope"}]}, "runs[0].backbone"),
     ({"runs": [{"method": "bogus", "backbone": "b"}]}, "runs[0].method"),
+    # a study beside a bad run: the run's key is named, not a bare "unknown method" from the expansion
+    ({"runs": [{"method": "bogus", "backbone": "b"}],
+      "studies": [{"name": "t", "method": "simcse", "backbone": "b", "vary": {"method_args.temperature": [0.1]}}]},
+     "runs[0].method"),
+    ({"studies": [{"name": "t", "method": "bogus", "backbone": "b", "vary": {"method_args.temperature": [0.1]}}]},
+     "studies[0].method"),
     ({"trian": {}}, "<top level>"),
     ({"runs": [{"method": "simcse", "backbone": "b", "train": {"lrr": 1}}]}, "runs[0].train"),
 ])

@@ -18,6 +18,11 @@ def test_without_cuda_it_says_so_and_exits_nonzero():
 
 
 def test_the_same_checks_run_on_the_cpu(shared, tmp_path):
+    import tempfile
+    from pathlib import Path
+
+    left = lambda: set(Path(tempfile.gettempdir()).glob("sentemb-gpucheck-*"))  # noqa: E731
+    before = left()
     corpus = tmp_path / "c.txt"
     corpus.write_text("".join((shared / "data" / "wiki1m_head.txt").read_text().splitlines(True)[:200]))
     out = tmp_path / "table.md"
@@ -30,6 +35,7 @@ def test_the_same_checks_run_on_the_cpu(shared, tmp_path):
                         "--method", "simcse", "--method", "arccse"], capture_output=True, text=True,
                        timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
+    assert left() <= before, left() - before  # its work folder (the inputs, the epoch's run: ~260 MB) removed
     table = out.read_text()
     assert not any(line.startswith(f"| train {m} ") for m in ("una", "paser", "infocse") for line in table.splitlines())
     for m in ("simcse", "arccse"):

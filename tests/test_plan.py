@@ -362,6 +362,14 @@ def test_batch_building_is_timed_on_the_real_sentences_with_inputs_built_from_th
     assert para == [" ".join(reversed(x.split())) for x in real]  # the stand-in, at the real lengths
     terms = set(pq.read_table(job_run.paths["inputs"]["tfidf_para"], columns=["term"]).column("term").to_pylist())
     assert terms == {w for x in real for w in x.split()}  # the TF-IDF of the real words, and of no other
+    # the run reads a token cache (train.token_cache, as the workflow's runs read rule tokenize's): one
+    # built for the real sentences under the backbone's tokenizer, the ids the tokenizer gives
+    from sentemb.data.tokens import TokenCache
+    from sentemb.model.backbone import load_tokenizer
+
+    cache = TokenCache.load(job_run.paths["tokens"], corpus=job_run.paths["corpus"], lines=len(real))
+    tok = load_tokenizer(job_run.paths["model"])
+    assert cache.batch([3], 32)["input_ids"][0].tolist() == tok(real[3])["input_ids"]
     assert counter.measure(r, None, 48, real).build_s == m.build_s and len(timed) == 1  # once per shape
     # alpha decides which steps mine negatives: another alpha is timed again, the FLOP count is reused
     other = dataclasses.replace(r, method_args={**r.method_args, "alpha": 1})
@@ -642,3 +650,30 @@ def test_the_sts_corpus_is_made_from_the_mirrors_senteval_data_when_not_prepared
     path.write_text("cut short\n", "utf-8")  # a file that is not what its summary says is made again
     (again, _), = corpus_text_files(config, "sts-unlabeled")
     assert again == path and len(path.read_text("utf-8").splitlines()) == STS_UNLABELED_LINES
+
+
+def test_a_terminated_plan_removes_its_work_folder(tmp_path):
+    """SIGTERM (``timeout``, ``kill``, Slurm) ends ``sentemb plan`` as Ctrl-C does: exit 143, a line
+    saying so, and its temporary folder (model copies, corpora, inputs: 1.6 GB for the paper
+    configuration) removed on the way out."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    p = subprocess.Popen([sys.executable, "-m", "sentemb", "plan", "--config", str(REPO / "config" / "demo.yaml")],
+                         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 120
+        while not any(tmp_path.glob("sentemb-plan-*/model-*")) and p.poll() is None and time.time() < deadline:
+            time.sleep(0.2)
+        assert p.poll() is None, "the plan ended before it could be stopped"
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=60)
+    finally:
+        p.kill()
+    assert p.returncode == 143, err[-2000:]
+    assert "sentemb plan: terminated (SIGTERM)" in err
+    assert not [d for d in tmp_path.glob("sentemb-plan-*") if d.is_dir()]

@@ -349,6 +349,7 @@ def test_malformed_config_names_the_key(tmp_path, env):
     (tmp_path / "config.yaml").write_text(cfg)
     p = smk(tmp_path, "-n", env=env, check=False)
     assert p.returncode != 0 and "train.lr" in p.stdout + p.stderr
+    assert f"the Snakemake config ({tmp_path / 'config.yaml'})" in p.stdout + p.stderr  # and the file it is in
 
 
 def test_an_argument_out_of_its_declared_range_fails_the_dry_run_naming_the_key(tmp_path, env):

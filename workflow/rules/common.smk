@@ -17,7 +17,9 @@ from sentemb.config.studies import study_inputs, study_spec
 from sentemb.report.figures import FIGURES
 
 try:
-    validate_config(config, source="the Snakemake config")
+    # the error names the file(s) the config was read from (and --config overrides, if any, apply on top)
+    _files = [str(f) for f in getattr(workflow, "configfiles", [])]
+    validate_config(config, source=f"the Snakemake config ({', '.join(_files)})" if _files else "the Snakemake config")
     _mirror = mirror_dir(config)
 except SentembError as e:
     raise WorkflowError(str(e))

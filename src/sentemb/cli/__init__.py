@@ -56,6 +56,40 @@ def build_parser(modules: list[str] = COMMAND_MODULES) -> argparse.ArgumentParse
     return parser
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (``kill``, ``timeout``, Slurm's ``scancel``, Snakemake stopping its jobs) raised in the
+    main thread as an interruption, as Ctrl-C is: every ``with`` block unwinds (temporary folders
+    removed, an atomic output not moved into place, the MLflow run ended KILLED) before exit 143."""
+
+
+def _terminate(signum, frame) -> None:
+    raise Terminated(f"signal {signum}")
+
+
+def _catch_sigterm():
+    """Turn SIGTERM into ``Terminated`` in this process; return what puts the handler it replaced
+    back (``main`` calls it when the command returns: a process that calls ``main`` keeps its own).
+    A forked child (batch or statistics workers, which their parent stops with SIGTERM) gets the
+    default action back."""
+    import os
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None  # handlers can only be set from the main thread (a caller embedding main())
+    if "LOCAL_RANK" in os.environ and "WORLD_SIZE" in os.environ:  # a rank under torchrun: killed at once, as
+        return lambda: None  # before (one blocked in a collective could not run the handler until it returns)
+    before = signal.signal(signal.SIGTERM, _terminate)
+    if not getattr(_catch_sigterm, "registered", False):
+        def child() -> None:
+            if signal.getsignal(signal.SIGTERM) is _terminate:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+        os.register_at_fork(after_in_child=child)
+        _catch_sigterm.registered = True
+    return lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL if before is None else before)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     command = next((a for a in argv if not a.startswith("-")), None)
@@ -66,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )
+    restore = _catch_sigterm()
     try:
         if args.command in GPU_COMMANDS:
             from ..ops.gpu_slots import claim_from_env
@@ -75,6 +110,12 @@ def main(argv: list[str] | None = None) -> int:
     except SentembError as e:
         print(f"sentemb {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM (``Terminated``): cleaned up on the way out
+        term = isinstance(e, Terminated)
+        print(f"sentemb {args.command}: {'terminated (SIGTERM)' if term else 'interrupted'}", file=sys.stderr)
+        return 143 if term else 130
+    finally:
+        restore()
     return int(rc or 0)
 
 

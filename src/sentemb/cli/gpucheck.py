@@ -4,8 +4,10 @@ call it."""
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -37,7 +39,9 @@ def _cmd_gpu_check(args: argparse.Namespace) -> int:
             raise SentembError(f"{what}: {p} does not exist (give it, or --shared pointing at a shared/ folder)")
     if args.model in ARCHITECTURES:  # random weights at the published shape (the speed and memory are the same)
         os.environ.setdefault("SENTEMB_SHARED", str(shared))  # its BERT tokenizer: the mirror's MiniLM vocabulary
-        model = write_model_dir(args.model, Path(tempfile.mkdtemp(prefix="sentemb-gpucheck-model-")) / args.model)
+        tmp = tempfile.mkdtemp(prefix="sentemb-gpucheck-model-")
+        atexit.register(shutil.rmtree, tmp, ignore_errors=True)  # at exit, also after Ctrl-C or SIGTERM
+        model = write_model_dir(args.model, Path(tmp) / args.model)
     from ..ops.hostcheck import PARTS
 
     unknown = [x for x in (args.host_parts or "").split(",") if x and x not in PARTS]

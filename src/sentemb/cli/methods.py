@@ -21,7 +21,7 @@ def describe(name: str | None = None) -> list[dict]:
         doc = (importlib.import_module(cls.__module__).__doc__ or cls.__doc__ or "").strip()
         out.append({
             "name": n,
-            "summary": doc.splitlines()[0] if doc else "",
+            "summary": _first_paragraph(doc),
             "source": (method_source(cls) or ("built-in",))[0],
             "eval_pooler": cls.pooler_for(defaults),
             "inputs": list(cls.requires(defaults)),
@@ -46,6 +46,11 @@ def format_methods(desc: list[dict]) -> str:
             lines.append(f"  {a['name']:<{w}}  {a['type']:<8} = {json.dumps(a['default'])!s:<12}{choices}  {a['help']}")
         lines.append("")
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _first_paragraph(doc: str) -> str:
+    """A docstring's first paragraph on one line (a summary wrapped over lines is not cut at the first)."""
+    return " ".join(doc.split("\n\n", 1)[0].split()) if doc else ""
 
 
 def _cmd_methods(args: argparse.Namespace) -> int:

@@ -13,10 +13,28 @@ from .. import SentembError
 from ..ops.plan import DEFAULT_GPU, DEFAULT_MARGIN, DEFAULT_MFU, GPU_MEMORY_GB, format_plan, gpu_spec, plan
 
 
+def _quiet_counting(verbose: bool) -> None:
+    """The plan counts each job on models, corpora and inputs of its own (random weights, a few lines):
+    their loading bars and the warnings the methods and the loop give about them (an InfoCSE model
+    "has no MLM head", a shape captured) concern none of the user's files, so only the plan's own
+    progress and its warnings are shown; ``sentemb -v`` shows everything."""
+    if verbose:
+        return
+    import logging
+
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    for name in ("sentemb.methods", "sentemb.train", "sentemb.stats", "sentemb.data", "sentemb.model"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
 def _cmd_plan(args: argparse.Namespace) -> int:
     from ..config.load import load_config
 
     config = load_config(args.config)
+    _quiet_counting(args.verbose)
     graphs = {"on": True, "off": False}.get(args.graphs)
     compile_ = {"on": True, "off": False}.get(args.compile)
     rows = plan(config, args.gpu, args.mfu, args.margin, lengths_from=args.lengths_from, graphs=graphs,
@@ -35,6 +53,7 @@ def _cmd_plan_check(args: argparse.Namespace) -> int:
 
     config = load_config(args.config)  # its method_modules are imported as it is validated
     load_method_modules(args.method_module or None, "--method-module")  # rows of a plug-in method
+    _quiet_counting(args.verbose)
     header, rows = load_measured(args.rows)
     if not rows:
         raise SentembError(f"{args.rows}: no rows")

@@ -86,9 +86,10 @@ def _cmd_ui(args) -> int:
     proc = subprocess.Popen(cmd, env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
     try:
         return proc.wait()
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the UI server stopped too, then exit 130 or 143
         proc.terminate()
-        return proc.wait()
+        proc.wait()
+        raise
 
 
 def register(sub) -> None:

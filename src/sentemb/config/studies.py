@@ -182,7 +182,8 @@ def expand_studies(config: dict, source: str = "config") -> dict:
     validator = _train_validator()
     sigs: dict[str, dict] = {}  # signature -> the first run with it (a run's settings do not change here)
     for r in config["runs"]:
-        sigs.setdefault(_signature(config, r), r)
+        if r["method"] in registry():  # an unknown one is named by its key in the run checks that follow
+            sigs.setdefault(_signature(config, r), r)
     names = set()
     for i, study in enumerate(studies):
         where = f"studies[{i}]"

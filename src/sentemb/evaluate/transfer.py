@@ -758,11 +758,17 @@ def classify_tasks(features: str | Path, data_dir: str | Path, tasks: Sequence[s
     with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
         futures = {pool.submit(_classify_from_file, str(features), str(data_dir), t, k, seed, mrpc_mode, classifier): t
                    for t in order}
-        for f in as_completed(futures):
-            t = futures[f]
-            out[t] = f.result()
-            log.info("%s: acc %.2f (dev %.2f), classifier %.1f s", t, out[t]["acc"], out[t]["devacc"],
-                     out[t]["classifier_seconds"])
+        try:
+            for f in as_completed(futures):
+                t = futures[f]
+                out[t] = f.result()
+                log.info("%s: acc %.2f (dev %.2f), classifier %.1f s", t, out[t]["acc"], out[t]["devacc"],
+                         out[t]["classifier_seconds"])
+        except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the tasks not started are dropped, the running ones
+            pool.shutdown(wait=False, cancel_futures=True)  # ended, not waited for (spawned workers
+            for proc in list(getattr(pool, "_processes", {}).values()):  # keep the default SIGTERM)
+                proc.terminate()
+            raise
     return {t: out[t] for t in tasks}
 
 

@@ -121,11 +121,18 @@ def _pretrain_stage(cls, model: Path, corpus: Path, out: Path, device: str) -> P
     return out / "model"
 
 
-def check(model: Path, corpus: Path, senteval: Path, device_name: str, batches: tuple[int, ...],
-          steps: int, warmup: int, max_len: int, methods: tuple[str, ...], dag: bool, repo: Path,
-          sts_tasks: tuple[str, ...] | None = None, sts_model: Path | None = None,
-          method_args: dict[str, dict] | None = None, epoch_batch: int | None = 64, host: bool = False,
-          classic: bool = True, host_parts: tuple[str, ...] | None = None) -> list[str]:
+def check(*args, **kwargs) -> list[str]:
+    """``_check`` in a temporary folder of its own (the methods' inputs, the end-to-end jobs' runs:
+    about 260 MB with BERT-base), removed when it returns, fails or is stopped (Ctrl-C, SIGTERM)."""
+    with tempfile.TemporaryDirectory(prefix="sentemb-gpucheck-") as work:
+        return _check(*args, work=Path(work), **kwargs)
+
+
+def _check(model: Path, corpus: Path, senteval: Path, device_name: str, batches: tuple[int, ...],
+           steps: int, warmup: int, max_len: int, methods: tuple[str, ...], dag: bool, repo: Path,
+           sts_tasks: tuple[str, ...] | None = None, sts_model: Path | None = None,
+           method_args: dict[str, dict] | None = None, epoch_batch: int | None = 64, host: bool = False,
+           classic: bool = True, host_parts: tuple[str, ...] | None = None, *, work: Path) -> list[str]:
     import torch
 
     from .benchmark import _peak, bench_method, bench_st
@@ -150,7 +157,6 @@ def check(model: Path, corpus: Path, senteval: Path, device_name: str, batches: 
              f"({'bf16 dense, by GPU name' if cuda else 'fp32 matmul measured now'})", "",
              "| what | value | note |", "| --- | --- | --- |"]
     print("\n".join(lines), flush=True)
-    work = Path(tempfile.mkdtemp(prefix="sentemb-gpucheck-"))
     sentences = read_corpus(corpus)
     margs = _method_args(model, methods)
     for m, a in (method_args or {}).items():

@@ -339,6 +339,21 @@ class Counter:
                 raise SentembError(f"sentemb plan: input '{name}' for counting: {e}") from None
         return self.cache[key]
 
+    def tokens(self, corpus: Path, arch: str | dict, model: Path) -> Path:
+        """The token cache of ``corpus`` under ``arch``'s tokenizer (read from ``model``), built once
+        and loaded by every job of the plan on that corpus and backbone, as the workflow's jobs load
+        rule ``tokenize``'s (``train.token_cache``): not tokenized again in each job's set-up."""
+        from ..data.corpus import read_corpus
+        from ..data.tokens import TokenCache
+        from ..model.backbone import load_tokenizer
+
+        key = ("tokens", str(corpus), json.dumps(arch, sort_keys=True))
+        if key not in self.cache:
+            d = self.work / "tokens" / f"{len(self.cache)}"
+            TokenCache.build(read_corpus(corpus), load_tokenizer(model), corpus=corpus).save(d)
+            self.cache[key] = d
+        return self.cache[key]
+
     def encode(self, backbone: str | dict) -> tuple[float, int]:
         """(FLOPs of one sentence's encoder forward at ``EVAL_LEN`` tokens, parameters) at the
         backbone's full depth: evaluation encodes in fp32 without gradients."""
@@ -417,19 +432,25 @@ class Counter:
             corpus = self.corpus(width)
             inputs = {n: str(self.input(n, corpus, model)) for n in needed}
             t0 = time.perf_counter()
-            m = _count(dataclasses.replace(local, paths={**local.paths, "corpus": str(corpus), "inputs": inputs}), cls)
+            m = _count(dataclasses.replace(local, paths={**local.paths, "corpus": str(corpus), "inputs": inputs,
+                                                         **self._token_path(t, corpus, arch, model)}), cls)
             self.counts.append((cls.__name__, width, time.perf_counter() - t0))
             self.cache[key] = m
             _release()
-            log.info("counted %s %.40s %s max_len %d width %d: %.3g FLOPs/micro-step at %d layers", cls.__name__,
-                     arch, json.dumps(_reduced(run.method, args), default=str)[:60], t.max_len, width, m.flops, layers)
+            log.info("counted %s %s %s max_len %d width %d: %.3g FLOPs/micro-step at %d layers", cls.__name__,
+                     run.backbone, json.dumps(_reduced(run.method, args), default=str)[:60], t.max_len, width, m.flops, layers)
         if tkey is not None and tkey not in self.cache:
-            self.cache[tkey] = self._time_build(local, cls, needed, model, timing, t.batch_size,
+            self.cache[tkey] = self._time_build(local, cls, needed, arch, model, timing, t.batch_size,
                                                 build_timing_steps(run, method_cls))
         m = self.cache[key]
         return dataclasses.replace(m, build_s=self.cache.get(tkey, m.build_s))
 
-    def _time_build(self, local, cls, needed, model: Path, timing: list[str], batch_size: int,
+    def _token_path(self, train, corpus: Path, arch, model: Path) -> dict:
+        """``paths.tokens`` of a counted or timed job: the shared cache (``tokens``) where the run
+        reads a token cache (``train.token_cache``), else nothing (the run tokenizes in its batches)."""
+        return {"tokens": str(self.tokens(corpus, arch, model))} if train.token_cache else {}
+
+    def _time_build(self, local, cls, needed, arch, model: Path, timing: list[str], batch_size: int,
                     steps: int = BUILD_TIMING_STEPS) -> float | None:
         """``_build_seconds`` in a job whose corpus is the real sentences ``timing``, with the method's
         inputs built from it (PaSeR's phrases, UNA's TF-IDF and paraphrase stand-ins of the real
@@ -442,6 +463,7 @@ class Counter:
             return None
         try:
             paths = {**local.paths, "corpus": str(real), "inputs": {n: str(self.input(n, real, model)) for n in needed}}
+            paths.update(self._token_path(local.train, real, arch, model))
             return _build_seconds(dataclasses.replace(local, paths=paths), cls, batch_size, steps)
         except (SentembError, OSError) as e:
             log.warning("sentemb plan: %s's batch building not timed: %s", cls.__name__, e)

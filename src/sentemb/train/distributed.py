@@ -221,7 +221,19 @@ def launch(devices: int, argv: list[str]) -> int:
     if "OMP_NUM_THREADS" not in env:  # torchrun would set 1: give each process its share of the cores
         env["OMP_NUM_THREADS"] = str(max(1, len(os.sched_getaffinity(0)) // devices))
     log.info("train.devices %d: %s", devices, " ".join(cmd))
-    return subprocess.call(cmd, env=env)
+    p = subprocess.Popen(cmd, env=env)
+    try:
+        return p.wait()
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM here: torchrun stops its ranks (each in a session of its
+        import signal          # own, out of reach of a signal to this process group), then this one goes
+
+        p.send_signal(signal.SIGTERM)  # torchrun passes it on, and kills a rank still alive 30 s later
+        try:
+            p.wait(60)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+        raise
 
 
 def relaunch(command: str, args, devices: int, what: str) -> None:
