@@ -677,3 +677,23 @@ def test_a_terminated_plan_removes_its_work_folder(tmp_path):
     assert p.returncode == 143, err[-2000:]
     assert "sentemb plan: terminated (SIGTERM)" in err
     assert not [d for d in tmp_path.glob("sentemb-plan-*") if d.is_dir()]
+
+
+def test_threads_sets_torchs_threads_for_the_counts(monkeypatch):
+    """``sentemb plan --threads N`` (a loaded login node: 1 is faster) counts with N torch threads;
+    0 is refused naming the option."""
+    import torch
+
+    from sentemb.cli import main
+    from sentemb.cli import plan as cli_plan
+
+    seen = []
+    monkeypatch.setattr(cli_plan, "plan", lambda *a, **k: seen.append(torch.get_num_threads()) or [])
+    monkeypatch.setattr(cli_plan, "format_plan", lambda *a, **k: "")
+    before = torch.get_num_threads()
+    try:
+        assert main(["plan", "--config", str(REPO / "config" / "demo.yaml"), "--threads", "1"]) == 0
+        assert seen == [1]
+        assert main(["plan", "--config", str(REPO / "config" / "demo.yaml"), "--threads", "0"]) == 2
+    finally:
+        torch.set_num_threads(before)

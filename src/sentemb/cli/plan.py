@@ -13,6 +13,22 @@ from .. import SentembError
 from ..ops.plan import DEFAULT_GPU, DEFAULT_MARGIN, DEFAULT_MFU, GPU_MEMORY_GB, format_plan, gpu_spec, plan
 
 
+THREADS_HELP = ("torch's CPU threads for the counts (default: torch's, one per core). On a machine other jobs "
+                "load, 1 is faster: the threads of each small operation wait on each other (the demo's plan, two "
+                "busy processes beside it on 2 cores: 60 s with 2 threads, 36 s with 1; idle, 20.5 and 20.9 s)")
+
+
+def _set_threads(n: int | None) -> None:
+    """``--threads``: torch's intra-op threads while the plan counts (None: left as they are)."""
+    if n is None:
+        return
+    if n < 1:
+        raise SentembError(f"--threads: {n}; give 1 or more")
+    import torch
+
+    torch.set_num_threads(n)
+
+
 def _quiet_counting(verbose: bool) -> None:
     """The plan counts each job on models, corpora and inputs of its own (random weights, a few lines):
     their loading bars and the warnings the methods and the loop give about them (an InfoCSE model
@@ -35,6 +51,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
     config = load_config(args.config)
     _quiet_counting(args.verbose)
+    _set_threads(args.threads)
     graphs = {"on": True, "off": False}.get(args.graphs)
     compile_ = {"on": True, "off": False}.get(args.compile)
     rows = plan(config, args.gpu, args.mfu, args.margin, lengths_from=args.lengths_from, graphs=graphs,
@@ -54,6 +71,7 @@ def _cmd_plan_check(args: argparse.Namespace) -> int:
     config = load_config(args.config)  # its method_modules are imported as it is validated
     load_method_modules(args.method_module or None, "--method-module")  # rows of a plug-in method
     _quiet_counting(args.verbose)
+    _set_threads(args.threads)
     header, rows = load_measured(args.rows)
     if not rows:
         raise SentembError(f"{args.rows}: no rows")
@@ -99,6 +117,7 @@ def register(sub) -> None:
                         "a fused run keeps its fused micro-batches (the group's encoder forward compiled); without "
                         "graphs, the compiled step launched from the host is priced at its measured floor where one "
                         "was measured (width 768, attention auto or sdpa), else as eager")
+    p.add_argument("--threads", type=int, default=None, help=THREADS_HELP)
     p.set_defaults(func=_cmd_plan)
 
     p = sub.add_parser("plan-check", help="sentemb plan's step estimate against steps measured on a GPU "
@@ -113,6 +132,7 @@ def register(sub) -> None:
                    help="a steady row is within when |plan - measured| <= this x measured (issue 37: 0.25)")
     p.add_argument("--json", default=None, help="also write each row with the plan's figure here")
     p.add_argument("--strict", action="store_true", help="exit 1 when a steady row is off or a row cannot be priced")
+    p.add_argument("--threads", type=int, default=None, help=THREADS_HELP)
     p.add_argument("--method-module", action="append", default=[],
                    help="a Python file or module with @register_method classes, for rows of a plug-in method "
                         "(repeatable)")
