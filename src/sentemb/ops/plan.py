@@ -416,8 +416,8 @@ class Counter:
         # shape drops such schedule arguments) and on the sentences
         tkey = None
         if timing is not None:
-            tkey = ("build", *shape, json.dumps(args, sort_keys=True, default=str), t.batch_size,
-                    str(self.sentences_corpus(timing)))
+            tkey = ("build", *shape, json.dumps(args, sort_keys=True, default=str), t.batch_size, t.token_cache,
+                    str(self.sentences_corpus(timing)))  # token_cache: cached ids, or tokenized in the batches
         model = self.model_dir(arch, layers)
         base = get_method(run.method)
         needed = () if method_cls is not None else base.requires(base.make_args(args))
