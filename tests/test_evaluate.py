@@ -252,3 +252,12 @@ def test_an_evaluation_job_reads_its_resolved_spec(tmp_path, monkeypatch):
     assert rc == 2 and (seen["pooler"], seen["batch_size"], seen["precision"]) == ("cls_before_pooler", 16, "fp32")
     with pytest.raises(SentembError, match="give a run"):
         eval_spec(config, "sts", "b", name="simcse", seed=1, pooler="avg")
+
+
+def test_max_length_with_the_methods_embedder_is_refused_not_ignored(tmp_path):
+    """``--pooler method`` hands the rows to the method's embedder (PromptBERT's template sets their
+    length): a ``--max-length`` given with it was dropped silently; now it is an error naming both."""
+    from sentemb.evaluate.sts import embedder_for
+
+    with pytest.raises(SentembError, match=r"--max-length 16 does not apply with --pooler method"):
+        embedder_for(tmp_path, "method", max_length=16)

@@ -248,6 +248,33 @@ def test_dev_curves_keep_study_points_in_their_study(drawn):
     assert not any("temperature" in label for label in labels)
 
 
+def test_paper_figure_legend_shows_the_marker_its_points_have(drawn):
+    """The legend's "reproduced" entry is drawn like the figure's first run (a grey circle beside runs
+    drawn as crosses matched no point), and the published one is the hollow star."""
+    _, _, fig = drawn["paper_vs_reproduced"]
+    legends = [lg for lg in [*fig.legends, *(ax.get_legend() for ax in fig.axes)] if lg is not None]
+    handles = legends[0].legend_handles
+    first = next(ln for ln in fig.axes[0].get_lines() if ln.get_marker() not in ("*", "None", None, ""))
+    assert (handles[0].get_marker(), handles[0].get_color()) == (first.get_marker(), first.get_color())
+    assert handles[1].get_marker() == "*"
+
+
+def test_a_short_runs_dev_curve_has_whole_optimizer_steps():
+    import pandas as pd
+
+    from sentemb.report.figures import dev_panel
+    from sentemb.report.style import StyleBook
+
+    plt = _plt()
+    fig, ax = plt.subplots()
+    curve = pd.Series([70.0, 71.0, 71.5, 72.0], index=[1, 2, 3, 4])
+    dev_panel(ax, {"simcse": [curve, curve + 0.5]}, [StyleBook().of({"name": "simcse", "method": "simcse"})])
+    fig.canvas.draw()
+    ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
+    assert ticks and all(float(t).is_integer() for t in ticks), ticks
+    plt.close(fig)
+
+
 def test_align_uniform_labels_both_baselines_apart(drawn):
     from matplotlib.text import Annotation
 

@@ -337,6 +337,9 @@ def test_a_randomly_initialised_backbone_is_no_base_model(simcse, tmp_path):
     card = ModelCard(render(CardInputs(run=run, model_dir=simcse / "model")))
     assert card.data.base_model is None and card.data.license is None
     assert "randomly initialised" in card.text
+    # the title does not call it the pretrained model: only the tokenizer is all-MiniLM-L6-v2's
+    assert "# SimCSE on a randomly initialised bert (tokenizer of sentence-transformers/all-MiniLM-L6-v2)" in card.text
+    assert f"tokens (trained on sentences cut at {run['train']['max_len']} tokens)" in card.text
 
 
 def test_a_plugin_method_is_named_by_its_file_and_digest(simcse):

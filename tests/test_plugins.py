@@ -139,6 +139,68 @@ def test_bad_plugins_are_refused_naming_the_key(clean_registry, tmp_path, monkey
         load(["no_such_package_xyz"])
 
 
+def test_register_method_names_the_mistakes_a_plugin_file_makes(clean_registry, tmp_path, monkeypatch, caplog):
+    """A class without ``name``, an ``Args`` without ``@dataclass`` (its arguments would be dropped
+    silently), two different files registering one name (the last would win silently; a copy of the
+    same file is the same plug-in), and a file whose class was never registered (named by "unknown
+    method") each get an error that says what to do; the same file imported again (by a link, or as
+    another module) still replaces its class."""
+    from sentemb.methods import get_method, import_method_module
+
+    monkeypatch.chdir(tmp_path)
+    head = "from sentemb.methods import Method, arg, register_method\nfrom sentemb.methods.simcse import SimCSE\n\n"
+    (tmp_path / "noname.py").write_text(head + "@register_method\nclass Scratch(Method):\n    pass\n")
+    with pytest.raises(SentembError, match=r"@register_method on Scratch \(.*noname\.py\): the class has no `name`"):
+        import_method_module("noname.py")
+    (tmp_path / "nodc.py").write_text(head + "@register_method\nclass NoDC(SimCSE):\n    name = 'nodc'\n\n"
+                                      "    class Args(SimCSE.Args):\n        p: float = arg(0.5, 'a share')\n")
+    with pytest.raises(SentembError, match=r"its Args is not a dataclass, so its arguments p would be ignored; "
+                                           r"decorate it with @dataclass"):
+        import_method_module("nodc.py")
+    one = head + "@register_method\nclass Twice(SimCSE):\n    name = 'twice'\n"
+    (tmp_path / "a.py").write_text(one)
+    (tmp_path / "b.py").write_text(one.replace("SimCSE):", "SimCSE):  # another method of the same name"))
+    (tmp_path / "copy.py").write_text(one)  # a copy of a.py (a job's folder): the same plug-in
+    import_method_module("a.py")
+    import_method_module("copy.py")
+    with pytest.raises(SentembError, match=r"method 'twice' is registered twice: by Twice in .*copy\.py and by Twice in "
+                                           r".*b\.py; give one of the classes another `name`"):
+        import_method_module("b.py")
+    (tmp_path / "link.py").symlink_to(tmp_path / "a.py")  # the same file again: no error
+    import_method_module("link.py")
+    assert get_method("twice").__name__ == "Twice"
+    # the same file executed again as another module (an entry point's name for it): its class replaces
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("another_name_for_a", tmp_path / "a.py")
+    again = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "another_name_for_a", again)
+    spec.loader.exec_module(again)
+    assert get_method("twice") is again.Twice
+    (tmp_path / "noreg.py").write_text(head + "class NoReg(SimCSE):\n    name = 'noreg'\n")
+    with caplog.at_level("WARNING"):
+        import_method_module("noreg.py")
+    assert "noreg.py defines NoReg but registers no method (a method class is decorated with @register_method" \
+        in caplog.text
+    with pytest.raises(SentembError, match=r"unknown method 'noreg' .*\]\); noreg\.py registered no method: "
+                                           r"is its class decorated with @register_method"):
+        get_method("noreg")
+
+
+def test_the_docs_pytest_snippet_runs_the_contract_on_the_example(tmp_path):
+    """The pytest snippet of docs/methods/writing-a-method.md §4, as written, in a fresh pytest run
+    from the repository (two of its checks, for time): it imports the plug-in it checks."""
+    import re
+
+    text = (REPO / "docs" / "methods" / "writing-a-method.md").read_text()
+    snippet = next(b for b in re.findall(r"```python\n(.*?)```", text, re.S) if "def test_my_method" in b)
+    (tmp_path / "test_snippet.py").write_text(snippet)
+    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", "-o", "addopts=",
+                        "--rootdir", str(tmp_path), str(tmp_path / "test_snippet.py"), "-k", "arguments or buckets"],
+                       cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0 and "2 passed" in p.stdout, p.stdout[-3000:] + p.stderr[-2000:]
+
+
 def test_a_training_job_imports_its_runs_plugin(tiny_bert_dir, tiny_corpus, tmp_path):
     """``sentemb train --run-config`` in a fresh process (as a Snakemake job): the run's
     ``method_module`` is imported before the method is looked up; the loss it logs is the plug-in's."""
@@ -171,6 +233,22 @@ def test_the_example_config_runs_it_next_to_simcse(clean_registry, monkeypatch):
     assert run.method_module == "examples/methods/debiased.py" and run.method_args["tau_plus"] == 0.1
 
 
+def test_the_try_config_is_the_tiny_world_for_a_plugin(clean_registry, monkeypatch):
+    """``examples/methods/try.yaml`` (a plug-in through the DAG in about a minute): a random 2-layer
+    BERT, 192 sentences, the example next to SimCSE, its corpus under a name of its own (the prepared
+    corpus is one file per name in resources_dir, which the demo's and the example's configs share)."""
+    from sentemb.config.load import load_config, resolve_run
+
+    monkeypatch.chdir(REPO)
+    config = load_config(REPO / "examples" / "methods" / "try.yaml")
+    assert [r["method"] for r in config["runs"]] == ["simcse", "debiased-simcse"]
+    run = resolve_run(config, "debiased-simcse", "tiny-bert", 42)
+    assert run.method_module == "examples/methods/debiased.py" and run.train.device == "cpu"
+    assert config["backbones"]["tiny-bert"]["random_init"]["num_hidden_layers"] == 2
+    others = [load_config(REPO / p)["corpus"] for p in ("config/demo.yaml", "examples/methods/config.yaml")]
+    assert all(c["name"] != config["corpus"]["name"] for c in others)
+
+
 # ------------------------------------------------------------------------------------ issue 27 §2: check-method
 def _check_method(*args, cwd=REPO):
     return subprocess.run([sys.executable, "-m", "sentemb", "check-method", *args], cwd=cwd, capture_output=True,
@@ -201,7 +279,7 @@ def test_check_method_passes_the_example_plugin_from_its_config():
     # no pretraining stage, no state; not declared fusable (a SimCSE subclass declares it again: Method.fusable)
     skipped = {"pretrain", "fused"} | {k for k in CHECKS if k.startswith("state_")}
     assert all(v == ("SKIP" if k in skipped else "PASS") for k, v in got.items()), p.stdout
-    assert f"debiased-simcse: 10 passed, 0 failed, {len(skipped)} skipped" in p.stdout
+    assert f"debiased-simcse: 11 passed, 0 failed, {len(skipped)} skipped" in p.stdout
 
 
 BROKEN = '''
@@ -247,22 +325,48 @@ class Clamped(SimCSE):
         if out["contrastive"] > 1e6:
             return {WEIGHTED: {}}
         return out
+
+
+@register_method
+class Unbucketed(SimCSE):
+    """SimCSE plus each sentence's words reversed as a hard negative, tokenized here without
+    ``pad_rows`` and encoded in the views' forward: right without buckets (the reversed rows are as
+    wide as the sentences'), a size mismatch where ``train.buckets`` pads the sentences (CUDA)."""
+
+    name = "broken-unbucketed"
+
+    def build_batch(self, sentences, step=0, *, lines=None, micro=0):
+        batch = dict(self.tokenize(sentences, lines))
+        rev = self.tokenizer([" ".join(s.split()[::-1]) for s in sentences], padding=True, truncation=True,
+                             max_length=self.ctx.max_len, return_tensors="pt")
+        batch.update({"rev_" + k: v for k, v in rev.items()})
+        return batch
+
+    def encode(self, batch):
+        from sentemb.methods import Encoded
+
+        keys = [k for k in ("input_ids", "attention_mask", "token_type_ids") if k in batch]
+        n = batch["input_ids"].size(0)
+        rows = {k: torch.cat([batch[k], batch[k], batch["rev_" + k]]) for k in keys}
+        h = self.encoder(**rows, return_dict=True).last_hidden_state[:, 0]
+        return Encoded(batch={"z1": h[:n], "z2": h[n:2 * n]})
 '''
 
 
 @pytest.mark.parametrize("method, failing", [("broken-unseeded", "batches"), ("broken-weights", "loss"),
-                                             ("broken-host-read", "graphs")])
+                                             ("broken-host-read", "graphs"), ("broken-unbucketed", "buckets")])
 def test_check_method_names_the_check_a_broken_method_fails(tmp_path, method, failing):
     (tmp_path / "broken.py").write_text(BROKEN)
     p = _check_method(method, "--method-module", "broken.py", "--check", "batches", "--check", "loss",
-                      "--check", "export", "--check", "graphs", cwd=tmp_path)
+                      "--check", "buckets", "--check", "export", "--check", "graphs", cwd=tmp_path)
     assert p.returncode == 1, p.stdout[-3000:] + p.stderr[-3000:]
     got = _lines(p.stdout)
     assert got[failing] == "FAIL" and all(v == "PASS" for k, v in got.items() if k != failing), p.stdout
     line = next(x for x in p.stdout.splitlines() if x.startswith(f"FAIL  {failing}"))
     assert {"batches": "batch['noise'] differs for the same (seed, micro)",
             "loss": "the weighted terms sum to",
-            "graphs": "broken.py:41 in batch_terms: aten._local_scalar_dense reads a device value on the host"}[failing] \
+            "graphs": "broken.py:41 in batch_terms: aten._local_scalar_dense reads a device value on the host",
+            "buckets": "('rev_input_ids'); pad every row group the method tokenizes itself with self.pad_rows"}[failing] \
         in line, line
     assert p.stdout.rstrip().endswith(f"failed: {failing}"), p.stdout
 
@@ -518,7 +622,7 @@ def test_check_method_passes_promptbert_from_the_example_config():
     p = _check_method("promptbert", "--config", "examples/methods/config.yaml", "--skip", "devices", "--skip", "resume")
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     # pretrain, fused (not declared) and the 6 state checks (no state)
-    assert "promptbert: 8 passed, 0 failed, 8 skipped" in p.stdout, p.stdout
+    assert "promptbert: 9 passed, 0 failed, 8 skipped" in p.stdout, p.stdout
 
 
 def test_the_example_configs_published_rows_reach_the_paper_table(tmp_path):

@@ -11,7 +11,7 @@ import pytest
 from sentemb import SentembError
 from sentemb.report.tables import ci95, collect, welch_p
 from sentemb.report.figures import figures, method_colours
-from sentemb.report.paper import load_paper_results, table_paper, table_transfer
+from sentemb.report.paper import load_paper_results, pm_markdown, table_paper, table_transfer
 from sentemb.evaluate.senteval import TASKS
 from sentemb.evaluate.transfer import TRANSFER_TASKS
 
@@ -44,6 +44,9 @@ def test_transfer_table_mean_and_std(tmp_path):
     assert t["MR_std"] == pytest.approx(round(statistics.stdev([80, 84, 85]), 2))
     assert t["Avg"] == pytest.approx(round(statistics.mean([83, 87, 88]), 2))
     assert t["MRPC_F1"] == pytest.approx(82.0) and t["n_seeds"] == 3
+    one = table_transfer(collect(ps[:1], [*TRANSFER_TASKS, "MRPC_F1"]))  # one seed: no spread, not ± 0.00
+    assert one["MR_std"].isna().all()
+    assert "| simcse | simcse | bert | 80.00 |" in pm_markdown(one, ["MR"])
 
 
 def test_transfer_table_header_names_the_classifier(tmp_path):

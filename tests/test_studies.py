@@ -5,6 +5,7 @@ import copy
 import json
 
 import numpy as np
+import pandas as pd
 import pytest
 from scipy import stats
 
@@ -135,6 +136,32 @@ def test_table_statistics_match_an_independent_computation(tmp_path):
         assert (row["ci95_low"], row["ci95_high"]) == pytest.approx((lo, hi))
     assert list(t["temperature"]) == [0.05, 0.1]
     assert np.isnan(t.loc[0, "published"]) and t.loc[1, "published"] == 71.5
+
+
+def test_sentemb_study_refuses_inputs_missing_a_point_and_writes_nothing(tmp_path, capsys, caplog):
+    """``sentemb study`` given the results of some points only (a point's run not finished, a path
+    mistyped): an error naming the missing (point, seed) pairs and no table, not a row of blanks."""
+    from sentemb.cli import main
+
+    c = cfg({"name": "t", "method": "simcse", "backbone": "bert", "metric": "STSBenchmark", "seeds": [1, 2],
+             "vary": {"method_args.temperature": [0.05, 0.1]}})
+    spec = c["studies"][0]
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    runs = [p["run"] for p in spec["expanded"]]
+    files = _files(tmp_path, {(runs[0], 1): 70.0, (runs[0], 2): 71.0, (runs[1], 1): 72.0})
+    out = tmp_path / "t.csv"
+    rc = main(["study", "--spec", str(tmp_path / "spec.json"), "--inputs", *map(str, files), "--output", str(out)])
+    err = capsys.readouterr().err
+    assert rc != 0 and not out.exists()
+    assert f"study 't': no results for 1 of its 4 (point, seed) pairs among the 3 --inputs: {runs[1]} seed 2" in err
+    # a file given without the metric (best_dev_stsb of a run keeping its last model is null): a warning and
+    # a row without that seed, as before
+    files += _files(tmp_path / "more", {(runs[1], 2): None})
+    with caplog.at_level("WARNING"):
+        assert main(["study", "--spec", str(tmp_path / "spec.json"), "--inputs", *map(str, files), "--output",
+                     str(out)]) == 0
+    assert f"1 result file(s) have no STSBenchmark (left out of the means): {runs[1]} seed 2" in caplog.text
+    assert list(pd.read_csv(out)["n_seeds"]) == [2, 1]
 
 
 def test_seeds_study_table_is_mean_std_ci_and_welch_against_the_reference(tmp_path):

@@ -1,13 +1,14 @@
 """Table 1: mean over seeds per run name × backbone, sample std of Avg, n_seeds."""
 
 import json
+import math
 import statistics
 
 import pytest
 
 from sentemb import SentembError
 from sentemb.evaluate.senteval import TASKS
-from sentemb.report.tables import collect, table1
+from sentemb.report.tables import collect, table1, to_markdown
 
 
 def _eval_json(path, name, backbone, seed, base):
@@ -29,7 +30,9 @@ def test_table1_means_std_and_groups(tmp_path):
     assert bert["std"] == pytest.approx(round(statistics.stdev([73, 77, 78]), 2))  # sample std over seeds
     assert bert["n_seeds"] == 3
     rob = t.loc[("simcse", "roberta")]
-    assert (rob["Avg"], rob["std"], rob["n_seeds"]) == (63.0, 0.0, 1)
+    assert (rob["Avg"], rob["n_seeds"]) == (63.0, 1) and math.isnan(rob["std"])  # one seed: no spread, not 0.00
+    md = to_markdown(table1(collect(paths)))
+    assert "| simcse | simcse | roberta | 60.00 |" in md and md.splitlines()[-1].endswith("| 63.00 |  | 1 |"), md
 
 
 def test_results_without_run_metadata_are_rejected(tmp_path):

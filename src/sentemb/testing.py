@@ -16,6 +16,8 @@ batches        ``build_batch`` gives a flat dict of CPU tensors, identical for t
                and the same with the corpus's token cache as with the tokenizer
 loss           a finite fp32 scalar loss; scalar logged terms; the weighted terms (``WEIGHTED``) carry
                the graph, are named as logged and sum to the loss; its gradient reaches the encoder
+buckets        with ``train.buckets`` (CUDA's default ``auto``) every row group is padded to one bucket width
+               and, dropout off, the logged terms equal the unbucketed batch's
 bf16           the same under bf16 autocast (the CPU's is the code CUDA's runs): the encoder in bf16,
                every term fp32, an fp32 gradient reaching the encoder
 export         export == the training-time dev embedder == ``sentemb evaluate``'s embedder ==
@@ -52,6 +54,9 @@ Use it from your own pytest suite::
 
     import pytest
     from sentemb import testing
+    from sentemb.methods import import_method_module
+
+    import_method_module("my_method.py")  # registers the method (a file, or a module name)
 
     @pytest.mark.parametrize("check", testing.CHECKS)
     def test_my_method_keeps_the_contract(check, tmp_path_factory):
@@ -433,13 +438,87 @@ def check_batches(h: Harness) -> None:
     for k, v in a.items():
         _require(isinstance(v, torch.Tensor), f"batch['{k}'] is {type(v).__name__}, not a tensor")
         _require(v.device.type == "cpu", f"batch['{k}'] is on {v.device}, not the CPU (the loop moves it)")
-        _require(torch.equal(v, b[k]), f"batch['{k}'] differs for the same (seed, micro)")
+        _require(torch.equal(v, b[k]), f"batch['{k}'] differs for the same (seed, micro): draw every random choice "
+                 "from self.np_rng(micro) or self.torch_rng(micro), not a global generator")
     m = h.make()
     m.ctx.tokens = TokenCache.build(SENTS, m.tokenizer)
     cached = m.build_batch(SENTS, step=0, lines=lines, micro=7)
     _require(a.keys() == cached.keys(), f"with the token cache the batch has keys {sorted(cached)}, not {sorted(a)}")
     for k in a:
         _require(torch.equal(a[k], cached[k]), f"batch['{k}'] differs with the token cache")
+
+
+def check_buckets(h: Harness) -> None:
+    """``train.buckets`` (on CUDA ``auto`` by default): each row group of a batch is padded to a bucket
+    (``Method.width``, ``pad_rows``), one width a group (``width_groups``, ``batch_shapes``), never
+    narrower than without buckets; and with every dropout off (encoder and ``contract_no_dropout``)
+    every logged term equals the unbucketed batch's (``REL``), on a batch of the corpus's shortest
+    lines and one of middle length (the longest are cut at max_len, past every bucket), each with
+    buckets that pad it 3 positions. A method that tokenizes rows of its own without ``pad_rows``
+    fails here, not on its first GPU run (on a CPU ``auto`` means none)."""
+    import torch
+
+    from .data.buckets import batch_shapes
+    from .methods import MethodContext
+    from .methods.base import WEIGHTED
+    from .model.backbone import load_encoder
+
+    enc, tok = load_encoder(h.model_dir, dropout=0.0, pooling_layer=False)
+    ctx = MethodContext(max_len=16, seed=3, backbone="tiny", model_dir=h.model_dir, inputs=h.inputs, corpus=h.corpus)
+    m = h.cls(enc, tok, {**h.args, **getattr(h.cls, "contract_no_dropout", {})}, ctx).train()
+    corpus = h.corpus.read_text("utf-8").splitlines()
+    by_len = sorted(range(len(corpus)), key=lambda i: (len(corpus[i].split()), i))
+    fix = ("pad every row group the method tokenizes itself with self.pad_rows(...) or to self.width(n) "
+           "(docs/methods/writing-a-method.md, section 2)")
+
+    def terms(batch, what):
+        torch.manual_seed(0)
+        try:
+            with torch.no_grad():
+                out = m.losses(batch)
+        except Exception as e:  # noqa: BLE001 - the method's own error, with what to do
+            raise CheckFailed(f"{what}: losses() failed: {type(e).__name__}: {e}; {fix}") from e
+        flat = {k: float(v) for k, v in out.items() if k != WEIGHTED}
+        flat.update({f"{WEIGHTED}/{k}": float(v) for k, v in out.get(WEIGHTED, {}).items()})
+        return flat
+
+    for which, lines in (("shortest lines", by_len[:8]), ("middle lines", by_len[len(by_len) // 2:][:8])):
+        sents = [corpus[i] for i in lines]
+        m.ctx.buckets = None
+        plain = m.build_batch(sents, step=0, lines=lines, micro=1)
+        # buckets that pad this batch's sentences 3 positions past their longest row (a natural width
+        # of any other row group then differs from its bucket's too), and max_len
+        w = max((v.size(1) for k, v in plain.items() if v.dim() >= 2 and k.endswith("input_ids")), default=0)
+        if not w:
+            raise CheckSkipped("the batch has no token rows (no key ending in input_ids) to pad")
+        buckets = (min(w + 3, m.ctx.max_len), m.ctx.max_len) if w + 3 < m.ctx.max_len else (m.ctx.max_len,)
+        m.ctx.buckets = buckets
+        padded = m.build_batch(sents, step=0, lines=lines, micro=1)
+        what = f"buckets {list(buckets)}, the {which}"
+        _require(plain.keys() == padded.keys(), f"{what}: batch keys {sorted(padded)}, not {sorted(plain)}")
+        try:  # the token rows only (a (B, K) index or feature matrix of the method's own is no row group)
+            shapes, plain_shapes = batch_shapes(_token_rows(padded), m.width_groups), \
+                batch_shapes(_token_rows(plain), m.width_groups)
+        except SentembError as e:
+            raise CheckFailed(f"{what}: {e}; {fix}, or name the group in width_groups") from None
+        for g, (_, gw) in shapes.items():
+            _require(gw >= plain_shapes.get(g, (0, 0))[1], f"{what}: group '{g}' is {gw} wide, narrower than without "
+                     f"buckets ({plain_shapes[g][1]})")
+        a, b = terms(plain, f"{what}, without buckets"), terms(padded, what)
+        _require(a.keys() == b.keys(), f"{what}: logged terms {sorted(b)}, not {sorted(a)}")
+        for k in a:
+            _require(math.isfinite(a[k]) and abs(a[k] - b[k]) <= REL * max(abs(a[k]), abs(b[k])) + 1e-7,
+                     f"{what}: '{k}' is {b[k]!r}, without buckets {a[k]!r} (dropout off: padding must not change "
+                     "a loss; mask padded positions by the attention mask, and draw random choices over the real "
+                     "width, not the padded one)")
+
+
+#: the keys of token rows (``check_buckets``): what ``pad_rows`` pads, in any row group (``tri_input_ids``)
+TOKEN_ROW_SUFFIXES = ("input_ids", "attention_mask", "token_type_ids", "labels")
+
+
+def _token_rows(batch: dict) -> dict:
+    return {k: v for k, v in batch.items() if k.endswith(TOKEN_ROW_SUFFIXES)}
 
 
 def _losses_hold(h: Harness, terms: dict, what: str) -> None:
@@ -976,6 +1055,7 @@ CHECKS: dict[str, Callable[[Harness], None]] = {
     "arguments": check_arguments,
     "batches": check_batches,
     "loss": check_loss,
+    "buckets": check_buckets,
     "bf16": check_bf16,
     "export": check_export,
     "resume": check_resume,

@@ -257,15 +257,21 @@ def register(sub) -> None:
     p = sub.add_parser("benchmark", help="training/evaluation throughput, achieved FLOP/s and share of the device peak")
     p.add_argument("--model", required=True, help="HF model directory (pretrained or random-init)")
     p.add_argument("--corpus", required=True, help="sentences, one per line")
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--max-len", type=int, default=32)
-    p.add_argument("--device", default="auto")
-    p.add_argument("--precision", default="auto", choices=["auto", "bf16", "fp16", "fp32"])
-    p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--eval-sentences", type=int, default=2000)
-    p.add_argument("--eval-batch-size", type=int, default=128)
+    p.add_argument("--batch-size", type=int, default=64, help="sentences per training step (default: %(default)s)")
+    p.add_argument("--steps", type=int, default=20, help="timed steps (default: %(default)s)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed warm-up steps before them (default: %(default)s)")
+    p.add_argument("--max-len", type=int, default=32, help="training truncation in tokens, as train.max_len "
+                                                           "(default: %(default)s)")
+    p.add_argument("--device", default="auto",
+                   help="auto (CUDA when available), cpu, cuda, cuda:N (default: %(default)s)")
+    p.add_argument("--precision", default="auto", choices=["auto", "bf16", "fp16", "fp32"],
+                   help="training precision, as train.precision (auto: bf16 autocast on CUDA, fp32 elsewhere; "
+                        "default: %(default)s)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--eval-sentences", type=int, default=2000,
+                   help="corpus sentences the evaluate row encodes (default: %(default)s)")
+    p.add_argument("--eval-batch-size", type=int, default=128,
+                   help="batch size of the evaluate row (default: %(default)s)")
     p.add_argument("--peak-tflops", type=float, default=None, help="device peak for MFU (default: by GPU name)")
     p.add_argument("--overhead", action="store_true",
                    help="compare the shared loop's full step with a bare step on pre-built tensors (use a tiny "
@@ -279,7 +285,8 @@ def register(sub) -> None:
     p.add_argument("--rounds", type=int, default=3, help="--overhead: rounds of --steps steps per variant (median)")
     p.add_argument("--compile", action="store_true",
                    help="--overhead: also run the loop with train.compile off and on (fp32) and compare losses")
-    p.add_argument("--compile-steps", type=int, default=5)
+    p.add_argument("--compile-steps", type=int, default=5,
+                   help="--compile: steps of each run, eager and compiled (default: %(default)s)")
     p.add_argument("--compare-st", action="store_true", help="also time sentence-transformers' MNRL recipe")
     p.add_argument("--grad-norms", action="store_true",
                    help="time the loop with train.log_grad_norms off and on, every step logged, for each --method "

@@ -68,37 +68,47 @@ def register(subparsers) -> None:
         p.add_argument("--mirror-path", help="path of the input inside the mirror")
 
     p = command("fetch-corpus", _cmd_fetch_corpus, "Fetch the raw training corpus and verify it.",
-                output={}, hub_repo={}, hub_file={})
-    p.add_argument("--revision")
-    p.add_argument("--sha256")
-    p.add_argument("--expected-lines", type=int)
+                output={"help": "raw corpus file to write"},
+                hub_repo={"help": "Hugging Face dataset repository"},
+                hub_file={"help": "the corpus file in it (the mirror's default path: data/<file>)"})
+    p.add_argument("--revision",
+                   help="hub revision: branch, tag or commit (default: the latest; not used with a mirror)")
+    p.add_argument("--sha256", help="expected sha256 of the file (checked when given)")
+    p.add_argument("--expected-lines", type=int, help="expected line count (checked when given)")
     mirror_opts(p)
 
     p = command("prepare-corpus", _cmd_prepare_corpus, "Check the raw corpus line by line and (sub)sample it.",
-                input={}, output={})
-    p.add_argument("--max-sentences", type=int)
-    p.add_argument("--seed", type=int, default=0)
+                input={"help": "raw corpus (fetch-corpus output)"},
+                output={"help": "training corpus, one sentence per line (summary in <output>.json)"})
+    p.add_argument("--max-sentences", type=int,
+                   help="keep a seeded random sample of this many lines, in corpus order (default: all)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the --max-sentences sample (default: %(default)s)")
     p.add_argument("--skip-bad-lines", action="store_true", help="skip empty and non-UTF-8 lines instead of failing")
 
     p = command("prepare-sts-corpus", _cmd_prepare_sts_corpus,
                 "Write the sts-unlabeled corpus: the sentences of STS12-16 (test), STS-B and SICK (all "
-                "splits) from a SentEval tree, deduplicated.", senteval={}, output={})
+                "splits) from a SentEval tree, deduplicated.",
+                senteval={"help": "SentEval data root (fetch-senteval output)"},
+                output={"help": "corpus file, one sentence per line (summary in <output>.json)"})
     p.add_argument("--keep-duplicates", action="store_true", help="keep repeated sentences")
 
     p = command("fetch-senteval", _cmd_fetch_senteval, "Fetch the SentEval STS/SICK data and verify the pair counts.",
-                output={})
+                output={"help": "SentEval data directory to write"})
     p.add_argument("--url", help="archive (tar, tar.gz, zip) to download when no mirror is used")
-    p.add_argument("--sha256")
+    p.add_argument("--sha256", help="sha256 of the --url archive (checked when given; not for a mirror)")
     p.add_argument("--raw", action="store_true", help="the STS sets as originally published (data/senteval-raw)")
     mirror_opts(p)
 
     p = command("fetch-model", _cmd_fetch_model, "Fetch a pretrained encoder and check that it loads.",
-                output={}, hub_id={})
-    p.add_argument("--revision")
+                output={"help": "model directory to write"},
+                hub_id={"help": "Hugging Face model id (the mirror's default path: models/<its last part>)"})
+    p.add_argument("--revision",
+                   help="hub revision: branch, tag or commit (default: the latest; not used with a mirror)")
     p.add_argument("--sha256", help="sha256 of the weights file")
     p.add_argument("--random-init", help="JSON object of HF config keys: build a random model instead")
     mirror_opts(p)
 
-    p = command("fetch-nltk", _cmd_fetch_nltk, "Fetch NLTK data packages and check that they load.", output={})
+    p = command("fetch-nltk", _cmd_fetch_nltk, "Fetch NLTK data packages and check that they load.",
+                output={"help": "NLTK data directory to write"})
     p.add_argument("--packages", default="stopwords,wordnet", help="comma-separated NLTK package ids")
     mirror_opts(p)

@@ -96,8 +96,10 @@ def register(sub) -> None:
     p.add_argument("--setting", default=None, choices=["all", "mean", "wmean"], help="default: evaluation.setting")
     p.add_argument("--output", required=True, help="metrics JSON")
     p.add_argument("--batch-size", type=int, default=None, help="default: evaluation.batch_size")
-    p.add_argument("--max-length", type=int, default=None, help="default: the model's maximum")
-    p.add_argument("--device", default="auto")
+    p.add_argument("--max-length", type=int, default=None,
+                   help="truncate rows to this many tokens (default: the model's maximum; refused with --pooler method)")
+    p.add_argument("--device", default="auto",
+                   help="auto (CUDA when available), cpu, cuda, cuda:N (default: %(default)s)")
     p.add_argument("--precision", default=None, choices=["auto", "bf16", "fp32"],
                    help="default: evaluation.precision, fp32 as SentEval and the papers; bf16: autocast; auto: bf16 "
                         "on CUDA only")
@@ -106,9 +108,13 @@ def register(sub) -> None:
     p.add_argument("--run-meta", action="append", default=[], metavar="KEY=VALUE",
                    help="run metadata stored in the JSON (name, method, backbone, seed) for the tables")
     p.add_argument("--track", action="store_true", help="record an MLflow run")
-    p.add_argument("--experiment", default=None, help="default: the config's experiment (sentemb)")
-    p.add_argument("--tracking-uri", default=None)
-    p.add_argument("--run-name", default=None)
-    p.add_argument("--tag", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--experiment", default=None,
+                   help="MLflow experiment (default: --spec's or --tracking's, else sentemb)")
+    p.add_argument("--tracking-uri", default=None,
+                   help="MLflow tracking URI (default: --tracking's, else sqlite:///mlflow.db; $MLFLOW_TRACKING_URI, "
+                        "when set, wins)")
+    p.add_argument("--run-name", default=None, help="MLflow run name (default: --spec's, else eval:<model>)")
+    p.add_argument("--tag", action="append", default=[], metavar="KEY=VALUE",
+                   help="extra MLflow run tag (repeatable)")
     add_spec_options(p)
     p.set_defaults(func=_cmd_evaluate)

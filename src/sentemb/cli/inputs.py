@@ -31,8 +31,8 @@ def _cmd_make_input(args) -> int:
 
 def register(sub) -> None:
     p = sub.add_parser("make-input", help="build an input kind of a plug-in method (sentemb.stats.inputs) from a corpus")
-    p.add_argument("kind")
-    p.add_argument("--corpus", required=True)
+    p.add_argument("kind", help="the input kind to build (a built-in kind or one a --method-module file registers)")
+    p.add_argument("--corpus", required=True, help="corpus, one sentence per line")
     p.add_argument("--model", required=True, help="the backbone's directory (its tokenizer)")
     p.add_argument("--output", required=True, help="the folder to write")
     p.add_argument("--method-module", action="append", default=[],

@@ -109,11 +109,14 @@ def _cmd_check_method(args: argparse.Namespace) -> int:
         hf_logging.disable_progress_bar()
         for logger in ("sentemb", "sentence_transformers"):
             logging.getLogger(logger).setLevel(logging.WARNING)
+    for flag, c in [*(("--check", c) for c in args.check or []), *(("--skip", c) for c in args.skip or [])]:
+        if c not in testing.CHECKS:  # before the header line: a typo prints only the error
+            raise SentembError(f"{flag} {c}: unknown check (known: {', '.join(testing.CHECKS)})")
     chosen = [c for c in (args.check or testing.CHECKS) if c not in (args.skip or [])]
     work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix=f"sentemb-check-{cls.name}-"))
     origin = cls.__module__ if cls.__module__.startswith("sentemb.methods.") else (method_source(cls) or ("?",))[0]
     print(f"sentemb check-method {cls.name} ({cls.__module__}.{cls.__qualname__}, from {origin}): "
-          f"{len(chosen)} checks on a tiny random BERT (2 layers, hidden 32), contract args {json.dumps(cls.contract_args)}",
+          f"{len(chosen)} check{'s' if len(chosen) != 1 else ''} on a tiny random BERT (2 layers, hidden 32), contract args {json.dumps(cls.contract_args)}",
           flush=True)
     try:
         results = testing.check_method(cls, work, chosen, report=lambda line: print(line, flush=True))

@@ -95,7 +95,7 @@ def _cmd_plan_check(args: argparse.Namespace) -> int:
 
 def register(sub) -> None:
     p = sub.add_parser("plan", help="estimate every job's FLOPs, GPU-hours and GPU memory (CPU only, no network)")
-    p.add_argument("--config", required=True)
+    p.add_argument("--config", required=True, help="the configuration to estimate (YAML)")
     p.add_argument("--gpu", default=DEFAULT_GPU, help=f"GPU the estimate is for ({', '.join(GPU_MEMORY_GB)})")
     p.add_argument("--mfu", type=float, default=DEFAULT_MFU,
                    help="share of the GPU's bf16 peak a training step reaches (default: measured on an H200, "

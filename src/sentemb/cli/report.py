@@ -63,23 +63,25 @@ def _cmd_figures(args) -> int:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("table-transfer", help="aggregate transfer JSONs into results/table_transfer.csv (+ .md)")
-    p.add_argument("--inputs", nargs="+", required=True)
-    p.add_argument("--output", required=True)
-    p.add_argument("--markdown", default=None)
+    p = sub.add_parser("table-transfer", help="aggregate transfer JSONs into one table (CSV, optionally Markdown; "
+                                              "the workflow writes results/table_transfer.csv + .md)")
+    p.add_argument("--inputs", nargs="+", required=True, help="eval_transfer.json files")
+    p.add_argument("--output", required=True, help="CSV")
+    p.add_argument("--markdown", default=None, help="also write the table as Markdown here")
     p.set_defaults(func=_cmd_table_transfer)
-    p = sub.add_parser("table-paper", help="published vs reproduced numbers (results/table_paper.csv + .md)")
+    p = sub.add_parser("table-paper", help="published vs reproduced numbers in one table (CSV, optionally Markdown; "
+                                           "the workflow writes results/table_paper.csv + .md)")
     p.add_argument("--sts", nargs="+", required=True, help="eval_sts.json files (runs and baselines)")
     p.add_argument("--transfer", nargs="*", default=[], help="eval_transfer.json files")
     p.add_argument("--published", required=True, help="config/paper_results.yaml")
     p.add_argument("--train", nargs="*", default=[],
                    help="train.json files (best STS-B dev score, for the published `dev` rows)")
-    p.add_argument("--output", required=True)
-    p.add_argument("--markdown", default=None)
+    p.add_argument("--output", required=True, help="CSV")
+    p.add_argument("--markdown", default=None, help="also write the table as Markdown here")
     p.set_defaults(func=_cmd_table_paper)
     p = sub.add_parser("figures", help="PNG, SVG and PDF figures from the per-run JSON files")
     p.add_argument("--evals", nargs="+", required=True, help="eval_sts.json files")
     p.add_argument("--train", nargs="*", default=[], help="train.json files (history -> dev curves)")
     p.add_argument("--paper", default=None, help="table_paper.csv")
-    p.add_argument("--output-dir", required=True)
+    p.add_argument("--output-dir", required=True, help="folder the figures are written to (created)")
     p.set_defaults(func=_cmd_figures)

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 from pathlib import Path
 
 from .. import SentembError
 from ..report.studies import load_published, read_values, study_figure, study_markdown, study_table
 from ..utils import atomic_path
+
+log = logging.getLogger(__name__)
 
 
 def _cmd_study(args: argparse.Namespace) -> int:
@@ -18,7 +21,21 @@ def _cmd_study(args: argparse.Namespace) -> int:
     except (OSError, json.JSONDecodeError) as e:
         raise SentembError(f"cannot read study spec {args.spec}: {e}") from None
     published = load_published(args.published).get(spec["name"])
-    values = read_values(args.inputs, spec["metric"])
+    seen: set = set()
+    values = read_values(args.inputs, spec["metric"], seen)
+    runs = ([spec["expanded"][0]["run"], spec["reference"]] if spec.get("reference")
+            else [p["run"] for p in spec["expanded"]])
+    pairs = [(r, s) for r in runs for s in spec["seeds"]]
+    missing = [f"{r} seed {s}" for r, s in pairs if (r, s) not in seen]
+    if missing:  # a point's results not given (a path mistyped, a run not finished): no table of blanks
+        raise SentembError(f"study '{spec['name']}': no results for {len(missing)} of its {len(pairs)} (point, seed) "
+                           f"pairs among the {len(args.inputs)} --inputs: {', '.join(missing[:5])}"
+                           f"{' ...' if len(missing) > 5 else ''} (pass every point's results; the workflow's rule "
+                           "study does)")
+    empty = [f"{r} seed {s}" for r, s in pairs if (r, s) not in values]
+    if empty:  # given, but without the metric: the row says so by its blanks and n_seeds
+        log.warning("study '%s': %d result file(s) have no %s (left out of the means): %s", spec["name"], len(empty),
+                    spec["metric"], ", ".join(empty[:5]) + (" ..." if len(empty) > 5 else ""))
     table = study_table(spec, values, published)
     with atomic_path(args.output) as tmp:
         table.to_csv(tmp, index=False)
@@ -41,7 +58,7 @@ def register(sub) -> None:
                                                               "eval_transfer.json files")
     p.add_argument("--published", default=None, help="config/paper_results.yaml (its `studies` section)")
     p.add_argument("--output", required=True, help="CSV")
-    p.add_argument("--markdown", default=None)
+    p.add_argument("--markdown", default=None, help="also write the table as Markdown here")
     p.add_argument("--figure", default=None, help="figure path (.png); .svg and .pdf are written beside it")
     p.add_argument("--train", nargs="*", default=[], help="the points' train.json files: their STS-B dev curves "
                                                          "beside the figure's main panel")

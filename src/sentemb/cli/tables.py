@@ -17,14 +17,16 @@ def _cmd_table(args: argparse.Namespace) -> int:
         with atomic_path(args.markdown) as tmp:
             tmp.write_text(
                 "Spearman × 100 on STS (SentEval protocol, 'all' setting for STS12–16, test splits for "
-                "STS-B and SICK-R); mean over seeds, `std` = std of Avg over seeds.\n\n" + to_markdown(t), "utf-8")
+                "STS-B and SICK-R); mean over seeds, `std` = std of Avg over seeds (empty with one seed).\n\n"
+                + to_markdown(t), "utf-8")
     print(to_markdown(t))
     return 0
 
 
 def register(sub) -> None:
-    p = sub.add_parser("table", help="aggregate evaluation JSONs into results/table1.csv (+ .md)")
-    p.add_argument("--inputs", nargs="+", required=True)
-    p.add_argument("--output", required=True)
-    p.add_argument("--markdown", default=None)
+    p = sub.add_parser("table", help="aggregate STS evaluation JSONs into one table (CSV, optionally Markdown; the "
+                                     "workflow writes results/table1.csv + .md)")
+    p.add_argument("--inputs", nargs="+", required=True, help="eval_sts.json files (runs and baselines)")
+    p.add_argument("--output", required=True, help="CSV")
+    p.add_argument("--markdown", default=None, help="also write the table as Markdown here")
     p.set_defaults(func=_cmd_table)

@@ -94,8 +94,9 @@ def _cmd_ui(args) -> int:
 
 def register(sub) -> None:
     p = sub.add_parser("init-tracking", help="create the MLflow store and experiment once, before parallel jobs")
-    p.add_argument("--experiment", required=True)
-    p.add_argument("--tracking-uri", default=None)
+    p.add_argument("--experiment", required=True, help="MLflow experiment to create (config experiment)")
+    p.add_argument("--tracking-uri", default=None,
+                   help="MLflow tracking URI (default: sqlite:///mlflow.db; $MLFLOW_TRACKING_URI, when set, wins)")
     p.add_argument("--output", default=None, help="marker JSON for the workflow")
     p.set_defaults(func=_cmd_init)
     for name, func, text in (
@@ -106,7 +107,9 @@ def register(sub) -> None:
         p.add_argument("--tracking-uri", default=None, help="default: $MLFLOW_TRACKING_URI, else config tracking.uri")
         p.add_argument("--results-dir", default=None, help="default: config results_dir")
         if name == "ui":
-            p.add_argument("--host", default="127.0.0.1")
-            p.add_argument("--port", type=int, default=5000)
+            p.add_argument("--host", default="127.0.0.1",
+                           help="address the local UI server listens on (default: %(default)s; a remote store's "
+                                "server is only linked)")
+            p.add_argument("--port", type=int, default=5000, help="its port (default: %(default)s)")
             p.add_argument("--print-only", action="store_true", help="print the link, start nothing")
         p.set_defaults(func=func)

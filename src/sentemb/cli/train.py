@@ -49,10 +49,11 @@ def add_job_arguments(p: argparse.ArgumentParser, run_help: str, options_help: s
     """The arguments of a training job (``sentemb train``, ``sentemb pretrain``): what ``job_run`` reads."""
     p.add_argument("--run-config", required=True, help=run_help)
     p.add_argument("--options", default=None, metavar="JSON", help=options_help)
-    p.add_argument("--output-dir", required=True)
+    p.add_argument("--output-dir", required=True,
+                   help="run directory: model/ and train.json are written here (a rerun resumes its checkpoint)")
     p.add_argument("--device", default=None, help="override train.device (auto, cpu, cuda, cuda:1)")
     p.add_argument("--no-track", action="store_true", help="no MLflow run")
-    p.add_argument("--quiet", action="store_true")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
@@ -88,9 +89,9 @@ def register(sub) -> None:
                       "writes it")
     p.set_defaults(func=_cmd_train)
     q = sub.add_parser("run-config", help="write the resolved settings of one run from a config file")
-    q.add_argument("--config", required=True)
-    q.add_argument("--name", required=True)
-    q.add_argument("--backbone", required=True)
-    q.add_argument("--seed", type=int, required=True)
-    q.add_argument("--output", required=True)
+    q.add_argument("--config", required=True, help="config YAML")
+    q.add_argument("--name", required=True, help="run name (config runs[].name, default its method)")
+    q.add_argument("--backbone", required=True, help="backbone name (config backbones)")
+    q.add_argument("--seed", type=int, required=True, help="training seed")
+    q.add_argument("--output", required=True, help="resolved run JSON (for train --run-config)")
     q.set_defaults(func=_cmd_run_config)

@@ -160,18 +160,22 @@ def register(sub) -> None:
     e.add_argument("--tasks", default=None, help="comma-separated (default: evaluation.transfer_tasks, all seven)")
     e.add_argument("--output", required=True, help="features file (.npz) for evaluate-transfer --features")
     e.add_argument("--batch-size", type=int, default=None, help="default: evaluation.batch_size")
-    e.add_argument("--max-length", type=int, default=None)
-    e.add_argument("--device", default="auto")
+    e.add_argument("--max-length", type=int, default=None,
+                   help="truncate rows to this many tokens (default: the model's maximum; refused with --pooler method)")
+    e.add_argument("--device", default="auto",
+                   help="auto (CUDA when available), cpu, cuda, cuda:N (default: %(default)s)")
     e.add_argument("--precision", default=None, choices=["auto", "bf16", "fp32"], help="default: evaluation.precision")
-    e.add_argument("--threads", type=int, default=None)
-    e.add_argument("--quiet", action="store_true")
+    e.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    e.add_argument("--quiet", action="store_true", help="no progress bar")
     add_spec_options(e, tracking=False)
     e.set_defaults(func=_cmd_encode)
 
     p = sub.add_parser("evaluate-transfer", help="SentEval transfer tasks (a linear classifier on frozen embeddings)")
     p.add_argument("--model", default=None, help="Hugging Face model directory or a sentemb checkpoint (with "
                    "--features: only named in the output and tracking, default the one the features came from)")
-    p.add_argument("--pooler", default=None, choices=[*POOLERS, "method"])
+    p.add_argument("--pooler", default=None, choices=[*POOLERS, "method"],
+                   help="as evaluate's --pooler; required unless --spec or --features gives it (with --features it "
+                        "must be the features' pooler)")
     p.add_argument("--features", default=None, help="classify the vectors of `sentemb encode-transfer` (no model "
                    "is loaded, no GPU used)")
     p.add_argument("--workers", type=int, default=1, help="tasks classified at once, each in a process of its own "
@@ -185,21 +189,31 @@ def register(sub) -> None:
     p.add_argument("--classifier", default=None, choices=CLASSIFIERS,
                    help="pytorch: SentEval's usepytorch=True path, what the papers used; sklearn: its "
                         "LogisticRegression path (default: config key evaluation.transfer_classifier, pytorch)")
-    p.add_argument("--kfold", type=int, default=KFOLD)
+    p.add_argument("--kfold", type=int, default=KFOLD,
+                   help="folds of SentEval's cross-validation (default: %(default)s)")
     p.add_argument("--seed", type=int, default=SEED, help="SentEval's classifier seed")
     p.add_argument("--batch-size", type=int, default=None, help="default: evaluation.batch_size (without --features)")
-    p.add_argument("--max-length", type=int, default=None)
-    p.add_argument("--device", default="auto")
+    p.add_argument("--max-length", type=int, default=None,
+                   help="truncate rows to this many tokens (default: the model's maximum; refused with --pooler method; "
+                        "without --features)")
+    p.add_argument("--device", default="auto",
+                   help="encoding device (without --features): auto (CUDA when available), cpu, cuda, "
+                        "cuda:N (default: %(default)s)")
     p.add_argument("--precision", default=None, choices=["auto", "bf16", "fp32"],
                    help="default: evaluation.precision, fp32 as SentEval and the papers; bf16: autocast; auto: bf16 "
                         "on CUDA only")
-    p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--quiet", action="store_true")
-    p.add_argument("--run-meta", action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--track", action="store_true")
-    p.add_argument("--experiment", default=None, help="default: the config's experiment (sentemb)")
-    p.add_argument("--tracking-uri", default=None)
-    p.add_argument("--run-name", default=None)
-    p.add_argument("--tag", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--run-meta", action="append", default=[], metavar="KEY=VALUE",
+                   help="run metadata stored in the JSON (name, method, backbone, seed) for the tables")
+    p.add_argument("--track", action="store_true", help="record an MLflow run")
+    p.add_argument("--experiment", default=None,
+                   help="MLflow experiment (default: --spec's or --tracking's, else sentemb)")
+    p.add_argument("--tracking-uri", default=None,
+                   help="MLflow tracking URI (default: --tracking's, else sqlite:///mlflow.db; $MLFLOW_TRACKING_URI, "
+                        "when set, wins)")
+    p.add_argument("--run-name", default=None, help="MLflow run name (default: --spec's, else transfer:<model>)")
+    p.add_argument("--tag", action="append", default=[], metavar="KEY=VALUE",
+                   help="extra MLflow run tag (repeatable)")
     add_spec_options(p)
     p.set_defaults(func=_cmd_transfer)

@@ -428,8 +428,10 @@ class CorpusSettings:
     """Config key ``corpus``: the training corpus, fetched from the Hugging Face Hub or the mirror
     (``sentemb fetch-corpus``)."""
 
-    name: str = arg("wiki1m", "Name of the training corpus (resources/corpus/<name>.txt, results/stats/<name>/).",
-                    pattern=NAME)
+    name: str = arg("wiki1m", "Name of the training corpus (resources/corpus/<name>.txt, results/stats/<name>/). "
+                    "The prepared corpus is one file per name under resources_dir: two configs sharing "
+                    "resources_dir that prepare it differently (max_sentences, sampling) need different names, "
+                    "else each run of one remakes it for the other.", pattern=NAME)
     hub_repo: str = arg("princeton-nlp/datasets-for-simcse", "Hugging Face dataset repository of the corpus.")
     hub_file: str = arg("wiki1m_for_simcse.txt", "File of the corpus in hub_repo.")
     revision: str | None = arg(None, "Revision of hub_repo (null = the default branch).")
@@ -585,9 +587,10 @@ class Config:
                                     "config/paper_results.yaml of the repository).")
     published: list[dict] = arg([], "Published rows of this config's own methods (a plug-in's paper), in the "
                                 "format of paper_results' `results` entries ({method, backbone, table, source, "
-                                "scores, ...}); added to paper_results' rows for table_paper, the studies and the model "
-                                "cards (written merged to <results_dir>/published.yaml). A second row for a run and "
-                                "table paper_results already has is refused.")
+                                "scores, ...}); added to paper_results' rows for table_paper and the model cards (written "
+                                "merged to <results_dir>/published.yaml). A second row for a run and table "
+                                "paper_results already has is refused. A study's published values are not rows: "
+                                "they go in the `studies` section of the paper_results file.")
     stats: StatsSettings = arg(StatsSettings(), "Corpus statistics.")
     job_resources: JobResources = arg(JobResources(), "Snakemake resources per rule kind.")
 

@@ -29,6 +29,9 @@ def embedder_for(model_dir: str | Path, pooler: str, *, device="auto", batch_siz
     from ..methods import get_method
     from ..utils import resolve_device
 
+    if max_length is not None:  # the method's embedder builds its own rows (PromptBERT's template)
+        raise SentembError(f"--max-length {max_length} does not apply with --pooler method: the method's embedder "
+                           "sets its rows' length itself (leave --max-length out, or pick an encoder pooler)")
     meta_file = Path(model_dir) / "sentemb.json"
     if not meta_file.is_file():
         raise SentembError(f"--pooler method: {meta_file} not found (only models exported by `sentemb train` "

@@ -29,7 +29,7 @@ import sys
 from pathlib import Path
 
 from .base import WEIGHTED, Encoded, Method, MethodContext, all_ranks_rows, arg, ema_
-from .registry import _REGISTRY, register_method
+from .registry import _MODULES, _REGISTRY, register_method
 
 _NOT_METHODS = {"base", "registry", "masking"}
 _LOADED = False
@@ -97,7 +97,29 @@ def import_method_module(spec: str, where: str = "method_modules") -> str:
         raise SentembError(f"{where}: importing {spec} failed: {type(e).__name__}: {e}") from e
     _IMPORTED[key] = name
     _SPEC[name] = spec
+    _check_registered(name, spec, where)
     return name
+
+
+def _check_registered(module: str, spec: str, where: str) -> None:
+    """Warn where the imported ``module`` defines ``Method`` subclasses and registered none of them
+    (``@register_method`` forgotten): a run naming one would otherwise read only "unknown method"."""
+    import logging
+
+    mod = sys.modules.get(module)
+    if mod is None or _registered_by(module):
+        return
+    own = [v.__name__ for v in vars(mod).values()
+           if isinstance(v, type) and issubclass(v, Method) and v.__module__ == module]
+    if own:
+        logging.getLogger(__name__).warning("%s: %s defines %s but registers no method (a method class is "
+                                            "decorated with @register_method, from sentemb.methods)", where, spec,
+                                            ", ".join(own))
+
+
+def _registered_by(module: str) -> bool:
+    """Whether ``module`` or one of its submodules (a package listed in method_modules) registered a method."""
+    return any(m == module or m.startswith(module + ".") for m in _MODULES)
 
 
 def load_method_modules(specs, where: str = "method_modules") -> None:
@@ -129,7 +151,12 @@ def get_method(name: str) -> type[Method]:
 
     reg = registry()
     if name not in reg:
-        raise SentembError(f"unknown method '{name}' (registered: {sorted(reg)})")
+        hint = ""
+        silent = [s for m, s in _SPEC.items() if not _registered_by(m)]
+        if silent:
+            hint = (f"; {', '.join(silent)} registered no method: is its class decorated with @register_method, "
+                    "and is this its `name`?")
+        raise SentembError(f"unknown method '{name}' (registered: {sorted(reg)}){hint}")
     return reg[name]
 
 

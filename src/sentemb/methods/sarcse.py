@@ -1,5 +1,6 @@
 """SARCSE: contrastive learning with a TextCNN autoencoder and a self-adaptive reconstruction loss
-(methods.md §1; seed paper 000, Eqs. 1–12). No public code exists, so there is no ``code`` preset.
+(../shared/docs/methods.md §1; seed paper 000, Eqs. 1–12). No public code exists, so there is no
+``code`` preset.
 
 Rows of a batch: ``input_ids``/``attention_mask`` (B, L) as the tokenizer pads them; both dropout
 views come from one forward pass over the 2B rows [x_1..x_B, x_1..x_B] (Eq. 2, as SimCSE).

@@ -438,7 +438,7 @@ class Counter:
             self.cache[key] = m
             _release()
             log.info("counted %s %s %s max_len %d width %d: %.3g FLOPs/micro-step at %d layers", cls.__name__,
-                     run.backbone, json.dumps(_reduced(run.method, args), default=str)[:60], t.max_len, width, m.flops, layers)
+                     run.backbone, json.dumps(_reduced(run.method, args), default=str), t.max_len, width, m.flops, layers)
         if tkey is not None and tkey not in self.cache:
             self.cache[tkey] = self._time_build(local, cls, needed, arch, model, timing, t.batch_size,
                                                 build_timing_steps(run, method_cls))

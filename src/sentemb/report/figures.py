@@ -181,6 +181,10 @@ def dev_panel(ax, curves: dict[str, list], styles: list, legend_title: str | Non
     if single:
         ax.set_xticks(steps)
         ax.set_xlim(steps[0] - dodge * len(curves), steps[-1] + dodge * len(curves))
+    else:  # optimizer steps are whole numbers: no tick at 3.2 on a short run's axis
+        from matplotlib.ticker import MaxNLocator
+
+        ax.xaxis.set_major_locator(MaxNLocator(nbins="auto", steps=[1, 2, 2.5, 5, 10], integer=True))
     ax.set_xlabel("optimizer step" + (" (points spread sideways)" if single else ""))
     ax.set_ylabel("STS-B dev ρ × 100")
     title = "\n".join(t for t in (legend_title, note) if t) or None
@@ -374,6 +378,7 @@ def paper_vs_reproduced(paper: pd.DataFrame | None, book):
                            gridspec_kw={"height_ratios": sizes})
     star = {"marker": "*", "markersize": 8, "fillstyle": "none", "color": "black", "markeredgewidth": 0.7,
             "linestyle": "none"}
+    first = None  # the style of the first row drawn (the legend's reproduced handle)
     for ax, (table, baselines) in zip(axes[:, 0], tables):
         sub = rows[(rows["table"] == table) & (base == baselines)].reset_index(drop=True)
         xs = []
@@ -382,6 +387,7 @@ def paper_vs_reproduced(paper: pd.DataFrame | None, book):
             r = {**row.to_dict()}  # a table_paper row (not settings): NaN where a column is empty
             r["pooler"] = r["pooler"] if isinstance(r.get("pooler"), str) and r["pooler"] else None
             style = book.of(r)
+            first = style if first is None else first
             lo, hi = r.get("ci95_low"), r.get("ci95_high")
             has_ci = lo is not None and hi is not None and lo == lo and hi == hi
             err = [[r["reproduced"] - lo], [hi - r["reproduced"]]] if has_ci else None
@@ -398,8 +404,9 @@ def paper_vs_reproduced(paper: pd.DataFrame | None, book):
         ax.set_xlim(*score_limits(min(xs), max(xs)))
         ax.set_xlabel(("STS Avg (Spearman ρ × 100)" if table == "sts" else "transfer Avg (accuracy × 100)")
                       + (", untrained baselines" if baselines else ""))
-    handles = [Line2D([], [], marker="o", color="0.35", linestyle="none", markersize=4),
-               Line2D([], [], **star)]
+    # the reproduced handle in the first row's own style (each row is drawn in its run's marker and
+    # colour, and the labels name the runs): a grey circle matched no point of a run drawn otherwise
+    handles = [Line2D([], [], **first.points(markersize=4)), Line2D([], [], **star)]
     legend_outside(axes[0, 0], handles, ["reproduced: mean over seeds, 95 % t-interval", "published"], where="top")
     return fig
 

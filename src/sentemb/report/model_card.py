@@ -430,7 +430,8 @@ the cosine similarity of two vectors scores the semantic similarity of the sente
 - **Model Type:** Sentence Transformer
 - **Training Method:** {{ method_line }}
 - **Base model:** {{ base_line }}
-- **Maximum Sequence Length:** {{ max_seq_length if max_seq_length else "the backbone's" }} tokens
+- **Maximum Sequence Length:** {{ max_seq_length if max_seq_length else "the backbone's" }} tokens\
+{% if run.train and run.train.max_len %} (trained on sentences cut at {{ run.train.max_len }} tokens){% endif %}
 - **Output Dimensionality:** {{ (dim ~ " dimensions") if dim else "set by the custom module " ~ custom_modules }}
 - **Similarity Function:** Cosine Similarity
 - **Pooling:** {{ pooling }}
@@ -574,8 +575,9 @@ def render(inputs: CardInputs) -> str:
                        + (f"; see `{method.page}` in sentemb's repository" if method.page else ""))
         page_url = f"`{method.page}` in sentemb's repository" if method.page else "the method's module docstring"
     pooler = facts.pooler or "?"
-    model_name = (f"{method.display} on {hub_id or run['backbone']} (sentemb run {run['name']}, "
-                  f"seed {run['seed']})")
+    on = (f"a randomly initialised {backbone['random_init'].get('model_type', 'encoder')} (tokenizer of {hub_id})"
+          if isinstance(backbone["random_init"], dict) else hub_id or run["backbone"])
+    model_name = f"{method.display} on {on} (sentemb run {run['name']}, seed {run['seed']})"
     evals = eval_results(inputs)
     card_data = ModelCardData(
         language=backbone["language"], license=backbone["license"], library_name=LIBRARY_NAME,

@@ -36,12 +36,13 @@ SHORT = {"STSBenchmark": "STS-B", "SICKRelatedness": "SICK-R"}
 
 
 def mean_std_table(df: pd.DataFrame, metrics: list[str]) -> pd.DataFrame:
-    """Mean over seeds per (name, method, backbone); ``<metric>_std`` the sample std (0 for one seed)."""
+    """Mean over seeds per (name, method, backbone); ``<metric>_std`` the sample std (NaN for one seed:
+    no spread was measured)."""
     import pandas as pd
 
     g = df.groupby(["name", "method", "backbone"], sort=False)
     mean = g[metrics].mean()
-    std = g[metrics].std(ddof=1).fillna(0.0).add_suffix("_std")
+    std = g[metrics].std(ddof=1).add_suffix("_std")
     out = pd.concat([mean, std], axis=1)
     out["n_seeds"] = g["seed"].nunique()
     return out.reset_index().round(2)
@@ -75,12 +76,13 @@ def table_transfer(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def pm_markdown(t: pd.DataFrame, metrics: list[str]) -> str:
-    """Markdown with 'mean ± std' cells."""
+    """Markdown with 'mean ± std' cells ('mean' alone for one seed)."""
     cols = ["name", "method", "backbone", *metrics, "n_seeds"]
     lines = ["| " + " | ".join(SHORT.get(c, c) for c in cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
     for _, r in t.iterrows():
         cells = [str(r["name"]), str(r["method"]), str(r["backbone"])]
-        cells += [f"{r[m]:.2f} ± {r[m + '_std']:.2f}" for m in metrics]
+        cells += [f"{r[m]:.2f}" + (f" ± {r[m + '_std']:.2f}" if r[m + "_std"] == r[m + "_std"] else "")
+                  for m in metrics]
         cells.append(str(int(r["n_seeds"])))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
@@ -280,7 +282,7 @@ def table_paper(sts: pd.DataFrame, transfer: pd.DataFrame | None, published: lis
                        "published": published_v, "source": (e["source"] if e and published_v is not None
                                                              else "not reported"),
                        "reproduced": round(mean, nd),
-                       "std": round(float(np.std(vals, ddof=1)) if len(vals) > 1 else 0.0, nd),
+                       "std": round(float(np.std(vals, ddof=1)), nd) if len(vals) > 1 else None,  # 1 seed: none
                        "n_seeds": len(vals),
                        "diff": round(mean - published_v, nd) if published_v is not None else None,
                        "ci95_low": None if lo is None else round(lo, nd), "ci95_high": None if hi is None else round(hi, nd),

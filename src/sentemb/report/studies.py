@@ -79,8 +79,10 @@ def published_at(entries: list[dict] | None, at: dict[str, Any], metric: str) ->
 
 
 # ------------------------------------------------------------------------------------ table
-def read_values(paths: Iterable[str | Path], metric: str) -> dict[tuple[str, int], float]:
-    """(run name, seed) -> the metric, from eval_sts.json / train.json / eval_transfer.json files."""
+def read_values(paths: Iterable[str | Path], metric: str, seen: set | None = None) -> dict[tuple[str, int], float]:
+    """(run name, seed) -> the metric, from eval_sts.json / train.json / eval_transfer.json files; a file
+    without the metric (null: ``best_dev_stsb`` of a run selecting its last model) gives no entry.
+    ``seen``: gets the (run name, seed) of every file read, with the metric or without."""
     out = {}
     for p in paths:
         try:
@@ -90,6 +92,8 @@ def read_values(paths: Iterable[str | Path], metric: str) -> dict[tuple[str, int
         meta = d.get("run") if isinstance(d.get("run"), dict) else d
         if "name" not in meta or "seed" not in meta:
             raise SentembError(f"{p}: results lack run metadata (name, seed)")
+        if seen is not None:
+            seen.add((meta["name"], int(meta["seed"])))
         if metric == "Avg":
             tasks = [t for t in TASKS if d.get(t) is not None]
             value = sum(d[t] for t in tasks) / len(tasks) if tasks else None
@@ -156,7 +160,7 @@ def study_markdown(spec: dict, table, source: str | None) -> str:
     head = (f"Study `{spec['name']}`: {spec['method']} on {spec['backbone']}, metric `{spec['metric']}` "
             f"({'STS-B development Spearman × 100, the run’s best' if spec['metric'] == DEV_METRIC else '× 100'}); "
             f"mean, sample std and 95 % t-interval over seeds {spec['seeds']}."
-            + (f" Published: {source}." if source else " Published: none listed in paper_results.yaml."))
+            + (f" Published: {source}." if source else " Published: none listed (the paper_results file's `studies` section)."))
     lines = [head, "", "| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
     for _, r in table.iterrows():
         lines.append("| " + " | ".join(fmt(r[c]) for c in cols) + " |")

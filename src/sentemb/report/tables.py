@@ -60,13 +60,14 @@ def collect(paths: Iterable[str | Path], metrics: Sequence[str] = TASKS) -> pd.D
 
 
 def table1(df: pd.DataFrame) -> pd.DataFrame:
-    """Mean over seeds of each task and of Avg; ``std`` is the sample std of Avg over seeds."""
+    """Mean over seeds of each task and of Avg; ``std`` is the sample std of Avg over seeds (empty with
+    one seed: no spread was measured, which 0.00 would claim)."""
     tasks = [t for t in TASKS if t in df.columns and df[t].notna().any()]
     df = df.copy()
     df["Avg"] = df[tasks].mean(axis=1)
     g = df.groupby(["name", "method", "backbone"], sort=False)
     out = g[tasks + ["Avg"]].mean()
-    out["std"] = g["Avg"].std(ddof=1).fillna(0.0)
+    out["std"] = g["Avg"].std(ddof=1)
     out["n_seeds"] = g["seed"].nunique()
     return out.reset_index().round(2)
 
@@ -75,5 +76,6 @@ def to_markdown(t: pd.DataFrame) -> str:
     cols = list(t.columns)
     lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
     for _, r in t.iterrows():
-        lines.append("| " + " | ".join(f"{v:.2f}" if isinstance(v, float) else str(v) for v in r) + " |")
+        lines.append("| " + " | ".join(("" if v != v else f"{v:.2f}") if isinstance(v, float) else str(v) for v in r)
+                     + " |")
     return "\n".join(lines) + "\n"
