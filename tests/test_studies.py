@@ -94,6 +94,8 @@ def test_two_studies_share_a_point_and_a_seeds_study_sets_the_reference_seeds():
     ({"metric": "STS-B"}, "studies[0].metric"),
     ({"backbone": "roberta"}, "studies[0].backbone"),
     ({"method_args": {"theta": "x"}}, "studies[0].method_args.theta"),
+    # the dev score of a run that keeps its last model is null: the study's table would have nothing to show
+    ({"metric": "best_dev_stsb", "vary": {"train.model_selection": ["best_dev", "last"]}}, "studies[0].metric"),
 ])
 def test_bad_keys_and_values_name_the_study_and_the_key(study, key):
     s = {"name": "s", "method": "sarcse", "backbone": "bert", "vary": {"method_args.theta": [0.2]}, **study}

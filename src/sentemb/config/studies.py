@@ -238,6 +238,11 @@ def expand_studies(config: dict, source: str = "config") -> dict:
                    "evaluate": study["evaluate"]}
             if study["transfer"] is not None or metric_source(study["metric"]) == "eval_transfer":
                 run["transfer"] = True if study["transfer"] is None else study["transfer"]
+            selection = {**(config.get("train") or {}), **run["train"]}.get("model_selection", "best_dev")
+            if study["metric"] == DEV_METRIC and selection != "best_dev":
+                raise _err(source, f"'{where}.metric': {DEV_METRIC} is the best STS-B dev score of a run that "
+                                   f"selects by it, and point {point} keeps its last model (train.model_selection: "
+                                   f"{selection}), so it has none; show a test metric, or select by best_dev")
             sig = _signature(config, run)
             target = sigs.get(sig)
             if target is None:
