@@ -261,3 +261,16 @@ def test_max_length_with_the_methods_embedder_is_refused_not_ignored(tmp_path):
 
     with pytest.raises(SentembError, match=r"--max-length 16 does not apply with --pooler method"):
         embedder_for(tmp_path, "method", max_length=16)
+
+
+def test_a_malformed_tracking_uri_fails_evaluate_before_it_evaluates(tmp_path, capsys, monkeypatch):
+    """``sentemb evaluate --track`` with a mistyped URI stopped only after the whole evaluation, writing
+    nothing; now it stops at its start (the model directory is empty: evaluating it would fail later)."""
+    from sentemb.cli import main
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)  # it would win over --tracking-uri
+    rc = main(["evaluate", "--model", str(tmp_path), "--pooler", "avg", "--data-dir", str(tmp_path / "none"),
+               "--tasks", "STSBenchmark", "--track", "--tracking-uri", "htp://127.0.0.1:5124",
+               "--output", str(tmp_path / "e.json")])
+    assert rc != 0 and "MLflow tracking URI 'htp://127.0.0.1:5124' is malformed" in capsys.readouterr().err
+    assert not (tmp_path / "e.json").exists()

@@ -94,3 +94,49 @@ def test_the_workflow_fetches_a_damaged_model_again(shared, tmp_path):
     assert "model.safetensors: size" in p.stderr and "fetched again" in p.stderr
     assert weights.read_bytes() == good and check_manifest(model) == []
     assert check_manifest(sts) == []
+
+
+def test_a_cut_or_edited_corpus_file_is_moved_aside_and_a_dry_run_moves_nothing(tmp_path):
+    """The raw and the prepared corpus are single files: their hidden sidecar manifest is checked as a
+    directory's manifest is (truncated, or the same size with other bytes); ``dry_run`` only reports."""
+    from sentemb.data.cache import check_file_manifest, file_manifest_path, write_file_manifest
+
+    f = tmp_path / "corpus" / "c.txt"
+    f.parent.mkdir()
+    f.write_text("one sentence\nanother one\n")
+    write_file_manifest(f)
+    assert file_manifest_path(f).name == ".c.txt.sentemb_manifest.json" and check_file_manifest(f) == []
+    os.utime(f, ns=(1, 1))  # touched, the same bytes
+    assert check_file_manifest(f) == [] and verify_cached([f]) == []
+    f.write_text("one sentence\nanother two\n")  # same size, other bytes
+    assert "c.txt: content changed" in check_file_manifest(f)[0]
+    msgs = []
+    assert len(verify_cached([f], log=msgs.append, dry_run=True)) == 1 and f.is_file()
+    assert "a run (not -n) moves it aside" in msgs[0]
+    moved = verify_cached([f], log=msgs.append)
+    assert not f.exists() and moved[0].name.startswith("c.txt.corrupt-") and moved[0].is_file()
+    assert not file_manifest_path(f).exists() and "made again by the rule that wrote it" in msgs[1]
+
+
+@pytest.mark.realdata
+@pytest.mark.integration
+def test_the_workflow_prepares_a_cut_corpus_again_and_a_dry_run_leaves_it(shared, tmp_path):
+    """A corpus cut after it was prepared (a full disk, a stray `head`): ``snakemake -n`` says so and
+    leaves it; the next run moves it aside and prepares it again, the original sentences."""
+    from conftest import REPO
+
+    env = {**os.environ, "SENTEMB_MIRROR": str(shared), "MLFLOW_TRACKING_URI": ""}
+    shutil.copy(REPO / ".test" / "config.yaml", tmp_path / "config.yaml")
+    base = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(tmp_path),
+            f"--configfile={tmp_path / 'config.yaml'}", "--cores", "1"]
+    corpus = tmp_path / "resources/corpus/wiki-tiny.txt"
+    target = "resources/corpus/wiki-tiny.txt"  # relative to -d, as the rule's output
+    subprocess.run([*base, target], check=True, capture_output=True, env=env, timeout=600)
+    good = corpus.read_bytes()
+    corpus.write_bytes(good[: len(good) // 2])
+    p = subprocess.run([*base, "-n", target], capture_output=True, text=True, env=env, timeout=600)
+    assert p.returncode == 0 and "wiki-tiny.txt: size" in p.stderr and "a run (not -n)" in p.stderr, p.stderr[-3000:]
+    assert corpus.read_bytes() == good[: len(good) // 2] and not list(corpus.parent.glob("*.corrupt-*"))
+    p = subprocess.run([*base, target], capture_output=True, text=True, env=env, timeout=600)
+    assert p.returncode == 0 and "made again by the rule that wrote it" in p.stderr, p.stderr[-3000:]
+    assert corpus.read_bytes() == good and len(list(corpus.parent.glob("wiki-tiny.txt.corrupt-*"))) == 1

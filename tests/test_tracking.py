@@ -5,6 +5,7 @@ import multiprocessing as mp
 
 import pytest
 
+from sentemb import SentembError
 from sentemb.config.settings import TrackingSettings
 from sentemb.tracking.runs import Tracker, init_store, resolve_uri
 
@@ -162,3 +163,32 @@ def test_evaluation_is_nested_under_the_training_run_and_logs_test_scores_onto_i
     ev = next(r for r in runs if r.info.run_name == "eval")
     assert ev.data.tags["mlflow.parentRunId"] == tr.info.run_id
     assert tr.data.metrics["test/avg"] == pytest.approx(json.loads(out.read_text())["avg"])
+
+
+def test_sentemb_ui_refuses_a_port_another_server_holds():
+    """``sentemb ui --port P`` where another process listens on P: ``mlflow ui`` failed to bind and exited
+    0 after the link was printed (which opened the other server's runs); now an error before the link."""
+    import socket
+
+    from sentemb.cli.tracking import _port_free
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        with pytest.raises(SentembError, match=rf"--port {port}: 127.0.0.1:{port} is in use"):
+            _port_free("127.0.0.1", port)
+    _port_free("127.0.0.1", port)  # closed: free again
+
+
+def test_a_long_tracking_error_keeps_its_cause_at_the_end():
+    """urllib3 puts the cause last ("... [Errno 111] Connection refused"): a cut at 300 characters lost it."""
+    from sentemb.tracking.queue import short_error
+
+    e = ConnectionError("HTTPConnectionPool(host='127.0.0.1', port=5124): Max retries exceeded with url: "
+                        "/api/2.0/mlflow/runs/log-batch" + "?x=1" * 80 + " (Caused by NewConnectionError("
+                        "\"Failed to establish a new connection: [Errno 111] Connection refused\"))\nsecond line")
+    text = short_error(e)
+    assert len(text) <= 300 and text.startswith("HTTPConnectionPool(host='127.0.0.1'") and " … " in text
+    assert text.endswith("[Errno 111] Connection refused\"))") and "second line" not in text
+    assert short_error(ValueError("short")) == "short" and short_error(ValueError()) == "ValueError"

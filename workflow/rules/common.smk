@@ -29,10 +29,12 @@ CFG = Config.of(config)
 # resources/models/{backbone}.
 LAYOUT = Layout.of(CFG)
 
-# Cached downloads damaged since they were verified (truncated weights, an edited STS file) are moved
-# aside here so that they are fetched again (sentemb.data.cache); in the main process only, not in every job.
+# Cached downloads damaged since they were verified (truncated weights, an edited STS file, a cut corpus) are
+# moved aside here so that they are made again (sentemb.data.cache); in the main process only, not in every
+# job; under -n only reported.
 if workflow.is_main_process:
-    verify_resources(CFG.resources_dir)
+    # (Snakemake 9 knows -n at parse time by its output settings; its executor is not set up yet)
+    verify_resources(CFG.resources_dir, dry_run=bool(getattr(getattr(workflow, "output_settings", None), "dryrun", False)))
 
 # Rules call the `sentemb` CLI: find the one installed with this Snakemake's Python even when its
 # virtual environment is not activated (a per-rule conda env, when used, still comes first).

@@ -27,6 +27,11 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
         raise SentembError(f"--tasks: unknown task(s) {unknown} (known: {','.join(TASKS)})")
     if not Path(args.model).is_dir():
         raise SentembError(f"--model: model directory not found: {args.model}")
+    if args.track:  # a malformed tracking URI fails now, not after the evaluation
+        from ..tracking.runs import check_uri
+        from ..tracking.store import resolve_uri
+
+        check_uri(resolve_uri(args.tracking_uri))
     if args.threads:
         torch.set_num_threads(args.threads)
     t0 = time.time()

@@ -82,6 +82,7 @@ def _cmd_ui(args) -> int:
     if args.print_only:
         print(link)
         return 0
+    _port_free(args.host, args.port)
     print(f"MLflow UI on {uri}: open {link}   (Ctrl-C stops it)", flush=True)
     proc = subprocess.Popen(cmd, env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
     try:
@@ -90,6 +91,20 @@ def _cmd_ui(args) -> int:
         proc.terminate()
         proc.wait()
         raise
+
+
+def _port_free(host: str, port: int) -> None:
+    """Refuse a port another process listens on: ``mlflow ui`` would fail to bind and exit 0 after the
+    link was printed, and the link would open that other server's runs."""
+    import socket
+
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds: TIME_WAIT is no owner
+        try:
+            sock.bind((host, port))
+        except OSError as e:
+            raise SentembError(f"--port {port}: {host}:{port} is in use ({e.strerror}); pick a free port, e.g. "
+                               f"--port {port + 1}") from None
 
 
 def register(sub) -> None:

@@ -84,6 +84,11 @@ def _cmd_transfer(args: argparse.Namespace) -> int:
             raise SentembError(f"--model: model directory not found: {model}")
     for t in tasks:  # a missing file fails before the model is loaded
         load_transfer_task(args.data_dir, t)
+    if args.track:  # a malformed tracking URI fails now, not after the classifiers ran
+        from ..tracking.runs import check_uri
+        from ..tracking.store import resolve_uri
+
+        check_uri(resolve_uri(args.tracking_uri))
     if args.threads:
         torch.set_num_threads(args.threads)
     t0 = time.time()

@@ -449,7 +449,9 @@ class SentEvalSource:
 
     url: str = arg("https://huggingface.co/datasets/princeton-nlp/datasets-for-simcse/resolve/main/senteval.tar",
                    "Where the SentEval archive is fetched from (without a mirror).")
-    sha256: str | None = arg(None, "sha256 of the SentEval archive (null = not checked).", pattern=SHA256)
+    sha256: str | None = arg(None, "sha256 of the SentEval archive at url (null = not checked). A mirror holds the "
+                             "extracted tree, not the archive: it is checked by its pair counts, and this key is "
+                             "not read.", pattern=SHA256)
     mirror_path: str = arg("data/senteval", "Path of the SentEval tree under the mirror.")
     raw_mirror_path: str | None = arg("data/senteval-raw", "Mirror path of the STS sets as originally published "
                                       "(cased, untokenized); only used when evaluation.data is senteval-raw.")

@@ -238,7 +238,8 @@ def expand_studies(config: dict, source: str = "config") -> dict:
                    "evaluate": study["evaluate"]}
             if study["transfer"] is not None or metric_source(study["metric"]) == "eval_transfer":
                 run["transfer"] = True if study["transfer"] is None else study["transfer"]
-            selection = {**(config.get("train") or {}), **run["train"]}.get("model_selection", "best_dev")
+            # (the config's train section has its defaults filled in by now)
+            selection = (run["train"] if "model_selection" in run["train"] else config["train"])["model_selection"]
             if study["metric"] == DEV_METRIC and selection != "best_dev":
                 raise _err(source, f"'{where}.metric': {DEV_METRIC} is the best STS-B dev score of a run that "
                                    f"selects by it, and point {point} keeps its last model (train.model_selection: "

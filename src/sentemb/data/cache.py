@@ -9,6 +9,12 @@ sha256 of each file) into the directory before it is renamed into place, and
 for files whose size or mtime changed. A directory that no longer matches its manifest is moved
 aside (``<name>.corrupt-<time>``, kept for inspection) with a message naming the file, so the DAG
 fetches it again from the hub or the mirror.
+
+A fetched or prepared single file (the raw and the prepared training corpus, ``corpus/*.txt``) has
+the same record in a hidden sidecar, ``.<name>.sentemb_manifest.json`` (:func:`write_file_manifest`):
+a corpus truncated or edited after it was verified is moved aside as a directory is, so that the
+rule that made it runs again instead of training on other sentences. Under ``snakemake -n`` nothing
+is moved: :func:`verify_resources` then only says what a run would move.
 """
 
 from __future__ import annotations
@@ -61,30 +67,79 @@ def check_manifest(directory: str | os.PathLike) -> list[str]:
     return problems
 
 
-def verify_cached(directories, log=print) -> list[Path]:
-    """Check each existing cached directory; move a damaged one aside so that it is fetched again.
+def file_manifest_path(path: str | os.PathLike) -> Path:
+    """The hidden sidecar manifest of a single cached file."""
+    path = Path(path)
+    return path.with_name(f".{path.name}{MANIFEST}")
 
-    Returns the directories moved aside. ``log`` receives one message per damaged directory."""
+
+def write_file_manifest(path: str | os.PathLike) -> Path:
+    """Record size, mtime and sha256 of the file ``path`` (complete, in place) in its sidecar."""
+    path = Path(path)
+    st = path.stat()
+    out = file_manifest_path(path)
+    out.write_text(json.dumps({"file": path.name, "size": st.st_size, "mtime_ns": st.st_mtime_ns,
+                               "sha256": sha256_file(path)}) + "\n", "utf-8")
+    return out
+
+
+def check_file_manifest(path: str | os.PathLike) -> list[str]:
+    """Problems of the file ``path`` against its sidecar (empty: intact, or no sidecar to check)."""
+    path = Path(path)
+    side = file_manifest_path(path)
+    if not side.is_file():
+        return []
+    try:
+        want = json.loads(side.read_text("utf-8"))
+        size, mtime, digest = want["size"], want["mtime_ns"], want["sha256"]
+    except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError):
+        return [f"{side}: unreadable manifest"]
+    st = path.stat()
+    if st.st_size != size:
+        return [f"{path}: size {st.st_size} bytes, {size} when it was written and verified"]
+    if st.st_mtime_ns != mtime and sha256_file(path) != digest:
+        return [f"{path}: content changed since it was written and verified (sha256 differs)"]
+    return []
+
+
+def verify_cached(paths, log=print, dry_run: bool = False) -> list[Path]:
+    """Check each existing cached directory (its manifest) or file (its sidecar); move a damaged one
+    aside so that it is fetched or made again. ``dry_run``: move nothing, only say so.
+
+    Returns the paths moved aside (with ``dry_run``, those that would be). ``log`` receives one
+    message per damaged path."""
     moved = []
-    for d in map(Path, directories):
-        if not d.is_dir():
+    for d in map(Path, paths):
+        is_file = d.is_file()
+        if d.is_dir():
+            problems = check_manifest(d)
+        elif is_file:
+            problems = check_file_manifest(d)
+        else:
             continue
-        problems = check_manifest(d)
         if problems:
             aside = d.with_name(f"{d.name}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}")
-            d.rename(aside)
             shown = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
-            log(f"sentemb: cached input {d} is damaged ({shown}); moved to {aside.name}, it will be fetched again")
+            again = "made again by the rule that wrote it" if is_file else "fetched again"
+            if dry_run:
+                log(f"sentemb: cached input {d} is damaged ({shown}); a run (not -n) moves it aside and it will be "
+                    f"{again}")
+            else:
+                d.rename(aside)
+                if is_file:
+                    file_manifest_path(d).unlink(missing_ok=True)
+                log(f"sentemb: cached input {d} is damaged ({shown}); moved to {aside.name}, it will be {again}")
             moved.append(aside)
     return moved
 
 
-def verify_resources(resources_dir: str | os.PathLike) -> list[Path]:
+def verify_resources(resources_dir: str | os.PathLike, dry_run: bool = False) -> list[Path]:
     """:func:`verify_cached` over every fetched directory under ``resources_dir`` (models, data,
-    NLTK data), messages on stderr; what a workflow calls when it starts."""
+    NLTK data) and the corpus files, messages on stderr; what a workflow calls when it starts
+    (``dry_run`` under ``snakemake -n``)."""
     import sys
 
     root = Path(resources_dir)
-    dirs = [p for pattern in ("models/*", "data/*", "nltk_data") for p in root.glob(pattern)
-            if not p.name.startswith(".") and ".corrupt-" not in p.name]
-    return verify_cached(dirs, log=lambda msg: print(msg, file=sys.stderr))
+    paths = [p for pattern in ("models/*", "data/*", "nltk_data", "corpus/*") for p in root.glob(pattern)
+             if not p.name.startswith(".") and ".corrupt-" not in p.name]
+    return verify_cached(paths, log=lambda msg: print(msg, file=sys.stderr), dry_run=dry_run)

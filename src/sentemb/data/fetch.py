@@ -24,7 +24,7 @@ from pathlib import Path, PurePosixPath
 from .. import SentembError
 from ..evaluate.senteval import verify_counts
 from ..utils import atomic_path, count_lines, sha256_file, write_json
-from .cache import write_manifest
+from .cache import write_file_manifest, write_manifest
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +121,7 @@ def fetch_corpus(
         _check_sha256(tmp, sha256, src)
         if expected_lines is not None and (n := count_lines(tmp)) != expected_lines:
             raise SentembError(f"{src}: {n} lines, expected {expected_lines}")
+    write_file_manifest(output)  # a later truncation or edit is found when a workflow starts (data.cache)
     log.info("corpus %s -> %s", src, output)
     return Path(output)
 
@@ -169,6 +170,7 @@ def prepare_corpus(
     with atomic_path(output) as tmp:
         tmp.write_text("".join(l + "\n" for l in lines), encoding="utf-8")
         write_json(f"{output}.json", summary)
+    write_file_manifest(output)  # a later truncation or edit is found when a workflow starts (data.cache)
     log.info("corpus %s: %d lines in, %d out, %d empty and %d non-UTF-8 skipped", input, n_in,
              len(lines), skipped["empty"], skipped["non_utf8"])
     return summary

@@ -77,6 +77,15 @@ def http_status(e: BaseException) -> int | None:
     return get() if callable(get) else None
 
 
+def short_error(e: BaseException, limit: int = 300) -> str:
+    """The first line of ``e``'s message within ``limit`` characters, its end kept: urllib3's messages
+    put the cause last ("... Failed to establish a new connection: [Errno 111] Connection refused"))."""
+    text = str(e).splitlines()[0] if str(e) else type(e).__name__
+    if len(text) <= limit:
+        return text
+    return text[: limit // 2 - 2] + " … " + text[-(limit - limit // 2 - 1):]
+
+
 def is_transient(e: BaseException) -> bool:
     """Worth waiting out: no answer at all, a timeout, 5xx, 429 (and SQLite's "database is locked")."""
     import requests
@@ -120,7 +129,7 @@ def call(fn, *args, wait_s: float, **kw):
             if not is_transient(e):
                 raise
             if time.monotonic() + delay > deadline:
-                raise TrackingUnavailable(str(e).splitlines()[0][:300]) from e
+                raise TrackingUnavailable(short_error(e)) from e
             time.sleep(delay)
             delay = min(delay * 2, 4.0)
 
@@ -446,7 +455,7 @@ def sync_all(root: str | os.PathLike, uri: str, *, wait_s: float, skip: Path | N
                 out["waiting"] += q.pending() + sum(x.pending() for x in todo[todo.index(q) + 1:])
                 return out
             except Exception as e:  # the store refused a record: report it, leave the queue as it is
-                out["error"] = f"{q.path} record {q.acked()}: {type(e).__name__}: {str(e)[:300]}"
+                out["error"] = f"{q.path} record {q.acked()}: {type(e).__name__}: {short_error(e)}"
                 out["waiting"] += q.pending()
             finally:
                 q.unlock()

@@ -24,7 +24,7 @@ from .. import SentembError
 from .store import (ARTIFACT_DIR, DEFAULT_URI, _retry, _sqlite_path, _store_lock,  # noqa: F401
                             init_store, resolve_uri)
 from .queue import (PENDING, QUEUE_NAME, Queue, Sender, TrackingUnavailable, Unresolved, http_status,
-                             is_remote, new_ref, replay, sync_all)
+                             is_remote, new_ref, replay, short_error, sync_all)
 
 log = logging.getLogger(__name__)
 DEFAULT_WAIT_S = 30.0  # config tracking.wait_s: how long a job waits for an absent server before queueing
@@ -64,7 +64,7 @@ def check_uri(uri: str) -> None:
 def refused_message(uri: str, e: BaseException) -> str:
     """Why a tracking server refused a job at its start, and what to set."""
     status = http_status(e)
-    text = str(e).splitlines()[0][:300] if str(e) else type(e).__name__
+    text = short_error(e)
     if status in (401, 403):
         return (f"MLflow server {uri} refused the credentials (HTTP {status}): set MLFLOW_TRACKING_USERNAME and "
                 f"MLFLOW_TRACKING_PASSWORD to a user of its basic-auth app (nothing was trained)")
