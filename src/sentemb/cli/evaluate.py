@@ -17,7 +17,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     import torch
 
     from ..utils import write_json
-    from .spec import apply_spec, evaluation_defaults
+    from .spec import apply_spec, check_tracking_uri, evaluation_defaults
 
     apply_spec(args, evaluation_defaults("tasks", "setting", "batch_size", "precision", "experiment"),
                required=("pooler",))
@@ -27,11 +27,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
         raise SentembError(f"--tasks: unknown task(s) {unknown} (known: {','.join(TASKS)})")
     if not Path(args.model).is_dir():
         raise SentembError(f"--model: model directory not found: {args.model}")
-    if args.track:  # a malformed tracking URI fails now, not after the evaluation
-        from ..tracking.runs import check_uri
-        from ..tracking.store import resolve_uri
-
-        check_uri(resolve_uri(args.tracking_uri))
+    check_tracking_uri(args)  # a malformed URI fails now, not after the work
     if args.threads:
         torch.set_num_threads(args.threads)
     t0 = time.time()
@@ -89,7 +85,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
 
 def register(sub) -> None:
     from .. import POOLERS
-    from .spec import add_spec_options
+    from .spec import add_spec_options, add_tracking_options
 
     p = sub.add_parser("evaluate", help="STS evaluation (SentEval protocol) of a model directory")
     p.add_argument("--model", required=True, help="Hugging Face model directory or a sentemb checkpoint")
@@ -112,14 +108,6 @@ def register(sub) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--run-meta", action="append", default=[], metavar="KEY=VALUE",
                    help="run metadata stored in the JSON (name, method, backbone, seed) for the tables")
-    p.add_argument("--track", action="store_true", help="record an MLflow run")
-    p.add_argument("--experiment", default=None,
-                   help="MLflow experiment (default: --spec's or --tracking's, else sentemb)")
-    p.add_argument("--tracking-uri", default=None,
-                   help="MLflow tracking URI (default: --tracking's, else sqlite:///mlflow.db; $MLFLOW_TRACKING_URI, "
-                        "when set, wins)")
-    p.add_argument("--run-name", default=None, help="MLflow run name (default: --spec's, else eval:<model>)")
-    p.add_argument("--tag", action="append", default=[], metavar="KEY=VALUE",
-                   help="extra MLflow run tag (repeatable)")
+    add_tracking_options(p, "eval")
     add_spec_options(p)
     p.set_defaults(func=_cmd_evaluate)

@@ -78,6 +78,29 @@ def evaluation_defaults(*keys: str) -> dict[str, Any]:
     return {k: names[k] for k in keys}
 
 
+def add_tracking_options(p: argparse.ArgumentParser, run_prefix: str) -> None:
+    """The MLflow options of an evaluation command (``evaluate``: run names ``eval:<model>``,
+    ``evaluate-transfer``: ``transfer:<model>``)."""
+    p.add_argument("--track", action="store_true", help="record an MLflow run")
+    p.add_argument("--experiment", default=None,
+                   help="MLflow experiment (default: --spec's or --tracking's, else sentemb)")
+    p.add_argument("--tracking-uri", default=None,
+                   help="MLflow tracking URI (default: --tracking's, else sqlite:///mlflow.db; $MLFLOW_TRACKING_URI, "
+                        "when set, wins)")
+    p.add_argument("--run-name", default=None, help=f"MLflow run name (default: --spec's, else {run_prefix}:<model>)")
+    p.add_argument("--tag", action="append", default=[], metavar="KEY=VALUE",
+                   help="extra MLflow run tag (repeatable)")
+
+
+def check_tracking_uri(args: argparse.Namespace) -> None:
+    """With ``--track``, a malformed tracking URI fails at the command's start, not after its work."""
+    if args.track:
+        from ..tracking.runs import check_uri
+        from ..tracking.store import resolve_uri
+
+        check_uri(resolve_uri(args.tracking_uri))
+
+
 def add_spec_options(p: argparse.ArgumentParser, tracking: bool = True) -> None:
     p.add_argument("--spec", default=None, help="the job's resolved settings (JSON whose keys are this command's "
                                                 "options; rule eval_spec, sentemb.config.load.eval_spec); an option "

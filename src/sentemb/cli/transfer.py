@@ -61,7 +61,7 @@ def _cmd_transfer(args: argparse.Namespace) -> int:
 
     from ..evaluate.sts import _training_run_id, embedder_for
     from ..utils import write_json
-    from .spec import apply_spec, evaluation_defaults
+    from .spec import apply_spec, check_tracking_uri, evaluation_defaults
 
     apply_spec(args, {"tasks": evaluation_defaults("transfer_tasks")["transfer_tasks"],
                       **evaluation_defaults("batch_size", "precision", "mrpc_features", "classifier", "experiment")})
@@ -84,11 +84,7 @@ def _cmd_transfer(args: argparse.Namespace) -> int:
             raise SentembError(f"--model: model directory not found: {model}")
     for t in tasks:  # a missing file fails before the model is loaded
         load_transfer_task(args.data_dir, t)
-    if args.track:  # a malformed tracking URI fails now, not after the classifiers ran
-        from ..tracking.runs import check_uri
-        from ..tracking.store import resolve_uri
-
-        check_uri(resolve_uri(args.tracking_uri))
+    check_tracking_uri(args)  # a malformed URI fails now, not after the work
     if args.threads:
         torch.set_num_threads(args.threads)
     t0 = time.time()
@@ -155,7 +151,7 @@ def _cmd_transfer(args: argparse.Namespace) -> int:
 
 def register(sub) -> None:
     from .. import POOLERS
-    from .spec import add_spec_options
+    from .spec import add_spec_options, add_tracking_options
 
     e = sub.add_parser("encode-transfer", help="encode the SentEval transfer tasks' sentences (the GPU half of "
                                                "evaluate-transfer) into a features file")
@@ -211,14 +207,6 @@ def register(sub) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--run-meta", action="append", default=[], metavar="KEY=VALUE",
                    help="run metadata stored in the JSON (name, method, backbone, seed) for the tables")
-    p.add_argument("--track", action="store_true", help="record an MLflow run")
-    p.add_argument("--experiment", default=None,
-                   help="MLflow experiment (default: --spec's or --tracking's, else sentemb)")
-    p.add_argument("--tracking-uri", default=None,
-                   help="MLflow tracking URI (default: --tracking's, else sqlite:///mlflow.db; $MLFLOW_TRACKING_URI, "
-                        "when set, wins)")
-    p.add_argument("--run-name", default=None, help="MLflow run name (default: --spec's, else transfer:<model>)")
-    p.add_argument("--tag", action="append", default=[], metavar="KEY=VALUE",
-                   help="extra MLflow run tag (repeatable)")
+    add_tracking_options(p, "transfer")
     add_spec_options(p)
     p.set_defaults(func=_cmd_transfer)

@@ -1,7 +1,6 @@
 """ArcCSE: additive angular margin contrastive loss + entailment of masked triplets (Zhang, Zhu,
 Wang, Xu, Li, Zhao, "A Contrastive Framework for Learning Sentence Representations from Pairwise
-and Triple-wise Perspective in Angular Space", ACL 2022; seed paper 004; ../shared/docs/methods.md
-§5).
+and Triple-wise Perspective in Angular Space", ACL 2022; seed paper 004; the method spec §5).
 
 Training, per batch of B sentences:
 

@@ -1,4 +1,4 @@
-"""InfoCSE: information-aggregated contrastive learning (Wu et al., 2022; ../shared/docs/methods.md §4).
+"""InfoCSE: information-aggregated contrastive learning (Wu et al., 2022; the method spec §4).
 
 Notation of the paper (§2-3): H = BERT's last-layer states, h = its [CLS] vector, M = the 6th
 layer's states and M^{>0} = those at every position but [CLS]; W = the MLM output matrix.

@@ -1,4 +1,4 @@
-"""PaSeR: phrase reconstruction for sentence embeddings (seed paper 001; ../shared/docs/methods.md §2, issue 10).
+"""PaSeR: phrase reconstruction for sentence embeddings (seed paper 001; the method spec §2, issue 10).
 
 Per corpus sentence s (line ``l`` of the corpus; its RAKE phrases are row ``l`` of the statistics
 stage's ``rake_top<K>.parquet``, of which the top ``top_k`` are used):

@@ -1,5 +1,5 @@
 """SARCSE: contrastive learning with a TextCNN autoencoder and a self-adaptive reconstruction loss
-(../shared/docs/methods.md §1; seed paper 000, Eqs. 1–12). No public code exists, so there is no
+(the method spec §1; seed paper 000, Eqs. 1–12). No public code exists, so there is no
 ``code`` preset.
 
 Rows of a batch: ``input_ids``/``attention_mask`` (B, L) as the tokenizer pads them; both dropout

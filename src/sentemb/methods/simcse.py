@@ -1,4 +1,4 @@
-"""Unsupervised SimCSE (Gao et al., 2021; ../shared/docs/methods.md §0).
+"""Unsupervised SimCSE (Gao et al., 2021; the method spec §0).
 
 Each sentence is encoded twice in one forward pass of 2B sequences; the two dropout masks are the
 only augmentation. With z1, z2 the two views' [CLS] vectors passed through a freshly initialised

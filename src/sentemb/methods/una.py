@@ -1,4 +1,4 @@
-"""UNA: Unsupervised hard Negative Augmentation driven by TF-IDF (Shu et al.; ../shared/docs/methods.md §3).
+"""UNA: Unsupervised hard Negative Augmentation driven by TF-IDF (Shu et al.; the method spec §3).
 
 SimCSE (dropout positives, MLP on [CLS] in training only, raw [CLS] at evaluation) plus synthetic
 hard negatives, optionally with paraphrase positives:
