@@ -1,5 +1,6 @@
 """The shared training loop: determinism, resume, best checkpoint, bad input."""
 
+import argparse
 import json
 import math
 
@@ -530,8 +531,13 @@ def test_the_build_benchmark_times_each_steps_batches_through_the_loops_job(tiny
                  "--batch-size", "16", "--steps", "3", "--max-len", "16"]) == 0
     assert [s for s, _, _ in seen] == [*range(3, 13), 0, 1, 2] and all(cached for _, cached, _ in seen)  # warm-up first
     assert len({tuple(x) for _, _, x in seen[-3:]}) == 3  # each timed step its own sentences
-    row = [x for x in capsys.readouterr().out.splitlines() if x.startswith("simcse ")]
+    out = capsys.readouterr().out
+    row = [x for x in out.splitlines() if x.startswith("simcse ")]
     assert len(row) == 1 and float(row[0].split()[1]) > 0
+    from sentemb.cli.benchmark import _precision_label  # the timing headers say what `auto` ran as
+
+    assert _precision_label(argparse.Namespace(precision="auto", device="cpu")) == "auto (fp32 here)"
+    assert _precision_label(argparse.Namespace(precision="bf16", device="cpu")) == "bf16"
     assert main(["benchmark", "--build-only", "--overhead", "--model", str(tiny_bert_dir), "--corpus",
                  str(tiny_corpus)]) == 2
     assert "--build-only times build_batch alone; it cannot be combined with --overhead" in capsys.readouterr().err

@@ -24,7 +24,7 @@ def _cmd_overhead(args) -> int:
                          args.precision, rounds=args.rounds)
     waste, p10, p90, n = padding_waste(args.model, args.corpus, args.batch_size, args.max_len)
     print(f"model {args.model} | device {name} | batch {args.batch_size} | max_len {args.max_len} | "
-          f"precision {args.precision} | median of {args.rounds} rounds of {args.steps} steps after {args.warmup} warm-up")
+          f"precision {_precision_label(args)} | median of {args.rounds} rounds of {args.steps} steps after {args.warmup} warm-up")
     print(f"{'step':<66} {'ms/step':>9} {'overhead':>9}")
     bare = res["bare"]
     print(f"{'bare (forward + loss + backward + optimizer, tensors pre-built)':<66} {1000 * bare:>9.1f} {'':>9}")
@@ -64,7 +64,7 @@ def _bench_setup(args) -> tuple:
 def _cmd_grad_norms(args) -> int:
     device, name, methods, margs, inputs = _bench_setup(args)
     print(f"model {args.model} | device {name} | batch {args.batch_size} | max_len {args.max_len} | "
-          f"precision {args.precision} | median of {args.rounds} rounds of {args.steps} steps after {args.warmup} warm-up")
+          f"precision {_precision_label(args)} | median of {args.rounds} rounds of {args.steps} steps after {args.warmup} warm-up")
     print(f"{'method':<10} {'terms':<28} {'ms/step off':>12} {'ms/step on':>11} {'ms per logged step':>19} "
           f"{'% of a step':>12} {'at log_steps 10':>16}")
     for m in methods:
@@ -82,7 +82,7 @@ def _cmd_counter_compile(args) -> int:
     device, name, methods, margs, inputs = _bench_setup(args)
     chunk = args.chunked or max(1, args.batch_size // 4)
     print(f"model {args.model} | device {name} | batch {args.batch_size} | chunks of {chunk} | max_len {args.max_len} "
-          f"| precision {args.precision} | train.compile, dropout_rng counter | median of {args.steps} steps after the "
+          f"| precision {_precision_label(args)} | train.compile, dropout_rng counter | median of {args.steps} steps after the "
           f"first (compiling) step and {args.warmup} warm-up, each row in a process of its own")
     print(f"{'method':<10} {'counter masks':<34} {'chunks':>7} {'first step s':>13} {'ms/step':>9} {'vs break':>9}")
     for m in methods:
@@ -102,7 +102,7 @@ def _cmd_counter_compile(args) -> int:
 def _cmd_chunked(args) -> int:
     device, name, methods, margs, inputs = _bench_setup(args)
     print(f"model {args.model} | device {name} | batch {args.batch_size} | chunks of {args.chunked} | max_len "
-          f"{args.max_len} | precision {args.precision} | median of {args.rounds} rounds of {args.steps} steps after "
+          f"{args.max_len} | precision {_precision_label(args)} | median of {args.rounds} rounds of {args.steps} steps after "
           f"{args.warmup} warm-up")
     head = f"{'method':<10} {'ms/step whole':>14} {'ms/step chunked':>16} {'ratio':>7}"
     if args.keyed:
@@ -225,13 +225,13 @@ def _cmd_benchmark(args) -> int:
     dev_eval = bench_dev_eval(args.model, args.senteval, device) if args.senteval else None
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu x{torch.get_num_threads()} threads"
     print(f"model {args.model} | device {name} | batch {args.batch_size} | max_len {args.max_len} | "
-          f"precision {args.precision} | {args.steps} timed steps after {args.warmup} warm-up"
+          f"precision {_precision_label(args)} | {args.steps} timed steps after {args.warmup} warm-up"
           + (f" | SAM rho {args.sam_rho} (every method)" if args.sam_rho else ""))
     print(f"peak: {f'{peak:.3f} TFLOP/s ({peak_what})' if peak else 'unknown (give --peak-tflops)'}; "
           "TFLOP/s = counted matmul FLOPs of the padded batches (sentemb.ops.flops) / time")
     print(f"{'what':<36} {'sentences/s':>12} {'tokens/s':>12} {'ms/step':>9} {'TFLOP/s':>8} {'of peak':>8}")
     for what, sps, tps, ms, tf, u in rows:
-        print(f"{what:<36} {sps:>12.1f} {tps:>12.0f} {ms if ms is not None else float('nan'):>9.1f} "
+        print(f"{what:<36} {sps:>12.1f} {tps:>12.0f} {(f'{ms:.1f}' if ms is not None else '-'):>9} "
               f"{(f'{tf:.3f}' if tf is not None else '-'):>8} {(f'{100 * u:.1f}%' if u is not None else '-'):>8}")
     if dev_eval is not None:
         step_s = args.batch_size / per_method[0][1]
@@ -320,3 +320,14 @@ def register(sub) -> None:
                         "batches, on the CPU, no model step, over optimizer steps 0..--steps-1; prints ms per step "
                         "(--device, --precision and --warmup do not apply)")
     p.set_defaults(func=_cmd_benchmark)
+
+
+def _precision_label(args) -> str:
+    """``--precision`` as it ran: ``auto`` with what it resolved to on the device (bf16 on CUDA, fp32 on a CPU)."""
+    if args.precision != "auto":
+        return args.precision
+    from ..train.step import _precision
+    from ..utils import resolve_device
+
+    dtype = _precision("auto", resolve_device(args.device))
+    return f"auto ({'bf16' if dtype is not None else 'fp32'} here)"
