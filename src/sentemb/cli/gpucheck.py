@@ -187,5 +187,6 @@ def register(sub) -> None:
                         "triplet_pass (SENTEMB_PROFILE chooses SimCSE steps instead); docs/plan-and-benchmarks.md); "
                         "the graph probe runs at each --batch-size")
     p.add_argument("--cpu", action="store_true",
-                   help="run the same checks on the CPU at a toy size (tests; the figures mean nothing for a GPU)")
+                   help="run the same checks on the CPU at batch 8 (tests; the figures mean nothing for a GPU; a "
+                        "toy only with the test's reduced flags, docs/plan-and-benchmarks.md)")
     p.set_defaults(func=_cmd_gpu_check)

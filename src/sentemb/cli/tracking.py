@@ -95,16 +95,24 @@ def _cmd_ui(args) -> int:
 
 def _port_free(host: str, port: int) -> None:
     """Refuse a port another process listens on: ``mlflow ui`` would fail to bind and exit 0 after the
-    link was printed, and the link would open that other server's runs."""
+    link was printed, and the link would open that other server's runs. Every address ``host`` resolves
+    to is tried (``localhost``: IPv4 and IPv6); an error other than "in use" is left to the server."""
+    import errno
     import socket
 
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds: TIME_WAIT is no owner
-        try:
-            sock.bind((host, port))
-        except OSError as e:
-            raise SentembError(f"--port {port}: {host}:{port} is in use ({e.strerror}); pick a free port, e.g. "
-                               f"--port {port + 1}") from None
+    try:
+        addresses = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError:
+        return
+    for family, kind, proto, _, address in addresses:
+        with socket.socket(family, kind, proto) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds: TIME_WAIT is no owner
+            try:
+                sock.bind(address)
+            except OSError as e:
+                if e.errno == errno.EADDRINUSE:
+                    raise SentembError(f"--port {port}: {host}:{port} is in use ({e.strerror}); pick a free port, "
+                                       f"e.g. --port {port + 1}") from None
 
 
 def register(sub) -> None:

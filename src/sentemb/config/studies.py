@@ -243,7 +243,8 @@ def expand_studies(config: dict, source: str = "config") -> dict:
             if study["metric"] == DEV_METRIC and selection != "best_dev":
                 raise _err(source, f"'{where}.metric': {DEV_METRIC} is the best STS-B dev score of a run that "
                                    f"selects by it, and point {point} keeps its last model (train.model_selection: "
-                                   f"{selection}), so it has none; show a test metric, or select by best_dev")
+                                   f"{selection}), so it has none; select by best_dev"
+                                   + ("" if not study["evaluate"] else ", or show a test metric"))
             sig = _signature(config, run)
             target = sigs.get(sig)
             if target is None:

@@ -78,9 +78,17 @@ def write_file_manifest(path: str | os.PathLike) -> Path:
     path = Path(path)
     st = path.stat()
     out = file_manifest_path(path)
-    out.write_text(json.dumps({"file": path.name, "size": st.st_size, "mtime_ns": st.st_mtime_ns,
+    tmp = out.with_name(f"{out.name}.{os.getpid()}.tmp")  # whole or absent: a reader never sees half of it
+    tmp.write_text(json.dumps({"file": path.name, "size": st.st_size, "mtime_ns": st.st_mtime_ns,
                                "sha256": sha256_file(path)}) + "\n", "utf-8")
+    os.replace(tmp, out)
     return out
+
+
+def drop_file_manifest(path: str | os.PathLike) -> None:
+    """Remove a file's sidecar before the file is written anew (a stale one would call the new file
+    damaged while its own is being written)."""
+    file_manifest_path(path).unlink(missing_ok=True)
 
 
 def check_file_manifest(path: str | os.PathLike) -> list[str]:
@@ -120,7 +128,9 @@ def verify_cached(paths, log=print, dry_run: bool = False) -> list[Path]:
         if problems:
             aside = d.with_name(f"{d.name}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}")
             shown = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
-            again = "made again by the rule that wrote it" if is_file else "fetched again"
+            again = ("made again by the rule that wrote it (replaced on purpose? delete its "
+                     f"{file_manifest_path(d).name} first, or give it a corpus.name of its own)") if is_file \
+                else "fetched again"
             if dry_run:
                 log(f"sentemb: cached input {d} is damaged ({shown}); a run (not -n) moves it aside and it will be "
                     f"{again}")

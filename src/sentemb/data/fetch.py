@@ -24,7 +24,7 @@ from pathlib import Path, PurePosixPath
 from .. import SentembError
 from ..evaluate.senteval import verify_counts
 from ..utils import atomic_path, count_lines, sha256_file, write_json
-from .cache import write_file_manifest, write_manifest
+from .cache import drop_file_manifest, write_file_manifest, write_manifest
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +116,7 @@ def fetch_corpus(
 
         src = _hub_call(f"{hub_repo}/{hub_file}", hf_hub_download, repo_id=hub_repo, filename=hub_file,
                         repo_type="dataset", revision=revision)
+    drop_file_manifest(output)
     with atomic_path(output) as tmp:
         shutil.copyfile(src, tmp)
         _check_sha256(tmp, sha256, src)
@@ -167,6 +168,7 @@ def prepare_corpus(
         "input": str(input), "lines_in": n_in, "lines_out": len(lines), "skipped_empty": skipped["empty"],
         "skipped_non_utf8": skipped["non_utf8"], "max_sentences": max_sentences, "seed": seed,
     }
+    drop_file_manifest(output)
     with atomic_path(output) as tmp:
         tmp.write_text("".join(l + "\n" for l in lines), encoding="utf-8")
         write_json(f"{output}.json", summary)
@@ -483,8 +485,10 @@ def prepare_sts_corpus(senteval_dir: PathLike, output: PathLike, keep_duplicates
         raise SentembError(f"{senteval_dir}: no STS sentences found")
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
+    drop_file_manifest(output)
     with atomic_path(output) as tmp:
         Path(tmp).write_text("".join(s + "\n" for s in sents), encoding="utf-8")
+    write_file_manifest(output)  # checked when a workflow starts, as the training corpus is (data.cache)
     summary = {"corpus": "sts-unlabeled", "senteval": str(senteval_dir), "sentences": len(sents),
                "keep_duplicates": keep_duplicates, "splits": [f"{t}/{s}" for t, s in STS_CORPUS_SPLITS]}
     write_json(f"{output}.json", summary)
