@@ -178,8 +178,18 @@ def test_register_method_names_the_mistakes_a_plugin_file_makes(clean_registry, 
     spec.loader.exec_module(again)
     assert get_method("twice") is again.Twice
     (tmp_path / "noreg.py").write_text(head + "class NoReg(SimCSE):\n    name = 'noreg'\n")
-    with caplog.at_level("WARNING"):
-        import_method_module("noreg.py")
+    import logging
+
+    # the logger itself, whatever earlier tests did to logging (a dictConfig that disabled existing
+    # loggers, a "sentemb" logger that does not propagate): the suite's order must not decide this
+    lg = logging.getLogger("sentemb.methods")
+    monkeypatch.setattr(lg, "disabled", False)
+    lg.addHandler(caplog.handler)
+    try:
+        with caplog.at_level("WARNING", logger="sentemb.methods"):
+            import_method_module("noreg.py")
+    finally:
+        lg.removeHandler(caplog.handler)
     assert "noreg.py defines NoReg but registers no method (a method class is decorated with @register_method" \
         in caplog.text
     with pytest.raises(SentembError, match=r"unknown method 'noreg' .*\]\); noreg\.py registered no method: "
