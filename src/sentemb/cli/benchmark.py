@@ -279,7 +279,7 @@ def register(sub) -> None:
     p.add_argument("--senteval", default=None, metavar="DIR",
                    help="SentEval data directory: also time the loop's STS-B dev evaluation and its share of training "
                         "time at --eval-every")
-    p.add_argument("--eval-every", type=int, default=125, help="with --senteval: steps between dev evaluations")
+    p.add_argument("--eval-every", type=int, default=125, help="with --senteval: steps between dev evaluations (default: %(default)s)")
     p.add_argument("--unpad", action="store_true",
                    help="also time simcse with the padding-free forward (train.unpad)")
     p.add_argument("--rounds", type=int, default=3, help="--overhead: rounds of --steps steps per variant (median)")
