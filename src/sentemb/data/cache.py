@@ -73,14 +73,15 @@ def file_manifest_path(path: str | os.PathLike) -> Path:
     return path.with_name(f".{path.name}{MANIFEST}")
 
 
-def write_file_manifest(path: str | os.PathLike) -> Path:
-    """Record size, mtime and sha256 of the file ``path`` (complete, in place) in its sidecar."""
+def write_file_manifest(path: str | os.PathLike, sha256: str | None = None) -> Path:
+    """Record size, mtime and sha256 of the file ``path`` (complete, in place) in its sidecar;
+    ``sha256``: its digest where the caller has just computed it (a corpus is hashed once)."""
     path = Path(path)
     st = path.stat()
     out = file_manifest_path(path)
     tmp = out.with_name(f"{out.name}.{os.getpid()}.tmp")  # whole or absent: a reader never sees half of it
     tmp.write_text(json.dumps({"file": path.name, "size": st.st_size, "mtime_ns": st.st_mtime_ns,
-                               "sha256": sha256_file(path)}) + "\n", "utf-8")
+                               "sha256": sha256 or sha256_file(path)}) + "\n", "utf-8")
     os.replace(tmp, out)
     return out
 

@@ -119,10 +119,11 @@ def fetch_corpus(
     drop_file_manifest(output)
     with atomic_path(output) as tmp:
         shutil.copyfile(src, tmp)
-        _check_sha256(tmp, sha256, src)
+        digest = _check_sha256(tmp, sha256, src)
         if expected_lines is not None and (n := count_lines(tmp)) != expected_lines:
             raise SentembError(f"{src}: {n} lines, expected {expected_lines}")
-    write_file_manifest(output)  # a later truncation or edit is found when a workflow starts (data.cache)
+    # a later truncation or edit is found when a workflow starts (data.cache); the digest just taken
+    write_file_manifest(output, digest)
     log.info("corpus %s -> %s", src, output)
     return Path(output)
 

@@ -57,11 +57,10 @@ def _own_annotations(cls: type) -> list[str]:
 
 def _digest(path: str) -> str | None:
     """sha256 of a file (None where it cannot be read): a copy of a plug-in's file is the same plug-in."""
-    import hashlib
-    from pathlib import Path
+    from ..utils import sha256_file
 
     try:
-        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+        return sha256_file(path)
     except OSError:
         return None
 
