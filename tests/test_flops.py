@@ -30,6 +30,8 @@ def test_cpu_peak_is_a_positive_rate():
 
     peak = cpu_peak_tflops(n=256, repeats=2)
     assert 1e-4 < peak < 100  # TFLOP/s of one CPU: between a slow core and no CPU made
+    bf16 = cpu_peak_tflops(n=256, repeats=2, dtype="bf16")  # the ceiling of bf16 rows (gpu-check --cpu)
+    assert 1e-4 < bf16 < 400
 
 
 def test_benchmark_counts_a_simcse_step_like_the_transformer_formula(tiny_bert_dir, tmp_path):

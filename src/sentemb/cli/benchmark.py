@@ -197,7 +197,8 @@ def _cmd_benchmark(args) -> int:
     if peak is None and device.type == "cpu":
         from ..ops.flops import cpu_peak_tflops
 
-        peak, peak_what = cpu_peak_tflops(), "fp32 matmul 2048x2048 measured now"
+        dtype = args.precision if args.precision in ("bf16", "fp16") else "fp32"  # auto is fp32 on a CPU
+        peak, peak_what = cpu_peak_tflops(dtype=dtype), f"{dtype} matmul 2048x2048 measured now"
     per_method = []
     for name in methods:
         secs, tok, padded, cfg, t_build, fpt = bench_method(

@@ -1,6 +1,6 @@
 """Throughput benchmark (a script, not a test): training and evaluation sentences/s and tokens/s,
 and the achieved training FLOP/s with its share of the device's peak (on CUDA the GPU's bf16 dense
-peak by name, on CPU a large fp32 matmul timed in the same run; ``sentemb.ops.flops``), for a model directory, batch size and device. ``--compare-st`` runs the
+peak by name, on CPU a large matmul in the rows' precision timed in the same run; ``sentemb.ops.flops``), for a model directory, batch size and device. ``--compare-st`` runs the
 sentence-transformers SimCSE recipe (MultipleNegativesRankingLoss on duplicated sentences) with the
 same model, sentences, batch size, max length and optimizer, timed the same way.
 

@@ -9,7 +9,9 @@ Only matmul-like ops are counted (as in the MFU convention of PaLM, Chowdhery et
 element-wise work is not.
 
 ``cpu_peak_tflops()`` is the CPU's own ceiling measured in the same process: the best of a few large
-fp32 matmuls on the threads torch uses. On CUDA the peak is the GPU's bf16 dense figure by name
+matmuls on the threads torch uses, in the dtype the measured rows compute in (a CPU with bf16
+instructions multiplies bf16 several times faster than fp32: 0.87 against 0.21 TFLOP/s on this
+project's 2-core machine, so bf16 rows against an fp32 ceiling read over 100 %). On CUDA the peak is the GPU's bf16 dense figure by name
 (``sentemb.ops.benchmark.PEAK_BF16_TFLOPS``).
 """
 
@@ -43,14 +45,16 @@ def counted_by_module(fn: Callable[[], Any]) -> tuple[Any, float, dict[str, floa
     return out, float(fc.get_total_flops()), per_module
 
 
-def cpu_peak_tflops(n: int = 2048, repeats: int = 5) -> float:
-    """This CPU's fp32 matmul throughput in TFLOP/s: the best of ``repeats`` ``n``×``n`` products
-    (2·n³ FLOPs each) after one warm-up, on ``torch.get_num_threads()`` threads."""
+def cpu_peak_tflops(n: int = 2048, repeats: int = 5, dtype: str = "fp32") -> float:
+    """This CPU's matmul throughput in TFLOP/s for ``dtype`` (``fp32``, ``bf16`` or ``fp16``, as
+    ``train.precision`` names them): the best of ``repeats`` ``n``×``n`` products (2·n³ FLOPs each)
+    after one warm-up, on ``torch.get_num_threads()`` threads."""
     import torch
 
+    torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
     g = torch.Generator().manual_seed(0)
-    a = torch.randn(n, n, generator=g)
-    b = torch.randn(n, n, generator=g)
+    a = torch.randn(n, n, generator=g).to(torch_dtype)
+    b = torch.randn(n, n, generator=g).to(torch_dtype)
     torch.mm(a, b)
     best = float("inf")
     for _ in range(repeats):

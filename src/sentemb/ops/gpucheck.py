@@ -149,12 +149,12 @@ def _check(model: Path, corpus: Path, senteval: Path, device_name: str, batches:
     if peak is None and not cuda:
         from .flops import cpu_peak_tflops
 
-        peak = cpu_peak_tflops()
+        peak = cpu_peak_tflops(dtype=precision)  # the rows' own dtype: bf16
     name = torch.cuda.get_device_name(device) if cuda else f"cpu x{torch.get_num_threads()}"
     lines = _Table()
     lines += [f"sentemb gpu-check on {name} (torch {torch.__version__}); model {model}; max_len {max_len}; "
              f"{steps} timed steps after {warmup}; peak {peak:.3g} TFLOP/s "
-             f"({'bf16 dense, by GPU name' if cuda else 'fp32 matmul measured now'})", "",
+             f"({'bf16 dense, by GPU name' if cuda else 'bf16 matmul measured now'})", "",
              "| what | value | note |", "| --- | --- | --- |"]
     print("\n".join(lines), flush=True)
     sentences = read_corpus(corpus)
