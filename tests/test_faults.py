@@ -4,6 +4,7 @@ downloads damaged after they were verified (truncated weights, an edited STS fil
 from __future__ import annotations
 
 import errno
+import json
 import os
 import shutil
 import subprocess
@@ -14,7 +15,7 @@ import pytest
 
 from sentemb import SentembError
 from sentemb.data.cache import MANIFEST, check_manifest, verify_cached, write_manifest
-from sentemb.utils import atomic_path, write_json
+from sentemb.utils import atomic_path, sha256_file, write_json
 
 
 def _enospc(*a, **k):
@@ -54,6 +55,13 @@ def test_an_intact_or_merely_touched_cache_is_left_alone(tmp_path):
     assert check_manifest(d) == []
     os.utime(d / "sub" / "sts-test.csv", ns=(1, 1))  # new mtime, same bytes: sha256 decides
     assert check_manifest(d) == [] and verify_cached([d]) == [] and d.is_dir()
+    # ... once: the run records the new mtime, so the next start compares stat() alone (a dry run
+    # records nothing)
+    recorded = json.loads((d / MANIFEST).read_text())["files"]["sub/sts-test.csv"]
+    assert recorded["mtime_ns"] == 1 and recorded["sha256"] == sha256_file(d / "sub" / "sts-test.csv")
+    os.utime(d / "model.safetensors", ns=(2, 2))
+    assert verify_cached([d], dry_run=True) == []
+    assert json.loads((d / MANIFEST).read_text())["files"]["model.safetensors"]["mtime_ns"] != 2
 
 
 def test_truncated_weights_and_an_edited_sts_file_are_moved_aside_naming_the_file(tmp_path):
@@ -108,6 +116,7 @@ def test_a_cut_or_edited_corpus_file_is_moved_aside_and_a_dry_run_moves_nothing(
     assert file_manifest_path(f).name == ".c.txt.sentemb_manifest.json" and check_file_manifest(f) == []
     os.utime(f, ns=(1, 1))  # touched, the same bytes
     assert check_file_manifest(f) == [] and verify_cached([f]) == []
+    assert json.loads(file_manifest_path(f).read_text())["mtime_ns"] == 1  # recorded: no sha256 next time
     f.write_text("one sentence\nanother two\n")  # same size, other bytes
     assert "c.txt: content changed" in check_file_manifest(f)[0]
     msgs = []

@@ -6,7 +6,7 @@ edited by hand would afterwards be read silently, because Snakemake sees an exis
 never runs the fetch again. So every fetch writes ``.sentemb_manifest.json`` (size, mtime and
 sha256 of each file) into the directory before it is renamed into place, and
 :func:`verify_cached` checks it when a workflow starts: by ``stat`` (cheap), and by sha256 only
-for files whose size or mtime changed. A directory that no longer matches its manifest is moved
+for files whose mtime changed (whose new mtime is then recorded when the bytes are the same). A directory that no longer matches its manifest is moved
 aside (``<name>.corrupt-<time>``, kept for inspection) with a message naming the file, so the DAG
 fetches it again from the hub or the mirror.
 
@@ -43,8 +43,10 @@ def write_manifest(directory: str | os.PathLike) -> Path:
     return out
 
 
-def check_manifest(directory: str | os.PathLike) -> list[str]:
-    """Problems of ``directory`` against its manifest (empty: intact, or no manifest to check)."""
+def check_manifest(directory: str | os.PathLike, refresh: bool = False) -> list[str]:
+    """Problems of ``directory`` against its manifest (empty: intact, or no manifest to check).
+    ``refresh``: where a file's mtime changed but its bytes did not (a copy or a checkout that did not
+    keep times), record the new mtime, so that the next check is a ``stat`` again, not a sha256."""
     directory = Path(directory)
     path = directory / MANIFEST
     if not path.is_file():
@@ -53,7 +55,7 @@ def check_manifest(directory: str | os.PathLike) -> list[str]:
         files = json.loads(path.read_text("utf-8"))["files"]
     except (json.JSONDecodeError, KeyError, UnicodeDecodeError):
         return [f"{path}: unreadable manifest"]
-    problems = []
+    problems, touched = [], False
     for rel, want in files.items():
         f = directory / rel
         if not f.is_file():
@@ -62,9 +64,21 @@ def check_manifest(directory: str | os.PathLike) -> list[str]:
         st = f.stat()
         if st.st_size != want["size"]:
             problems.append(f"{f}: size {st.st_size} bytes, {want['size']} when it was fetched and verified")
-        elif st.st_mtime_ns != want["mtime_ns"] and sha256_file(f) != want["sha256"]:
-            problems.append(f"{f}: content changed since it was fetched and verified (sha256 differs)")
+        elif st.st_mtime_ns != want["mtime_ns"]:
+            if sha256_file(f) != want["sha256"]:
+                problems.append(f"{f}: content changed since it was fetched and verified (sha256 differs)")
+            else:
+                want["mtime_ns"], touched = st.st_mtime_ns, True
+    if refresh and touched and not problems:
+        _write_whole(path, json.dumps({"files": files}, indent=1) + "\n")
     return problems
+
+
+def _write_whole(path: Path, text: str) -> None:
+    """``text`` into ``path`` through a temporary file and a rename: a reader sees the old or the new."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text, "utf-8")
+    os.replace(tmp, path)
 
 
 def file_manifest_path(path: str | os.PathLike) -> Path:
@@ -79,10 +93,8 @@ def write_file_manifest(path: str | os.PathLike, sha256: str | None = None) -> P
     path = Path(path)
     st = path.stat()
     out = file_manifest_path(path)
-    tmp = out.with_name(f"{out.name}.{os.getpid()}.tmp")  # whole or absent: a reader never sees half of it
-    tmp.write_text(json.dumps({"file": path.name, "size": st.st_size, "mtime_ns": st.st_mtime_ns,
-                               "sha256": sha256 or sha256_file(path)}) + "\n", "utf-8")
-    os.replace(tmp, out)
+    _write_whole(out, json.dumps({"file": path.name, "size": st.st_size, "mtime_ns": st.st_mtime_ns,  # whole or absent
+                                  "sha256": sha256 or sha256_file(path)}) + "\n")
     return out
 
 
@@ -92,8 +104,9 @@ def drop_file_manifest(path: str | os.PathLike) -> None:
     file_manifest_path(path).unlink(missing_ok=True)
 
 
-def check_file_manifest(path: str | os.PathLike) -> list[str]:
-    """Problems of the file ``path`` against its sidecar (empty: intact, or no sidecar to check)."""
+def check_file_manifest(path: str | os.PathLike, refresh: bool = False) -> list[str]:
+    """Problems of the file ``path`` against its sidecar (empty: intact, or no sidecar to check);
+    ``refresh`` as in :func:`check_manifest`."""
     path = Path(path)
     side = file_manifest_path(path)
     if not side.is_file():
@@ -106,8 +119,11 @@ def check_file_manifest(path: str | os.PathLike) -> list[str]:
     st = path.stat()
     if st.st_size != size:
         return [f"{path}: size {st.st_size} bytes, {size} when it was written and verified"]
-    if st.st_mtime_ns != mtime and sha256_file(path) != digest:
-        return [f"{path}: content changed since it was written and verified (sha256 differs)"]
+    if st.st_mtime_ns != mtime:
+        if sha256_file(path) != digest:
+            return [f"{path}: content changed since it was written and verified (sha256 differs)"]
+        if refresh:
+            write_file_manifest(path, digest)
     return []
 
 
@@ -121,9 +137,9 @@ def verify_cached(paths, log=print, dry_run: bool = False) -> list[Path]:
     for d in map(Path, paths):
         is_file = d.is_file()
         if d.is_dir():
-            problems = check_manifest(d)
+            problems = check_manifest(d, refresh=not dry_run)
         elif is_file:
-            problems = check_file_manifest(d)
+            problems = check_file_manifest(d, refresh=not dry_run)
         else:
             continue
         if problems:
