@@ -516,8 +516,11 @@ def test_sts_unlabeled_count_on_real_senteval(shared, tmp_path):
     assert out.read_text("utf-8").splitlines() == unique
     assert summary["sentences"] == len(unique) == 30840 and len(ref) == 62198  # the counts in docs/configuration.md
 
-def test_mlm_head_is_loaded_from_a_checkpoint_that_has_one(tiny_bert_dir, setup, tmp_path):
-    d, ref = _mlm_checkpoint(tiny_bert_dir, tmp_path)
+@pytest.mark.parametrize("names", ["today", "google"])
+def test_mlm_head_is_loaded_from_a_checkpoint_that_has_one(tiny_bert_dir, setup, tmp_path, names):
+    """``google``: the file names its LayerNorm tensors ``gamma`` / ``beta``, as the Hub's
+    ``bert-base-uncased`` and ``bert-large-uncased`` do (``sentemb.model.backbone.modern_names``)."""
+    d, ref = _mlm_checkpoint(tiny_bert_dir, tmp_path, legacy=names == "google")
     m = make(d, *setup)
     assert m.mlm_head_pretrained
     p = ref.cls.predictions
@@ -536,10 +539,13 @@ def test_top_k_default_is_the_full_model_of_tables_4_8_9():
     assert get_method("paser").arg_defaults()["decoder_output"] == "embeddings"
 
 
-def _mlm_checkpoint(tiny_bert_dir, tmp_path):
-    """A tiny random BertForMaskedLM saved to disk (bias made non-zero), and the model itself."""
+def _mlm_checkpoint(tiny_bert_dir, tmp_path, legacy=False):
+    """A tiny random BertForMaskedLM saved to disk (bias and LayerNorm made non-trivial), and the model
+    itself; ``legacy``: its file then renamed the way Google's BERT checkpoints on the Hub name their
+    tensors (``LayerNorm.gamma`` / ``LayerNorm.beta``)."""
     import shutil
 
+    from safetensors.torch import load_file, save_file
     from transformers import BertConfig, BertForMaskedLM
 
     d = tmp_path / "mlm_model"
@@ -548,7 +554,15 @@ def _mlm_checkpoint(tiny_bert_dir, tmp_path):
     ref = BertForMaskedLM(BertConfig.from_pretrained(tiny_bert_dir))
     with torch.no_grad():
         ref.cls.predictions.bias.normal_()
+        ref.cls.predictions.transform.LayerNorm.weight.normal_()
     ref.save_pretrained(d)
+    if legacy:
+        f = d / "model.safetensors"
+        state = load_file(str(f))
+        old = {k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): v
+               for k, v in state.items()}
+        assert "cls.predictions.transform.LayerNorm.gamma" in old
+        save_file(old, str(f), metadata={"format": "pt"})
     return d, ref.eval()
 
 

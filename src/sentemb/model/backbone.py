@@ -227,21 +227,36 @@ def export(
 
 # ----------------------------------------------------------------------------- MLM head
 def read_weights(model_dir: str | Path) -> dict[str, torch.Tensor]:
-    """All tensors of a HF checkpoint directory (single or sharded safetensors, or pytorch_model.bin)."""
+    """All tensors of a HF checkpoint directory (single or sharded safetensors, or pytorch_model.bin),
+    under today's names (:func:`modern_names`)."""
     from safetensors.torch import load_file
 
     model_dir = Path(model_dir)
     if (model_dir / "model.safetensors").is_file():
-        return load_file(str(model_dir / "model.safetensors"))
+        return modern_names(load_file(str(model_dir / "model.safetensors")))
     idx = model_dir / "model.safetensors.index.json"
     if idx.is_file():
         out = {}
         for f in sorted(set(json.loads(idx.read_text("utf-8"))["weight_map"].values())):
             out.update(load_file(str(model_dir / f)))
-        return out
+        return modern_names(out)
     if (model_dir / "pytorch_model.bin").is_file():
-        return torch.load(model_dir / "pytorch_model.bin", map_location="cpu", weights_only=True)
+        return modern_names(torch.load(model_dir / "pytorch_model.bin", map_location="cpu", weights_only=True))
     raise SentembError(f"{model_dir}: no model.safetensors, model.safetensors.index.json or pytorch_model.bin")
+
+
+def modern_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A checkpoint's tensor names as ``from_pretrained`` reads them: a last component ``gamma`` is
+    ``weight`` and ``beta`` is ``bias``. Google's BERT checkpoints on the Hub (``bert-base-uncased``,
+    ``bert-large-uncased``: their ``model.safetensors`` too) still name every LayerNorm's tensors
+    ``LayerNorm.gamma`` / ``LayerNorm.beta``, among them the MLM head's ``cls.predictions.transform``,
+    which PaSeR and InfoCSE read from the file themselves (transformers renames them on load)."""
+    rename = {"gamma": "weight", "beta": "bias"}
+    out = {}
+    for k, v in state.items():
+        head, _, last = k.rpartition(".")
+        out[f"{head}.{rename[last]}" if head and last in rename else k] = v
+    return out
 
 
 def mlm_head_state(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -297,7 +297,9 @@ def _devices_row(model: Path, corpus: Path, device_name: str, batch: int, steps:
         weights[devices] = load_file(str(next((out / "model").rglob("*.safetensors"))))
     # the whole model's difference, not a tensor's: some gradients are zero in exact arithmetic (an
     # attention key bias: softmax ignores a shift), and AdamW scales their round-off to a full step
-    start = {k: v for f in Path(model).glob("*.safetensors") for k, v in load_file(str(f)).items()}
+    from ..model.backbone import read_weights
+
+    start = {k.removeprefix("bert."): v for k, v in read_weights(model).items()}  # a Hub BERT's bert.* / gamma names
     sq = lambda d: sum(float(v.double().pow(2).sum()) for v in d)  # noqa: E731
     diff = (sq(weights[1][k] - weights[2][k] for k in weights[1]) / sq(weights[1].values())) ** 0.5
     moved = [k for k in weights[1] if k in start and start[k].shape == weights[1][k].shape]
