@@ -555,3 +555,60 @@ def test_every_code_run_selects_its_checkpoint_by_an_fp32_dev_evaluation(paper_c
         # the HF Trainer 4.2.1's AdamW (transformers.optimization.AdamW) where the code trains with it
         want = "adamw" if r["name"] == "una-code" else "adamw_hf"  # UNA's run.py: torch.optim.AdamW
         assert (r.get("train") or {}).get("optimizer", "adamw") == want, r["name"]
+
+
+# -------------------------------------------------------------------------------------------- SimCSE
+SIMCSE_SCRIPT = {"temp": 0.05}  # run_unsup_example.sh: --temp 0.05 --pooler_type cls --mlp_only_train
+
+
+def simcse_reference_loss(m, batch, temp=SIMCSE_SCRIPT["temp"]):
+    """``cl_forward`` (princeton-nlp/SimCSE @49fa580, ``simcse/models.py`` ~l. 100-180) in float64:
+    input_ids (bs, num_sent = 2, len) flattened sentence by sentence; pooler ``cls`` (last layer's
+    [CLS]) and, with ``--mlp_only_train`` in training, ``MLPLayer`` (Linear + Tanh) over all bs·2 rows;
+    z1, z2 = the two views; ``Similarity(temp)``: cosine / temp of every (z1_i, z2_j); CrossEntropyLoss
+    against arange(bs)."""
+    bsz = batch["input_ids"].size(0)
+    ids, att, tt = (batch[k].repeat_interleave(2, 0) for k in ("input_ids", "attention_mask", "token_type_ids"))
+    out = m.encoder(ids, attention_mask=att, token_type_ids=tt, return_dict=True)
+    x = out.last_hidden_state[:, 0].double()
+    if m.mlp is not None:
+        x = torch.tanh(x @ m.mlp.dense.weight.double().T + m.mlp.dense.bias.double())
+    x = x.view(bsz, 2, -1)
+    z1, z2 = x[:, 0], x[:, 1]
+    cos = (z1 @ z2.T) / (z1.norm(dim=-1)[:, None] * z2.norm(dim=-1)[None, :]) / temp
+    return float((torch.logsumexp(cos, -1) - cos.diagonal()).mean())
+
+
+def simcse_gap(model_dir, args):
+    torch.manual_seed(0)
+    m = get_method("simcse")(*_encoder(model_dir), args, MethodContext(max_len=16, seed=3, backbone="tiny"))
+    spread_(m.encoder, 0.3, 0.1)
+    batch = m.build_batch(INFOCSE_SENTS, micro=0)
+    m.double().train()
+    b = len(INFOCSE_SENTS)
+    with torch.no_grad():
+        with scaled_dropout(torch.arange(2 * b) // b):  # sentemb: the views one after the other
+            ours = float(m.losses(batch)["loss"])
+        with scaled_dropout(torch.arange(2 * b) % 2):  # the code: sentence by sentence
+            ref = simcse_reference_loss(m, batch)
+    return m, ours, ref
+
+
+def test_simcse_loss_equals_the_authors_cl_forward(tiny_bert_dir, paper_config):
+    """The configured SimCSE run (BERT-base, the spec's values: no -code run exists) against
+    ``cl_forward`` in training mode, two distinct dropout views; and ``cl_init``'s ``init_weights`` on
+    the MLP: N(0, initializer_range) weights, zero bias."""
+    args = code_args(paper_config, "simcse")
+    m, ours, ref = simcse_gap(tiny_bert_dir, args)
+    assert abs(ours - ref) < TOL_FP32 * abs(ref) and ref > 0.1, (ours, ref)
+    std = m.encoder.config.initializer_range
+    w = _encoder(tiny_bert_dir)  # a fresh method: the MLP as initialised
+    torch.manual_seed(0)
+    fresh = get_method("simcse")(*w, args, MethodContext(max_len=16, seed=3, backbone="tiny")).mlp.dense
+    assert 0.8 < float(fresh.weight.detach().std()) / std < 1.2 and not fresh.bias.any()
+
+
+def test_simcse_comparison_fails_at_another_temperature(tiny_bert_dir, paper_config):
+    """The comparison above can fail: τ = 0.1 against the script's --temp 0.05."""
+    _, ours, ref = simcse_gap(tiny_bert_dir, {**code_args(paper_config, "simcse"), "temperature": 0.1})
+    assert abs(ours - ref) > 1e-3 * abs(ref), (ours, ref)

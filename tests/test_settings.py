@@ -129,7 +129,7 @@ def test_a_setting_added_at_its_old_behaviour_reruns_nothing_and_runs_round_trip
               "buckets": [16], "workers": 2, "eval_precision": "bf16", "graphs": True, "fuse_micro_batches": 2,
               "compile_mode": "max-autotune-no-cudagraphs", "compile_random": "inductor", "update": "fused",
               "attention": "sdpa_math", "dev_max_len": 32,
-              "optimizer": "adamw_hf"}
+              "optimizer": "adamw_hf", "tf32": False}
     for run in runs:
         assert isinstance(run, Run) and isinstance(run.train, TrainSettings)
         again = Run.from_dict(json.loads(json.dumps(run.to_dict())))

@@ -93,6 +93,13 @@ class TrainSettings:
     save_steps: int = arg(250, "save the resume state every this many optimizer steps", minimum=1, weights=False)
     precision: str = arg("auto", "auto = bf16 autocast on CUDA, fp32 elsewhere; bf16, fp16 (with a gradient "
                          "scaler) or fp32 everywhere", choices=("auto", "bf16", "fp16", "fp32"))
+    tf32: bool = arg(
+        True, "On CUDA, fp32 matmuls (an fp32 run's encoder, the fp32 losses and logits under autocast, the fp32 "
+        "STS-B dev evaluation) in TF32 (torch.set_float32_matmul_precision('high')); false - IEEE fp32 matmuls and "
+        "cuDNN convolutions ('highest', cudnn.allow_tf32 off). The authors' code ran on torch 1.7-1.11, whose "
+        "default was TF32 matmuls on an Ampere GPU (allow_tf32 True until 1.12) and IEEE fp32 on older ones: UNA's "
+        "RTX 2080 Ti (App. C.4) has no TF32, so una-code sets false. Other rounding, hence a weights setting (true "
+        "is its value before it existed: ADDED_DEFAULTS); no effect on a CPU.")
     dropout: float | None = arg(None, "encoder dropout (null = the backbone's own)", minimum=0, maximum=1)
     device: str = arg("auto", "auto (CUDA if available), cpu, cuda, cuda:N", weights=False)
     num_threads: int | None = arg(None, "torch CPU threads (null = torch's default)", minimum=1, weights=False)
@@ -703,7 +710,7 @@ class Run:
 #: that does not write the key is another run than before, and a state saved then does not resume
 ADDED_DEFAULTS = {"optimizer": "adamw", "sampler": "random", "eval_unit": "optimizer_steps", "dropout_rng": "stream", "eval_precision": "fp32",
                   "graphs": False, "fuse_micro_batches": 1, "compile_mode": "default", "compile_random": "eager",
-                  "update": "separate", "attention": "sdpa", "dev_max_len": None}
+                  "update": "separate", "attention": "sdpa", "dev_max_len": None, "tf32": True}
 
 
 #: method arguments added after states were saved (issue 38: the switches to the authors' code), at

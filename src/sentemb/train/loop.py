@@ -346,9 +346,10 @@ def setup(run: Run | dict, out_dir: str | Path, method_cls: "type[Method] | None
         torch.set_num_threads(settings.num_threads)
     amp = _precision(settings.precision, device)
     if device.type == "cuda":
-        # TF32 for fp32 matmuls, through the one API whose state Inductor's max-autotune reads back
-        # (torch.get_float32_matmul_precision raises once the per-backend fp32_precision was set alone)
-        torch.set_float32_matmul_precision("high")
+        # TF32 for fp32 matmuls (train.tf32), through the one API whose state Inductor's max-autotune reads
+        # back (torch.get_float32_matmul_precision raises once the per-backend fp32_precision was set alone)
+        torch.set_float32_matmul_precision("high" if settings.tf32 else "highest")
+        torch.backends.cudnn.allow_tf32 = settings.tf32  # SARCSE's TextCNN: its convolutions
 
     sentences = read_corpus(paths["corpus"])
     dev_pairs = load_task(paths["senteval"], "STSBenchmark", "dev") if settings.selects_by_dev else []
