@@ -458,8 +458,9 @@ def test_config_corpus_and_top_k_checks():
 
 
 # --------------------------------------------------------------------------------- sts-unlabeled
-def _reference_sts(root):
-    """Independent reading: every scored pair of STS12-16 test, every row of the STS-B and SICK splits."""
+def _reference_sts(root, unscored=False):
+    """Independent reading: every scored pair of STS12-16 test (``unscored``: every line of the input
+    files, as ConSERT's ``load_sts`` reads them), every row of the STS-B and SICK splits."""
     sents = []
     for task, subs in {"STS12": ["MSRpar", "MSRvid", "SMTeuroparl", "surprise.OnWN", "surprise.SMTnews"],
                        "STS13": ["FNWN", "headlines", "OnWN"],
@@ -471,7 +472,7 @@ def _reference_sts(root):
             inp = (d / f"STS.input.{sub}.txt").read_text("utf-8").splitlines()
             gs = (d / f"STS.gs.{sub}.txt").read_text("utf-8").splitlines()
             for line, g in zip(inp, gs):
-                if g.strip():
+                if g.strip() or unscored:
                     sents += line.split("\t")[:2]
     for split in ("train", "dev", "test"):
         for line in (root / "STS" / "STSBenchmark" / f"sts-{split}.csv").read_text("utf-8").splitlines():
@@ -515,6 +516,10 @@ def test_sts_unlabeled_count_on_real_senteval(shared, tmp_path):
     summary = prepare_sts_corpus(root, out)
     assert out.read_text("utf-8").splitlines() == unique
     assert summary["sentences"] == len(unique) == 30840 and len(ref) == 62198  # the counts in docs/configuration.md
+    # ConSERT's loader (config sts_corpus's default): every line of STS12-16's input files, duplicates kept
+    consert = prepare_sts_corpus(root, tmp_path / "consert.txt", keep_duplicates=True, unscored=True)
+    assert (tmp_path / "consert.txt").read_text("utf-8").splitlines() == _reference_sts(root, unscored=True)
+    assert consert["sentences"] == 89192 and consert["unscored"]  # ConSERT's 89,192 unlabeled texts
 
 @pytest.mark.parametrize("names", ["today", "google"])
 def test_mlm_head_is_loaded_from_a_checkpoint_that_has_one(tiny_bert_dir, setup, tmp_path, names):

@@ -636,7 +636,8 @@ def test_a_frozen_full_copy_of_the_encoder_is_counted_at_the_real_depth(tmp_path
 @pytest.mark.realdata
 def test_the_sts_corpus_is_made_from_the_mirrors_senteval_data_when_not_prepared(tmp_path, shared, monkeypatch):
     """PaSeR's ``sts-unlabeled`` corpus, not prepared yet, is made for the plan's lengths and batch
-    timing as ``sentemb prepare-sts-corpus`` makes it, into the temporary folder: its 30,840 lines."""
+    timing as the workflow makes it (config sts_corpus: ConSERT's loader), into the temporary folder: its
+    89,192 lines; with ``sts_corpus: {pairs: scored, duplicates: drop}`` 30,840."""
     import tempfile
 
     from sentemb.ops.plan import STS_UNLABELED_LINES, corpus_text_files
@@ -649,7 +650,10 @@ def test_the_sts_corpus_is_made_from_the_mirrors_senteval_data_when_not_prepared
     assert len(path.read_text("utf-8").splitlines()) == STS_UNLABELED_LINES
     path.write_text("cut short\n", "utf-8")  # a file that is not what its summary says is made again
     (again, _), = corpus_text_files(config, "sts-unlabeled")
-    assert again == path and len(path.read_text("utf-8").splitlines()) == STS_UNLABELED_LINES
+    assert again == path and len(path.read_text("utf-8").splitlines()) == STS_UNLABELED_LINES == 89_192
+    config["sts_corpus"] = {"pairs": "scored", "duplicates": "drop"}
+    (other, _), = corpus_text_files(config, "sts-unlabeled")
+    assert other != path and len(other.read_text("utf-8").splitlines()) == 30_840
 
 
 def test_a_terminated_plan_removes_its_work_folder(tmp_path):

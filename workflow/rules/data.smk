@@ -137,7 +137,8 @@ rule fetch_nltk:
 
 rule prepare_sts_corpus:
     """Built-in corpus `sts-unlabeled` (runs[].corpus): the sentences of STS12-16 (test), STS-B and
-    SICK (all splits) from the fetched SentEval tree, deduplicated (sentemb.data.fetch.sts_sentences)."""
+    SICK (all splits) from the fetched SentEval tree, as config sts_corpus says (ConSERT's loader by
+    default: every line, duplicates kept; sentemb.data.fetch.sts_sentences)."""
     input:
         LAYOUT.eval_data("senteval"),
     priority: PRIORITY["setup"]
@@ -148,11 +149,15 @@ rule prepare_sts_corpus:
         f"{LOGS}/data/prepare_corpus_sts-unlabeled.log",
     benchmark:
         "benchmarks/data/prepare_corpus_sts-unlabeled.tsv"
+    params:
+        # config sts_corpus (ConSERT's loader by default); a change makes the corpus again (params trigger)
+        opts=" ".join(f for f, on in (("--unscored", CFG.sts_corpus.pairs == "all"),
+                                      ("--keep-duplicates", CFG.sts_corpus.duplicates == "keep")) if on),
     localrule: True
     conda:
         "../envs/sentemb.yaml"
     shell:
-        "sentemb prepare-sts-corpus --senteval {input:q} --output {output.corpus:q} > {log:q} 2>&1"
+        "sentemb prepare-sts-corpus --senteval {input:q} --output {output.corpus:q} {params.opts} > {log:q} 2>&1"
 
 
 # A configured corpus that is itself named `sts-unlabeled` is still made from SentEval.

@@ -32,7 +32,7 @@ def _cmd_prepare_corpus(args) -> None:
 
 
 def _cmd_prepare_sts_corpus(args) -> None:
-    prepare_sts_corpus(args.senteval, args.output, keep_duplicates=args.keep_duplicates)
+    prepare_sts_corpus(args.senteval, args.output, keep_duplicates=args.keep_duplicates, unscored=args.unscored)
 
 
 def _cmd_fetch_senteval(args) -> None:
@@ -87,10 +87,15 @@ def register(subparsers) -> None:
 
     p = command("prepare-sts-corpus", _cmd_prepare_sts_corpus,
                 "Write the sts-unlabeled corpus: the sentences of STS12-16 (test), STS-B and SICK (all "
-                "splits) from a SentEval tree, deduplicated.",
+                "splits) from a SentEval tree (by default the scored pairs, deduplicated; the workflow passes config "
+                "sts_corpus).",
                 senteval={"help": "SentEval data root (fetch-senteval output)"},
                 output={"help": "corpus file, one sentence per line (summary in <output>.json)"})
     p.add_argument("--keep-duplicates", action="store_true", help="keep repeated sentences")
+    p.add_argument("--unscored", action="store_true",
+                   help="also STS12-16's pairs without a gold score (every line of the input files); with "
+                        "--keep-duplicates this is ConSERT's loader, PaSeR's corpus, what the workflow makes by "
+                        "default (config sts_corpus)")
 
     p = command("fetch-senteval", _cmd_fetch_senteval, "Fetch the SentEval STS/SICK data and verify the pair counts.",
                 output={"help": "SentEval data directory to write"})

@@ -451,6 +451,23 @@ class CorpusSettings:
 
 
 @dataclass
+class StsCorpusSettings:
+    """Config key ``sts_corpus``: how the built-in corpus ``sts-unlabeled`` (PaSeR's training data, methods.md
+    §2) is made from the fetched SentEval tree (``sentemb prepare-sts-corpus``)."""
+
+    pairs: str = arg(
+        "all", "Which lines of STS12-16's input files. all - every line, with a gold score or not: ConSERT's loader "
+        "(yym6472/ConSERT data_utils.py load_sts, no_pair=True), which PaSeR follows ('following ConSERT, we mix all "
+        "the unlabeled texts from the seven STS datasets', §4.1); scored - only the pairs with a gold score, the ones "
+        "SentEval evaluates (this corpus before the key existed). STS-B and SICK: every pair either way.",
+        choices=("all", "scored"))
+    duplicates: str = arg(
+        "keep", "keep - every sentence as often as the files hold it (ConSERT: 89,192 sentences on data/senteval, "
+        "with pairs all); drop - the first occurrence of each (after whitespace normalisation) only (30,840 with "
+        "pairs scored, this corpus before the key existed).", choices=("keep", "drop"))
+
+
+@dataclass
 class SentEvalSource:
     """Config key ``senteval``: where the SentEval data comes from (``sentemb fetch-senteval``)."""
 
@@ -570,6 +587,7 @@ class Config:
     tracking: TrackingSettings = arg(TrackingSettings(), "MLflow tracking.")
     corpus: CorpusSettings = arg(CorpusSettings(), "The training corpus.")
     senteval: SentEvalSource = arg(SentEvalSource(), "The SentEval data.")
+    sts_corpus: StsCorpusSettings = arg(StsCorpusSettings(), "The built-in corpus sts-unlabeled (runs[].corpus).")
     backbones: dict[str, Backbone] = arg({}, "Pretrained encoders by name (the names runs[].backbone refers to).",
                                          required=True, min_items=1, key_pattern=NAME)
     train: TrainSettings = arg(TrainSettings(), "The shared training loop's settings.")

@@ -455,20 +455,22 @@ STS_CORPUS_SPLITS = ([(t, "test") for t in ("STS12", "STS13", "STS14", "STS15", 
                      + [("SICKRelatedness", s) for s in ("train", "dev", "test")])
 
 
-def sts_sentences(senteval_dir: PathLike, keep_duplicates: bool = False) -> list[str]:
+def sts_sentences(senteval_dir: PathLike, keep_duplicates: bool = False, unscored: bool = False) -> list[str]:
     """The unlabeled sentences of the seven STS datasets (PaSeR's corpus, methods.md §2).
 
-    Splits (``STS_CORPUS_SPLITS``): STS12–16 test sets (every subset SentEval evaluates; only pairs
-    with a gold score, i.e. exactly the evaluated pairs), STS-B train + dev + test and SICK
-    train + trial + test. Both sentences of every pair, in file order (sentence 1 before sentence
-    2), whitespace-normalised as the evaluator reads them. Gold scores are not used. Duplicates
-    (the same string after normalisation) are dropped, the first occurrence kept, unless
-    ``keep_duplicates``. Empty sentences are dropped (a corpus line must not be blank)."""
+    Splits (``STS_CORPUS_SPLITS``): STS12–16 test sets (every subset SentEval evaluates: only the pairs
+    with a gold score, the evaluated ones, unless ``unscored``: every line of the input files),
+    STS-B train + dev + test and SICK train + trial + test. Both sentences of every pair, in file
+    order (sentence 1 before sentence 2), whitespace-normalised as the evaluator reads them. Gold
+    scores are not used. Duplicates (the same string after normalisation) are dropped, the first
+    occurrence kept, unless ``keep_duplicates``. Empty sentences are dropped (a corpus line must not be
+    blank). ``unscored`` and ``keep_duplicates`` together are ConSERT's loader (``data_utils.py``
+    ``load_datasets(need_label=False, no_pair=True)``), which PaSeR follows (config ``sts_corpus``)."""
     from ..evaluate.senteval import load_task
 
     out, seen = [], set()
     for task, split in STS_CORPUS_SPLITS:
-        for pairs in load_task(senteval_dir, task, split):
+        for pairs in load_task(senteval_dir, task, split, unscored=unscored):
             for a, b in zip(pairs.sent1, pairs.sent2):
                 for s in (a, b):
                     if not s or (not keep_duplicates and s in seen):
@@ -478,10 +480,11 @@ def sts_sentences(senteval_dir: PathLike, keep_duplicates: bool = False) -> list
     return out
 
 
-def prepare_sts_corpus(senteval_dir: PathLike, output: PathLike, keep_duplicates: bool = False) -> dict:
+def prepare_sts_corpus(senteval_dir: PathLike, output: PathLike, keep_duplicates: bool = False,
+                       unscored: bool = False) -> dict:
     """Write the ``sts-unlabeled`` corpus (``sts_sentences``), one sentence per line, and a summary
     ``<output>.json``."""
-    sents = sts_sentences(senteval_dir, keep_duplicates)
+    sents = sts_sentences(senteval_dir, keep_duplicates, unscored)
     if not sents:
         raise SentembError(f"{senteval_dir}: no STS sentences found")
     output = Path(output)
@@ -491,7 +494,7 @@ def prepare_sts_corpus(senteval_dir: PathLike, output: PathLike, keep_duplicates
         Path(tmp).write_text("".join(s + "\n" for s in sents), encoding="utf-8")
     write_file_manifest(output)  # checked when a workflow starts, as the training corpus is (data.cache)
     summary = {"corpus": "sts-unlabeled", "senteval": str(senteval_dir), "sentences": len(sents),
-               "keep_duplicates": keep_duplicates, "splits": [f"{t}/{s}" for t, s in STS_CORPUS_SPLITS]}
+               "keep_duplicates": keep_duplicates, "unscored": unscored, "splits": [f"{t}/{s}" for t, s in STS_CORPUS_SPLITS]}
     write_json(f"{output}.json", summary)
     log.info("sts-unlabeled: %d sentences -> %s", len(sents), output)
     return summary

@@ -82,7 +82,10 @@ def _score(value: str, path: Path, lineno: int) -> float:
         raise SentembError(f"{path}, line {lineno}: gold score {value!r} is not a number") from None
 
 
-def load_sts_subset(task_dir: Path, subset: str) -> Pairs:
+def load_sts_subset(task_dir: Path, subset: str, unscored: bool = False) -> Pairs:
+    """The pairs of one STS12-16 subset with a gold score (those SentEval evaluates); ``unscored``: every
+    line of the input file, a pair without a gold score given NaN (the unlabeled texts ConSERT and
+    PaSeR train on)."""
     inp = task_dir / f"STS.input.{subset}.txt"
     gs = task_dir / f"STS.gs.{subset}.txt"
     inputs, golds = _read_lines(inp), _read_lines(gs)
@@ -92,14 +95,14 @@ def load_sts_subset(task_dir: Path, subset: str) -> Pairs:
         )
     s1, s2, g = [], [], []
     for i, (line, gold) in enumerate(zip(inputs, golds), start=1):
-        if gold.strip() == "":
+        if gold.strip() == "" and not unscored:
             continue
         cols = line.split("\t")
         if len(cols) < 2:
             raise SentembError(f"{inp}, line {i}: expected two tab-separated sentences, found {len(cols)} column(s)")
         s1.append(_norm(cols[0]))
         s2.append(_norm(cols[1]))
-        g.append(_score(gold.strip(), gs, i))
+        g.append(_score(gold.strip(), gs, i) if gold.strip() else float("nan"))
     return Pairs(subset, s1, s2, g)
 
 
@@ -121,8 +124,9 @@ def _load_columns(path: Path, c1: int, c2: int, cs: int, header: bool, subset: s
     return Pairs(subset, s1, s2, g)
 
 
-def load_task(data_dir: str | Path, task: str, split: str = "test") -> list[Pairs]:
-    """Load one task as a list of subsets (STS12–16: their subsets; STS-B, SICK-R: one split)."""
+def load_task(data_dir: str | Path, task: str, split: str = "test", unscored: bool = False) -> list[Pairs]:
+    """Load one task as a list of subsets (STS12–16: their subsets; STS-B, SICK-R: one split);
+    ``unscored``: STS12–16's pairs without a gold score too (:func:`load_sts_subset`)."""
     root = Path(data_dir)
     if not root.is_dir():
         raise SentembError(f"SentEval data directory not found: {root}")
@@ -130,7 +134,7 @@ def load_task(data_dir: str | Path, task: str, split: str = "test") -> list[Pair
         if split != "test":
             raise SentembError(f"{task} has only a test split (asked for '{split}')")
         task_dir = root / "STS" / f"{task}-en-test"
-        return [load_sts_subset(task_dir, sub) for sub in STS_SUBSETS[task]]
+        return [load_sts_subset(task_dir, sub, unscored) for sub in STS_SUBSETS[task]]
     if task == "STSBenchmark":
         if split not in ("train", "dev", "test"):
             raise SentembError(f"STSBenchmark split must be train, dev or test, not '{split}'")

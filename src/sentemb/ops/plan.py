@@ -190,7 +190,10 @@ STS_SENTENCES = 37_700
 TRANSFER_TASK_SENTENCES = {"MR": 10662, "CR": 3775, "SUBJ": 10000, "MPQA": 10606, "SST2": 70042, "TREC": 5952,
                            "MRPC": 11602}
 TRANSFER_SENTENCES = sum(TRANSFER_TASK_SENTENCES.values())
-STS_UNLABELED_LINES = 30_840  # sentemb prepare-sts-corpus on SentEval's tree (deduplicated)
+#: lines of sentemb prepare-sts-corpus on SentEval's tree by config sts_corpus (pairs, duplicates);
+#: (all, keep) is ConSERT's loader, the default
+STS_UNLABELED = {("all", "keep"): 89_192, ("scored", "keep"): 62_198, ("scored", "drop"): 30_840, ("all", "drop"): 48_699}
+STS_UNLABELED_LINES = STS_UNLABELED[("all", "keep")]
 PARAPHRASE_INPUT_LEN = 32  # tokens per source sentence (assumed)
 #: Seconds of one STS-B dev evaluation (3,000 sentences) of BERT-base on an H200, by precision (the
 #: run's ``train.eval_precision``; ``auto`` is bf16 on a GPU): ``sentemb gpu-check --host``,
@@ -696,22 +699,22 @@ def corpus_text_files(config: dict | Config, corpus: str, lengths_from: str | Pa
     out = [(p, what) for p, what in out if p.is_file()]
     if corpus == "sts-unlabeled" and not out:  # not prepared yet: made as the workflow makes it, from SentEval's data
         for d in [Path(Layout.of(cfg).eval_data("senteval"))] + [r / cfg.senteval.mirror_path for r in roots]:
-            made = _sts_unlabeled_text(d)
+            made = _sts_unlabeled_text(d, cfg.sts_corpus.pairs == "all", cfg.sts_corpus.duplicates == "keep")
             if made is not None:
                 out.append((made, f"sts-unlabeled made from {d} (sentemb prepare-sts-corpus)"))
                 break
     return out
 
 
-def _sts_unlabeled_text(senteval_dir: Path) -> Path | None:
-    """The ``sts-unlabeled`` corpus (``sentemb.data.fetch.prepare_sts_corpus``) of ``senteval_dir``,
-    written once to this machine's temporary folder (never the workflow's outputs); None where that
-    folder holds no STS data."""
+def _sts_unlabeled_text(senteval_dir: Path, unscored: bool = True, keep_duplicates: bool = True) -> Path | None:
+    """The ``sts-unlabeled`` corpus (``sentemb.data.fetch.prepare_sts_corpus``, as config ``sts_corpus``
+    makes it) of ``senteval_dir``, written once to this machine's temporary folder (never the
+    workflow's outputs); None where that folder holds no STS data."""
     from ..data.fetch import prepare_sts_corpus
 
     if not (senteval_dir / "STS" / "STSBenchmark").is_dir():
         return None
-    key = hashlib.sha256(str(senteval_dir.resolve()).encode("utf-8")).hexdigest()[:16]
+    key = hashlib.sha256(f"{senteval_dir.resolve()} {unscored} {keep_duplicates}".encode("utf-8")).hexdigest()[:16]
     out = Path(tempfile.gettempdir()) / f"sentemb-plan-sts-unlabeled-{key}.txt"
     try:  # made again unless its summary (written last) gives its line count
         summary = json.loads(Path(f"{out}.json").read_text("utf-8"))
@@ -721,7 +724,7 @@ def _sts_unlabeled_text(senteval_dir: Path) -> Path | None:
         fresh = False
     if not fresh:
         try:
-            prepare_sts_corpus(senteval_dir, out)
+            prepare_sts_corpus(senteval_dir, out, keep_duplicates=keep_duplicates, unscored=unscored)
         except (SentembError, OSError) as e:
             log.warning("sentemb plan: sts-unlabeled from %s: %s", senteval_dir, e)
             return None
@@ -976,7 +979,7 @@ def corpus_lines(config: dict | Config, corpus: str) -> int:
     if corpus == c.name and (c.expected_lines or c.max_sentences):
         return min(int(n) for n in (c.expected_lines, c.max_sentences) if n)
     if corpus == "sts-unlabeled":
-        return STS_UNLABELED_LINES
+        return STS_UNLABELED[(cfg.sts_corpus.pairs, cfg.sts_corpus.duplicates)]
     raise SentembError(f"sentemb plan: the size of corpus '{corpus}' is unknown (set corpus.expected_lines or "
                        f"prepare {path})")
 
