@@ -658,3 +658,48 @@ def test_the_counter_compile_benchmark_times_both_kernels_in_processes_of_their_
                               max_len=16, precision="fp32", chunk_size=4, compile=False, kernels=("inline",),
                               whole=False, method_args={"temperature": -1.0})
 
+
+
+def test_weights_start_the_encoder_from_another_entry_with_the_backbones_vocabulary(
+        tiny_bert_dir, tiny_roberta_dir, tiny_corpus, tiny_senteval, tmp_path):
+    """``runs[].weights`` (InfoCSE's Condenser start): the encoder starts from that checkpoint, not the
+    backbone's (lr 1e-12: the exported encoder is the other checkpoint's to 1e-9); a checkpoint with
+    another vocabulary is refused before training, naming the key; the config's own checks name it
+    too, and the job's paths carry both models."""
+    import dataclasses
+    import shutil
+
+    from transformers import BertModel
+
+    other = tmp_path / "other"
+    shutil.copytree(tiny_bert_dir, other)
+    torch.manual_seed(5)
+    BertModel(BertModel.config_class.from_pretrained(other), add_pooling_layer=False).save_pretrained(other)
+    base = run_cfg(tiny_bert_dir, tiny_corpus, tiny_senteval, lr=1e-12, max_steps=2, eval_steps=2)
+    run = dataclasses.replace(base, paths={**base.paths, "model": str(other), "backbone_model": str(tiny_bert_dir)})
+    train(run, tmp_path / "a", progress=False)
+    got, start = load_file(tmp_path / "a/model/model.safetensors"), load_file(other / "model.safetensors")
+    k = next(x for x in got if x.endswith("layer.0.attention.self.query.weight"))
+    assert torch.allclose(got[k], start[k], atol=1e-9, rtol=0)
+    assert not torch.allclose(got[k], load_file(tiny_bert_dir / "model.safetensors")[k], atol=1e-3)
+
+    wrong = dataclasses.replace(base, paths={**base.paths, "model": str(other), "backbone_model": str(tiny_roberta_dir)})
+    with pytest.raises(SentembError, match=r"runs\[\]\.weights.*vocabulary"):
+        train(wrong, tmp_path / "b", progress=False)
+    assert not (tmp_path / "b" / "model").exists()
+
+
+def test_weights_must_name_a_declared_backbone_and_go_into_the_jobs_paths():
+    from pathlib import Path
+
+    from sentemb.config.load import load_config, resolve_run
+
+    root = Path(__file__).resolve().parents[1]
+    cfg = load_config(root / "config" / "config.yaml")
+    r = resolve_run(cfg, "infocse-code", "bert-base-uncased", 42)
+    assert r.paths["model"].endswith("models/condenser-bert-base") and r.backbone_hub_id == "Luyu/condenser"
+    assert r.paths["backbone_model"].endswith("models/bert-base-uncased") and r.paths["inputs"] == {}  # no stage 1
+    assert "backbone_model" not in resolve_run(cfg, "simcse", "bert-base-uncased", 42).paths
+    with pytest.raises(SentembError, match=r"runs\[0\]\.weights.*not one of the declared backbones"):
+        load_config(root / ".test" / "config.yaml",
+                    {"runs": [{"method": "simcse", "backbone": "tiny-bert", "weights": "nope"}], "studies": []})

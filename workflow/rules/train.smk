@@ -60,7 +60,9 @@ rule train:
         unpack(method_inputs),
         run=f"{RUN_DIR}/run_config.json",
         options=ancient(f"{RUN_DIR}/run_options.json"),
-        model=LAYOUT.model(),
+        # runs[].weights: the entry the encoder starts from; its tokenizer is checked against the backbone's
+        model=lambda w: resolve_run(CFG, w.name, w.backbone, int(w.seed)).paths["model"],
+        backbone_model=lambda w: resolve_run(CFG, w.name, w.backbone, int(w.seed)).paths.get("backbone_model", []),
         corpus=lambda w: resolve_run(CFG, w.name, w.backbone, int(w.seed)).paths["corpus"],
         tokens=lambda w: resolve_run(CFG, w.name, w.backbone, int(w.seed)).paths.get("tokens", []),
         senteval=LAYOUT.eval_data("senteval"),

@@ -115,6 +115,11 @@ def validate_config(config: dict, source: str = "config") -> dict:
                 f"invalid configuration in {source}: config key 'runs[{i}].backbone': "
                 f"'{run['backbone']}' is not one of the declared backbones {sorted(config['backbones'])}"
             )
+        if run["weights"] is not None and run["weights"] not in config["backbones"]:
+            raise SentembError(
+                f"invalid configuration in {source}: config key 'runs[{i}].weights': "
+                f"'{run['weights']}' is not one of the declared backbones {sorted(config['backbones'])}"
+            )
         if run["method"] not in registry():
             raise SentembError(
                 f"invalid configuration in {source}: config key 'runs[{i}].method': "
@@ -283,9 +288,10 @@ def resolve_run(config: dict | Config, name: str, backbone: str, seed: int, *, m
     import dataclasses
 
     cfg = Config.of(config)
-    run = None
+    run = weights = None
     if method is None:
         run = find_run(cfg, name, backbone)
+        weights = run.weights
         method, corpus = run.method, cfg.corpus_of(run)
         train = {**cfg.train.to_dict(), **run.train}
         method_args, inputs = method_args_of(cfg, run), run_inputs(cfg, name, backbone)
@@ -296,14 +302,15 @@ def resolve_run(config: dict | Config, name: str, backbone: str, seed: int, *, m
     if source:
         extra = {"method_module": source[0], "method_digest": source[1], **extra}
     return Run(
-        name=name, method=method, backbone=backbone, backbone_hub_id=cfg.backbones[backbone].hub_id,
+        # the model the encoder starts from: runs[].weights, else the backbone
+        name=name, method=method, backbone=backbone, backbone_hub_id=cfg.backbones[weights or backbone].hub_id,
         seed=int(seed), train=settings, method_args=method_args, experiment=cfg.experiment,
         # not in the fingerprint: changing it reruns nothing (rule run_options); a copy, not the tree's
         tracking=dataclasses.replace(cfg.tracking),
         corpus=corpus, **extra,
         **({k: getattr(run, k) for k in ("study", "point") if getattr(run, k) is not None}
            if run is not None else {}),  # MLflow tags
-        paths=Layout.of(cfg).job_paths(corpus, backbone, inputs, token_cache=settings.token_cache),
+        paths=Layout.of(cfg).job_paths(corpus, backbone, inputs, token_cache=settings.token_cache, weights=weights),
     )
 
 

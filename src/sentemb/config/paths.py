@@ -112,10 +112,14 @@ class Layout:
         """The resolved settings of one evaluation job of a run or baseline directory (rule ``eval_spec``)."""
         return f"{run_dir}/spec_{kind}.json"
 
-    def job_paths(self, corpus: str, backbone: str, inputs: dict[str, str], token_cache: bool) -> dict[str, str]:
-        """The ``paths`` of a resolved run or pretraining stage (what ``sentemb.train.loop.train`` reads)."""
+    def job_paths(self, corpus: str, backbone: str, inputs: dict[str, str], token_cache: bool,
+                  weights: str | None = None) -> dict[str, str]:
+        """The ``paths`` of a resolved run or pretraining stage (what ``sentemb.train.loop.train`` reads);
+        ``weights``: ``runs[].weights``, the backbone entry the encoder starts from (``backbone_model``,
+        whose tokenizer the job checks against it, is then the backbone's own)."""
         return {
-            "model": self.model(backbone),
+            "model": self.model(weights or backbone),
+            **({"backbone_model": self.model(backbone)} if weights else {}),
             "corpus": self.corpus(corpus),
             "senteval": self.eval_data("senteval"),
             # read by nothing (a method reads its declared ``inputs``), but part of every fingerprint

@@ -521,6 +521,11 @@ class RunSpec:
     corpus: str | None = arg(None, "Training corpus of this run (null = corpus.name): the configured corpus or a "
                              "built-in one (sts-unlabeled: the STS sentences of the SentEval tree, sentemb "
                              "prepare-sts-corpus).", pattern=NAME)
+    weights: str | None = arg(None, "Start the encoder from this `backbones` entry's weights instead of `backbone`'s "
+                              "(fetched and verified like any backbone); the run is still named, reported and "
+                              "compared under `backbone`, whose tokenizer the statistics and the token cache use, so "
+                              "the two must share one vocabulary (checked when the job starts). null - backbone's own. "
+                              "infocse-code: the Hub's Condenser, which the authors' scripts start from.", pattern=NAME)
 
 
 def run_defaults() -> dict[str, Any]:
