@@ -684,7 +684,7 @@ def test_weights_start_the_encoder_from_another_entry_with_the_backbones_vocabul
     assert not torch.allclose(got[k], load_file(tiny_bert_dir / "model.safetensors")[k], atol=1e-3)
 
     wrong = dataclasses.replace(base, paths={**base.paths, "model": str(other), "backbone_model": str(tiny_roberta_dir)})
-    with pytest.raises(SentembError, match=r"runs\[\]\.weights.*vocabulary"):
+    with pytest.raises(SentembError, match=r"runs\[\]\.weights.*vocabularies differ"):
         train(wrong, tmp_path / "b", progress=False)
     assert not (tmp_path / "b" / "model").exists()
 

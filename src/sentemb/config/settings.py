@@ -523,7 +523,7 @@ class RunSpec:
                              "prepare-sts-corpus).", pattern=NAME)
     weights: str | None = arg(None, "Start the encoder from this `backbones` entry's weights instead of `backbone`'s "
                               "(fetched and verified like any backbone); the run is still named, reported and "
-                              "compared under `backbone`, whose tokenizer the statistics and the token cache use, so "
+                              "compared under `backbone`, whose tokenizer the job, the statistics and the token cache use, so "
                               "the two must share one vocabulary (checked when the job starts). null - backbone's own. "
                               "infocse-code: the Hub's Condenser, which the authors' scripts start from.", pattern=NAME)
 

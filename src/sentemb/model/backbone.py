@@ -245,18 +245,16 @@ def read_weights(model_dir: str | Path) -> dict[str, torch.Tensor]:
     raise SentembError(f"{model_dir}: no model.safetensors, model.safetensors.index.json or pytorch_model.bin")
 
 
-def check_same_vocabulary(tokenizer, other_dir: str | Path, where: str) -> None:
-    """Raise unless ``tokenizer`` maps every token to the id the tokenizer of ``other_dir`` does (the
-    same vocabulary): a run whose weights come from another checkpoint than its backbone
-    (``runs[].weights``) reads token ids and statistics made with the backbone's tokenizer."""
-    from transformers import AutoTokenizer
-
-    mine, theirs = tokenizer.get_vocab(), AutoTokenizer.from_pretrained(str(other_dir)).get_vocab()
+def check_same_vocabulary(tokenizer, other, where: str) -> None:
+    """Raise unless ``tokenizer`` maps every token to the id that ``other`` (a tokenizer) does (the same
+    vocabulary): a run whose weights come from another checkpoint than its backbone
+    (``runs[].weights``) is fed token ids and statistics made with the backbone's tokenizer."""
+    mine, theirs = tokenizer.get_vocab(), other.get_vocab()
     if mine != theirs:
         differ = sorted(set(mine.items()) ^ set(theirs.items()))[:3]
-        raise SentembError(f"{where}: its tokenizer's vocabulary ({len(mine)} tokens) is not the backbone's "
-                           f"{other_dir} ({len(theirs)} tokens; e.g. {differ}): the token cache and the statistics "
-                           "are the backbone's; name weights with the backbone's vocabulary")
+        raise SentembError(f"{where}: the two vocabularies differ ({len(mine)} and {len(theirs)} tokens; e.g. "
+                           f"{differ}): the token cache and the statistics are the backbone's tokenizer's; name "
+                           "weights with the backbone's vocabulary")
 
 
 def modern_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -356,11 +356,13 @@ def setup(run: Run | dict, out_dir: str | Path, method_cls: "type[Method] | None
     seed_everything(seed)
     # BERT's pretrained NSP pooler is neither loaded nor computed (methods.md §0).
     encoder, tokenizer = load_encoder(paths["model"], dropout=settings.dropout, pooling_layer=False)
-    if paths.get("backbone_model"):  # runs[].weights: the token cache and statistics are the backbone's tokenizer's
-        from ..model.backbone import check_same_vocabulary
+    if paths.get("backbone_model"):  # runs[].weights: the weights' encoder with the backbone's own tokenizer,
+        from ..model.backbone import check_same_vocabulary, load_tokenizer  # which made the token cache and statistics
 
-        check_same_vocabulary(tokenizer, paths["backbone_model"], f"run '{run.name}': config key runs[].weights "
-                              f"({paths['model']})")
+        backbone_tokenizer = load_tokenizer(paths["backbone_model"])
+        check_same_vocabulary(tokenizer, backbone_tokenizer, f"run '{run.name}': config key runs[].weights "
+                              f"({paths['model']}) against its backbone {paths['backbone_model']}")
+        tokenizer = backbone_tokenizer
     attention = resolve_attention(settings.attention, device, settings.unpad)
     if attention == "eager":
         encoder.set_attn_implementation("eager")
