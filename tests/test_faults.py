@@ -57,8 +57,11 @@ def test_an_intact_or_merely_touched_cache_is_left_alone(tmp_path):
     assert check_manifest(d) == [] and verify_cached([d]) == [] and d.is_dir()
     # ... once: the run records the new mtime, so the next start compares stat() alone (a dry run
     # records nothing)
+    os.utime(d / "sub" / "sts-test.csv", ns=(3, 3))
+    os.utime(d, ns=(5, 5))
+    assert verify_cached([d]) == [] and d.stat().st_mtime_ns == 5  # the folder's mtime kept (Snakemake's view)
     recorded = json.loads((d / MANIFEST).read_text())["files"]["sub/sts-test.csv"]
-    assert recorded["mtime_ns"] == 1 and recorded["sha256"] == sha256_file(d / "sub" / "sts-test.csv")
+    assert recorded["mtime_ns"] == 3 and recorded["sha256"] == sha256_file(d / "sub" / "sts-test.csv")
     os.utime(d / "model.safetensors", ns=(2, 2))
     assert verify_cached([d], dry_run=True) == []
     assert json.loads((d / MANIFEST).read_text())["files"]["model.safetensors"]["mtime_ns"] != 2

@@ -701,3 +701,21 @@ def test_threads_sets_torchs_threads_for_the_counts(monkeypatch):
         assert main(["plan", "--config", str(REPO / "config" / "demo.yaml"), "--threads", "0"]) == 2
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_prepared_sts_corpus_of_another_form_is_not_read(tmp_path):
+    """A prepared ``sts-unlabeled`` whose summary says another form than config ``sts_corpus`` (one from
+    before the key: scored pairs, deduplicated) will be made again, so the plan prices the configured
+    form's line count; the same form is read."""
+    import json
+
+    from sentemb.config.load import load_config
+    from sentemb.ops.plan import corpus_lines
+
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "corpus" / "sts-unlabeled.txt").write_text("a\nb\n", "utf-8")
+    (tmp_path / "corpus" / "sts-unlabeled.txt.json").write_text(json.dumps({"sentences": 2, "keep_duplicates": False}))
+    paper = REPO / "config" / "config.yaml"
+    assert corpus_lines(load_config(paper, {"resources_dir": str(tmp_path)}), "sts-unlabeled") == 89_192
+    old = {"resources_dir": str(tmp_path), "sts_corpus": {"pairs": "scored", "duplicates": "drop"}}
+    assert corpus_lines(load_config(paper, old), "sts-unlabeled") == 2

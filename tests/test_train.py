@@ -703,3 +703,27 @@ def test_weights_must_name_a_declared_backbone_and_go_into_the_jobs_paths():
     with pytest.raises(SentembError, match=r"runs\[0\]\.weights.*not one of the declared backbones"):
         load_config(root / ".test" / "config.yaml",
                     {"runs": [{"method": "simcse", "backbone": "tiny-bert", "weights": "nope"}], "studies": []})
+    # InfoCSE's stage 1 (trained from the backbone) would replace the weights: refused
+    with pytest.raises(SentembError, match=r"runs\[0\]\.weights.*pretraining stage"):
+        load_config(root / "config" / "config.yaml",
+                    {"runs": [{"method": "infocse", "backbone": "bert-base-uncased", "weights": "condenser-bert-base"}],
+                     "studies": []})
+
+
+def test_the_sts_corpus_form_is_in_the_fingerprint_of_runs_on_it():
+    """config ``sts_corpus``: ConSERT's form (the default) is other sentences in the same file than the
+    scored, deduplicated corpus of before, so another fingerprint (a state saved on one does not resume
+    on the other); at the old form the paths are what they were; a run on wiki1m is unaffected."""
+    from pathlib import Path
+
+    from sentemb.config.load import load_config, resolve_run
+    from sentemb.config.settings import fingerprint
+
+    root = Path(__file__).resolve().parents[1]
+    new = load_config(root / "config" / "config.yaml")
+    old = load_config(root / "config" / "config.yaml", {"sts_corpus": {"pairs": "scored", "duplicates": "drop"}})
+    a, b = (resolve_run(c, "paser", "bert-base-uncased", 42) for c in (new, old))
+    assert "corpus_form" not in b.paths and a.paths["corpus_form"] == "pairs=all,duplicates=keep"
+    assert fingerprint(a) != fingerprint(b)
+    s1, s2 = (resolve_run(c, "simcse", "bert-base-uncased", 42) for c in (new, old))
+    assert fingerprint(s1) == fingerprint(s2)

@@ -15,7 +15,8 @@ rule model_card:
         train=f"{RUN_DIR}/train.json",
         evaluations=card_evaluations,
         published=PUBLISHED,
-        backbone=LAYOUT.model(),
+        # the model the encoder started from (runs[].weights, else the backbone), whose card the card cites
+        backbone=lambda w: resolve_run(CFG, w.name, w.backbone, int(w.seed)).paths["model"],
     output:
         f"{RUN_DIR}/model_card.json",
     params:

@@ -163,7 +163,15 @@ def validate_config(config: dict, source: str = "config") -> dict:
             where = (f"studies[{run['study']}] point {json.dumps(run['point'], sort_keys=True)}: method_args"
                      if run["study"] else f"runs[{i}].method_args")
             margs = _method_args(cls, run["method"], config["methods"], run["method_args"], f"runs[{i}].method_args")
-            cls.check(cls.make_args(margs), config, where)
+            args = cls.make_args(margs)
+            cls.check(args, config, where)
+            # runs[].weights start the encoder the job loads; a stage of its own (trained from the backbone)
+            # or a checkpoint named in the method's arguments would replace it without a word
+            if run["weights"] is not None and ("pretrained" in cls.requires(args) or margs.get("aux_checkpoint")):
+                raise SentembError(
+                    f"runs[{i}].weights: '{run['weights']}' would be replaced by the method's "
+                    f"{'aux_checkpoint' if margs.get('aux_checkpoint') else 'pretraining stage (trained from the backbone)'}"
+                    f"; use it with arguments that start from the loaded model (InfoCSE: init: backbone)")
     except SentembError as e:
         raise SentembError(f"invalid configuration in {source}: config key {e}") from None
     return config
@@ -298,6 +306,11 @@ def resolve_run(config: dict | Config, name: str, backbone: str, seed: int, *, m
     settings = TrainSettings.from_dict(copy.deepcopy(train))
     from ..methods import get_method, method_source
 
+    paths = Layout.of(cfg).job_paths(corpus, backbone, inputs, token_cache=settings.token_cache, weights=weights)
+    if corpus == "sts-unlabeled" and (cfg.sts_corpus.pairs, cfg.sts_corpus.duplicates) != ("scored", "drop"):
+        # the same file, other sentences than before sts_corpus existed: in the fingerprint, so that a state
+        # saved on the old corpus does not resume on this one (at the old form the key is absent, as before)
+        paths["corpus_form"] = f"pairs={cfg.sts_corpus.pairs},duplicates={cfg.sts_corpus.duplicates}"
     source = method_source(get_method(method))  # a method from the user's code: its file's digest
     if source:
         extra = {"method_module": source[0], "method_digest": source[1], **extra}
@@ -310,7 +323,7 @@ def resolve_run(config: dict | Config, name: str, backbone: str, seed: int, *, m
         corpus=corpus, **extra,
         **({k: getattr(run, k) for k in ("study", "point") if getattr(run, k) is not None}
            if run is not None else {}),  # MLflow tags
-        paths=Layout.of(cfg).job_paths(corpus, backbone, inputs, token_cache=settings.token_cache, weights=weights),
+        paths=paths,
     )
 
 

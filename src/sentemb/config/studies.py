@@ -153,7 +153,8 @@ def _points(study: dict, where: str, source: str) -> tuple[list[str], list[dict[
 
 def _signature(config: dict, run: dict) -> str:
     """What makes two runs the same training (``sentemb.config.settings.fingerprint`` on the unexpanded config):
-    method, backbone, corpus, the weight-changing train settings, arguments."""
+    method, backbone, starting weights (``runs[].weights``), corpus, the weight-changing train settings,
+    arguments."""
     from ..methods import get_method
 
     from ..config.settings import weight_free_keys
@@ -163,7 +164,8 @@ def _signature(config: dict, run: dict) -> str:
     margs = {**cls.arg_defaults(), **config["methods"].get(run["method"], {}), **run["method_args"]}
     # the weight-changing settings only, as sentemb.config.settings.fingerprint (a logging knob makes no other run)
     train = {k: v for k, v in {**config["train"], **run["train"]}.items() if k not in weight_free_keys()}
-    return json.dumps([run["method"], run["backbone"], run["corpus"] or config["corpus"]["name"], train, margs],
+    return json.dumps([run["method"], run["backbone"], run.get("weights"), run["corpus"] or config["corpus"]["name"],
+                       train, margs],
                       sort_keys=True,
                       default=str)
 

@@ -70,7 +70,13 @@ def check_manifest(directory: str | os.PathLike, refresh: bool = False) -> list[
             else:
                 want["mtime_ns"], touched = st.st_mtime_ns, True
     if refresh and touched and not problems:
-        _write_whole(path, json.dumps({"files": files}, indent=1) + "\n")
+        st = directory.stat()
+        try:
+            _write_whole(path, json.dumps({"files": files}, indent=1) + "\n")
+            # the folder's own mtime as it was: Snakemake must not see a fetched model as newer than its runs
+            os.utime(directory, ns=(st.st_atime_ns, st.st_mtime_ns))
+        except OSError:  # a read-only cache: the check still holds, it will hash again next time
+            pass
     return problems
 
 
@@ -123,7 +129,10 @@ def check_file_manifest(path: str | os.PathLike, refresh: bool = False) -> list[
         if sha256_file(path) != digest:
             return [f"{path}: content changed since it was written and verified (sha256 differs)"]
         if refresh:
-            write_file_manifest(path, digest)
+            try:
+                write_file_manifest(path, digest)
+            except OSError:  # a read-only cache: hashed again next time
+                pass
     return []
 
 

@@ -258,16 +258,19 @@ def check_same_vocabulary(tokenizer, other, where: str) -> None:
 
 
 def modern_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """A checkpoint's tensor names as ``from_pretrained`` reads them: a last component ``gamma`` is
-    ``weight`` and ``beta`` is ``bias``. Google's BERT checkpoints on the Hub (``bert-base-uncased``,
+    """A checkpoint's tensor names as ``from_pretrained`` reads them: ``LayerNorm.gamma`` is
+    ``LayerNorm.weight`` and ``LayerNorm.beta`` is ``LayerNorm.bias``. Google's BERT checkpoints on the Hub (``bert-base-uncased``,
     ``bert-large-uncased``: their ``model.safetensors`` too) still name every LayerNorm's tensors
     ``LayerNorm.gamma`` / ``LayerNorm.beta``, among them the MLM head's ``cls.predictions.transform``,
     which PaSeR and InfoCSE read from the file themselves (transformers renames them on load)."""
-    rename = {"gamma": "weight", "beta": "bias"}
+    rename = {"LayerNorm.gamma": "LayerNorm.weight", "LayerNorm.beta": "LayerNorm.bias"}
     out = {}
     for k, v in state.items():
-        head, _, last = k.rpartition(".")
-        out[f"{head}.{rename[last]}" if head and last in rename else k] = v
+        old = next((o for o in rename if k.endswith(o)), None)
+        name = k[: -len(old)] + rename[old] if old else k
+        if name in out or (old and name in state):
+            raise SentembError(f"checkpoint names {name} twice (as {k} and {name})")
+        out[name] = v
     return out
 
 

@@ -687,7 +687,8 @@ def corpus_text_files(config: dict | Config, corpus: str, lengths_from: str | Pa
     out: list[tuple[Path, str]] = []
     if lengths_from:
         out.append((Path(lengths_from), "--lengths-from"))
-    out.append((Path(Layout.of(cfg).corpus(corpus)), "prepared corpus"))
+    if not _stale_sts_corpus(cfg, corpus):
+        out.append((Path(Layout.of(cfg).corpus(corpus)), "prepared corpus"))
     roots = []
     mirror = os.environ.get("SENTEMB_MIRROR") or cfg.mirror
     if mirror:
@@ -704,6 +705,20 @@ def corpus_text_files(config: dict | Config, corpus: str, lengths_from: str | Pa
                 out.append((made, f"sts-unlabeled made from {d} (sentemb prepare-sts-corpus)"))
                 break
     return out
+
+
+def _stale_sts_corpus(cfg: Config, corpus: str) -> bool:
+    """A prepared ``sts-unlabeled`` made in another form than config ``sts_corpus`` asks (its summary
+    says how; one made before the key existed is the scored, deduplicated form): the workflow will
+    make it again, so the plan does not read it."""
+    if corpus != "sts-unlabeled":
+        return False
+    try:
+        made = json.loads(Path(f"{Path(cfg.resources_dir) / 'corpus' / corpus}.txt.json").read_text("utf-8"))
+    except (OSError, ValueError):
+        return False
+    want = (cfg.sts_corpus.pairs == "all", cfg.sts_corpus.duplicates == "keep")
+    return (bool(made.get("unscored")), bool(made.get("keep_duplicates"))) != want
 
 
 def _sts_unlabeled_text(senteval_dir: Path, unscored: bool = True, keep_duplicates: bool = True) -> Path | None:
@@ -973,7 +988,7 @@ def corpus_lines(config: dict | Config, corpus: str) -> int:
 
     cfg = Config.of(config)
     path = Path(cfg.resources_dir) / "corpus" / f"{corpus}.txt"
-    if path.is_file():
+    if path.is_file() and not _stale_sts_corpus(cfg, corpus):
         return count_lines(path)
     c = cfg.corpus
     if corpus == c.name and (c.expected_lines or c.max_sentences):
