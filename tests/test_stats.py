@@ -423,6 +423,10 @@ def test_stats_settings_and_targets():
     assert stats_settings(cfg)["paraphrase"]["enabled"] is True
     assert stats_targets(cfg)[-2:] == ["res/stats/c/paraphrases.txt", "res/stats/c/tfidf_para.parquet"]
     assert "res/stats/c/rake_top3.parquet" in stats_targets(cfg)
+    # an entry named only as runs[].weights (starting weights) gets no token frequencies
+    cfg = validate_config({**json.loads(json.dumps(raw)),
+                           "runs": [{"method": "simcse", "backbone": "bert", "weights": "roberta"}]})
+    assert [t for t in stats_targets(cfg) if "token_freq" in t] == ["res/stats/c/token_freq.bert.parquet"]
 
 
 def test_all_builds_only_the_statistics_the_runs_read_unless_the_corpus_report_is_asked():

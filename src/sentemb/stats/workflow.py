@@ -68,8 +68,10 @@ def stats_targets(config: dict | Config, corpus: str | None = None, paraphrases:
     if corpus is None:
         return [t for c in run_corpora(cfg) or [cfg.corpus.name] for t in stats_targets(cfg, c, paraphrases)]
     layout = Layout.of(cfg)
-    used = {r.backbone for r in cfg.runs} | set(cfg.baselines)  # not an entry named only as runs[].weights
-    targets = [layout.token_freq(corpus, b) for b in cfg.backbones if b in used]
+    # every declared backbone's tokenizer, but an entry named only as runs[].weights (starting weights, no tokenizer
+    # of a run's own)
+    weights_only = {r.weights for r in cfg.runs} - {r.backbone for r in cfg.runs} - set(cfg.baselines)
+    targets = [layout.token_freq(corpus, b) for b in cfg.backbones if b not in weights_only]
     targets += [layout.tfidf(corpus), layout.rake(corpus, cfg.stats.rake_top_k), layout.stats_summary(corpus)]
     if needs_paraphrases(cfg, corpus) if paraphrases is None else paraphrases:
         targets += [layout.paraphrases(corpus), layout.tfidf_para(corpus)]
