@@ -399,7 +399,9 @@ def infocse_code_compare(model_dir, args, backbone):
 
 
 def _infocse_args(config, backbone):
-    return {**code_args(config, "infocse-code", backbone), "skip_from": 1, "init": "backbone"}  # tiny: 2 layers
+    # tiny: 2 layers; its checkpoint has no MLM head, so the backbone's own path (init: backbone) stands in for
+    # aux_checkpoint: model, which loads the same three parts from the run's model (tests/test_infocse.py)
+    return {**code_args(config, "infocse-code", backbone), "skip_from": 1, "init": "backbone", "aux_checkpoint": None}
 
 
 @pytest.mark.parametrize("backbone", ["bert-base-uncased", "bert-large-uncased"])

@@ -471,3 +471,44 @@ def test_head_init_random_starts_the_head_layers_fresh_as_the_authors_scripts(ti
             assert torch.equal(m.encoder.embeddings.word_embeddings.weight,
                                weights["embeddings.word_embeddings.weight"]), what
         assert all(p.requires_grad for p in m.aux_head.parameters()), what
+
+
+@pytest.mark.parametrize("names", ["today", "google"])
+def test_aux_checkpoint_model_takes_encoder_lower_copy_and_mlm_head_from_the_loaded_checkpoint(tiny_bert_dir, tmp_path,
+                                                                                          names):
+    """``aux_checkpoint: model`` (infocse-code with ``runs[].weights``: the Hub's Condenser): the encoder, the
+    frozen lower copy and the MLM head are the run's own model's, as ``train_cls_mlm.py`` loads them from
+    ``--model_name_or_path``; the head layers fresh (``head_init: random``); no stage-1 input is declared.
+    ``google``: the checkpoint names its LayerNorm tensors gamma/beta, as the Hub's BERT and Condenser
+    files of that age do."""
+    import shutil
+
+    from safetensors.torch import save_file
+    from transformers import BertConfig, BertForMaskedLM
+
+    d = tmp_path / "condenser"
+    shutil.copytree(tiny_bert_dir, d)
+    torch.manual_seed(4)
+    ref = BertForMaskedLM(BertConfig.from_pretrained(d))
+    with torch.no_grad():
+        ref.cls.predictions.bias.normal_()
+        ref.cls.predictions.transform.dense.weight.normal_()
+    ref.save_pretrained(d)
+    if names == "google":
+        state = load_file(str(d / "model.safetensors"))
+        save_file({k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): v
+                   for k, v in state.items()}, str(d / "model.safetensors"), metadata={"format": "pt"})
+    args = {"skip_from": 1, "aux_checkpoint": "model", "head_init": "random"}
+    assert InfoCSE.requires(InfoCSE.make_args(InfoCSE.resolve_args(args))) == ()
+    m = _make(InfoCSE, d, args)
+    want = ref.bert.state_dict()
+    for k, v in m.encoder.state_dict().items():
+        assert torch.equal(v, want[k]), k
+    for k, v in m.aux_lower.state_dict().items():
+        assert torch.equal(v, want[k]), k
+    p = ref.cls.predictions
+    assert torch.equal(m.aux_mlm.dense.weight, p.transform.dense.weight) and torch.equal(m.aux_mlm.bias, p.bias)
+    assert torch.equal(m.aux_mlm.LayerNorm.weight, p.transform.LayerNorm.weight)
+    # a checkpoint without one: the head starts fresh (W = the word embeddings), as the code's lm_head would
+    bare = _make(InfoCSE, tiny_bert_dir, args)
+    assert torch.equal(bare.aux_mlm.W, bare.encoder.get_input_embeddings().weight) and not bare.aux_mlm.bias.any()

@@ -167,11 +167,13 @@ def validate_config(config: dict, source: str = "config") -> dict:
             cls.check(args, config, where)
             # runs[].weights start the encoder the job loads; a stage of its own (trained from the backbone)
             # or a checkpoint named in the method's arguments would replace it without a word
-            if run["weights"] is not None and ("pretrained" in cls.requires(args) or margs.get("aux_checkpoint")):
+            own = margs.get("aux_checkpoint") not in (None, "model")  # a checkpoint of its own, not the loaded model
+            if run["weights"] is not None and ("pretrained" in cls.requires(args) or own):
                 raise SentembError(
                     f"runs[{i}].weights: '{run['weights']}' would be replaced by the method's "
-                    f"{'aux_checkpoint' if margs.get('aux_checkpoint') else 'pretraining stage (trained from the backbone)'}"
-                    f"; use it with arguments that start from the loaded model (InfoCSE: init: backbone)")
+                    f"{'aux_checkpoint' if own else 'pretraining stage (trained from the backbone)'}"
+                    f"; use it with arguments that start from the loaded model (InfoCSE: aux_checkpoint: model, "
+                    "or init: backbone)")
     except SentembError as e:
         raise SentembError(f"invalid configuration in {source}: config key {e}") from None
     return config

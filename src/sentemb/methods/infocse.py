@@ -67,7 +67,9 @@ code's (2 epochs, lr 7e-6, ``mlp: batchnorm``, mask 0.3 on large). Ablations: ``
 mask-rate studies as named runs. ``aux_checkpoint`` skips stage 1 with a directory holding a BERT
 encoder, its MLM head and the head layers (this module's stage-1 output, or a Condenser checkpoint
 with head weights: ``c_head.*`` in ``model.pt``); a headless one is refused unless ``head_init:
-random``.
+random``. ``aux_checkpoint: model`` is the model the run loads: with ``runs[].weights`` naming the
+Hub's Condenser (``infocse-code``), the encoder, the frozen lower copy and the MLM head all come from
+it, as in the authors' ``train_cls_mlm.py``.
 * ``head_init``: the auxiliary network's ``head_layers`` come with the rest of it (``pretrained``:
   stage 1 or ``aux_checkpoint``, or with ``init: backbone`` the backbone's upper layers; the paper
   pretrains both networks), or start fresh (``random``: N(0, initializer_range), biases 0, LayerNorm
@@ -238,13 +240,16 @@ def encoder_state(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k: v for k, v in weights.items() if not k.startswith(("cls.", "pooler.", "c_head."))}
 
 
-def read_aux_checkpoint(path: str | Path, hidden_size: int, head_layers: int, need_layers: bool = True) -> dict[str, Any]:
+def read_aux_checkpoint(path: str | Path, hidden_size: int, head_layers: int, need_layers: bool = True,
+                        need_mlm: bool = True) -> dict[str, Any]:
     """Encoder, MLM head and auxiliary head layers of a stage-1 output or ``aux_checkpoint``.
 
     Layouts: this module's (``aux_head.safetensors``: ``c_head.<i>.*`` + ``cls.predictions.*``), or a
     Condenser checkpoint (HF weights with ``cls.predictions.*`` + ``model.pt`` holding ``c_head.*``).
     ``need_layers=False`` (``head_init: random``): the head layers are not read, and a headless
-    checkpoint (the Hub's Condenser) serves. Errors name the path and what is missing."""
+    checkpoint (the Hub's Condenser) serves. ``need_mlm=False`` (``aux_checkpoint: model``): a checkpoint
+    without an MLM head gives ``mlm`` {} (the head then starts fresh). Errors name the path and what is
+    missing."""
     from safetensors.torch import load_file
 
     path = Path(path)
@@ -270,7 +275,7 @@ def read_aux_checkpoint(path: str | Path, hidden_size: int, head_layers: int, ne
     if need_layers and n != head_layers:
         raise SentembError(f"InfoCSE auxiliary checkpoint {path}: {n} head layers, but head_layers is {head_layers}")
     mlm = mlm_head_state(head) or mlm_head_state(weights)
-    if not mlm:
+    if not mlm and need_mlm:
         raise SentembError(f"InfoCSE auxiliary checkpoint {path}: no MLM head (cls.predictions.*)")
     enc = encoder_state(weights)
     meta = json.loads((path / AUX_META_FILE).read_text("utf-8")) if (path / AUX_META_FILE).is_file() else {}
@@ -324,7 +329,9 @@ class InfoCSE(Method):
                         choices=("pretrain", "backbone"))
         aux_checkpoint: str | None = arg(None, "skip stage 1: a directory with a BERT encoder, its MLM head and the "
                                          "head layers (this stage-1 output or Condenser with c_head weights; "
-                                         "with head_init: random a headless one, e.g. the Hub's Luyu/condenser)")
+                                         "with head_init: random a headless one, e.g. the Hub's Luyu/condenser); "
+                                         "model: the model the run loads, i.e. its runs[].weights (infocse-code: "
+                                         "the Hub's Condenser, fetched by the workflow) or its backbone")
         head_init: str = arg("pretrained", "the auxiliary network's head_layers: pretrained with the rest of it (stage 1 "
                              "or aux_checkpoint; init: backbone: the backbone's upper layers), or random: "
                              "N(0, initializer_range), biases 0, LayerNorm 1/0 (code: its scripts name a Hub "
@@ -400,12 +407,16 @@ class InfoCSE(Method):
 
         src = None
         fresh = a.head_init == "random"  # the head layers keep _init_bert_'s draw below (the code's c_head)
-        if a.aux_checkpoint:
-            src = read_aux_checkpoint(a.aux_checkpoint, cfg.hidden_size, a.head_layers, need_layers=not fresh)
+        aux_dir = (str(ctx.model_dir) if a.aux_checkpoint == "model" else a.aux_checkpoint) if a.aux_checkpoint else None
+        if a.aux_checkpoint == "model" and not ctx.model_dir:
+            raise SentembError("infocse: aux_checkpoint: model needs the run's model directory (none was given)")
+        if aux_dir:
+            src = read_aux_checkpoint(aux_dir, cfg.hidden_size, a.head_layers, need_layers=not fresh,
+                                      need_mlm=a.aux_checkpoint != "model")
         elif a.init == "pretrain":
             src = read_aux_checkpoint(ctx.input("pretrained"), cfg.hidden_size, a.head_layers, need_layers=not fresh)
         if src is not None:
-            where = a.aux_checkpoint or str(ctx.input("pretrained"))
+            where = aux_dir or str(ctx.input("pretrained"))
             m = src["meta"]
             if m and m.get("skip_from") not in (None, a.skip_from):
                 raise SentembError(f"infocse: {where} was pretrained with skip_from {m['skip_from']}, this run uses "
@@ -429,7 +440,11 @@ class InfoCSE(Method):
                 missing, _ = self.aux_head.load_state_dict(src["layers"], strict=False)
                 if missing:
                     raise SentembError(f"infocse: {where}: head layer tensors missing: {', '.join(missing[:5])}")
-            self.aux_mlm.load_bert(src["mlm"], where)
+            if src["mlm"]:
+                self.aux_mlm.load_bert(src["mlm"], where)
+            else:  # aux_checkpoint: model without cls.predictions (the code's lm_head would start fresh too)
+                log.warning("infocse: %s has no MLM head (cls.predictions.*): the auxiliary MLM head starts fresh "
+                            "with W = the word embeddings", where)
         else:  # Table 4 "w/o pretraining": the backbone's upper layers and (if present) MLM head
             if not fresh:
                 self.aux_head.load_state_dict(
