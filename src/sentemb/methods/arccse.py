@@ -48,9 +48,11 @@ Open choices (methods.md §5 **open**), with the switch that changes each:
   loop setting, not a method argument. The paper runs read it as 64 sentences per update
   (``batch_size: 32, grad_accum: 2``); the literal reading is the named run ``arccse-accum64``
   (``grad_accum: 64``). In-batch negatives are those of one micro-batch either way. "We evaluate
-  our model every 125 training steps" counts the same steps: updates of 64 sentences in the paper
-  runs (``eval_steps: 125``), micro-batches of 32 in ``arccse-accum64`` (``train.eval_unit:
-  micro_batches``, ``sentemb.train.loop.eval_due``: 249 checks in its 488 updates instead of 3).
+  our model every 125 training steps" is read per run. The paper runs count updates of 64 sentences
+  (``eval_steps: 125``), so their two rules use "step" for two things (32 sentences in the update
+  rule, an update in the evaluation rule): an open choice. ``arccse-accum64`` counts micro-batches
+  of 32 (``train.eval_unit: micro_batches``, ``sentemb.train.loop.eval_due``: 249 checks in its 488
+  updates instead of 3).
 * Maximum lengths: ArcCon truncates at ``train.max_len`` (the runs: 512 = the longest sentence of
   the batch for base models, 32 for large, as the paper); triplets have their own
   ``triplet_max_len`` (default 512 = the longest of the batch, capped at the model's position
@@ -75,8 +77,8 @@ Open choices (methods.md §5 **open**), with the switch that changes each:
 Bucketed widths (``train.buckets``, ``sentemb.data.buckets``): the ArcCon rows are padded to a
 bucket of their longest row and the triplet rows to a bucket of theirs, which may pass ``max_len``
 (32 in the large runs) up to the triplets' truncation (``triplet_max_len`` within the model's
-positions): past the last bucket the widths double up to it (``Method.width(n, limit)``: 64, 128,
-256, 512 at ``max_len`` 32). Spans are drawn over each sentence's own units and padded positions are
+positions): past the last bucket the widths grow in half-octaves up to it (``Method.width(n, limit)``:
+48, 64, 96, 128, 192, 256, 384, 512 at ``max_len`` 32). Spans are drawn over each sentence's own units and padded positions are
 attention 0, so every logged term is the same with and without buckets (``tests/test_buckets.py``).
 The number of triplet rows, 3·|T|, varies per batch (the sentences with ≥ ``min_words`` words).
 """

@@ -419,7 +419,7 @@ class Method(nn.Module):
         without buckets. Every variable width a method builds goes through it, so that one epoch
         meets a few step shapes. ``limit``: the group's own longest possible width when it may pass
         ``max_len`` (ArcCSE's triplets: their truncation, within the model's positions); beyond the
-        last bucket the widths then double up to it (``bucket_width``)."""
+        last bucket the widths then grow in half-octaves up to it (``bucket_width``)."""
         from ..data.buckets import bucket_width
 
         return bucket_width(n, self.ctx.buckets, limit)
