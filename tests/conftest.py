@@ -142,6 +142,35 @@ def simcse_run(model, corpus, senteval, **train_over):
     return tiny_run(model, corpus, senteval, "simcse", **train_over)
 
 
+def mlm_checkpoint(model_dir: Path, dest: Path, legacy: bool = False, seed: int = 1):
+    """A random BertForMaskedLM of ``model_dir``'s shape saved to ``dest`` (its MLM head's bias,
+    dense weight and LayerNorm made non-trivial), and the model itself in eval mode; ``legacy``: its
+    file then renamed the way Google's BERT checkpoints on the Hub name their tensors
+    (``LayerNorm.gamma`` / ``LayerNorm.beta``)."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+    from transformers import BertConfig, BertForMaskedLM
+
+    shutil.copytree(model_dir, dest)
+    torch.manual_seed(seed)
+    ref = BertForMaskedLM(BertConfig.from_pretrained(dest))
+    with torch.no_grad():
+        p = ref.cls.predictions
+        for t in (p.bias, p.transform.dense.weight, p.transform.LayerNorm.weight):
+            t.normal_()
+    ref.save_pretrained(dest)
+    if legacy:
+        f = dest / "model.safetensors"
+        state = load_file(str(f))
+        old = {k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): v
+               for k, v in state.items()}
+        assert "cls.predictions.transform.LayerNorm.gamma" in old
+        save_file(old, str(f), metadata={"format": "pt"})
+    return dest, ref.eval()
+
+
 def assert_same_model(a: Path, b: Path) -> None:
     """Every tensor of the exported model in ``a`` equals the one in ``b``, bit for bit."""
     import torch

@@ -481,23 +481,9 @@ def test_aux_checkpoint_model_takes_encoder_lower_copy_and_mlm_head_from_the_loa
     ``--model_name_or_path``; the head layers fresh (``head_init: random``); no stage-1 input is declared.
     ``google``: the checkpoint names its LayerNorm tensors gamma/beta, as the Hub's BERT and Condenser
     files of that age do."""
-    import shutil
+    from conftest import mlm_checkpoint
 
-    from safetensors.torch import save_file
-    from transformers import BertConfig, BertForMaskedLM
-
-    d = tmp_path / "condenser"
-    shutil.copytree(tiny_bert_dir, d)
-    torch.manual_seed(4)
-    ref = BertForMaskedLM(BertConfig.from_pretrained(d))
-    with torch.no_grad():
-        ref.cls.predictions.bias.normal_()
-        ref.cls.predictions.transform.dense.weight.normal_()
-    ref.save_pretrained(d)
-    if names == "google":
-        state = load_file(str(d / "model.safetensors"))
-        save_file({k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): v
-                   for k, v in state.items()}, str(d / "model.safetensors"), metadata={"format": "pt"})
+    d, ref = mlm_checkpoint(tiny_bert_dir, tmp_path / "condenser", legacy=names == "google", seed=4)
     args = {"skip_from": 1, "aux_checkpoint": "model", "head_init": "random"}
     assert InfoCSE.requires(InfoCSE.make_args(InfoCSE.resolve_args(args))) == ()
     m = _make(InfoCSE, d, args)

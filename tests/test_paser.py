@@ -545,30 +545,10 @@ def test_top_k_default_is_the_full_model_of_tables_4_8_9():
 
 
 def _mlm_checkpoint(tiny_bert_dir, tmp_path, legacy=False):
-    """A tiny random BertForMaskedLM saved to disk (bias and LayerNorm made non-trivial), and the model
-    itself; ``legacy``: its file then renamed the way Google's BERT checkpoints on the Hub name their
-    tensors (``LayerNorm.gamma`` / ``LayerNorm.beta``)."""
-    import shutil
+    """A tiny random BertForMaskedLM saved to disk, and the model itself (``conftest.mlm_checkpoint``)."""
+    from conftest import mlm_checkpoint
 
-    from safetensors.torch import load_file, save_file
-    from transformers import BertConfig, BertForMaskedLM
-
-    d = tmp_path / "mlm_model"
-    shutil.copytree(tiny_bert_dir, d)
-    torch.manual_seed(1)
-    ref = BertForMaskedLM(BertConfig.from_pretrained(tiny_bert_dir))
-    with torch.no_grad():
-        ref.cls.predictions.bias.normal_()
-        ref.cls.predictions.transform.LayerNorm.weight.normal_()
-    ref.save_pretrained(d)
-    if legacy:
-        f = d / "model.safetensors"
-        state = load_file(str(f))
-        old = {k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): v
-               for k, v in state.items()}
-        assert "cls.predictions.transform.LayerNorm.gamma" in old
-        save_file(old, str(f), metadata={"format": "pt"})
-    return d, ref.eval()
+    return mlm_checkpoint(tiny_bert_dir, tmp_path / "mlm_model", legacy)
 
 
 @pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied-code"])
