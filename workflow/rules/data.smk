@@ -151,8 +151,8 @@ rule prepare_sts_corpus:
         "benchmarks/data/prepare_corpus_sts-unlabeled.tsv"
     params:
         # config sts_corpus (ConSERT's loader by default); a change makes the corpus again (params trigger)
-        opts=" ".join(f for f, on in (("--unscored", CFG.sts_corpus.pairs == "all"),
-                                      ("--keep-duplicates", CFG.sts_corpus.duplicates == "keep")) if on),
+        opts=" ".join(f for f, on in (("--unscored", CFG.sts_corpus.unscored),
+                                      ("--keep-duplicates", CFG.sts_corpus.keep_duplicates)) if on),
     localrule: True
     conda:
         "../envs/sentemb.yaml"

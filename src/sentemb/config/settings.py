@@ -466,6 +466,16 @@ class StsCorpusSettings:
         "with pairs all); drop - the first occurrence of each (after whitespace normalisation) only (30,840 with "
         "pairs scored, this corpus before the key existed).", choices=("keep", "drop"))
 
+    @property
+    def unscored(self) -> bool:
+        """``sentemb prepare-sts-corpus --unscored`` (every line of STS12-16's input files)."""
+        return self.pairs == "all"
+
+    @property
+    def keep_duplicates(self) -> bool:
+        """``sentemb prepare-sts-corpus --keep-duplicates``."""
+        return self.duplicates == "keep"
+
 
 @dataclass
 class SentEvalSource:

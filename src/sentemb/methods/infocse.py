@@ -407,9 +407,9 @@ class InfoCSE(Method):
 
         src = None
         fresh = a.head_init == "random"  # the head layers keep _init_bert_'s draw below (the code's c_head)
-        aux_dir = (str(ctx.model_dir) if a.aux_checkpoint == "model" else a.aux_checkpoint) if a.aux_checkpoint else None
         if a.aux_checkpoint == "model" and not ctx.model_dir:
             raise SentembError("infocse: aux_checkpoint: model needs the run's model directory (none was given)")
+        aux_dir = str(ctx.model_dir) if a.aux_checkpoint == "model" else a.aux_checkpoint  # None: no checkpoint
         if aux_dir:
             src = read_aux_checkpoint(aux_dir, cfg.hidden_size, a.head_layers, need_layers=not fresh,
                                       need_mlm=a.aux_checkpoint != "model")

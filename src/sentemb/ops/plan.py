@@ -700,7 +700,7 @@ def corpus_text_files(config: dict | Config, corpus: str, lengths_from: str | Pa
     out = [(p, what) for p, what in out if p.is_file()]
     if corpus == "sts-unlabeled" and not out:  # not prepared yet: made as the workflow makes it, from SentEval's data
         for d in [Path(Layout.of(cfg).eval_data("senteval"))] + [r / cfg.senteval.mirror_path for r in roots]:
-            made = _sts_unlabeled_text(d, cfg.sts_corpus.pairs == "all", cfg.sts_corpus.duplicates == "keep")
+            made = _sts_unlabeled_text(d, cfg.sts_corpus.unscored, cfg.sts_corpus.keep_duplicates)
             if made is not None:
                 out.append((made, f"sts-unlabeled made from {d} (sentemb prepare-sts-corpus)"))
                 break
@@ -711,13 +711,15 @@ def _stale_sts_corpus(cfg: Config, corpus: str) -> bool:
     """A prepared ``sts-unlabeled`` made in another form than config ``sts_corpus`` asks (its summary
     says how; one made before the key existed is the scored, deduplicated form): the workflow will
     make it again, so the plan does not read it."""
+    from ..config.paths import Layout
+
     if corpus != "sts-unlabeled":
         return False
     try:
-        made = json.loads(Path(f"{Path(cfg.resources_dir) / 'corpus' / corpus}.txt.json").read_text("utf-8"))
+        made = json.loads(Path(Layout.of(cfg).corpus_summary(corpus)).read_text("utf-8"))
     except (OSError, ValueError):
         return False
-    want = (cfg.sts_corpus.pairs == "all", cfg.sts_corpus.duplicates == "keep")
+    want = (cfg.sts_corpus.unscored, cfg.sts_corpus.keep_duplicates)
     return (bool(made.get("unscored")), bool(made.get("keep_duplicates"))) != want
 
 
