@@ -99,3 +99,43 @@ def test_not_yaml_and_missing_file(tmp_path):
         load_config(p)
     with pytest.raises(SentembError, match="not found"):
         load_config(tmp_path / "none.yaml")
+
+
+def test_check_config_merges_files_as_snakemake_and_names_the_line_or_key(tmp_path, capsys, monkeypatch):
+    """``sentemb check-config``: several files update each other key by key (Snakemake's --configfile
+    merge), the summary counts the merged config's jobs, a YAML syntax error names file, line and column
+    (Snakemake's own message names none), a bad setting its key; exit 2 on an error."""
+    from conftest import REPO
+
+    from sentemb.cli import main
+    from sentemb.config.load import jobs, merge_configs
+
+    monkeypatch.chdir(REPO)
+    demo = load_config("config/demo.yaml")
+    seeds = tmp_path / "seeds.yaml"
+    seeds.write_text("seeds: [1, 2, 3]\ntrain: {lr: 1.0e-4}\n")
+    merged = merge_configs(["config/demo.yaml", seeds])
+    assert merged["seeds"] == [1, 2, 3] and merged["train"]["lr"] == 1.0e-4
+    demo_text = yaml.safe_load(open("config/demo.yaml"))
+    assert {k: v for k, v in merged["train"].items() if k != "lr"} == \
+        {k: v for k, v in demo_text["train"].items() if k != "lr"}  # the demo's other train keys kept
+    # the demo's text: 6 runs and one study of 3 points, none with seeds of its own; each on 3 seeds now
+    assert len(demo_text["runs"]) == 6 and [len(v) for s in demo_text["studies"] for v in s["vary"].values()] == [3]
+    assert not any("seeds" in r for r in demo_text["runs"] + demo_text["studies"])
+    assert main(["check-config", "config/demo.yaml", str(seeds)]) == 0
+    assert "training jobs (runs x seeds): 27" in capsys.readouterr().out
+    assert main(["check-config", "config/demo.yaml"]) == 0
+    assert f"training jobs (runs x seeds): {len(jobs(demo))}" in capsys.readouterr().out
+
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("seeds: [1, 2]\ntrain:\n  lr: 1e-4\n   batch_size: 8\n")
+    assert main(["check-config", "config/demo.yaml", str(broken)]) == 2
+    err = capsys.readouterr().err
+    assert f'"{broken}", line 4, column' in err and "<unicode string>" not in err
+    with pytest.raises(SentembError, match=f'{broken}.*line 4, column'):
+        load_config(broken)
+    wrong = tmp_path / "wrong.yaml"
+    wrong.write_text("train: {batch_size: -4}\n")
+    assert main(["check-config", "config/demo.yaml", str(wrong)]) == 2
+    err = capsys.readouterr().err
+    assert "train.batch_size" in err and str(wrong) in err

@@ -40,6 +40,23 @@ def test_full_disk_halfway_through_a_directory_leaves_nothing(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_manifest_write_that_fails_halfway_leaves_no_temporary_file(tmp_path, monkeypatch):
+    from sentemb.data.cache import write_file_manifest
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("a line\n")
+    real = Path.write_text
+
+    def half(self, text, *a, **k):  # half the manifest written, then the disk is full
+        real(self, text[: len(text) // 2], *a, **k)
+        _enospc()
+
+    monkeypatch.setattr(Path, "write_text", half)
+    with pytest.raises(OSError):
+        write_file_manifest(corpus)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.txt"]
+
+
 def _cached(tmp_path):
     d = tmp_path / "resources" / "models" / "m"
     d.mkdir(parents=True)

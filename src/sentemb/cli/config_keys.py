@@ -36,7 +36,35 @@ def _cmd_config_schema(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_check_config(args: argparse.Namespace) -> int:
+    """Load ``--config`` files as Snakemake merges several ``--configfile``s (later ones update earlier
+    ones, nested mappings key by key), validate them, and print what the config holds. Snakemake's own
+    message for a YAML syntax error names no line; this one does."""
+    from collections import Counter
+
+    from ..config.load import jobs, merge_configs, tested, transfer_runs, validate_config
+    from ..config.settings import Config
+
+    merged = merge_configs(args.config)
+    cfg = Config.of(validate_config(merged, source=", ".join(args.config)))
+    todo = jobs(cfg)
+    methods = Counter(run.method for run in cfg.runs)
+    print(f"{', '.join(args.config)}: valid")
+    print(f"  backbones: {', '.join(cfg.backbones)}")
+    print(f"  runs: {len(cfg.runs)} ({', '.join(f'{m} {n}' for m, n in sorted(methods.items()))}); "
+          f"training jobs (runs x seeds): {len(todo)}")
+    print(f"  evaluated on the STS test sets: {len(tested(cfg))} runs; with the transfer tasks: "
+          f"{len(transfer_runs(cfg))}")
+    print(f"  studies: {', '.join(s.name for s in cfg.studies) or 'none'}")
+    return 0
+
+
 def register(sub) -> None:
+    p = sub.add_parser("check-config", help="validate config file(s) as the workflow would (YAML errors name their "
+                                           "line, setting errors their key) and summarise the jobs they hold")
+    p.add_argument("config", nargs="+", help="config YAML file(s); several are merged in order, as Snakemake merges "
+                                            "--configfile")
+    p.set_defaults(func=_cmd_check_config)
     p = sub.add_parser("config-keys", help="every config key with its type, default and meaning (markdown; "
                                           "config/README.md)")
     p.set_defaults(func=_cmd_config_keys)

@@ -193,17 +193,36 @@ def _known_corpora(name: str) -> list[str]:
 def load_config(path: str | os.PathLike, overrides: dict | None = None) -> dict:
     """Read a YAML config file, apply ``overrides`` (a nested dict), validate and return it."""
     path = Path(path)
+    config = read_config_file(path)
+    if overrides:
+        _deep_update(config, overrides)
+    return validate_config(config, source=str(path))
+
+
+def read_config_file(path: str | os.PathLike) -> dict:
+    """The mapping a YAML config file holds, unvalidated; a syntax error names the file, line and column."""
+    path = Path(path)
     if not path.is_file():
         raise SentembError(f"config file not found: {path}")
     try:
-        config = yaml.safe_load(path.read_text("utf-8")) or {}
+        with open(path, encoding="utf-8") as f:  # a stream: YAML's marks then name the file, not "<unicode string>"
+            config = yaml.safe_load(f) or {}
+    except UnicodeDecodeError as e:
+        raise SentembError(f"config file {path} is not UTF-8 text (byte {e.start})") from None
     except yaml.YAMLError as e:
         raise SentembError(f"config file {path} is not valid YAML: {e}") from None
     if not isinstance(config, dict):
         raise SentembError(f"config file {path} must hold a mapping at the top level")
-    if overrides:
-        _deep_update(config, overrides)
-    return validate_config(config, source=str(path))
+    return config
+
+
+def merge_configs(paths: list[str | os.PathLike]) -> dict:
+    """Several config files merged as Snakemake merges ``--configfile``s: each later file updates the
+    mapping so far, nested mappings key by key."""
+    merged: dict = {}
+    for path in paths:
+        _deep_update(merged, read_config_file(path))
+    return merged
 
 
 def _deep_update(base: dict, upd: dict) -> dict:

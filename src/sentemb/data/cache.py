@@ -83,8 +83,12 @@ def check_manifest(directory: str | os.PathLike, refresh: bool = False) -> list[
 def _write_whole(path: Path, text: str) -> None:
     """``text`` into ``path`` through a temporary file and a rename: a reader sees the old or the new."""
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, "utf-8")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text, "utf-8")
+        os.replace(tmp, path)
+    except BaseException:  # a full disk, a kill: no half-written file left beside the manifest
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def file_manifest_path(path: str | os.PathLike) -> Path:
