@@ -213,6 +213,33 @@ def test_build_batch_with_wordnet_is_deterministic_per_seed_and_micro(tiny_bert_
     assert int((a["input_ids"][:b_] == mask_id).sum()) == 0
 
 
+@pytest.mark.realdata
+def test_eda_stopwords_eda_is_edas_127_word_list_and_lets_won_be_replaced(tiny_bert_dir, setup, shared):
+    """``eda_stopwords: eda``: EDA's ``eda.py`` list, NLTK's English list before its 2018 revision (127
+    words: no contraction, none of their pieces; "don", "s", "t" kept, as EDA keeps them), which lets
+    synonym replacement take a piece such as "won" that NLTK's 179 words protect."""
+    from sentemb.methods.paser import eda_stopword_list
+    from sentemb.stats.rake import load_stopwords
+
+    nltk_words = load_stopwords(shared / "nltk_data")
+    eda_words = eda_stopword_list(nltk_words)
+    assert (len(nltk_words), len(eda_words)) == (179, 127)
+    assert eda_words[:4] == ["i", "me", "my", "myself"] and eda_words[-9:] == \
+        ["very", "s", "t", "can", "will", "just", "don", "should", "now"]
+    assert not {"won", "isn", "re", "ll", "ma", "ain", "don't", "you're"} & set(eda_words)
+    corpus, rake = setup
+    m = make(tiny_bert_dir, corpus, rake, nltk=shared / "nltk_data", eda="sr", eda_stopwords="eda")
+    assert m.eda.stop == set(eda_words)
+    assert make(tiny_bert_dir, corpus, rake, nltk=shared / "nltk_data", eda="sr").eda.stop == set(nltk_words)
+
+    class WonNet(FakeWordNet):
+        TABLE = {"won": ["won", "acquire"]}
+
+    for stop, replaced in ((nltk_words, False), (eda_words, True)):
+        out = EDA("sr", 0.5, M, WonNet(), stopwords=stop)("she won the cup", np.random.default_rng(0))
+        assert ("acquire" in out.split()) == replaced and ("won" in out.split()) != replaced
+
+
 # --------------------------------------------------------------------------------- the signal
 def test_decoding_signal_parts_by_explicit_loops():
     g = torch.Generator().manual_seed(0)

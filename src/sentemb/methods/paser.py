@@ -56,9 +56,11 @@ Open choices (the paper and code leave them open; taken here, switches where che
   is dropped from the target (its surviving masks stay in s̃). The target is capped at
   ``max_target_len`` tokens by dropping whole trailing phrases.
 * **EDA details:** words are whitespace-separated tokens of the (already tokenized) sentence, no
-  EDA character cleaning; stopwords are NLTK's English list (179 words; EDA's own list has 127, and
-  11 of NLTK's extra ones, contractions' pieces such as "isn", "won", "re", have WordNet synonyms:
-  EDA could replace them, this never does; 395 of the 30,840 unique STS lines hold one);
+  EDA character cleaning; stopwords (``eda_stopwords``) are NLTK's English list (179 words, the
+  default) or EDA's own (``eda``: 127 words, NLTK's list before its 2018 revision added the
+  contractions and their pieces; ``eda_stopword_list``). 11 of the 52 extra words, contractions'
+  pieces such as "isn", "won", "re", have WordNet synonyms: EDA replaces them, the NLTK list never
+  does; 395 of the 30,840 unique STS lines hold one;
   WordNet synonyms are sorted before the random choice (deterministic across processes);
   n = max(1, int(ratio · #unmasked words)) replacements/swaps; deletion probability = ratio.
 * **When EDA draws** (``eda_draw``): ``step`` (default; the paper is silent) draws from the
@@ -168,6 +170,18 @@ def mask_phrases(sentence: str, phrases: Sequence[str], mask_token: str) -> Mask
 #: the stream key of ``eda_draw: once`` (seeds (seed, EDA_ONCE_STREAM, line): apart from the
 #: micro-batch generators (seed, micro))
 EDA_ONCE_STREAM = 0x6564
+
+#: the pieces of contractions NLTK's English stopword list gained in its 2018 revision (with the
+#: contractions themselves, the words holding an apostrophe): EDA's ``eda.py`` keeps the list from before
+NLTK_2018_PIECES = frozenset({"d", "ll", "m", "o", "re", "ve", "y", "ain", "aren", "couldn", "didn", "doesn",
+                              "hadn", "hasn", "haven", "isn", "ma", "mightn", "mustn", "needn", "shan", "shouldn",
+                              "wasn", "weren", "won", "wouldn"})
+
+
+def eda_stopword_list(nltk_english: list[str]) -> list[str]:
+    """EDA's stopword list (Wei & Zou 2019, ``eda.py``: 127 words) from NLTK's English list: the words
+    without an apostrophe that NLTK had before its 2018 revision, in NLTK's order."""
+    return [w for w in nltk_english if "'" not in w and w not in NLTK_2018_PIECES]
 
 
 class EDA:
@@ -375,6 +389,9 @@ class PaSeR(Method):
         eda_draw: str = arg("step", "when EDA draws: step - each time a sentence is batched (another augmentation in "
                             "every epoch; the paper is silent); once - once per corpus line, the same in every "
                             "epoch (code: EDA applied offline to its training CSV)", choices=("step", "once"))
+        eda_stopwords: str = arg("nltk", "the words synonym replacement never replaces: nltk - NLTK's English list "
+                                 "(179 words; the paper is silent); eda - EDA's own list (127 words, NLTK's before "
+                                 "2018; code: EDA's eda.py made its training CSV)", choices=("nltk", "eda"))
         signal_m: float = arg(10.0, "m, factor of the difference part of the decoding signal")
         signal_n: float = arg(10.0, "n, factor of the product part of the decoding signal")
         signal_abs: bool = arg(True, "absolute values of difference and product (paper); false = code")
@@ -467,6 +484,8 @@ class PaSeR(Method):
 
             wordnet = load_wordnet(ctx.input("nltk"))
             stop = load_stopwords(ctx.input("nltk"))
+            if a.eda_stopwords == "eda":
+                stop = eda_stopword_list(stop)
         self.eda = EDA(a.eda, a.eda_ratio, tokenizer.mask_token, wordnet, stop)
 
     # ------------------------------------------------------------------ batches
