@@ -65,12 +65,14 @@ def env(shared):
 
 def jobs(workdir):
     """(name, backbone, seed) of every training job the tiny config declares (its study's points included)."""
-    import contextlib
-
     from sentemb.config.load import jobs, load_config
 
-    with contextlib.chdir(workdir):  # method_modules are relative to the working directory
+    here = os.getcwd()
+    os.chdir(workdir)  # method_modules are relative to the working directory (contextlib.chdir: Python 3.11)
+    try:
         cfg = load_config(workdir / "config.yaml")
+    finally:
+        os.chdir(here)
     return [tuple(j) for j in jobs(cfg)]
 
 
