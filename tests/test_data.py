@@ -248,6 +248,44 @@ def test_fetch_model_mirror(tmp_path, mirror):
     assert_clean(bad)
 
 
+def test_a_model_without_its_tokenizer_or_with_cut_weights_is_refused_naming_the_file(tmp_path, mirror, tiny_bert_dir):
+    """transformers 5 builds a 5-token tokenizer from a directory without a vocabulary, which maps every
+    word to [UNK]: fetch-model, the encoder's loader and the statistics refuse it, as they refuse a
+    safetensors file cut short (its header names more bytes than it has) and a cut vocabulary."""
+    from sentemb.model.backbone import load_encoder, load_tokenizer
+    from sentemb.stats.frequency import load_tokenizer as stats_tokenizer
+
+    src = mirror / "models" / "tiny-bert"
+    for f in src.iterdir():
+        if f.name not in ("config.json", "model.safetensors"):
+            f.unlink()
+    bad = tmp_path / "models" / "notok"
+    for load in (lambda: fetch_model(bad, hub_id="someone/tiny-bert", mirror=mirror), lambda: load_encoder(src),
+                 lambda: stats_tokenizer(src), lambda: load_tokenizer(src)):
+        with pytest.raises(SentembError, match=r"tiny-bert: no tokenizer vocabulary \(tokenizer\.json, vocab\.txt"):
+            load()
+    assert_clean(bad)
+
+    cut = tmp_path / "cut"
+    shutil.copytree(tiny_bert_dir, cut)
+    whole = (cut / "model.safetensors").read_bytes()
+    (cut / "model.safetensors").write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(SentembError, match=r"cut/model\.safetensors: not a whole safetensors file"):
+        load_encoder(cut)
+    shutil.copytree(cut, mirror / "models" / "cut")
+    with pytest.raises(SentembError, match=r"cut/model\.safetensors: not a whole safetensors file"):
+        fetch_model(bad, hub_id="someone/cut", mirror=mirror)
+    assert_clean(bad)
+
+    (cut / "model.safetensors").write_bytes(whole)
+    words = (cut / "vocab.txt").read_text().splitlines()
+    (cut / "tokenizer.json").unlink()
+    (cut / "vocab.txt").write_text("\n".join(words[: len(words) // 3]) + "\n")
+    with pytest.raises(SentembError, match=rf"cut: the tokenizer has \d+ tokens, config\.json's vocab_size is "
+                                           rf"{len(words)}"):
+        load_encoder(cut)
+
+
 def test_fetch_model_random_init_is_deterministic(tmp_path, mirror):
     from transformers import AutoConfig, AutoTokenizer
 

@@ -140,6 +140,30 @@ def test_missing_and_bad_data_files_name_the_file(tmp_path, tiny_senteval, tiny_
     assert not list(tmp_path.glob(".eval.json.tmp-*"))
 
 
+@pytest.mark.parametrize("scores, msg", [
+    (["1.0", "nan", "4.0"], r"sts-test\.csv, line 2: gold score 'nan' is not a finite number"),
+    (["2.5", "inf", "4.0"], r"sts-test\.csv, line 2: gold score 'inf' is not a finite number"),
+    (["3.0", "3.0", "3.0"], r"sts-test\.csv: all 3 gold scores are 3\.0; a correlation needs"),
+    (["3.0"], r"sts-test\.csv: 1 scored pair\(s\); a correlation needs"),
+])
+def test_gold_scores_that_make_every_correlation_nan_are_refused_naming_the_file(tmp_path, scores, msg):
+    """float() reads "nan" and "inf", and a subset whose gold scores are all equal (or one pair) has no
+    Spearman: each would write NaN into the results with exit 0."""
+    d = tmp_path / "STS" / "STSBenchmark"
+    d.mkdir(parents=True)
+    (d / "sts-test.csv").write_text("".join(f"g\tf\ty\t{i}\t{x}\ta{i} b\tc d{i}\n" for i, x in enumerate(scores)))
+    with pytest.raises(SentembError, match=msg):
+        load_task(tmp_path, "STSBenchmark")
+    sts = tmp_path / "STS" / "STS12-en-test"
+    sts.mkdir(parents=True)
+    for sub in ("MSRpar", "MSRvid", "SMTeuroparl", "surprise.OnWN", "surprise.SMTnews"):
+        (sts / f"STS.input.{sub}.txt").write_text("a b\tc d\ne f\tg h\n")
+        (sts / f"STS.gs.{sub}.txt").write_text("2.0\n2.0\n" if sub == "MSRvid" else "1.0\n2.0\n")
+    with pytest.raises(SentembError, match=r"STS\.gs\.MSRvid\.txt: all 2 gold scores are 2\.0"):
+        load_task(tmp_path, "STS12")
+    assert len(load_task(tmp_path, "STS12", unscored=True)) == 5  # the corpus builder reads sentences only
+
+
 @pytest.mark.realdata
 def test_minilm_stsb_test_reproduces_mteb(shared, tmp_path):
     """all-MiniLM-L6-v2, masked mean pooling, raw STS-B test: the published MTEB figure 82.03."""

@@ -317,7 +317,9 @@ def fetch_model(
     source and a model with those settings is initialised with seed 0 (``sha256`` is not checked).
     ``sentemb_source.json`` in the output records the provenance.
     """
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import AutoConfig
+
+    from ..model.backbone import check_weights, load_tokenizer
 
     mirror_path = mirror_path or f"models/{hub_id.rstrip('/').split('/')[-1]}"
     if random_init is not None and "model_type" not in random_init:
@@ -349,7 +351,11 @@ def fetch_model(
         if not (tmp / "config.json").is_file():
             raise SentembError(f"model {hub_id} from {src}: config.json missing")
         _load_check("config.json", tmp, AutoConfig.from_pretrained)
-        _load_check("the tokenizer", tmp, AutoTokenizer.from_pretrained)
+        try:  # no vocabulary file (transformers would build a 5-token tokenizer), weights cut short
+            load_tokenizer(tmp)
+            check_weights(tmp)
+        except SentembError as e:  # named by where the files came from, not by the temporary copy
+            raise SentembError(f"model {hub_id}: {str(e).replace(str(tmp), str(src))}") from None
         actual = _check_sha256(weights, None if random_init else sha256, f"{src}/{weights.name}")
         write_json(tmp / SOURCE_FILE, {
             "hub_id": hub_id, "revision": revision, "commit": commit, "source": "mirror" if mirror else "hub",

@@ -15,6 +15,7 @@ Each sentence is whitespace-split and re-joined with single spaces, as SentEval'
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,9 +78,22 @@ def _read_lines(path: Path) -> list[str]:
 
 def _score(value: str, path: Path, lineno: int) -> float:
     try:
-        return float(value)
+        score = float(value)
     except ValueError:
         raise SentembError(f"{path}, line {lineno}: gold score {value!r} is not a number") from None
+    if not math.isfinite(score):  # float() reads "nan" and "inf": every correlation would be NaN
+        raise SentembError(f"{path}, line {lineno}: gold score {value!r} is not a finite number")
+    return score
+
+
+def _scorable(pairs: Pairs, path: Path) -> Pairs:
+    """``pairs`` when a correlation with their gold scores is defined: at least 2 scored pairs whose gold
+    scores are not all equal (else Spearman and Pearson are NaN, and so would be the task's score)."""
+    gold = [g for g in pairs.gold if not math.isnan(g)]
+    if len(gold) < 2 or min(gold) == max(gold):
+        what = f"{len(gold)} scored pair(s)" if len(gold) < 2 else f"all {len(gold)} gold scores are {gold[0]}"
+        raise SentembError(f"{path}: {what}; a correlation needs at least 2 pairs with different gold scores")
+    return pairs
 
 
 def load_sts_subset(task_dir: Path, subset: str, unscored: bool = False) -> Pairs:
@@ -103,7 +117,8 @@ def load_sts_subset(task_dir: Path, subset: str, unscored: bool = False) -> Pair
         s1.append(_norm(cols[0]))
         s2.append(_norm(cols[1]))
         g.append(_score(gold.strip(), gs, i) if gold.strip() else float("nan"))
-    return Pairs(subset, s1, s2, g)
+    pairs = Pairs(subset, s1, s2, g)
+    return pairs if unscored else _scorable(pairs, gs)  # unscored: the sentences are what is read
 
 
 def _load_columns(path: Path, c1: int, c2: int, cs: int, header: bool, subset: str) -> Pairs:
@@ -121,7 +136,7 @@ def _load_columns(path: Path, c1: int, c2: int, cs: int, header: bool, subset: s
         s1.append(_norm(cols[c1]))
         s2.append(_norm(cols[c2]))
         g.append(_score(cols[cs], path, i))
-    return Pairs(subset, s1, s2, g)
+    return _scorable(Pairs(subset, s1, s2, g), path)
 
 
 def load_task(data_dir: str | Path, task: str, split: str = "test", unscored: bool = False) -> list[Pairs]:

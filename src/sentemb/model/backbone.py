@@ -66,12 +66,15 @@ def load_encoder(model_dir: str | Path, *, dropout: float | None = None, device=
 
     ``pooling_layer=False`` (training) leaves out BERT's pretrained NSP pooler (methods.md §0: it is
     neither loaded nor computed); models without that option load as they are."""
-    from transformers import AutoConfig, AutoModel, AutoTokenizer
+    from transformers import AutoConfig, AutoModel
 
     model_dir = Path(model_dir)
     if not (model_dir / "config.json").is_file():
         raise SentembError(f"not a Hugging Face model directory (no config.json): {model_dir}")
-    cfg = AutoConfig.from_pretrained(model_dir)
+    try:
+        cfg = AutoConfig.from_pretrained(model_dir)
+    except (OSError, ValueError) as e:
+        raise SentembError(f"{model_dir}/config.json cannot be loaded by transformers: {type(e).__name__}: {e}") from None
     if dropout is not None:
         for key in ("hidden_dropout_prob", "attention_probs_dropout_prob", "dropout", "attention_dropout"):
             if hasattr(cfg, key):
@@ -81,24 +84,79 @@ def load_encoder(model_dir: str | Path, *, dropout: float | None = None, device=
         kwargs["add_pooling_layer"] = False
     if sdpa:
         kwargs["attn_implementation"] = "sdpa"
+    check_weights(model_dir)
     try:
-        model = _from_pretrained(AutoModel, model_dir, kwargs)
-    except (ValueError, ImportError):  # architecture without SDPA support
-        kwargs.pop("attn_implementation", None)
-        model = _from_pretrained(AutoModel, model_dir, kwargs)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        try:
+            model = _from_pretrained(AutoModel, model_dir, kwargs)
+        except (ValueError, ImportError):  # architecture without SDPA support
+            kwargs.pop("attn_implementation", None)
+            model = _from_pretrained(AutoModel, model_dir, kwargs)
+    except (OSError, ValueError, ImportError) as e:
+        raise SentembError(f"{model_dir}: the model cannot be loaded by transformers: {type(e).__name__}: {e}") from None
+    tokenizer = load_tokenizer(model_dir)
     if device is not None:
         model.to(device)
     return model, tokenizer
 
 
-def load_tokenizer(model_dir: str | Path):
-    """The tokenizer of a Hugging Face model directory (what ``load_encoder`` returns beside the model)."""
+#: the files a tokenizer's vocabulary is read from (WordPiece, BPE, SentencePiece, or the fast tokenizer's own)
+VOCABULARY_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "spiece.model", "sentencepiece.bpe.model",
+                    "tokenizer.model")
+
+
+def load_tokenizer(model_dir: str | Path, *, fast: bool = False):
+    """The tokenizer of a Hugging Face model directory (what ``load_encoder`` returns beside the model),
+    refused with an error naming the directory where it has no vocabulary file (transformers then
+    builds a tokenizer of its 5 special tokens, which maps every word to [UNK] without a word), where
+    its vocabulary is under half of ``config.json``'s ``vocab_size`` (a cut vocabulary file), or, with
+    ``fast``, where no fast tokenizer can be built."""
     from transformers import AutoTokenizer
 
-    if not Path(model_dir).is_dir():
+    model_dir = Path(model_dir)
+    if not model_dir.is_dir():
         raise SentembError(f"model directory not found: {model_dir}")
-    return AutoTokenizer.from_pretrained(str(model_dir))
+    if not any((model_dir / f).is_file() for f in VOCABULARY_FILES):
+        raise SentembError(f"{model_dir}: no tokenizer vocabulary ({', '.join(VOCABULARY_FILES)}); a Hugging Face "
+                           "model directory saved with its tokenizer holds one")
+    try:
+        tok = AutoTokenizer.from_pretrained(str(model_dir), **({"use_fast": True} if fast else {}))
+    except (OSError, ValueError, TypeError, KeyError) as e:
+        raise SentembError(f"{model_dir}: the tokenizer cannot be loaded by transformers: {type(e).__name__}: {e}") \
+            from None
+    if fast and not tok.is_fast:
+        raise SentembError(f"{model_dir}: no fast tokenizer (tokenizer.json) available")
+    try:
+        vocab_size = json.loads((model_dir / "config.json").read_text("utf-8")).get("vocab_size")
+    except (OSError, ValueError, AttributeError):
+        vocab_size = None  # a tokenizer-only directory, or a config.json that load_encoder names itself
+    if isinstance(vocab_size, int) and len(tok) < vocab_size // 2:
+        raise SentembError(f"{model_dir}: the tokenizer has {len(tok)} tokens, config.json's vocab_size is "
+                           f"{vocab_size}: its vocabulary file is cut or another model's")
+    return tok
+
+
+def check_weights(model_dir: str | Path) -> None:
+    """Refuse, naming the file, a weights file whose bytes cannot hold what its header describes (a
+    cut download or copy): safetensors' header is read (a few KB); a ``.bin`` must be a whole zip
+    archive (PyTorch's format since 1.6). A directory without weights is left to the loader's message."""
+    import zipfile
+
+    model_dir = Path(model_dir)
+    for path in sorted(model_dir.glob("*.safetensors")):
+        from safetensors import safe_open
+
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                f.keys()
+        except Exception as e:  # SafetensorError ("incomplete metadata, file not fully covered"), OSError
+            raise SentembError(f"{path}: not a whole safetensors file ({type(e).__name__}: {e}); fetch it again") \
+                from None
+    for path in sorted(model_dir.glob("pytorch_model*.bin")):
+        try:
+            with zipfile.ZipFile(path) as z:
+                z.namelist()
+        except (zipfile.BadZipFile, OSError) as e:
+            raise SentembError(f"{path}: not a whole PyTorch checkpoint ({e}); fetch it again") from None
 
 
 def _from_pretrained(auto_cls, model_dir, kwargs):

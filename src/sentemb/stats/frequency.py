@@ -25,17 +25,11 @@ log = logging.getLogger(__name__)
 
 
 def load_tokenizer(tokenizer_dir: str | os.PathLike):
-    from transformers import AutoTokenizer
+    """The backbone's fast tokenizer (``sentemb.model.backbone.load_tokenizer``, which refuses a
+    directory without a vocabulary)."""
+    from ..model.backbone import load_tokenizer as load
 
-    from .. import SentembError
-
-    try:
-        tok = AutoTokenizer.from_pretrained(str(tokenizer_dir), use_fast=True)
-    except (OSError, ValueError) as e:
-        raise SentembError(f"cannot load a tokenizer from {tokenizer_dir}: {e}") from None
-    if not tok.is_fast:
-        raise SentembError(f"{tokenizer_dir}: no fast tokenizer (tokenizer.json) available")
-    return tok
+    return load(tokenizer_dir, fast=True)
 
 
 def count_tokens(lines, tokenizer, batch_size: int = 4096) -> np.ndarray:
