@@ -244,14 +244,17 @@ def test_an_evaluation_job_reads_its_resolved_spec(tmp_path, monkeypatch):
                required=("pooler",))
     assert (args.pooler, args.tasks, args.setting, args.batch_size, args.precision) == (
         "cls_before_pooler", "STS12,SICKRelatedness", "all", 8, "fp32")  # --batch-size given: it wins
-    assert sorted(args.run_meta) == ["backbone=b", "method=simcse", "name=simcse", "seed=3"]
+    # converted as --run-meta converts each KEY=VALUE (sentemb.cli.argtypes.run_meta): the seed an int
+    assert sorted(args.run_meta) == [("backbone", "b"), ("method", "simcse"), ("name", "simcse"), ("seed", 3)]
     assert (args.track, args.experiment, args.tracking_uri, args.run_name) == (True, "e", None, "eval/simcse/b/seed3")
     bare = p.parse_args(["evaluate", "--model", "m", "--data-dir", "d", "--output", "o"])
     with pytest.raises(SentembError, match="missing --pooler"):
         apply_spec(bare, evaluation_defaults("tasks"), required=("pooler",))
     for doc, match in (({"poolr": "avg"}, "'poolr' is not an option"),
                        ({"pooler": "max"}, "'pooler' = 'max' is not one of"),
-                       ({"batch_size": "eight"}, "'batch_size' = 'eight' is not int")):
+                       ({"batch_size": "eight"}, "'batch_size' = 'eight': 'eight' is not an integer"),
+                       ({"batch_size": 0}, "'batch_size' = 0: 0 is not a positive integer"),
+                       ({"run_meta": {"seed": "x"}}, "'run_meta': 'x' is not an integer")):
         (tmp_path / "bad.json").write_text(json.dumps(doc))
         bad = p.parse_args(["evaluate", "--model", "m", "--data-dir", "d", "--output", "o", "--spec",
                             str(tmp_path / "bad.json")])

@@ -7,6 +7,7 @@ from .. import SentembError
 from ..ops.benchmark import (
     LOOP_VARIANTS, bench_chunked, bench_compile, bench_counter_compile, bench_dev_eval, bench_eval,
     bench_grad_norms, bench_method, bench_overhead, bench_st, padding_waste, _method_args, _peak)
+from .argtypes import key_value, non_negative_int, positive_int
 
 
 
@@ -58,7 +59,7 @@ def _bench_setup(args) -> tuple:
         torch.set_num_threads(args.threads)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu x{torch.get_num_threads()} threads"
     methods = args.method or ["simcse"]
-    return device, name, methods, _method_args(args.method_args, methods), dict(kv.split("=", 1) for kv in args.input)
+    return device, name, methods, _method_args(args.method_args, methods), dict(args.input)
 
 
 def _cmd_grad_norms(args) -> int:
@@ -190,7 +191,7 @@ def _cmd_benchmark(args) -> int:
     rows = []
     methods = list(dict.fromkeys(["simcse", *(args.method or [])]))  # simcse first: the ratio's reference
     margs = _method_args(args.method_args, methods)
-    inputs = dict(kv.split("=", 1) for kv in args.input)
+    inputs = dict(args.input)
     sents = args.batch_size * args.steps
     peak = _peak(device, args.peak_tflops)
     peak_what = "given" if args.peak_tflops else "bf16 dense, by GPU name"
@@ -258,20 +259,20 @@ def register(sub) -> None:
     p = sub.add_parser("benchmark", help="training/evaluation throughput, achieved FLOP/s and share of the device peak")
     p.add_argument("--model", required=True, help="HF model directory (pretrained or random-init)")
     p.add_argument("--corpus", required=True, help="sentences, one per line")
-    p.add_argument("--batch-size", type=int, default=64, help="sentences per training step (default: %(default)s)")
-    p.add_argument("--steps", type=int, default=20, help="timed steps (default: %(default)s)")
-    p.add_argument("--warmup", type=int, default=3, help="untimed warm-up steps before them (default: %(default)s)")
-    p.add_argument("--max-len", type=int, default=32, help="training truncation in tokens, as train.max_len "
+    p.add_argument("--batch-size", type=positive_int, default=64, help="sentences per training step (default: %(default)s)")
+    p.add_argument("--steps", type=positive_int, default=20, help="timed steps (default: %(default)s)")
+    p.add_argument("--warmup", type=non_negative_int, default=3, help="untimed warm-up steps before them (default: %(default)s)")
+    p.add_argument("--max-len", type=positive_int, default=32, help="training truncation in tokens, as train.max_len "
                                                            "(default: %(default)s)")
     p.add_argument("--device", default="auto",
                    help="auto (CUDA when available), cpu, cuda, cuda:N (default: %(default)s)")
     p.add_argument("--precision", default="auto", choices=["auto", "bf16", "fp16", "fp32"],
                    help="training precision, as train.precision (auto: bf16 autocast on CUDA, fp32 elsewhere; "
                         "default: %(default)s)")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    p.add_argument("--eval-sentences", type=int, default=2000,
+    p.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads")
+    p.add_argument("--eval-sentences", type=positive_int, default=2000,
                    help="corpus sentences the evaluate row encodes (default: %(default)s)")
-    p.add_argument("--eval-batch-size", type=int, default=128,
+    p.add_argument("--eval-batch-size", type=positive_int, default=128,
                    help="batch size of the evaluate row (default: %(default)s)")
     p.add_argument("--peak-tflops", type=float, default=None, help="device peak for MFU (default: by GPU name)")
     p.add_argument("--overhead", action="store_true",
@@ -280,19 +281,19 @@ def register(sub) -> None:
     p.add_argument("--senteval", default=None, metavar="DIR",
                    help="SentEval data directory: also time the loop's STS-B dev evaluation and its share of training "
                         "time at --eval-every")
-    p.add_argument("--eval-every", type=int, default=125, help="with --senteval: steps between dev evaluations (default: %(default)s)")
+    p.add_argument("--eval-every", type=positive_int, default=125, help="with --senteval: steps between dev evaluations (default: %(default)s)")
     p.add_argument("--unpad", action="store_true",
                    help="also time simcse with the padding-free forward (train.unpad)")
-    p.add_argument("--rounds", type=int, default=3, help="--overhead: rounds of --steps steps per variant (median)")
+    p.add_argument("--rounds", type=positive_int, default=3, help="--overhead: rounds of --steps steps per variant (median)")
     p.add_argument("--compile", action="store_true",
                    help="--overhead: also run the loop with train.compile off and on (fp32) and compare losses")
-    p.add_argument("--compile-steps", type=int, default=5,
+    p.add_argument("--compile-steps", type=positive_int, default=5,
                    help="--compile: steps of each run, eager and compiled (default: %(default)s)")
     p.add_argument("--compare-st", action="store_true", help="also time sentence-transformers' MNRL recipe")
     p.add_argument("--grad-norms", action="store_true",
                    help="time the loop with train.log_grad_norms off and on, every step logged, for each --method "
                         "(default simcse): the cost of one logged step (--steps, --rounds, --warmup)")
-    p.add_argument("--chunked", type=int, default=None, metavar="N",
+    p.add_argument("--chunked", type=positive_int, default=None, metavar="N",
                    help="time the loop with the whole micro-batch in one forward and with train.chunk_size N "
                         "(gradient caching) for each --method (default simcse): the cost of the extra forward")
     p.add_argument("--keyed", action="store_true", help="--chunked: also both with train.dropout_rng: keyed")
@@ -314,7 +315,7 @@ def register(sub) -> None:
     p.add_argument("--sam-rho", type=float, default=None, metavar="RHO",
                    help="time every method with Sharpness-Aware Minimization (train.sam_rho): two forward/backward "
                         "passes per step")
-    p.add_argument("--input", action="append", default=[], metavar="NAME=PATH",
+    p.add_argument("--input", action="append", type=key_value, default=[], metavar="NAME=PATH",
                    help="an input a method declares (token_freq, tfidf, rake, paraphrases, nltk, ...)")
     p.add_argument("--build-only", action="store_true",
                    help="time only each --method's build_batch (default simcse): the host work of a step's "

@@ -10,6 +10,7 @@ from ..utils import json_object
 from ..data.fetch import (
     MIRROR_ENV, fetch_corpus, fetch_model, fetch_nltk, fetch_senteval, fetch_senteval_raw, prepare_corpus,
     prepare_sts_corpus)
+from .argtypes import positive_int, seed_int
 
 
 def _mirror(args) -> str | None:
@@ -74,15 +75,15 @@ def register(subparsers) -> None:
     p.add_argument("--revision",
                    help="hub revision: branch, tag or commit (default: the latest; not used with a mirror)")
     p.add_argument("--sha256", help="expected sha256 of the file (checked when given)")
-    p.add_argument("--expected-lines", type=int, help="expected line count (checked when given)")
+    p.add_argument("--expected-lines", type=positive_int, help="expected line count (checked when given)")
     mirror_opts(p)
 
     p = command("prepare-corpus", _cmd_prepare_corpus, "Check the raw corpus line by line and (sub)sample it.",
                 input={"help": "raw corpus (fetch-corpus output)"},
                 output={"help": "training corpus, one sentence per line (summary in <output>.json)"})
-    p.add_argument("--max-sentences", type=int,
+    p.add_argument("--max-sentences", type=positive_int,
                    help="keep a seeded random sample of this many lines, in corpus order (default: all)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the --max-sentences sample (default: %(default)s)")
+    p.add_argument("--seed", type=seed_int, default=0, help="seed of the --max-sentences sample (default: %(default)s)")
     p.add_argument("--skip-bad-lines", action="store_true", help="skip empty and non-UTF-8 lines instead of failing")
 
     p = command("prepare-sts-corpus", _cmd_prepare_sts_corpus,

@@ -11,6 +11,7 @@ from pathlib import Path
 from .. import SentembError
 from ..evaluate.senteval import TASKS
 from ..evaluate.sts import _training_run_id, embedder_for, evaluate_sts, format_scores
+from .argtypes import positive_int, run_meta
 
 
 def _cmd_evaluate(args: argparse.Namespace) -> int:
@@ -22,6 +23,8 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     apply_spec(args, evaluation_defaults("tasks", "setting", "batch_size", "precision", "experiment"),
                required=("pooler",))
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    if not tasks:
+        raise SentembError(f"--tasks: no task given (known: {','.join(TASKS)})")
     unknown = [t for t in tasks if t not in TASKS]
     if unknown:
         raise SentembError(f"--tasks: unknown task(s) {unknown} (known: {','.join(TASKS)})")
@@ -46,10 +49,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     if "geometry" in res:
         out["geometry"] = res["geometry"]
     if args.run_meta:
-        meta = dict(kv.split("=", 1) for kv in args.run_meta)
-        if "seed" in meta:
-            meta["seed"] = int(meta["seed"])
-        out["run"] = meta
+        out["run"] = dict(args.run_meta)  # pairs, the seed an int (argtypes.run_meta)
     print(format_scores(out, tasks))
     # The JSON is the job's real output: it appears (atomically) only once everything, tracking
     # included, has succeeded; MLflow gets a copy as artifact.
@@ -58,7 +58,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
 
         from ..tracking.runs import Tracker
 
-        tags = {**out.get("run", {}), **dict(kv.split("=", 1) for kv in args.tag)}
+        tags = {**out.get("run", {}), **dict(args.tag)}
         tags.setdefault("rule", "evaluate")
         train_run = _training_run_id(args.model)
         out_path = Path(args.output)
@@ -96,17 +96,17 @@ def register(sub) -> None:
     p.add_argument("--tasks", default=None, help="comma-separated (default: evaluation.tasks, all seven)")
     p.add_argument("--setting", default=None, choices=["all", "mean", "wmean"], help="default: evaluation.setting")
     p.add_argument("--output", required=True, help="metrics JSON")
-    p.add_argument("--batch-size", type=int, default=None, help="default: evaluation.batch_size")
-    p.add_argument("--max-length", type=int, default=None,
+    p.add_argument("--batch-size", type=positive_int, default=None, help="default: evaluation.batch_size")
+    p.add_argument("--max-length", type=positive_int, default=None,
                    help="truncate rows to this many tokens (default: the model's maximum; refused with --pooler method)")
     p.add_argument("--device", default="auto",
                    help="auto (CUDA when available), cpu, cuda, cuda:N (default: %(default)s)")
     p.add_argument("--precision", default=None, choices=["auto", "bf16", "fp32"],
                    help="default: evaluation.precision, fp32 as SentEval and the papers; bf16: autocast; auto: bf16 "
                         "on CUDA only")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.add_argument("--run-meta", action="append", default=[], metavar="KEY=VALUE",
+    p.add_argument("--run-meta", action="append", type=run_meta, default=[], metavar="KEY=VALUE",
                    help="run metadata stored in the JSON (name, method, backbone, seed) for the tables")
     add_tracking_options(p, "eval")
     add_spec_options(p)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from .. import SentembError
 from ..ops.gpucheck import _row, check, methods_to_check
+from .argtypes import non_negative_int, positive_int
 
 
 def _cmd_gpu_check(args: argparse.Namespace) -> int:
@@ -147,21 +148,21 @@ def register(sub) -> None:
                         "when --model is an architecture name")
     p.add_argument("--method-args", action="append", default=[], metavar="NAME=JSON",
                    help="arguments of one method, e.g. 'paser={\"eda\": \"rs\"}' (repeatable)")
-    p.add_argument("--epoch-batch", type=int, default=64, help="batch of the one-epoch SimCSE run (default 64)")
+    p.add_argument("--epoch-batch", type=positive_int, default=64, help="batch of the one-epoch SimCSE run (default 64)")
     p.add_argument("--no-epoch", action="store_true", help="skip the one-epoch SimCSE run")
     p.add_argument("--corpus", default=None,
                    help="training sentences, one per line (default: <--shared>/data/wiki1m_head.txt)")
     p.add_argument("--senteval", default=None, help="SentEval data root (default: <--shared>/data/senteval)")
-    p.add_argument("--batch-size", type=int, action="append", help="default 64 and 512")
+    p.add_argument("--batch-size", type=positive_int, action="append", help="default 64 and 512")
     p.add_argument("--method", action="append", metavar="NAME",
                    help="a registered method (repeatable; default every one: the six and imported plug-ins)")
     p.add_argument("--config", default=None, help="a config whose method_modules (the user's methods) to import; "
                                                   "with --plan-check, whose backbones the model is among")
     p.add_argument("--method-module", action="append", default=[],
                    help="a Python file or module with @register_method classes (repeatable)")
-    p.add_argument("--steps", type=int, default=10, help="timed steps per training row (default: %(default)s)")
-    p.add_argument("--warmup", type=int, default=3, help="untimed warm-up steps before them (default: %(default)s)")
-    p.add_argument("--max-len", type=int, default=32, help="training truncation in tokens (default: %(default)s)")
+    p.add_argument("--steps", type=positive_int, default=10, help="timed steps per training row (default: %(default)s)")
+    p.add_argument("--warmup", type=non_negative_int, default=3, help="untimed warm-up steps before them (default: %(default)s)")
+    p.add_argument("--max-len", type=positive_int, default=32, help="training truncation in tokens (default: %(default)s)")
     p.add_argument("--no-dag", action="store_true", help="skip the tiny DAG")
     p.add_argument("--sts-tasks", default=None, help="comma-separated STS tasks of the fp32/bf16 comparison (default all 7)")
     p.add_argument("--output", default=None, help="also write the table (Markdown) here")

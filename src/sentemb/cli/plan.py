@@ -11,6 +11,7 @@ from pathlib import Path
 from .. import SentembError
 
 from ..ops.plan import DEFAULT_GPU, DEFAULT_MARGIN, DEFAULT_MFU, GPU_MEMORY_GB, format_plan, gpu_spec, plan
+from .argtypes import positive_int
 
 
 THREADS_HELP = ("torch's CPU threads for the counts (default: torch's, one per core). On a machine other jobs "
@@ -117,7 +118,7 @@ def register(sub) -> None:
                         "a fused run keeps its fused micro-batches (the group's encoder forward compiled); without "
                         "graphs, the compiled step launched from the host is priced at its measured floor where one "
                         "was measured (width 768, attention auto or sdpa), else as eager")
-    p.add_argument("--threads", type=int, default=None, help=THREADS_HELP)
+    p.add_argument("--threads", type=positive_int, default=None, help=THREADS_HELP)
     p.set_defaults(func=_cmd_plan)
 
     p = sub.add_parser("plan-check", help="sentemb plan's step estimate against steps measured on a GPU "
@@ -132,7 +133,7 @@ def register(sub) -> None:
                    help="a steady row is within when |plan - measured| <= this x measured (issue 37: 0.25)")
     p.add_argument("--json", default=None, help="also write each row with the plan's figure here")
     p.add_argument("--strict", action="store_true", help="exit 1 when a steady row is off or a row cannot be priced")
-    p.add_argument("--threads", type=int, default=None, help=THREADS_HELP)
+    p.add_argument("--threads", type=positive_int, default=None, help=THREADS_HELP)
     p.add_argument("--method-module", action="append", default=[],
                    help="a Python file or module with @register_method classes, for rows of a plug-in method "
                         "(repeatable)")

@@ -10,6 +10,7 @@ from typing import Any
 
 from .. import SentembError
 from ..utils import read_json
+from .argtypes import key_value
 
 
 def apply_spec(args: argparse.Namespace, defaults: dict[str, Any], required: tuple[str, ...] = ()) -> None:
@@ -32,7 +33,7 @@ def apply_spec(args: argparse.Namespace, defaults: dict[str, Any], required: tup
             if key == "track":
                 args.track = bool(have or value)
             elif have is None or have == []:
-                setattr(args, key, _as_option(value))
+                setattr(args, key, _as_option(value, _pair_type(args, key), f"--{attr} {path}: '{key}'"))
     for key, value in defaults.items():
         if getattr(args, key) is None:
             setattr(args, key, _as_option(value))
@@ -50,6 +51,8 @@ def _checked(args: argparse.Namespace, key: str, value: Any, where: str) -> Any:
     if action.type is not None:
         try:
             value = action.type(value)
+        except argparse.ArgumentTypeError as e:  # sentemb.cli.argtypes: its own words (range, form)
+            raise SentembError(f"{where}: '{key}' = {value!r}: {e}") from None
         except (TypeError, ValueError):
             kind = getattr(action.type, "__name__", action.type)
             raise SentembError(f"{where}: '{key}' = {value!r} is not {kind}") from None
@@ -58,11 +61,23 @@ def _checked(args: argparse.Namespace, key: str, value: Any, where: str) -> Any:
     return value
 
 
-def _as_option(value: Any) -> Any:
+def _pair_type(args: argparse.Namespace, key: str):
+    """The type a KEY=VALUE option converts each item with (``argtypes.key_value``, ``run_meta``), if any."""
+    action = (getattr(args, "_spec_actions", None) or {}).get(key)
+    return getattr(action, "type", None)
+
+
+def _as_option(value: Any, pair_type=None, where: str = "") -> Any:
     if isinstance(value, list):
         return ",".join(map(str, value))
-    if isinstance(value, dict):
-        return [f"{k}={v}" for k, v in value.items()]
+    if isinstance(value, dict):  # KEY=VALUE items, converted as the command line's would be
+        items = [f"{k}={v}" for k, v in value.items()]
+        if pair_type is None:
+            return items
+        try:
+            return [pair_type(item) for item in items]
+        except (argparse.ArgumentTypeError, TypeError, ValueError) as e:
+            raise SentembError(f"{where}: {e}") from None
     return value
 
 
@@ -88,7 +103,7 @@ def add_tracking_options(p: argparse.ArgumentParser, run_prefix: str) -> None:
                    help="MLflow tracking URI (default: --tracking's, else sqlite:///mlflow.db; $MLFLOW_TRACKING_URI, "
                         "when set, wins)")
     p.add_argument("--run-name", default=None, help=f"MLflow run name (default: --spec's, else {run_prefix}:<model>)")
-    p.add_argument("--tag", action="append", default=[], metavar="KEY=VALUE",
+    p.add_argument("--tag", action="append", type=key_value, default=[], metavar="KEY=VALUE",
                    help="extra MLflow run tag (repeatable)")
 
 

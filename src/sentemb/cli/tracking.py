@@ -12,6 +12,7 @@ from .. import SentembError
 from ..tracking.queue import QUEUE_NAME, Sender, TrackingUnavailable, call, is_remote, sync_all
 from ..tracking.runs import check_uri, log, refused_message, set_note, ui_link, wait_time
 from ..tracking.store import init_store, resolve_uri
+from .argtypes import port_int
 
 
 def _cmd_init(args) -> int:
@@ -133,6 +134,6 @@ def register(sub) -> None:
             p.add_argument("--host", default="127.0.0.1",
                            help="address the local UI server listens on (default: %(default)s; a remote store's "
                                 "server is only linked)")
-            p.add_argument("--port", type=int, default=5000, help="its port (default: %(default)s)")
+            p.add_argument("--port", type=port_int, default=5000, help="its port (default: %(default)s)")
             p.add_argument("--print-only", action="store_true", help="print the link, start nothing")
         p.set_defaults(func=func)

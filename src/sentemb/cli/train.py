@@ -11,6 +11,7 @@ from pathlib import Path
 from ..config.settings import Run
 from ..train.loop import train
 from ..utils import read_json, write_json
+from .argtypes import seed_int
 
 
 def job_run(args: argparse.Namespace, what: str) -> Run:
@@ -92,6 +93,6 @@ def register(sub) -> None:
     q.add_argument("--config", required=True, help="config YAML")
     q.add_argument("--name", required=True, help="run name (config runs[].name, default its method)")
     q.add_argument("--backbone", required=True, help="backbone name (config backbones)")
-    q.add_argument("--seed", type=int, required=True, help="training seed")
+    q.add_argument("--seed", type=seed_int, required=True, help="training seed")
     q.add_argument("--output", required=True, help="resolved run JSON (for train --run-config)")
     q.set_defaults(func=_cmd_run_config)

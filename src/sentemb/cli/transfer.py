@@ -13,10 +13,13 @@ from ..evaluate.senteval import TRANSFER_TASKS
 from ..evaluate.transfer import (
     CLASSIFIERS, CLASSIFIER_DESCRIPTIONS, KFOLD, MRPC_FEATURES, SEED, classify_tasks,
     encode_task, evaluate_transfer, load_transfer_task, log, read_features_meta, summarize, write_features)
+from .argtypes import positive_int, run_meta, seed_int
 
 
 def _task_list(spec: str) -> list[str]:
     tasks = [t.strip() for t in spec.split(",") if t.strip()]
+    if not tasks:
+        raise SentembError(f"--tasks: no transfer task given (known: {','.join(TRANSFER_TASKS)})")
     unknown = [t for t in tasks if t not in TRANSFER_TASKS]
     if unknown:
         raise SentembError(f"--tasks: unknown transfer task(s) {unknown} (known: {','.join(TRANSFER_TASKS)})")
@@ -117,17 +120,14 @@ def _cmd_transfer(args: argparse.Namespace) -> int:
     if args.features:
         out["features"] = str(args.features)
     if args.run_meta:
-        meta = dict(kv.split("=", 1) for kv in args.run_meta)
-        if "seed" in meta:
-            meta["seed"] = int(meta["seed"])
-        out["run"] = meta
+        out["run"] = dict(args.run_meta)  # pairs, the seed an int (argtypes.run_meta)
     print(" | ".join(f"{t}: {out[t]:.2f}" for t in [*tasks, "avg"]))
     if args.track:
         import tempfile
 
         from ..tracking.runs import Tracker
 
-        tags = {**out.get("run", {}), **dict(kv.split("=", 1) for kv in args.tag)}
+        tags = {**out.get("run", {}), **dict(args.tag)}
         tags.setdefault("rule", "evaluate-transfer")
         train_run = _training_run_id(model)
         out_path = Path(args.output)
@@ -160,13 +160,13 @@ def register(sub) -> None:
     e.add_argument("--data-dir", required=True, help="SentEval data root (holds MR/, CR/, SUBJ/, MPQA/, SST/, TREC/, MRPC/)")
     e.add_argument("--tasks", default=None, help="comma-separated (default: evaluation.transfer_tasks, all seven)")
     e.add_argument("--output", required=True, help="features file (.npz) for evaluate-transfer --features")
-    e.add_argument("--batch-size", type=int, default=None, help="default: evaluation.batch_size")
-    e.add_argument("--max-length", type=int, default=None,
+    e.add_argument("--batch-size", type=positive_int, default=None, help="default: evaluation.batch_size")
+    e.add_argument("--max-length", type=positive_int, default=None,
                    help="truncate rows to this many tokens (default: the model's maximum; refused with --pooler method)")
     e.add_argument("--device", default="auto",
                    help="auto (CUDA when available), cpu, cuda, cuda:N (default: %(default)s)")
     e.add_argument("--precision", default=None, choices=["auto", "bf16", "fp32"], help="default: evaluation.precision")
-    e.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    e.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads")
     e.add_argument("--quiet", action="store_true", help="no progress bar")
     add_spec_options(e, tracking=False)
     e.set_defaults(func=_cmd_encode)
@@ -179,7 +179,7 @@ def register(sub) -> None:
                         "must be the features' pooler)")
     p.add_argument("--features", default=None, help="classify the vectors of `sentemb encode-transfer` (no model "
                    "is loaded, no GPU used)")
-    p.add_argument("--workers", type=int, default=1, help="tasks classified at once, each in a process of its own "
+    p.add_argument("--workers", type=positive_int, default=1, help="tasks classified at once, each in a process of its own "
                    "on one thread (the same numbers as 1)")
     p.add_argument("--data-dir", required=True, help="SentEval data root (holds MR/, CR/, SUBJ/, MPQA/, SST/, TREC/, MRPC/)")
     p.add_argument("--tasks", default=None, help="comma-separated (default: evaluation.transfer_tasks, all seven)")
@@ -190,11 +190,11 @@ def register(sub) -> None:
     p.add_argument("--classifier", default=None, choices=CLASSIFIERS,
                    help="pytorch: SentEval's usepytorch=True path, what the papers used; sklearn: its "
                         "LogisticRegression path (default: config key evaluation.transfer_classifier, pytorch)")
-    p.add_argument("--kfold", type=int, default=KFOLD,
+    p.add_argument("--kfold", type=positive_int, default=KFOLD,
                    help="folds of SentEval's cross-validation (default: %(default)s)")
-    p.add_argument("--seed", type=int, default=SEED, help="SentEval's classifier seed")
-    p.add_argument("--batch-size", type=int, default=None, help="default: evaluation.batch_size (without --features)")
-    p.add_argument("--max-length", type=int, default=None,
+    p.add_argument("--seed", type=seed_int, default=SEED, help="SentEval's classifier seed")
+    p.add_argument("--batch-size", type=positive_int, default=None, help="default: evaluation.batch_size (without --features)")
+    p.add_argument("--max-length", type=positive_int, default=None,
                    help="truncate rows to this many tokens (default: the model's maximum; refused with --pooler method; "
                         "without --features)")
     p.add_argument("--device", default="auto",
@@ -203,9 +203,9 @@ def register(sub) -> None:
     p.add_argument("--precision", default=None, choices=["auto", "bf16", "fp32"],
                    help="default: evaluation.precision, fp32 as SentEval and the papers; bf16: autocast; auto: bf16 "
                         "on CUDA only")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.add_argument("--run-meta", action="append", default=[], metavar="KEY=VALUE",
+    p.add_argument("--run-meta", action="append", type=run_meta, default=[], metavar="KEY=VALUE",
                    help="run metadata stored in the JSON (name, method, backbone, seed) for the tables")
     add_tracking_options(p, "transfer")
     add_spec_options(p)

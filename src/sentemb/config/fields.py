@@ -299,10 +299,12 @@ def schema_of(cls: type, defaults: bool = True, default_instance: Any = None) ->
                 p["default"] = {}
         else:
             p = _value_schema(tp, meta, defaults)
+            types = p.get("type") if isinstance(p.get("type"), list) else [p.get("type")]
+            bounded = p["items"] if "array" in types and isinstance(p.get("items"), dict) else p  # a list: each item
             for key, name in (("minimum", "minimum"), ("maximum", "maximum"), ("exclusive_minimum", "exclusiveMinimum"),
                               ("exclusive_maximum", "exclusiveMaximum"), ("pattern", "pattern")):
                 if meta.get(key) is not None:
-                    p[name] = meta[key]
+                    bounded[name] = meta[key]
             if meta.get("min_items") is not None:
                 p["minProperties" if p.get("type") == "object" else "minItems"] = meta["min_items"]
             if meta.get("key_pattern") is not None:

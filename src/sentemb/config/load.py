@@ -139,8 +139,16 @@ def validate_config(config: dict, source: str = "config") -> dict:
                 f"'{run['name']}' on backbone '{run['backbone']}' appears twice; give one a distinct name"
             )
         seen.add(key)
-        TrainSettings.from_dict({**config["train"], **run["train"]}).check(
-            f"invalid configuration in {source}: config key 'runs[{i}].train'")
+        if i == 0:  # the top-level train keys on their own: a wrong one is named there, not in runs[0]
+            try:
+                TrainSettings.from_dict(config["train"], "train")
+            except SentembError as e:
+                raise SentembError(f"invalid configuration in {source}: config key {e}") from None
+        try:
+            settings = TrainSettings.from_dict({**config["train"], **run["train"]}, f"runs[{i}].train")
+        except SentembError as e:
+            raise SentembError(f"invalid configuration in {source}: config key {e}") from None
+        settings.check(f"invalid configuration in {source}: config key 'runs[{i}].train'")
     for m in config["methods"]:
         if m not in registry():
             raise SentembError(

@@ -15,6 +15,9 @@ from typing import Any
 from .. import SentembError
 from .fields import arg, build, check_mapping, default_of, schema_of, to_dict
 
+#: numpy's and torch's seeds are unsigned 32-bit integers (``seeds``, ``runs[].seeds``, ``studies[].seeds``)
+SEED_MAX = 2**32 - 1
+
 SHA256 = "^[0-9a-f]{64}$"
 POOLERS = ("cls", "cls_before_pooler", "avg", "avg_first_last", "avg_top2", "avg_static_last")
 STS_TASKS = ("STS12", "STS13", "STS14", "STS15", "STS16", "STSBenchmark", "SICKRelatedness")
@@ -525,7 +528,7 @@ class RunSpec:
     point: dict | None = arg(None, "Set by a study's expansion: the point's values, {key: value}.")
     train: dict = arg({}, "Any keys of `train` (below), replacing them for this run.", schema=_train_override)
     seeds: list[int] | None = arg(None, "Seeds of this run (null = the top-level seeds), e.g. one seed for an "
-                                  "ablation.", min_items=1)
+                                  "ablation.", min_items=1, minimum=0, maximum=SEED_MAX)
     transfer: bool | None = arg(None, "SentEval transfer tasks for this run (null = evaluation.transfer).")
     method_args: dict = arg({}, "Method arguments of this run over methods.<method>.")
     corpus: str | None = arg(None, "Training corpus of this run (null = corpus.name): the configured corpus or a "
@@ -561,7 +564,8 @@ class StudySpec:
     corpus: str | None = arg(None, "Training corpus of every point (null = corpus.name).", pattern=NAME)
     method_args: dict = arg({}, "Arguments every point shares.")
     train: dict = arg({}, "`train` keys every point shares.", schema=_train_override)
-    seeds: list[int] | None = arg(None, "Seeds of every point (null = the top-level seeds).", min_items=1)
+    seeds: list[int] | None = arg(None, "Seeds of every point (null = the top-level seeds).", min_items=1,
+                                  minimum=0, maximum=SEED_MAX)
     transfer: bool | None = arg(None, "Transfer tasks for the points' runs (null = only when the metric is a "
                                 "transfer task).")
     evaluate: bool = arg(True, "false: the points' new runs skip the test sets (metric best_dev_stsb only; a cheap "
@@ -619,7 +623,8 @@ class Config:
                                    "every point becomes a run named <study>/<key>=<value> (or reuses a run with equal "
                                    "settings), with a table and a figure under results/studies/. Published values: "
                                    "config/paper_results.yaml, section `studies`.")
-    seeds: list[int] = arg([42], "Seeds of every run (runs[].seeds overrides).", min_items=1)
+    seeds: list[int] = arg([42], "Seeds of every run (runs[].seeds overrides).", min_items=1,
+                           minimum=0, maximum=SEED_MAX)
     evaluation: EvaluationSettings = arg(EvaluationSettings(), "Test-time evaluation.")
     baselines: dict[str, list[str]] = arg({}, "Untrained backbones evaluated as they are (rows marked "
                                           "method=baseline in every table): backbone -> list of poolers, e.g. "

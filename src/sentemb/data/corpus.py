@@ -36,6 +36,17 @@ def iter_lines(path: str | os.PathLike) -> Iterator[str]:
                 ) from None
 
 
+def require_text(path: str | os.PathLike) -> Path:
+    """``path``, refused naming it when it is missing or holds no text: statistics of an empty corpus
+    would be written as a finished, empty output that no line of the training corpus lines up with."""
+    path = Path(path)
+    if not path.is_file():
+        raise SentembError(f"corpus file not found: {path}")
+    if not path.read_bytes()[:1 << 16].strip() and not any(line.strip() for line in iter_lines(path)):
+        raise SentembError(f"{path}: the corpus holds no text (empty, or only blank lines)")
+    return path
+
+
 def count_corpus_lines(path: str | os.PathLike) -> int:
     """Number of lines as :func:`iter_lines` sees them (a last line without ``\\n`` counts)."""
     n, last = 0, b"\n"

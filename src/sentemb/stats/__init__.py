@@ -21,6 +21,11 @@ from ..config.paths import Layout
 
 
 def chunked(items: Iterable, size: int) -> Iterator[list]:
+    """``items`` in lists of ``size`` (the last one shorter); a size below 1 would yield nothing at all."""
+    if size < 1:
+        from .. import SentembError
+
+        raise SentembError(f"chunk size must be at least 1, got {size}")
     it = iter(items)
     while chunk := list(islice(it, size)):
         yield chunk

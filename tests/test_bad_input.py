@@ -1,0 +1,105 @@
+"""Bad input to the command line fails at once, naming the option, file or config key, with exit 2 and
+no output left behind (the developers' guide: "never leaves a partial output that Snakemake would
+mistake for a finished one"): sizes and seeds out of range, KEY=VALUE options, empty corpora."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from sentemb import SentembError
+from sentemb.cli import main
+from sentemb.cli.argtypes import key_value, non_negative_int, port_int, positive_int, run_meta, seed_int
+
+
+@pytest.mark.parametrize("fn, value, want", [
+    (positive_int, "3", 3), (positive_int, 3, 3), (non_negative_int, "0", 0), (seed_int, "4294967295", 2**32 - 1),
+    (key_value, "a=b=c", ("a", "b=c")), (run_meta, "seed=7", ("seed", 7)), (run_meta, "name=x", ("name", "x")),
+    (port_int, "5000", 5000),
+])
+def test_argument_types_take_what_is_in_range(fn, value, want):
+    assert fn(value) == want
+
+
+@pytest.mark.parametrize("fn, value, words", [
+    (positive_int, "0", "0 is not a positive integer"), (positive_int, "-2", "-2 is not a positive integer"),
+    (positive_int, "8.5", "'8.5' is not an integer"), (positive_int, 8.5, "8.5 is not an integer"),
+    (positive_int, True, "True is not an integer"), (non_negative_int, "-1", "-1 is negative"),
+    (seed_int, "-1", "-1 is not a seed"), (seed_int, str(2**32), "is not a seed"),
+    (key_value, "novalue", "'novalue' is not KEY=VALUE"), (key_value, "=x", "'=x' is not KEY=VALUE"),
+    (run_meta, "seed=abc", "'abc' is not an integer"), (port_int, "70000", "70000 is not a TCP port"),
+])
+def test_argument_types_refuse_what_is_out_of_range_in_their_own_words(fn, value, words):
+    with pytest.raises(argparse.ArgumentTypeError, match=words.replace("(", r"\(")):
+        fn(value)
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["stats-rake", "--corpus", "c.txt", "--nltk-data", "n", "--output", "o.parquet", "--chunk-size", "0"],
+     "argument --chunk-size: 0 is not a positive integer"),
+    (["stats-freq", "--corpus", "c.txt", "--tokenizer", "t", "--output", "o.parquet", "--batch-size", "-1"],
+     "argument --batch-size: -1 is not a positive integer"),
+    (["run-config", "--config", "c.yaml", "--name", "x", "--backbone", "b", "--seed", "-1", "--output", "o.json"],
+     "argument --seed: -1 is not a seed"),
+    (["evaluate", "--model", "m", "--pooler", "avg", "--data-dir", "d", "--output", "o.json", "--run-meta", "foo"],
+     "argument --run-meta: 'foo' is not KEY=VALUE"),
+    (["evaluate", "--model", "m", "--pooler", "avg", "--data-dir", "d", "--output", "o.json", "--run-meta",
+      "seed=abc"], "argument --run-meta: 'abc' is not an integer"),
+    (["evaluate", "--model", "m", "--pooler", "avg", "--data-dir", "d", "--output", "o.json", "--tag", "foo"],
+     "argument --tag: 'foo' is not KEY=VALUE"),
+])
+def test_options_out_of_range_stop_the_command_before_it_opens_anything(tmp_path, monkeypatch, capsys, argv, words):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2 and words in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_statistics_of_an_empty_corpus_are_refused_and_written_nowhere(tmp_path, capsys):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n  \n")
+    out = tmp_path / "tfidf.parquet"
+    assert main(["stats-tfidf", "--corpus", str(empty), "--output", str(out)]) == 2
+    assert "empty.txt: the corpus holds no text (empty, or only blank lines)" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.txt"]
+    from sentemb.stats import chunked
+
+    with pytest.raises(SentembError, match="chunk size must be at least 1, got 0"):
+        list(chunked(range(3), 0))
+
+
+def test_evaluate_without_a_task_is_refused_before_the_model_loads(tmp_path, capsys):
+    out = tmp_path / "eval.json"
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"pooler": "avg", "tasks": []}))
+    for extra in (["--tasks", ","], ["--spec", str(spec)]):
+        assert main(["evaluate", "--model", str(tmp_path / "absent"), "--data-dir", str(tmp_path), "--output",
+                     str(out), *(["--pooler", "avg"] if extra[0] == "--tasks" else []), *extra]) == 2
+        assert "--tasks: no task given" in capsys.readouterr().err and not out.exists()
+
+
+@pytest.mark.parametrize("text, words", [
+    ("seeds: [-1]\n", "config key 'seeds[0]': -1 is less than the minimum of 0"),
+    ("runs:\n  - {method: simcse, backbone: minilm, seeds: [4294967296]}\n",
+     "config key 'runs[0].seeds[0]': 4294967296 is greater than the maximum of 4294967295"),
+    ("train: {batch_size: 16.0}\n", "config key train.batch_size: 16.0 is not an integer"),
+    ("runs:\n  - {method: simcse, backbone: minilm, train: {batch_size: 16.0}}\n",
+     "config key runs[0].train.batch_size: 16.0 is not an integer"),
+])
+def test_config_values_that_would_fail_a_job_later_are_named_with_their_file(tmp_path, monkeypatch, text, words):
+    from conftest import REPO
+
+    from sentemb.config.load import load_config
+
+    monkeypatch.chdir(REPO)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text)
+    with pytest.raises(SentembError) as e:
+        from sentemb.config.load import merge_configs, validate_config
+
+        validate_config(merge_configs(["config/demo.yaml", bad]), source=f"config/demo.yaml, {bad}")
+    assert words in str(e.value) and str(bad) in str(e.value)
+    assert load_config("config/demo.yaml")  # the demo itself is fine
