@@ -103,3 +103,31 @@ def test_config_values_that_would_fail_a_job_later_are_named_with_their_file(tmp
         validate_config(merge_configs(["config/demo.yaml", bad]), source=f"config/demo.yaml, {bad}")
     assert words in str(e.value) and str(bad) in str(e.value)
     assert load_config("config/demo.yaml")  # the demo itself is fine
+
+
+def test_a_hand_edited_run_config_is_named_with_its_file_and_key(tmp_path, capsys, tiny_bert_dir):
+    from sentemb.config.settings import Run
+
+    good = Run(name="r", method="simcse", backbone="b", seed=1,
+               paths={"model": str(tiny_bert_dir), "corpus": "c.txt", "senteval": "s"}).to_dict()
+    out = tmp_path / "out"
+    cases = [([good], "expected a JSON object of settings, found list"),
+             ({k: v for k, v in good.items() if k != "name"}, "missing key(s) name"),
+             ({**good, "seed": "1"}, "'seed' = '1' is not an integer"),
+             ({**good, "paths": {"model": "m"}}, "'paths' lacks corpus"),
+             ({**good, "paths": ["m"]}, "'paths' = ['m'] is not a mapping")]
+    for doc, words in cases:
+        f = tmp_path / "run.json"
+        f.write_text(json.dumps(doc))
+        assert main(["train", "--run-config", str(f), "--output-dir", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert f"--run-config {f}: run config: {words}" in err, err
+        assert not out.exists()
+    f.write_text(json.dumps(good))
+    opts = tmp_path / "options.json"
+    opts.write_text("[1]")
+    assert main(["train", "--run-config", str(f), "--options", str(opts), "--output-dir", str(out)]) == 2
+    assert "expected a JSON object" in capsys.readouterr().err and not out.exists()
+    opts.write_bytes(b'{"train": {"log_steps": 5, "x": "\xff"}}')
+    assert main(["train", "--run-config", str(f), "--options", str(opts), "--output-dir", str(out)]) == 2
+    assert f"cannot read --options {opts}" in capsys.readouterr().err and not out.exists()

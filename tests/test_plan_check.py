@@ -129,13 +129,27 @@ def test_bad_rows_are_refused_naming_the_file_the_row_and_the_key(tmp_path):
                       ({"train": {"batch_size": 8}}, "rows[1].train.batch_size"),
                       ({"train": {"attention": "bogus"}}, "rows[1].train.attention"),
                       ({"train": {"chunk_size": "many"}}, "rows[1]: train.chunk_size"),
-                      ({"kind": "eval"}, "rows[1].kind"), ({"kind": "dev_eval", "precision": "fp8"}, "rows[1].precision")):
+                      ({"kind": "eval"}, "rows[1].kind"), ({"kind": "dev_eval", "precision": "fp8"}, "rows[1].precision"),
+                      ({"steady": "no"}, "rows[1].steady: 'no' is not true or false")):
         path.write_text(json.dumps({"rows": [_row(), _row(**bad)]}))
         with pytest.raises(SentembError, match=re.escape(f"rows.json: {says}")):
             plan_check.load_measured(path)
     path.write_text(json.dumps({"rows": [{k: v for k, v in _row().items() if k != "steps"}]}))
     with pytest.raises(SentembError, match=r"rows\[0\]: missing steps"):
         plan_check.load_measured(path)
+    path.write_bytes(b'{"rows": [], "gpu": "\xff"}')
+    with pytest.raises(SentembError, match=r"rows\.json: not a readable JSON file"):
+        plan_check.load_measured(path)
+
+
+def test_a_gpu_the_rows_file_names_and_the_plan_does_not_know_is_named_as_the_files(tmp_path, capsys):
+    from sentemb.cli import main
+
+    path = tmp_path / "rows.json"
+    path.write_text(json.dumps({"gpu": "Z9000", "rows": [_row()]}))
+    assert main(["plan-check", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}: its \"gpu\" 'Z9000': unknown GPU (known:" in err and "give --gpu" in err and "--gpu Z9000" not in err
 
 
 def test_recorded_rows_are_written_after_each_row(tmp_path, monkeypatch):

@@ -319,6 +319,13 @@ def test_paraphrase_shards_merge_and_resume(tiny_pegasus, tmp_path):
         merge_paraphrases(ref_shards[:1], corpus, tmp_path / "x.txt")
     with pytest.raises(SentembError, match="more than one shard"):
         merge_paraphrases([ref_shards[0], ref_shards[0], ref_shards[1]], corpus, tmp_path / "x.txt")
+    with pytest.raises(SentembError, match=r"paraphrase-merge: .*absent\.jsonl not found"):
+        merge_paraphrases([ref_shards[0], tmp_path / "absent.jsonl"], corpus, tmp_path / "x.txt")
+    garbled = tmp_path / "garbled.jsonl"
+    garbled.write_bytes(ref_shards[1].read_bytes().replace(b'"text": "', b'"text": "\xff', 1))
+    with pytest.raises(SentembError, match=r"garbled\.jsonl:1: not a paraphrase record \(a UTF-8 JSON line"):
+        merge_paraphrases([ref_shards[0], garbled], corpus, tmp_path / "x.txt")
+    assert not (tmp_path / "x.txt").exists()
 
 
 def test_paraphrase_killed_subprocess_resumes_identically(tiny_pegasus, tmp_path):

@@ -57,6 +57,9 @@ def atomic_path(final: str | os.PathLike, is_dir: bool = False) -> Iterator[Path
         if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
             raise SentembError(f"{final}: {os.strerror(e.errno).lower()} while writing it; nothing was written "
                                f"(the partial temporary file was removed): free space and run again") from e
+        if isinstance(e, OSError) and e.errno in (errno.EISDIR, errno.ENOTDIR, errno.EACCES, errno.EPERM, errno.EROFS):
+            raise SentembError(f"{final}: cannot be written there ({os.strerror(e.errno).lower()}); nothing was "
+                               "written") from e
         raise
 
 
@@ -70,7 +73,7 @@ def read_json(path: str | os.PathLike, what: str = "results"):
     """The JSON document in ``path``; an error naming ``what`` and the file when it is missing or bad."""
     try:
         return json.loads(Path(path).read_text("utf-8"))
-    except (OSError, json.JSONDecodeError) as e:
+    except (OSError, ValueError) as e:  # ValueError: json's decode error, and bytes that are not UTF-8
         raise SentembError(f"cannot read {what} {path}: {e}") from None
 
 

@@ -79,7 +79,11 @@ def _cmd_plan_check(args: argparse.Namespace) -> int:
     if not args.gpu and not header.get("gpu"):
         raise SentembError(f"{args.rows}: its device ({header.get('device', 'not named')}) is none of the GPUs the plan "
                            f"knows ({', '.join(GPU_MEMORY_GB)}); give --gpu")
-    gpu = gpu_spec(args.gpu or header["gpu"])[0]
+    try:
+        gpu = gpu_spec(args.gpu or header["gpu"])[0]
+    except SentembError as e:  # named by where the name came from: the option, or the rows file
+        raise SentembError(str(e) if args.gpu else f"{args.rows}: its \"gpu\" {header['gpu']!r}: "
+                           f"{str(e).split(': ', 1)[1]}; give --gpu") from None
     corpus = resolve_corpus(args.corpus, header, Path(args.rows))
     priced = price_measured(rows, config, corpus, gpu)
     print(format_check(priced, gpu, header, corpus, args.tolerance))

@@ -15,11 +15,11 @@ from ..report.figures import figures
 
 
 def _write(df, csv, md_path, md_text, header):
-    with atomic_path(csv) as tmp:
+    with atomic_path(csv) as tmp:  # both files or neither (the Markdown inside the CSV's write)
         df.to_csv(tmp, index=False)
-    if md_path:
-        with atomic_path(md_path) as tmp:
-            tmp.write_text(header + "\n\n" + md_text, "utf-8")
+        if md_path:
+            with atomic_path(md_path) as md:
+                md.write_text(header + "\n\n" + md_text, "utf-8")
     print(md_text)
 
 

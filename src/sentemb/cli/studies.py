@@ -18,7 +18,7 @@ log = logging.getLogger(__name__)
 def _cmd_study(args: argparse.Namespace) -> int:
     try:
         spec = json.loads(Path(args.spec).read_text("utf-8"))
-    except (OSError, json.JSONDecodeError) as e:
+    except (OSError, ValueError) as e:
         raise SentembError(f"cannot read study spec {args.spec}: {e}") from None
     published = load_published(args.published).get(spec["name"])
     seen: set = set()

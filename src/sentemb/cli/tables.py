@@ -11,14 +11,16 @@ from ..utils import atomic_path
 
 def _cmd_table(args: argparse.Namespace) -> int:
     t = table1(collect(args.inputs))
+    # both files or neither: the Markdown is written inside the CSV's write, so a failure of either
+    # leaves no output that Snakemake would take for a finished one
     with atomic_path(args.output) as tmp:
         t.to_csv(tmp, index=False)
-    if args.markdown:
-        with atomic_path(args.markdown) as tmp:
-            tmp.write_text(
-                "Spearman × 100 on STS (SentEval protocol, 'all' setting for STS12–16, test splits for "
-                "STS-B and SICK-R); mean over seeds, `std` = std of Avg over seeds (empty with one seed).\n\n"
-                + to_markdown(t), "utf-8")
+        if args.markdown:
+            with atomic_path(args.markdown) as md:
+                md.write_text(
+                    "Spearman × 100 on STS (SentEval protocol, 'all' setting for STS12–16, test splits for "
+                    "STS-B and SICK-R); mean over seeds, `std` = std of Avg over seeds (empty with one seed).\n\n"
+                    + to_markdown(t), "utf-8")
     print(to_markdown(t))
     return 0
 

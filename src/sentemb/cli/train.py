@@ -8,6 +8,7 @@ import dataclasses
 import os
 from pathlib import Path
 
+from .. import SentembError
 from ..config.settings import Run
 from ..train.loop import train
 from ..utils import read_json, write_json
@@ -18,7 +19,13 @@ def job_run(args: argparse.Namespace, what: str) -> Run:
     """The resolved run (or pretraining stage) of ``--run-config``, with today's weight-free settings
     of ``--options`` over it (rule ``run_options``/``pretrain_options``), then ``--device`` and
     ``--no-track``: what ``sentemb train`` and ``sentemb pretrain`` both run."""
-    run = Run.from_dict(read_json(args.run_config, f"--run-config ({what})"))
+    try:
+        run = Run.from_dict(read_json(args.run_config, f"--run-config ({what})"))
+        missing = [k for k in ("model", "corpus") if k not in run.paths]
+        if missing:
+            raise SentembError(f"run config: 'paths' lacks {', '.join(missing)}")
+    except SentembError as e:  # named by the file it came from
+        raise SentembError(f"--run-config {args.run_config}: {e}") from None
     if args.options:
         from ..config.settings import apply_options
 

@@ -724,10 +724,21 @@ class Run:
     def from_dict(cls, values: dict | Run) -> Run:
         if isinstance(values, Run):
             return values
+        if not isinstance(values, dict):
+            raise SentembError(f"run config: expected a JSON object of settings, found {type(values).__name__}")
         values = {k: v for k, v in values.items() if k not in cls._RETIRED}
         unknown = set(values) - {f.name for f in dataclasses.fields(cls)}
         if unknown:
             raise SentembError(f"run config: unknown key(s) {', '.join(sorted(unknown))}")
+        missing = [k for k in ("name", "method", "backbone", "seed") if k not in values]
+        if missing:
+            raise SentembError(f"run config: missing key(s) {', '.join(missing)} (sentemb run-config writes a whole one)")
+        for key, kind in (("name", str), ("method", str), ("backbone", str), ("seed", int), ("method_args", dict),
+                          ("paths", dict)):
+            v = values.get(key)
+            if key in values and (isinstance(v, bool) or not isinstance(v, kind)):
+                raise SentembError(f"run config: '{key}' = {v!r} is not {'an' if kind is int else 'a'} "
+                                   f"{ {str: 'string', int: 'integer', dict: 'mapping'}[kind] }")
         return cls(**{**values, "train": TrainSettings.from_dict(values.get("train"), "train")})
 
     def to_dict(self) -> dict[str, Any]:
@@ -820,6 +831,8 @@ def run_options(run: Run | dict) -> dict:
 
 def apply_options(run: Run, options: dict, where: str = "--options") -> Run:
     """``run`` with ``options`` (``run_options``'s mapping) applied; a weight-changing key is refused."""
+    if not isinstance(options, dict) or not isinstance(options.get("train") or {}, dict):
+        raise SentembError(f"{where}: expected a JSON object {{\"train\": {{...}}, \"tracking\": ..., \"experiment\": ...}}")
     bad = set(options.get("train") or {}) - set(weight_free_keys())
     if bad or set(options) - {"train", "tracking", "experiment"}:
         raise SentembError(f"{where}: only weight-free train settings ({', '.join(weight_free_keys())}), tracking and "

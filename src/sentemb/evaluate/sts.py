@@ -253,5 +253,5 @@ def _training_run_id(model_dir) -> str | None:
     meta = Path(model_dir) / "sentemb.json"
     try:
         return json.loads(meta.read_text("utf-8")).get("mlflow_run_id") if meta.is_file() else None
-    except (OSError, json.JSONDecodeError):
+    except (OSError, ValueError):
         return None

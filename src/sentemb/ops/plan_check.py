@@ -142,7 +142,7 @@ def load_measured(path: str | Path) -> tuple[dict, list[Measured]]:
     p = Path(path)
     try:
         data = json.loads(p.read_text("utf-8"))
-    except (OSError, json.JSONDecodeError) as e:
+    except (OSError, ValueError) as e:  # ValueError: json's decode error, and bytes that are not UTF-8
         raise SentembError(f"{p}: not a readable JSON file ({e})") from None
     if not isinstance(data, dict) or not isinstance(data.get("rows"), list):
         raise SentembError(f"{p}: expected an object with a 'rows' list")
@@ -177,6 +177,8 @@ def load_measured(path: str | Path) -> tuple[dict, list[Measured]]:
         if only is not None and not (isinstance(only, list) and only and all(_is_int(x) for x in only)
                                      and all(steps[0] <= x < steps[1] for x in only)):
             raise SentembError(f"{where}.only_steps: {only!r} is not a non-empty list of steps within {steps}")
+        if not isinstance(r["steady"], bool):  # "no" would read as true
+            raise SentembError(f"{where}.steady: {r['steady']!r} is not true or false")
         for k in ("train", "method_args"):
             if not isinstance(r[k], dict):
                 raise SentembError(f"{where}.{k}: expected an object")

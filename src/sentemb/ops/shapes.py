@@ -106,7 +106,7 @@ def architecture_from_dir(model_dir: str | Path) -> dict:
     f = Path(model_dir) / "config.json"
     try:
         cfg = json.loads(f.read_text("utf-8"))
-    except (OSError, json.JSONDecodeError) as e:
+    except (OSError, ValueError) as e:
         raise SentembError(f"{f}: cannot read the model's config ({e})") from None
     if cfg.get("model_type") not in ("bert", "roberta"):
         raise SentembError(f"{f}: model_type {cfg.get('model_type')!r}; sentemb plan knows bert and roberta shapes")

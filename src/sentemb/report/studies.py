@@ -87,7 +87,7 @@ def read_values(paths: Iterable[str | Path], metric: str, seen: set | None = Non
     for p in paths:
         try:
             d = json.loads(Path(p).read_text("utf-8"))
-        except (OSError, json.JSONDecodeError) as e:
+        except (OSError, ValueError) as e:
             raise SentembError(f"cannot read results {p}: {e}") from None
         meta = d.get("run") if isinstance(d.get("run"), dict) else d
         if "name" not in meta or "seed" not in meta:

@@ -44,14 +44,30 @@ def collect(paths: Iterable[str | Path], metrics: Sequence[str] = TASKS) -> pd.D
     method, backbone, seed, pooler) and ``metrics`` (None where the file has none)."""
     import pandas as pd
 
-    rows = []
+    rows, seen = [], {}
     for p in paths:
         d = read_json(p)
+        if not isinstance(d, dict):
+            raise SentembError(f"{p}: expected a JSON object of results, found {type(d).__name__}")
         meta = d.get("run") or {}
         missing = [k for k in META if k not in meta]
         if missing:
             raise SentembError(f"{p}: results lack run metadata {missing} (pass --run-meta to evaluate)")
-        rows.append({**{k: meta[k] for k in META}, "pooler": d.get("pooler"), **{m: d.get(m) for m in metrics}})
+        seed = meta["seed"]
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise SentembError(f"{p}: run metadata seed {seed!r} is not an integer")
+        scores = {m: d.get(m) for m in metrics}
+        bad = {m: v for m, v in scores.items() if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)))}
+        if bad:
+            raise SentembError(f"{p}: scores that are not numbers: {bad}")
+        if all(v is None for v in scores.values()):
+            raise SentembError(f"{p}: holds none of the scores {', '.join(metrics)}")
+        key = (*(meta[k] for k in ("name", "backbone")), seed, d.get("pooler"))
+        if key in seen:  # a seed counted twice would shift the mean and report a spread never measured
+            raise SentembError(f"{p} and {seen[key]}: the same run (name {key[0]!r}, backbone {key[1]!r}, seed "
+                               f"{seed}, pooler {key[3]!r}) given twice")
+        seen[key] = p
+        rows.append({**{k: meta[k] for k in META}, "pooler": d.get("pooler"), **scores})
     if not rows:
         raise SentembError("no results given")
     df = pd.DataFrame(rows)

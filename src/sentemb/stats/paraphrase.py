@@ -249,16 +249,20 @@ def merge_paraphrases(shards: Sequence[str | os.PathLike], corpus, output) -> in
     """Merge shard outputs into a text file with one paraphrase per corpus line; returns lines."""
     from ..utils import atomic_path
 
+    for path in (corpus, *shards):
+        if not os.path.isfile(path):
+            raise SentembError(f"paraphrase-merge: {path} not found")
     n = count_corpus_lines(corpus)
     texts: list[str | None] = [None] * n
     for path in shards:
-        with open(path, encoding="utf-8") as f:
+        with open(path, "rb") as f:
             for k, raw in enumerate(f, start=1):
                 try:
-                    rec = json.loads(raw)
+                    rec = json.loads(raw.decode("utf-8"))
                     i, t = int(rec["line"]), clean(rec["text"])
-                except (ValueError, KeyError, TypeError):
-                    raise SentembError(f"{path}:{k}: not a paraphrase record") from None
+                except (ValueError, KeyError, TypeError):  # ValueError: bad JSON or bytes that are not UTF-8
+                    raise SentembError(f"{path}:{k}: not a paraphrase record (a UTF-8 JSON line "
+                                       '{"line": N, "text": ...})') from None
                 if not 0 <= i < n:
                     raise SentembError(f"{path}:{k}: line {i} is outside the corpus ({n} lines) {corpus}")
                 if texts[i] is not None:

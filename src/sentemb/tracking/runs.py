@@ -175,7 +175,7 @@ class Tracker:
         try:
             prev = json.loads(self.marker.read_text("utf-8"))
             return prev if isinstance(prev, dict) and prev.get("run_id") else None
-        except (OSError, json.JSONDecodeError):
+        except (OSError, ValueError):
             return None
 
     def _run_of(self, run_id: str):
