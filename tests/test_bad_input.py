@@ -11,7 +11,7 @@ import pytest
 
 from sentemb import SentembError
 from sentemb.cli import main
-from sentemb.cli.argtypes import key_value, non_negative_int, port_int, positive_int, run_meta, seed_int
+from sentemb.cli.argtypes import fold_count, key_value, non_negative_int, port_int, positive_int, run_meta, seed_int
 
 
 @pytest.mark.parametrize("fn, value, want", [
@@ -30,6 +30,7 @@ def test_argument_types_take_what_is_in_range(fn, value, want):
     (seed_int, "-1", "-1 is not a seed"), (seed_int, str(2**32), "is not a seed"),
     (key_value, "novalue", "'novalue' is not KEY=VALUE"), (key_value, "=x", "'=x' is not KEY=VALUE"),
     (run_meta, "seed=abc", "'abc' is not an integer"), (port_int, "70000", "70000 is not a TCP port"),
+    (fold_count, "1", "1 folds: k-fold needs at least 2"),
 ])
 def test_argument_types_refuse_what_is_out_of_range_in_their_own_words(fn, value, words):
     with pytest.raises(argparse.ArgumentTypeError, match=words.replace("(", r"\(")):
@@ -88,8 +89,11 @@ def test_evaluate_without_a_task_is_refused_before_the_model_loads(tmp_path, cap
     ("train: {batch_size: 16.0}\n", "config key train.batch_size: 16.0 is not an integer"),
     ("runs:\n  - {method: simcse, backbone: minilm, train: {batch_size: 16.0}}\n",
      "config key runs[0].train.batch_size: 16.0 is not an integer"),
+    ("corpus: {sample_seed: 4294967296}\n", "config key 'corpus.sample_seed': 4294967296 is greater than the maximum"),
+    ("baselines: {minilm: [avg, cls, avg]}\n", "config key 'baselines.minilm': pooler(s) avg listed twice"),
 ])
-def test_config_values_that_would_fail_a_job_later_are_named_with_their_file(tmp_path, monkeypatch, text, words):
+def test_config_values_that_would_fail_a_job_later_are_named_with_their_file(tmp_path, monkeypatch, capsys, text,
+                                                                             words):
     from conftest import REPO
 
     from sentemb.config.load import load_config
@@ -97,11 +101,9 @@ def test_config_values_that_would_fail_a_job_later_are_named_with_their_file(tmp
     monkeypatch.chdir(REPO)
     bad = tmp_path / "bad.yaml"
     bad.write_text(text)
-    with pytest.raises(SentembError) as e:
-        from sentemb.config.load import merge_configs, validate_config
-
-        validate_config(merge_configs(["config/demo.yaml", bad]), source=f"config/demo.yaml, {bad}")
-    assert words in str(e.value) and str(bad) in str(e.value)
+    assert main(["check-config", "config/demo.yaml", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert words in err and f"invalid configuration in config/demo.yaml, {bad}" in err, err
     assert load_config("config/demo.yaml")  # the demo itself is fine
 
 
@@ -131,3 +133,36 @@ def test_a_hand_edited_run_config_is_named_with_its_file_and_key(tmp_path, capsy
     opts.write_bytes(b'{"train": {"log_steps": 5, "x": "\xff"}}')
     assert main(["train", "--run-config", str(f), "--options", str(opts), "--output-dir", str(out)]) == 2
     assert f"cannot read --options {opts}" in capsys.readouterr().err and not out.exists()
+
+
+def test_an_unwritable_output_is_named_but_an_unreadable_input_is_not_blamed_on_it(tmp_path):
+    import errno
+
+    from sentemb.utils import atomic_path
+
+    (tmp_path / "out.json").mkdir()
+    with pytest.raises(SentembError, match=r"out\.json: cannot be written there \(is a directory\)"):
+        with atomic_path(tmp_path / "out.json") as tmp:
+            tmp.write_text("{}")
+    with pytest.raises(PermissionError):  # reading a source inside the block: its own error, not the output's
+        with atomic_path(tmp_path / "other.json"):
+            raise PermissionError(errno.EACCES, "Permission denied", str(tmp_path / "mirror" / "vocab.txt"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.json"]
+
+
+def test_weights_cut_short_are_refused_and_the_old_pickle_format_is_left_to_the_loader(tmp_path):
+    import zipfile
+
+    from sentemb.model.backbone import check_weights
+
+    d = tmp_path / "m"
+    d.mkdir()
+    (d / "pytorch_model.bin").write_bytes(b"\x80\x02\x8a\nl\xfc\x9cF\xf9 j\xa8P\x19.")  # torch < 1.6: a pickle
+    check_weights(d)
+    with zipfile.ZipFile(d / "pytorch_model.bin", "w") as z:
+        z.writestr("archive/data.pkl", b"x" * 4096)
+    check_weights(d)
+    whole = (d / "pytorch_model.bin").read_bytes()
+    (d / "pytorch_model.bin").write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(SentembError, match=r"pytorch_model\.bin: not a whole PyTorch checkpoint"):
+        check_weights(d)

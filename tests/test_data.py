@@ -262,7 +262,8 @@ def test_a_model_without_its_tokenizer_or_with_cut_weights_is_refused_naming_the
     bad = tmp_path / "models" / "notok"
     for load in (lambda: fetch_model(bad, hub_id="someone/tiny-bert", mirror=mirror), lambda: load_encoder(src),
                  lambda: stats_tokenizer(src), lambda: load_tokenizer(src)):
-        with pytest.raises(SentembError, match=r"tiny-bert: no tokenizer vocabulary \(tokenizer\.json, vocab\.txt"):
+        with pytest.raises(SentembError, match=r"tiny-bert: the tokenizer has \d+ tokens, config\.json's vocab_size is "
+                                               r"\d+: its vocabulary file is missing, cut or another model's"):
             load()
     assert_clean(bad)
 
@@ -284,6 +285,10 @@ def test_a_model_without_its_tokenizer_or_with_cut_weights_is_refused_naming_the
     with pytest.raises(SentembError, match=rf"cut: the tokenizer has \d+ tokens, config\.json's vocab_size is "
                                            rf"{len(words)}"):
         load_encoder(cut)
+    (cut / "config.json").write_text("{}")  # no vocab_size to compare with: only special tokens is refused
+    (cut / "vocab.txt").unlink()
+    with pytest.raises(SentembError, match=r"cut: the tokenizer has only its \d+ special tokens: no vocabulary file"):
+        load_tokenizer(cut)
 
 
 def test_fetch_model_random_init_is_deterministic(tmp_path, mirror):

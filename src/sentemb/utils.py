@@ -57,7 +57,9 @@ def atomic_path(final: str | os.PathLike, is_dir: bool = False) -> Iterator[Path
         if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
             raise SentembError(f"{final}: {os.strerror(e.errno).lower()} while writing it; nothing was written "
                                f"(the partial temporary file was removed): free space and run again") from e
-        if isinstance(e, OSError) and e.errno in (errno.EISDIR, errno.ENOTDIR, errno.EACCES, errno.EPERM, errno.EROFS):
+        ours = {str(tmp), str(final)}  # an error of reading an input inside the block is not the output's
+        if (isinstance(e, OSError) and e.errno in (errno.EISDIR, errno.ENOTDIR, errno.EACCES, errno.EPERM, errno.EROFS)
+                and ({str(e.filename), str(e.filename2)} & ours or str(e.filename).startswith(str(tmp) + os.sep))):
             raise SentembError(f"{final}: cannot be written there ({os.strerror(e.errno).lower()}); nothing was "
                                "written") from e
         raise

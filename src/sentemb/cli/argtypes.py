@@ -30,6 +30,14 @@ def positive_int(value: str) -> int:
     return n
 
 
+def fold_count(value: str) -> int:
+    """The k of k-fold cross-validation: 2 or more (one fold leaves nothing to validate on)."""
+    n = _integer(value)
+    if n < 2:
+        raise argparse.ArgumentTypeError(f"{n} folds: k-fold needs at least 2")
+    return n
+
+
 def non_negative_int(value: str) -> int:
     """An index or a number of warm-up steps: 0 or more."""
     n = _integer(value)

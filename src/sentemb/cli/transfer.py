@@ -13,7 +13,7 @@ from ..evaluate.senteval import TRANSFER_TASKS
 from ..evaluate.transfer import (
     CLASSIFIERS, CLASSIFIER_DESCRIPTIONS, KFOLD, MRPC_FEATURES, SEED, classify_tasks,
     encode_task, evaluate_transfer, load_transfer_task, log, read_features_meta, summarize, write_features)
-from .argtypes import positive_int, run_meta, seed_int
+from .argtypes import fold_count, positive_int, run_meta, seed_int
 
 
 def _task_list(spec: str) -> list[str]:
@@ -190,7 +190,7 @@ def register(sub) -> None:
     p.add_argument("--classifier", default=None, choices=CLASSIFIERS,
                    help="pytorch: SentEval's usepytorch=True path, what the papers used; sklearn: its "
                         "LogisticRegression path (default: config key evaluation.transfer_classifier, pytorch)")
-    p.add_argument("--kfold", type=positive_int, default=KFOLD,
+    p.add_argument("--kfold", type=fold_count, default=KFOLD,
                    help="folds of SentEval's cross-validation (default: %(default)s)")
     p.add_argument("--seed", type=seed_int, default=SEED, help="SentEval's classifier seed")
     p.add_argument("--batch-size", type=positive_int, default=None, help="default: evaluation.batch_size (without --features)")

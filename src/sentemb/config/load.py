@@ -107,6 +107,11 @@ def validate_config(config: dict, source: str = "config") -> dict:
                 f"invalid configuration in {source}: config key 'baselines.{backbone}': "
                 f"'{backbone}' is not one of the declared backbones {sorted(config['backbones'])}"
             )
+        poolers = config["baselines"][backbone]
+        twice = sorted({p for p in poolers if poolers.count(p) > 1})
+        if twice:  # one evaluation each: the tables would count the row twice
+            raise SentembError(f"invalid configuration in {source}: config key 'baselines.{backbone}': "
+                               f"pooler(s) {', '.join(twice)} listed twice")
     seen = set()
     known = _known_corpora(config["corpus"]["name"])
     for i, run in enumerate(config["runs"]):

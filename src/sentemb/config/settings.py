@@ -300,7 +300,7 @@ class PretrainStage:
     ``train`` keys nor the method's own: read by ``sentemb.train.pretrain.resolve_pretrain``."""
 
     corpus: str | None = arg(None, "corpus of the stage (a name under resources/corpus; null = corpus.name)")
-    seed: int = arg(42, "seed of the stage")
+    seed: int = arg(42, "seed of the stage", minimum=0, maximum=SEED_MAX)
 
 
 @dataclass
@@ -449,7 +449,7 @@ class CorpusSettings:
     sha256: str | None = arg(None, "sha256 of the fetched corpus file (null = not checked).", pattern=SHA256)
     expected_lines: int | None = arg(None, "Lines the fetched file must have (null = not checked).", minimum=1)
     max_sentences: int | None = arg(None, "Keep a seeded random sample of this many sentences (null = all).", minimum=2)
-    sample_seed: int = arg(0, "Seed of the max_sentences sample.")
+    sample_seed: int = arg(0, "Seed of the max_sentences sample.", minimum=0, maximum=SEED_MAX)
     skip_bad_lines: bool = arg(False, "Skip empty and non-UTF-8 lines (counted in the log) instead of failing.")
 
 

@@ -42,7 +42,9 @@ def require_text(path: str | os.PathLike) -> Path:
     path = Path(path)
     if not path.is_file():
         raise SentembError(f"corpus file not found: {path}")
-    if not path.read_bytes()[:1 << 16].strip() and not any(line.strip() for line in iter_lines(path)):
+    with open(path, "rb") as f:
+        head = f.read(1 << 16)
+    if not head.strip() and not any(line.strip() for line in iter_lines(path)):
         raise SentembError(f"{path}: the corpus holds no text (empty, or only blank lines)")
     return path
 

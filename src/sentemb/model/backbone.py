@@ -99,25 +99,17 @@ def load_encoder(model_dir: str | Path, *, dropout: float | None = None, device=
     return model, tokenizer
 
 
-#: the files a tokenizer's vocabulary is read from (WordPiece, BPE, SentencePiece, or the fast tokenizer's own)
-VOCABULARY_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "spiece.model", "sentencepiece.bpe.model",
-                    "tokenizer.model")
-
-
 def load_tokenizer(model_dir: str | Path, *, fast: bool = False):
     """The tokenizer of a Hugging Face model directory (what ``load_encoder`` returns beside the model),
-    refused with an error naming the directory where it has no vocabulary file (transformers then
-    builds a tokenizer of its 5 special tokens, which maps every word to [UNK] without a word), where
-    its vocabulary is under half of ``config.json``'s ``vocab_size`` (a cut vocabulary file), or, with
-    ``fast``, where no fast tokenizer can be built."""
+    refused with an error naming the directory where its vocabulary is under half of ``config.json``'s
+    ``vocab_size`` (no vocabulary file: transformers 5 then builds a tokenizer of its 5 special tokens,
+    which maps every word to [UNK] without a word; or a cut one), or, without a ``vocab_size``, holds
+    nothing but special tokens; with ``fast``, where no fast tokenizer can be built."""
     from transformers import AutoTokenizer
 
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         raise SentembError(f"model directory not found: {model_dir}")
-    if not any((model_dir / f).is_file() for f in VOCABULARY_FILES):
-        raise SentembError(f"{model_dir}: no tokenizer vocabulary ({', '.join(VOCABULARY_FILES)}); a Hugging Face "
-                           "model directory saved with its tokenizer holds one")
     try:
         tok = AutoTokenizer.from_pretrained(str(model_dir), **({"use_fast": True} if fast else {}))
     except (OSError, ValueError, TypeError, KeyError) as e:
@@ -131,14 +123,18 @@ def load_tokenizer(model_dir: str | Path, *, fast: bool = False):
         vocab_size = None  # a tokenizer-only directory, or a config.json that load_encoder names itself
     if isinstance(vocab_size, int) and len(tok) < vocab_size // 2:
         raise SentembError(f"{model_dir}: the tokenizer has {len(tok)} tokens, config.json's vocab_size is "
-                           f"{vocab_size}: its vocabulary file is cut or another model's")
+                           f"{vocab_size}: its vocabulary file is missing, cut or another model's")
+    if len(tok) <= len(set(tok.all_special_tokens)):
+        raise SentembError(f"{model_dir}: the tokenizer has only its {len(tok)} special tokens: no vocabulary file "
+                           "(a Hugging Face model directory saved with its tokenizer holds one)")
     return tok
 
 
 def check_weights(model_dir: str | Path) -> None:
     """Refuse, naming the file, a weights file whose bytes cannot hold what its header describes (a
-    cut download or copy): safetensors' header is read (a few KB); a ``.bin`` must be a whole zip
-    archive (PyTorch's format since 1.6). A directory without weights is left to the loader's message."""
+    cut download or copy): safetensors' header is read (a few KB); a ``.bin`` in PyTorch's zip format
+    (since 1.6) must be a whole zip archive (an older pickle ``.bin`` is left to the loader). A directory
+    without weights is left to the loader's message."""
     import zipfile
 
     model_dir = Path(model_dir)
@@ -152,6 +148,9 @@ def check_weights(model_dir: str | Path) -> None:
             raise SentembError(f"{path}: not a whole safetensors file ({type(e).__name__}: {e}); fetch it again") \
                 from None
     for path in sorted(model_dir.glob("pytorch_model*.bin")):
+        with open(path, "rb") as f:
+            if f.read(2) != b"PK":  # PyTorch's format before 1.6 (a pickle stream): left to the loader
+                continue
         try:
             with zipfile.ZipFile(path) as z:
                 z.namelist()
