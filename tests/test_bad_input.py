@@ -166,3 +166,22 @@ def test_weights_cut_short_are_refused_and_the_old_pickle_format_is_left_to_the_
     (d / "pytorch_model.bin").write_bytes(whole[: len(whole) // 2])
     with pytest.raises(SentembError, match=r"pytorch_model\.bin: not a whole PyTorch checkpoint"):
         check_weights(d)
+
+
+def test_a_stand_in_tokenizer_at_real_shapes_loads_and_a_model_trained_from_it_stays_marked(tmp_path):
+    """``sentemb.ops.shapes.write_model_dir`` pairs RoBERTa's 50265-row embedding with a byte-level
+    stand-in tokenizer of a few hundred ids (no network for the real one): marked, it is not taken for
+    a cut vocabulary, and an export of a model trained from it carries the mark."""
+    from sentemb.model.backbone import STAND_IN_TOKENIZER, export, load_encoder, load_tokenizer
+    from sentemb.ops.shapes import ARCHITECTURES, write_model_dir
+
+    arch = {**ARCHITECTURES["roberta-base"], "hidden_size": 32, "num_attention_heads": 2, "intermediate_size": 64}
+    d = write_model_dir(arch, tmp_path / "rb", num_layers=1)
+    assert (d / STAND_IN_TOKENIZER).is_file()
+    enc, tok = load_encoder(d)
+    assert len(tok) < enc.config.vocab_size // 2 == 50265 // 2
+    export(enc, tok, tmp_path / "out", pooler="avg", max_seq_length=32)
+    assert (tmp_path / "out" / STAND_IN_TOKENIZER).is_file() and len(load_tokenizer(tmp_path / "out")) == len(tok)
+    (tmp_path / "out" / STAND_IN_TOKENIZER).unlink()
+    with pytest.raises(SentembError, match="its vocabulary file is missing, cut or another model's"):
+        load_tokenizer(tmp_path / "out")

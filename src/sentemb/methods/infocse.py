@@ -619,6 +619,9 @@ class InfoCSEPretrain(Method):
         out_dir.mkdir(parents=True, exist_ok=True)
         self.encoder.save_pretrained(out_dir, safe_serialization=True)
         self.tokenizer.save_pretrained(out_dir)
+        from ..model.backbone import keep_stand_in_mark
+
+        keep_stand_in_mark(out_dir, self.tokenizer, self.encoder.config)
         tensors = {f"c_head.{k}": v.detach().cpu().contiguous() for k, v in self.aux_head.state_dict().items()}
         tensors.update(self.mlm_head.bert_state())
         save_file(tensors, str(out_dir / AUX_HEAD_FILE), metadata={"format": "pt"})

@@ -99,12 +99,18 @@ def load_encoder(model_dir: str | Path, *, dropout: float | None = None, device=
     return model, tokenizer
 
 
+#: written beside a tokenizer that stands in for a model's own (``sentemb.ops.shapes.write_model_dir``: a
+#: real architecture, random weights, a small tokenizer of its family): its size is not the model's
+STAND_IN_TOKENIZER = "sentemb_stand_in_tokenizer.txt"
+
+
 def load_tokenizer(model_dir: str | Path, *, fast: bool = False):
     """The tokenizer of a Hugging Face model directory (what ``load_encoder`` returns beside the model),
     refused with an error naming the directory where its vocabulary is under half of ``config.json``'s
     ``vocab_size`` (no vocabulary file: transformers 5 then builds a tokenizer of its 5 special tokens,
     which maps every word to [UNK] without a word; or a cut one), or, without a ``vocab_size``, holds
-    nothing but special tokens; with ``fast``, where no fast tokenizer can be built."""
+    nothing but special tokens; with ``fast``, where no fast tokenizer can be built. A directory marked
+    ``STAND_IN_TOKENIZER`` is not compared with ``vocab_size``."""
     from transformers import AutoTokenizer
 
     model_dir = Path(model_dir)
@@ -121,13 +127,23 @@ def load_tokenizer(model_dir: str | Path, *, fast: bool = False):
         vocab_size = json.loads((model_dir / "config.json").read_text("utf-8")).get("vocab_size")
     except (OSError, ValueError, AttributeError):
         vocab_size = None  # a tokenizer-only directory, or a config.json that load_encoder names itself
-    if isinstance(vocab_size, int) and len(tok) < vocab_size // 2:
+    stand_in = (model_dir / STAND_IN_TOKENIZER).is_file()
+    if isinstance(vocab_size, int) and len(tok) < vocab_size // 2 and not stand_in:
         raise SentembError(f"{model_dir}: the tokenizer has {len(tok)} tokens, config.json's vocab_size is "
                            f"{vocab_size}: its vocabulary file is missing, cut or another model's")
     if len(tok) <= len(set(tok.all_special_tokens)):
         raise SentembError(f"{model_dir}: the tokenizer has only its {len(tok)} special tokens: no vocabulary file "
                            "(a Hugging Face model directory saved with its tokenizer holds one)")
     return tok
+
+
+def keep_stand_in_mark(out_dir: str | Path, tokenizer, config) -> None:
+    """Mark a saved model whose tokenizer is far smaller than its vocabulary (``STAND_IN_TOKENIZER``):
+    :func:`load_tokenizer` lets only a stand-in through, so the model trained from one is marked too."""
+    if len(tokenizer) < getattr(config, "vocab_size", 0) // 2:
+        (Path(out_dir) / STAND_IN_TOKENIZER).write_text(
+            f"The tokenizer here stands in for the model's own ({len(tokenizer)} of its {config.vocab_size} ids): "
+            "trained from a model directory of sentemb.ops.shapes.write_model_dir.\n", "utf-8")
 
 
 def check_weights(model_dir: str | Path) -> None:
@@ -247,6 +263,7 @@ def export(
         else:
             _write_pooler_slot(out_dir, head)
     tokenizer.save_pretrained(out_dir)
+    keep_stand_in_mark(out_dir, tokenizer, encoder.config)
     # sentence-transformers modules reproducing ``pooler``: Transformer -> Pooling (-> Dense+Tanh for
     # "cls", i.e. the pooler layer), so SentenceTransformer(out_dir) embeds as `sentemb evaluate` does.
     st_mode = {"cls_before_pooler": "cls", "cls": "cls", "avg": "mean"}.get(pooler)

@@ -218,6 +218,12 @@ def write_model_dir(arch: str | dict, out: str | Path, num_layers: int | None = 
     if len(tokenizer) > cfg.vocab_size:
         raise SentembError(f"{arch}: stand-in tokenizer has {len(tokenizer)} ids, more than the vocabulary {cfg.vocab_size}")
     tokenizer.save_pretrained(out)
+    from ..model.backbone import STAND_IN_TOKENIZER
+
+    (out / STAND_IN_TOKENIZER).write_text(
+        f"The tokenizer here stands in for {arch}'s own ({len(tokenizer)} of its {cfg.vocab_size} ids): written by "
+        "sentemb.ops.shapes.write_model_dir beside random weights at the real shapes, to time and size steps.\n",
+        "utf-8")
     torch.manual_seed(seed)
     AutoModel.from_config(cfg, add_pooling_layer=False).save_pretrained(out)
     return out
