@@ -91,6 +91,9 @@ def test_evaluate_without_a_task_is_refused_before_the_model_loads(tmp_path, cap
      "config key runs[0].train.batch_size: 16.0 is not an integer"),
     ("corpus: {sample_seed: 4294967296}\n", "config key 'corpus.sample_seed': 4294967296 is greater than the maximum"),
     ("baselines: {minilm: [avg, cls, avg]}\n", "config key 'baselines.minilm': pooler(s) avg listed twice"),
+    ("experiment: ' '\n", "config key 'experiment': ' ' does not match"),
+    ("studies:\n  - {name: s, method: simcse, backbone: minilm, vary: {}}\n",
+     "'studies[0].vary': empty; give at least one key, or leave it out for a study over seeds"),
 ])
 def test_config_values_that_would_fail_a_job_later_are_named_with_their_file(tmp_path, monkeypatch, capsys, text,
                                                                              words):
@@ -185,3 +188,64 @@ def test_a_stand_in_tokenizer_at_real_shapes_loads_and_a_model_trained_from_it_s
     (tmp_path / "out" / STAND_IN_TOKENIZER).unlink()
     with pytest.raises(SentembError, match="its vocabulary file is missing, cut or another model's"):
         load_tokenizer(tmp_path / "out")
+
+
+def test_transfer_data_that_no_classifier_can_fit_is_refused_before_encoding(tmp_path):
+    from sentemb.evaluate.transfer import check_folds, load_transfer_task
+
+    cr = tmp_path / "CR"
+    cr.mkdir()
+    (cr / "custrev.pos").write_text("")
+    (cr / "custrev.neg").write_text("bad one\nworse\n")
+    with pytest.raises(SentembError, match=r"transfer task CR: its training samples are all of one class \(.*custrev"):
+        load_transfer_task(tmp_path, "CR")
+    (cr / "custrev.pos").write_text("good\nfine\nnice\n")
+    task = load_transfer_task(tmp_path, "CR")
+    check_folds(task, 5)
+    with pytest.raises(SentembError, match="transfer task CR: 5 training samples, fewer than the 10 folds"):
+        check_folds(task, 10)
+    sst = tmp_path / "SST" / "binary"
+    sst.mkdir(parents=True)
+    for split in ("train", "dev", "test"):
+        (sst / f"sentiment-{split}").write_text("good film\t1\nbad film\t0\n")
+    (sst / "sentiment-dev").write_bytes(b"good film\t1\nbad \xff film\t0\n")
+    with pytest.raises(SentembError, match=r"sentiment-dev, line 2: not valid utf-8"):
+        load_transfer_task(tmp_path, "SST2")
+    (sst / "sentiment-test").write_text("\n")
+    (sst / "sentiment-dev").write_text("good film\t1\n")
+    with pytest.raises(SentembError, match="transfer task SST2: its test split holds no samples"):
+        load_transfer_task(tmp_path, "SST2")
+
+
+def test_a_results_or_resources_dir_that_is_a_file_is_named_by_its_key(tmp_path, monkeypatch, capsys):
+    from conftest import REPO
+
+    monkeypatch.chdir(REPO)
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    for key in ("results_dir", "resources_dir"):
+        bad = tmp_path / "bad.yaml"
+        bad.write_text(f"{key}: {afile}/below\n")
+        assert main(["check-config", "config/demo.yaml", str(bad)]) == 2
+        assert f"config key '{key}': {afile} exists and is not a directory" in capsys.readouterr().err
+
+
+def test_tracking_commands_refuse_an_empty_experiment_and_a_missing_results_dir(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["init-tracking", "--experiment", " ", "--tracking-uri", f"sqlite:///{tmp_path}/t.db"])
+    assert e.value.code == 2 and "argument --experiment: ' ' is empty" in capsys.readouterr().err
+    from conftest import REPO
+
+    rc = main(["sync-tracking", "--config", str(REPO / "config" / "demo.yaml"), "--results-dir",
+               str(tmp_path / "no_such_dir"), "--tracking-uri", f"sqlite:///{tmp_path}/t.db"])
+    assert rc == 2 and "no_such_dir not found (--results-dir, or config results_dir)" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_make_input_refuses_an_empty_corpus(tmp_path, capsys, tiny_bert_dir):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    out = tmp_path / "made"
+    assert main(["make-input", "tfidf", "--corpus", str(empty), "--model", str(tiny_bert_dir), "--output",
+                 str(out)]) == 2
+    assert "the corpus holds no text" in capsys.readouterr().err and not out.exists()

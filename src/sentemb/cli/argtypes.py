@@ -62,6 +62,13 @@ def port_int(value: str) -> int:
     return n
 
 
+def non_empty(value: str) -> str:
+    """A name (an MLflow experiment): not empty, not only spaces."""
+    if not value.strip():
+        raise argparse.ArgumentTypeError(f"{value!r} is empty")
+    return value
+
+
 def key_value(value: str) -> tuple[str, str]:
     """``KEY=VALUE`` (a tag, an input, run metadata) as a pair; the value may hold '=' itself."""
     key, sep, val = value.partition("=")

@@ -22,6 +22,9 @@ def _cmd_make_input(args) -> int:
     for what, p in (("--corpus", args.corpus), ("--model", args.model)):
         if not Path(p).exists():
             raise SentembError(f"make-input {args.kind}: {what} {p} does not exist")
+    from ..data.corpus import require_text
+
+    require_text(args.corpus)  # an empty corpus would give an empty input that looks finished
     with atomic_path(args.output, is_dir=True) as tmp:
         Path(tmp).mkdir(parents=True, exist_ok=True)
         build_input(args.kind, tmp, args.corpus, args.model)

@@ -12,7 +12,7 @@ from .. import SentembError
 from ..tracking.queue import QUEUE_NAME, Sender, TrackingUnavailable, call, is_remote, sync_all
 from ..tracking.runs import check_uri, log, refused_message, set_note, ui_link, wait_time
 from ..tracking.store import init_store, resolve_uri
-from .argtypes import port_int
+from .argtypes import non_empty, port_int
 
 
 def _cmd_init(args) -> int:
@@ -52,6 +52,8 @@ def _workflow_settings(args) -> tuple[str, str, Path, float]:
 
 def _cmd_sync(args) -> int:
     uri, experiment, results, wait_s = _workflow_settings(args)
+    if not results.is_dir():  # a mistyped directory would report "0 queues" and exit 0
+        raise SentembError(f"results directory {results} not found (--results-dir, or config results_dir)")
     res = sync_all(results, uri, wait_s=max(wait_s, 30.0))
     print(f"{res['queues']} tracking queue(s) under {results}: {res['sent']} record(s) sent to {uri}, "
           f"{res['waiting']} waiting" + (f" ({res['busy']} queue(s) in use by running jobs)" if res["busy"] else ""))
@@ -118,7 +120,7 @@ def _port_free(host: str, port: int) -> None:
 
 def register(sub) -> None:
     p = sub.add_parser("init-tracking", help="create the MLflow store and experiment once, before parallel jobs")
-    p.add_argument("--experiment", required=True, help="MLflow experiment to create (config experiment)")
+    p.add_argument("--experiment", required=True, type=non_empty, help="MLflow experiment to create (config experiment)")
     p.add_argument("--tracking-uri", default=None,
                    help="MLflow tracking URI (default: sqlite:///mlflow.db; $MLFLOW_TRACKING_URI, when set, wins)")
     p.add_argument("--output", default=None, help="marker JSON for the workflow")

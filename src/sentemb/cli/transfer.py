@@ -11,7 +11,7 @@ from pathlib import Path
 from .. import SentembError
 from ..evaluate.senteval import TRANSFER_TASKS
 from ..evaluate.transfer import (
-    CLASSIFIERS, CLASSIFIER_DESCRIPTIONS, KFOLD, MRPC_FEATURES, SEED, classify_tasks,
+    CLASSIFIERS, CLASSIFIER_DESCRIPTIONS, KFOLD, MRPC_FEATURES, SEED, check_folds, classify_tasks,
     encode_task, evaluate_transfer, load_transfer_task, log, read_features_meta, summarize, write_features)
 from .argtypes import fold_count, positive_int, run_meta, seed_int
 
@@ -85,8 +85,8 @@ def _cmd_transfer(args: argparse.Namespace) -> int:
         model, pooler = args.model, args.pooler
         if not Path(model).is_dir():
             raise SentembError(f"--model: model directory not found: {model}")
-    for t in tasks:  # a missing file fails before the model is loaded
-        load_transfer_task(args.data_dir, t)
+    for t in tasks:  # a missing or unusable file fails before the model is loaded
+        check_folds(load_transfer_task(args.data_dir, t), args.kfold)
     check_tracking_uri(args)  # a malformed URI fails now, not after the work
     if args.threads:
         torch.set_num_threads(args.threads)

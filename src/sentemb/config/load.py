@@ -101,6 +101,12 @@ def validate_config(config: dict, source: str = "config") -> dict:
             check_paper_entries(config["published"], "config key 'published'")
         except SentembError as e:
             raise SentembError(f"invalid configuration in {source}: {e}") from None
+    for key in ("results_dir", "resources_dir"):  # Snakemake would stop with NotADirectoryError, no key named
+        path = Path(config[key])
+        blocker = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None)
+        if blocker is not None:
+            raise SentembError(f"invalid configuration in {source}: config key '{key}': {blocker} exists and is "
+                               "not a directory")
     for backbone in config["baselines"]:
         if backbone not in config["backbones"]:
             raise SentembError(

@@ -592,7 +592,7 @@ class Config:
     typed tree of a validated config mapping, and the job enumeration (``jobs``, ``tested``,
     ``transfer_runs``, ``baselines``) reads it."""
 
-    experiment: str = arg("sentemb", "MLflow experiment name.")
+    experiment: str = arg("sentemb", "MLflow experiment name.", pattern=r"\S")
     local_gpus: int | None = arg(None, "GPUs on this machine for local runs (profiles/local, --resources gpu=N). Each "
                                  "GPU job then claims its own GPU (a lock per slot under .snakemake/gpu_slots, "
                                  "CUDA_VISIBLE_DEVICES set before CUDA starts; freed on exit, crash or kill). Leave "

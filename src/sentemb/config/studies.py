@@ -130,6 +130,10 @@ def _points(study: dict, where: str, source: str) -> tuple[list[str], list[dict[
     """(run keys, points as {run key: value}) of a study: the grid of ``vary``, or ``points``."""
     if study["vary"] and study["points"]:
         raise _err(source, f"'{where}': give either `vary` (a grid) or `points` (a list), not both")
+    for key in ("vary", "points"):  # empty is not absent: it would run as a seeds study without a word
+        if study[key] is not None and not study[key]:
+            raise _err(source, f"'{where}.{key}': empty; give at least one {'key' if key == 'vary' else 'point'}, "
+                               "or leave it out for a study over seeds")
     if study["vary"]:
         vary = study["vary"]
         keys = list(vary)

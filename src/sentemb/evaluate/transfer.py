@@ -118,8 +118,33 @@ class TransferTask:
 def _lines(path: Path, encoding: str) -> list[str]:
     if not path.is_file():
         raise SentembError(f"transfer data file not found: {path}")
-    with open(path, encoding=encoding, newline=None) as f:
-        return f.read().splitlines()
+    raw = path.read_bytes()
+    try:
+        return raw.decode(encoding).splitlines()
+    except UnicodeDecodeError as e:
+        line = raw[: e.start].count(b"\n") + 1
+        raise SentembError(f"{path}, line {line}: not valid {encoding} ({e.reason})") from None
+
+
+def _trainable(task: TransferTask, files: list[Path]) -> TransferTask:
+    """``task`` when a classifier can be fitted on it: every split holds samples, and the one it is
+    trained on (``all`` or ``train``) both classes or more (else sklearn fails after the encoding)."""
+    where = ", ".join(map(str, files))
+    for name, (_, y) in task.splits.items():
+        if not y:
+            raise SentembError(f"transfer task {task.name}: its {name} split holds no samples ({where})")
+    train = task.splits.get("all") or task.splits["train"]
+    if len(set(train[1])) < 2:
+        raise SentembError(f"transfer task {task.name}: its training samples are all of one class ({where})")
+    return task
+
+
+def check_folds(task: TransferTask, k: int) -> None:
+    """A k-fold task (``innerkfold``, ``kfold``) needs at least ``k`` training samples."""
+    if task.kind in ("innerkfold", "kfold"):
+        n = len((task.splits.get("all") or task.splits["train"])[1])
+        if n < k:
+            raise SentembError(f"transfer task {task.name}: {n} training samples, fewer than the {k} folds (--kfold)")
 
 
 def _sorted(samples: list, labels: list[int]) -> tuple[list, list[int]]:
@@ -147,7 +172,7 @@ def load_transfer_task(data_dir: str | Path, task: str) -> TransferTask:
         pos = [l.split() for l in _lines(files[0], "latin-1")]  # SUBJ: objective is SentEval's "pos"
         neg = [l.split() for l in _lines(files[1], "latin-1")]
         x, y = _sorted(pos + neg, [1] * len(pos) + [0] * len(neg))
-        return TransferTask(task, "innerkfold", {"all": ([_join(t) for t in x], y)})
+        return _trainable(TransferTask(task, "innerkfold", {"all": ([_join(t) for t in x], y)}), files)
     if task == "SST2":
         splits = {}
         for name, f in zip(("train", "dev", "test"), files):
@@ -162,7 +187,7 @@ def load_transfer_task(data_dir: str | Path, task: str) -> TransferTask:
                 ys.append(int(cols[1]))
             xs, ys = _sorted(xs, ys)
             splits[name] = ([_join(t) for t in xs], ys)
-        return TransferTask(task, "split", splits)
+        return _trainable(TransferTask(task, "split", splits), files)
     if task == "TREC":
         splits = {}
         for name, f in zip(("train", "test"), files):
@@ -177,7 +202,7 @@ def load_transfer_task(data_dir: str | Path, task: str) -> TransferTask:
                 ys.append(TREC_CLASSES[target])
             xs, ys = _sorted(xs, ys)
             splits[name] = ([_join(t) for t in xs], ys)
-        return TransferTask(task, "kfold", splits)
+        return _trainable(TransferTask(task, "kfold", splits), files)
     # MRPC: header line, columns quality, id1, id2, string1, string2
     splits = {}
     for name, f in zip(("train", "test"), files):
@@ -191,7 +216,7 @@ def load_transfer_task(data_dir: str | Path, task: str) -> TransferTask:
             rows.append((cols[3].split(), cols[4].split(), int(cols[0])))
         rows.sort(key=lambda z: (len(z[0]), len(z[1]), z[2]))
         splits[name] = (([_join(a) for a, _, _ in rows], [_join(b) for _, b, _ in rows]), [y for *_, y in rows])
-    return TransferTask(task, "mrpc", splits)
+    return _trainable(TransferTask(task, "mrpc", splits), files)
 
 
 # ---------------------------------------------------------------------------------- classifiers
