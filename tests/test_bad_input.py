@@ -249,3 +249,73 @@ def test_make_input_refuses_an_empty_corpus(tmp_path, capsys, tiny_bert_dir):
     assert main(["make-input", "tfidf", "--corpus", str(empty), "--model", str(tiny_bert_dir), "--output",
                  str(out)]) == 2
     assert "the corpus holds no text" in capsys.readouterr().err and not out.exists()
+
+
+def test_stats_summary_names_a_file_that_is_not_its_statistics_and_refuses_nothing_to_summarise(tmp_path, capsys):
+    out = tmp_path / "summary.md"
+    assert main(["stats-summary", "--output", str(out)]) == 2
+    assert "nothing to summarise" in capsys.readouterr().err and not out.exists()
+    garbled = tmp_path / "tfidf.parquet"
+    garbled.write_text("{}")
+    assert main(["stats-summary", "--tfidf", str(garbled), "--output", str(out)]) == 2
+    assert "tfidf.parquet: not a parquet file of `sentemb stats-tfidf` with columns term, df, s" in \
+        capsys.readouterr().err and not out.exists()
+
+
+def test_study_and_transfer_tables_name_json_of_the_wrong_shape(tmp_path, capsys):
+    listed = tmp_path / "list.json"
+    listed.write_text("[1, 2]")
+    spec = tmp_path / "spec.json"
+    for doc, words in (([1], "expected the object rule study_spec writes"),
+                       ({"name": "x"}, "missing ['metric', 'expanded', 'seeds']")):
+        spec.write_text(json.dumps(doc))
+        assert main(["study", "--spec", str(spec), "--inputs", str(listed), "--output", str(tmp_path / "o.csv")]) == 2
+        assert words in capsys.readouterr().err
+    assert main(["table-transfer", "--inputs", str(listed), "--output", str(tmp_path / "t.csv")]) == 2
+    assert "list.json: expected a JSON object of results, found list" in capsys.readouterr().err
+    from sentemb.report.studies import read_values
+
+    with pytest.raises(SentembError, match="list.json: expected a JSON object of results, found list"):
+        read_values([listed], "Avg")
+    bad = tmp_path / "e.json"
+    bad.write_text(json.dumps({"STS12": "80", "run": {"name": "x", "seed": 1}}))
+    with pytest.raises(SentembError, match="e.json: STS12 '80' is not a number"):
+        read_values([bad], "STS12")
+    assert not (tmp_path / "o.csv").exists() and not (tmp_path / "t.csv").exists()
+
+
+def test_figures_with_a_paper_table_that_is_not_one_write_no_figure(tmp_path, capsys):
+    e = tmp_path / "eval_sts.json"
+    e.write_text(json.dumps({"STS12": 70.0, "STSBenchmark": 75.0, "avg": 72.5,
+                             "run": {"name": "simcse", "method": "simcse", "backbone": "b", "seed": 1}}))
+    out = tmp_path / "figures"
+    empty = tmp_path / "empty.csv"
+    empty.write_text("")
+    other = tmp_path / "other.csv"
+    other.write_text("a,b\n1,2\n")
+    for paper, words in ((tmp_path / "nope.csv", "not a readable table_paper.csv (FileNotFoundError"),
+                         (empty, "not a readable table_paper.csv (EmptyDataError"),
+                         (other, "not sentemb table-paper's CSV (no column(s) table, method, metric, published")):
+        assert main(["figures", "--evals", str(e), "--paper", str(paper), "--output-dir", str(out)]) == 2
+        assert words in capsys.readouterr().err
+        assert not out.exists() or not list(out.iterdir())
+
+
+def test_a_figure_that_fails_halfway_leaves_none_of_the_figures(tmp_path, monkeypatch):
+    from sentemb.report import figures as fig_module
+
+    e = tmp_path / "eval_sts.json"
+    e.write_text(json.dumps({"STS12": 70.0, "STSBenchmark": 75.0, "avg": 72.5,
+                             "run": {"name": "simcse", "method": "simcse", "backbone": "b", "seed": 1}}))
+
+    def broken(*a, **k):
+        raise SentembError("drawing failed")
+
+    monkeypatch.setattr(fig_module, "cosine_buckets", broken)  # the fourth of five figures
+    out = tmp_path / "figures"
+    with pytest.raises(SentembError, match="drawing failed"):
+        fig_module.figures([e], [], None, out)
+    assert list(out.iterdir()) == []  # table1_bars, dev_curves, align_uniform were drawn, none was left
+    monkeypatch.undo()
+    written = fig_module.figures([e], [], None, out)
+    assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in written) and len(written) == 15

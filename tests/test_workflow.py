@@ -365,6 +365,14 @@ def test_an_argument_out_of_its_declared_range_fails_the_dry_run_naming_the_key(
     assert p.returncode != 0 and f"runs[{i}].method_args.margin_deg: 200 must be less than 180" in p.stdout + p.stderr
 
 
+def test_a_missing_paper_results_file_fails_the_dry_run_naming_the_key(tmp_path, env):
+    cfg = yaml.safe_load((REPO / ".test" / "config.yaml").read_text())
+    cfg["paper_results"] = str(tmp_path / "nope.yaml")
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    p = smk(tmp_path, "-n", env=env, check=False)
+    assert p.returncode != 0 and f"config key 'paper_results': {tmp_path / 'nope.yaml'} not found" in p.stdout + p.stderr
+
+
 def test_missing_mirror_is_a_clear_error(tmp_path, env):
     shutil.copy(REPO / ".test" / "config.yaml", tmp_path / "config.yaml")
     p = smk(tmp_path, "-n", env={**env, "SENTEMB_MIRROR": str(tmp_path / "nowhere")}, check=False)

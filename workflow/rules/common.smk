@@ -146,6 +146,8 @@ TRANSFER = baseline_transfer(CFG)  # the baselines' transfer jobs too (sentemb.c
 BASELINES = baselines(CFG)
 BASE_DIR = LAYOUT.baseline_dir()
 PAPER_RESULTS = CFG.paper_results or os.path.join(workflow.basedir, "config", "paper_results.yaml")
+if not os.path.isfile(PAPER_RESULTS):  # else Snakemake's MissingInputException, in a rule, with no key named
+    raise WorkflowError(f"config key 'paper_results': {PAPER_RESULTS} not found")
 # what the tables, studies and model cards read: paper_results, plus the config's own published rows
 # (config key `published`, a plug-in's paper) merged into <results_dir>/published.yaml by rule `published`
 PUBLISHED = os.path.join(CFG.results_dir, "published.yaml") if CFG.published else PAPER_RESULTS

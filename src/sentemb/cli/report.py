@@ -54,8 +54,19 @@ def _cmd_table_paper(args) -> int:
 def _cmd_figures(args) -> int:
     import pandas as pd
 
-    paper = pd.read_csv(args.paper) if args.paper else None
-    if paper is not None:
+    paper = None
+    if args.paper:
+        from .. import SentembError
+
+        need = ["table", "method", "metric", "published", "reproduced"]  # what paper_vs_reproduced reads
+        try:
+            paper = pd.read_csv(args.paper)
+        except (OSError, ValueError) as e:  # missing, empty (EmptyDataError is a ValueError), not CSV
+            raise SentembError(f"--paper {args.paper}: not a readable table_paper.csv ({type(e).__name__}: {e})") \
+                from None
+        missing = [c for c in need if c not in paper.columns]
+        if missing:
+            raise SentembError(f"--paper {args.paper}: not sentemb table-paper's CSV (no column(s) {', '.join(missing)})")
         paper = paper.astype(object).where(paper.notna(), None)
     files = figures([Path(p) for p in args.evals], [Path(p) for p in args.train], paper, args.output_dir)
     print("\n".join(str(f) for f in files))

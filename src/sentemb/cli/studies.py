@@ -20,6 +20,10 @@ def _cmd_study(args: argparse.Namespace) -> int:
         spec = json.loads(Path(args.spec).read_text("utf-8"))
     except (OSError, ValueError) as e:
         raise SentembError(f"cannot read study spec {args.spec}: {e}") from None
+    missing = [k for k in ("name", "metric", "expanded", "seeds") if k not in spec] if isinstance(spec, dict) else None
+    if missing is None or missing or not isinstance(spec["expanded"], list) or not spec["expanded"]:
+        raise SentembError(f"study spec {args.spec}: expected the object rule study_spec writes (name, metric, "
+                           f"expanded points, seeds){f'; missing {missing}' if missing else ''}")
     published = load_published(args.published).get(spec["name"])
     seen: set = set()
     values = read_values(args.inputs, spec["metric"], seen)

@@ -442,13 +442,27 @@ def figures(eval_paths: list[Path], train_paths: list[Path], paper: pd.DataFrame
 
     from .style import save
 
+    import os
+    import shutil
+    import tempfile
+
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    written: list[Path] = []
-    for stem, fig in draw_figures(eval_paths, train_paths, paper):
-        written += save(fig, out_dir / stem)
-        plt.close(fig)
-    return written
+    # every figure drawn and written aside first: a failure halfway leaves none of them in out_dir
+    # (Snakemake would take the first figures for a finished job's)
+    tmp = Path(tempfile.mkdtemp(prefix=".figures.tmp-", dir=out_dir))
+    try:
+        drawn: list[Path] = []
+        for stem, fig in draw_figures(eval_paths, train_paths, paper):
+            drawn += save(fig, tmp / stem)
+            plt.close(fig)
+        written = []
+        for f in drawn:
+            os.replace(f, out_dir / f.name)
+            written.append(out_dir / f.name)
+        return written
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _meta_from_path(p: Path) -> dict | None:

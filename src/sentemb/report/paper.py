@@ -54,7 +54,10 @@ def transfer_classifier(paths: Iterable[str | Path]) -> str:
     different classifiers must not be averaged into one cell, so a mix is an error naming the files."""
     seen: dict[str, list[str]] = {}
     for p in paths:
-        c = (read_json(p).get("protocol") or {}).get("classifier", "")
+        d = read_json(p)
+        if not isinstance(d, dict):
+            raise SentembError(f"{p}: expected a JSON object of results, found {type(d).__name__}")
+        c = (d.get("protocol") or {}).get("classifier", "")
         c = "sklearn" if c == "sklearn LogisticRegression" else c
         if c not in CLASSIFIER_DESCRIPTIONS:
             raise SentembError(f"{p}: protocol.classifier is {c!r}, not one of {sorted(CLASSIFIER_DESCRIPTIONS)}")

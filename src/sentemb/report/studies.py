@@ -89,9 +89,13 @@ def read_values(paths: Iterable[str | Path], metric: str, seen: set | None = Non
             d = json.loads(Path(p).read_text("utf-8"))
         except (OSError, ValueError) as e:
             raise SentembError(f"cannot read results {p}: {e}") from None
+        if not isinstance(d, dict):
+            raise SentembError(f"{p}: expected a JSON object of results, found {type(d).__name__}")
         meta = d.get("run") if isinstance(d.get("run"), dict) else d
         if "name" not in meta or "seed" not in meta:
             raise SentembError(f"{p}: results lack run metadata (name, seed)")
+        if isinstance(meta["seed"], bool) or not isinstance(meta["seed"], int):
+            raise SentembError(f"{p}: run metadata seed {meta['seed']!r} is not an integer")
         if seen is not None:
             seen.add((meta["name"], int(meta["seed"])))
         if metric == "Avg":
@@ -99,6 +103,8 @@ def read_values(paths: Iterable[str | Path], metric: str, seen: set | None = Non
             value = sum(d[t] for t in tasks) / len(tasks) if tasks else None
         else:
             value = d.get(metric)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise SentembError(f"{p}: {metric} {value!r} is not a number")
         if value is not None:
             out[(meta["name"], int(meta["seed"]))] = float(value)
     return out

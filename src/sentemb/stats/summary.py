@@ -19,10 +19,28 @@ from . import read_metadata
 SARCSE_THRESHOLD = (1 - 0.1) / 50  # freq above which f(w) = max(θ, 1 − λ·freq) hits θ
 
 
-def summarize(corpus=None, freq: Sequence = (), tfidf=None, rake=None, paraphrases=None,
-              top: int = 10) -> dict:
+def _table(path, columns: list[str], what: str):
+    """The parquet ``path`` of ``sentemb <what>`` with ``columns``, or an error naming the file."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from .. import SentembError
+
+    if not Path(path).is_file():
+        raise SentembError(f"{path}: not found (the output of `sentemb {what}`)")
+    try:
+        return pq.read_table(path, columns=columns).to_pandas()
+    except (pa.ArrowInvalid, KeyError, OSError) as e:  # not parquet, or without these columns
+        raise SentembError(f"{path}: not a parquet file of `sentemb {what}` with columns {', '.join(columns)} "
+                           f"({e})") from None
+
+
+def summarize(corpus=None, freq: Sequence = (), tfidf=None, rake=None, paraphrases=None,
+              top: int = 10) -> dict:
+    from .. import SentembError
+
+    if not any((corpus, freq, tfidf, rake, paraphrases)):
+        raise SentembError("nothing to summarise: give --corpus, --freq, --tfidf, --rake or --paraphrases")
     out: dict = {}
     lines = list(iter_lines(corpus)) if corpus else None
     if lines is not None:
@@ -31,7 +49,7 @@ def summarize(corpus=None, freq: Sequence = (), tfidf=None, rake=None, paraphras
                          "empty_lines": sum(1 for w in words if w == 0),
                          "mean_words": round(mean(words), 2) if words else 0.0}
     for path in freq:
-        t = pq.read_table(path).to_pandas()
+        t = _table(path, ["token_id", "token", "count", "freq"], "stats-freq")
         meta = read_metadata(path)
         seen = t[t["count"] > 0]
         topt = t.sort_values(["freq", "token_id"], ascending=[False, True]).head(top)
@@ -41,13 +59,13 @@ def summarize(corpus=None, freq: Sequence = (), tfidf=None, rake=None, paraphras
             "above_sarcse_threshold": [r.token for r in t[t["freq"] > SARCSE_THRESHOLD].itertuples()],
         }
     if tfidf:
-        t = pq.read_table(tfidf, columns=["term", "df", "s"]).to_pandas()
+        t = _table(tfidf, ["term", "df", "s"], "stats-tfidf")
         meta = read_metadata(tfidf)
         out["tfidf"] = {"documents": meta.get("n_docs"), "vocab_size": len(t),
                         "top_terms": [[r.term, round(float(r.s), 4)] for r in t.head(top).itertuples()],
                         "most_frequent": t.nlargest(top, "df", keep="first")["term"].tolist()}
     if rake:
-        t = pq.read_table(rake, columns=["phrases", "scores"]).to_pandas()
+        t = _table(rake, ["phrases", "scores"], "stats-rake")
         counts = t["phrases"].map(len)
         top1 = [s[0] for s in t["scores"] if len(s)]
         out["rake"] = {"lines": len(t), "top_k": read_metadata(rake).get("top_k"),
