@@ -22,44 +22,27 @@ def _integer(value: str | int) -> int:
     raise argparse.ArgumentTypeError(f"{value!r} is not an integer")
 
 
-def positive_int(value: str) -> int:
-    """A size or count: 1 or more."""
-    n = _integer(value)
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"{n} is not a positive integer")
-    return n
+def _ranged(name: str, low: int, high: int | None, words: str, doc: str):
+    """An argument type taking integers from ``low`` to ``high`` (None: no bound), refusing others with
+    ``words`` (``{n}``: the value given)."""
+    def check(value: str | int) -> int:
+        n = _integer(value)
+        if n < low or (high is not None and n > high):
+            raise argparse.ArgumentTypeError(words.format(n=n))
+        return n
+
+    check.__name__, check.__doc__ = name, doc
+    return check
 
 
-def fold_count(value: str) -> int:
-    """The k of k-fold cross-validation: 2 or more (one fold leaves nothing to validate on)."""
-    n = _integer(value)
-    if n < 2:
-        raise argparse.ArgumentTypeError(f"{n} folds: k-fold needs at least 2")
-    return n
-
-
-def non_negative_int(value: str) -> int:
-    """An index or a number of warm-up steps: 0 or more."""
-    n = _integer(value)
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"{n} is negative")
-    return n
-
-
-def seed_int(value: str) -> int:
-    """A random seed: 0 to 2**32 - 1 (numpy's and torch's range)."""
-    n = _integer(value)
-    if not 0 <= n <= SEED_MAX:
-        raise argparse.ArgumentTypeError(f"{n} is not a seed (0 to {SEED_MAX})")
-    return n
-
-
-def port_int(value: str) -> int:
-    """A TCP port: 1 to 65535."""
-    n = _integer(value)
-    if not 1 <= n <= 65535:
-        raise argparse.ArgumentTypeError(f"{n} is not a TCP port (1 to 65535)")
-    return n
+positive_int = _ranged("positive_int", 1, None, "{n} is not a positive integer", "A size or count: 1 or more.")
+fold_count = _ranged("fold_count", 2, None, "{n} folds: k-fold needs at least 2",
+                     "The k of k-fold cross-validation: 2 or more (one fold leaves nothing to validate on).")
+non_negative_int = _ranged("non_negative_int", 0, None, "{n} is negative",
+                           "An index or a number of warm-up steps: 0 or more.")
+seed_int = _ranged("seed_int", 0, SEED_MAX, f"{{n}} is not a seed (0 to {SEED_MAX})",
+                   "A random seed: 0 to 2**32 - 1 (numpy's and torch's range).")
+port_int = _ranged("port_int", 1, 65535, "{n} is not a TCP port (1 to 65535)", "A TCP port: 1 to 65535.")
 
 
 def non_empty(value: str) -> str:
