@@ -118,6 +118,10 @@ def validate_config(config: dict, source: str = "config") -> dict:
         if twice:  # one evaluation each: the tables would count the row twice
             raise SentembError(f"invalid configuration in {source}: config key 'baselines.{backbone}': "
                                f"pooler(s) {', '.join(twice)} listed twice")
+    try:  # the top-level train keys on their own: a wrong one is named there, not in runs[0]
+        TrainSettings.from_dict(config["train"], "train")
+    except SentembError as e:
+        raise SentembError(f"invalid configuration in {source}: config key {e}") from None
     seen = set()
     known = _known_corpora(config["corpus"]["name"])
     for i, run in enumerate(config["runs"]):
@@ -150,11 +154,6 @@ def validate_config(config: dict, source: str = "config") -> dict:
                 f"'{run['name']}' on backbone '{run['backbone']}' appears twice; give one a distinct name"
             )
         seen.add(key)
-        if i == 0:  # the top-level train keys on their own: a wrong one is named there, not in runs[0]
-            try:
-                TrainSettings.from_dict(config["train"], "train")
-            except SentembError as e:
-                raise SentembError(f"invalid configuration in {source}: config key {e}") from None
         try:
             settings = TrainSettings.from_dict({**config["train"], **run["train"]}, f"runs[{i}].train")
         except SentembError as e:
