@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-#: numpy's and torch's seeds are unsigned 32-bit integers
-SEED_MAX = 2**32 - 1
+from ..config.settings import SEED_MAX  # the config's seeds have the same range
 
 
 def _integer(value: str | int) -> int:

@@ -17,6 +17,8 @@ from .fields import arg, build, check_mapping, default_of, schema_of, to_dict
 
 #: numpy's and torch's seeds are unsigned 32-bit integers (``seeds``, ``runs[].seeds``, ``studies[].seeds``)
 SEED_MAX = 2**32 - 1
+#: the declared bounds of every seed setting (of each item, for a list of seeds)
+SEED_BOUNDS = {"minimum": 0, "maximum": SEED_MAX}
 
 SHA256 = "^[0-9a-f]{64}$"
 POOLERS = ("cls", "cls_before_pooler", "avg", "avg_first_last", "avg_top2", "avg_static_last")
@@ -300,7 +302,7 @@ class PretrainStage:
     ``train`` keys nor the method's own: read by ``sentemb.train.pretrain.resolve_pretrain``."""
 
     corpus: str | None = arg(None, "corpus of the stage (a name under resources/corpus; null = corpus.name)")
-    seed: int = arg(42, "seed of the stage", minimum=0, maximum=SEED_MAX)
+    seed: int = arg(42, "seed of the stage", **SEED_BOUNDS)
 
 
 @dataclass
@@ -449,7 +451,7 @@ class CorpusSettings:
     sha256: str | None = arg(None, "sha256 of the fetched corpus file (null = not checked).", pattern=SHA256)
     expected_lines: int | None = arg(None, "Lines the fetched file must have (null = not checked).", minimum=1)
     max_sentences: int | None = arg(None, "Keep a seeded random sample of this many sentences (null = all).", minimum=2)
-    sample_seed: int = arg(0, "Seed of the max_sentences sample.", minimum=0, maximum=SEED_MAX)
+    sample_seed: int = arg(0, "Seed of the max_sentences sample.", **SEED_BOUNDS)
     skip_bad_lines: bool = arg(False, "Skip empty and non-UTF-8 lines (counted in the log) instead of failing.")
 
 
@@ -528,7 +530,7 @@ class RunSpec:
     point: dict | None = arg(None, "Set by a study's expansion: the point's values, {key: value}.")
     train: dict = arg({}, "Any keys of `train` (below), replacing them for this run.", schema=_train_override)
     seeds: list[int] | None = arg(None, "Seeds of this run (null = the top-level seeds), e.g. one seed for an "
-                                  "ablation.", min_items=1, minimum=0, maximum=SEED_MAX)
+                                  "ablation.", min_items=1, **SEED_BOUNDS)
     transfer: bool | None = arg(None, "SentEval transfer tasks for this run (null = evaluation.transfer).")
     method_args: dict = arg({}, "Method arguments of this run over methods.<method>.")
     corpus: str | None = arg(None, "Training corpus of this run (null = corpus.name): the configured corpus or a "
@@ -565,7 +567,7 @@ class StudySpec:
     method_args: dict = arg({}, "Arguments every point shares.")
     train: dict = arg({}, "`train` keys every point shares.", schema=_train_override)
     seeds: list[int] | None = arg(None, "Seeds of every point (null = the top-level seeds).", min_items=1,
-                                  minimum=0, maximum=SEED_MAX)
+                                  **SEED_BOUNDS)
     transfer: bool | None = arg(None, "Transfer tasks for the points' runs (null = only when the metric is a "
                                 "transfer task).")
     evaluate: bool = arg(True, "false: the points' new runs skip the test sets (metric best_dev_stsb only; a cheap "
@@ -624,7 +626,7 @@ class Config:
                                    "settings), with a table and a figure under results/studies/. Published values: "
                                    "config/paper_results.yaml, section `studies`.")
     seeds: list[int] = arg([42], "Seeds of every run (runs[].seeds overrides).", min_items=1,
-                           minimum=0, maximum=SEED_MAX)
+                           **SEED_BOUNDS)
     evaluation: EvaluationSettings = arg(EvaluationSettings(), "Test-time evaluation.")
     baselines: dict[str, list[str]] = arg({}, "Untrained backbones evaluated as they are (rows marked "
                                           "method=baseline in every table): backbone -> list of poolers, e.g. "
@@ -733,12 +735,12 @@ class Run:
         missing = [k for k in ("name", "method", "backbone", "seed") if k not in values]
         if missing:
             raise SentembError(f"run config: missing key(s) {', '.join(missing)} (sentemb run-config writes a whole one)")
-        for key, kind in (("name", str), ("method", str), ("backbone", str), ("seed", int), ("method_args", dict),
-                          ("paths", dict)):
+        for key, kind, words in (("name", str, "a string"), ("method", str, "a string"), ("backbone", str, "a string"),
+                                 ("seed", int, "an integer"), ("method_args", dict, "a mapping"),
+                                 ("paths", dict, "a mapping")):
             v = values.get(key)
             if key in values and (isinstance(v, bool) or not isinstance(v, kind)):
-                raise SentembError(f"run config: '{key}' = {v!r} is not {'an' if kind is int else 'a'} "
-                                   f"{ {str: 'string', int: 'integer', dict: 'mapping'}[kind] }")
+                raise SentembError(f"run config: '{key}' = {v!r} is not {words}")
         return cls(**{**values, "train": TrainSettings.from_dict(values.get("train"), "train")})
 
     def to_dict(self) -> dict[str, Any]:
