@@ -373,6 +373,20 @@ def test_a_missing_paper_results_file_fails_the_dry_run_naming_the_key(tmp_path,
     assert p.returncode != 0 and f"config key 'paper_results': {tmp_path / 'nope.yaml'} not found" in p.stdout + p.stderr
 
 
+def test_a_path_missing_from_the_mirror_fails_its_fetch_job_naming_the_config_key(tmp_path, env):
+    """The mirror exists but a configured ``mirror_path`` is not in it: the fetch job's log names the key
+    to set (session 23's probe: it named the path only)."""
+    cfg = yaml.safe_load((REPO / ".test" / "config.yaml").read_text())
+    cfg["backbones"]["tiny-bert"]["mirror_path"] = "models/not-there"
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    p = smk(tmp_path, "--cores", "1", "resources/models/tiny-bert", env=env, check=False)
+    assert p.returncode != 0
+    log = (tmp_path / "results" / "logs" / "data" / "fetch_model_tiny-bert.log").read_text()
+    assert "model sentence-transformers/all-MiniLM-L6-v2 not found in the mirror" in log
+    assert "(config key backbones.tiny-bert.mirror_path: the path inside the mirror, 'models/not-there' now" in log
+    assert not (tmp_path / "resources" / "models" / "tiny-bert").exists()
+
+
 def test_missing_mirror_is_a_clear_error(tmp_path, env):
     shutil.copy(REPO / ".test" / "config.yaml", tmp_path / "config.yaml")
     p = smk(tmp_path, "-n", env={**env, "SENTEMB_MIRROR": str(tmp_path / "nowhere")}, check=False)

@@ -44,6 +44,7 @@ rule fetch_paraphraser:
             mirror=MIRROR,
             mirror_path=PARA_MODEL["mirror_path"],
             random_init=PARA_MODEL["random_init"],
+            config_key="stats.paraphrase.model.mirror_path",
         ),
     localrule: True
     retries: 2

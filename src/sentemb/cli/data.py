@@ -24,7 +24,7 @@ def _random_init_arg(text: str | None) -> dict | None:
 def _cmd_fetch_corpus(args) -> None:
     fetch_corpus(args.output, hub_repo=args.hub_repo, hub_file=args.hub_file, revision=args.revision,
                  mirror=_mirror(args), mirror_path=args.mirror_path, sha256=args.sha256,
-                 expected_lines=args.expected_lines)
+                 expected_lines=args.expected_lines, config_key=args.config_key)
 
 
 def _cmd_prepare_corpus(args) -> None:
@@ -39,12 +39,14 @@ def _cmd_prepare_sts_corpus(args) -> None:
 def _cmd_fetch_senteval(args) -> None:
     fetch = fetch_senteval_raw if args.raw else fetch_senteval
     default = "data/senteval-raw" if args.raw else "data/senteval"
-    fetch(args.output, url=args.url, sha256=args.sha256, mirror=_mirror(args), mirror_path=args.mirror_path or default)
+    fetch(args.output, url=args.url, sha256=args.sha256, mirror=_mirror(args), mirror_path=args.mirror_path or default,
+          config_key=args.config_key)
 
 
 def _cmd_fetch_model(args) -> None:
     fetch_model(args.output, hub_id=args.hub_id, revision=args.revision, mirror=_mirror(args),
-                mirror_path=args.mirror_path, sha256=args.sha256, random_init=_random_init_arg(args.random_init))
+                mirror_path=args.mirror_path, sha256=args.sha256, random_init=_random_init_arg(args.random_init),
+                config_key=args.config_key)
 
 
 def _cmd_fetch_nltk(args) -> None:
@@ -64,9 +66,12 @@ def register(subparsers) -> None:
         p.set_defaults(func=func)
         return p
 
-    def mirror_opts(p):
+    def mirror_opts(p, keyed=True):
         p.add_argument("--mirror", help=f"local mirror directory laid out like the shared/ data folder (default ${MIRROR_ENV})")
         p.add_argument("--mirror-path", help="path of the input inside the mirror")
+        if keyed:  # fetch-nltk's mirror path has no config key
+            p.add_argument("--config-key", help="the config key that sets --mirror-path (the workflow passes it), "
+                           "named when the path is not in the mirror")
 
     p = command("fetch-corpus", _cmd_fetch_corpus, "Fetch the raw training corpus and verify it.",
                 output={"help": "raw corpus file to write"},
@@ -117,4 +122,4 @@ def register(subparsers) -> None:
     p = command("fetch-nltk", _cmd_fetch_nltk, "Fetch NLTK data packages and check that they load.",
                 output={"help": "NLTK data directory to write"})
     p.add_argument("--packages", default="stopwords,wordnet", help="comma-separated NLTK package ids")
-    mirror_opts(p)
+    mirror_opts(p, keyed=False)

@@ -59,14 +59,17 @@ def mirror_dir(config: dict) -> Path | None:
     return p.resolve()
 
 
-def _mirror_source(mirror: PathLike, mirror_path: str, what: str) -> Path:
-    """``mirror/mirror_path``, or an error naming the missing mirror directory or path."""
+def _mirror_source(mirror: PathLike, mirror_path: str, what: str, config_key: str | None = None) -> Path:
+    """``mirror/mirror_path``, or an error naming the missing mirror directory or path, and the config key
+    that sets the path (``config_key``, the workflow's ``--config-key``) where there is one."""
     root = Path(mirror).expanduser()
     if not root.is_dir():
         raise SentembError(f"mirror directory {root} does not exist")
     src = root / mirror_path
     if not src.exists():
-        raise SentembError(f"{what} not found in the mirror: {src} does not exist")
+        where = (f" (config key {config_key}: the path inside the mirror, {mirror_path!r} now; set it, or "
+                 f"put the input there)" if config_key else "")
+        raise SentembError(f"{what} not found in the mirror: {src} does not exist{where}")
     return src
 
 
@@ -105,12 +108,12 @@ def _hub_call(what: str, fn, *args, **kwargs) -> Path:
 def fetch_corpus(
     output: PathLike, *, hub_repo: str, hub_file: str, revision: str | None = None,
     mirror: PathLike | None = None, mirror_path: str | None = None, sha256: str | None = None,
-    expected_lines: int | None = None,
+    expected_lines: int | None = None, config_key: str | None = None,
 ) -> Path:
     """Fetch the raw training corpus: ``mirror/mirror_path`` (default ``data/<hub_file>``) or the
     hub dataset file ``hub_repo/hub_file``; check its sha256 and line count when given."""
     if mirror:
-        src = _mirror_source(mirror, mirror_path or f"data/{hub_file}", "corpus")
+        src = _mirror_source(mirror, mirror_path or f"data/{hub_file}", "corpus", config_key)
     else:
         from huggingface_hub import hf_hub_download
 
@@ -232,14 +235,14 @@ def _sts_root(tree: Path, name: str) -> Path:
     return roots[0]
 
 
-def _fetch_sts_tree(output_dir, url, sha256, mirror, mirror_path, expected_counts) -> Path:
+def _fetch_sts_tree(output_dir, url, sha256, mirror, mirror_path, expected_counts, config_key=None) -> Path:
     """Copy (mirror) or download and extract (url) an STS tree into ``output_dir``, then verify it."""
     output_dir = Path(output_dir)
     output_dir.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=f".{output_dir.name}.dl-", dir=output_dir.parent) as work, \
             atomic_path(output_dir, is_dir=True) as tmp:
         if mirror:
-            source = _mirror_source(mirror, mirror_path, "SentEval data")
+            source = _mirror_source(mirror, mirror_path, "SentEval data", config_key)
             _copy_tree(source, tmp)
         else:
             source, archive = url, Path(work) / "archive"
@@ -259,6 +262,7 @@ def _fetch_sts_tree(output_dir, url, sha256, mirror, mirror_path, expected_count
 def fetch_senteval(
     output_dir: PathLike, *, url: str | None = None, sha256: str | None = None, mirror: PathLike | None = None,
     mirror_path: str = "data/senteval", expected_counts: dict[str, int] | None = None,
+    config_key: str | None = None,
 ) -> Path:
     """Fetch SentEval's processed ``data/downstream`` tree (STS12–16, STS-B, SICK at least).
 
@@ -269,12 +273,13 @@ def fetch_senteval(
     """
     if not mirror and not url:
         raise SentembError("SentEval data: give a download url or a mirror directory")
-    return _fetch_sts_tree(output_dir, url, sha256, mirror, mirror_path, expected_counts)
+    return _fetch_sts_tree(output_dir, url, sha256, mirror, mirror_path, expected_counts, config_key)
 
 
 def fetch_senteval_raw(
     output_dir: PathLike, *, url: str | None = None, sha256: str | None = None, mirror: PathLike | None = None,
     mirror_path: str = "data/senteval-raw", expected_counts: dict[str, int] | None = None,
+    config_key: str | None = None,
 ) -> Path:
     """Like :func:`fetch_senteval` for the STS sets as originally published (no canonical archive:
     a mirror or an explicit archive url is required)."""
@@ -283,7 +288,7 @@ def fetch_senteval_raw(
             "raw STS data (evaluation.data: senteval-raw) has no canonical download: set a mirror "
             f"(config key 'mirror' or ${MIRROR_ENV}) holding {mirror_path}, or give an archive url"
         )
-    return _fetch_sts_tree(output_dir, url, sha256, mirror, mirror_path, expected_counts)
+    return _fetch_sts_tree(output_dir, url, sha256, mirror, mirror_path, expected_counts, config_key)
 
 
 # ----------------------------------------------------------------------------- models
@@ -307,6 +312,7 @@ def _load_check(what: str, d: Path, fn):
 def fetch_model(
     output_dir: PathLike, *, hub_id: str, revision: str | None = None, mirror: PathLike | None = None,
     mirror_path: str | None = None, sha256: str | None = None, random_init: dict | None = None,
+    config_key: str | None = None,
 ) -> Path:
     """Fetch a pretrained encoder in Hugging Face layout and check that it loads.
 
@@ -326,7 +332,7 @@ def fetch_model(
         raise SentembError(f"random_init for {hub_id} must name 'model_type' (e.g. bert), got {sorted(random_init)}")
     with atomic_path(output_dir, is_dir=True) as tmp:
         if mirror:
-            src = _mirror_source(mirror, mirror_path, f"model {hub_id}")
+            src = _mirror_source(mirror, mirror_path, f"model {hub_id}", config_key)
             commit = None
         else:
             from huggingface_hub import snapshot_download
