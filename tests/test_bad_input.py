@@ -128,6 +128,11 @@ def test_a_hand_edited_run_config_is_named_with_its_file_and_key(tmp_path, capsy
         err = capsys.readouterr().err
         assert f"--run-config {f}: run config: {words}" in err, err
         assert not out.exists()
+    # an unknown method is named before anything loads (here the corpus and model paths lead nowhere)
+    f.write_text(json.dumps({**good, "method": "simcsee", "paths": {"model": "no-model", "corpus": "no.txt",
+                                                                    "senteval": "s"}}))
+    assert main(["train", "--run-config", str(f), "--output-dir", str(tmp_path / "out2")]) == 2
+    assert "unknown method 'simcsee'" in capsys.readouterr().err and not (tmp_path / "out2" / "model").exists()
     f.write_text(json.dumps(good))
     opts = tmp_path / "options.json"
     opts.write_text("[1]")

@@ -336,6 +336,12 @@ def setup(run: Run | dict, out_dir: str | Path, method_cls: "type[Method] | None
     out_dir = Path(out_dir)
     settings, paths, seed = run.train, run.paths, int(run.seed)
     settings.check(f"run '{run.name}'")
+    # the method before anything loads: an unknown one (a hand-edited run config) fails in a moment
+    if run.method_module and method_cls is None:  # a method from the user's code (config method_modules)
+        from ..methods import import_method_module
+
+        import_method_module(run.method_module, f"run '{run.name}': method_module")
+    method_cls = method_cls or get_method(run.method)  # a pretraining stage passes its own class
     if settings.workers > 0:
         no_thread_churn()  # before the model loads: no thread ending when the batch workers fork
     from . import distributed
@@ -366,11 +372,6 @@ def setup(run: Run | dict, out_dir: str | Path, method_cls: "type[Method] | None
     attention = resolve_attention(settings.attention, device, settings.unpad)
     if attention == "eager":
         encoder.set_attn_implementation("eager")
-    if run.method_module and method_cls is None:  # a method from the user's code (config method_modules)
-        from ..methods import import_method_module
-
-        import_method_module(run.method_module, f"run '{run.name}': method_module")
-    method_cls = method_cls or get_method(run.method)  # a pretraining stage passes its own class
     tokens = None
     if settings.token_cache:  # the workflow's cache (paths.tokens), else tokenized here, once
         from ..data.tokens import load_or_build
