@@ -397,8 +397,10 @@ def test_prepare_corpus_subsample(tmp_path):
     assert full["lines_out"] == 100
 
 
-@pytest.mark.parametrize("bad,message", [(b"   \n", "line 3: empty line"), (b"caf\xe9\n", "line 3: not valid UTF-8")])
-def test_prepare_corpus_bad_lines(tmp_path, bad, message):
+@pytest.mark.parametrize("bad,message,key", [(b"   \n", "line 3: empty line", "skipped_empty"),
+                                             (b"caf\xe9\n", "line 3: not valid UTF-8", "skipped_non_utf8"),
+                                             (b"a\x00b\n", "line 3: holds a NUL byte", "skipped_nul")])
+def test_prepare_corpus_bad_lines(tmp_path, bad, message, key):
     raw = tmp_path / "raw.txt"
     raw.write_bytes(b"first\nsecond\n" + bad + b"fourth\n")
     out = tmp_path / "out.txt"
@@ -408,8 +410,17 @@ def test_prepare_corpus_bad_lines(tmp_path, bad, message):
     assert not Path(f"{out}.json").exists()
     summary = prepare_corpus(raw, out, skip_bad_lines=True)
     assert out.read_text() == "first\nsecond\nfourth\n"
-    key = "skipped_empty" if b"\xe9" not in bad else "skipped_non_utf8"
     assert summary[key] == 1 and summary["lines_in"] == 4 and summary["lines_out"] == 3
+
+
+def test_prepare_corpus_removes_the_byte_order_mark_opening_the_file_only(tmp_path):
+    raw = tmp_path / "raw.txt"
+    raw.write_bytes("\ufefffirst\nsecond \ufeffword\n".encode("utf-8"))
+    summary = prepare_corpus(raw, tmp_path / "out.txt")
+    assert (tmp_path / "out.txt").read_text(encoding="utf-8") == "first\nsecond \ufeffword\n"
+    assert summary["bom_removed"] is True
+    raw.write_bytes(b"first\nsecond\n")
+    assert prepare_corpus(raw, tmp_path / "out.txt")["bom_removed"] is False
 
 
 def test_prepare_corpus_too_small(tmp_path):

@@ -89,7 +89,7 @@ def register(subparsers) -> None:
     p.add_argument("--max-sentences", type=positive_int,
                    help="keep a seeded random sample of this many lines, in corpus order (default: all)")
     p.add_argument("--seed", type=seed_int, default=0, help="seed of the --max-sentences sample (default: %(default)s)")
-    p.add_argument("--skip-bad-lines", action="store_true", help="skip empty and non-UTF-8 lines instead of failing")
+    p.add_argument("--skip-bad-lines", action="store_true", help="skip empty lines, non-UTF-8 lines and lines holding a NUL byte instead of failing")
 
     p = command("prepare-sts-corpus", _cmd_prepare_sts_corpus,
                 "Write the sts-unlabeled corpus: the sentences of STS12-16 (test), STS-B and SICK (all "

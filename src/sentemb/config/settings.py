@@ -452,7 +452,7 @@ class CorpusSettings:
     expected_lines: int | None = arg(None, "Lines the fetched file must have (null = not checked).", minimum=1)
     max_sentences: int | None = arg(None, "Keep a seeded random sample of this many sentences (null = all).", minimum=2)
     sample_seed: int = arg(0, "Seed of the max_sentences sample.", **SEED_BOUNDS)
-    skip_bad_lines: bool = arg(False, "Skip empty and non-UTF-8 lines (counted in the log) instead of failing.")
+    skip_bad_lines: bool = arg(False, "Skip empty lines, non-UTF-8 lines and lines holding a NUL byte (counted in the log) instead of failing.")
 
 
 @dataclass

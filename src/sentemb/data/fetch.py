@@ -137,21 +137,25 @@ def prepare_corpus(
 ) -> dict:
     """Check the raw corpus line by line and write the training corpus (one sentence a line).
 
-    Every line must be valid UTF-8 and not blank, else an error names the line (or, with
-    ``skip_bad_lines``, it is skipped and counted). Line endings are stripped, the text is kept as
-    is. With ``max_sentences`` below the number of lines, a seeded random subsample is kept in its
+    Every line must be valid UTF-8, not blank and free of NUL bytes, else an error names the line (or,
+    with ``skip_bad_lines``, it is skipped and counted). Line endings and a UTF-8 byte-order mark
+    opening the file are stripped, the text is kept as is. With ``max_sentences`` below the number of lines, a seeded random subsample is kept in its
     original order. The summary is returned and written to ``<output>.json``.
     """
     import numpy as np
 
     lines: list[str] = []
-    skipped = {"empty": 0, "non_utf8": 0}
+    skipped = {"empty": 0, "non_utf8": 0, "nul": 0}
+    bom = False
     with open(input, "rb") as f:
         for lineno, raw in enumerate(f, start=1):
             raw = raw.rstrip(b"\n").rstrip(b"\r")
+            if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):  # a byte-order mark (a file saved on Windows)
+                raw, bom = raw[3:], True
             try:
                 text = raw.decode("utf-8")
-                problem = None if text.strip() else ("empty", "empty line")
+                problem = (None if text.strip() and "\x00" not in text else
+                           ("nul", "holds a NUL byte (binary data?)") if text.strip() else ("empty", "empty line"))
             except UnicodeDecodeError as e:
                 problem = ("non_utf8", f"not valid UTF-8 (byte {e.start + 1}: {e.reason})")
             if problem is None:
@@ -170,15 +174,17 @@ def prepare_corpus(
         lines = [lines[i] for i in keep]
     summary = {
         "input": str(input), "lines_in": n_in, "lines_out": len(lines), "skipped_empty": skipped["empty"],
-        "skipped_non_utf8": skipped["non_utf8"], "max_sentences": max_sentences, "seed": seed,
+        "skipped_non_utf8": skipped["non_utf8"], "skipped_nul": skipped["nul"], "bom_removed": bom,
+        "max_sentences": max_sentences, "seed": seed,
     }
     drop_file_manifest(output)
     with atomic_path(output) as tmp:
         tmp.write_text("".join(l + "\n" for l in lines), encoding="utf-8")
         write_json(f"{output}.json", summary)
     write_file_manifest(output)  # a later truncation or edit is found when a workflow starts (data.cache)
-    log.info("corpus %s: %d lines in, %d out, %d empty and %d non-UTF-8 skipped", input, n_in,
-             len(lines), skipped["empty"], skipped["non_utf8"])
+    log.info("corpus %s: %d lines in, %d out, %d empty, %d non-UTF-8 and %d with a NUL byte skipped%s", input,
+             n_in, len(lines), skipped["empty"], skipped["non_utf8"], skipped["nul"],
+             "; the byte-order mark removed" if bom else "")
     return summary
 
 
