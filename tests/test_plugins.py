@@ -157,6 +157,14 @@ def test_register_method_names_the_mistakes_a_plugin_file_makes(clean_registry, 
     with pytest.raises(SentembError, match=r"its Args is not a dataclass, so its arguments p would be ignored; "
                                            r"decorate it with @dataclass"):
         import_method_module("nodc.py")
+    (tmp_path / "baddef.py").write_text(
+        "from dataclasses import dataclass\n" + head + "@register_method\nclass BadDef(SimCSE):\n    name = 'baddef'\n\n"
+        "    @dataclass\n    class Args(SimCSE.Args):\n        scale: int = arg(0.5, 'a scale')\n"
+        "        weight: float = arg(-1.0, 'a weight', minimum=0)\n")
+    with pytest.raises(SentembError, match=r"@register_method on BadDef \(.*baddef\.py\): 2 default\(s\) break their own "
+                                           r"declaration: defaults\.scale: 0\.5 is not an integer; defaults\.weight: -1\.0 "
+                                           r"is below the minimum 0"):
+        import_method_module("baddef.py")
     one = head + "@register_method\nclass Twice(SimCSE):\n    name = 'twice'\n"
     (tmp_path / "a.py").write_text(one)
     (tmp_path / "b.py").write_text(one.replace("SimCSE):", "SimCSE):  # another method of the same name"))

@@ -6,6 +6,7 @@ export through ``SentenceTransformer`` is the contract's ``export`` check, run b
 
 from __future__ import annotations
 
+import re
 import sys
 
 import numpy as np
@@ -257,8 +258,55 @@ def _broken(example):
             self.stash("keys", emb["k"].float())
             return {"contrastive": loss.detach(), WEIGHTED: {"contrastive": loss}}
 
+    class PythonTau(ESimCSE):
+        """A temperature annealed in ``after_step`` as a Python float (saved as extra state) and read by
+        the loss: right in eager mode, but a replayed graph keeps the value of its capture."""
+
+        name = "broken-python-tau"
+
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            self.tau_now = 2 * self.args.temperature
+
+        def batch_terms(self, emb, batch):
+            loss = example.queue_info_nce(emb["z1"], emb["z2"], self.queue, self.tau_now, filled=self.queue_len)
+            self.stash("keys", emb["k"].float())
+            return {"contrastive": loss.detach(), WEIGHTED: {"contrastive": loss}}
+
+        def after_step(self, step):
+            super().after_step(step)
+            self.tau_now = max(self.args.temperature, self.tau_now * 0.7)
+
+        def get_extra_state(self):
+            return {"tau_now": self.tau_now}
+
+        def set_extra_state(self, state):
+            self.tau_now = state["tau_now"]
+
+    class ListQueue(ESimCSE):
+        """The queue a Python list of key tensors, grown in ``after_step`` and read by the loss: a
+        replayed graph reads the tensors the list held at its capture."""
+
+        name = "broken-list-queue"
+
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            self.qlist = []
+
+        def batch_terms(self, emb, batch):
+            queue = torch.cat(self.qlist, 0)[: self.queue.size(0)] if self.qlist else emb["k"][:0]
+            loss = example.queue_info_nce(emb["z1"], emb["z2"], queue, self.args.temperature)
+            self.stash("keys", emb["k"].float())
+            return {"contrastive": loss.detach(), WEIGHTED: {"contrastive": loss}}
+
+        def after_step(self, step):
+            self.momentum_update()
+            keys = self.take_stash("keys")
+            if keys:
+                self.qlist.insert(0, torch.cat(keys[::-1], 0))
+
     return {c.name: c for c in (MomentumEveryEncode, EnqueueAtOnce, UnsavedQueue, PythonStash, ReplacedQueue,
-                                SlicedQueue)}
+                                SlicedQueue, PythonTau, ListQueue)}
 
 
 @pytest.mark.parametrize("method, check, message", [
@@ -269,12 +317,15 @@ def _broken(example):
                                              "it changes PythonStash._keys during the step; it reads self.micro"),
     ("broken-replaced-queue", "state_graphed", "replaced queue, queue_len with new tensors since its step was captured"),
     ("broken-sliced-queue", "state_graphed", "in batch_terms: aten._local_scalar_dense reads a device value on the host"),
+    ("broken-python-tau", "state_graphed", "changed PythonTau.tau_now between steps (in after_step), and its step reads "
+                                           "it: a replayed graph keeps the value it read at its capture"),
+    ("broken-list-queue", "state_graphed", "changed ListQueue.qlist between steps (in after_step), and its step reads it"),
 ])
 def test_a_wrong_stateful_method_fails_a_named_check(example, h, method, check, message, tmp_path):
     cls = _broken(example)[method]
     broken = testing.Harness(cls=cls, args=h.args, model_dir=h.model_dir, corpus=h.corpus, senteval=h.senteval,
                              inputs=h.inputs, work=tmp_path)
-    with pytest.raises(testing.CheckFailed, match=message.replace("(", r"\(")):
+    with pytest.raises(testing.CheckFailed, match=re.escape(message)):
         testing.run_check(cls, check, broken)
 
 
@@ -349,7 +400,7 @@ def test_ema_is_the_per_parameter_momentum_update_of_eq_2():
 
     torch.manual_seed(0)
     online = nn.Sequential(nn.Linear(5, 4), nn.LayerNorm(4), nn.Linear(4, 3)).double()
-    target = nn.Sequential(nn.Linear(5, 4), nn.LayerNorm(4), nn.Linear(4, 3)).double()
+    target = nn.Sequential(nn.Linear(5, 4), nn.LayerNorm(4), nn.Linear(4, 3)).double().requires_grad_(False)
     target[2].float()  # a second dtype group
     ref = [m.detach().clone().double() * 0.9 + 0.1 * p.detach() for m, p in zip(target.parameters(), online.parameters())]
     before = [p.detach().clone() for p in online.parameters()]
@@ -360,6 +411,97 @@ def test_ema_is_the_per_parameter_momentum_update_of_eq_2():
         assert m.grad_fn is None
     assert all(torch.equal(p, b) for p, b in zip(online.parameters(), before))
     with pytest.raises(SentembError, match="target parameters"):
-        ema_(nn.Linear(5, 4), online, 0.9)
+        ema_(nn.Linear(5, 4).requires_grad_(False), online, 0.9)
     with pytest.raises(SentembError, match="shape"):
-        ema_(nn.Sequential(nn.Linear(5, 4), nn.LayerNorm(4), nn.Linear(4, 2)), online, 0.9)
+        ema_(nn.Sequential(nn.Linear(5, 4), nn.LayerNorm(4), nn.Linear(4, 2)).requires_grad_(False), online, 0.9)
+    trained = nn.Sequential(nn.Linear(5, 4), nn.LayerNorm(4), nn.Linear(4, 3)).double()  # a momentum copy left trainable
+    with pytest.raises(SentembError, match=r"must not be trained, but 6 require grad \(0.weight, 0.bias, 1.weight ...\)"):
+        ema_(trained, online, 0.9)
+
+
+def test_momentum_keys_in_the_loss_are_chunked_as_the_whole_batch(example, h, tmp_path):
+    """MoCo's form: the momentum encoder's keys (made under no_grad, no graph) are the positives of the
+    loss, not detached by the method. Gradient caching gives them a cached gradient in its first pass
+    (it cannot tell them from the other embeddings) and must pass it on to nothing, as the unchunked
+    step does; it raised torch's "element 1 of tensors does not require grad" before."""
+    class KeysAsPositives(example.ESimCSE):
+        name = "keys-as-positives"
+
+        def batch_terms(self, emb, batch):
+            loss = example.queue_info_nce(emb["z1"], emb["k"], self.queue, self.args.temperature, filled=self.queue_len)
+            self.stash("keys", emb["k"].float())
+            return {"contrastive": loss.detach(), WEIGHTED: {"contrastive": loss}}
+
+    keys = testing.Harness(cls=KeysAsPositives, args=h.args, model_dir=h.model_dir, corpus=h.corpus,
+                           senteval=h.senteval, inputs=h.inputs, work=tmp_path)
+    for check in ("chunked", "state_chunked"):
+        testing.run_check(KeysAsPositives, check, keys)
+
+
+def test_a_loss_that_reads_the_step_passes_grad_norms(example, h, tmp_path):
+    """Reading ``self.step`` is allowed in an eager run (a schedule); ``grad_norms``' fresh backward must
+    tell its reference method the step and micro-batch the loop told the trained one (it kept step 0)."""
+    class ReadsStep(example.ESimCSE):
+        name = "reads-step"
+
+        def batch_terms(self, emb, batch):
+            t = self.args.temperature * (1 + 1.0 / (1 + self.step))
+            loss = example.queue_info_nce(emb["z1"], emb["z2"], self.queue, t, filled=self.queue_len)
+            self.stash("keys", emb["k"].float())
+            return {"contrastive": loss.detach(), WEIGHTED: {"contrastive": loss}}
+
+    reads = testing.Harness(cls=ReadsStep, args=h.args, model_dir=h.model_dir, corpus=h.corpus,
+                            senteval=h.senteval, inputs=h.inputs, work=tmp_path)
+    testing.run_check(ReadsStep, "grad_norms", reads)
+    with pytest.raises(testing.CheckFailed, match="it reads self.step during the step"):
+        testing.run_check(ReadsStep, "graphs", reads)
+
+
+@pytest.mark.parametrize("where", ["hidden module", "non-persistent buffer"])
+def test_state_a_checkpoint_leaves_out_fails_resume_naming_it(example, h, tmp_path, where):
+    """A momentum encoder kept where ``state_dict`` does not look (in a list: not a submodule), or a queue
+    registered ``persistent=False``: right until a resume, which starts it afresh. ``resume`` names it
+    (before: the EMA-in-a-list variant passed every check, its state_* checks skipped)."""
+    ESimCSE = example.ESimCSE
+
+    class HiddenMomentum(ESimCSE):
+        name = "broken-hidden-momentum"
+
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            self._copies = [self._modules.pop("momentum_encoder")]
+
+        def train(self, mode=True):
+            torch.nn.Module.train(self, mode)
+            self._copies[0].eval()
+            return self
+
+        def encode(self, batch):
+            self.__dict__["momentum_encoder"] = self._copies[0]  # the parent's encode reads it
+            try:
+                return super().encode(batch)
+            finally:
+                del self.__dict__["momentum_encoder"]
+
+        def momentum_update(self):
+            from sentemb.methods import ema_
+
+            ema_(self._copies[0], self.encoder, self.args.momentum)
+            if self.momentum_mlp is not None:
+                ema_(self.momentum_mlp, self.mlp, self.args.momentum)
+
+    class NonPersistentQueue(ESimCSE):
+        name = "broken-nonpersistent-queue"
+
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            for key in ("queue", "queue_len"):
+                self.register_buffer(key, self._buffers.pop(key), persistent=False)
+
+    cls, words = {"hidden module": (HiddenMomentum, "self._copies[0].embeddings.word_embeddings.weight (a module in a "
+                                    "plain attribute, not a submodule)"),
+                  "non-persistent buffer": (NonPersistentQueue, "queue (a non-persistent buffer)")}[where]
+    broken = testing.Harness(cls=cls, args=h.args, model_dir=h.model_dir, corpus=h.corpus, senteval=h.senteval,
+                             inputs=h.inputs, work=tmp_path)
+    with pytest.raises(testing.CheckFailed, match=re.escape(words) + ".* changed over 2 steps, but no checkpoint holds"):
+        testing.run_check(cls, "resume", broken)

@@ -200,8 +200,14 @@ def ema_(target: nn.Module, online: nn.Module, decay: float) -> None:
     ``parameters()`` order (a momentum encoder: MoCo's Eq. 2, ESimCSE's Eq. 2). One fused multi-tensor
     ``lerp_`` per dtype and device (``torch._foreach_lerp_``) instead of two eager ops per tensor: on
     a GPU that is a few launches rather than ~400 for a BERT-base copy. In place, no host sync, so it
-    may run in ``after_step`` of a graphed run (``train.graphs``)."""
+    may run in ``after_step`` of a graphed run (``train.graphs``). A target parameter that requires grad
+    is refused: the optimizer would update it as well, as the momentum encoder of no paper is."""
     mine, theirs = list(target.parameters()), list(online.parameters())
+    trained = [n for n, m in target.named_parameters() if m.requires_grad]
+    if trained:  # the optimizer would move it too: two updates, and a key that back-propagates
+        raise SentembError(f"ema_: the target's parameters must not be trained, but {len(trained)} require grad "
+                           f"({', '.join(trained[:3])}{' ...' if len(trained) > 3 else ''}): make the momentum copy "
+                           "with .requires_grad_(False) (copy.deepcopy(encoder).requires_grad_(False))")
     if len(mine) != len(theirs):
         raise SentembError(f"ema_: {len(mine)} target parameters against {len(theirs)} online ones")
     groups: dict[tuple, tuple[list, list]] = {}

@@ -19,8 +19,9 @@ def register_method(cls: type[Method]) -> type[Method]:
     taken by another class (a plug-in cannot silently replace one of the six), nor a name another
     file's class holds (two plug-in files of different contents registering one name); a plug-in
     imported again (the same file, edited or from another path, or a copy of it) replaces its
-    earlier class. The class must set ``name`` and,
-    where it declares ``Args``, make it a ``@dataclass`` (else its arguments would be dropped)."""
+    earlier class. The class must set ``name``, where it declares ``Args``, make it a ``@dataclass``
+    (else its arguments would be dropped), and give every argument a default its own declaration
+    (type, bounds, choices) accepts: all the defaults that do not are named at once."""
     from .. import SentembError
 
     where = f"{cls.__qualname__} ({_source(cls) or cls.__module__})"
@@ -32,6 +33,15 @@ def register_method(cls: type[Method]) -> type[Method]:
     if isinstance(args, type) and "__dataclass_fields__" not in args.__dict__ and _own_annotations(args):
         raise SentembError(f"@register_method on {where}: its Args is not a dataclass, so its arguments "
                            f"{', '.join(_own_annotations(args))} would be ignored; decorate it with @dataclass")
+    bad = []  # every default against its own declaration (type, bounds, choices), all named at once
+    for spec in cls.arg_specs():
+        try:
+            cls.validate_args({spec.name: spec.default}, "defaults")
+        except SentembError as e:
+            bad.append(str(e))
+    if bad:
+        raise SentembError(f"@register_method on {where}: {len(bad)} default(s) break their own declaration: "
+                           + "; ".join(bad))
     old = _REGISTRY.get(name)
     if old is not None and (old.__module__, old.__qualname__) != (cls.__module__, cls.__qualname__):
         if old.__module__.startswith(_PACKAGE + "."):

@@ -317,30 +317,86 @@ def python_state(method) -> dict:
     return {k: _snapshot(v) for k, v in vars(method).items() if k not in skip}
 
 
+class Work(list):
+    """``python_work``'s yield: what a replay would not redo (a list of phrases), and the method's own
+    plain attributes the step read (``read``, names), whose values a graph keeps from its capture."""
+
+    read: set
+
+
+_READING: dict = {}
+
+
+def _reading_class(cls):
+    """A subclass of ``cls`` recording the reads of the instance's own plain attributes (its
+    ``__dict__``, outside ``_LOOP_ATTRS``) by the thread in the instance's ``_reads``; swapped in for
+    ``python_work``'s one pass (the capture check's, eager), then swapped back."""
+    if cls not in _READING:
+        import threading
+
+        def __getattribute__(self, name):
+            d = object.__getattribute__(self, "__dict__")
+            if name in d and name not in _LOOP_ATTRS:
+                reads = d.get("_reads")
+                if reads is not None and reads[0] == threading.get_ident():
+                    reads[2].add(name)
+            return super(sub, self).__getattribute__(name)
+
+        sub = type(cls.__name__, (cls,), {"__getattribute__": __getattribute__, "__module__": cls.__module__,
+                                          "__qualname__": cls.__qualname__})
+        _READING[cls] = sub
+    return _READING[cls]
+
+
 @contextmanager
 def python_work(method):
-    """Inside: one pass of a graphed step (the capture check's). Yields a list, filled on exit with
-    what a replay would not redo (it reruns the recorded kernels, not the Python): an attribute of
-    the method changed, added or removed in the step (a dict stashed into, a counter bumped, a value
-    kept for later; a change would happen once, at the capture), and a read of ``Method.step``/
-    ``micro`` on this thread (a replay keeps the captured values)."""
+    """Inside: one pass of a graphed step (the capture check's). Yields a ``Work`` list, filled on exit
+    with what a replay would not redo (it reruns the recorded kernels, not the Python): an attribute
+    of the method changed, added or removed in the step (a dict stashed into, a counter bumped, a
+    value kept for later; a change would happen once, at the capture), and a read of ``Method.step``/
+    ``micro`` on this thread (a replay keeps the captured values). Its ``read`` holds the method's
+    own plain attributes the step read: a value a graph bakes in, so the job refuses a change to one
+    between steps (``check_reads``; an ``after_step`` annealing a Python float, a queue in a list)."""
     import threading
 
-    found: list[str] = []
+    found = Work()
     before = python_state(method)
-    method.__dict__["_reads"] = (threading.get_ident(), set())
+    cls = type(method)
+    method.__dict__["_reads"] = (threading.get_ident(), set(), set())
+    method.__class__ = _reading_class(cls)
     try:
         yield found
-        reads = sorted(method.__dict__["_reads"][1])
+        reads, found.read = sorted(method.__dict__["_reads"][1]), set(method.__dict__["_reads"][2])
     finally:
+        method.__class__ = cls
         method.__dict__.pop("_reads", None)
     after = python_state(method)
-    cls = type(method).__name__
-    found += [f"it changes {cls}.{k} during the step" for k in before if k in after and not _same(after[k], before[k])]
-    found += [f"it removes {cls}.{k} during the step" for k in before if k not in after]
-    found += [f"it sets {cls}.{k} during the step (a cache filled once belongs in __init__)" for k in after
+    name = cls.__name__
+    found += [f"it changes {name}.{k} during the step" for k in before if k in after and not _same(after[k], before[k])]
+    found += [f"it removes {name}.{k} during the step" for k in before if k not in after]
+    found += [f"it sets {name}.{k} during the step (a cache filled once belongs in __init__)" for k in after
               if k not in before]
     found += [f"it reads self.{k} during the step (a replay keeps the value of its capture)" for k in reads]
+
+
+def read_state(method, names) -> dict:
+    """The ``_snapshot`` of ``method``'s plain attributes ``names`` (those a captured step read)."""
+    return {k: snap for k, snap in python_state(method).items() if k in names}
+
+
+def check_reads(method, captured: dict, where: str) -> None:
+    """Refuse a method whose plain attributes that its captured step read (``captured``, ``read_state``
+    at the capture) changed since: a replay goes on computing with the captured values (a Python
+    number baked into a kernel, the tensors a list held then)."""
+    now = python_state(method)
+    changed = [k for k, snap in captured.items() if k not in now or not _same(now[k], snap)]
+    if changed:
+        cls = type(method).__name__
+        raise SentembError(
+            f"{where}: train.graphs: method '{method.name}' changed {', '.join(f'{cls}.{k}' for k in changed)} between "
+            "steps (in after_step), and its step reads it: a replayed graph keeps the value it read at its capture. "
+            "Keep a value that changes between steps in a tensor made in __init__ (a buffer, saved with the "
+            "checkpoint) and update it in place in after_step (fill_, copy_, mul_), or set train.graphs: false")
 
 
 def python_state_error(method, found: list[str], where: str) -> str:

@@ -570,8 +570,11 @@ def check_finite(job: Job, state: State) -> None:
     if not bool(flags.all()):
         bad_step, _, terms = state.pending[int((~flags).nonzero()[0])]
         shown = {key: float(v) for key, v in terms.items()}
+        advice = ("lower the learning rate or train in fp32 (train.precision)" if job.amp is not None else
+                  "the run is fp32 already: look for a term that is not finite by construction (a log of 0, a "
+                  "division by 0, an empty mean) in the method, or lower the learning rate")
         raise SentembError(f"run '{job.run.name}' seed {job.seed}: loss is {shown['loss']} at step {bad_step} "
-                           f"(terms {shown}); lower the learning rate or train in fp32")
+                           f"(terms {shown}); {advice}")
     state.pending.clear()
 
 

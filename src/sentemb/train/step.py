@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Callable
 
 from .. import SentembError
 from .graphs import (MAX_GRAPHS, WARMUP, _Entry, _key, _null, _shapes, as_captured, capture_hazards, copy_stash,
-                     python_state_error, python_work, set_dropout_key, stash_into)
+                     python_state_error, python_work, read_state, set_dropout_key, stash_into)
 
 if TYPE_CHECKING:  # nothing from sentemb.config: its TrainSettings.check imports this module
     import torch
@@ -399,6 +399,7 @@ class Graphed(MicroBatches):
         self.captures = 0
         self.overflow = 0  # micro-batches run eagerly: their shape came after MAX_GRAPHS others
         self.storage = None  # a hooked method's parameters, buffers and tensor attributes at the first capture (check_storage)
+        self.reads: dict = {}  # the method's plain attributes its captured steps read, as first captured (check_reads)
         self.updates: UpdateGraphs | None = None  # train.update: graphed
 
     def __repr__(self) -> str:
@@ -410,6 +411,10 @@ class Graphed(MicroBatches):
             from .graphs import check_storage
 
             check_storage(job.method, self.storage, f"run '{job.run.name}'")
+        if self.reads:  # ... or changed a Python value they read
+            from .graphs import check_reads
+
+            check_reads(job.method, self.reads, f"run '{job.run.name}'")
         if norms:  # extra backward passes for the per-term norms: this step eagerly (module docstring)
             key, job.dropout_key = getattr(job, "dropout_key", None), None  # eager: keyed by each micro-batch
             try:
@@ -518,6 +523,8 @@ class Graphed(MicroBatches):
                     errors.append(python_state_error(method, python, f"run '{job.run.name}'"))
                 if errors:
                     raise SentembError(" Also: ".join(errors))
+                for k, snap in read_state(method, python.read).items():
+                    self.reads.setdefault(k, snap)
                 entry.used = [p for p in params if p.grad is not None]
                 for _ in range(WARMUP - 1 if cuda else 0):
                     self.inner.backward(job, static, micro, None)
@@ -837,14 +844,18 @@ def chunked_backward(job, batch: dict, micro: int, probe=None, lo: int = 0, hi: 
         start = {k: done.get(k, 0) for k in enc.batch}  # this chunk's first row in the cached gradients
         for k in enc.batch:
             done[k] = start[k] + enc.batch[k].size(0)
+        # an embedding without a graph (a momentum encoder's keys, made under no_grad) passes on no
+        # gradient, as in the unchunked step; pass 1 could not tell it from the others
         for k, g in cached.items():
-            outputs.append(enc.batch[k])
-            grads.append(g[start[k] : done[k]])
+            if enc.batch[k].requires_grad:
+                outputs.append(enc.batch[k])
+                grads.append(g[start[k] : done[k]])
         if probe is not None:
             for name, tg in term_grads.items():
-                outs = [enc.batch[k] for k in tg if tg[k] is not None]
+                live = [k for k in tg if tg[k] is not None and enc.batch[k].requires_grad]
+                outs = [enc.batch[k] for k in live]
                 if outs:
-                    gs = [tg[k][start[k] : done[k]] for k in tg if tg[k] is not None]
+                    gs = [tg[k][start[k] : done[k]] for k in live]
                     probe.add_grads(name, torch.autograd.grad(outs, probe.params, gs, retain_graph=True, allow_unused=True))
             for name, t in weighted.items():
                 if t.requires_grad:
