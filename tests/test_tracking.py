@@ -100,7 +100,7 @@ def test_a_resumed_job_continues_its_own_run_without_logging_a_step_twice(tiny_b
     c, runs = _runs(uri)
     assert len(runs) == 1 and runs[0].info.status == "FINISHED"
     rid = runs[0].info.run_id
-    for key in ("train/loss", "dev/stsb_spearman"):
+    for key in ("train/loss", "dev/stsb_spearman", "dev/best"):  # dev/best: once at the last step, evaluated there
         steps = [m.step for m in c.get_metric_history(rid, key)]
         assert len(steps) == len(set(steps)), f"{key} logged twice for a step: {sorted(steps)}"
     assert sorted(m.step for m in c.get_metric_history(rid, "train/loss")) == list(range(1, 7))
@@ -192,3 +192,38 @@ def test_a_long_tracking_error_keeps_its_cause_at_the_end():
     assert len(text) <= 300 and text.startswith("HTTPConnectionPool(host='127.0.0.1'") and " … " in text
     assert text.endswith("[Errno 111] Connection refused\"))") and "second line" not in text
     assert short_error(ValueError("short")) == "short" and short_error(ValueError()) == "ValueError"
+
+
+def test_ui_and_sync_create_no_experiment_and_print_only_writes_nothing(tmp_path, monkeypatch, capsys):
+    """A walkthrough found ``sentemb ui --print-only --config other.yaml`` creating the other config's
+    experiment with this results directory's Table 1 as its note, and ``sync-tracking --config`` (the
+    docs' paper config) doing the same. They now look the experiment up: absent, they say so and
+    create nothing; ``--print-only`` writes nothing even when it is there; without a store, none is made."""
+    import yaml
+    from mlflow.tracking import MlflowClient
+
+    from conftest import REPO
+    from sentemb.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    cfg = yaml.safe_load((REPO / ".test" / "config.yaml").read_text())
+    cfg.update(experiment="mine", results_dir=str(tmp_path / "results"))
+    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "table1.md").write_text("| method | Avg |\n| --- | --- |\n| simcse | 70.0 |\n")
+    db = tmp_path / "store.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{db}")
+    assert main(["ui", "--config", "cfg.yaml", "--print-only"]) == 0
+    out = capsys.readouterr()
+    assert out.out.strip() == "http://127.0.0.1:5000/" and "experiment 'mine'" in out.err and not db.exists()
+    init_store(f"sqlite:///{db}", "other")
+    assert main(["sync-tracking", "--config", "cfg.yaml"]) == 0
+    assert "experiment 'mine' (config experiment) is not in" in capsys.readouterr().out
+    client = MlflowClient(tracking_uri=f"sqlite:///{db}")
+    assert client.get_experiment_by_name("mine") is None
+    exp_id = init_store(f"sqlite:///{db}", "mine")
+    assert main(["ui", "--config", "cfg.yaml", "--print-only"]) == 0
+    assert capsys.readouterr().out.strip().endswith(f"/#/experiments/{exp_id}/runs?workflowType=machine_learning")
+    assert "mlflow.note.content" not in client.get_experiment(exp_id).tags  # --print-only wrote nothing
+    assert main(["sync-tracking", "--config", "cfg.yaml"]) == 0
+    assert "| simcse | 70.0 |" in client.get_experiment(exp_id).tags["mlflow.note.content"]

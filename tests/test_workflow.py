@@ -216,7 +216,8 @@ def test_every_job_is_an_mlflow_run(ran):
     assert rules == ["evaluate"] * n + ["train"] * n
     assert all(r.info.status == "FINISHED" for r in runs)
     train_run = next(r for r in runs if r.data.tags["rule"] == "train" and r.data.tags["method"] == "simcse")
-    assert {"method", "backbone", "seed", "name", "git_commit"} <= set(train_run.data.tags)
+    assert {"method", "backbone", "seed", "name", "git_commit", "git_dirty"} <= set(train_run.data.tags)
+    assert train_run.data.tags["git_dirty"] in ("True", "False")
     assert "dev/stsb_spearman" in train_run.data.metrics and "train/loss" in train_run.data.metrics
     assert train_run.data.params["train.batch_size"] == "32"
     ev = next(r for r in runs if r.data.tags["rule"] == "evaluate")

@@ -63,6 +63,9 @@ def _cmd_sync(args) -> int:
     try:
         if set_note(uri, experiment, results / "table1.md"):
             print(f"experiment '{experiment}': description note := {results / 'table1.md'}")
+        elif (results / "table1.md").is_file():
+            print(f"experiment '{experiment}' (config experiment) is not in {uri}: no note set (is --config the "
+                  "config the runs were made with?)")
     except Exception as e:  # the note is a convenience; the runs are what sync is for
         log.warning("could not set the experiment note: %s", e)
     return 0 if not res["waiting"] else 1
@@ -71,9 +74,13 @@ def _cmd_sync(args) -> int:
 def _cmd_ui(args) -> int:
     uri, experiment, results, _ = _workflow_settings(args)
     exp_id = None
-    try:
-        exp_id = Sender(uri, 10.0).experiment_id(experiment)
-        set_note(uri, experiment, results / "table1.md")
+    try:  # looked up, never created; --print-only writes nothing (not even the note)
+        exp_id = Sender(uri, 10.0).existing_experiment(experiment)
+        if exp_id is None:
+            print(f"sentemb ui: experiment '{experiment}' (config experiment of {args.config}) is not in {uri} yet "
+                  "(the workflow's first job creates it): the link opens the list of experiments", file=sys.stderr)
+        elif not args.print_only:
+            set_note(uri, experiment, results / "table1.md")
     except Exception as e:
         log.warning("MLflow store %s: %s", uri, str(e).splitlines()[0] if str(e) else type(e).__name__)
     if is_remote(uri):  # a server already serves the UI

@@ -268,6 +268,21 @@ class Sender:
 
         return _retry(fn, *args, **kw)
 
+    def existing_experiment(self, name: str) -> str | None:
+        """The id of experiment ``name`` if the store holds it (not deleted), else None; creates nothing
+        (neither the experiment nor, for a SQLite file that is not there, the store)."""
+        from .store import _sqlite_path
+
+        if name not in self.experiments:
+            db = _sqlite_path(self.uri)
+            if db is not None and not db.is_file():
+                return None
+            exp = self.do(self.client.get_experiment_by_name, name)
+            if exp is None or exp.lifecycle_stage == "deleted":
+                return None
+            self.experiments[name] = exp.experiment_id
+        return self.experiments[name]
+
     def experiment_id(self, name: str) -> str:
         if name not in self.experiments:
             from .store import init_store

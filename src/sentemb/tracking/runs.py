@@ -110,6 +110,17 @@ def git_commit() -> str | None:
         return None
 
 
+def git_dirty() -> bool | None:
+    """Whether that source tree has uncommitted changes to tracked files (None if it is no checkout):
+    a run with a commit and ``git_dirty`` false ran the committed code."""
+    try:
+        out = subprocess.run(["git", "-C", str(Path(__file__).parent), "status", "--porcelain", "--untracked-files=no"],
+                             capture_output=True, text=True, check=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return bool(out.strip())
+
+
 def _flatten(d: dict, prefix: str = "") -> dict[str, str]:
     out = {}
     for k, v in d.items():
@@ -266,7 +277,8 @@ class Tracker:
 
     def _create(self, retire: str | None) -> None:
         ref = new_ref()
-        tags = {"git_commit": git_commit(), **self.tags}
+        commit = git_commit()
+        tags = {"git_commit": commit, **({"git_dirty": git_dirty()} if commit else {}), **self.tags}
         self.run_id = ref
         self._write({"op": "create", "run_name": self.run_name, "start_time": int(time.time() * 1000),
                      "tags": {k: str(v) for k, v in tags.items() if v is not None}, "parent": self.parent_run_id})
@@ -423,11 +435,14 @@ def ui_link(base: str, experiment_id: str | None) -> str:
 
 
 def set_note(uri: str, experiment: str, table_md: Path, wait_s: float = 10.0) -> bool:
-    """The experiment's description note := the latest ``table1.md`` (False if there is none yet)."""
+    """The experiment's description note := the latest ``table1.md`` (False if there is none yet, or if
+    the store holds no such experiment: a note alone never creates one)."""
     if not table_md.is_file():
         return False
     sender = Sender(uri, wait_s)
-    exp_id = sender.experiment_id(experiment)
+    exp_id = sender.existing_experiment(experiment)
+    if exp_id is None:
+        return False
     text = (f"**Table 1** (`{table_md}`, {time.strftime('%Y-%m-%d %H:%M', time.localtime(table_md.stat().st_mtime))})"
             f"\n\n{table_md.read_text('utf-8')}")
     sender.do(sender.client.set_experiment_tag, exp_id, NOTE_TAG, text)

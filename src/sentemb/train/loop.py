@@ -710,7 +710,8 @@ def finish(job: Job, state: State, t_start: float) -> dict:
     write_json(job.out_dir / "train.json", summary)
     costs = {k: v for k, v in summary.items() if k in COST_METRICS}
     job.tracker.log_metrics({COST_METRICS[k]: v for k, v in costs.items()}, job.total)
-    if state.best["dev"] is not None:
+    evaluated_last = bool(state.history) and state.history[-1]["step"] == job.total and "dev_stsb" in state.history[-1]
+    if state.best["dev"] is not None and not evaluated_last:  # the curve reaches the last step (logged once there)
         job.tracker.log_metrics({"dev/best": state.best["dev"]}, job.total)
     job.tracker.log_artifact(job.out_dir / "train.json")
     job.tracker.set_tags({"best_step": state.best["step"]})
