@@ -23,7 +23,6 @@ rule fetch_corpus:
             expected_lines=CFG.corpus.expected_lines,
             mirror=MIRROR,
             mirror_path=CFG.corpus.mirror_path,
-            config_key="corpus.mirror_path",
         ),
     localrule: True
     retries: 2
@@ -71,7 +70,6 @@ rule fetch_senteval:
             sha256=CFG.senteval.sha256,
             mirror=MIRROR,
             mirror_path=CFG.senteval.mirror_path,
-            config_key="senteval.mirror_path",
         ),
     localrule: True
     retries: 2
@@ -88,8 +86,7 @@ rule fetch_senteval_raw:
     log:
         f"{LOGS}/data/fetch_senteval_raw.log",
     params:
-        opts=lambda wc: shell_options(mirror=MIRROR, mirror_path=CFG.senteval.raw_mirror_path,
-                                      config_key="senteval.raw_mirror_path"),
+        opts=lambda wc: shell_options(mirror=MIRROR, mirror_path=CFG.senteval.raw_mirror_path),
     localrule: True
     conda:
         "../envs/sentemb.yaml"
@@ -113,7 +110,6 @@ rule fetch_model:
             mirror=MIRROR,
             mirror_path=CFG.backbones[wc.backbone].mirror_path,
             random_init=CFG.backbones[wc.backbone].random_init,
-            config_key=f"backbones.{wc.backbone}.mirror_path",
         ),
     localrule: True
     retries: 2

@@ -44,7 +44,6 @@ rule fetch_paraphraser:
             mirror=MIRROR,
             mirror_path=PARA_MODEL["mirror_path"],
             random_init=PARA_MODEL["random_init"],
-            config_key="stats.paraphrase.model.mirror_path",
         ),
     localrule: True
     retries: 2

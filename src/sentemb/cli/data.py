@@ -17,6 +17,17 @@ def _mirror(args) -> str | None:
     return args.mirror or os.environ.get(MIRROR_ENV) or None
 
 
+def _model_key(output: str) -> str:
+    """The config key of a fetched model's mirror path, from where the workflow puts it
+    (``sentemb.config.paths``): a backbone under ``models/<name>``, the paraphraser under ``paraphraser/``."""
+    from pathlib import Path
+
+    out = Path(output)
+    if out.parent.name == "paraphraser":
+        return "stats.paraphrase.model.mirror_path"
+    return f"backbones.{out.name if out.parent.name == 'models' else '<name>'}.mirror_path"
+
+
 def _random_init_arg(text: str | None) -> dict | None:
     return None if text is None else json_object(text, "--random-init", "a JSON object of HF config keys")
 
@@ -24,7 +35,7 @@ def _random_init_arg(text: str | None) -> dict | None:
 def _cmd_fetch_corpus(args) -> None:
     fetch_corpus(args.output, hub_repo=args.hub_repo, hub_file=args.hub_file, revision=args.revision,
                  mirror=_mirror(args), mirror_path=args.mirror_path, sha256=args.sha256,
-                 expected_lines=args.expected_lines, config_key=args.config_key)
+                 expected_lines=args.expected_lines, config_key=args.config_key or "corpus.mirror_path")
 
 
 def _cmd_prepare_corpus(args) -> None:
@@ -39,14 +50,15 @@ def _cmd_prepare_sts_corpus(args) -> None:
 def _cmd_fetch_senteval(args) -> None:
     fetch = fetch_senteval_raw if args.raw else fetch_senteval
     default = "data/senteval-raw" if args.raw else "data/senteval"
+    key = args.config_key or ("senteval.raw_mirror_path" if args.raw else "senteval.mirror_path")
     fetch(args.output, url=args.url, sha256=args.sha256, mirror=_mirror(args), mirror_path=args.mirror_path or default,
-          config_key=args.config_key)
+          config_key=key)
 
 
 def _cmd_fetch_model(args) -> None:
     fetch_model(args.output, hub_id=args.hub_id, revision=args.revision, mirror=_mirror(args),
                 mirror_path=args.mirror_path, sha256=args.sha256, random_init=_random_init_arg(args.random_init),
-                config_key=args.config_key)
+                config_key=args.config_key or _model_key(args.output))
 
 
 def _cmd_fetch_nltk(args) -> None:
@@ -70,8 +82,8 @@ def register(subparsers) -> None:
         p.add_argument("--mirror", help=f"local mirror directory laid out like the shared/ data folder (default ${MIRROR_ENV})")
         p.add_argument("--mirror-path", help="path of the input inside the mirror")
         if keyed:  # fetch-nltk's mirror path has no config key
-            p.add_argument("--config-key", help="the config key that sets --mirror-path (the workflow passes it), "
-                           "named when the path is not in the mirror")
+            p.add_argument("--config-key", help="the config key that sets --mirror-path, named when the path is not "
+                           "in the mirror (default: the workflow's key for this input, as its output path says)")
 
     p = command("fetch-corpus", _cmd_fetch_corpus, "Fetch the raw training corpus and verify it.",
                 output={"help": "raw corpus file to write"},
