@@ -92,5 +92,42 @@ def test_plan_check_prices_the_steps_it_measured(shared, monkeypatch, capsys):
     assert capsys.readouterr().out.strip() == "\n".join(out).strip()
     priced = [line for line in out if line.startswith("| train simcse B=8 bf16 |")]
     assert len(priced) == 1 and float(priced[0].split("|")[3]) > 0, out
-    assert "0 of 1 steady rows" in out[-2] or "1 of 1 steady rows" in out[-2], out
+    assert out[-2] == "no verdict: measured on this CPU (--cpu); the plan prices a GPU's step", out
+    assert "is a CPU: priced for" in out[1] and not any("within" in x or "OFF" in x for x in out), out
     assert out[-1].startswith("not priced: row 'elsewhere': model my-own-model is not a backbone"), out
+
+
+@pytest.mark.parametrize("extra, env, says", [
+    (["--output", "{d}/C.md", "--rows-json", "{d}/C.json"], {}, "--rows-json and --output's JSON twin are the same file"),
+    (["--output", "{d}/nodir/T.md"], {}, "--output: the folder {d}/nodir does not exist"),
+    (["--rows-json", "{d}"], {}, "--rows-json: {d} is a directory"),
+    (["--sts-tasks", "Bogus"], {}, "--sts-tasks: Bogus unknown"),
+    (["--max-len", "512"], {}, "--max-len 512: the model"),
+    (["--host-parts", "dev_eval"], {}, "--host-parts chooses among the host rows"),
+    (["--only-host", "--host-parts", "tune"], {"SENTEMB_TUNE": '[{"attention": "bogus"}]'},
+     "SENTEMB_TUNE[0].attention: 'bogus' is not one of"),
+    (["--only-host", "--host-parts", "tune"], {"SENTEMB_TUNE": "[]"}, "SENTEMB_TUNE=[]: no row to run"),
+    (["--only-host", "--host-parts", "profile"], {"SENTEMB_PROFILE": '[{"batch": 0}]'},
+     "SENTEMB_PROFILE[0].batch: 0 is not a positive integer"),
+    (["--only-host", "--host-parts", "profile"], {"SENTEMB_PROFILE": '[{"bogus": 1}]'},
+     "SENTEMB_PROFILE[0].bogus: unknown argument of train"),
+])
+def test_what_would_fail_after_the_rows_is_refused_before_any(tiny_bert_dir, tiny_corpus, tiny_senteval, tmp_path,
+                                                               monkeypatch, capsys, extra, env, says):
+    """A probe found these failing after every training row (a traceback for a missing --output folder, a
+    bad SENTEMB_PROFILE after the other rows), or clobbering the rows file: minutes of a lend each. Now
+    each is refused in its own words before any row runs, and nothing is written."""
+    from sentemb.cli import main
+
+    for k in ("SENTEMB_TUNE", "SENTEMB_PROFILE", "SENTEMB_TUNE_BATCHES"):
+        monkeypatch.delenv(k, raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    d = tmp_path / "out"
+    d.mkdir()
+    argv = ["gpu-check", "--cpu", "--model", str(tiny_bert_dir), "--corpus", str(tiny_corpus), "--senteval",
+            str(tiny_senteval), "--method", "simcse", "--no-dag", "--no-epoch", "--batch-size", "8",
+            *[a.format(d=d) for a in extra]]
+    assert main(argv) == 2
+    assert says.format(d=d) in capsys.readouterr().err
+    assert sorted(p.name for p in d.iterdir()) == []

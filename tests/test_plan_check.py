@@ -130,13 +130,18 @@ def test_bad_rows_are_refused_naming_the_file_the_row_and_the_key(tmp_path):
                       ({"train": {"attention": "bogus"}}, "rows[1].train.attention"),
                       ({"train": {"chunk_size": "many"}}, "rows[1]: train.chunk_size"),
                       ({"kind": "eval"}, "rows[1].kind"), ({"kind": "dev_eval", "precision": "fp8"}, "rows[1].precision"),
-                      ({"steady": "no"}, "rows[1].steady: 'no' is not true or false")):
+                      ({"steady": "no"}, "rows[1].steady: 'no' is not true or false"),
+                      ({"ms": float("nan")}, "rows[1].ms: nan is not a positive number"),
+                      ({"ms": float("inf")}, "rows[1].ms: inf is not a positive number"),
+                      ({"build_ms": float("nan")}, "rows[1].build_ms: nan")):
         path.write_text(json.dumps({"rows": [_row(), _row(**bad)]}))
         with pytest.raises(SentembError, match=re.escape(f"rows.json: {says}")):
             plan_check.load_measured(path)
     path.write_text(json.dumps({"rows": [{k: v for k, v in _row().items() if k != "steps"}]}))
     with pytest.raises(SentembError, match=r"rows\[0\]: missing steps"):
         plan_check.load_measured(path)
+    with pytest.raises(SentembError, match=r"rows\.json: its header's corpus 5 is not a path; give --corpus"):
+        plan_check.resolve_corpus(None, {"corpus": 5}, path)
     path.write_bytes(b'{"rows": [], "gpu": "\xff"}')
     with pytest.raises(SentembError, match=r"rows\.json: not a readable JSON file"):
         plan_check.load_measured(path)
@@ -167,6 +172,18 @@ def test_recorded_rows_are_written_after_each_row(tmp_path, monkeypatch):
     plan_check.add_recorded([dict(doc["rows"][0], what="b")])
     header, rows = plan_check.load_measured(path)
     assert [r.what for r in rows] == ["a", "b"] and rows[0].steps == (8, 23)
+    assert header["complete"] is False  # until the command ends normally
+    plan_check.record_complete()
+    assert json.loads(path.read_text())["complete"] is True
+
+
+def test_plan_check_warns_on_the_rows_of_a_run_that_stopped_early(tmp_path, capsys, shared):
+    from sentemb.cli import main
+
+    path = tmp_path / "rows.json"
+    path.write_text(json.dumps({"gpu": "H200", "corpus": "data/wiki1m_head.txt", "complete": False, "rows": [_row()]}))
+    main(["plan-check", str(path), "--config", "config/demo.yaml", "--corpus", str(shared / "data" / "wiki1m_head.txt")])
+    assert "holds the rows of a gpu-check that did not end normally" in capsys.readouterr().err
 
 
 @pytest.mark.realdata

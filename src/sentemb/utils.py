@@ -105,11 +105,25 @@ def seed_everything(seed: int) -> None:
 
 
 def resolve_device(device: str | None = "auto"):
+    """``auto``/None: CUDA where torch sees a GPU, else the CPU; otherwise the device named, refused
+    with a message when torch does not know the name or the device is not there (a CUDA device on a
+    machine or build without one, an index past the GPUs)."""
     import torch
 
     if device in (None, "auto"):
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise SentembError(f"device {device!r}: not a device torch knows ({str(e).splitlines()[0][:120]}); "
+                           "use auto, cpu, cuda or cuda:N") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise SentembError(f"device {device!r}: no CUDA device is visible (torch {torch.__version__}, CUDA build "
+                               f"{torch.version.cuda}); use cpu or auto")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise SentembError(f"device {device!r}: only {torch.cuda.device_count()} CUDA device(s) are visible")
+    return dev
 
 
 def no_thread_churn() -> None:

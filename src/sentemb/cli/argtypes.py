@@ -44,6 +44,43 @@ seed_int = _ranged("seed_int", 0, SEED_MAX, f"{{n}} is not a seed (0 to {SEED_MA
 port_int = _ranged("port_int", 1, 65535, "{n} is not a TCP port (1 to 65535)", "A TCP port: 1 to 65535.")
 
 
+def _real(value: str | float) -> float:
+    """A finite number from the command line's text (or a JSON number): not nan, not inf."""
+    import math
+
+    try:
+        x = float(value) if not isinstance(value, bool) else None
+    except (TypeError, ValueError):
+        x = None
+    if x is None or not math.isfinite(x):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a finite number")
+    return x
+
+
+def positive_float(value: str | float) -> float:
+    """A rate, a peak or a radius: a finite number above 0."""
+    x = _real(value)
+    if x <= 0:
+        raise argparse.ArgumentTypeError(f"{value!r} is not above 0")
+    return x
+
+
+def non_negative_float(value: str | float) -> float:
+    """A tolerance: a finite number, 0 or more."""
+    x = _real(value)
+    if x < 0:
+        raise argparse.ArgumentTypeError(f"{value!r} is negative")
+    return x
+
+
+def share(value: str | float) -> float:
+    """A share of a whole (a model-FLOPs utilisation): above 0, at most 1."""
+    x = _real(value)
+    if not 0 < x <= 1:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a share (above 0, at most 1)")
+    return x
+
+
 def non_empty(value: str) -> str:
     """A name (an MLflow experiment): not empty, not only spaces."""
     if not value.strip():

@@ -7,7 +7,7 @@ from .. import SentembError
 from ..ops.benchmark import (
     LOOP_VARIANTS, bench_chunked, bench_compile, bench_counter_compile, bench_dev_eval, bench_eval,
     bench_grad_norms, bench_method, bench_overhead, bench_st, padding_waste, _method_args, _peak)
-from .argtypes import key_value, non_negative_int, positive_int
+from .argtypes import key_value, non_negative_int, positive_int, positive_float
 
 
 
@@ -158,6 +158,39 @@ def _cmd_build_only(args) -> int:
     return 0
 
 
+#: the options only some of benchmark's modes read, at their defaults (``_unread``)
+_OPTIONAL = {"peak_tflops": None, "sam_rho": None, "senteval": None, "eval_every": 125, "unpad": False,
+             "compile": False, "compile_steps": 5, "compare_st": False, "keyed": False, "counter": False,
+             "method": [], "method_args": [], "input": [], "rounds": 3, "eval_sentences": 2000, "eval_batch_size": 128}
+#: mode -> the optional options it reads (the default mode: the per-method table)
+_READS = {
+    "overhead": {"rounds", "compile", "compile_steps"},
+    "grad_norms": {"rounds", "method", "method_args", "input"},
+    "counter_compile": {"method", "method_args", "input"},
+    "chunked": {"rounds", "keyed", "counter", "method", "method_args", "input"},
+    "default": {"peak_tflops", "sam_rho", "senteval", "eval_every", "unpad", "compare_st", "method", "method_args",
+                "input", "eval_sentences", "eval_batch_size"},
+}
+
+
+def _unread(args) -> None:
+    """Refuse, naming them, the options given that the chosen mode does not read (they would be dropped
+    without a word: ``--keyed`` without ``--chunked``, ``--peak-tflops`` with ``--overhead``, ...);
+    ``--eval-every`` also needs ``--senteval``. ``--build-only`` has its own list."""
+    mode = next((m for m in ("overhead", "grad_norms", "counter_compile", "chunked") if getattr(args, m)), "default")
+    given = [k for k, default in _OPTIONAL.items() if getattr(args, k) != default]
+    unread = [k for k in given if k not in _READS[mode]]
+    if mode == "default" and "eval_every" in given and args.senteval is None:
+        unread.append("eval_every")
+    if unread:
+        flag = {"overhead": "--overhead", "grad_norms": "--grad-norms", "counter_compile": "--counter-compile",
+                "chunked": "--chunked"}.get(mode, "the per-method table (no mode flag)")
+        names = ", ".join("--" + k.replace("_", "-") for k in dict.fromkeys(unread))
+        raise SentembError(f"{names}: not read by {flag}" + (" (--eval-every needs --senteval)"
+                                                             if "eval_every" in unread else "")
+                           + "; drop them, or choose the mode that reads them (sentemb benchmark --help)")
+
+
 def _cmd_benchmark(args) -> int:
     import torch
 
@@ -165,6 +198,8 @@ def _cmd_benchmark(args) -> int:
 
     # a plug-in's method (--method NAME from a file of one's own), imported before any --method is looked up
     load_method_modules(args.method_module or None, "--method-module")
+    if not args.build_only:
+        _unread(args)
     if args.build_only:
         return _cmd_build_only(args)
     if args.overhead:
@@ -199,7 +234,7 @@ def _cmd_benchmark(args) -> int:
         from ..ops.flops import cpu_peak_tflops
 
         dtype = args.precision if args.precision in ("bf16", "fp16") else "fp32"  # auto is fp32 on a CPU
-        peak, peak_what = cpu_peak_tflops(dtype=dtype), f"{dtype} matmul 2048x2048 measured now"
+        peak, peak_what = cpu_peak_tflops(dtype=dtype), f"{dtype} matmul (up to 2048x2048) measured now"
     per_method = []
     for name in methods:
         secs, tok, padded, cfg, t_build, fpt = bench_method(
@@ -274,7 +309,7 @@ def register(sub) -> None:
                    help="corpus sentences the evaluate row encodes (default: %(default)s)")
     p.add_argument("--eval-batch-size", type=positive_int, default=128,
                    help="batch size of the evaluate row (default: %(default)s)")
-    p.add_argument("--peak-tflops", type=float, default=None, help="device peak for MFU (default: by GPU name)")
+    p.add_argument("--peak-tflops", type=positive_float, default=None, help="device peak for MFU (default: by GPU name)")
     p.add_argument("--overhead", action="store_true",
                    help="compare the shared loop's full step with a bare step on pre-built tensors (use a tiny "
                         "model) and report the padding waste of the corpus's batches")
@@ -312,7 +347,7 @@ def register(sub) -> None:
                         "classes, imported before --method is looked up (repeatable; as check-method's)")
     p.add_argument("--method-args", action="append", default=[], metavar="[NAME=]JSON",
                    help="method arguments, e.g. 'una={\"alpha\": 5}'")
-    p.add_argument("--sam-rho", type=float, default=None, metavar="RHO",
+    p.add_argument("--sam-rho", type=positive_float, default=None, metavar="RHO",
                    help="time every method with Sharpness-Aware Minimization (train.sam_rho): two forward/backward "
                         "passes per step")
     p.add_argument("--input", action="append", type=key_value, default=[], metavar="NAME=PATH",

@@ -24,7 +24,8 @@ def _cmd_gpu_check(args: argparse.Namespace) -> int:
     if not args.cpu and not torch.cuda.is_available():
         print("sentemb gpu-check: no CUDA device is visible (torch.cuda.is_available() is False; torch "
               f"{torch.__version__}, CUDA build {torch.version.cuda}). Run it on a GPU node, e.g. "
-              "`srun --gpus=1 sentemb gpu-check`, with a CUDA build of torch in the environment.", file=sys.stderr)
+              "`srun --gpus=1 sentemb gpu-check`, with a CUDA build of torch in the environment (`--cpu` runs the "
+              "same checks on this CPU at a toy size: a test of the command, not figures for a GPU).", file=sys.stderr)
         return 2
     from ..ops.benchmark import _method_args as parse_method_args
     from ..ops.shapes import ARCHITECTURES, write_model_dir
@@ -43,11 +44,27 @@ def _cmd_gpu_check(args: argparse.Namespace) -> int:
         tmp = tempfile.mkdtemp(prefix="sentemb-gpucheck-model-")
         atexit.register(shutil.rmtree, tmp, ignore_errors=True)  # at exit, also after Ctrl-C or SIGTERM
         model = write_model_dir(args.model, Path(tmp) / args.model)
-    from ..ops.hostcheck import PARTS
+    config_file = Path(model) / "config.json"
+    if config_file.is_file():  # a --max-len past the model's positions fails inside the first row otherwise
+        mcfg = json.loads(config_file.read_text("utf-8"))
+        positions = mcfg.get("max_position_embeddings")
+        if isinstance(positions, int) and mcfg.get("model_type") in ("roberta", "xlm-roberta", "camembert"):
+            positions -= 2  # RoBERTa's positions start after its padding index
+        if isinstance(positions, int) and args.max_len > positions:
+            raise SentembError(f"--max-len {args.max_len}: the model ({model}) has {positions} positions")
+    from ..ops.hostcheck import PARTS, check_environment
 
     unknown = [x for x in (args.host_parts or "").split(",") if x and x not in PARTS]
     if unknown:
         raise SentembError(f"--host-parts: {', '.join(unknown)} unknown (known: {', '.join(PARTS)})")
+    host = args.host or args.only_host
+    if args.host_parts and not host:
+        raise SentembError("--host-parts chooses among the host rows: give --host (with the other rows) or --only-host")
+    parts = tuple(x for x in args.host_parts.split(",") if x) if args.host_parts else PARTS[:4]
+    _check_outputs(args)
+    tasks = _check_senteval(senteval, args.sts_tasks, classic=not args.only_host, dev=host and "dev_eval" in parts)
+    if host:
+        check_environment(parts)  # SENTEMB_TUNE / _PROFILE / _TUNE_BATCHES: before any row, not after them
     device = "cpu" if args.cpu else "cuda"
     batches = tuple(args.batch_size or ((8,) if args.cpu else (64, 512)))
     from ..methods import load_method_modules
@@ -66,14 +83,15 @@ def _cmd_gpu_check(args: argparse.Namespace) -> int:
     os.environ.setdefault("SENTEMB_SHARED", str(shared))  # the NLTK data of PaSeR's RAKE input, MiniLM's vocabulary
     lines = check(model, corpus, senteval, device, batches, args.steps, args.warmup,
                   args.max_len, methods, not args.no_dag, Path(__file__).resolve().parents[3],
-                  tuple(t for t in args.sts_tasks.split(",") if t) if args.sts_tasks else None, sts_model,
+                  tasks, sts_model,
                   parse_method_args(args.method_args, list(methods)), None if args.no_epoch else args.epoch_batch,
-                  host=args.host or args.only_host, classic=not args.only_host,
-                  host_parts=tuple(x for x in args.host_parts.split(",") if x) if args.host_parts else None)
+                  host=host, classic=not args.only_host,
+                  host_parts=parts if args.host_parts else None)
     lines.append(_row("gpu-check wall time", f"{time.perf_counter() - t:.0f} s", ""))
     if args.rows_json:
-        from ..ops.plan_check import RECORDED
+        from ..ops.plan_check import RECORDED, record_complete
 
+        record_complete()
         print(f"{len(RECORDED)} measured steps in {args.rows_json} (sentemb plan-check {args.rows_json})",
               file=sys.stderr)
     if args.plan_check:
@@ -82,6 +100,46 @@ def _cmd_gpu_check(args: argparse.Namespace) -> int:
         Path(args.output).write_text("\n".join(lines) + "\n")
         Path(args.output).with_suffix(".json").write_text(json.dumps({"lines": lines}, indent=2))
     return 0
+
+
+def _check_outputs(args) -> None:
+    """``--output`` (and the ``<output>.json`` beside it) and ``--rows-json``: their folders exist and
+    no two of them are one file, checked before any row runs."""
+    files = {}
+    if args.output:
+        files["--output"] = Path(args.output)
+        files["--output's JSON twin"] = Path(args.output).with_suffix(".json")
+    if args.rows_json:
+        files["--rows-json"] = Path(args.rows_json)
+    for what, f in files.items():
+        if f.is_dir():
+            raise SentembError(f"{what}: {f} is a directory; give a file name")
+        if not f.parent.is_dir():
+            raise SentembError(f"{what}: the folder {f.parent} does not exist")
+    seen: dict = {}
+    for what, f in files.items():
+        key = f.resolve()
+        if key in seen:
+            raise SentembError(f"{what} and {seen[key]} are the same file, {f} (--output FILE also writes "
+                               f"FILE's name with .json); give --rows-json another name")
+        seen[key] = what
+
+
+def _check_senteval(senteval: Path, sts_tasks: str | None, classic: bool, dev: bool) -> tuple[str, ...] | None:
+    """The STS tasks of the fp32/bf16 rows (``--sts-tasks``; None: all), their files read once before any
+    row runs where those rows run (``classic``), and STS-B dev where the host rows evaluate it (``dev``)."""
+    from ..evaluate.senteval import TASKS, load_task
+
+    tasks = tuple(t for t in sts_tasks.split(",") if t) if sts_tasks else None
+    unknown = [t for t in tasks or () if t not in TASKS]
+    if unknown:
+        raise SentembError(f"--sts-tasks: {', '.join(unknown)} unknown (known: {', '.join(TASKS)})")
+    if classic:
+        for t in tasks or TASKS:
+            load_task(senteval, t)
+    if dev or classic:
+        load_task(senteval, "STSBenchmark", "dev")
+    return tasks
 
 
 def _plan_check(config: str | None, device: str, corpus: Path) -> list[str]:
@@ -106,7 +164,13 @@ def _plan_check(config: str | None, device: str, corpus: Path) -> list[str]:
     gpu = header["gpu"] if header["gpu"] in GPUS else DEFAULT_GPU
     out = format_check(price_measured(rows, cfg, corpus, gpu), gpu, header, corpus).splitlines() if rows else \
         ["sentemb plan-check: no measured step to price"]
-    if rows and header["gpu"] not in GPUS:
+    if rows and device == "cpu":  # gpu-check --cpu: a CPU's step against a GPU's price says nothing
+        out = [("no verdict: measured on this CPU (--cpu); the plan prices a GPU's step" if "steady rows within" in x
+                else x.replace("OFF by more than", "(CPU) off by more than").replace("| within |", "| (CPU) |"))
+               for x in out]
+        out.insert(1, f"(this device, {header['device']}, is a CPU: priced for {gpu} to show the pricing runs, "
+                      "not to judge it)")
+    elif rows and header["gpu"] not in GPUS:
         out.insert(1, f"(this device, {header['device']}, is none of sentemb.ops.gpus: priced for {gpu})")
     out += [f"not priced: {x}" for x in dict.fromkeys(skipped)]
     print("\n".join(out), flush=True)
@@ -165,7 +229,8 @@ def register(sub) -> None:
     p.add_argument("--max-len", type=positive_int, default=32, help="training truncation in tokens (default: %(default)s)")
     p.add_argument("--no-dag", action="store_true", help="skip the tiny DAG")
     p.add_argument("--sts-tasks", default=None, help="comma-separated STS tasks of the fp32/bf16 comparison (default all 7)")
-    p.add_argument("--output", default=None, help="also write the table (Markdown) here")
+    p.add_argument("--output", default=None, help="also write the table (Markdown) here, and its lines as JSON "
+                                                  "beside it (the name with .json)")
     p.add_argument("--plan-check", action="store_true",
                    help="after the table, price every training step measured as sentemb plan does and print the "
                         "plan's error on each (sentemb plan-check; the model found among --config's backbones, "

@@ -6,12 +6,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import sys
 from pathlib import Path
 
 from .. import SentembError
 
 from ..ops.plan import DEFAULT_GPU, DEFAULT_MARGIN, DEFAULT_MFU, GPU_MEMORY_GB, format_plan, gpu_spec, plan
-from .argtypes import positive_int
+from .argtypes import positive_int, non_negative_float, positive_float, share
 
 
 THREADS_HELP = ("torch's CPU threads for the counts (default: torch's, one per core). On a machine other jobs "
@@ -76,6 +77,9 @@ def _cmd_plan_check(args: argparse.Namespace) -> int:
     header, rows = load_measured(args.rows)
     if not rows:
         raise SentembError(f"{args.rows}: no rows")
+    if header.get("complete") is False:  # older files have no such key: nothing is said of them
+        print(f"sentemb plan-check: {args.rows} holds the rows of a gpu-check that did not end normally (a time "
+              "limit, an error): the rows it measured are priced, the others were never run", file=sys.stderr)
     if not args.gpu and not header.get("gpu"):
         raise SentembError(f"{args.rows}: its device ({header.get('device', 'not named')}) is none of the GPUs the plan "
                            f"knows ({', '.join(GPU_MEMORY_GB)}); give --gpu")
@@ -102,10 +106,10 @@ def register(sub) -> None:
     p = sub.add_parser("plan", help="estimate every job's FLOPs, GPU-hours and GPU memory (CPU only, no network)")
     p.add_argument("--config", required=True, help="the configuration to estimate (YAML)")
     p.add_argument("--gpu", default=DEFAULT_GPU, help=f"GPU the estimate is for ({', '.join(GPU_MEMORY_GB)})")
-    p.add_argument("--mfu", type=float, default=DEFAULT_MFU,
+    p.add_argument("--mfu", type=share, default=DEFAULT_MFU,
                    help="share of the GPU's bf16 peak a training step reaches (default: measured on an H200, "
                         "0.24 for hidden 768, 0.30 for 1024)")
-    p.add_argument("--margin", type=float, default=DEFAULT_MARGIN,
+    p.add_argument("--margin", type=positive_float, default=DEFAULT_MARGIN,
                    help="flag a job whose runtime or mem_mb request is below the estimate x this")
     p.add_argument("--json", default=None, help="also write the rows as JSON here")
     p.add_argument("--lengths-from", default=None,
@@ -133,7 +137,7 @@ def register(sub) -> None:
     p.add_argument("--corpus", default=None,
                    help="the corpus the rows were measured on (default: the file's corpus, found in the mirror or "
                         "shared/)")
-    p.add_argument("--tolerance", type=float, default=0.25,
+    p.add_argument("--tolerance", type=non_negative_float, default=0.25,
                    help="a steady row is within when |plan - measured| <= this x measured (issue 37: 0.25)")
     p.add_argument("--json", default=None, help="also write each row with the plan's figure here")
     p.add_argument("--strict", action="store_true", help="exit 1 when a steady row is off or a row cannot be priced")

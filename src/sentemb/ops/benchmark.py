@@ -510,6 +510,9 @@ def _method_args(items: list[str], methods: list[str]) -> dict[str, dict]:
             if len(others) != 1:
                 raise SentembError("--method-args: with several methods write NAME=JSON")
             name = others[0]
+        if name not in methods:
+            raise SentembError(f"--method-args {it!r}: {name!r} is not among the methods this run times "
+                               f"({', '.join(methods)}); give --method {name}, or fix the name")
         out[name] = {**out.get(name, {}), **json_object(text, f"--method-args {it!r}")}
     return out
 

@@ -45,14 +45,28 @@ def counted_by_module(fn: Callable[[], Any]) -> tuple[Any, float, dict[str, floa
     return out, float(fc.get_total_flops()), per_module
 
 
+#: the longest one product of ``cpu_peak_tflops`` may take (seconds): a CPU without fp16 (or bf16)
+#: matmul units emulates them, about 100x slower, and six 2048² products took minutes there
+PEAK_PRODUCT_S = 0.5
+
+
 def cpu_peak_tflops(n: int = 2048, repeats: int = 5, dtype: str = "fp32") -> float:
     """This CPU's matmul throughput in TFLOP/s for ``dtype`` (``fp32``, ``bf16`` or ``fp16``, as
     ``train.precision`` names them): the best of ``repeats`` ``n``×``n`` products (2·n³ FLOPs each)
-    after one warm-up, on ``torch.get_num_threads()`` threads."""
+    after one warm-up, on ``torch.get_num_threads()`` threads. A 256² product is timed first, and
+    ``n`` lowered where one product of ``n``² would take over ``PEAK_PRODUCT_S`` (an emulated dtype)."""
     import torch
 
     torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
     g = torch.Generator().manual_seed(0)
+    if n > 256:
+        small = torch.randn(256, 256, generator=g).to(torch_dtype)
+        torch.mm(small, small)
+        t = time.perf_counter()
+        torch.mm(small, small)
+        guess = (time.perf_counter() - t) * (n / 256) ** 3
+        if guess > PEAK_PRODUCT_S:
+            n = max(256, int(256 * (PEAK_PRODUCT_S / max(guess, 1e-9) * (n / 256) ** 3) ** (1 / 3)))
     a = torch.randn(n, n, generator=g).to(torch_dtype)
     b = torch.randn(n, n, generator=g).to(torch_dtype)
     torch.mm(a, b)

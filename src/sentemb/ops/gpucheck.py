@@ -268,7 +268,8 @@ def _epoch_row(model: Path, corpus: Path, senteval: Path, device_name: str, batc
     steps, loop = int(summary.get("steps") or 0), float(summary.get("train_seconds_this_process") or secs)
     emb = embedder_for(out / "model", "avg", device=device_name, batch_size=128)
     after = evaluate_sts(emb, senteval, *([list(sts_tasks)] if sts_tasks else []))["avg"]
-    n = steps * batch
+    corpus_n = ((summary.get("provenance") or {}).get("corpus") or {}).get("sentences")
+    n = min(steps * batch, corpus_n) if corpus_n else steps * batch  # one epoch: the corpus's sentences, at most
     return (what, f"{secs:.0f} s for {steps} steps end to end; {n / loop:.0f} sent/s in the loop ({loop:.0f} s)",
             f"STS Avg (fp32, avg pooling) {before:.2f} -> {after:.2f}; a 1M-sentence epoch (wiki1m) at the loop's "
             f"rate ~{1e6 / (n / loop) / 60:.1f} min")

@@ -404,6 +404,47 @@ def _train_list(name: str) -> "list[dict] | None":
     return given
 
 
+def _tune_batches() -> "set[str] | None":
+    """``SENTEMB_TUNE_BATCHES`` (``512``, or ``64,512``) as a set, None where it is unset."""
+    text = os.environ.get("SENTEMB_TUNE_BATCHES")
+    if not text:
+        return None
+    want = {w.strip() for w in text.split(",") if w.strip()}
+    if not want or not want <= {"64", "512"}:
+        raise SentembError(f"SENTEMB_TUNE_BATCHES={text!r}: a comma-separated list of 64 and 512 (the tune rows' "
+                           "batch sizes)")
+    return want
+
+
+def check_environment(parts: tuple[str, ...]) -> None:
+    """The environment variables the requested host ``parts`` read, checked before any row runs (a bad
+    value found after the other rows would cost the device time they took): ``SENTEMB_TUNE`` and
+    ``SENTEMB_TUNE_BATCHES`` for ``tune``, ``SENTEMB_PROFILE`` for ``profile``, each train dict as the
+    config's ``train`` section is checked and ``batch`` a positive integer; an empty list is refused
+    (it would run no row). A variable of a part not asked for is not read."""
+    from ..config.settings import TrainSettings
+
+    wanted = {"tune": "SENTEMB_TUNE", "profile": "SENTEMB_PROFILE"}
+    for part, name in wanted.items():
+        if part not in parts:
+            continue
+        given = _train_list(name)
+        if given is None:
+            continue
+        if not given:
+            raise SentembError(f"{name}=[]: no row to run; unset it for the part's default rows, or list train "
+                               'settings, e.g. [{"chunk_size": 128}]')
+        for i, v in enumerate(given):
+            v = dict(v)
+            if part == "profile" and "batch" in v:
+                b = v.pop("batch")
+                if not isinstance(b, int) or isinstance(b, bool) or b < 1:
+                    raise SentembError(f"{name}[{i}].batch: {b!r} is not a positive integer (the profiled step's batch)")
+            TrainSettings.from_dict(v, f"{name}[{i}]")
+    if "tune" in parts:
+        _tune_batches()
+
+
 def profile_variants(toy: bool) -> list[dict]:
     """The SimCSE steps (max_len 32) that ``--host-parts profile`` puts under ``torch.profiler`` before
     its other rows: each a dict of train settings over the compiled and graphed base (``compile``,
@@ -653,12 +694,8 @@ def tune_rows(model: Path, corpus: Path, device: str, toy: bool) -> list[Row]:
     if chosen is not None:
         variants = [(v, i == 0) for i, v in enumerate(chosen)]
     batches = (b64, b512)
-    if os.environ.get("SENTEMB_TUNE_BATCHES"):  # e.g. "512": only those batch sizes (toy: 4 and 8 stand for 64, 512)
-        text = os.environ["SENTEMB_TUNE_BATCHES"]
-        want = {w.strip() for w in text.split(",") if w.strip()}
-        if not want or not want <= {"64", "512"}:
-            raise SentembError(f"SENTEMB_TUNE_BATCHES={text!r}: a comma-separated list of 64 and 512 (the tune rows' "
-                               "batch sizes)")
+    want = _tune_batches()  # e.g. "512": only those batch sizes (toy: 4 and 8 stand for 64, 512)
+    if want is not None:
         batches = tuple(b for b, full in ((b64, "64"), (b512, "512")) if full in want)
     cfgs = [(b, {**base, **v}, e) for b in (b64, b512) for v, e in variants]
     counter = {**base, "dropout_rng": "counter", "update": "fused"}
@@ -801,7 +838,7 @@ def rows(model: Path, corpus: Path, senteval: Path, device: str, work: Path, mar
 
     # SENTEMB_PROFILE read before any row runs: a bad value costs no row
     profiled = profile_variants(toy) if "profile" in parts and "simcse" in usable else []
-    others = _train_list("SENTEMB_PROFILE") is None  # the part's other rows, unless its steps are chosen
+    others = "profile" in parts and _train_list("SENTEMB_PROFILE") is None  # its other rows, unless its steps are chosen
     if "profile" in parts and not profiled:
         log.warning("--host-parts profile: no SimCSE step to profile (%s)",
                     "SENTEMB_PROFILE is an empty list" if "simcse" in usable else "simcse is not among the methods")

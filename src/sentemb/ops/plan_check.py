@@ -85,17 +85,25 @@ _RECORD_TO: "tuple[Path, dict] | None" = None
 
 def record_to(path: str | Path, header: dict) -> None:
     """Write ``RECORDED`` (and ``header``'s keys) to ``path`` now and after every row recorded from now
-    on, so that a run stopped by a time limit leaves the rows it measured."""
+    on, so that a run stopped by a time limit leaves the rows it measured. The header says
+    ``"complete": false`` until ``record_complete`` (the command ended normally): ``plan-check`` then
+    says that the file holds the rows of a run that stopped early."""
     global _RECORD_TO
-    _RECORD_TO = (Path(path), dict(header))
+    _RECORD_TO = (Path(path), {**header, "complete": False})
     _flush()
+
+
+def record_complete() -> None:
+    """Mark the rows file complete (the command that measured its rows ended without an error)."""
+    if _RECORD_TO is not None:
+        _RECORD_TO[1]["complete"] = True
+        _flush()
 
 
 def _flush() -> None:
     if _RECORD_TO is None:
         return
     path, header = _RECORD_TO
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".part")
     tmp.write_text(json.dumps({**header, "rows": RECORDED}, indent=1) + "\n", "utf-8")
     tmp.replace(path)
@@ -202,7 +210,10 @@ def _is_int(x) -> bool:
 
 
 def _is_number(x) -> bool:
-    return isinstance(x, int | float) and not isinstance(x, bool)
+    """A finite JSON number (json reads NaN and Infinity into floats; neither is a measurement)."""
+    import math
+
+    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def corpus_identity(path: str | Path) -> dict:
@@ -234,6 +245,8 @@ def resolve_corpus(given: str | Path | None, header: dict, path: Path) -> Path:
     name = header.get("corpus")
     if not name:
         raise SentembError(f"{path}: no 'corpus' in its header; give --corpus")
+    if not isinstance(name, str):
+        raise SentembError(f"{path}: its header's corpus {name!r} is not a path; give --corpus")
     roots = [Path(os.environ["SENTEMB_MIRROR"])] if os.environ.get("SENTEMB_MIRROR") else []
     candidates = [Path(name)] + [r / name for r in roots + list(shared_dirs())] + \
         [r / "data" / Path(name).name for r in roots + list(shared_dirs())]
