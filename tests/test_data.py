@@ -492,3 +492,26 @@ def test_real_corpus_and_nltk_mirror(tmp_path, shared):
     assert summary["lines_out"] == 11913 - summary["skipped_empty"] - summary["skipped_non_utf8"]
     fetch_nltk(tmp_path / "nltk", mirror=shared)
     assert (tmp_path / "nltk" / "corpora" / "wordnet" / "data.noun").is_file()
+
+
+def test_a_path_missing_from_the_mirror_is_named_by_its_config_key(tmp_path, capsys):
+    """Each fetch command names the config key that sets its mirror path (inferred: the workflow's rules
+    pass none, so that existing results do not rerun), or the one given with --config-key."""
+    from sentemb.cli import main
+    from sentemb.cli.data import _model_key
+
+    assert _model_key("resources/models/bert-base") == "backbones.bert-base.mirror_path"
+    assert _model_key("resources/paraphraser/pegasus") == "stats.paraphrase.model.mirror_path"
+    assert _model_key("somewhere/else") == "backbones.<name>.mirror_path"
+    mirror = tmp_path / "mirror"
+    mirror.mkdir()
+    for argv, key in ((["fetch-corpus", "--output", str(tmp_path / "c.txt"), "--hub-repo", "r", "--hub-file", "f.txt"],
+                       "corpus.mirror_path"),
+                      (["fetch-senteval", "--output", str(tmp_path / "se")], "senteval.mirror_path"),
+                      (["fetch-senteval", "--raw", "--output", str(tmp_path / "ser")], "senteval.raw_mirror_path"),
+                      (["fetch-model", "--output", str(tmp_path / "paraphraser" / "p"), "--hub-id", "x/p"],
+                       "stats.paraphrase.model.mirror_path"),
+                      (["fetch-model", "--output", str(tmp_path / "m"), "--hub-id", "x/m", "--config-key", "mine.path"],
+                       "mine.path")):
+        assert main([*argv, "--mirror", str(mirror)]) == 2
+        assert f"not found in the mirror: {mirror}/" in (err := capsys.readouterr().err) and f"(config key {key}:" in err

@@ -160,10 +160,11 @@ def test_register_method_names_the_mistakes_a_plugin_file_makes(clean_registry, 
     (tmp_path / "baddef.py").write_text(
         "from dataclasses import dataclass\n" + head + "@register_method\nclass BadDef(SimCSE):\n    name = 'baddef'\n\n"
         "    @dataclass\n    class Args(SimCSE.Args):\n        scale: int = arg(0.5, 'a scale')\n"
-        "        weight: float = arg(-1.0, 'a weight', minimum=0)\n")
-    with pytest.raises(SentembError, match=r"@register_method on BadDef \(.*baddef\.py\): 2 default\(s\) break their own "
+        "        weight: float = arg(-1.0, 'a weight', minimum=0)\n        warm: int = arg(None, 'warm-up steps')\n")
+    with pytest.raises(SentembError, match=r"@register_method on BadDef \(.*baddef\.py\): 3 default\(s\) break their own "
                                            r"declaration: defaults\.scale: 0\.5 is not an integer; defaults\.weight: -1\.0 "
-                                           r"is below the minimum 0"):
+                                           r"is below the minimum 0; defaults\.warm: None .*\(a default of None needs the "
+                                           r"type `int \| None`\)"):
         import_method_module("baddef.py")
     one = head + "@register_method\nclass Twice(SimCSE):\n    name = 'twice'\n"
     (tmp_path / "a.py").write_text(one)

@@ -22,7 +22,7 @@ bf16           the same under bf16 autocast (the CPU's is the code CUDA's runs):
                every term fp32, an fp32 gradient reaching the encoder
 export         export == the training-time dev embedder == ``sentemb evaluate``'s embedder ==
                ``SentenceTransformer(path)`` (1e-5)
-resume         no tensor outside the checkpoint changes over the steps; killed after 2 steps and resumed,
+resume         no tensor outside the checkpoint changes between steps; killed after 2 steps and resumed,
                the run's history and exported weights are bit-identical
 grad_norms     each logged ``train/grad_norm/<term>`` equals a fresh backward of that weighted term
 chunked        gradient caching (``train.chunk_size``): a chunked step has the unchunked gradient
@@ -625,29 +625,38 @@ def check_export(h: Harness) -> None:
 
 
 def unsaved_tensors(method) -> dict[str, Any]:
-    """The tensors a method holds that no checkpoint saves (``state_dict`` leaves them out), by a name
-    to show: its non-persistent buffers (``register_buffer(..., persistent=False)``), and tensors or
-    modules kept in its own plain attributes, directly or in lists, tuples and dicts (``self.queue =
-    torch.zeros(...)``, ``self._copies = [copy.deepcopy(encoder)]``): fine for a constant, a state
-    lost on resume if they change."""
+    """The tensors a method holds that no checkpoint saves, by a name to show: its non-persistent
+    buffers (``register_buffer(..., persistent=False)``), and tensors or modules kept in its own plain
+    attributes, directly or in lists, tuples and dicts (``self.queue = torch.zeros(...)``,
+    ``self._copies = [copy.deepcopy(encoder)]``), other than views of what ``state_dict`` holds (a
+    list that refers to a registered module, so as not to register it twice). A constant or a scratch
+    buffer there is fine; a state there is lost on resume."""
     import torch
     from torch import nn
 
     from .train.graphs import _LOOP_ATTRS, _module_internals
 
+    saved = {t.untyped_storage().data_ptr() for t in method.state_dict(keep_vars=True).values()
+             if isinstance(t, torch.Tensor)}
     out: dict[str, Any] = {}
+
+    def put(name, t):
+        if t.untyped_storage().data_ptr() not in saved:
+            out[name] = t
+
     for mname, mod in method.named_modules():
         for b in getattr(mod, "_non_persistent_buffers_set", ()):
             t = mod._buffers.get(b)
             if t is not None:
-                out[f"{mname + '.' if mname else ''}{b} (a non-persistent buffer)"] = t
+                put(f"{mname + '.' if mname else ''}{b} (a non-persistent buffer)", t)
 
     def walk(name, v, depth):
         if isinstance(v, torch.Tensor):
-            out[f"self.{name} (a plain attribute)"] = v
+            put(f"self.{name} (a plain attribute)", v)
         elif isinstance(v, nn.Module):
-            for k, t in v.state_dict().items():
-                out[f"self.{name}.{k} (a module in a plain attribute, not a submodule)"] = t
+            for k, t in v.state_dict(keep_vars=True).items():
+                if isinstance(t, torch.Tensor):
+                    put(f"self.{name}.{k} (a module in a plain attribute, not a submodule)", t)
         elif depth < 3 and isinstance(v, dict) and len(v) <= 1000:
             for k, x in v.items():
                 walk(f"{name}[{k!r}]", x, depth + 1)
@@ -662,29 +671,35 @@ def unsaved_tensors(method) -> dict[str, Any]:
     return out
 
 
-def check_unsaved_state(h: Harness) -> None:
-    """Two steps of the run change no tensor that a checkpoint leaves out (``unsaved_tensors``)."""
+def changed_unsaved(h: Harness, steps: int = 2) -> list[str]:
+    """The ``unsaved_tensors`` of the method that hold other values after ``steps`` steps of its run than
+    after its first: what a resumed run would start afresh (the hint of a failed resume)."""
     import torch
 
     from .train.loop import State, run_steps, setup
 
     with setup(h.exact_run(dropout_rng="keyed"), "/nonexistent", h.cls) as job:
-        before = {k: v.detach().clone() for k, v in unsaved_tensors(job.method).items()}
-        for _ in run_steps(job, State(), 2):
+        state = State()
+        for _ in run_steps(job, state, 1):
             pass
-        after = unsaved_tensors(job.method)
-    changed = [k for k in after if k not in before or after[k].shape != before[k].shape
-               or not torch.equal(after[k].detach(), before[k])]
-    _require(not changed, f"{', '.join(changed[:4])}{' ...' if len(changed) > 4 else ''} changed over 2 steps, but no "
-             "checkpoint holds it: a resumed run starts it afresh. Register a tensor as a persistent buffer "
-             "(self.register_buffer(name, tensor)), a module as a submodule (self.name = module; frozen with "
-             ".requires_grad_(False)), or return it from get_extra_state")
+        first = {k: v.detach().clone() for k, v in unsaved_tensors(job.method).items()}
+        for _ in run_steps(job, state, steps - 1):
+            pass
+        now = unsaved_tensors(job.method)
+    return [k for k in now if k in first and (now[k].shape != first[k].shape or not torch.equal(now[k].detach(), first[k]))]
 
 
 def check_resume(h: Harness) -> None:
-    """No state outside the checkpoint changes (``check_unsaved_state``), and killed after 2 of 4 steps
-    and resumed, the run's history and exported weights are bit-identical."""
-    check_unsaved_state(h)
+    """No tensor outside the checkpoint changes between steps (``changed_unsaved``: it would start afresh
+    in a resumed run, however small its effect on a tiny model's weights), and killed after 2 of 4 steps
+    and resumed, the run's history and exported weights are bit-identical (two steps: a state that a
+    checkpoint misses may show only in the second, as an EMA that starts as a copy of the encoder)."""
+    changed = changed_unsaved(h)
+    _require(not changed, f"{', '.join(changed[:4])}{' ...' if len(changed) > 4 else ''} changed between steps, but "
+             "no checkpoint holds it: a resumed run starts it afresh. Register a tensor as a persistent buffer "
+             "(self.register_buffer(name, tensor); scratch space rewritten every step may be one too, or be made "
+             "inside the step), a module as a submodule (self.name = module; frozen with .requires_grad_(False)), "
+             "or return it from get_extra_state")
     kill_and_resume(h.run(), h.scratch("resume"), "kill and resume", h.cls)
 
 

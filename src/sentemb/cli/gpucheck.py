@@ -116,6 +116,9 @@ def _check_outputs(args) -> None:
             raise SentembError(f"{what}: {f} is a directory; give a file name")
         if not f.parent.is_dir():
             raise SentembError(f"{what}: the folder {f.parent} does not exist")
+    if args.output and Path(args.output).suffix == ".json":
+        raise SentembError(f"--output {args.output}: the table is Markdown, and its lines go to the name with .json "
+                           "beside it, the same file here; give --output a name ending in .md")
     seen: dict = {}
     for what, f in files.items():
         key = f.resolve()

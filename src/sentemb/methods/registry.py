@@ -38,7 +38,8 @@ def register_method(cls: type[Method]) -> type[Method]:
         try:
             cls.validate_args({spec.name: spec.default}, "defaults")
         except SentembError as e:
-            bad.append(str(e))
+            hint = f" (a default of None needs the type `{spec.type} | None`)" if spec.default is None else ""
+            bad.append(f"{e}{hint}")
     if bad:
         raise SentembError(f"@register_method on {where}: {len(bad)} default(s) break their own declaration: "
                            + "; ".join(bad))

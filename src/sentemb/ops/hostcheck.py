@@ -425,6 +425,10 @@ def check_environment(parts: tuple[str, ...]) -> None:
     from ..config.settings import TrainSettings
 
     wanted = {"tune": "SENTEMB_TUNE", "profile": "SENTEMB_PROFILE"}
+    # what each dict is laid over: the compiled, graphed base of the part's rows (tune_rows: graphed's graphed
+    # variant; profile_variants)
+    bases = {"tune": {"compile": True, "buckets": [32], "graphs": True},
+             "profile": {"compile": True, "graphs": True, "buckets": [32]}}
     for part, name in wanted.items():
         if part not in parts:
             continue
@@ -440,7 +444,9 @@ def check_environment(parts: tuple[str, ...]) -> None:
                 b = v.pop("batch")
                 if not isinstance(b, int) or isinstance(b, bool) or b < 1:
                     raise SentembError(f"{name}[{i}].batch: {b!r} is not a positive integer (the profiled step's batch)")
-            TrainSettings.from_dict(v, f"{name}[{i}]")
+            TrainSettings.from_dict(v, f"{name}[{i}]")  # its own keys and values, named
+            TrainSettings.from_dict({**bases[part], **v}, f"{name}[{i}]").check(
+                f"{name}[{i}] over the part's base {bases[part]}")  # the combination the row runs
     if "tune" in parts:
         _tune_batches()
 

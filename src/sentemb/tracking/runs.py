@@ -114,7 +114,9 @@ def git_dirty() -> bool | None:
     """Whether that source tree has uncommitted changes to tracked files (None if it is no checkout):
     a run with a commit and ``git_dirty`` false ran the committed code."""
     try:
-        out = subprocess.run(["git", "-C", str(Path(__file__).parent), "status", "--porcelain", "--untracked-files=no"],
+        # --no-optional-locks: parallel jobs must not take the index lock a user's `git commit` needs
+        out = subprocess.run(["git", "--no-optional-locks", "-C", str(Path(__file__).parent), "status", "--porcelain",
+                              "--untracked-files=no"],
                              capture_output=True, text=True, check=True, timeout=10).stdout
     except (OSError, subprocess.SubprocessError):
         return None

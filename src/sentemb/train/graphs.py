@@ -363,7 +363,10 @@ def python_work(method):
     before = python_state(method)
     cls = type(method)
     method.__dict__["_reads"] = (threading.get_ident(), set(), set())
-    method.__class__ = _reading_class(cls)
+    try:  # a class whose layout forbids the swap (a C base) keeps its own: its reads go unrecorded
+        method.__class__ = _reading_class(cls)
+    except TypeError:
+        pass
     try:
         yield found
         reads, found.read = sorted(method.__dict__["_reads"][1]), set(method.__dict__["_reads"][2])
@@ -387,14 +390,17 @@ def read_state(method, names) -> dict:
 def check_reads(method, captured: dict, where: str) -> None:
     """Refuse a method whose plain attributes that its captured step read (``captured``, ``read_state``
     at the capture) changed since: a replay goes on computing with the captured values (a Python
-    number baked into a kernel, the tensors a list held then)."""
-    now = python_state(method)
-    changed = [k for k, snap in captured.items() if k not in now or not _same(now[k], snap)]
+    number baked into a kernel, the tensors a list held then). Only the method's own attributes are
+    followed (its ``__dict__``; not a submodule's, not ``__slots__``)."""
+    skip = _module_internals() | _LOOP_ATTRS
+    d = vars(method)
+    changed = [k for k, snap in captured.items() if k not in d or k in skip or not _same(_snapshot(d[k]), snap)]
     if changed:
         cls = type(method).__name__
         raise SentembError(
             f"{where}: train.graphs: method '{method.name}' changed {', '.join(f'{cls}.{k}' for k in changed)} between "
-            "steps (in after_step), and its step reads it: a replayed graph keeps the value it read at its capture. "
+            "steps (in after_step, or anywhere outside the step), and its step reads it: a replayed graph keeps the "
+            "value it read at its capture. "
             "Keep a value that changes between steps in a tensor made in __init__ (a buffer, saved with the "
             "checkpoint) and update it in place in after_step (fill_, copy_, mul_), or set train.graphs: false")
 
