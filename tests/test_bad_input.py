@@ -324,3 +324,20 @@ def test_a_figure_that_fails_halfway_leaves_none_of_the_figures(tmp_path, monkey
     monkeypatch.undo()
     written = fig_module.figures([e], [], None, out)
     assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in written) and len(written) == 15
+
+
+@pytest.mark.parametrize("extra, words", [
+    (["--keyed"], "--keyed: not read by the per-method table"),
+    (["--chunked", "4", "--peak-tflops", "1"], "--peak-tflops: not read by --chunked"),
+    (["--overhead", "--method", "una"], "--method: not read by --overhead"),
+    (["--eval-every", "10"], "--eval-every: not read by the per-method table (no mode flag) (--eval-every needs --senteval)"),
+    (["--grad-norms", "--sam-rho", "0.1"], "--sam-rho: not read by --grad-norms"),
+    (["--peak-tflops", "nan"], "argument --peak-tflops: 'nan' is not a finite number"),
+])
+def test_benchmark_refuses_options_its_mode_would_drop(tmp_path, capsys, extra, words):
+    """A probe found these accepted and silently dropped (exit 0, a table without their effect)."""
+    try:
+        rc = main(["benchmark", "--model", str(tmp_path / "m"), "--corpus", str(tmp_path / "c.txt"), *extra])
+    except SystemExit as e:  # argparse's own refusals (the typed options)
+        rc = e.code
+    assert rc == 2 and words in capsys.readouterr().err

@@ -158,10 +158,9 @@ def _cmd_build_only(args) -> int:
     return 0
 
 
-#: the options only some of benchmark's modes read, at their defaults (``_unread``)
-_OPTIONAL = {"peak_tflops": None, "sam_rho": None, "senteval": None, "eval_every": 125, "unpad": False,
-             "compile": False, "compile_steps": 5, "compare_st": False, "keyed": False, "counter": False,
-             "method": [], "method_args": [], "input": [], "rounds": 3, "eval_sentences": 2000, "eval_batch_size": 128}
+#: the options only some of benchmark's modes read (``_unread``; their defaults are the parser's)
+_OPTIONAL = ("peak_tflops", "sam_rho", "senteval", "eval_every", "unpad", "compile", "compile_steps", "compare_st",
+             "keyed", "counter", "method", "method_args", "input", "rounds", "eval_sentences", "eval_batch_size")
 #: mode -> the optional options it reads (the default mode: the per-method table)
 _READS = {
     "overhead": {"rounds", "compile", "compile_steps"},
@@ -178,7 +177,7 @@ def _unread(args) -> None:
     without a word: ``--keyed`` without ``--chunked``, ``--peak-tflops`` with ``--overhead``, ...);
     ``--eval-every`` also needs ``--senteval``. ``--build-only`` has its own list."""
     mode = next((m for m in ("overhead", "grad_norms", "counter_compile", "chunked") if getattr(args, m)), "default")
-    given = [k for k, default in _OPTIONAL.items() if getattr(args, k) != default]
+    given = [k for k in _OPTIONAL if getattr(args, k) != args.option_defaults[k]]
     unread = [k for k in given if k not in _READS[mode]]
     if mode == "default" and "eval_every" in given and args.senteval is None:
         unread.append("eval_every")
@@ -356,7 +355,7 @@ def register(sub) -> None:
                    help="time only each --method's build_batch (default simcse): the host work of a step's "
                         "batches, on the CPU, no model step, over optimizer steps 0..--steps-1; prints ms per step "
                         "(--device, --precision and --warmup do not apply)")
-    p.set_defaults(func=_cmd_benchmark)
+    p.set_defaults(func=_cmd_benchmark, option_defaults={k: p.get_default(k) for k in _OPTIONAL})
 
 
 def _precision_label(args) -> str:

@@ -392,9 +392,8 @@ def check_reads(method, captured: dict, where: str) -> None:
     at the capture) changed since: a replay goes on computing with the captured values (a Python
     number baked into a kernel, the tensors a list held then). Only the method's own attributes are
     followed (its ``__dict__``; not a submodule's, not ``__slots__``)."""
-    skip = _module_internals() | _LOOP_ATTRS
-    d = vars(method)
-    changed = [k for k, snap in captured.items() if k not in d or k in skip or not _same(_snapshot(d[k]), snap)]
+    d = vars(method)  # ``captured`` holds only the method's own attributes (``python_state``'s keys)
+    changed = [k for k, snap in captured.items() if k not in d or not _same(_snapshot(d[k]), snap)]
     if changed:
         cls = type(method).__name__
         raise SentembError(
