@@ -333,6 +333,8 @@ def test_a_figure_that_fails_halfway_leaves_none_of_the_figures(tmp_path, monkey
     (["--eval-every", "10"], "--eval-every: not read by the per-method table (no mode flag) (--eval-every needs --senteval)"),
     (["--grad-norms", "--sam-rho", "0.1"], "--sam-rho: not read by --grad-norms"),
     (["--peak-tflops", "nan"], "argument --peak-tflops: 'nan' is not a finite number"),
+    (["--build-only", "--keyed", "--rounds", "5"], "--build-only times build_batch alone; it cannot be combined with "
+                                                   "--keyed, --rounds"),
 ])
 def test_benchmark_refuses_options_its_mode_would_drop(tmp_path, capsys, extra, words):
     """A probe found these accepted and silently dropped (exit 0, a table without their effect)."""

@@ -532,3 +532,23 @@ def test_references_to_saved_tensors_and_constants_built_on_first_use_pass_resum
                          inputs=h.inputs, work=tmp_path)
     testing.run_check(Cached, "resume", ok)
     assert testing.changed_unsaved(ok) == []
+
+
+def test_after_a_failed_loss_check_the_later_crashes_say_so(example, tmp_path):
+    """A loss that is a vector (reduction none) fails ``loss`` in its own words; the checks after it then
+    crash in torch's ("grad can be implicitly created only for scalar outputs"), which now point back."""
+    import torch.nn.functional as F
+
+    class VectorLoss(example.ESimCSE):
+        name = "vector-loss"
+
+        def batch_terms(self, emb, batch):
+            z1, z2 = F.normalize(emb["z1"].float(), dim=-1), F.normalize(emb["z2"].float(), dim=-1)
+            loss = F.cross_entropy(z1 @ z2.T / 0.05, torch.arange(z1.size(0), device=z1.device), reduction="none")
+            self.stash("keys", emb["k"].float())
+            return {"contrastive": loss.detach(), WEIGHTED: {"contrastive": loss}}
+
+    res = {r.check: r for r in testing.check_method(VectorLoss, tmp_path, ["loss", "chunked"], report=None)}
+    assert res["loss"].status == "FAIL" and "not an fp32 scalar" in res["loss"].message
+    assert res["chunked"].status == "FAIL" and res["chunked"].message.endswith("(the loss check failed: fix that first, "
+                                                                               "the later checks train on that loss)")

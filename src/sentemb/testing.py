@@ -1217,7 +1217,10 @@ def check_method(method: str | type, work: str | Path, checks: list[str] | None 
         except CheckFailed as e:
             res = Result(c, "FAIL", time.perf_counter() - t, str(e))
         except Exception as e:  # noqa: BLE001 - a crash in the method is a failed check, named
-            res = Result(c, "FAIL", time.perf_counter() - t, f"{type(e).__name__}: {e}")
+            msg = f"{type(e).__name__}: {e}"
+            if any(r.check == "loss" and r.status == "FAIL" for r in results):  # torch's words for a bad loss
+                msg += " (the loss check failed: fix that first, the later checks train on that loss)"
+            res = Result(c, "FAIL", time.perf_counter() - t, msg)
         results.append(_report(res, report))
     return results
 

@@ -138,9 +138,9 @@ def _cmd_build_only(args) -> int:
     from ..ops.benchmark import WARM_BUILDS, bench_build
 
     other = [flag for flag, on in (("--overhead", args.overhead), ("--grad-norms", args.grad_norms),
-                                   ("--counter-compile", args.counter_compile), ("--chunked", args.chunked),
-                                   ("--compare-st", args.compare_st), ("--unpad", args.unpad),
-                                   ("--senteval", args.senteval), ("--sam-rho", args.sam_rho is not None)) if on]
+                                   ("--counter-compile", args.counter_compile), ("--chunked", args.chunked)) if on]
+    other += ["--" + k.replace("_", "-") for k in _OPTIONAL
+              if k not in _READS["build_only"] and getattr(args, k) != args.option_defaults[k]]
     if other:
         raise SentembError(f"--build-only times build_batch alone; it cannot be combined with {', '.join(other)}")
     _, _, methods, margs, inputs = _bench_setup(args)  # threads, methods (default simcse), their args and inputs
@@ -167,6 +167,7 @@ _READS = {
     "grad_norms": {"rounds", "method", "method_args", "input"},
     "counter_compile": {"method", "method_args", "input"},
     "chunked": {"rounds", "keyed", "counter", "method", "method_args", "input"},
+    "build_only": {"method", "method_args", "input"},
     "default": {"peak_tflops", "sam_rho", "senteval", "eval_every", "unpad", "compare_st", "method", "method_args",
                 "input", "eval_sentences", "eval_batch_size"},
 }

@@ -27,6 +27,11 @@ def _cmd_gpu_check(args: argparse.Namespace) -> int:
               "`srun --gpus=1 sentemb gpu-check`, with a CUDA build of torch in the environment (`--cpu` runs the "
               "same checks on this CPU at a toy size: a test of the command, not figures for a GPU).", file=sys.stderr)
         return 2
+    if args.cpu and not (args.method and args.no_dag and args.no_epoch):
+        print("sentemb gpu-check --cpu: the GPU's rows at a toy size on this CPU, a test of the command (its figures "
+              "say nothing of a GPU). Every method, the tiny DAG and the one-epoch run take a long while on a "
+              "laptop; the quick try is --method simcse --no-dag --no-epoch.", file=sys.stderr,
+              flush=True)
     from ..ops.benchmark import _method_args as parse_method_args
     from ..ops.shapes import ARCHITECTURES, write_model_dir
 
