@@ -52,7 +52,9 @@ def test_bucket_width_and_the_ladder_past_the_last_bucket():
     assert got == [48, 48, 64, 96, 128, 192, 256, 384, 512, 512]
     assert [bucket_width(n, b, 78) for n in (40, 70, 78)] == [48, 78, 78]
     assert bucket_width(600, b, 512) == 600  # beyond the limit: never cut a row
-    assert bucket_width(20, b, 512) == 24  # within the buckets the limit plays no part
+    assert bucket_width(20, b, 512) == 24  # within the buckets a limit above them plays no part
+    # a limit below the covering bucket cuts it (PaSeR's max_target_len 20 under buckets 16, 24, 32)
+    assert [bucket_width(n, b, 20) for n in (12, 17, 20, 21)] == [16, 20, 20, 24]
     assert bucket_width(41, (24, 40), 512) == 48  # a last bucket off the series joins it
     # at most 1.5 times the longest row past the buckets, and a bucket's own worst case below them
     assert all(bucket_width(n, b, 512) <= 1.5 * n for n in range(33, 513))
@@ -112,7 +114,9 @@ def test_mask_tokens_draws_over_the_real_width_only():
 BACKBONES = {"bert": (16, [6, 10, 14], 9), "roberta": (64, [24, 48], 8)}
 #: the arguments of each case: the contract's, without inputs that need a stage or WordNet
 CASES = {"simcse": {}, "sarcse": {}, "arccse": {"triplet_margin": 0.5}, "una": {}, "infocse": {"init": "backbone"},
-         "paser": {"eda": "rs"}, "infocse-pretrain": {"init": "backbone", "pretrain": {"mask_unit": "word"}}}
+         "paser": {"eda": "rs"}, "infocse-pretrain": {"init": "backbone", "pretrain": {"mask_unit": "word"}},
+         # decoder positions below the bucket that holds a target: the bucket is cut to them
+         "paser-short-targets": {"eda": "rs", "max_target_len": 9}}
 REL = 1e-5
 DEBUG = False
 
@@ -186,7 +190,7 @@ def test_buckets_pad_and_change_no_loss(case, backbone, worlds):
     short = [i for i, s in enumerate(corpus) if len(s.split()) <= short_words][:6]
     long = short[:3] + [i for i, s in enumerate(corpus) if len(s.split()) >= 25][:3]
     assert len(short) == 6 and len(long) == 6
-    grew, past = set(), set()
+    grew, past, cut = set(), set(), set()
     for micro, lines in enumerate((short, long)):
         sents = [corpus[i] for i in lines]
         m.ctx.buckets = None
@@ -212,6 +216,8 @@ def test_buckets_pad_and_change_no_loss(case, backbone, worlds):
                                      if buckets[-1] < v <= lim[g]}
             assert w in set(buckets) | ladder, f"{g}: width {w} is not a bucket {buckets} nor past them {sorted(ladder)}"
             assert w == bucket_width(plain_w[g], buckets, lim.get(g))
+            if lim.get(g) and w == lim[g] and w not in buckets:
+                cut.add(g)
             if w > plain_w[g]:
                 grew.add(g)
             if w > max_len:
@@ -237,6 +243,8 @@ def test_buckets_pad_and_change_no_loss(case, backbone, worlds):
     assert "sentences" in grew, "no batch was padded: the test proves nothing"
     if case == "arccse":
         assert "triplets" in grew and (backbone == "roberta" or "triplets" in past)
+    if case == "paser-short-targets":
+        assert cut, "no decoder row met a bucket above max_target_len: the case proves nothing"
 
 
 # ------------------------------------------------------------------------------------ real batches

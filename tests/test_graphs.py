@@ -232,9 +232,15 @@ def test_masks_are_fresh_per_micro_batch_and_the_same_on_a_repeat(worlds):
 
 
 def test_resume_with_graphs_is_bit_identical(worlds, tmp_path):
+    import json
+
     h = worlds("simcse")
-    testing.kill_and_resume(h.exact_run(dropout_rng="counter", graphs=True, save_steps=1), tmp_path, "graphs resume",
-                            method_cls=h.cls)
+    run = h.exact_run(dropout_rng="counter", graphs=True, save_steps=1)
+    testing.kill_and_resume(run, tmp_path, "graphs resume", method_cls=h.cls)
+    # train.json says what the graphs did (this process): no CUDA graphs on a CPU, one replay a micro-batch
+    got = json.loads((tmp_path / "full" / "train.json").read_text())["graphs"]
+    assert got["cuda_graphs"] is False and got["eager_past_the_shape_limit"] == 0
+    assert 1 <= got["shapes"] <= got["replays"] == run.train.max_steps * run.train.grad_accum, got
 
 
 def test_resume_with_the_graphed_update_is_bit_identical(worlds, tmp_path):
@@ -362,14 +368,17 @@ def test_the_capture_check_names_each_hazard_and_its_line():
 
 @pytest.mark.parametrize("train, match", [
     ({"dropout_rng": "keyed"}, r"train\.graphs cannot be combined with train\.dropout_rng keyed"),
-    ({"unpad": True}, r"train\.graphs cannot be combined with train\.unpad"),
+    ({"unpad": True}, r"train\.graphs cannot be combined with train\.unpad .*; set train\.unpad: false"),
     ({"precision": "fp16"}, r"train\.graphs cannot be combined with train\.precision fp16"),
-    ({"chunk_size": 4}, r"train\.graphs cannot be combined with train\.chunk_size with train\.dropout_rng stream"),
+    ({"chunk_size": 4}, r"train\.graphs cannot be combined with train\.chunk_size 4 with train\.dropout_rng stream"),
+    ({"chunk_size": "auto"}, r"train\.graphs cannot be combined with train\.chunk_size auto with train\.dropout_rng stream"),
+    ({"devices": 2, "device": "cuda"}, r"train\.graphs cannot be combined with train\.devices 2 on train\.device cuda .*; set train\.devices: 1"),
 ])
 def test_what_graphs_cannot_serve_is_refused_at_config_load(train, match):
     with pytest.raises(SentembError, match="cfg: " + match):
         TrainSettings(graphs=True, **train).check("cfg")
     TrainSettings(graphs=True, dropout_rng="counter", chunk_size=4).check("cfg")  # this one it serves
+    TrainSettings(graphs=True, devices=2).check("cfg")  # device auto: the job refuses it if it starts on a GPU
 
 
 def test_arccse_pads_its_triplet_count_in_a_graphed_run_and_eq4_ignores_the_padding(worlds):
@@ -611,6 +620,38 @@ def test_paser_in_a_graphed_run_has_one_decoder_row_per_sentence_and_the_eager_l
         m.ctx = replace(m.ctx, static=True)
         m.chunk(static, 3, 8)
     assert not hazards, hazards
+
+
+def test_a_paser_step_without_targets_leaves_the_decoder_and_mlm_head_to_the_optimizer_as_eager(worlds):
+    """A graphed step runs PaSeR's decoder and MLM head on every batch, writing their parameters zero
+    gradients where the eager step, on a batch without a phrase target or a masked token, writes
+    none; AdamW would still move them (momentum, weight decay). ``static_idle_parameters`` names
+    them: graphed trains to the eager weights, the step with targets first, then two without."""
+
+    h = worlds("paser")
+
+    class LaterWithout(h.cls):  # steps 1 and 2: no phrase target, no masked token
+        def build_batch(self, sentences, step=0, **kw):
+            b = super().build_batch(sentences, step, **kw)
+            if step >= 1:
+                b["dec_labels"] = torch.full_like(b["dec_labels"], -100)
+                b["mlm_labels"] = torch.full_like(b["mlm_labels"], -100)
+            return b
+
+    args = {**h.args, **getattr(h.cls, "contract_no_dropout", {}), "mlm_head_tied": False}
+    over = {"precision": "fp32", "model_selection": "last", "prefetch": False, "token_cache": False,
+            "dropout": 0.0, "weight_decay": 0.1}
+    first, _ = _train(h.run(args, **over), steps=1, cls=LaterWithout)
+    eager, _ = _train(h.run(args, **over), steps=3, cls=LaterWithout)
+    graphed_first, _ = _train(h.run(args, graphs=True, **over), steps=1, cls=LaterWithout)
+    graphed, strategy = _train(h.run(args, graphs=True, **over), steps=3, cls=LaterWithout)
+    assert repr(strategy) == "Graphed(Plain())"
+    idle = [k for k in eager if k.startswith(("decoder.layers.", "decoder.embed_positions", "mlm_head."))]
+    assert idle and all(torch.equal(eager[k], first[k]) for k in idle)  # eager: untouched after step 0
+    _same(graphed, eager, 1e-4, "paser: graphed vs eager weights, steps without targets")
+    moved = [k for k in idle if not torch.equal(graphed[k], graphed_first[k])]
+    assert not moved, moved  # graphed: untouched after step 0 too
+    assert not torch.equal(graphed["decoder.embed_positions.weight"], _train(h.run(args, **over), 0, LaterWithout)[0]["decoder.embed_positions.weight"])
 
 
 @pytest.mark.parametrize("mode", ["counter", "generator"])

@@ -158,7 +158,15 @@ def validate_config(config: dict, source: str = "config") -> dict:
             settings = TrainSettings.from_dict({**config["train"], **run["train"]}, f"runs[{i}].train")
         except SentembError as e:
             raise SentembError(f"invalid configuration in {source}: config key {e}") from None
-        settings.check(f"invalid configuration in {source}: config key 'runs[{i}].train'")
+        where = f"invalid configuration in {source}: config key 'runs[{i}].train'"
+        try:
+            settings.check(where)
+        except SentembError:  # named by the top-level train where that alone is refused
+            TrainSettings.from_dict(config["train"], "train").check(f"invalid configuration in {source}: config key 'train'")
+            raise
+        from ..methods.base import check_fusable
+
+        check_fusable(registry()[run["method"]], settings, f"{where} (run '{run['name']}')")
     for m in config["methods"]:
         if m not in registry():
             raise SentembError(

@@ -185,7 +185,8 @@ class TrainSettings:
         "unchunked one (same negatives: the whole batch_size) in bounded memory, for one extra forward pass. null = "
         "the whole micro-batch in one forward (no caching); auto = the fastest chunking that fits the GPU's free "
         "memory with a margin: the fewest chunks, of equal size (the whole batch on CPU), reported in the log and train.json. A state saved with one chunk "
-        "size resumes with another.", minimum=1, pattern="^auto$", weights=False)
+        "size resumes with another. With graphs, any chunk_size (auto too, also on the CPU) needs dropout_rng "
+        "counter.", minimum=1, pattern="^auto$", weights=False)
     chunk_first_pass: str = arg(
         "auto",
         "With chunk_size, the pieces gradient caching's graph-free first pass encodes the batch in (it keeps no "

@@ -114,13 +114,15 @@ def bucket_width(n: int, buckets: Sequence[int] | None, limit: int | None = None
     unchanged; with ``limit`` (the group's own longest possible width, within its positions) the
     widths go on in half-octave steps (``next_width``: 32 -> 48, 64, 96, 128, 192, 256, 384, 512),
     capped at ``limit``, so such a group too meets a few widths, each at most 1.5 times its longest
-    row. ``n > limit`` gives ``n`` (a row is never cut)."""
+    row. A bucket above ``limit`` is cut to it (PaSeR's decoder rows at ``max_target_len`` 20 in the
+    bucket 24 of ``max_len`` 32 would pass its 20 positions). ``n > limit`` gives ``n`` (a row is
+    never cut)."""
     n = int(n)
     if not buckets:
         return n
     i = bisect_left(buckets, n)
     if i < len(buckets):
-        return int(buckets[i])
+        return int(buckets[i]) if limit is None or n > limit else min(int(buckets[i]), int(limit))
     if limit is None or n > limit:
         return n
     w = int(buckets[-1])

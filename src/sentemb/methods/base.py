@@ -226,6 +226,16 @@ def fusable_method(cls) -> bool:
     return bool(vars(cls).get("fusable", False))
 
 
+def check_fusable(cls, settings, where: str) -> None:
+    """``train.fuse_micro_batches`` > 1 with a method that does not declare ``fusable``: refused
+    naming the key (at config load and when the job starts)."""
+    n = getattr(settings, "fuse_micro_batches", 1)
+    if n > 1 and not fusable_method(cls):
+        raise SentembError(f"{where}: train.fuse_micro_batches {n}: method '{cls.name}' does not declare "
+                           "Method.fusable (that one forward over several micro-batches computes their summed loss); "
+                           "set train.fuse_micro_batches: 1")
+
+
 def total_loss(weighted: dict[str, torch.Tensor]) -> torch.Tensor:
     """The sum of the weighted terms in their order, fp32 (the loss a method back-propagates)."""
     terms = list(weighted.values())
@@ -607,6 +617,16 @@ class Method(nn.Module):
         (an EMA of the encoder, a queue enqueuing the keys stashed during the step). Whatever must
         survive a resume lives in ``state_dict()`` (parameters, persistent buffers, ``get_extra_state``);
         nothing may stay pending once it returns (a checkpoint may be saved right after). Default: nothing."""
+
+    def static_idle_parameters(self, batch: dict[str, torch.Tensor]) -> list[nn.Parameter]:
+        """Under ``train.graphs`` (``ctx.static``): the trainable parameters that an eager step over
+        this micro-batch (``batch`` on the CPU, as ``build_batch`` made it: read without a device
+        sync) would leave without a gradient, while the static step, which runs every path on every
+        micro-batch, writes them zeros. A zero gradient is not no gradient: AdamW would move such a
+        parameter (its momentum, weight decay). The graphed step hands them to the optimizer without
+        a gradient, as the eager step does, when no micro-batch of the step used them. PaSeR's
+        decoder on a batch without a phrase target is the case. Default: none."""
+        return []
 
     def grad_norm_parameters(self) -> list[nn.Parameter]:
         """The parameters on which ``train.log_grad_norms`` measures each weighted term's gradient:

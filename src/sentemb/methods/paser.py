@@ -604,6 +604,20 @@ class PaSeR(Method):
     def encode(self, batch):
         return Encoded(rows={"memory": self.signal(batch["input_ids"], batch["attention_mask"])})
 
+    def static_idle_parameters(self, batch):
+        """A graphed step runs the decoder over padding rows and the MLM head on every batch
+        (``row_terms``); eagerly, a batch without a phrase target skips the decoder and one without
+        a masked token the MLM head, so their own parameters get no gradient (not zeros): those."""
+        gen = bool((batch["dec_labels"] != -100).any())
+        mlm = bool((batch["mlm_labels"] != -100).any())
+        used = [self.encoder, self.masked_proj] + ([self.decoder] if gen else [])
+        if mlm or (gen and self.args.decoder_output == "mlm_head"):  # the decoder's logits through the head
+            used.append(self.mlm_head)
+        live = {id(p) for m in used if m is not None for p in m.parameters()}
+        idle = {id(p): p for m in (self.decoder, self.mlm_head) for p in m.parameters()
+                if p.requires_grad and id(p) not in live}
+        return list(idle.values())
+
     def row_terms(self, enc, chunk, batch):
         """L_gen (mean over the batch's target tokens) and λ·L_mlm (mean over its masked tokens),
         the chunk's share: its tokens' cross-entropy summed, divided by the batch's counts."""

@@ -22,7 +22,8 @@ class Embedder:
     ``torch.inference_mode``, in fp32 as SentEval and the papers encode (``precision="bf16"``, or
     ``"auto"`` = bf16 on CUDA only, when asked for); results come back in input order as float32.
 
-    ``cls_before_pooler`` on the CPU in fp32 (every method's evaluation pooler, the demo's case) runs
+    ``cls_before_pooler`` on the CPU in fp32 (the evaluation pooler of every built-in method but
+    SARCSE, which pools through its TextCNN: ``method``; the demo's case) runs
     the last Transformer layer for the [CLS] position only (``ClsLastLayer``): its output is all the
     pooler reads, and the other positions' queries and feed-forward in that layer are ~10% of the
     encoding's compute. The vectors equal the full forward's up to float rounding (~1e-6);

@@ -139,9 +139,16 @@ def _library_dirs() -> tuple[str, ...]:
 
 def _caller() -> str:
     """The innermost frame of the stack that is the method's (``_library_dirs`` skipped), as
-    ``folder/file.py:line in function``."""
+    ``folder/file.py:line in function``; inside autograd's backward, where no frame is the method's,
+    the backward node (``the backward of IndexBackward0``: its forward op, with the method's line, is
+    the hazard named before it, where it is one)."""
     import os
 
+    import torch
+
+    node = torch._C._current_autograd_node()
+    if node is not None:
+        return f"the backward of {node.name()}"
     skip = _library_dirs()
     for f in reversed(traceback.extract_stack()[:-3]):
         name = os.path.abspath(f.filename)
@@ -483,13 +490,19 @@ def check_graph_settings(settings, where: str) -> None:
     """``train.graphs`` combined with what it cannot serve (module docstring), refused naming the keys."""
     if not getattr(settings, "graphs", False):
         return
+    device = str(getattr(settings, "device", "auto"))
     bad = [(settings.dropout_rng == "keyed", "train.dropout_rng keyed (CPU-drawn masks); use counter or stream"),
-           (settings.unpad, "train.unpad (the packed length changes every step)"),
+           (settings.unpad, "train.unpad (the packed length changes every step); set train.unpad: false"),
            (settings.precision == "fp16", "train.precision fp16 (the grad scaler's inf check reads the device on the "
                                           "host); use bf16, auto or fp32"),
            (settings.chunk_size is not None and settings.dropout_rng == "stream",
-            "train.chunk_size with train.dropout_rng stream (gradient caching rewinds the generator on the host); use "
-            "train.dropout_rng: counter")]
+            f"train.chunk_size {settings.chunk_size} with train.dropout_rng stream (gradient caching rewinds the "
+            "generator on the host; refused whatever the device, as the config does not know it); use "
+            "train.dropout_rng: counter"),
+           # on a device that resolves to CUDA only at the job's start (auto), the job refuses it (strategy_for)
+           (getattr(settings, "devices", 1) > 1 and device.startswith("cuda"),
+            f"train.devices {getattr(settings, 'devices', 1)} on train.device {device} (a collective inside a captured "
+            "graph is not supported here); set train.devices: 1")]
     for hit, what in bad:
         if hit:
             raise SentembError(f"{where}: train.graphs cannot be combined with {what}, or set train.graphs: false")

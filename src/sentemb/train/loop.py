@@ -50,7 +50,7 @@ from ..config.settings import Run, TrainSettings, legacy_fingerprint
 from ..data.corpus import read_corpus
 from ..utils import atomic_path, write_json
 from .batches import Prefetcher, WorkerBatches, batch_source, fetch, micro_batches  # noqa: F401  (re-exported)
-from .step import _precision, _rng_state, _set_rng_state, resolve_chunk_size, resolve_first_pass, strategy_for
+from .step import _precision, _rng_state, _set_rng_state, graphs_summary, resolve_chunk_size, resolve_first_pass, strategy_for
 # imported from here by sentemb.ops.plan, sentemb.ops.benchmark, sentemb.testing and the tests
 from .step import AUTO_CHUNK_MARGIN, auto_chunk, autocast  # noqa: F401
 
@@ -700,6 +700,7 @@ def finish(job: Job, state: State, t_start: float) -> dict:
         "pooler": job.pooler, "device": str(job.device), "precision": str(job.amp or "fp32"),
         "attention": job.attention, "chunk_size": job.chunk or job.settings.batch_size, "chunked": job.chunk is not None,
         **({"first_pass": job.first_chunk or "whole"} if job.chunk is not None and job.method.has_batch_terms else {}),
+        **graphs_summary(job.strategy),
         **summary_extra,
         "provenance": training_provenance(job.run.to_dict(), len(job.sentences)),  # commit, corpus digest (the card)
     }

@@ -385,6 +385,19 @@ class SAM(StepStrategy):
         return f"SAM({self.inner!r})"
 
 
+def graphs_summary(strategy) -> dict:
+    """``train.json``'s ``graphs`` record of a graphed run (this process): whether the steps were CUDA
+    graphs (false: the static step run eagerly, a CPU), the micro-batch shapes captured, their
+    replays, and the micro-batches run eagerly past ``MAX_GRAPHS`` shapes. Empty without graphs."""
+    while strategy is not None and not isinstance(strategy, Graphed):
+        strategy = getattr(strategy, "inner", None)
+    if strategy is None:
+        return {}
+    return {"graphs": {"cuda_graphs": bool(strategy.capture), "shapes": len(strategy.entries),
+                       "replays": sum(e.replays for e in strategy.entries.values()),
+                       "eager_past_the_shape_limit": strategy.overflow}}
+
+
 class Graphed(MicroBatches):
     """``train.graphs: true`` (``sentemb.train.graphs``' docstring: the design, what it refuses):
     ``inner``'s micro-batch backward captured as a CUDA graph once per batch shape and replayed;
@@ -396,6 +409,7 @@ class Graphed(MicroBatches):
         self.entries: dict[tuple, _Entry] = {}
         self.pool = None
         self.step_used: set[int] = set()
+        self.step_idle: set[int] = set()  # Method.static_idle_parameters in every micro-batch of the step
         self.captures = 0
         self.overflow = 0  # micro-batches run eagerly: their shape came after MAX_GRAPHS others
         self.storage = None  # a hooked method's parameters, buffers and tensor attributes at the first capture (check_storage)
@@ -415,6 +429,9 @@ class Graphed(MicroBatches):
             from .graphs import check_reads
 
             check_reads(job.method, self.reads, f"run '{job.run.name}'")
+        # on the host, from the CPU batches: the parameters an eager step would give no gradient
+        idle = [{id(p) for p in job.method.static_idle_parameters(b)} for _, b in batches]
+        self.step_idle = set.intersection(*idle) if idle else set()
         if norms:  # extra backward passes for the per-term norms: this step eagerly (module docstring)
             key, job.dropout_key = getattr(job, "dropout_key", None), None  # eager: keyed by each micro-batch
             try:
@@ -464,9 +481,12 @@ class Graphed(MicroBatches):
 
     def update(self, job) -> None:
         """The loop's update (``apply_update``) with the gradient tensors kept; a parameter that no
-        micro-batch of this step wrote is handed over without a gradient, as in eager mode."""
+        micro-batch of this step wrote, or that the method names idle in every one of them
+        (``Method.static_idle_parameters``: the static step wrote it zeros where an eager step writes
+        nothing), is handed over without a gradient, as in eager mode."""
         params = [p for g in job.opt.param_groups for p in g["params"]]
-        idle = [(p, p.grad) for p in params if p.grad is not None and id(p) not in self.step_used]
+        idle = [(p, p.grad) for p in params
+                if p.grad is not None and (id(p) not in self.step_used or id(p) in self.step_idle)]
         for p, _ in idle:
             p.grad = None
         if job.settings.update == "graphed":
@@ -477,7 +497,7 @@ class Graphed(MicroBatches):
             apply_update(job)
         for p, g in idle:
             p.grad = g
-        self.step_used = set()
+        self.step_used, self.step_idle = set(), set()
 
     # -- capture
     def _capture(self, job, batch: dict, micro: int, key: tuple) -> _Entry:
@@ -677,12 +697,9 @@ def strategy_for(job, where: str | None = None) -> StepStrategy:
     where = where or f"run '{job.run.name}'"
     check_settings(job.settings, where)
     if getattr(job.settings, "fuse_micro_batches", 1) > 1:
-        from ..methods.base import fusable_method
+        from ..methods.base import check_fusable
 
-        if not fusable_method(type(job.method)):
-            raise SentembError(f"{where}: train.fuse_micro_batches {job.settings.fuse_micro_batches}: method "
-                               f"'{job.method.name}' does not declare Method.fusable (that one forward over several "
-                               "micro-batches computes their summed loss); set train.fuse_micro_batches: 1")
+        check_fusable(type(job.method), job.settings, where)
     inner = micro_batch_strategy(job)
     if getattr(job.settings, "graphs", False):
         device = getattr(job, "device", None)
