@@ -654,6 +654,63 @@ def test_a_paser_step_without_targets_leaves_the_decoder_and_mlm_head_to_the_opt
     assert not torch.equal(graphed["decoder.embed_positions.weight"], _train(h.run(args, **over), 0, LaterWithout)[0]["decoder.embed_positions.weight"])
 
 
+class _GatedHead(__import__("sentemb.methods.simcse", fromlist=["SimCSE"]).SimCSE):
+    """SimCSE with an extra head that only even steps use: eagerly it is skipped on odd steps (no
+    gradient), the static step runs it times 0 (zero gradients)."""
+
+    name = "gated-head"
+    declare = True
+
+    def __init__(self, encoder, tokenizer, args, ctx):
+        super().__init__(encoder, tokenizer, args, ctx)
+        self.extra = torch.nn.Linear(encoder.config.hidden_size, 4)
+
+    def build_batch(self, sentences, step=0, **kw):
+        b = super().build_batch(sentences, step, **kw)
+        b["use_extra"] = torch.full((b["input_ids"].size(0),), float(step % 2 == 0))
+        return b
+
+    def batch_terms(self, emb, batch):
+        from sentemb.methods import WEIGHTED
+
+        out = super().batch_terms(emb, batch)
+        z = emb["z1"] if "z1" in emb else next(iter(emb.values()))
+        if self.ctx.static:
+            out[WEIGHTED]["extra"] = self.extra(z.float()).pow(2).mean() * batch["use_extra"][0]
+        elif bool(batch["use_extra"][0]):
+            out[WEIGHTED]["extra"] = self.extra(z.float()).pow(2).mean()
+        return out
+
+    def static_idle_parameters(self, batch):
+        return list(self.extra.parameters()) if self.declare and not batch["use_extra"][0] else []
+
+
+@pytest.mark.parametrize("variant", ["declared", "undeclared", "wrongly declared"])
+def test_the_graphs_check_names_parameters_the_static_step_gives_a_zero_gradient(tmp_path, variant):
+    """``check-method``'s ``graphs``: a parameter only the static step gives a (zero) gradient must be
+    named by ``static_idle_parameters``, and only such a one."""
+
+    class Method(_GatedHead):
+        declare = variant != "undeclared"
+
+        def static_idle_parameters(self, batch):
+            if variant == "wrongly declared":  # the word embeddings: every step uses them
+                return list(self.encoder.embeddings.word_embeddings.parameters())
+            return super().static_idle_parameters(batch)
+
+    h = testing.harness(Method, tmp_path)
+    if variant == "declared":
+        testing.check_graphs(h)
+        return
+    with pytest.raises(testing.CheckFailed) as e:
+        testing.check_graphs(h)
+    if variant == "undeclared":
+        assert "step 1 micro-batch 2: the static (graphed) step writes zero gradients to extra.bias, extra.weight" in str(e.value)
+        assert "name them in Method.static_idle_parameters(batch)" in str(e.value)
+    else:
+        assert "names encoder.embeddings.word_embeddings.weight, which an eager step gives a gradient" in str(e.value)
+
+
 @pytest.mark.parametrize("mode", ["counter", "generator"])
 def test_paser_keyed_masks_do_not_depend_on_whether_a_chunk_runs_the_decoder(worlds, mode):
     """Dropout on, keyed masks (``dropout_rng`` counter/keyed): the decoder's calls take a block of

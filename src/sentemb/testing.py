@@ -815,7 +815,10 @@ def check_graphs(h: Harness) -> None:
     accumulated micro-batches, whole and in chunks of 4 (gradient caching inside the graph): the eager
     run's whole state (1e-4). A step a replay cannot serve (a host read of a device value, a
     data-dependent shape such as a ``chunk`` that selects rows by value, Python state changed in the
-    step) fails naming the op or attribute and the method's line."""
+    step) fails naming the op or attribute and the method's line. Before the weights, each
+    micro-batch's static step is compared with its eager step for the parameters only the static
+    one gives a (zero) gradient: ``Method.static_idle_parameters`` must name exactly those
+    (``_check_idle_parameters``)."""
     from .train.loop import State, run_steps, setup
 
     got = {}
@@ -831,8 +834,50 @@ def check_graphs(h: Harness) -> None:
             if name == "eager":
                 raise
             raise CheckFailed(f"{name}: {e}") from e
+    _check_idle_parameters(h)  # before the weights: it names the parameters where they differ for that reason
     for name in ("graphed", "graphed, chunks of 4"):  # 1e-4 as fused's: AdamW's first steps magnify round-off
         same_state(got[name], got["eager"], f"{name} vs eager (dropout off)", rel=1e-4)
+
+
+def _written_gradients(h: Harness, graphs: bool) -> list[tuple[int, int, set[str], set[str]]]:
+    """Per micro-batch of the graphs check's 2 steps: (step, micro, the trainable parameters its
+    backward gives a gradient, those ``static_idle_parameters`` names), eager or static."""
+    from .train.batches import micro_batches
+    from .train.loop import setup
+    from .train.step import micro_batch_strategy
+
+    out = []
+    with setup(h.exact_run(dropout=0.0, grad_accum=2, max_steps=2, graphs=graphs), "/nonexistent", h.cls) as job:
+        params = {n: p for n, p in job.method.named_parameters() if p.requires_grad}
+        names = {id(p): n for n, p in params.items()}
+        strategy = micro_batch_strategy(job)  # the static step run eagerly, without its graphs
+        for step in range(2):
+            job.method.step = step
+            for micro, batch in micro_batches(job, step):
+                for p in params.values():
+                    p.grad = None
+                strategy.gradients(job, [(micro, batch)], None)
+                declared = {names[id(p)] for p in job.method.static_idle_parameters(batch) if id(p) in names}
+                out.append((step, micro, {n for n, p in params.items() if p.grad is not None}, declared))
+    return out
+
+
+def _check_idle_parameters(h: Harness) -> None:
+    """The static step writes zero gradients where an eager one writes none (a path it runs on every
+    batch, an eager step skips on some): ``Method.static_idle_parameters`` must name exactly those,
+    or AdamW moves them in a graphed run (momentum, weight decay) and not in an eager one; a named
+    parameter the eager step does give a gradient would lose it."""
+    for (step, micro, eager, _), (_, _, static, declared) in zip(_written_gradients(h, False),
+                                                                  _written_gradients(h, True)):
+        missing = sorted(static - eager - declared)
+        _require(not missing, f"step {step} micro-batch {micro}: the static (graphed) step writes zero gradients to "
+                              f"{', '.join(missing[:6])}{' ...' if len(missing) > 6 else ''}, which an eager step leaves "
+                              "without one; name them in Method.static_idle_parameters(batch), or AdamW moves them in a "
+                              "graphed run (docs/methods/writing-a-method.md, 'Graph-safe steps')")
+        wrong = sorted(declared & static & eager)
+        _require(not wrong, f"step {step} micro-batch {micro}: Method.static_idle_parameters names "
+                            f"{', '.join(wrong[:6])}{' ...' if len(wrong) > 6 else ''}, which an eager step gives a "
+                            "gradient: a graphed run would drop it")
 
 
 def check_fused(h: Harness) -> None:
