@@ -63,6 +63,28 @@ def test_errors_name_the_key(tmp_path, patch, key):
     assert f"'{key}'" in str(e.value)
 
 
+def test_a_refused_combination_names_the_train_block_it_comes_from(tmp_path):
+    """The top-level ``train`` where it alone is refused for the reason the run is; the run's
+    ``runs[i].train`` where its own keys make the refusal; a non-fusable method's run under
+    ``fuse_micro_batches`` at load, not when its job starts."""
+    runs = [{"method": "simcse", "backbone": "b", "train": {"unpad": False}},
+            {"method": "una", "backbone": "b", "train": {"unpad": False}}]
+
+    def err(cfg):
+        with pytest.raises(SentembError) as e:
+            load_config(_write(tmp_path, {**BASE, **cfg}))
+        return str(e.value)
+
+    got = err({"train": {"graphs": True, "unpad": True}})
+    assert "config key 'train': train.graphs cannot be combined with train.unpad" in got, got
+    load_config(_write(tmp_path, {**BASE, "train": {"graphs": True, "unpad": True}, "runs": runs}))  # every run overrides it
+    runs[1]["train"]["precision"] = "fp16"
+    got = err({"train": {"graphs": True, "unpad": True}, "runs": runs})
+    assert "config key 'runs[1].train': train.graphs cannot be combined with train.precision fp16" in got, got
+    got = err({"train": {"fuse_micro_batches": 2, "grad_accum": 2}, "runs": runs[:1] + [{"method": "una", "backbone": "b"}]})
+    assert "config key 'runs[1].train' (run 'una'): train.fuse_micro_batches 2: method 'una' does not declare" in got, got
+
+
 def test_unknown_method_argument_is_rejected(tmp_path):
     with pytest.raises(SentembError, match=r"methods\.simcse\.temprature: unknown argument of method 'simcse'"):
         load_config(_write(tmp_path, {**BASE, "methods": {"simcse": {"temprature": 0.1}}}))

@@ -366,6 +366,32 @@ def test_the_capture_check_names_each_hazard_and_its_line():
     assert clean == []
 
 
+def test_a_hazard_in_the_backward_names_the_methods_own_backward_or_else_the_autograd_node():
+    class Doubled(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            if float(g.sum()) > 1e9:  # a host read in the method's own backward
+                g = g * 0
+            return g * 2
+
+    def loop_side_backward(loss):  # stands for the loop calling .backward(): not the method's line
+        loss.backward()
+
+    x = torch.randn(6, requires_grad=True)
+    with capture_hazards(torch.device("cpu")) as found:
+        loop_side_backward(Doubled.apply(x).sum())
+    assert [str(h).split(": aten")[0] for h in found] == \
+        [f"tests/test_graphs.py:{Doubled.backward.__code__.co_firstlineno + 2} in backward"], found
+    with capture_hazards(torch.device("cpu")) as found:
+        loop_side_backward(x[x > 0].sum())  # index's backward (index_put) runs no Python of the method's
+    where = {h.op: h.where for h in found}
+    assert where["index"].startswith("tests/test_graphs.py:") and where["index_put"] == "the backward of IndexBackward0", where
+
+
 @pytest.mark.parametrize("train, match", [
     ({"dropout_rng": "keyed"}, r"train\.graphs cannot be combined with train\.dropout_rng keyed"),
     ({"unpad": True}, r"train\.graphs cannot be combined with train\.unpad .*; set train\.unpad: false"),

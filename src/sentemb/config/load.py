@@ -161,8 +161,12 @@ def validate_config(config: dict, source: str = "config") -> dict:
         where = f"invalid configuration in {source}: config key 'runs[{i}].train'"
         try:
             settings.check(where)
-        except SentembError:  # named by the top-level train where that alone is refused
-            TrainSettings.from_dict(config["train"], "train").check(f"invalid configuration in {source}: config key 'train'")
+        except SentembError as e:  # named by the top-level train where that alone is refused for the same reason
+            try:
+                TrainSettings.from_dict(config["train"], "train").check(f"invalid configuration in {source}: config key 'train'")
+            except SentembError as top:
+                if str(top).split(": ", 2)[-1] == str(e).split(": ", 2)[-1]:
+                    raise top from None
             raise
         from ..methods.base import check_fusable
 

@@ -115,8 +115,8 @@ def bucket_width(n: int, buckets: Sequence[int] | None, limit: int | None = None
     widths go on in half-octave steps (``next_width``: 32 -> 48, 64, 96, 128, 192, 256, 384, 512),
     capped at ``limit``, so such a group too meets a few widths, each at most 1.5 times its longest
     row. A bucket above ``limit`` is cut to it (PaSeR's decoder rows at ``max_target_len`` 20 in the
-    bucket 24 of ``max_len`` 32 would pass its 20 positions). ``n > limit`` gives ``n`` (a row is
-    never cut)."""
+    bucket 24 of ``max_len`` 32 would pass its 20 positions). Past the last bucket, ``n > limit``
+    gives ``n`` (a row is never cut)."""
     n = int(n)
     if not buckets:
         return n

@@ -433,9 +433,10 @@ class Method(nn.Module):
         """The padded width of a row group whose longest row has ``n`` positions: the smallest of the
         run's buckets that holds it (``train.buckets``, ``sentemb.data.buckets.bucket_width``), ``n``
         without buckets. Every variable width a method builds goes through it, so that one epoch
-        meets a few step shapes. ``limit``: the group's own longest possible width when it may pass
-        ``max_len`` (ArcCSE's triplets: their truncation, within the model's positions); beyond the
-        last bucket the widths then grow in half-octaves up to it (``bucket_width``)."""
+        meets a few step shapes. ``limit``: the group's own longest possible width (ArcCSE's
+        triplets: their truncation, within the model's positions; PaSeR's decoder rows:
+        ``max_target_len``); beyond the last bucket the widths then grow in half-octaves up to it,
+        and a bucket above it is cut to it (``bucket_width``)."""
         from ..data.buckets import bucket_width
 
         return bucket_width(n, self.ctx.buckets, limit)

@@ -71,8 +71,8 @@ Open choices (the paper and code leave them open; taken here, switches where che
   computed from the uncorrupted s.
 * **Bucketed widths** (``train.buckets``): [s; s̃] are padded to a bucket of their longest row
   (``Method.pad_rows``) and the decoder rows to a bucket of theirs, which may pass ``max_len`` up
-  to ``max_target_len`` (the decoder's positions; widths double past the last bucket:
-  ``Method.width(n, limit)``); padded decoder positions are attention 0 and label −100. The MLM
+  to ``max_target_len`` (the decoder's positions; widths grow in half-octaves past the last bucket,
+  and a bucket above ``max_target_len`` is cut to it: ``Method.width(n, limit)``); padded decoder positions are attention 0 and label −100. The MLM
   masks are drawn over the real width of [s; s̃] (``mask_tokens(width=)``), so a batch is masked
   alike with and without buckets and every logged term is unchanged (``tests/test_buckets.py``).
   The number of decoder rows (sentences with a surviving phrase) varies per batch.

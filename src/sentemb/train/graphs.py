@@ -23,8 +23,10 @@ of fused micro-batches, one flat batch, ``Fused.units``) as one captured CUDA gr
    (a resumed run captures again, later, and is bit-identical).
 3. **Gradients in place.** ``.grad`` of every parameter a graph writes is allocated once, before
    its capture, and never set to None (``clear_grads``); a graph's backward accumulates into it, so
-   ``grad_accum`` replays sum as in eager mode. A parameter no replayed graph of a step wrote is
-   given to the optimizer without a gradient, as in eager mode (AdamW skips it).
+   ``grad_accum`` replays sum as in eager mode. A parameter no replayed graph of a step wrote, or
+   one the method names idle in every micro-batch of the step (``Method.static_idle_parameters``:
+   the static step wrote it zeros where an eager one writes nothing), is given to the optimizer
+   without a gradient, as in eager mode (torch's AdamW skips it).
 4. **No host sync.** The loss terms are the graph's static outputs, copied out after each replay
    (device to device); the finiteness check, the clip (``clip_grad_norm_``, foreach) and the fused
    AdamW step are the loop's eager ones, which never read a device value on the host.
@@ -139,24 +141,26 @@ def _library_dirs() -> tuple[str, ...]:
 
 def _caller() -> str:
     """The innermost frame of the stack that is the method's (``_library_dirs`` skipped), as
-    ``folder/file.py:line in function``; inside autograd's backward, where no frame is the method's,
-    the backward node (``the backward of IndexBackward0``: its forward op, with the method's line, is
-    the hazard named before it, where it is one)."""
+    ``folder/file.py:line in function``. Inside autograd's backward only the frames that the engine
+    called count (a method's own ``autograd.Function.backward`` or hook); the frames outside it are
+    the loop's call of ``.backward()``. Where none is the method's, the backward node (``the backward
+    of IndexBackward0``: its forward op, with the method's line, is the hazard named before it,
+    where it is one)."""
     import os
 
     import torch
 
     node = torch._C._current_autograd_node()
-    if node is not None:
-        return f"the backward of {node.name()}"
     skip = _library_dirs()
     for f in reversed(traceback.extract_stack()[:-3]):
+        if node is not None and f.name == "_engine_run_backward":  # the engine's caller: not the method
+            break
         name = os.path.abspath(f.filename)
         if name.startswith(skip):
             continue
         parent, base = os.path.split(name)
         return f"{os.path.basename(parent)}/{base}:{f.lineno} in {f.name}"
-    return "?"
+    return f"the backward of {node.name()}" if node is not None else "?"
 
 
 @contextmanager

@@ -961,7 +961,7 @@ class UpdateGraphs:
     micro-batch's 8.5 ms replay, the eager update between them: ``docs/gpu/h200-2026-11-28c.md``;
     this graph is unmeasured there). A graph reads fixed tensors, so each one is keyed
     by the data pointers of the gradients the step hands over (a parameter no micro-batch wrote this
-    step has none, ``Graphed.update``): another set captures another graph (``MAX_GRAPHS`` at most,
+    step, or one the method names idle, has none, ``Graphed.update``): another set captures another graph (``MAX_GRAPHS`` at most,
     then eagerly, with a warning). A parameter's first update runs eagerly: AdamW creates its state
     there (``_has_state``). ``capture`` False (a CPU): the same body eagerly, every step."""
 
