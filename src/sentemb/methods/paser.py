@@ -610,6 +610,8 @@ class PaSeR(Method):
         a masked token the MLM head, so their own parameters get no gradient (not zeros): those."""
         gen = bool((batch["dec_labels"] != -100).any())
         mlm = bool((batch["mlm_labels"] != -100).any())
+        if gen and mlm:  # nearly every batch: nothing idle, no parameter walk on the step's host path
+            return []
         used = [self.encoder, self.masked_proj] + ([self.decoder] if gen else [])
         if mlm or (gen and self.args.decoder_output == "mlm_head"):  # the decoder's logits through the head
             used.append(self.mlm_head)
