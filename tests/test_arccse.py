@@ -135,6 +135,26 @@ def test_arccon_gradient_is_finite_at_cos_plus_minus_one(mode, sign):
     assert h.grad.abs().sum() > 0
 
 
+def test_arccon_gradient_in_a_compiled_step_is_the_fp64_one():
+    """Views whose positives have cos < 1 (dropout on): the gradient of ``arccon_loss`` called from a
+    compiled function is the fp64 one. Inductor's own was 16-54% off on the CPU; the loss is kept
+    eager (``torch.compiler.disable``)."""
+    torch.manual_seed(0)
+    z = torch.randn(16, 32)
+    z1, z2 = z + 0.3 * torch.randn(16, 32), z + 0.3 * torch.randn(16, 32)
+
+    def grad(fn, dtype):
+        a, b = z1.to(dtype).clone().requires_grad_(), z2.to(dtype).clone().requires_grad_()
+        fn(a, b).backward()
+        return a.grad.double()
+
+    torch._dynamo.reset()
+    compiled = grad(torch.compile(lambda a, b: arccon_loss(a * 1.0, b * 1.0) * 2.0), torch.float32) / 2
+    ref = grad(arccon_loss, torch.float64)
+    assert float((compiled - ref).norm() / ref.norm()) < 1e-5
+    torch._dynamo.reset()
+
+
 def test_arccon_is_fp32_under_bf16_autocast():
     with torch.autocast("cpu", dtype=torch.bfloat16):
         loss = arccon_loss(torch.randn(4, 8).bfloat16(), torch.randn(4, 8).bfloat16(), 10.0, 0.05)
