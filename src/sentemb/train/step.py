@@ -162,6 +162,14 @@ class MicroBatches(StepStrategy):
 
     def gradients(self, job, batches: list[tuple[int, dict]], state, norms: bool = False) -> None:
         probe = _probe(job, state, norms, chunked=True)
+        if probe is not None and getattr(job.settings, "compile", False):
+            # the per-term norms' autograd.grad(retain_graph=True) on a compiled graph, then the step's own
+            # backward on it, gave a wrong .grad (found on the CPU, torch 2.13): a logged step runs eagerly
+            with eager_functions(job):
+                return self._gradients(job, batches, state, probe)
+        self._gradients(job, batches, state, probe)
+
+    def _gradients(self, job, batches: list[tuple[int, dict]], state, probe) -> None:
         for m, batch, members in self.units(job, batches):
             for mm, b in members:
                 _count_input(job, state, mm, b)
