@@ -149,6 +149,21 @@ def test_graphs_with_compile_train_as_graphs_without(worlds):
     _same(compiled, plain, 1e-4, "simcse: graphed with compile vs graphed")
 
 
+def test_counter_dropout_under_compile_refuses_torchs_multihead_attention_dropout(worlds):
+    """PaSeR's decoder (torch's ``nn.MultiheadAttention``, one opaque op to Dynamo) with attention
+    dropout, compiled with counter masks: refused naming the modules and the ways out (it crashed in
+    Dynamo's words); BART's layout has no attention dropout and is served."""
+    h = worlds("paser")
+    with pytest.raises(SentembError, match=r"cannot serve the attention dropout of torch's nn\.MultiheadAttention "
+                                           r"\(decoder\.layers\.layers\.0\.self_attn, .*decoder_dropout_layout: bart"):
+        with setup(h.exact_run(compile=True, dropout_rng="counter"), "/nonexistent", h.cls):
+            pass
+    run = h.run({**h.args, "decoder_dropout_layout": "bart"}, compile=True, dropout_rng="counter", precision="fp32")
+    with setup(run, "/nonexistent", h.cls) as job:
+        assert job.step_fn is not job.method.losses
+    torch._dynamo.reset()
+
+
 def test_per_term_grad_norms_leave_a_compiled_run_at_the_eager_weights(worlds):
     """``log_grad_norms`` (``autograd.grad(retain_graph=True)`` per term, then the step's backward)
     under ``train.compile``, every step logged, a method of two terms: the eager run's weights. On a

@@ -400,6 +400,15 @@ def setup(run: Run | dict, out_dir: str | Path, method_cls: "type[Method] | None
         if settings.dropout_rng == "counter":
             from ..model.dropout import compile_inline, compile_safe
 
+            # torch's nn.MultiheadAttention is one opaque op to Dynamo: its attention dropout would meet the
+            # counter masks under fake tensors (a crash in torch's words, found with PaSeR's decoder)
+            mha = [n for n, m in method.named_modules() if isinstance(m, torch.nn.MultiheadAttention) and m.dropout > 0]
+            if mha:
+                raise SentembError(f"run '{run.name}': train.compile with train.dropout_rng counter cannot serve the "
+                                   f"attention dropout of torch's nn.MultiheadAttention ({', '.join(mha[:3])}"
+                                   f"{' ...' if len(mha) > 3 else ''}); set train.dropout_rng: stream or train.compile: "
+                                   "false, or that dropout to 0 (PaSeR: method_args.decoder_dropout_layout: bart)")
+
             if settings.counter_kernel == "inline":  # the masks traced with the encoder (no break)
                 compile_inline()
             else:  # the masks outside the compiled graphs (a break at each dropout)
