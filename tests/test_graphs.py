@@ -149,10 +149,18 @@ def test_graphs_with_compile_train_as_graphs_without(worlds):
     _same(compiled, plain, 1e-4, "simcse: graphed with compile vs graphed")
 
 
-def test_counter_dropout_under_compile_refuses_torchs_multihead_attention_dropout(worlds):
+def test_counter_dropout_under_compile_refuses_torchs_multihead_attention_dropout(worlds, monkeypatch):
     """PaSeR's decoder (torch's ``nn.MultiheadAttention``, one opaque op to Dynamo) with attention
     dropout, compiled with counter masks: refused naming the modules and the ways out (it crashed in
     Dynamo's words); BART's layout has no attention dropout and is served."""
+    import torch.nn.functional as F
+
+    from sentemb.model import dropout
+
+    # compile_safe replaces F.dropout for the rest of the process: put back what this worker had
+    monkeypatch.setattr(F, "dropout", F.dropout)
+    monkeypatch.setattr(F, "scaled_dot_product_attention", F.scaled_dot_product_attention)
+    monkeypatch.setattr(dropout, "_INSTALLED", dropout._INSTALLED)
     h = worlds("paser")
     with pytest.raises(SentembError, match=r"cannot serve the attention dropout of torch's nn\.MultiheadAttention "
                                            r"\(decoder\.layers\.layers\.0\.self_attn, .*decoder_dropout_layout: bart"):

@@ -112,7 +112,11 @@ class TrainSettings:
                         "losses match an eager run to fp32 tolerance; see `sentemb benchmark --compile`). With dropout_rng counter "
                         "each dropout runs outside the compiled code (a graph break; sentemb.model.dropout.compile_safe), "
                         "which costs no host time inside graphs: true, but keeps Inductor from fusing the mask with its "
-                        "neighbours; counter_kernel inline traces it instead (no break). keyed is refused.")
+                        "neighbours; counter_kernel inline traces it instead (no break). keyed is refused, and with counter "
+                        "so is torch's nn.MultiheadAttention with attention dropout (PaSeR's default decoder). A step whose "
+                        "per-term gradient norms are logged (log_grad_norms) runs eagerly. A resumed run equals the "
+                        "uninterrupted one to fp32 rounding, not bit for bit, where batches have several widths (Dynamo "
+                        "compiles the second width with dynamic shapes; a resumed process starts from static ones).")
     compile_mode: str = arg(
         "default",
         "With compile: torch.compile's mode. default - Inductor's heuristics; max-autotune-no-cudagraphs - Inductor "

@@ -19,7 +19,9 @@ each term's gradient is summed over the micro-batches (one copy of θ's gradient
 until the step's last micro-batch); with ``grad_accum: 1`` only the norms are kept. Under SAM the
 norms are those of the first gradient (at w, the pass whose loss terms are logged). With the fp16
 gradient scaler the scaled gradient is differentiated and its norm divided by the scale. Under
-``train.compile`` the norms equal the eager loop's to fp32 rounding (checked on the tiny model).
+``train.compile`` a logged step runs eagerly (``MicroBatches.gradients``): the per-term
+``autograd.grad`` with ``retain_graph`` on a compiled graph, then the step's backward on it, gave a
+wrong ``.grad`` (torch 2.13, CPU); the run's weights then equal the eager run's to fp32 rounding.
 
 Cost: one partial backward (down to θ) per term on logged steps only, nothing on other steps. Measured
 (``sentemb benchmark --grad-norms``, all-MiniLM-L6-v2, batch 64, max_len 32, CPU, 2 threads, every
