@@ -821,10 +821,7 @@ def check_graphs(h: Harness) -> None:
     (``_check_idle_parameters``)."""
     from .train.loop import State, run_steps, setup
 
-    try:  # first: it names the parameters where the weights would differ for that reason
-        _check_idle_parameters(h)
-    except SentembError as e:  # a setting the graphed run refuses: as the variants below report it
-        raise CheckFailed(f"graphed: {e}") from e
+    _check_idle_parameters(h)  # first: it names the parameters where the weights would differ for that reason
     got = {}
     variants = {"eager": {}, "graphed": {"graphs": True},
                 "graphed, chunks of 4": {"graphs": True, "chunk_size": 4, "dropout_rng": "counter"}}
@@ -870,8 +867,12 @@ def _check_idle_parameters(h: Harness) -> None:
     batch, an eager step skips on some): ``Method.static_idle_parameters`` must name exactly those,
     or AdamW moves them in a graphed run (momentum, weight decay) and not in an eager one; a named
     parameter the eager step does give a gradient would lose it."""
-    for (step, micro, eager, _), (_, _, static, declared) in zip(_written_gradients(h, False),
-                                                                  _written_gradients(h, True)):
+    eager_runs = _written_gradients(h, False)  # a SentembError here is the eager run's, as check_graphs reports it
+    try:
+        static_runs = _written_gradients(h, True)
+    except SentembError as e:  # a setting the graphed run refuses: as check_graphs' graphed variant reports it
+        raise CheckFailed(f"graphed: {e}") from e
+    for (step, micro, eager, _), (_, _, static, declared) in zip(eager_runs, static_runs):
         missing = sorted(static - eager - declared)
         _require(not missing, f"step {step} micro-batch {micro}: the static (graphed) step writes zero gradients to "
                               f"{', '.join(missing[:6])}{' ...' if len(missing) > 6 else ''}, which an eager step leaves "

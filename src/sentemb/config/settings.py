@@ -178,7 +178,8 @@ class TrainSettings:
         "On every log step, log the L2 norm of each weighted loss term's gradient (as the term enters the total loss) "
         "on the encoder's parameters (SARCSE - encoder + TextCNN) as train/grad_norm/<term> in MLflow and in "
         "train.json's history (sentemb.train.grad_norms). The weights are bit-identical with it on or off; works with "
-        "grad_accum, sam_rho and autocast. Cost, on logged steps only - one partial backward per term (none for a "
+        "grad_accum, sam_rho and autocast. With compile a logged step runs eagerly (the weights then differ from the "
+        "run without it by fp32 rounding; with compile_random inductor that step's masks are torch's). Cost, on logged steps only - one partial backward per term (none for a "
         "one-term method); MiniLM, batch 64, CPU, +0 ms for simcse, +12.4 s = +108% of a step for sarcse's 3 terms, "
         "i.e. +11% of training time at log_steps 10 (sentemb benchmark --grad-norms).", weights=False)
     chunk_size: int | str | None = arg(

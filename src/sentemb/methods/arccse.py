@@ -122,8 +122,6 @@ def positive_logit(cos: torch.Tensor, margin_deg: float, beyond_pi: str = "shift
     return torch.where(cos >= -cos_m, arc, cos - (1.0 - cos_m))
 
 
-@torch.compiler.disable(reason="Inductor (torch 2.13, CPU) differentiates this loss wrongly where the positives' "
-                               "cos < 1 (dropout on): 16-54% off an fp64 reference; eager is 1e-6 off")
 def arccon_loss(h: torch.Tensor, h_pos: torch.Tensor, margin_deg: float = 10.0, temperature: float = 0.05, *,
                 beyond_pi: str = "shift", sin_eps: float = 1e-6) -> torch.Tensor:
     """ArcCon loss, ArcCSE Eq. 3: cross-entropy of the B×B logits cos θ_ij / τ in which the diagonal
@@ -132,11 +130,11 @@ def arccon_loss(h: torch.Tensor, h_pos: torch.Tensor, margin_deg: float = 10.0, 
     h, h_pos: (B, d) the two views' embeddings. Computed in fp32 regardless of autocast. With
     ``margin_deg = 0`` it is NT-Xent / InfoNCE (Gao et al. 2021, Eq. 1) exactly.
 
-    Always eager, also in a compiled step (``train.compile``: a graph break, B×B work): Inductor's
-    gradient of this normalise / diagonal-replace / cross-entropy chain was found wrong on the CPU
-    (the compiled ArcCSE step with dropout on trained 1e-2 away from the eager weights; with dropout
-    off every positive has cos 1, the clamp zeroes that path, and the two agreed). Unchecked on a GPU,
-    so kept eager there too."""
+    Eager also in a compiled step (``train.compile``; ``eager_arccon``: a graph break, B×B work):
+    Inductor's gradient of this normalise / diagonal-replace / cross-entropy chain was found wrong on
+    the CPU, 16-54% off an fp64 reference (the compiled ArcCSE step with dropout on trained 1e-2 away
+    from the eager weights; with dropout off every positive has cos 1, the clamp zeroes that path,
+    and the two agreed). Unchecked on a GPU, so kept eager there too."""
     with torch.autocast(device_type=h.device.type, enabled=False):
         h, h_pos = h.float(), h_pos.float()
         cos = F.normalize(h, dim=-1) @ F.normalize(h_pos, dim=-1).T  # (B, B): cos θ_ij
@@ -144,6 +142,18 @@ def arccon_loss(h: torch.Tensor, h_pos: torch.Tensor, margin_deg: float = 10.0, 
         eye = torch.eye(cos.size(0), dtype=torch.bool, device=cos.device)
         logits = torch.where(eye, pos.unsqueeze(1).expand_as(cos), cos) / temperature
         return F.cross_entropy(logits, torch.arange(cos.size(0), device=cos.device))
+
+
+def eager_arccon() -> None:
+    """``arccon_loss`` under ``torch.compiler.disable`` for the rest of the process (``ArcCSE.batch_terms``
+    looks it up here at each call): applied by a compiled run's set-up (``ArcCSE.prepare_compile``),
+    not at import (the decorator imports ``torch._dynamo``: seconds in every command that lists the
+    methods)."""
+    global arccon_loss
+    if not getattr(arccon_loss, "_sentemb_eager", False):
+        arccon_loss = torch.compiler.disable(arccon_loss)
+        arccon_loss._sentemb_eager = True
+
 
 
 def triplet_loss(h: torch.Tensor, h_less: torch.Tensor, h_more: torch.Tensor, margin: float = 0.0,
@@ -486,6 +496,10 @@ class ArcCSE(SimCSE):
             if self.args.triplet_mlp:
                 h_tri = self.mlp(h_tri)
         return Encoded(batch={"z1": cls[:n], "z2": cls[n:]}, rows={"triplets": h_tri})
+
+    @classmethod
+    def prepare_compile(cls):
+        eager_arccon()  # Inductor's gradient of ArcCon was wrong on the CPU (arccon_loss)
 
     def batch_terms(self, emb, batch):
         """ArcCon (Eq. 3) over the whole batch's two views (NT-Xent with ``arccon: false``)."""

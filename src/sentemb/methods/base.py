@@ -612,6 +612,13 @@ class Method(nn.Module):
         got = self.__dict__.setdefault("_stashed", {}).pop(name, {})
         return [got[m] for m in sorted(got)]
 
+    @classmethod
+    def prepare_compile(cls) -> None:
+        """Called once by the set-up of a compiled run (``train.compile``), before ``torch.compile``:
+        where a method puts a function Dynamo must not compile under ``torch.compiler.disable`` (not at
+        import, which would import ``torch._dynamo`` in every command). ArcCSE's ArcCon loss is the
+        case. Default: nothing."""
+
     def after_step(self, step: int) -> None:
         """Called once per optimizer step ``step`` (0-based, = ``self.step`` during it), on every
         process, after the update: the one place where state that is not a trainable weight changes

@@ -13,13 +13,13 @@ these answer "does term t move the encoder at all?" (SARCSE's β·L_R against L_
 How, without touching training: before a micro-batch's own backward, ``torch.autograd.grad`` of each
 term with ``retain_graph=True`` — it returns new tensors and never writes ``.grad``, draws no random
 numbers, and the loop's backward then runs on the same graph: the weights are bit-identical with the
-option on or off (tested). A method with one term needs no extra backward at all: its gradient is
+option on or off (tested; under ``train.compile`` see below). A method with one term needs no extra backward at all: its gradient is
 the step's gradient, read from ``.grad`` after the step's last backward. With ``grad_accum > 1``
 each term's gradient is summed over the micro-batches (one copy of θ's gradient per term, held
 until the step's last micro-batch); with ``grad_accum: 1`` only the norms are kept. Under SAM the
 norms are those of the first gradient (at w, the pass whose loss terms are logged). With the fp16
 gradient scaler the scaled gradient is differentiated and its norm divided by the scale. Under
-``train.compile`` a logged step runs eagerly (``MicroBatches.gradients``): the per-term
+``train.compile`` a logged step runs eagerly (``MicroBatches.gradients``, both of SAM's passes): the per-term
 ``autograd.grad`` with ``retain_graph`` on a compiled graph, then the step's backward on it, gave a
 wrong ``.grad`` (torch 2.13, CPU); the run's weights then equal the eager run's to fp32 rounding.
 

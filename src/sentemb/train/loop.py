@@ -423,6 +423,7 @@ def setup(run: Run | dict, out_dir: str | Path, method_cls: "type[Method] | None
         from ..methods.base import eager_stash
 
         eager_stash()  # Method.stash outside the compiled code (no recompilation per micro-batch)
+        method.prepare_compile()  # what the method keeps out of the compiled code (ArcCSE's ArcCon)
         mode = None if settings.compile_mode == "default" else settings.compile_mode
         fresh_compile_cache((settings.compile_mode, settings.compile_random, settings.dropout_rng, settings.counter_kernel,
                              settings.batch_size,

@@ -383,7 +383,11 @@ class SAM(StepStrategy):
         self.saved = saved
         clear_grads(job)
         _set_rng_state(rng)  # same dropout masks in the second pass
-        self.inner.gradients(job, batches, None)
+        if norms and state is not None and getattr(job.settings, "compile", False):
+            with eager_functions(job):  # as the first pass ran (MicroBatches.gradients): the same masks
+                self.inner.gradients(job, batches, None)
+        else:
+            self.inner.gradients(job, batches, None)
         sam.restore(saved)
 
     def update(self, job) -> None:
