@@ -59,8 +59,9 @@ def code_args(config, name, backbone="bert-base-uncased"):
 
 # --------------------------------------------------------------------------------------------- PaSeR
 LONG = "the quick fox " + " ".join(["word"] * 40)  # s and s̃ reach max_len: the code drops its target
-SENTS = ["a man plays the guitar in the park", "the dog runs in the park", LONG, "she eats an apple in the house"]
-PHRASES = [["man plays", "guitar"], ["dog runs", "park"], ["quick fox"], ["eats", "apple"]]
+SENTS = ["a man plays the guitar in the park", "the dog runs in the park", LONG, "she eats an apple in the house",
+         "so it is"]
+PHRASES = [["man plays", "guitar"], ["dog runs", "park"], ["quick fox"], ["eats", "apple"], []]  # the last: no phrase
 
 
 @pytest.fixture
@@ -139,8 +140,13 @@ def paser_reference_loss(m, batch, max_len=32):
     n_tok = att.sum(1)
     labels = torch.full((b, batch["dec_labels"].size(1)), -100, dtype=torch.long)
     for r, i in enumerate(batch["dec_rows"].tolist()):
-        if n_tok[i] < max_len and n_tok[b + i] < max_len:
+        if PHRASES[i] and n_tok[i] < max_len and n_tok[b + i] < max_len:
             labels[i] = batch["dec_labels"][r]
+    # a line without a phrase: its empty target cell is read as " " (train.py), tokenized [CLS] [SEP]:
+    # one label, [SEP]
+    for i in range(b):
+        if not PHRASES[i] and n_tok[i] < max_len and n_tok[b + i] < max_len:
+            labels[i, 0] = m.tokenizer.sep_token_id
     # shift_tokens_right(labels, pad 0, start 101 = [CLS]); -100 -> pad
     dec_in = torch.cat([torch.full((b, 1), m.tokenizer.cls_token_id), labels[:, :-1]], 1)
     dec_in = dec_in.masked_fill(dec_in == -100, m.tokenizer.pad_token_id)
@@ -219,7 +225,7 @@ def paser_gap(model_dir, setup, args):
 
 #: the switches to the authors' code and sentemb's default (the paper's reading or the former behaviour)
 SWITCHES = {"paser": {"decoder_embeddings": "word", "decoder_dropout_layout": "torch", "decoder_ffn": 768,
-                      "masked_linear_init": "torch", "target_truncation": "phrases"},
+                      "masked_linear_init": "torch", "target_truncation": "phrases", "empty_target": "none"},
             "infocse-base": {"projection_init": "torch", "head_init": "pretrained"},
             "infocse-large": {"projection_init": "torch", "aux_lower_eval": True, "head_init": "pretrained"},
             "una": {"mlp_init": "normal"}}

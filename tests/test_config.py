@@ -85,6 +85,32 @@ def test_a_refused_combination_names_the_train_block_it_comes_from(tmp_path):
     assert "config key 'runs[1].train' (run 'una'): train.fuse_micro_batches 2: method 'una' does not declare" in got, got
 
 
+def test_pasers_decoder_dropout_under_compiled_counter_masks_is_refused_at_load(tmp_path):
+    """``Method.check_train``: PaSeR's torch-layout decoder (``nn.MultiheadAttention`` with attention
+    dropout) in a compiled run with counter masks, refused when the config loads, naming the run and
+    the keys (the loop's set-up refused it only when the job started); BART's layout, no decoder
+    dropout, or stream masks load; a study's point is named by its study."""
+    paser = {"method": "paser", "backbone": "b", "corpus": "sts-unlabeled"}
+    over = {"train": {"compile": True, "dropout_rng": "counter"}}
+
+    def load(runs, **extra):
+        return load_config(_write(tmp_path, {**BASE, **over, "runs": runs, **extra}))
+
+    with pytest.raises(SentembError) as e:
+        load([{"method": "simcse", "backbone": "b"}, paser])
+    assert ("config key runs[1] (run 'paser'): train.compile with train.dropout_rng counter cannot serve the "
+            "attention dropout of PaSeR's decoder (method_args.decoder_dropout_layout torch, decoder_dropout 0.1)"
+            in str(e.value)), str(e.value)
+    load([{**paser, "method_args": {"decoder_dropout_layout": "bart"}}])
+    load([{**paser, "method_args": {"decoder_dropout": 0.0}}])
+    load([{**paser, "train": {"dropout_rng": "stream"}}])
+    study = {"name": "layout", "method": "paser", "backbone": "b", "corpus": "sts-unlabeled",
+             "vary": {"method_args.decoder_dropout_layout": ["bart", "torch"]}}
+    with pytest.raises(SentembError, match=r"studies\[layout\] point \{\"decoder_dropout_layout\": "
+                                           r"\"torch\"\} \(run 'layout/decoder_dropout_layout=torch'\): train\.compile with"):
+        load([{**paser, "method_args": {"decoder_dropout_layout": "bart"}}], studies=[study])
+
+
 def test_unknown_method_argument_is_rejected(tmp_path):
     with pytest.raises(SentembError, match=r"methods\.simcse\.temprature: unknown argument of method 'simcse'"):
         load_config(_write(tmp_path, {**BASE, "methods": {"simcse": {"temprature": 0.1}}}))

@@ -406,6 +406,34 @@ def test_code_form_has_a_trainable_linear_on_the_masked_embedding(tiny_bert_dir,
 
 
 # --------------------------------------------------------------------------------- edge cases
+def test_empty_target_sep_gives_a_line_without_phrases_the_codes_one_token_target(tiny_bert_dir, tmp_path):
+    """``empty_target: sep``: a line whose RAKE row is empty gets the target [CLS] [SEP] (decoder input
+    [CLS], label [SEP]), as the code's " " cell tokenizes; a line whose phrases are not found in it keeps
+    no target (its RAKE row is not empty); ``none`` (the default) gives neither a decoder row; a graphed
+    batch (``static``) carries the same labels; ``target_truncation: sentence`` still drops it at max_len."""
+    corpus = tmp_path / "c.txt"
+    long = " ".join(["word"] * 40)
+    corpus.write_text(f"red car\nblue sky\na man plays\n{long}\n")
+    rake = write_rake(tmp_path / "r.parquet", [[], ["not in it"], ["man plays"], []])
+    sents, lines = ["red car", "blue sky", "a man plays", long], [0, 1, 2, 3]
+    m = make(tiny_bert_dir, corpus, rake, empty_target="sep")
+    tok = m.tokenizer
+    batch = m.build_batch(sents, lines=lines, micro=0)
+    assert batch["dec_rows"].tolist() == [0, 2, 3]
+    for r in (0, 2):  # the two lines without a RAKE phrase
+        r = batch["dec_rows"].tolist().index([0, 2, 3][r])
+        assert batch["dec_input_ids"][r, 0] == tok.cls_token_id and batch["dec_labels"][r, 0] == tok.sep_token_id
+        assert (batch["dec_labels"][r, 1:] == -100).all() and batch["dec_attention_mask"][r].tolist()[:2] == [1, 0]
+    assert float(m.losses(batch)["gen"]) > 0
+    assert make(tiny_bert_dir, corpus, rake).build_batch(sents, lines=lines, micro=0)["dec_rows"].tolist() == [2]
+    cut = make(tiny_bert_dir, corpus, rake, empty_target="sep", target_truncation="sentence")
+    assert cut.build_batch(sents, lines=lines, micro=0)["dec_rows"].tolist() == [0, 2]
+    m.ctx.static = True
+    static = m.build_batch(sents, lines=lines, micro=0)
+    assert static["dec_rows"].tolist() == [0, 1, 2, 3]
+    assert static["dec_labels"][0, 0] == tok.sep_token_id and (static["dec_labels"][1] == -100).all()
+
+
 def test_no_phrases_gives_zero_gen_not_nan(tiny_bert_dir, tmp_path):
     corpus = tmp_path / "c.txt"
     corpus.write_text("red car\nblue sky\n")

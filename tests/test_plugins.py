@@ -517,6 +517,46 @@ def test_promptbert_is_the_denoised_mask_state_of_two_templates(clean_registry, 
             torch.testing.assert_close(emb[key][i], h_i - hat, atol=2e-5, rtol=1e-5)
 
 
+def test_promptbert_delta_positions_code_starts_the_template_rows_at_0_on_roberta(clean_registry, tiny_roberta_dir,
+                                                                                   tmp_path):
+    """``delta_positions``: on RoBERTa the template-alone row of ĥ starts at the model's first position,
+    padding_idx + 1 = 2 (``model``), or at 0 as the authors' get_delta (``code``); both against the
+    template-alone row encoded with explicit position ids, for training's ĥ and the export's table.
+    On BERT both start at 0."""
+    from sentemb.methods import MethodContext
+    from sentemb.model.backbone import load_encoder
+
+    _promptbert(tmp_path / "h")  # imports the plug-in
+    from sentemb.methods import get_method
+
+    sents = ["a man plays", "the dog runs in the park"]
+    got = {}
+    for where in ("model", "code"):
+        enc, tok = load_encoder(tiny_roberta_dir, pooling_layer=False)
+        m = get_method("promptbert")(enc, tok, {"mlp": False, "delta_positions": where},
+                                     MethodContext(max_len=16, seed=3, corpus=tmp_path / "none"))
+        m.eval()
+        head, tail = m.parts[0]
+        start = 2 if where == "model" else 0
+        assert m.offset == start
+        batch = m.build_batch(sents)
+        with torch.no_grad():
+            hidden = m.encoder(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
+            z1 = m.encode(batch).batch["z1"]
+            table = m._table(m.encoder, int(batch["lengths"].max()), True)
+            for i, k in enumerate(batch["lengths"].tolist()):
+                alone = head + tail
+                pos = torch.tensor([[start + j if j < len(head) else start + j + k for j in range(len(alone))]])
+                hat = m.encoder(input_ids=torch.tensor([alone]), position_ids=pos).last_hidden_state[0, alone.index(m.mask_id)]
+                mask_at = int(batch["mask_pos"][i])
+                torch.testing.assert_close(z1[i], hidden[i, mask_at] - hat, atol=2e-5, rtol=1e-5)
+                torch.testing.assert_close(table[k], hat, atol=2e-5, rtol=1e-5)
+        got[where] = z1
+    assert not torch.allclose(got["model"], got["code"], atol=1e-4)  # the switch changes something on RoBERTa
+    _, bert = _promptbert(tmp_path / "b", {"delta_positions": "code"})
+    assert bert.offset == 0 == _promptbert(tmp_path / "c")[1].offset
+
+
 def test_promptbert_rows_count_the_template_and_max_len_is_enforced(clean_registry, tmp_path):
     """A row is max_len − 2 sentence pieces + the template's tokens; a max_len whose rows would pass the
     model's positions (64 on the tiny encoder) is refused, naming max_len and the room left."""

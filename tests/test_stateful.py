@@ -116,6 +116,31 @@ def test_momentum_init_random_and_the_online_head_are_the_authors_models_py(exam
     assert torch.allclose(r.encode(batch).batch["k"], want, atol=1e-6)
 
 
+def test_momentum_phase_code_is_one_update_more_before_the_first_keys(example, h):
+    """momentum_phase: code, the authors' update inside the forward before the keys (models.py): step t's
+    keys come from t + 1 updates, sentemb's after_step gives t, so the method starts with the one more,
+    θ_m ← λθ_m + (1 − λ)θ_e from the starting encoder, computed here per parameter in float64; with
+    momentum_init copy it changes nothing (θ_m = θ_e already)."""
+    lam = 0.9
+    args = {**h.args, "momentum": lam, "momentum_init": "random"}
+    torch.manual_seed(0)
+    paper = h.cls(*_encoder(h), args, h.make().ctx)
+    torch.manual_seed(0)
+    code = h.cls(*_encoder(h), {**args, "momentum_phase": "code"}, h.make().ctx)
+    enc = dict(paper.encoder.named_parameters())
+    moved = dict(code.momentum_encoder.named_parameters())
+    for name, p in paper.momentum_encoder.named_parameters():
+        want = lam * p.double() + (1 - lam) * enc[name].double()
+        assert torch.allclose(moved[name].double(), want, atol=1e-6), name
+    assert not torch.equal(moved["embeddings.word_embeddings.weight"],
+                           dict(paper.momentum_encoder.named_parameters())["embeddings.word_embeddings.weight"])
+    for name, p in paper.momentum_mlp.named_parameters():  # the ema head: a copy, so the update leaves it as it is
+        assert torch.allclose(dict(code.momentum_mlp.named_parameters())[name], p, atol=1e-7), name
+    copy_ = h.cls(*_encoder(h), {**h.args, "momentum_phase": "code"}, h.make().ctx)
+    for name, p in copy_.momentum_encoder.named_parameters():
+        assert torch.allclose(p, dict(copy_.encoder.named_parameters())[name], atol=1e-7), name
+
+
 def _encoder(h):
     from sentemb.model.backbone import load_encoder
 

@@ -24,8 +24,9 @@ With ``queue_size: 0`` and ``dup_rate: 0`` it is SimCSE's InfoNCE (Gao et al. 20
 Where the state is and when it changes (the loop's promises, ``sentemb.methods.base``):
 
 * ``momentum_encoder`` (and ``momentum_mlp``): frozen parameters (``requires_grad = False``, so the
-  optimizer leaves them out), updated by Eq. 2 in ``after_step``. The authors' code differs in three
-  places, each a switch (``dup_len``, ``momentum_init``, ``momentum_head``; docs/methods/esimcse.md);
+  optimizer leaves them out), updated by Eq. 2 in ``after_step``. The authors' code differs in four
+  places, each a switch (``dup_len``, ``momentum_init``, ``momentum_head``, ``momentum_phase``;
+  docs/methods/esimcse.md);
 * ``queue`` (M × d) and ``queue_len``: persistent buffers (saved and resumed with the weights),
   written in ``after_step`` from the keys ``batch_terms`` stashed during the step
   (``self.stash("keys", k)``, kept per micro-batch): a repeated call (gradient caching, SAM's second
@@ -136,6 +137,11 @@ class ESimCSE(SimCSE):
         momentum_head: str = arg("ema", "the keys' MLP: ema - a momentum copy of the training MLP, updated by Eq. 2; "
                                  "online - the training MLP itself, without gradient (code: models.py applies "
                                  "cls.mlp to the momentum encoder's output)", choices=("ema", "online"))
+        momentum_phase: str = arg("paper", "when Eq. 2 runs: paper - after every update of the encoder (§3.2), so "
+                                  "step t's keys come from t updates; code - before each step's keys, inside the "
+                                  "forward (models.py), so step t's keys come from t + 1: the same updates and one "
+                                  "more, from the starting encoder, done here when the method is built (a no-op "
+                                  "with momentum_init copy)", choices=("paper", "code"))
 
     # tiny encoder: a queue that fills and wraps within the contract's 3 steps of 16, and a momentum
     # that moves visibly per update (so a wrong number of updates shows)
@@ -149,6 +155,8 @@ class ESimCSE(SimCSE):
         self.momentum_mlp = None
         if self.mlp is not None and self.args.momentum_head == "ema":
             self.momentum_mlp = copy.deepcopy(self.mlp).requires_grad_(False).eval()
+        if self.args.momentum_phase == "code":  # the code's update before step 0's keys (a resume loads over it)
+            self.momentum_update()
         d = encoder.config.hidden_size
         self.register_buffer("queue", torch.zeros(self.args.queue_size, d))  # newest first
         self.register_buffer("queue_len", torch.zeros((), dtype=torch.long))

@@ -126,6 +126,11 @@ class PromptBERT(Method):
                          "per_sentence - one row per sentence (the paper's ĥ_i; the same without dropout)",
                          choices=("per_length", "per_sentence"))
         mlp: bool = arg(True, "a Linear+Tanh head on the views in training only (authors' --mlp_only_train)")
+        delta_positions: str = arg("model", "the position ids of the template-alone rows (ĥ): model - the model's own "
+                                   "first position, padding_idx + 1 on RoBERTa, where the sentence rows start; code - "
+                                   "0 on every backbone (authors' models.py and get_delta: torch.arange from 0; on "
+                                   "RoBERTa that includes position 1, its padding row). The same on BERT",
+                                   choices=("model", "code"))
 
     eval_pooler = "method"
     #: The contract runs without template denoising in training: on its tiny random encoder (2 layers,
@@ -153,7 +158,7 @@ class PromptBERT(Method):
         except ValueError as e:
             raise SentembError(f"method 'promptbert': {e}") from None
         self.mask_id = tokenizer.mask_token_id
-        self.offset = st.position_offset(encoder.config)
+        self.offset = st.position_offset(encoder.config) if a.delta_positions == "model" else 0
         limit = max_length_of(encoder, tokenizer)
         self.extra = max(len(h) + len(t) for h, t in self.parts)  # the longest template, [CLS] and [SEP] included
         self.row_limit = ctx.max_len - 2 + self.extra
@@ -215,7 +220,7 @@ class PromptBERT(Method):
     # ------------------------------------------------------------------ evaluation and export
     def _table(self, model, longest: int, denoise: bool):
         head, tail = self.parts[0]
-        return st.denoise_table(model, head, tail, self.mask_id, longest) if denoise else None
+        return st.denoise_table(model, head, tail, self.mask_id, longest, offset=self.offset) if denoise else None
 
     def embedder(self, pooler, device):
         """The STS-B dev embedding that selects the checkpoint: through T, denoised with ``dev_denoise``

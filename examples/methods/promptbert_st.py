@@ -94,13 +94,15 @@ def gather(hidden: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
     return hidden[torch.arange(hidden.size(0), device=hidden.device), pos.to(hidden.device)]
 
 
-def denoise_table(model, head, tail, mask_id, longest: int, batch_size: int = 128) -> torch.Tensor:
+def denoise_table(model, head, tail, mask_id, longest: int, batch_size: int = 128,
+                  offset: int | None = None) -> torch.Tensor:
     """ĥ_k, the [MASK] state of the template alone at the positions of a k-piece sentence, for k =
-    0..longest (model in eval mode, no gradient): (longest + 1, d) float32."""
+    0..longest (model in eval mode, no gradient): (longest + 1, d) float32. ``offset``: the first
+    position id (default: the model's, ``position_offset``)."""
     dev = next(model.parameters()).device
     lengths = torch.arange(longest + 1)
     mpos = mask_positions(torch.zeros_like(lengths), head, tail, mask_id)  # no sentence in these rows
-    ids, pos = template_rows(head, tail, lengths, position_offset(model.config))
+    ids, pos = template_rows(head, tail, lengths, position_offset(model.config) if offset is None else offset)
     out = []
     training = model.training
     model.eval()

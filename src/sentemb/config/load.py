@@ -123,6 +123,7 @@ def validate_config(config: dict, source: str = "config") -> dict:
     except SentembError as e:
         raise SentembError(f"invalid configuration in {source}: config key {e}") from None
     seen = set()
+    run_settings = []  # each run's TrainSettings, for Method.check_train
     known = _known_corpora(config["corpus"]["name"])
     for i, run in enumerate(config["runs"]):
         if run["backbone"] not in config["backbones"]:
@@ -156,6 +157,7 @@ def validate_config(config: dict, source: str = "config") -> dict:
         seen.add(key)
         try:
             settings = TrainSettings.from_dict({**config["train"], **run["train"]}, f"runs[{i}].train")
+            run_settings.append(settings)
         except SentembError as e:
             raise SentembError(f"invalid configuration in {source}: config key {e}") from None
         where = f"invalid configuration in {source}: config key 'runs[{i}].train'"
@@ -195,6 +197,8 @@ def validate_config(config: dict, source: str = "config") -> dict:
             margs = _method_args(cls, run["method"], config["methods"], run["method_args"], f"runs[{i}].method_args")
             args = cls.make_args(margs)
             cls.check(args, config, where)
+            cls.check_train(args, run_settings[i], f"{where.rsplit(': ', 1)[0]} (run '{run['name']}')"
+                            if run["study"] else f"runs[{i}] (run '{run['name']}')")
             # runs[].weights start the encoder the job loads; a stage of its own (trained from the backbone)
             # or a checkpoint named in the method's arguments would replace it without a word
             own = margs.get("aux_checkpoint") not in (None, "model")  # a checkpoint of its own, not the loaded model

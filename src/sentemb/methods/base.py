@@ -396,6 +396,14 @@ class Method(nn.Module):
         token) can only be checked where they are loaded. Default: nothing to check."""
 
     @classmethod
+    def check_train(cls, args, settings, where: str = "method_args") -> None:
+        """The method's rules against the run's training settings (``settings``, a ``TrainSettings``:
+        the top-level ``train`` with the run's own over it), on its resolved ``args``; raise
+        SentembError naming the keys, prefixed by ``where`` (``runs[i]``, a study's point). Run when
+        the config is validated, beside ``check``. For a step the method's arguments make impossible
+        under a setting (PaSeR's decoder with ``train.compile`` and counter masks). Default: nothing."""
+
+    @classmethod
     def requires(cls, args) -> tuple[str, ...]:
         """Names of the inputs (``INPUT_NAMES``) a run with these ``args`` (an ``Args``) reads."""
         return ()

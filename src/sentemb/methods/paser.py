@@ -415,6 +415,10 @@ class PaSeR(Method):
         target_truncation: str = arg("phrases", "a sentence cut by max_len: drop the phrases whose masks were cut "
                                      "(open choice), or its whole target when s or s̃ reaches max_len tokens (code: "
                                      "train.py's usable_sample)", choices=("phrases", "sentence"))
+        empty_target: str = arg("none", "a line without a RAKE phrase: none - no decoder target (nothing to "
+                                "reconstruct; open choice); sep - the target [CLS] [SEP], one token to predict "
+                                "(code: train.py fills an empty target cell with ' ', which tokenizes to [CLS] [SEP]); "
+                                "target_truncation still applies", choices=("none", "sep"))
         decoder_output: str = arg("embeddings", "the decoder's vocabulary projection: the word embeddings it "
                                   "shares with the encoder (§4.2), or the MLM head of L_MLM, pretrained "
                                   "cls.predictions (code: cls.lm_head(decoder_outputs))",
@@ -442,6 +446,17 @@ class PaSeR(Method):
         if args.top_k > kmax:
             raise SentembError(f"{where}.top_k: {args.top_k} is above 'stats.rake_top_k' ({kmax}), "
                                "the number of RAKE phrases kept per line; raise stats.rake_top_k or lower top_k")
+
+    @classmethod
+    def check_train(cls, args, settings, where="method_args"):
+        # nn.MultiheadAttention is one opaque op to Dynamo: its attention dropout cannot take the counter
+        # masks in a compiled step (the loop's set-up refuses any such module; this names PaSeR's keys earlier)
+        if (settings.compile and settings.dropout_rng == "counter" and args.decoder_dropout_layout == "torch"
+                and args.decoder_dropout > 0):
+            raise SentembError(f"{where}: train.compile with train.dropout_rng counter cannot serve the attention "
+                               f"dropout of PaSeR's decoder (method_args.decoder_dropout_layout torch, decoder_dropout "
+                               f"{args.decoder_dropout}); set method_args.decoder_dropout_layout: bart, or "
+                               "train.dropout_rng: stream, or train.compile: false")
 
     def __init__(self, encoder, tokenizer, args, ctx):
         super().__init__(encoder, tokenizer, args, ctx)
@@ -541,6 +556,8 @@ class PaSeR(Method):
         phrases = list(dict.fromkeys(p for m in masked for p in m.phrases))
         pieces = dict(zip(phrases, tok(phrases, add_special_tokens=False)["input_ids"])) if phrases else {}
         tgts = [self.targets(m, n, pieces) for m, n in zip(masked, surviving)]
+        if self.args.empty_target == "sep":  # the code's " " target: [CLS] [SEP]
+            tgts = [t if len(self.phrases[int(l)]) else [tok.cls_token_id, tok.sep_token_id] for l, t in zip(lines, tgts)]
         if self.args.target_truncation == "sentence":  # the code: no target when s or s̃ reaches max_len tokens
             n_tok = att.sum(1)
             tgts = [t if max(int(n_tok[i]), int(n_tok[b + i])) < self.ctx.max_len else [] for i, t in enumerate(tgts)]

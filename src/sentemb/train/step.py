@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import logging
 import random
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import TYPE_CHECKING, Callable
 
 from .. import SentembError
@@ -108,8 +108,6 @@ def keyed_dropout(job, micro: int, start: int, stop: "int | dict"):
     """The dropout context of sentences ``[start, stop)`` of micro-batch ``micro`` (``stop`` a
     whole batch: all its sentences): keyed masks (``sentemb.model.dropout``) with ``train.dropout_rng:
     keyed`` (CPU generators) or ``counter`` (hashed on the device), nothing with ``stream``."""
-    from contextlib import nullcontext
-
     if job.settings.dropout_rng == "stream":
         return nullcontext()
     from ..model.dropout import keyed
@@ -162,12 +160,8 @@ class MicroBatches(StepStrategy):
 
     def gradients(self, job, batches: list[tuple[int, dict]], state, norms: bool = False) -> None:
         probe = _probe(job, state, norms, chunked=True)
-        if probe is not None and getattr(job.settings, "compile", False):
-            # the per-term norms' autograd.grad(retain_graph=True) on a compiled graph, then the step's own
-            # backward on it, gave a wrong .grad (found on the CPU, torch 2.13): a logged step runs eagerly
-            with eager_functions(job):
-                return self._gradients(job, batches, state, probe)
-        self._gradients(job, batches, state, probe)
+        with _eager_if_probed(job, state, norms):
+            self._gradients(job, batches, state, probe)
 
     def _gradients(self, job, batches: list[tuple[int, dict]], state, probe) -> None:
         for m, batch, members in self.units(job, batches):
@@ -383,10 +377,7 @@ class SAM(StepStrategy):
         self.saved = saved
         clear_grads(job)
         _set_rng_state(rng)  # same dropout masks in the second pass
-        if norms and state is not None and getattr(job.settings, "compile", False):
-            with eager_functions(job):  # as the first pass ran (MicroBatches.gradients): the same masks
-                self.inner.gradients(job, batches, None)
-        else:
+        with _eager_if_probed(job, state, norms):  # as the first pass ran: the same masks
             self.inner.gradients(job, batches, None)
         sam.restore(saved)
 
@@ -603,6 +594,17 @@ def _has_hook(method) -> bool:
     from ..methods.base import Method
 
     return type(method).after_step is not Method.after_step
+
+
+def _eager_if_probed(job, state, norms: bool):
+    """``eager_functions(job)`` on a step whose per-term gradient norms are logged (``state`` and
+    ``norms``, as ``_probe``) in a compiled run (``train.compile``), else nothing. The norms'
+    ``autograd.grad(retain_graph=True)`` on a compiled graph, then the step's own backward on it, gave
+    a wrong ``.grad`` (found on the CPU, torch 2.13), so such a step runs eagerly: its first pass
+    (``MicroBatches.gradients``) and SAM's second (``SAM.gradients``), which must draw the same masks."""
+    if state is None or not norms or not getattr(job.settings, "compile", False):
+        return nullcontext()
+    return eager_functions(job)
 
 
 @contextmanager
