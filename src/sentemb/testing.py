@@ -758,9 +758,10 @@ def check_chunked(h: Harness) -> None:
         except CheckFailed as e:
             raise CheckFailed(f"{e}. A chunk must give each sentence what the whole batch gives it: encode treats "
                               "rows independently (no statistic over the batch's rows, such as a mean or a "
-                              "BatchNorm in training mode, before batch_terms), and a per-sentence term "
-                              "(row_terms) is normalised by the whole batch's count (its `full` argument), not "
-                              "the chunk's (docs/methods/writing-a-method.md)") from None
+                              "BatchNorm in training mode, before batch_terms), a term over pairs of the batch's "
+                              "sentences (a contrastive denominator, a uniformity) is computed in batch_terms, and "
+                              "a per-sentence term (row_terms(enc, chunk, batch)) is normalised by the whole "
+                              "batch's count, not the chunk's (docs/methods/writing-a-method.md)") from None
     if not h.cls.has_batch_terms:
         return
     accum, _ = step_gradients(h.exact_run(dropout=0.0, batch_size=4, grad_accum=4), h.cls)
@@ -835,8 +836,18 @@ def check_graphs(h: Harness) -> None:
             if name == "eager":
                 raise
             raise CheckFailed(f"{name}: {e}") from e
+    hints = {"graphed": "A graphed batch is padded to a static shape: a term that reads the padding (a mean over "
+                        "the padded width, a statistic over rows or columns the attention mask leaves out) changes "
+                        "with it; a term over a variable count must mask by the batch's own masks",
+             "graphed, chunks of 4": "The whole graphed step agrees, the chunked one does not: as in the chunked "
+                                     "check, a chunk must give each sentence what the whole batch gives it (a term "
+                                     "over pairs of sentences in batch_terms, row_terms normalised by the whole "
+                                     "batch's count; docs/methods/writing-a-method.md)"}
     for name in ("graphed", "graphed, chunks of 4"):  # 1e-4 as fused's: AdamW's first steps magnify round-off
-        same_state(got[name], got["eager"], f"{name} vs eager (dropout off)", rel=1e-4)
+        try:
+            same_state(got[name], got["eager"], f"{name} vs eager (dropout off)", rel=1e-4)
+        except CheckFailed as e:
+            raise CheckFailed(f"{e}. {hints[name]}") from None
 
 
 def _written_gradients(h: Harness, graphs: bool) -> list[tuple[int, int, set[str], set[str]]]:
