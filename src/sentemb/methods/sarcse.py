@@ -28,7 +28,7 @@ names; ``train.log_grad_norms`` logs their gradient norms on the encoder + TextC
 
 The weight of L_R (``mse_reduction``, issue 18 §4). Eq. 9 writes "MSE(x_i, x'_i)", "MSE is
 mean-square error", for x_i ∈ R^d, with the 1/N over tokens written out. Read literally (``mean``:
-‖x_i − x'_i‖²/d) the reconstruction is inert at the paper's β = γ = 2.5e-4: on the parameters it
+‖x_i − x'_i‖²/d) the reconstruction is all but inert at the paper's β = γ = 2.5e-4: on the parameters it
 shares with L_I its gradient is ~1e-4 of L_I's, so training would in effect be SimCSE on Z and
 "w/o SAL" would equal "w/o SAL & decoder". (bf16 autocast does not round it away: an outside check
 on a tiny RoBERTa, 2026-11-29, found the change it makes to the bf16 gradient along its fp32
@@ -314,7 +314,7 @@ class SARCSE(Method):
         mse_reduction: str = arg("sum", "open: MSE(x_i, x'_i) of Eq. 9 over the d features: sum = the squared "
                                  "error ‖x_i − x'_i‖² (default: the reading under which β = 2.5e-4 lets L_R move the "
                                  "encoder, as the ablations of Table 1 require; module docstring), or mean = the "
-                                 "literal 'mean-square error', d times smaller (L_R then inert)",
+                                 "literal 'mean-square error', d times smaller (L_R then ~1e-4 of the gradient)",
                                  choices=("sum", "mean"))
         activation: str = arg("relu", "open: TextCNN non-linearity before max-over-time pooling (Kim 2014: relu)",
                               choices=("relu", "tanh", "none"))
