@@ -110,6 +110,14 @@ class CheckSkipped(Exception):
     """A check that does not apply (no pretraining stage) or cannot run here (data it needs is absent)."""
 
 
+def _stderr_tail(r) -> str:
+    """A failed subprocess's last stderr line, then its last 30 lines (a worker's traceback that the
+    launcher's own last line only points at, "the first error is above"), at most 3,000 characters."""
+    lines = r.stderr.strip().splitlines() or [""]
+    tail = "\n".join(lines[-30:])[-3000:]
+    return lines[-1][:400] + (f"\n--- its stderr, last lines ---\n{tail}" if len(lines) > 1 else "")
+
+
 def _require(cond: bool, message: str) -> None:
     if not cond:
         raise CheckFailed(message)
@@ -800,8 +808,7 @@ def check_devices(h: Harness) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}  # a plug-in's file is imported by Run.method_module (cwd-relative)
     r = subprocess.run([sys.executable, "-m", "sentemb", "train", "--run-config", str(run_file), "--output-dir",
                         str(out / "two"), "--no-track", "--quiet"], capture_output=True, text=True, env=env, timeout=900)
-    _require(r.returncode == 0, f"`sentemb train` with devices 2 exited {r.returncode}: "
-             f"{(r.stderr.strip().splitlines() or [''])[-1][:400]}")
+    _require(r.returncode == 0, f"`sentemb train` with devices 2 exited {r.returncode}: {_stderr_tail(r)}")
     meta = json.loads((out / "two" / "train.json").read_text())
     _require(meta.get("devices") == 2 and meta["steps"] == one["steps"],
              f"devices 2 ran {meta.get('devices')} processes for {meta['steps']} steps, one process {one['steps']}")
@@ -1103,8 +1110,7 @@ def check_state_devices(h: Harness) -> None:
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
                         str(out / "rank.py"), str(out / "run.json"), str(out)], capture_output=True, text=True,
                        env=env, timeout=900)
-    _require(r.returncode == 0, f"devices 2 under torchrun exited {r.returncode}: "
-             f"{(r.stderr.strip().splitlines() or [''])[-1][:400]}")
+    _require(r.returncode == 0, f"devices 2 under torchrun exited {r.returncode}: {_stderr_tail(r)}")
     ranks = [torch.load(out / f"state{i}.pt", weights_only=False) for i in range(2)]
     same_state(ranks[1], ranks[0], "devices 2: rank 1 vs rank 0", exact=True)
     same_state(ranks[0], state_after(h), "devices 2 vs one process")
