@@ -174,6 +174,14 @@ def test_check_config_merges_files_as_snakemake_and_names_the_line_or_key(tmp_pa
     assert "training jobs (runs x seeds): 27" in capsys.readouterr().out
     assert main(["check-config", "config/demo.yaml"]) == 0
     assert f"training jobs (runs x seeds): {len(jobs(demo))}" in capsys.readouterr().out
+    # the demo's transfer task is SimCSE's alone: no baseline row (evaluation.baseline_transfer), which
+    # a config layered on it turns back on
+    from sentemb.config.load import baseline_transfer, transfer_runs
+
+    assert transfer_runs(demo) == {("simcse", "minilm")} and not baseline_transfer(demo)
+    back = tmp_path / "back.yaml"
+    back.write_text("evaluation: {baseline_transfer: true}\n")
+    assert baseline_transfer(merge_configs(["config/demo.yaml", back]))
 
     broken = tmp_path / "broken.yaml"
     broken.write_text("seeds: [1, 2]\ntrain:\n  lr: 1e-4\n   batch_size: 8\n")

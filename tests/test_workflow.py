@@ -347,6 +347,35 @@ def test_tracking_settings_rerun_nothing_and_an_evaluation_setting_only_its_kind
     assert "Nothing to be done" in (lambda p: p.stdout + p.stderr)(smk(ran, "-n", "results/table1.csv", env=env))
 
 
+def test_baseline_transfer_false_leaves_the_baselines_rows_out_and_reruns_only_the_table(ran, env):
+    """``evaluation.baseline_transfer: false`` (config/demo.yaml's time budget): the DAG of the
+    transfer table has the run's transfer jobs and none of the baselines'; after a finished DAG the
+    change reruns the table alone, whose rows are then the runs'."""
+    import csv
+
+    cfg_file = ran / "config.yaml"
+    text = cfg_file.read_text()
+    cfg = yaml.safe_load(text)
+    table = "results/table_transfer.csv"
+    try:
+        cfg_file.write_text(yaml.safe_dump(dict(cfg, evaluation={**cfg["evaluation"], "baseline_transfer": False}),
+                                           sort_keys=False))
+        whole = _planned((lambda p: p.stdout + p.stderr)(smk(ran, "-n", "-F", table, env=env)))
+        assert {"encode_transfer", "evaluate_transfer", "table_transfer"} <= set(whole), whole
+        assert not {"encode_baseline_transfer", "evaluate_baseline_transfer"} & set(whole), whole
+        planned = _planned((lambda p: p.stdout + p.stderr)(smk(ran, "-n", table, env=env)))
+        assert set(planned) == {"table_transfer"}, planned
+        smk(ran, "--cores", "1", table, env=env)
+        with open(ran / table, newline="") as fh:
+            rows = list(csv.DictReader(fh))
+        assert rows and all(r["method"] != "baseline" for r in rows), rows
+    finally:
+        cfg_file.write_text(text)
+    smk(ran, "--cores", "1", table, env=env)  # the baselines' rows back for the tests after this one
+    with open(ran / table, newline="") as fh:
+        assert any(r["method"] == "baseline" for r in csv.DictReader(fh))
+
+
 def test_malformed_config_names_the_key(tmp_path, env):
     cfg = (REPO / ".test" / "config.yaml").read_text().replace("lr: 1.0e-4", "lr: fast")
     (tmp_path / "config.yaml").write_text(cfg)

@@ -141,7 +141,8 @@ def eval_outputs():
 # --- report end of the DAG (issue 12): transfer tasks, untrained baselines, paper table, figures
 # runs with transfer tasks: runs[].transfer, else evaluation.transfer
 TRANSFER_RUNS = transfer_runs(CFG)
-TRANSFER = baseline_transfer(CFG)  # the baselines' transfer jobs too (sentemb.config.load.baseline_transfer)
+TRANSFER = bool(TRANSFER_RUNS)  # a transfer table
+BASELINE_TRANSFER = baseline_transfer(CFG)  # with the baselines' rows (sentemb.config.load.baseline_transfer)
 # (backbone, pooler) of every untrained baseline (config `baselines`)
 BASELINES = baselines(CFG)
 BASE_DIR = LAYOUT.baseline_dir()
@@ -158,11 +159,10 @@ def baseline_outputs(kind="sts"):
 
 
 def transfer_outputs():
-    """Transfer results of the runs that have them and of every baseline (none without any)."""
-    if not TRANSFER:
-        return []
-    return [f"{LAYOUT.run_dir(n, b, s)}/eval_transfer.json" for n, b, s in JOBS if (n, b) in TRANSFER_RUNS] + \
-        baseline_outputs("transfer")
+    """Transfer results of the runs that have them and, unless evaluation.baseline_transfer is false, of
+    every baseline (none without any run's)."""
+    runs = [f"{LAYOUT.run_dir(n, b, s)}/eval_transfer.json" for n, b, s in JOBS if (n, b) in TRANSFER_RUNS]
+    return runs + (baseline_outputs("transfer") if BASELINE_TRANSFER else [])
 
 
 def train_summaries():

@@ -419,8 +419,8 @@ def baselines(config: dict | Config) -> list[tuple[str, str]]:
 
 def baseline_transfer(config: dict | Config) -> bool:
     """Do the untrained baselines get the transfer tasks? When some run does (``transfer_runs``), so
-    that every transfer table has their rows."""
-    return bool(transfer_runs(config))
+    that every transfer table has their rows, unless ``evaluation.baseline_transfer`` is false."""
+    return bool(transfer_runs(config)) and Config.of(config).evaluation.baseline_transfer
 
 
 # ----------------------------------------------------------------------- one evaluation job's settings

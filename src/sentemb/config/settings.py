@@ -329,6 +329,9 @@ class EvaluationSettings:
                          "results/table_transfer.csv).")
     transfer_tasks: list[str] = arg(list(TRANSFER_TASKS), "SentEval transfer tasks", choices=TRANSFER_TASKS,
                                     min_items=1)
+    baseline_transfer: bool = arg(True, "The untrained baselines (config baselines) also get the transfer tasks when "
+                                  "some run does (their rows in results/table_transfer); false: only the runs "
+                                  "(two jobs less per baseline)")
     mrpc_features: str = arg("paper", "MRPC pair features: paper = [u, v, |u-v|, u*v] (methods.md), code = "
                              "[|u-v|, u*v] (SentEval's code).", choices=("paper", "code"))
     transfer_classifier: str = arg(
