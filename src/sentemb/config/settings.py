@@ -331,7 +331,7 @@ class EvaluationSettings:
                                     min_items=1)
     baseline_transfer: bool = arg(True, "The untrained baselines (config baselines) also get the transfer tasks when "
                                   "some run does (their rows in results/table_transfer); false: only the runs "
-                                  "(two jobs less per baseline)")
+                                  "(two fewer jobs per baseline)")
     mrpc_features: str = arg("paper", "MRPC pair features: paper = [u, v, |u-v|, u*v] (methods.md), code = "
                              "[|u-v|, u*v] (SentEval's code).", choices=("paper", "code"))
     transfer_classifier: str = arg(
