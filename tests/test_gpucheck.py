@@ -1,6 +1,7 @@
 """``sentemb gpu-check``: without CUDA it says so and fails; ``--cpu`` runs the same code at a toy size
 (every method through the loop, the sentence-transformers recipe, the fp32/bf16 STS comparison)."""
 
+import os
 import subprocess
 import sys
 
@@ -43,6 +44,7 @@ def test_the_same_checks_run_on_the_cpu(shared, tmp_path):
         share = float(row.split("= ")[1].split("%")[0])
         assert 0 < share < 1000, row  # a counted FLOP rate against the CPU's measured matmul peak
     assert "| train sentence-transformers MNRL B=8 bf16 |" in table
+    assert "| CPU bf16 matrix products | fp32 GEMMs of the bf16 inputs |" in table  # --cpu-gemms' default
     plan = next(line for line in table.splitlines() if line.startswith("| plan vs measured, simcse B=8"))
     est, meas = (float(x.split()[-2]) for x in plan.split("|")[2].split("/"))
     assert est > 0 and meas > 0
@@ -111,6 +113,9 @@ def test_plan_check_prices_the_steps_it_measured(shared, monkeypatch, capsys):
      "SENTEMB_PROFILE[0].batch: 0 is not a positive integer"),
     (["--only-host", "--host-parts", "profile"], {"SENTEMB_PROFILE": '[{"bogus": 1}]'},
      "SENTEMB_PROFILE[0].bogus: unknown argument of train"),
+    (["--cpu-gemms", "native"], {"SENTEMB_CPU_BF16_GEMMS": "fp32"},
+     "--cpu-gemms native and SENTEMB_CPU_BF16_GEMMS=fp32 disagree"),
+    ([], {"SENTEMB_CPU_BF16_GEMMS": "bf16"}, "SENTEMB_CPU_BF16_GEMMS='bf16': not one of native, fp32"),
 ])
 def test_what_would_fail_after_the_rows_is_refused_before_any(tiny_bert_dir, tiny_corpus, tiny_senteval, tmp_path,
                                                                monkeypatch, capsys, extra, env, says):
@@ -119,7 +124,7 @@ def test_what_would_fail_after_the_rows_is_refused_before_any(tiny_bert_dir, tin
     each is refused in its own words before any row runs, and nothing is written."""
     from sentemb.cli import main
 
-    for k in ("SENTEMB_TUNE", "SENTEMB_PROFILE", "SENTEMB_TUNE_BATCHES"):
+    for k in ("SENTEMB_TUNE", "SENTEMB_PROFILE", "SENTEMB_TUNE_BATCHES", "SENTEMB_CPU_BF16_GEMMS"):
         monkeypatch.delenv(k, raising=False)
     for k, v in env.items():
         monkeypatch.setenv(k, v)
@@ -131,3 +136,32 @@ def test_what_would_fail_after_the_rows_is_refused_before_any(tiny_bert_dir, tin
     assert main(argv) == 2
     assert says.format(d=d) in capsys.readouterr().err
     assert sorted(p.name for p in d.iterdir()) == []
+
+
+@pytest.mark.parametrize("given, env, want", [([], None, "fp32"), (["--cpu-gemms", "native"], None, "native"),
+                                              ([], "native", "native")])
+def test_cpu_gemms_are_set_for_the_rows_and_put_back_after_them(tiny_bert_dir, tiny_corpus, tiny_senteval, monkeypatch,
+                                                                given, env, want):
+    """``--cpu-gemms`` (default fp32, or SENTEMB_CPU_BF16_GEMMS's value): the rows run with the variable set
+    (their subprocesses read it) and, for fp32, a bf16 product computed in fp32; the variable is as before
+    once the command ends (a test calling ``main`` leaves no fp32 GEMMs behind in its process)."""
+    import sentemb.cli.gpucheck as G
+    from sentemb.cli import main
+
+    monkeypatch.delenv("SENTEMB_CPU_BF16_GEMMS", raising=False)
+    if env:
+        monkeypatch.setenv("SENTEMB_CPU_BF16_GEMMS", env)
+    seen = {}
+
+    def rows(*a, **k):
+        x = torch.randn(64, 64).bfloat16()
+        seen["env"] = os.environ.get("SENTEMB_CPU_BF16_GEMMS")
+        seen["fp32"] = torch.equal(x @ x, (x.float() @ x.float()).bfloat16())
+        return []
+
+    monkeypatch.setattr(G, "check", rows)
+    assert main(["gpu-check", "--cpu", "--model", str(tiny_bert_dir), "--corpus", str(tiny_corpus), "--senteval",
+                 str(tiny_senteval), "--method", "simcse", "--no-dag", "--no-epoch", *given]) == 0
+    assert seen["env"] == want
+    assert seen["fp32"] or want == "native"  # fp32: the rows' bf16 product is the fp32 one, rounded
+    assert os.environ.get("SENTEMB_CPU_BF16_GEMMS") == env

@@ -32,6 +32,11 @@ gradient scaler) does not depend on the width, so a run in fp16 takes its step i
 narrowest width the configuration runs that method in fp16 with the same train keys
 (``STEP_TRAIN_KEYS``: SAM, accumulation, compile, ... meet the scaler; ``FP16_WIDTH``), and in bf16
 at wider ones: their shapes are still taken at their real widths.
+
+bf16 and fp16 products run as fp32 GEMMs of the same inputs, rounded back (``sentemb.ops.flops.
+fp32_gemms``): what a native kernel computes up to the order of its sums. This CPU (AVX2) has no bf16
+GEMM: a linear layer's backward ran at 0.8 GFLOP/s in bf16, and infocse-code on BERT-large took 127 s
+of the suite in bf16.
 """
 
 from __future__ import annotations
@@ -254,6 +259,7 @@ def local(run, corpus: Path, model: Path, inputs: dict, precision: str | None = 
 @pytest.mark.parametrize("run", CASES)
 def test_one_optimizer_step_at_the_real_widths(run, workdir, corpus):
     from sentemb.methods import get_method
+    from sentemb.ops.flops import fp32_gemms
     from sentemb.ops.shapes import layers_needed
     from sentemb.train.loop import State, run_steps, setup
 
@@ -275,7 +281,8 @@ def test_one_optimizer_step_at_the_real_widths(run, workdir, corpus):
         # the encoder's vectors (biases, LayerNorm): cheap to compare, and every layer's change with any gradient
         before = {n: p.detach().clone() for n, p in job.method.named_parameters() if p.requires_grad and p.ndim == 1}
         state = State()
-        steps = list(run_steps(job, state, 1))
+        with fp32_gemms():  # the module's docstring: bf16/fp16 products as a native kernel computes them
+            steps = list(run_steps(job, state, 1))
         assert len(steps) == 1 and state.step == 1
         loss = state.terms["loss"]
         assert loss.dtype == torch.float32 and math.isfinite(float(loss)), f"{run.name}: loss {loss}"

@@ -106,7 +106,10 @@ def main(argv: list[str] | None = None) -> int:
             from ..ops.gpu_slots import claim_from_env
 
             claim_from_env()  # before torch touches CUDA: one GPU per job (config local_gpus)
-        rc = args.func(args)
+        from ..ops.flops import cpu_gemms_from_env
+
+        with cpu_gemms_from_env():  # SENTEMB_CPU_BF16_GEMMS=fp32: the CPU's bf16 products in fp32 (gpu-check --cpu)
+            rc = args.func(args)
     except SentembError as e:
         print(f"sentemb {args.command}: error: {e}", file=sys.stderr)
         return 2

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import contextlib
 import json
 import os
 import shutil
@@ -21,6 +22,8 @@ from .argtypes import non_negative_int, positive_int
 def _cmd_gpu_check(args: argparse.Namespace) -> int:
     import torch
 
+    if args.cpu_gemms and not args.cpu:
+        raise SentembError("--cpu-gemms: only with --cpu (a GPU multiplies bf16 in its own units)")
     if not args.cpu and not torch.cuda.is_available():
         print("sentemb gpu-check: no CUDA device is visible (torch.cuda.is_available() is False; torch "
               f"{torch.__version__}, CUDA build {torch.version.cuda}). Run it on a GPU node, e.g. "
@@ -32,6 +35,13 @@ def _cmd_gpu_check(args: argparse.Namespace) -> int:
               "say nothing of a GPU). Every method, the tiny DAG and the one-epoch run take a long while on a "
               "laptop; the quick try is --method simcse --no-dag --no-epoch.", file=sys.stderr,
               flush=True)
+    from ..ops.flops import CPU_GEMMS_ENV
+    gemms = None
+    if args.cpu:
+        env = os.environ.get(CPU_GEMMS_ENV) or None
+        if args.cpu_gemms and env and env != args.cpu_gemms:
+            raise SentembError(f"--cpu-gemms {args.cpu_gemms} and {CPU_GEMMS_ENV}={env} disagree: give one")
+        gemms = args.cpu_gemms or env or "fp32"
     from ..ops.benchmark import _method_args as parse_method_args
     from ..ops.shapes import ARCHITECTURES, write_model_dir
 
@@ -86,12 +96,17 @@ def _cmd_gpu_check(args: argparse.Namespace) -> int:
         record_to(args.rows_json, _rows_header(device, corpus))
     t = time.perf_counter()
     os.environ.setdefault("SENTEMB_SHARED", str(shared))  # the NLTK data of PaSeR's RAKE input, MiniLM's vocabulary
-    lines = check(model, corpus, senteval, device, batches, args.steps, args.warmup,
-                  args.max_len, methods, not args.no_dag, Path(__file__).resolve().parents[3],
-                  tasks, sts_model,
-                  parse_method_args(args.method_args, list(methods)), None if args.no_epoch else args.epoch_batch,
-                  host=host, classic=not args.only_host,
-                  host_parts=parts if args.host_parts else None)
+    with _cpu_gemms(gemms):
+        lines = check(model, corpus, senteval, device, batches, args.steps, args.warmup,
+                      args.max_len, methods, not args.no_dag, Path(__file__).resolve().parents[3],
+                      tasks, sts_model,
+                      parse_method_args(args.method_args, list(methods)), None if args.no_epoch else args.epoch_batch,
+                      host=host, classic=not args.only_host,
+                      host_parts=parts if args.host_parts else None)
+    if gemms:
+        lines.append(_row("CPU bf16 matrix products", "fp32 GEMMs of the bf16 inputs" if gemms == "fp32" else
+                          "this CPU's own bf16 kernels", "--cpu-gemms: fp32 (default) is a native bf16 GEMM's result up "
+                          "to the order of its sums; native is ~200x slower in a backward on a CPU without bf16 units"))
     lines.append(_row("gpu-check wall time", f"{time.perf_counter() - t:.0f} s", ""))
     if args.rows_json:
         from ..ops.plan_check import RECORDED, record_complete
@@ -105,6 +120,27 @@ def _cmd_gpu_check(args: argparse.Namespace) -> int:
         Path(args.output).write_text("\n".join(lines) + "\n")
         Path(args.output).with_suffix(".json").write_text(json.dumps({"lines": lines}, indent=2))
     return 0
+
+
+@contextlib.contextmanager
+def _cpu_gemms(gemms: str | None):
+    """The rows under ``--cpu-gemms`` (``fp32_gemms`` for fp32), with ``SENTEMB_CPU_BF16_GEMMS`` set for
+    their subprocesses (sentemb train, evaluate) and put back after them."""
+    from ..ops.flops import CPU_GEMMS_ENV, fp32_gemms
+
+    if gemms is None:
+        yield
+        return
+    before = os.environ.get(CPU_GEMMS_ENV)
+    os.environ[CPU_GEMMS_ENV] = gemms
+    try:
+        with fp32_gemms() if gemms == "fp32" else contextlib.nullcontext():
+            yield
+    finally:
+        if before is None:
+            os.environ.pop(CPU_GEMMS_ENV, None)
+        else:
+            os.environ[CPU_GEMMS_ENV] = before
 
 
 def _check_outputs(args) -> None:
@@ -263,4 +299,8 @@ def register(sub) -> None:
     p.add_argument("--cpu", action="store_true",
                    help="run the same checks on the CPU at batch 8 (tests; the figures mean nothing for a GPU; a "
                         "toy only with the test's reduced flags, docs/plan-and-benchmarks.md)")
+    p.add_argument("--cpu-gemms", choices=("fp32", "native"), default=None,
+                   help="with --cpu: the bf16 rows' matrix products as fp32 GEMMs of the bf16 inputs (fp32, the "
+                        "default: a CPU without bf16 units, e.g. AVX2, emulates them ~200x slower in a backward) or "
+                        "the CPU's own bf16 kernels (native); sets SENTEMB_CPU_BF16_GEMMS for the rows' subprocesses")
     p.set_defaults(func=_cmd_gpu_check)

@@ -45,6 +45,61 @@ def counted_by_module(fn: Callable[[], Any]) -> tuple[Any, float, dict[str, floa
     return out, float(fc.get_total_flops()), per_module
 
 
+def fp32_gemms():
+    """A context in which the CPU's bf16 and fp16 matrix products (``aten.mm``, ``addmm``, ``bmm``,
+    ``baddbmm``, ``linear``, ``matmul``) run as fp32 products of the same, exactly widened, inputs, rounded back to the
+    input's dtype: what a native bf16 GEMM computes (fp32 accumulation, one rounding of the output)
+    up to the order of the sums. A CPU without bf16 instructions (AVX2) emulates those products: on
+    this project's machine a bf16 ``g @ w`` of a linear layer's backward ran at 0.8 GFLOP/s against
+    fp32's 160, and ``sentemb plan``'s counted ArcCSE steps spent 92 % of their time there. Shapes,
+    dtypes, saved tensors and counted FLOPs are unchanged (a ``FlopCounterMode`` entered inside this
+    one sees the bf16 op): for counting and for tests of the bf16 path's plumbing, not for a run's
+    figures. CUDA tensors pass through untouched."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    aten = torch.ops.aten
+    # linear and matmul reach a mode undecomposed under inference_mode (the evaluation's encoder)
+    ops = {aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default, aten.linear.default,
+           aten.matmul.default}
+    narrow = (torch.bfloat16, torch.float16)
+
+    class _Fp32Gemms(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func in ops:
+                tensors = [a for a in args if isinstance(a, torch.Tensor)]
+                dtype = tensors[0].dtype if tensors else None
+                if dtype in narrow and all(t.device.type == "cpu" for t in tensors):
+                    wide = [a.float() if isinstance(a, torch.Tensor) else a for a in args]
+                    return func(*wide, **kwargs).to(dtype)
+            return func(*args, **kwargs)
+
+    return _Fp32Gemms()
+
+
+#: the environment variable a ``sentemb`` command reads at its start: ``fp32`` runs the whole command
+#: under ``fp32_gemms`` (``sentemb gpu-check --cpu`` sets it for its rows and their subprocesses),
+#: ``native`` or unset leaves the CPU's own bf16 kernels
+CPU_GEMMS_ENV = "SENTEMB_CPU_BF16_GEMMS"
+
+
+def cpu_gemms_from_env():
+    """The context ``CPU_GEMMS_ENV`` asks for: ``fp32_gemms()`` for ``fp32``, else a no-op; any
+    other value is refused naming the variable."""
+    import contextlib
+    import os
+
+    value = os.environ.get(CPU_GEMMS_ENV, "")
+    if value in ("", "native"):
+        return contextlib.nullcontext()
+    if value == "fp32":
+        return fp32_gemms()
+    from .. import SentembError
+
+    raise SentembError(f"{CPU_GEMMS_ENV}={value!r}: not one of native, fp32")
+
+
 #: the longest one product of ``cpu_peak_tflops`` may take (seconds): a CPU without fp16 (or bf16)
 #: matmul units emulates them, about 100x slower, and six 2048² products took minutes there
 PEAK_PRODUCT_S = 0.5

@@ -553,10 +553,12 @@ def _count(run, method_cls) -> Measure:
     """Count one step of ``run`` (see ``Counter.measure``)."""
     import torch
 
-    from .flops import counted_by_module
+    from .flops import counted_by_module, fp32_gemms
     from ..train.loop import State, autocast, micro_batches, run_steps, setup
 
-    with setup(run, "/nonexistent-plan", method_cls) as job:
+    # the CPU autocast's bf16 products as fp32 ones (``fp32_gemms``): the same FLOPs and saved bytes,
+    # without an AVX2 CPU's emulated bf16 GEMMs (about 200x slower in a linear layer's backward)
+    with fp32_gemms(), setup(run, "/nonexistent-plan", method_cls) as job:
         method, enc = job.method, job.method.encoder
         # the first layer of the encoder and of each full copy of it (``encoder_copies``): per layer of depth
         layers0 = [enc.encoder.layer[0]] + [c.encoder.layer[0] for c in encoder_copies(method, enc)]
