@@ -145,6 +145,8 @@ def test_cpu_gemms_are_set_for_the_rows_and_put_back_after_them(tiny_bert_dir, t
     """``--cpu-gemms`` (default fp32, or SENTEMB_CPU_BF16_GEMMS's value): the rows run with the variable set
     (their subprocesses read it) and, for fp32, a bf16 product computed in fp32; the variable is as before
     once the command ends (a test calling ``main`` leaves no fp32 GEMMs behind in its process)."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
     import sentemb.cli.gpucheck as G
     from sentemb.cli import main
 
@@ -157,11 +159,15 @@ def test_cpu_gemms_are_set_for_the_rows_and_put_back_after_them(tiny_bert_dir, t
         x = torch.randn(64, 64).bfloat16()
         seen["env"] = os.environ.get("SENTEMB_CPU_BF16_GEMMS")
         seen["fp32"] = torch.equal(x @ x, (x.float() @ x.float()).bfloat16())
+        seen["mode"] = _get_current_dispatch_mode()
         return []
 
     monkeypatch.setattr(G, "check", rows)
     assert main(["gpu-check", "--cpu", "--model", str(tiny_bert_dir), "--corpus", str(tiny_corpus), "--senteval",
                  str(tiny_senteval), "--method", "simcse", "--no-dag", "--no-epoch", *given]) == 0
     assert seen["env"] == want
-    assert seen["fp32"] or want == "native"  # fp32: the rows' bf16 product is the fp32 one, rounded
+    if want == "fp32":
+        assert seen["fp32"] and seen["mode"] is not None  # the rows' bf16 product is the fp32 one, rounded
+    else:
+        assert seen["mode"] is None  # the CPU's own kernels: no mode between the rows and aten
     assert os.environ.get("SENTEMB_CPU_BF16_GEMMS") == env

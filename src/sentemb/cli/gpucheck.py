@@ -124,23 +124,18 @@ def _cmd_gpu_check(args: argparse.Namespace) -> int:
 
 @contextlib.contextmanager
 def _cpu_gemms(gemms: str | None):
-    """The rows under ``--cpu-gemms`` (``fp32_gemms`` for fp32), with ``SENTEMB_CPU_BF16_GEMMS`` set for
-    their subprocesses (sentemb train, evaluate) and put back after them."""
-    from ..ops.flops import CPU_GEMMS_ENV, fp32_gemms
+    """The rows under ``--cpu-gemms``: ``SENTEMB_CPU_BF16_GEMMS`` set for their subprocesses (sentemb
+    train, evaluate) and put back after them, and this process's products as the variable says
+    (``cpu_gemms_from_env``, as ``sentemb``'s entry point reads it)."""
+    from unittest import mock
+
+    from ..ops.flops import CPU_GEMMS_ENV, cpu_gemms_from_env
 
     if gemms is None:
         yield
         return
-    before = os.environ.get(CPU_GEMMS_ENV)
-    os.environ[CPU_GEMMS_ENV] = gemms
-    try:
-        with fp32_gemms() if gemms == "fp32" else contextlib.nullcontext():
-            yield
-    finally:
-        if before is None:
-            os.environ.pop(CPU_GEMMS_ENV, None)
-        else:
-            os.environ[CPU_GEMMS_ENV] = before
+    with mock.patch.dict(os.environ, {CPU_GEMMS_ENV: gemms}), cpu_gemms_from_env():
+        yield
 
 
 def _check_outputs(args) -> None:
