@@ -4,7 +4,8 @@
 For every fault point the tiny DAG (``.test/config.yaml`` made smaller: one seed, SimCSE only, no
 baseline, STS-B and SICK-R, a state save every 2 steps; the statistics stage, paraphrases in 2 shards
 included, only when a chosen point kills inside it) is started in a fresh
-working directory; when the point's condition appears on disk the process group gets SIGKILL (no
+working directory (holding the reference run's inputs where the point kills after they are made:
+``INPUT_POINTS``); when the point's condition appears on disk the process group gets SIGKILL (no
 clean-up code runs anywhere). Then ``snakemake --unlock`` and the same command again. Checked:
 
 * recovered: the rerun succeeds;
@@ -64,6 +65,12 @@ POINTS = {
 
 #: the points that need the statistics stage in the DAG (the others run training and evaluation only)
 STATS_POINTS = {"stats", "paraphrase_shard"}
+#: the points that kill while the inputs are made (fetched, prepared, tokenized, counted): their working
+#: directory starts empty. Every other point's starts with the reference run's inputs (``resources/`` and
+#: ``results/stats/``, copied with their times), as a rerun after such a kill finds them: its DAG runs
+#: training, evaluation and the tables, where its kill lands, without fetching and tokenizing again.
+INPUT_POINTS = {"fetch", "stats", "paraphrase_shard"}
+INPUTS = ("resources", "results/stats")
 
 
 def targets(points) -> list[str]:
@@ -231,6 +238,10 @@ def main(argv=None) -> int:
         shutil.rmtree(d, ignore_errors=True)
         d.mkdir()
         make_config(d, points)
+        if point not in INPUT_POINTS:
+            for sub in INPUTS:
+                if (ref / sub).is_dir():
+                    shutil.copytree(ref / sub, d / sub, copy_function=shutil.copy2)
         db = d / "mlflow.db"
         if point == "tracking_server_down":  # the DAG is not killed: it must finish by itself
             hit, recovered, db = run_with_tracking_server_down(d, env)
