@@ -132,9 +132,23 @@ def slurm(tmp_path_factory):
             system_conf.unlink(missing_ok=True)
 
 
-def _smk(workdir, *args, env):
-    cmd = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(workdir),
-           f"--configfile={workdir / 'config.yaml'}", *args]
+#: Snakemake with the Slurm plugin's status polls at most 2 s apart. The plugin adds 10 s to its poll
+#: interval after every poll in which no job finished (up to 180 s, hard-coded in
+#: ``snakemake_executor_plugin_slurm``): on this test's 10-20 s jobs that was about 60 s of waiting.
+#: Only how often ``squeue`` is asked changes, not what is submitted or run.
+POLL_2S = """
+import snakemake_executor_plugin_slurm as slurm
+from snakemake.cli import main
+
+_p = slurm.Executor.next_seconds_between_status_checks
+slurm.Executor.next_seconds_between_status_checks = property(_p.fget, lambda self, v: _p.fset(self, min(v, 2)))
+main()
+"""
+
+
+def _smk(workdir, *args, env, poll_2s=False):
+    head = [sys.executable, "-c", POLL_2S] if poll_2s else [sys.executable, "-m", "snakemake"]
+    cmd = [*head, "-s", str(REPO / "Snakefile"), "-d", str(workdir), f"--configfile={workdir / 'config.yaml'}", *args]
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1500)
     assert p.returncode == 0, f"{' '.join(cmd)} failed:\n{p.stdout[-3000:]}\n{p.stderr[-5000:]}"
     return p
@@ -168,7 +182,7 @@ def test_tiny_dag_on_a_real_slurm_matches_the_local_run(slurm, shared, tmp_path)
              # what a user without an accounting database edits: partition and status command
              "--default-resources", "slurm_partition=debug", "runtime=10", "mem_mb=1000",
              "--slurm-status-command", "squeue", "--slurm-init-seconds-before-status-checks", "1",
-             "--latency-wait", "5", "results/table1.csv", env=env)
+             "--latency-wait", "5", "results/table1.csv", env=env, poll_2s=True)
     out = p.stdout + p.stderr
     # Training and evaluation ran as Slurm jobs (the plugin names the job id and the rule's log folder).
     job_ids = {}
