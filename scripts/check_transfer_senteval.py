@@ -99,7 +99,8 @@ def run_senteval(task, args) -> dict:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--senteval", type=Path, required=True, help="a facebookresearch/SentEval checkout (patched for CPU)")
+    p.add_argument("--senteval", type=Path, default=None,
+                   help="a facebookresearch/SentEval checkout (patched for CPU); not needed with --only sentemb")
     p.add_argument("--model", default=str(SHARED / "models" / "all-MiniLM-L6-v2"))
     p.add_argument("--pooler", default="avg")
     p.add_argument("--data-dir", default=str(SHARED / "data" / "senteval"))
@@ -117,8 +118,8 @@ def main() -> int:
     import torch
 
     torch.set_num_threads(args.threads)
-    if not (args.senteval / "senteval" / "engine.py").is_file():
-        p.error(f"--senteval: no senteval/engine.py under {args.senteval}")
+    if args.only != "sentemb" and not (args.senteval and (args.senteval / "senteval" / "engine.py").is_file()):
+        p.error(f"--senteval: no senteval/engine.py under {args.senteval} (or --only sentemb)")
     tasks = [t for t in args.tasks.split(",") if t]
     args.cache.mkdir(parents=True, exist_ok=True)
     encode(tasks, args)
