@@ -70,7 +70,6 @@ STATS_POINTS = {"stats", "paraphrase_shard"}
 #: ``results/stats/``, copied with their times), as a rerun after such a kill finds them: its DAG runs
 #: training, evaluation and the tables, where its kill lands, without fetching and tokenizing again.
 INPUT_POINTS = {"fetch", "stats", "paraphrase_shard"}
-INPUTS = ("resources", "results/stats")
 
 
 def targets(points) -> list[str]:
@@ -239,9 +238,10 @@ def main(argv=None) -> int:
         d.mkdir()
         make_config(d, points)
         if point not in INPUT_POINTS:
-            for sub in INPUTS:
-                if (ref / sub).is_dir():
-                    shutil.copytree(ref / sub, d / sub, copy_function=shutil.copy2)
+            sys.path.insert(0, str(REPO / "src"))
+            from sentemb.testing import copy_dag_inputs
+
+            copy_dag_inputs(ref, d)
         db = d / "mlflow.db"
         if point == "tracking_server_down":  # the DAG is not killed: it must finish by itself
             hit, recovered, db = run_with_tracking_server_down(d, env)

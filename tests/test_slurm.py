@@ -175,9 +175,9 @@ def test_tiny_dag_on_a_real_slurm_matches_the_local_run(slurm, shared, tmp_path)
     _smk(local, "--cores", "2", "results/table1.csv", env=env)
     # the local run's inputs (model, corpus, SentEval, the token cache), as tests/test_tracking_dag.py
     # does: on the cluster, training, evaluation and the table are what run as Slurm jobs
-    for sub in ("resources", "results/stats"):
-        if (local / sub).is_dir():
-            shutil.copytree(local / sub, cluster / sub, copy_function=shutil.copy2)
+    from sentemb.testing import copy_dag_inputs
+
+    assert copy_dag_inputs(local, cluster) == ["resources", "results/stats"]
     p = _smk(cluster, "--workflow-profile", str(REPO / "profiles" / "slurm"), "--jobs", "2",
              # what a user without an accounting database edits: partition and status command
              "--default-resources", "slurm_partition=debug", "runtime=10", "mem_mb=1000",

@@ -23,6 +23,7 @@ import pytest
 import yaml
 
 from conftest import REPO
+from sentemb.testing import copy_dag_inputs
 from sentemb.tracking.server import MlflowServer, free_port
 from sentemb.train.loop import COST_METRICS
 
@@ -94,9 +95,7 @@ def dags(tmp_path_factory, shared):
         finish(p, inputs)
         servers[0].ready()
         for d in (ref, killed, away):  # only training, evaluation and the table run in each DAG
-            for sub in ("resources", "results/stats"):
-                if (inputs / sub).is_dir():
-                    shutil.copytree(inputs / sub, d / sub, copy_function=shutil.copy2)
+            copy_dag_inputs(inputs, d)
         pr, pk, pa = smk(ref, env["reference"]), smk(killed, env["killed"]), smk(away, env["away"])
         wait_for(lambda: (killed / RUN / ".mlflow_run.json").is_file() or pk.poll() is not None, 600,
                  "the training job's MLflow run")

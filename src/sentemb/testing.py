@@ -124,6 +124,25 @@ def _require(cond: bool, message: str) -> None:
 
 
 # ------------------------------------------------------------------------------------ the tiny world
+#: what a DAG's working directory holds once its inputs are made (at the default ``resources_dir`` and
+#: ``results_dir``): fetched models and data, prepared corpora, token caches, corpus statistics
+DAG_INPUTS = ("resources", "results/stats")
+
+
+def copy_dag_inputs(src: str | Path, dst: str | Path, subdirs: tuple[str, ...] = DAG_INPUTS) -> list[str]:
+    """Give the DAG in ``dst`` the inputs another run of the same config made in ``src``, copied with
+    their modification times (as a rerun finds them): its Snakemake then plans training, evaluation
+    and the tables only. Returns the folders copied (those ``src`` has)."""
+    import shutil
+
+    done = []
+    for sub in subdirs:
+        if (Path(src) / sub).is_dir():
+            shutil.copytree(Path(src) / sub, Path(dst) / sub, copy_function=shutil.copy2)
+            done.append(sub)
+    return done
+
+
 def tiny_encoder_dir(root: str | Path) -> Path:
     """A randomly initialised 2-layer BERT (hidden 32, 2 heads) with a tiny WordPiece vocabulary,
     saved in Hugging Face layout under ``root`` (seed 0: the same weights every time)."""
