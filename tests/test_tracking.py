@@ -28,8 +28,10 @@ def test_eight_concurrent_jobs(tmp_path, pre_init):
     # Eight processes of their own, each with its own connection to the store, as eight jobs are. They
     # fork from a server that imported MLflow once (the suite's time budget: a spawned process each
     # imported it again, about 3 CPU-s each). The server opens no store, so every connection is a child's.
+    # (This module itself cannot be preloaded: the server does not put pytest's sys.path in place, so
+    # each child imports it after the fork, to find ``_job``.)
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["mlflow", "sentemb.tracking.runs", __name__])
+    ctx.set_forkserver_preload(["mlflow", "sentemb.tracking.runs"])
     procs = [ctx.Process(target=_job, args=(uri, i)) for i in range(8)]
     for p in procs:
         p.start()

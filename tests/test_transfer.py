@@ -207,6 +207,9 @@ def test_probe_step_is_autograd_and_torch_adam_bit_for_bit(l2reg, one_thread):
             ours.step(grads)
         assert torch.equal(a.weight, b.weight) and torch.equal(a.bias, b.bias), step
     assert not torch.equal(a.weight, torch.nn.Linear(384, 6).weight)  # it moved
+    for bad in ({"amsgrad": True}, {"foreach": True}, {"maximize": True}):  # another update there: refused
+        with pytest.raises(ValueError, match="plain Adam"):
+            _AdamUpdate(torch.optim.Adam(b.parameters(), **bad))
 
 
 def test_torch_protocols_match_the_reference_loop(one_thread):

@@ -368,34 +368,44 @@ class _AdamUpdate:
     hyperparameters: its single-tensor update for CPU tensors (torch 2.13 ``_single_tensor_adam``,
     not capturable, no AMSGrad, L2 ``weight_decay`` added to the gradient) in the same ops and
     order, without the optimizer's per-step dispatch. The step count is a Python number, as
-    ``step_t.item()`` gives it there."""
+    ``step_t.item()`` gives it there. The hyperparameters are read from the optimizer's group at
+    every step (SentEval sets ``param_groups[0]['weight_decay']`` after building it); any setting
+    that would take another code path there is refused."""
 
     def __init__(self, optimizer):
         import torch
 
-        group = optimizer.param_groups[0]
-        if group["amsgrad"] or group["maximize"] or group.get("decoupled_weight_decay"):
-            raise ValueError("_AdamUpdate restates plain Adam only")
+        if len(optimizer.param_groups) != 1:
+            raise ValueError("_AdamUpdate restates one parameter group")
+        self.group = group = optimizer.param_groups[0]
+        other = [k for k in ("amsgrad", "maximize", "foreach", "fused", "capturable", "differentiable",
+                             "decoupled_weight_decay") if group.get(k)]
+        if isinstance(group["lr"], torch.Tensor):
+            other.append("a tensor lr")
+        if any(p.is_complex() or p.device.type != "cpu" for p in group["params"]):
+            other.append("complex or non-CPU parameters")
+        if other:
+            raise ValueError(f"_AdamUpdate restates plain Adam on real CPU tensors only, not with {', '.join(other)}")
         self.params = list(group["params"])
-        self.lr, (self.beta1, self.beta2) = float(group["lr"]), group["betas"]
-        self.eps, self.weight_decay = group["eps"], group["weight_decay"]
         self.exp_avg = [torch.zeros_like(p, memory_format=torch.preserve_format) for p in self.params]
         self.exp_avg_sq = [torch.zeros_like(p, memory_format=torch.preserve_format) for p in self.params]
         self.steps = 0
 
     def step(self, grads) -> None:
+        g = self.group
+        lr, (beta1, beta2), eps, weight_decay = g["lr"], g["betas"], g["eps"], g["weight_decay"]
         self.steps += 1
         step = float(self.steps)
-        bias_correction1 = 1 - self.beta1**step
-        bias_correction2 = 1 - self.beta2**step
-        step_size = self.lr / bias_correction1
+        bias_correction1 = 1 - beta1**step
+        bias_correction2 = 1 - beta2**step
+        step_size = lr / bias_correction1
         bias_correction2_sqrt = bias_correction2**0.5
         for param, grad, exp_avg, exp_avg_sq in zip(self.params, grads, self.exp_avg, self.exp_avg_sq):
-            if self.weight_decay != 0:
-                grad = grad.add(param, alpha=self.weight_decay)
-            exp_avg.lerp_(grad, 1 - self.beta1)
-            exp_avg_sq.mul_(self.beta2).addcmul_(grad, grad, value=1 - self.beta2)
-            denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(self.eps)
+            if weight_decay != 0:
+                grad = grad.add(param, alpha=weight_decay)
+            exp_avg.lerp_(grad, 1 - beta1)
+            exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+            denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
             param.addcdiv_(exp_avg, denom, value=-step_size)
 
 
@@ -780,7 +790,7 @@ def _classify_from_file(features: str, data_dir: str, task: str, k: int, seed: i
 
 #: CPU seconds of SentEval's PyTorch classifier per task for 384-d vectors (MRPC: its 768-d ``code``
 #: features) on this project's 2-core CPU (docs/evaluation.md): the seconds measured with the autograd
-#: loop (MR 279, CR 110, SUBJ 297, MPQA 273, SST2 26, TREC 28, MRPC 14; 1,026 in all) × 0.52, the CPU
+#: loop (MR 279, CR 110, SUBJ 297, MPQA 273, SST2 26, TREC 28, MRPC 14) × 0.52, the CPU
 #: time of ``LinearProbe.fit`` with the direct gradients over the autograd loop's on the same CR fits,
 #: side by side (2026-11-30; the same steps: the same floats stop early at the same epoch). The order in
 #: which worker processes take tasks (longest first) and ``sentemb plan``'s classifier estimate.
