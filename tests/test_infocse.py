@@ -374,6 +374,27 @@ def test_pretrain_stage_is_keyed_by_method_and_backbone_and_read_from_one_block(
         resolve_pretrain(cfg, "simcse", "b")
 
 
+@pytest.mark.parametrize("key,value,good", [("lr", -1, 1e-4), ("epochs", "8", 8), ("max_steps", 0, 7),
+                                            ("chunk_size", "big", 128), ("precision", "fp8", "bf16"),
+                                            ("warmup_ratio", 2.0, 0.1)])
+def test_pretrain_block_errors_are_jsonschema_validates(key, value, good):
+    """The pretrain block's train keys are checked with validators built once; the message is the one
+    ``jsonschema.validate`` (schema checked on every call, the best match of the errors) gives."""
+    import jsonschema
+
+    from sentemb.config.settings import section_schema
+    from sentemb.methods.infocse import validate_pretrain_block
+
+    schema = section_schema("train", defaults=False)["properties"][key]
+    with pytest.raises(jsonschema.ValidationError) as ref:
+        jsonschema.validate(value, schema)
+    with pytest.raises(SentembError) as got:
+        validate_pretrain_block({key: value}, "methods.infocse.pretrain")
+    assert str(got.value) == f"methods.infocse.pretrain.{key}: {ref.value.message}"
+    jsonschema.validate(good, schema)
+    validate_pretrain_block({key: good}, "methods.infocse.pretrain")  # a good value passes
+
+
 def test_pretrain_cli_resumes_bit_identically_and_logs_its_own_mlflow_run(tiny_bert_dir, pretrained, tmp_path):
     from mlflow.tracking import MlflowClient
 

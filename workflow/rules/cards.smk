@@ -16,7 +16,7 @@ rule model_card:
         evaluations=card_evaluations,
         published=PUBLISHED,
         # the model the encoder started from (runs[].weights, else the backbone), whose card the card cites
-        backbone=lambda w: resolve_run(CFG, w.name, w.backbone, int(w.seed)).paths["model"],
+        backbone=lambda w: resolved(w).paths["model"],
     output:
         f"{RUN_DIR}/model_card.json",
     params:

@@ -1,4 +1,5 @@
 # Config validation, shared names and input functions. Rules stay thin: they call `sentemb`.
+import functools
 import json
 import os
 import re
@@ -64,9 +65,21 @@ EVAL_DATA = LAYOUT.eval_data(CFG.evaluation.data)
 GPU_ENV = f"SENTEMB_GPU_SLOTS={CFG.local_gpus} " if CFG.local_gpus else ""
 
 
+@functools.lru_cache(maxsize=None)
+def _resolved(name, backbone, seed):
+    return resolve_run(CFG, name, backbone, seed)
+
+
+def resolved(wildcards):
+    """A training job's resolved settings (sentemb.config.load.resolve_run; a Run, read, never changed),
+    worked out once per job: the DAG asks for them about eight times per job (the train rule's inputs,
+    its resources, run_config, the card), which was most of the paper configuration's `snakemake -n`."""
+    return _resolved(wildcards.name, wildcards.backbone, int(wildcards.seed))
+
+
 def devices_of(wildcards):
     """train.devices of a training job: its processes, one GPU each (sentemb.train.distributed)."""
-    return resolve_run(CFG, wildcards.name, wildcards.backbone, int(wildcards.seed)).train.devices
+    return resolved(wildcards).train.devices
 
 
 def pretrain_devices(wildcards):
@@ -127,7 +140,7 @@ def res(kind, key):
 
 
 def run_of(wildcards):
-    return resolve_run(CFG, wildcards.name, wildcards.backbone, int(wildcards.seed)).to_dict()
+    return resolved(wildcards).to_dict()
 
 
 def method_inputs(wildcards):
@@ -204,7 +217,7 @@ def card_evaluations(wildcards):
 def card_dataset(wildcards):
     """`--dataset HUB_ID` when the run trains on the configured corpus (config corpus.hub_repo);
     nothing for a corpus the pipeline builds itself (sts-unlabeled)."""
-    corpus = resolve_run(CFG, wildcards.name, wildcards.backbone, int(wildcards.seed)).corpus
+    corpus = resolved(wildcards).corpus
     return shell_options(dataset=CFG.corpus.hub_repo if corpus == CFG.corpus.name else None)
 
 

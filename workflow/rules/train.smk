@@ -61,10 +61,10 @@ rule train:
         run=f"{RUN_DIR}/run_config.json",
         options=ancient(f"{RUN_DIR}/run_options.json"),
         # runs[].weights: the entry the encoder starts from; its tokenizer is checked against the backbone's
-        model=lambda w: resolve_run(CFG, w.name, w.backbone, int(w.seed)).paths["model"],
-        backbone_model=lambda w: resolve_run(CFG, w.name, w.backbone, int(w.seed)).paths.get("backbone_model", []),
-        corpus=lambda w: resolve_run(CFG, w.name, w.backbone, int(w.seed)).paths["corpus"],
-        tokens=lambda w: resolve_run(CFG, w.name, w.backbone, int(w.seed)).paths.get("tokens", []),
+        model=lambda w: resolved(w).paths["model"],
+        backbone_model=lambda w: resolved(w).paths.get("backbone_model", []),
+        corpus=lambda w: resolved(w).paths["corpus"],
+        tokens=lambda w: resolved(w).paths.get("tokens", []),
         senteval=LAYOUT.eval_data("senteval"),
         # a new tracking URI reruns no training. The experiment's marker stays the input (not the
         # MLflow settings file, which would spare training a new experiment or tracking.enabled):

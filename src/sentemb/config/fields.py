@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+import types
 import typing
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -68,8 +69,7 @@ def type_name(tp: Any) -> str:
 
 
 def _is_union(tp: Any) -> bool:
-    origin = typing.get_origin(tp)
-    return origin is typing.Union or (origin is not None and str(origin) == "<class 'types.UnionType'>")
+    return isinstance(tp, types.UnionType) or typing.get_origin(tp) is typing.Union
 
 
 def check_value(value: Any, tp: Any) -> bool:
@@ -111,11 +111,24 @@ def default_of(f: dataclasses.Field) -> Any:
     return f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
 
 
+@functools.lru_cache(maxsize=None)
+def _declared(cls: type) -> dict[str, tuple[dataclasses.Field, Any, str]]:
+    """name -> (field, annotation, its type name) of the declared settings of dataclass ``cls``, in
+    declaration order, worked out once per class: resolving the annotations is most of what checking
+    a mapping costs, and the paper configuration's ``snakemake -n`` checks about 17,000 of them.
+    (A plug-in's file edited and imported again is a new class, so it is never served stale.)"""
+    hints = hints_of(cls)
+    return {f.name: (f, hints[f.name], type_name(hints[f.name])) for f in fields(cls)}
+
+
+def _class_of(cls_or_obj: Any) -> type:
+    return cls_or_obj if isinstance(cls_or_obj, type) else type(cls_or_obj)
+
+
 def specs(cls: type) -> list[ArgSpec]:
-    """The declared settings of dataclass ``cls``, in declaration order."""
-    hints = typing.get_type_hints(cls)
-    return [ArgSpec(f.name, type_name(hints[f.name]), default_of(f), f.metadata.get("help", ""), f.metadata.get("choices"))
-            for f in fields(cls)]
+    """The declared settings of dataclass ``cls``, in declaration order (each default a fresh copy)."""
+    return [ArgSpec(name, tn, default_of(f), f.metadata.get("help", ""), f.metadata.get("choices"))
+            for name, (f, _, tn) in _declared(_class_of(cls)).items()]
 
 
 def check_mapping(cls: type, values: Any, where: str, owner: str) -> None:
@@ -123,19 +136,18 @@ def check_mapping(cls: type, values: Any, where: str, owner: str) -> None:
     errors name the key (``where.<name>``). ``owner`` says whose setting it is (unknown names)."""
     if not isinstance(values, dict):
         raise SentembError(f"{where}: must be a mapping of argument names to values, not {type(values).__name__}")
-    hints = typing.get_type_hints(cls)
-    by_name = {s.name: s for s in specs(cls)}
+    declared = _declared(_class_of(cls))
     for key, value in values.items():
-        if key not in by_name:
-            raise SentembError(f"{where}.{key}: unknown argument of {owner} (known: {', '.join(by_name)})")
-        tp = hints[key]
+        if key not in declared:
+            raise SentembError(f"{where}.{key}: unknown argument of {owner} (known: {', '.join(declared)})")
+        f, tp, tn = declared[key]
         if not check_value(value, tp):
-            kind = KIND.get(tp, f"of type {type_name(tp)}")
+            kind = KIND.get(tp, f"of type {tn}")
             raise SentembError(f"{where}.{key}: {value!r} is not {kind}")
-        ch = by_name[key].choices
+        ch = f.metadata.get("choices")
         if ch is not None and any(v not in ch for v in (value if isinstance(value, list) else [value])):
             raise SentembError(f"{where}.{key}: {value!r} is not one of {', '.join(map(repr, ch))}")
-        bad = bound_error(meta_of(cls, key), value)
+        bad = bound_error(f.metadata, value)
         if bad:
             raise SentembError(f"{where}.{key}: {value!r} {bad}")
 
@@ -196,19 +208,22 @@ def _inner_dataclass(tp: Any) -> tuple[str, type] | None:
     return None
 
 
+@functools.lru_cache(maxsize=None)
+def _nested(cls: type) -> tuple[tuple[dataclasses.Field, str, type], ...]:
+    """(field, kind, settings class) of the fields of ``cls`` that hold settings dataclasses
+    (``_inner_dataclass``), once per class."""
+    hints = hints_of(cls)
+    return tuple((f, *inner) for f in fields(cls) if (inner := _inner_dataclass(hints[f.name])) is not None)
+
+
 def build(cls: type, values: dict | None = None):
     """An instance of settings dataclass ``cls`` from a (validated) mapping; nested settings
     dataclasses are built from their sub-mappings over the field's default instance, lists and
     mappings of settings item by item."""
     values = dict(values or {})
-    hints = hints_of(cls)
-    for f in fields(cls):
+    for f, kind, sub in _nested(cls):
         if f.name not in values or values[f.name] is None:
             continue
-        inner = _inner_dataclass(hints[f.name])
-        if inner is None:
-            continue
-        kind, sub = inner
         v = values[f.name]
         if kind == "one" and isinstance(v, dict):
             default = default_of(f)

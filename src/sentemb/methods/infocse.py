@@ -82,6 +82,7 @@ it, as in the authors' ``train_cls_mlm.py``.
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import logging
 from dataclasses import dataclass
@@ -640,11 +641,9 @@ def validate_pretrain_block(block: Any, where: str) -> None:
     """``methods.infocse.pretrain``: train keys (``TrainSettings``) and ``PretrainBlock``'s; errors name the key."""
     import jsonschema
 
-    from ..config.settings import section_schema
-
     if not isinstance(block, dict):
         raise SentembError(f"{where}: must be a mapping, not {type(block).__name__}")
-    props = section_schema("train", defaults=False)["properties"]
+    props = _train_key_validators()
     unknown = [k for k in block if k not in props and k not in PRETRAIN_OWN_KEYS]
     if unknown:
         raise SentembError(f"{where}.{unknown[0]}: unknown pretrain setting (known: "
@@ -654,9 +653,25 @@ def validate_pretrain_block(block: Any, where: str) -> None:
         raise SentembError(f"{where}.mask_rate: {block['mask_rate']!r} must be between 0 and 1")
     for k, v in block.items():
         if k in props:
-            try:
-                jsonschema.validate(v, props[k])
-            except jsonschema.ValidationError as e:
-                raise SentembError(f"{where}.{k}: {e.message}") from None
+            # what jsonschema.validate(v, schema) raises, without checking the schema itself on every call
+            error = jsonschema.exceptions.best_match(props[k].iter_errors(v))
+            if error is not None:
+                raise SentembError(f"{where}.{k}: {error.message}")
+
+
+@functools.lru_cache(maxsize=None)
+def _train_key_validators() -> dict[str, Any]:
+    """train key -> a JSON-schema validator of its override (no default), built once: a config's runs
+    check the same pretrain block many times (the paper configuration's ``snakemake -n``, about 1,000)."""
+    import jsonschema
+
+    from ..config.settings import section_schema
+
+    out = {}
+    for k, schema in section_schema("train", defaults=False)["properties"].items():
+        cls = jsonschema.validators.validator_for(schema)
+        cls.check_schema(schema)
+        out[k] = cls(schema)
+    return out
 
 
