@@ -343,14 +343,15 @@ class _one_torch_thread:
         return False
 
 
-def _probe_gradients(X, y, W, b) -> tuple:
+def _probe_gradients(X, y, W, b, unit=None) -> tuple:
     """``(W.grad, b.grad)`` that ``F.cross_entropy(F.linear(X, W, b), y).backward()`` leaves, by the
     aten ops its graph runs (torch 2.13): ``linear`` is ``addmm(b, X, W.t())``; ``cross_entropy`` is
     ``nll_loss`` (mean) of ``log_softmax``; backward: ``nll_loss_backward`` of a unit gradient,
     ``_log_softmax_backward_data``, then addmm's ``mm_mat2_backward`` (``g.t().mm(X)``, the weight
     being a transposed operand) and the bias's broadcast summed back (``g.sum(0)``). Call it under
     ``torch.no_grad()``. Bit-identical to the autograd step (tests/test_transfer.py) and free of the
-    graph's bookkeeping, which was half of the classifier's time."""
+    graph's bookkeeping, which was half of the classifier's time. ``unit``: the loss's unit gradient
+    (``torch.ones((), dtype=...)`` of the logits' dtype), made once by a caller that steps many times."""
     import torch
     import torch.nn.functional as F
 
@@ -358,7 +359,9 @@ def _probe_gradients(X, y, W, b) -> tuple:
     z = F.linear(X, W, b)
     lsm = torch.log_softmax(z, 1)
     _, total_weight = aten.nll_loss_forward(lsm, y, None, 1, -100)  # reduction 1 = mean, ignore_index -100
-    g = aten.nll_loss_backward(torch.ones((), dtype=z.dtype), lsm, y, None, 1, -100, total_weight)
+    if unit is None or unit.dtype != z.dtype:
+        unit = torch.ones((), dtype=z.dtype)
+    g = aten.nll_loss_backward(unit, lsm, y, None, 1, -100, total_weight)
     g = aten._log_softmax_backward_data(g, lsm, 1, z.dtype)
     return g.t().mm(X), g.sum(0)
 
@@ -483,6 +486,7 @@ class LinearProbe:
                                f"samples, validation_split={validation_split})")
         n, bs = len(Xtr), cfg.batch_size
         W, b = self.model.weight, self.model.bias
+        unit = torch.ones((), dtype=torch.result_type(Xtr[:1], W))  # the loss's unit gradient, in the logits' dtype
         self.nepoch, best, bad, stop, best_state = 0, -1.0, 0, False, None
         while not stop and self.nepoch <= cfg.max_epoch:
             self.model.train()
@@ -491,7 +495,7 @@ class LinearProbe:
                 Xp, yp = Xtr.index_select(0, perm), ytr.index_select(0, perm)
                 with torch.no_grad():
                     for i in range(0, n, bs):
-                        self.adam.step(_probe_gradients(Xp[i:i + bs], yp[i:i + bs], W, b))
+                        self.adam.step(_probe_gradients(Xp[i:i + bs], yp[i:i + bs], W, b, unit))
             self.nepoch += cfg.epoch_size
             acc = self._score(Xdv, ydv)
             if acc > best:
