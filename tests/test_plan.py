@@ -721,3 +721,97 @@ def test_a_prepared_sts_corpus_of_another_form_is_not_read(tmp_path):
     assert corpus_lines(load_config(paper, {"resources_dir": str(tmp_path)}), "sts-unlabeled") == 89_192
     old = {"resources_dir": str(tmp_path), "sts_corpus": {"pairs": "scored", "duplicates": "drop"}}
     assert corpus_lines(load_config(paper, old), "sts-unlabeled") == 2
+
+
+_COUNTED_FIELDS = ("kind", "job", "params", "flops_step", "steps", "mem_gb", "host_gb", "floor_hours", "chunk",
+                   "widths", "shapes")
+
+
+def test_counts_kept_on_disk_are_reused_only_for_the_same_code_and_settings(tmp_path, monkeypatch, caplog):
+    """``plan(count_store=)`` (the CLI's ``--count-cache``): a second plan of the same config counts
+    nothing and prices every job as the first did; other code (torch's version, the method's file) keeps
+    its counts in other files; an unreadable file is counted again, said, and rewritten; the stats
+    settings are part of what a kept count is for."""
+    import dataclasses
+    import json
+    import logging
+
+    from sentemb.ops import plan as P
+
+    config = _minilm_config(tmp_path, {"method": "simcse", "backbone": "tiny-bert", "seeds": [1]})
+    store = tmp_path / "store"
+    counted = []
+    real = P._count
+    monkeypatch.setattr(P, "_count", lambda *a: counted.append(a[1].__name__) or real(*a))
+    first = P.plan(config, "h100", count_store=store)
+    kept = sorted(store.glob("*.json"))
+    assert counted and len(kept) == len(counted)  # every count kept, one file each
+    assert all(set(json.loads(p.read_text())) == set(P._STORED_FIELDS) for p in kept)  # no timing kept
+
+    def fields(rows):
+        return [{f: getattr(r, f) for f in _COUNTED_FIELDS} for r in rows]
+
+    counted.clear()
+    again = P.plan(config, "h100", count_store=store)
+    assert counted == [] and fields(again) == fields(first)
+    assert sorted(store.glob("*.json")) == kept
+
+    # other code: another file for every count (the fingerprint follows the versions and the method's file)
+    import torch
+
+    from sentemb.config.settings import Config
+    from sentemb.methods.arccse import ArcCSE
+    from sentemb.methods.simcse import SimCSE
+
+    cfg, key = Config.of(config), ("measure", "x", 32)
+    ours = P.CountStore(store).fingerprint(SimCSE)
+    assert P.CountStore(store).fingerprint(SimCSE) == ours != P.CountStore(store).fingerprint(ArcCSE)
+    with monkeypatch.context() as m:
+        m.setattr(torch, "__version__", "0.0")
+        assert P.CountStore(store).fingerprint(SimCSE) != ours
+        m.setattr(P.CountStore, "fingerprint", lambda self, cls: "other code")
+        assert P.CountStore(store).path(key, SimCSE, cfg) not in kept
+
+    # an unreadable count: counted again (and said), the file rewritten whole
+    counted.clear()
+    kept[0].write_text('{"layers": 2, "flo')
+    with caplog.at_level(logging.WARNING, logger="sentemb.ops.plan"):
+        mended = P.plan(config, "h100", count_store=store)
+    assert len(counted) == 1 and fields(mended) == fields(first)
+    assert str(kept[0]) in caplog.text and "counting again" in caplog.text
+    assert set(json.loads(kept[0].read_text())) == set(P._STORED_FIELDS)
+    assert not list(store.glob("*.tmp"))
+
+    # the stats settings (the method inputs are built with them) are in what a count is kept for
+    cs = P.CountStore(store)
+    other_stats = dataclasses.replace(cfg, stats=dataclasses.replace(cfg.stats, corpus_report=not cfg.stats.corpus_report))
+    assert cs.path(key, P.Measure, cfg) != cs.path(key, P.Measure, other_stats)
+    assert cs.path(key, P.Measure, cfg) == P.CountStore(store).path(key, P.Measure, cfg)
+
+
+def test_the_count_cache_folder_is_the_option_then_the_environment_then_the_user_cache(monkeypatch, tmp_path):
+    """``--count-cache DIR|none``, else ``$SENTEMB_PLAN_CACHE`` (``none``: no store), else
+    ``$XDG_CACHE_HOME/sentemb/plan-counts``, else ``~/.cache/sentemb/plan-counts``."""
+    from sentemb.cli import main
+    from sentemb.cli import plan as cli_plan
+    from sentemb.ops.plan import default_count_store
+
+    monkeypatch.delenv("SENTEMB_PLAN_CACHE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert default_count_store() == tmp_path / "xdg" / "sentemb" / "plan-counts"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert default_count_store() == tmp_path / "home" / ".cache" / "sentemb" / "plan-counts"
+    monkeypatch.setenv("SENTEMB_PLAN_CACHE", "None")
+    assert default_count_store() is None
+    monkeypatch.setenv("SENTEMB_PLAN_CACHE", str(tmp_path / "env"))
+    assert default_count_store() == tmp_path / "env"
+
+    seen = []
+    monkeypatch.setattr(cli_plan, "plan", lambda *a, **k: seen.append(k["count_store"]) or [])
+    monkeypatch.setattr(cli_plan, "format_plan", lambda *a, **k: "")
+    demo = str(REPO / "config" / "demo.yaml")
+    assert main(["plan", "--config", demo]) == 0
+    assert main(["plan", "--config", demo, "--count-cache", "none"]) == 0
+    assert main(["plan", "--config", demo, "--count-cache", str(tmp_path / "opt")]) == 0
+    assert seen == [tmp_path / "env", None, tmp_path / "opt"]

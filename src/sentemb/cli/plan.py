@@ -11,7 +11,8 @@ from pathlib import Path
 
 from .. import SentembError
 
-from ..ops.plan import DEFAULT_GPU, DEFAULT_MARGIN, DEFAULT_MFU, GPU_MEMORY_GB, format_plan, gpu_spec, plan
+from ..ops.plan import (DEFAULT_GPU, DEFAULT_MARGIN, DEFAULT_MFU, GPU_MEMORY_GB, default_count_store, format_plan, gpu_spec,
+                        plan)
 from .argtypes import positive_int, non_negative_float, positive_float, share
 
 
@@ -56,8 +57,10 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     _set_threads(args.threads)
     graphs = {"on": True, "off": False}.get(args.graphs)
     compile_ = {"on": True, "off": False}.get(args.compile)
+    store = default_count_store() if args.count_cache is None else (
+        None if args.count_cache.lower() == "none" else Path(args.count_cache))
     rows = plan(config, args.gpu, args.mfu, args.margin, lengths_from=args.lengths_from, graphs=graphs,
-                compile=compile_)
+                compile=compile_, count_store=store)
     if args.json:
         Path(args.json).write_text(json.dumps([dataclasses.asdict(r) for r in rows], indent=1))
     print(format_plan(rows, gpu_spec(args.gpu)[0], args.mfu))
@@ -127,6 +130,12 @@ def register(sub) -> None:
                         "graphs, the compiled step launched from the host is priced at its measured floor where one "
                         "was measured (width 768, attention auto or sdpa), else as eager")
     p.add_argument("--threads", type=positive_int, default=None, help=THREADS_HELP)
+    p.add_argument("--count-cache", default=None, metavar="DIR",
+                   help="where the step counts are kept and reused by the next plan: a count is reused only for the "
+                        "same job shape and width, the same stats settings, method file, sentemb sources and Python, "
+                        "torch and transformers versions (sentemb.ops.plan.CountStore); batch building is timed anew "
+                        "every time. Default $SENTEMB_PLAN_CACHE, else $XDG_CACHE_HOME/sentemb/plan-counts or "
+                        "~/.cache/sentemb/plan-counts; 'none': count everything, keep nothing")
     p.set_defaults(func=_cmd_plan)
 
     p = sub.add_parser("plan-check", help="sentemb plan's step estimate against steps measured on a GPU "

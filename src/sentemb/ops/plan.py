@@ -93,6 +93,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import gc
 import hashlib
 import json
@@ -280,12 +281,14 @@ class Counter:
     under one temporary directory)."""
 
     def __init__(self, config: dict | Config, work: Path, lengths_from: str | Path | None = None,
-                 sample: int | None = LENGTH_SAMPLE):
+                 sample: int | None = LENGTH_SAMPLE, store: "CountStore | None" = None):
         self.config, self.work = Config.of(config), Path(work)
         self.lengths_from = lengths_from
         self.sample = sample  # lines of a corpus text the lengths are read from (None: every line)
         self.cache: dict = {}
         self.counts: list[tuple[str, int, float]] = []  # (method class, width, seconds) of every step counted
+        self.store = store  # counts kept across invocations (``CountStore``; None: none)
+        self.reused = 0  # counts read from ``store`` instead of counted
 
     def model_dir(self, arch: str | dict, layers: int) -> Path:
         from .shapes import write_model_dir
@@ -431,6 +434,11 @@ class Counter:
                                     log_grad_norms=False, num_threads=None, buckets=None)  # the width as asked
         local = dataclasses.replace(run, train=train, method_args=args, tracking={"enabled": False, "uri": None},
                                     paths={"model": str(model), "corpus": "", "senteval": None, "inputs": {}})
+        if key not in self.cache and self.store is not None:
+            kept = self.store.get(key, cls, self.config)
+            if kept is not None:
+                self.cache[key] = kept
+                self.reused += 1
         if key not in self.cache:
             corpus = self.corpus(width)
             inputs = {n: str(self.input(n, corpus, model)) for n in needed}
@@ -439,6 +447,8 @@ class Counter:
                                                          **self._token_path(t, corpus, arch, model)}), cls)
             self.counts.append((cls.__name__, width, time.perf_counter() - t0))
             self.cache[key] = m
+            if self.store is not None:
+                self.store.put(key, cls, self.config, m)
             _release()
             log.info("counted %s %s %s max_len %d width %d: %.3g FLOPs/micro-step at %d layers", cls.__name__,
                      run.backbone, json.dumps(_reduced(run.method, args), default=str), t.max_len, width, m.flops, layers)
@@ -471,6 +481,106 @@ class Counter:
         except (SentembError, OSError) as e:
             log.warning("sentemb plan: %s's batch building not timed: %s", cls.__name__, e)
             return None
+
+
+# ------------------------------------------------------------------------------ counts kept on disk
+#: what a count of the store holds: the counted fields of a ``Measure`` (never ``build_s``, a timing of
+#: this CPU at that moment, nor ``kinds``, which the pricing attaches)
+_STORED_FIELDS = ("layers", "flops", "flops_layer", "act_bytes", "act_layer", "trainable", "frozen", "params_layer",
+                  "grad_passes", "nograd_passes", "frozen_layer")
+
+
+def default_count_store() -> Path | None:
+    """Where ``sentemb plan`` keeps its counts unless told (``--count-cache``): ``$SENTEMB_PLAN_CACHE``
+    (``none``: nowhere), else ``$XDG_CACHE_HOME/sentemb/plan-counts``, else ``~/.cache/sentemb/plan-counts``."""
+    import os
+
+    env = os.environ.get("SENTEMB_PLAN_CACHE")
+    if env:
+        return None if env.lower() == "none" else Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "sentemb" / "plan-counts"
+
+
+class CountStore:
+    """The plan's counts (``Counter.measure``'s ``Measure`` of one job shape at one width) kept in
+    ``root`` across invocations, one JSON file each: counting is about half of the paper
+    configuration's plan (76 counts, 146 s of 265 s on 2 cores), and a config edited between two plans
+    mostly meets the shapes the first one counted. A count is reused only where all it was computed
+    from is the same: the job shape and width (the in-memory key), the config's ``stats`` section (the
+    method inputs built on the counting corpus: RAKE's phrases, TF-IDF), the method class's module
+    file, this package's own source files, and the versions of Python, torch and transformers
+    (``fingerprint``). A file that cannot be read or does not hold a count is counted again and
+    rewritten (a warning names it). Batch building is timed in every invocation, never kept: it is
+    this CPU's time at that moment."""
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+        self._prints: dict = {}
+
+    def fingerprint(self, cls) -> str:
+        """The digest of the code and versions a count of method class ``cls`` was computed with."""
+        if cls not in self._prints:
+            import inspect
+            import sys
+
+            import torch
+            import transformers
+
+            h = hashlib.sha256()
+            for part in (sys.version.split()[0], torch.__version__, transformers.__version__):
+                h.update(part.encode() + b"\0")
+            h.update(_package_digest().encode())
+            try:
+                src = inspect.getsourcefile(cls)
+            except TypeError:
+                src = None
+            h.update(hashlib.sha256(Path(src).read_bytes()).hexdigest().encode() if src else f"{cls.__module__}.{cls.__qualname__}".encode())
+            self._prints[cls] = h.hexdigest()
+        return self._prints[cls]
+
+    def path(self, key: tuple, cls, config: Config) -> Path:
+        from ..config.fields import to_dict
+
+        ident = json.dumps([list(key), to_dict(config.stats), self.fingerprint(cls)], sort_keys=True, default=str)
+        return self.root / f"{hashlib.sha256(ident.encode()).hexdigest()}.json"
+
+    def get(self, key: tuple, cls, config: Config) -> "Measure | None":
+        p = self.path(key, cls, config)
+        if not p.exists():
+            return None
+        try:
+            data = json.loads(p.read_text("utf-8"))
+            return Measure(**{f: data[f] for f in _STORED_FIELDS})
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            log.warning("sentemb plan: the kept count %s is unreadable (%s): counting again", p, e)
+            return None
+
+    def put(self, key: tuple, cls, config: Config, m: "Measure") -> None:
+        """Write one count (atomically: a plan stopped meanwhile leaves no half file); an unwritable
+        store is said once and otherwise ignored (the plan stays right, only slower next time)."""
+        import os
+
+        p = self.path(key, cls, config)
+        try:
+            p.parent.mkdir(parents=True, exist_ok=True)
+            tmp = p.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps({f: getattr(m, f) for f in _STORED_FIELDS}), "utf-8")
+            os.replace(tmp, p)
+        except OSError as e:
+            if not getattr(self, "_warned", False):
+                self._warned = True
+                log.warning("sentemb plan: counts are not kept in %s (%s)", self.root, e)
+
+
+@functools.lru_cache(maxsize=1)
+def _package_digest() -> str:
+    """sha256 of this package's Python sources (relative path and bytes of each, in path order)."""
+    root = Path(__file__).resolve().parent.parent
+    h = hashlib.sha256()
+    for f in sorted(root.rglob("*.py")):
+        h.update(str(f.relative_to(root)).encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()
 
 
 @contextlib.contextmanager
@@ -1414,10 +1524,12 @@ def _flag(row: Row, gpu: str, res: dict, margin: float) -> Row:
 
 def plan(config: dict | Config, gpu: str = DEFAULT_GPU, mfu: float | None = DEFAULT_MFU, margin: float = DEFAULT_MARGIN,
          work: str | Path | None = None, lengths_from: str | Path | None = None, graphs: bool | None = None,
-         compile: bool | None = None) -> list[Row]:
+         compile: bool | None = None, count_store: str | Path | None = None) -> list[Row]:
     """Every job of the configuration's DAG with its estimate (see the module docstring).
     ``graphs``, ``compile``: price every training and pretraining job with ``train.graphs``,
-    ``train.compile`` set so (a what-if; None: as each run sets it)."""
+    ``train.compile`` set so (a what-if; None: as each run sets it). ``count_store``: a folder whose
+    counts (``CountStore``) are reused and where new ones are kept (None: count everything; the CLI
+    passes ``default_count_store()``)."""
     import torch
 
     from ..config.load import baseline_transfer, baselines, jobs, resolve_run, tested, transfer_runs
@@ -1430,7 +1542,7 @@ def plan(config: dict | Config, gpu: str = DEFAULT_GPU, mfu: float | None = DEFA
     torch.manual_seed(0)
     rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="sentemb-plan-", dir=work) as tmp, _frozen_imports():
-        counter = Counter(cfg, Path(tmp), lengths_from)
+        counter = Counter(cfg, Path(tmp), lengths_from, store=CountStore(count_store) if count_store else None)
         # pretraining stages: once per method and backbone a run of it reads
         for method in sorted({r.method for r in cfg.runs if get_method(r.method).pretrain_stage}):
             cls = get_method(method)
@@ -1467,9 +1579,10 @@ def plan(config: dict | Config, gpu: str = DEFAULT_GPU, mfu: float | None = DEFA
                 rows.append(_classify_row(cfg, label, arch, resources["classify"], gpu, margin))
         rows.extend(_paraphrase_rows(cfg, gpu, resources["paraphrase"], margin))
         widths = sorted({c[1] for c in counter.counts})
-        log.info("counted %d steps (width: counts %s) in %.0f s", len(counter.counts),
+        log.info("counted %d steps (width: counts %s) in %.0f s%s", len(counter.counts),
                  ", ".join(f"{w}: {sum(c[1] == w for c in counter.counts)}" for w in widths),
-                 sum(c[2] for c in counter.counts))
+                 sum(c[2] for c in counter.counts),
+                 f"; {counter.reused} reused from {counter.store.root}" if counter.store is not None else "")
     return rows
 
 
