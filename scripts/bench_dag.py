@@ -2,7 +2,7 @@
 
 Every ``snakemake`` invocation pays this before its first job starts (a dry run, a real run, and on a
 cluster every job's own Snakemake, which parses the Snakefile again). It prints one table row per
-config: its jobs, and the wall seconds of ``snakemake -n -q all`` (median of ``--repeat`` runs) with
+config: its jobs, and the wall seconds of ``snakemake -n --configfile=CONFIG all`` (median of ``--repeat`` runs) with
 this checkout's sources and, with ``--ref DIR``, with another checkout's (e.g. a ``git worktree`` of
 an older commit: its ``src`` goes first on ``PYTHONPATH``, its Snakefile is read)::
 
@@ -29,7 +29,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def dry_run(checkout: Path, config: str) -> tuple[float, int]:
     """(wall seconds, jobs) of one ``snakemake -n`` in ``checkout`` with its own sources."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(checkout / "src"), os.environ.get("PYTHONPATH", "")])}
+    path = [str(checkout / "src")] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
     cmd = [str(Path(sys.executable).parent / "snakemake"), "-n", f"--configfile={config}", "all"]
     t0 = time.perf_counter()
     out = subprocess.run(cmd, cwd=checkout, env=env, capture_output=True, text=True)

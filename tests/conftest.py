@@ -10,7 +10,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 # `sentemb plan` (the CLI) keeps its counts in the user's cache folder: not the suite's (tests/test_plan.py
 # sets a store of its own where it tests one)
-os.environ.setdefault("SENTEMB_PLAN_CACHE", "none")
+os.environ["SENTEMB_PLAN_CACHE"] = "none"
 
 
 def shared_dir() -> Path | None:

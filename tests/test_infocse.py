@@ -377,7 +377,7 @@ def test_pretrain_stage_is_keyed_by_method_and_backbone_and_read_from_one_block(
 @pytest.mark.parametrize("key,value,good", [("lr", -1, 1e-4), ("epochs", "8", 8), ("max_steps", 0, 7),
                                             ("chunk_size", "big", 128), ("precision", "fp8", "bf16"),
                                             ("warmup_ratio", 2.0, 0.1)])
-def test_pretrain_block_errors_are_jsonschema_validates(key, value, good):
+def test_pretrain_block_errors_match_jsonschema_validate(key, value, good):
     """The pretrain block's train keys are checked with validators built once; the message is the one
     ``jsonschema.validate`` (schema checked on every call, the best match of the errors) gives."""
     import jsonschema

@@ -729,24 +729,31 @@ _COUNTED_FIELDS = ("kind", "job", "params", "flops_step", "steps", "mem_gb", "ho
 
 def test_counts_kept_on_disk_are_reused_only_for_the_same_code_and_settings(tmp_path, monkeypatch, caplog):
     """``plan(count_store=)`` (the CLI's ``--count-cache``): a second plan of the same config counts
-    nothing and prices every job as the first did; other code (torch's version, the method's file) keeps
-    its counts in other files; an unreadable file is counted again, said, and rewritten; the stats
-    settings are part of what a kept count is for."""
+    nothing and prices every job as the first did; other code (torch's version, the method's file), a
+    counted job with other train settings (``graphs``: other work per step) or other ``stats`` settings
+    keep their counts in other files; an unreadable file is counted again, said, and rewritten."""
     import dataclasses
     import json
     import logging
+    from importlib import metadata
 
+    from sentemb.config.settings import Config
+    from sentemb.methods.arccse import ArcCSE
+    from sentemb.methods.simcse import SimCSE
     from sentemb.ops import plan as P
 
     config = _minilm_config(tmp_path, {"method": "simcse", "backbone": "tiny-bert", "seeds": [1]})
-    store = tmp_path / "store"
-    counted = []
-    real = P._count
+    cfg, store = Config.of(config), tmp_path / "store"
+    counted, puts = [], []
+    real, real_put = P._count, P.CountStore.put
     monkeypatch.setattr(P, "_count", lambda *a: counted.append(a[1].__name__) or real(*a))
+    monkeypatch.setattr(P.CountStore, "put", lambda self, *a: puts.append(a[:4]) or real_put(self, *a))
     first = P.plan(config, "h100", count_store=store)
-    kept = sorted(store.glob("*.json"))
-    assert counted and len(kept) == len(counted)  # every count kept, one file each
+    kept = sorted(store.glob("*/*.json"))
+    assert counted and len(kept) == len(counted) == len(puts)  # every count kept, one file each
     assert all(set(json.loads(p.read_text())) == set(P._STORED_FIELDS) for p in kept)  # no timing kept
+    key, cls, _, job = puts[0]
+    assert cls is SimCSE and P.CountStore(store).path(key, cls, cfg, job) in kept
 
     def fields(rows):
         return [{f: getattr(r, f) for f in _COUNTED_FIELDS} for r in rows]
@@ -754,23 +761,20 @@ def test_counts_kept_on_disk_are_reused_only_for_the_same_code_and_settings(tmp_
     counted.clear()
     again = P.plan(config, "h100", count_store=store)
     assert counted == [] and fields(again) == fields(first)
-    assert sorted(store.glob("*.json")) == kept
+    assert sorted(store.glob("*/*.json")) == kept
 
-    # other code: another file for every count (the fingerprint follows the versions and the method's file)
-    import torch
-
-    from sentemb.config.settings import Config
-    from sentemb.methods.arccse import ArcCSE
-    from sentemb.methods.simcse import SimCSE
-
-    cfg, key = Config.of(config), ("measure", "x", 32)
+    # other code, another counted job, other stats settings: another file (never one that was kept)
     ours = P.CountStore(store).fingerprint(SimCSE)
     assert P.CountStore(store).fingerprint(SimCSE) == ours != P.CountStore(store).fingerprint(ArcCSE)
     with monkeypatch.context() as m:
-        m.setattr(torch, "__version__", "0.0")
+        version = metadata.version
+        m.setattr(metadata, "version", lambda lib: "0.0" if lib == "torch" else version(lib))
         assert P.CountStore(store).fingerprint(SimCSE) != ours
-        m.setattr(P.CountStore, "fingerprint", lambda self, cls: "other code")
-        assert P.CountStore(store).path(key, SimCSE, cfg) not in kept
+        assert P.CountStore(store).path(key, cls, cfg, job) not in kept
+    graphed = {**job, "train": {**job["train"], "graphs": not job["train"]["graphs"]}}
+    assert P.CountStore(store).path(key, cls, cfg, graphed) not in kept
+    other_stats = dataclasses.replace(cfg, stats=dataclasses.replace(cfg.stats, corpus_report=not cfg.stats.corpus_report))
+    assert P.CountStore(store).path(key, cls, other_stats, job) not in kept
 
     # an unreadable count: counted again (and said), the file rewritten whole
     counted.clear()
@@ -780,13 +784,7 @@ def test_counts_kept_on_disk_are_reused_only_for_the_same_code_and_settings(tmp_
     assert len(counted) == 1 and fields(mended) == fields(first)
     assert str(kept[0]) in caplog.text and "counting again" in caplog.text
     assert set(json.loads(kept[0].read_text())) == set(P._STORED_FIELDS)
-    assert not list(store.glob("*.tmp"))
-
-    # the stats settings (the method inputs are built with them) are in what a count is kept for
-    cs = P.CountStore(store)
-    other_stats = dataclasses.replace(cfg, stats=dataclasses.replace(cfg.stats, corpus_report=not cfg.stats.corpus_report))
-    assert cs.path(key, P.Measure, cfg) != cs.path(key, P.Measure, other_stats)
-    assert cs.path(key, P.Measure, cfg) == P.CountStore(store).path(key, P.Measure, cfg)
+    assert not list(store.rglob("*.tmp"))
 
 
 def test_the_count_cache_folder_is_the_option_then_the_environment_then_the_user_cache(monkeypatch, tmp_path):

@@ -57,7 +57,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     _set_threads(args.threads)
     graphs = {"on": True, "off": False}.get(args.graphs)
     compile_ = {"on": True, "off": False}.get(args.compile)
-    store = default_count_store() if args.count_cache is None else (
+    store = default_count_store() if not args.count_cache else (
         None if args.count_cache.lower() == "none" else Path(args.count_cache))
     rows = plan(config, args.gpu, args.mfu, args.margin, lengths_from=args.lengths_from, graphs=graphs,
                 compile=compile_, count_store=store)
@@ -132,10 +132,10 @@ def register(sub) -> None:
     p.add_argument("--threads", type=positive_int, default=None, help=THREADS_HELP)
     p.add_argument("--count-cache", default=None, metavar="DIR",
                    help="where the step counts are kept and reused by the next plan: a count is reused only for the "
-                        "same job shape and width, the same stats settings, method file, sentemb sources and Python, "
-                        "torch and transformers versions (sentemb.ops.plan.CountStore); batch building is timed anew "
-                        "every time. Default $SENTEMB_PLAN_CACHE, else $XDG_CACHE_HOME/sentemb/plan-counts or "
-                        "~/.cache/sentemb/plan-counts; 'none': count everything, keep nothing")
+                        "same counted job (shape, width, train settings, method arguments), stats settings, method "
+                        "file, sentemb sources and library versions (sentemb.ops.plan.CountStore); batch building is "
+                        "timed anew every time. Default $SENTEMB_PLAN_CACHE, else $XDG_CACHE_HOME/sentemb/plan-counts "
+                        "or ~/.cache/sentemb/plan-counts; 'none': count everything, keep nothing")
     p.set_defaults(func=_cmd_plan)
 
     p = sub.add_parser("plan-check", help="sentemb plan's step estimate against steps measured on a GPU "

@@ -281,7 +281,7 @@ class Counter:
     under one temporary directory)."""
 
     def __init__(self, config: dict | Config, work: Path, lengths_from: str | Path | None = None,
-                 sample: int | None = LENGTH_SAMPLE, store: "CountStore | None" = None):
+                 sample: int | None = LENGTH_SAMPLE, store: CountStore | None = None):
         self.config, self.work = Config.of(config), Path(work)
         self.lengths_from = lengths_from
         self.sample = sample  # lines of a corpus text the lengths are read from (None: every line)
@@ -434,8 +434,10 @@ class Counter:
                                     log_grad_norms=False, num_threads=None, buckets=None)  # the width as asked
         local = dataclasses.replace(run, train=train, method_args=args, tracking={"enabled": False, "uri": None},
                                     paths={"model": str(model), "corpus": "", "senteval": None, "inputs": {}})
+        # what the count is of, beyond the in-memory key: the counted job's settings (for the store)
+        job = {"method": run.method, "train": local.train.to_dict(), "method_args": args}
         if key not in self.cache and self.store is not None:
-            kept = self.store.get(key, cls, self.config)
+            kept = self.store.get(key, cls, self.config, job)
             if kept is not None:
                 self.cache[key] = kept
                 self.reused += 1
@@ -448,7 +450,7 @@ class Counter:
             self.counts.append((cls.__name__, width, time.perf_counter() - t0))
             self.cache[key] = m
             if self.store is not None:
-                self.store.put(key, cls, self.config, m)
+                self.store.put(key, cls, self.config, job, m)
             _release()
             log.info("counted %s %s %s max_len %d width %d: %.3g FLOPs/micro-step at %d layers", cls.__name__,
                      run.backbone, json.dumps(_reduced(run.method, args), default=str), t.max_len, width, m.flops, layers)
@@ -505,49 +507,66 @@ def default_count_store() -> Path | None:
 class CountStore:
     """The plan's counts (``Counter.measure``'s ``Measure`` of one job shape at one width) kept in
     ``root`` across invocations, one JSON file each: counting is about half of the paper
-    configuration's plan (76 counts, 146 s of 265 s on 2 cores), and a config edited between two plans
-    mostly meets the shapes the first one counted. A count is reused only where all it was computed
-    from is the same: the job shape and width (the in-memory key), the config's ``stats`` section (the
-    method inputs built on the counting corpus: RAKE's phrases, TF-IDF), the method class's module
-    file, this package's own source files, and the versions of Python, torch and transformers
-    (``fingerprint``). A file that cannot be read or does not hold a count is counted again and
-    rewritten (a warning names it). Batch building is timed in every invocation, never kept: it is
-    this CPU's time at that moment."""
+    configuration's plan (76 counts, 135 s of a 246 s plan on 2 cores), and a config edited between two
+    plans mostly meets the shapes the first one counted. A kept count is read only for a count of the
+    same job as the one that wrote it (``path``): the shape and width (the in-memory key), the counted
+    job's whole train settings and method arguments (``train.graphs``, ``dropout`` or ``attention``
+    change what a step saves and runs, though the in-memory key leaves them out), the config's ``stats``
+    section (the method inputs built on the counting corpus: RAKE's phrases, TF-IDF), and the
+    ``fingerprint``: this package's sources, the method class's own file (not other files it imports,
+    nor NLTK's data files), and the versions of Python, torch, transformers and the input builders'
+    libraries. Each
+    fingerprint has its own subfolder (an old one can be deleted whole). A class without a source file
+    (defined in a notebook) is never kept. A file that cannot be read or does not hold a count is
+    counted again and rewritten (a warning names it). Batch building is timed in every invocation,
+    never kept: it is this CPU's time at that moment."""
+
+    #: libraries whose version a count depends on besides Python's (the inputs' builders: NLTK's
+    #: tokenizers and RAKE for PaSeR's phrases, scikit-learn for TF-IDF, the tokenizers)
+    LIBRARIES = ("torch", "transformers", "tokenizers", "nltk", "rake-nltk", "scikit-learn")
 
     def __init__(self, root: str | Path):
         self.root = Path(root)
         self._prints: dict = {}
+        self._warned = False
 
-    def fingerprint(self, cls) -> str:
-        """The digest of the code and versions a count of method class ``cls`` was computed with."""
+    def fingerprint(self, cls) -> str | None:
+        """The digest of the code and versions a count of method class ``cls`` is computed with; None
+        where ``cls`` has no readable source file (its counts are not kept)."""
         if cls not in self._prints:
             import inspect
             import sys
+            from importlib import metadata
 
-            import torch
-            import transformers
-
-            h = hashlib.sha256()
-            for part in (sys.version.split()[0], torch.__version__, transformers.__version__):
-                h.update(part.encode() + b"\0")
-            h.update(_package_digest().encode())
             try:
-                src = inspect.getsourcefile(cls)
-            except TypeError:
-                src = None
-            h.update(hashlib.sha256(Path(src).read_bytes()).hexdigest().encode() if src else f"{cls.__module__}.{cls.__qualname__}".encode())
-            self._prints[cls] = h.hexdigest()
+                src = Path(inspect.getsourcefile(cls) or "")
+                h = hashlib.sha256(f"python {sys.version.split()[0]}\0".encode())
+                for lib in self.LIBRARIES:
+                    try:
+                        h.update(f"{lib} {metadata.version(lib)}\0".encode())
+                    except metadata.PackageNotFoundError:
+                        h.update(f"{lib} absent\0".encode())
+                h.update(_package_digest().encode() + b"\0" + hashlib.sha256(src.read_bytes()).digest())
+                self._prints[cls] = h.hexdigest()
+            except (TypeError, OSError) as e:
+                log.info("sentemb plan: %s's counts are not kept (its source file: %s)", cls.__name__, e)
+                self._prints[cls] = None
         return self._prints[cls]
 
-    def path(self, key: tuple, cls, config: Config) -> Path:
+    def path(self, key: tuple, cls, config: Config, job: dict) -> Path | None:
+        """The file of the count of ``key`` for the counted job ``job`` (its ``train`` settings and
+        ``method_args``); None where ``cls``'s counts are not kept."""
         from ..config.fields import to_dict
 
-        ident = json.dumps([list(key), to_dict(config.stats), self.fingerprint(cls)], sort_keys=True, default=str)
-        return self.root / f"{hashlib.sha256(ident.encode()).hexdigest()}.json"
+        print_ = self.fingerprint(cls)
+        if print_ is None:
+            return None
+        ident = json.dumps([list(key), job, to_dict(config.stats)], sort_keys=True, default=str)
+        return self.root / print_[:16] / f"{hashlib.sha256(ident.encode()).hexdigest()}.json"
 
-    def get(self, key: tuple, cls, config: Config) -> "Measure | None":
-        p = self.path(key, cls, config)
-        if not p.exists():
+    def get(self, key: tuple, cls, config: Config, job: dict) -> Measure | None:
+        p = self.path(key, cls, config, job)
+        if p is None or not p.exists():
             return None
         try:
             data = json.loads(p.read_text("utf-8"))
@@ -556,21 +575,30 @@ class CountStore:
             log.warning("sentemb plan: the kept count %s is unreadable (%s): counting again", p, e)
             return None
 
-    def put(self, key: tuple, cls, config: Config, m: "Measure") -> None:
-        """Write one count (atomically: a plan stopped meanwhile leaves no half file); an unwritable
-        store is said once and otherwise ignored (the plan stays right, only slower next time)."""
+    def put(self, key: tuple, cls, config: Config, job: dict, m: Measure) -> None:
+        """Write one count (atomically: a plan stopped meanwhile, or another plan writing the same
+        count, leaves no half file); an unwritable store is said once and otherwise ignored (the plan
+        stays right, only slower next time)."""
         import os
 
-        p = self.path(key, cls, config)
+        p = self.path(key, cls, config, job)
+        if p is None:
+            return
+        tmp = None
         try:
             p.parent.mkdir(parents=True, exist_ok=True)
-            tmp = p.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps({f: getattr(m, f) for f in _STORED_FIELDS}), "utf-8")
+            fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=p.stem, suffix=".tmp")
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump({f_: getattr(m, f_) for f_ in _STORED_FIELDS}, f)
             os.replace(tmp, p)
+            tmp = None
         except OSError as e:
-            if not getattr(self, "_warned", False):
+            if not self._warned:
                 self._warned = True
                 log.warning("sentemb plan: counts are not kept in %s (%s)", self.root, e)
+        finally:
+            if tmp is not None:
+                Path(tmp).unlink(missing_ok=True)
 
 
 @functools.lru_cache(maxsize=1)
