@@ -507,7 +507,7 @@ def default_count_store() -> Path | None:
 class CountStore:
     """The plan's counts (``Counter.measure``'s ``Measure`` of one job shape at one width) kept in
     ``root`` across invocations, one JSON file each: counting is about half of the paper
-    configuration's plan (76 counts, 135 s of a 246 s plan on 2 cores), and a config edited between two
+    configuration's plan (76 counts, 146 s of a 259 s plan on 2 cores), and a config edited between two
     plans mostly meets the shapes the first one counted. A kept count is read only for a count of the
     same job as the one that wrote it (``path``): the shape and width (the in-memory key), the counted
     job's whole train settings and method arguments (``train.graphs``, ``dropout`` or ``attention``
