@@ -536,6 +536,48 @@ def test_real_tfidf_against_sklearn_and_stable(wiki, tmp_path):
     assert {"the", ".", ","} == set(t.nlargest(3, "df")["term"])
 
 
+#: strings for every pattern group of NLTK's Treebank tokenizer: opening and closing quotes (ASCII,
+#: typographic, guillemets), punctuation before and after digits, ellipses, brackets, double dashes,
+#: contractions (cannot, gonna, 'tis, 'twas), possessives, a sentence-final period after a bracket
+TOKENIZER_EDGES = [
+    '"Hello," she said -- "it\'s 3:30 p.m.!"', "«Bonjour» „Guten Tag“ ‘single’ `backticks' ``double''",
+    "I cannot, I won't, we're gonna... 'Tis true and 'twas so.", "Prices: $3.88, 3,36 euros (roughly) [sic] {x} <y>.",
+    "U.S.A. vs. Mr. Smith's dog's bone; ok?!", "He said (and I quote).", "wait... what?? -- no!!", "",
+    "   spaced   out   ", "tab\tseparated\tline", "end with quote'", "a 'quoted' word and 'another'.",
+]
+
+
+@pytest.mark.realdata
+def test_word_tokens_are_nltks_word_tokenize_on_real_sentences(wiki, shared):
+    """The tokenizers run without NLTK 3.10's per-call time limit against NLTK's own, token for token:
+    ``sentemb.stats.tfidf.word_tokens`` (TF-IDF, UNA) against ``nltk.word_tokenize(preserve_line=True)``
+    and ``sentemb.stats.rake.word_tokenizer()`` (RAKE) against ``nltk.wordpunct_tokenize``, on the
+    wiki1m head, STS sentences and the Treebank tokenizer's edge cases."""
+    from nltk.tokenize import word_tokenize, wordpunct_tokenize
+
+    from sentemb.data.fetch import sts_sentences
+    from sentemb.stats import rake
+    from sentemb.stats.tfidf import word_tokenizer, word_tokens
+
+    sents = list(iter_lines(wiki)) + sts_sentences(shared / "data" / "senteval")[:4000] + TOKENIZER_EDGES
+    want = [word_tokenize(s, preserve_line=True) for s in sents]
+    assert [word_tokens(s) for s in sents] == want
+    assert sum(map(len, want)) > 250_000  # 293,870 tokens
+    words = rake.word_tokenizer()
+    assert [words(s) for s in sents] == [wordpunct_tokenize(s) for s in sents]
+    try:
+        from nltk.redos import TimedPattern
+    except ImportError:  # an NLTK without the time limit: its own tokenizer, nothing to compare
+        return
+    tok = word_tokenizer()
+    flat = [p for k in ("STARTING_QUOTES", "PUNCTUATION", "PARENS_BRACKETS", "DOUBLE_DASHES", "ENDING_QUOTES",
+                        "CONTRACTIONS2", "CONTRACTIONS3") for p in (getattr(tok, k) if isinstance(getattr(tok, k), list)
+                                                                    else [getattr(tok, k)])]
+    flat = [p[0] if isinstance(p, tuple) else p for p in flat]
+    assert flat and not any(isinstance(p, TimedPattern) and p._timeout is not None for p in flat)  # no limit
+    assert getattr(words, "__self__", None) is not None and words.__self__._timeout is None
+
+
 @pytest.mark.realdata
 def test_real_rake(wiki, shared, tmp_path):
     from rake_nltk import Rake

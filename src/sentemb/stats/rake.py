@@ -3,8 +3,8 @@
 rake-nltk 1.0.6 with its defaults except two arguments that are passed explicitly so it never
 loads NLTK data on its own (ecosystem-notes.md): ``stopwords`` = NLTK's English list read from a
 given NLTK data directory, and ``sentence_tokenizer`` returning the line whole (each corpus line is
-one sentence; no ``punkt_tab``). Words come from rake-nltk's default ``wordpunct_tokenize`` and are
-lowercased by rake-nltk; phrases are ranked by rake-nltk (degree/frequency score, descending, ties
+one sentence; no ``punkt_tab``). Words come from rake-nltk's default ``wordpunct_tokenize`` (run
+without NLTK 3.10's per-call time limit: ``word_tokenizer``) and are lowercased by rake-nltk; phrases are ranked by rake-nltk (degree/frequency score, descending, ties
 by phrase descending, repeated phrases kept, as ``get_ranked_phrases_with_scores`` returns them).
 The top k are kept (default 5, so every k ≤ 5 ablation reads a prefix of the same file).
 
@@ -17,6 +17,7 @@ Output ``rake_top{k}.parquet``, one row per corpus line in order: line (0-based)
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 
@@ -65,8 +66,35 @@ def single_sentence(text: str) -> list[str]:
     return [text]
 
 
+@functools.lru_cache(maxsize=1)
+def word_tokenizer():
+    """rake-nltk's default word tokenizer, NLTK's ``wordpunct_tokenize`` (``WordPunctTokenizer``: its
+    compiled pattern ``\\w+|[^\\w\\s]+``, ``findall``), without NLTK 3.10's per-call wall-clock limit
+    (``nltk.redos.compile(pattern, timeout=None)``). The limit guards patterns a caller supplies; this is
+    NLTK's fixed one, and timing each sentence's one ``findall`` took about three quarters of RAKE's
+    time. The words are the same (the same
+    compiled pattern; ``tests/test_stats.py`` compares them with ``wordpunct_tokenize`` on real
+    corpora). Where NLTK has no time limit, or its tokenizer is not built as expected, ``wordpunct_tokenize``
+    itself."""
+    from nltk.tokenize import wordpunct_tokenize
+    from nltk.tokenize.regexp import WordPunctTokenizer
+
+    try:
+        from nltk import redos
+    except ImportError:  # NLTK before 3.10: no time limit
+        return wordpunct_tokenize
+    tok = WordPunctTokenizer()
+    if getattr(tok, "_gaps", True) or not hasattr(tok, "_check_regexp"):
+        return wordpunct_tokenize
+    tok._check_regexp()
+    if not isinstance(getattr(tok, "_regexp", None), redos.TimedPattern):
+        return wordpunct_tokenize
+    return redos.compile(tok._regexp, timeout=None).findall
+
+
 def make_rake(stopwords):
-    """A ``rake_nltk.Rake`` that needs no NLTK data at run time."""
+    """A ``rake_nltk.Rake`` that needs no NLTK data at run time, with rake-nltk's default word
+    tokenizer run without NLTK's time limit (:func:`word_tokenizer`)."""
     from rake_nltk import Rake
 
     stop = set(stopwords)
@@ -74,7 +102,7 @@ def make_rake(stopwords):
         from .. import SentembError
 
         raise SentembError("RAKE needs a non-empty stopword set")
-    return Rake(stopwords=stop, sentence_tokenizer=single_sentence)
+    return Rake(stopwords=stop, sentence_tokenizer=single_sentence, word_tokenizer=word_tokenizer())
 
 
 def extract(rake, text: str, top_k: int = 5) -> tuple[list[str], list[float]]:
