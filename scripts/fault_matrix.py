@@ -19,7 +19,15 @@ The point ``tracking_server_down`` kills no part of the DAG: the MLflow server i
 is SIGKILLed while training runs and restarted after training; the DAG must finish by itself, and
 after ``sentemb sync-tracking`` the server's store must hold one FINISHED run per job.
 
-    python scripts/fault_matrix.py --shared ../shared [--points train_after_save,evaluate] [--keep DIR]
+The points run side by side (``--jobs``, default: all of them at once) and next to the reference
+run, each in its own working directory. The reference run makes the inputs first (``--omit-from
+train``; ``--inputs DIR`` copies them from an earlier run of the DAG instead); the points that start
+from them and the reference's own training, evaluation and tables then run together, and the points
+that kill while inputs are made start at once. A point's partial outputs are judged once the
+reference has finished (they are compared with its files).
+
+    python scripts/fault_matrix.py --shared ../shared [--points train_after_save,evaluate] [--keep DIR] [--jobs N]
+                                  [--inputs DIR]
 
 Prints a table (fault point, hit, recovered, identical, partial outputs, MLflow FINISHED/KILLED/
 RUNNING) and exits non-zero if any point failed. ``tests/test_fault_matrix.py`` runs it.
@@ -35,7 +43,9 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import yaml
@@ -210,56 +220,103 @@ def mlflow_statuses(workdir: Path, db: Path | None = None) -> tuple[dict[str, in
     return counts, [name for name, n in finished.items() if n != 1]
 
 
+def run_point(point: str, d: Path, ref: Path, env: dict, ref_done: threading.Event) -> tuple:
+    """One fault point in its working directory ``d`` (inputs already there where it needs them); its
+    partial outputs are judged once the reference run (``ref``) has finished. Returns its table row."""
+    db = d / "mlflow.db"
+    rerun = None
+    if point == "tracking_server_down":  # the DAG is not killed: it must finish by itself
+        hit, recovered, db = run_with_tracking_server_down(d, env)
+        partial = []
+        ref_done.wait()
+    else:
+        hit = run_and_kill(d, env, POINTS[point])
+        run(d, env, "--unlock")
+        planned = planned_outputs(d, env) if hit else set()
+        ref_done.wait()  # the reference's files are what a kept output is compared with
+        partial = partial_outputs(d, ref, planned) if hit else []
+        rerun = run(d, env, "--cores", "2", *TARGETS, check=False)
+        recovered = rerun.returncode == 0
+    identical = recovered and all((d / f).read_bytes() == (ref / f).read_bytes()
+                                  for f in ("results/table1.csv", "results/table1.md"))
+    counts, not_one = mlflow_statuses(d, db) if db.exists() else ({}, [])
+    ok = recovered and identical and not partial and not not_one and counts.get("RUNNING", 0) == 0
+    if not recovered:
+        print(f"--- {point}: rerun failed:\n{rerun.stderr[-2000:] if rerun else ''}", flush=True)
+    return point, hit, recovered, identical, partial, counts, not_one, ok
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shared", default=os.environ.get("SENTEMB_SHARED", str(REPO.parent / "shared")))
     ap.add_argument("--points", default=",".join(POINTS), help=f"comma-separated subset of {','.join(POINTS)}")
     ap.add_argument("--keep", default=None, help="keep the working directories here")
+    ap.add_argument("--inputs", default=None,
+                    help="a folder holding this DAG's inputs (resources/ and results/stats/ of a run of it, e.g. "
+                         "`snakemake --omit-from train`): the reference and the points that start from inputs "
+                         "copy them from there instead of the reference making them")
+    ap.add_argument("--jobs", type=int, default=0,
+                    help="fault points run side by side, next to the reference run (default 0: every point at once)")
     args = ap.parse_args(argv)
     points = [p for p in args.points.split(",") if p]
     unknown = set(points) - set(POINTS)
     if unknown:
         ap.error(f"unknown fault points {sorted(unknown)}")
+    if args.jobs < 0:
+        ap.error("--jobs must be 0 (all at once) or more")
     env = {**os.environ, "SENTEMB_MIRROR": str(Path(args.shared).resolve()), "MLFLOW_TRACKING_URI": ""}
     root = Path(args.keep or tempfile.mkdtemp(prefix="fault_matrix_"))
     root.mkdir(parents=True, exist_ok=True)
     ref = root / "reference"
-    shutil.rmtree(ref, ignore_errors=True)
-    ref.mkdir()
-    make_config(ref, points)
     TARGETS[:] = targets(points)  # every run, kill and dry run of this invocation
-    t0 = time.monotonic()
-    run(ref, env, "--cores", "2", *TARGETS)
-    print(f"uninterrupted reference run: {time.monotonic() - t0:.0f} s", flush=True)
+    dirs = {}
+    for name in ["reference", *points]:
+        dirs[name] = root / name
+        shutil.rmtree(dirs[name], ignore_errors=True)
+        dirs[name].mkdir()
+        make_config(dirs[name], points)
     sys.path.insert(0, str(REPO / "src"))
     from sentemb.testing import copy_dag_inputs
 
-    rows, failed = [], 0
-    for point in points:
-        d = root / point
-        shutil.rmtree(d, ignore_errors=True)
-        d.mkdir()
-        make_config(d, points)
-        if point not in INPUT_POINTS:
-            copy_dag_inputs(ref, d)
-        db = d / "mlflow.db"
-        if point == "tracking_server_down":  # the DAG is not killed: it must finish by itself
-            hit, recovered, db = run_with_tracking_server_down(d, env)
-            partial, rerun = [], None
-        else:
-            hit = run_and_kill(d, env, POINTS[point])
-            run(d, env, "--unlock")
-            partial = partial_outputs(d, ref, planned_outputs(d, env)) if hit else []
-            rerun = run(d, env, "--cores", "2", *TARGETS, check=False)
-            recovered = rerun.returncode == 0
-        identical = recovered and all((d / f).read_bytes() == (ref / f).read_bytes()
-                                      for f in ("results/table1.csv", "results/table1.md"))
-        counts, not_one = mlflow_statuses(d, db) if db.exists() else ({}, [])
-        ok = recovered and identical and not partial and not not_one and counts.get("RUNNING", 0) == 0
-        failed += not ok
-        rows.append((point, hit, recovered, identical, partial, counts, not_one, ok))
-        if not recovered:
-            print(f"--- {point}: rerun failed:\n{rerun.stderr[-2000:] if rerun else ''}", flush=True)
+    t0 = time.monotonic()
+    ref_done = threading.Event()
+    ref_error: list[BaseException] = []
+
+    def reference() -> None:  # its own thread, never queued behind a point that waits for it
+        try:
+            run(ref, env, "--cores", "2", *TARGETS)
+            print(f"uninterrupted reference run: {time.monotonic() - t0:.0f} s", flush=True)
+        except BaseException as e:  # noqa: BLE001 - raised again below
+            ref_error.append(e)
+        finally:
+            ref_done.set()  # a point waiting for a failed reference goes on (and the run fails below)
+
+    pool = ThreadPoolExecutor(max_workers=args.jobs or len(points))
+    try:
+        # the points that kill while the inputs are made start empty, at once
+        futures = {p: pool.submit(run_point, p, dirs[p], ref, env, ref_done) for p in points if p in INPUT_POINTS}
+        try:
+            if args.inputs:
+                copy_dag_inputs(args.inputs, ref)
+            else:
+                run(ref, env, "--cores", "2", "--omit-from", "train", *TARGETS)  # the reference's inputs
+        except BaseException:
+            ref_done.set()
+            raise
+        for p in points:  # every other point starts with them, as a rerun after such a kill finds them
+            if p not in INPUT_POINTS:
+                copy_dag_inputs(ref, dirs[p])
+        ref_thread = threading.Thread(target=reference, daemon=True)
+        ref_thread.start()
+        futures.update({p: pool.submit(run_point, p, dirs[p], ref, env, ref_done) for p in points
+                        if p not in INPUT_POINTS})
+        rows = [futures[p].result() for p in points]
+        ref_thread.join()
+    finally:
+        pool.shutdown(wait=True)
+    if ref_error:
+        raise ref_error[0]
+    failed = sum(not r[7] for r in rows)
     print(f"\n{'fault point':<18} {'hit':<4} {'recovered':<9} {'identical':<9} {'partial outputs':<16} "
           f"{'MLflow FINISHED/KILLED/RUNNING':<31} {'ok':<3}")
     for point, hit, rec, ident, partial, counts, not_one, ok in rows:

@@ -110,6 +110,59 @@ def minilm_dir(shared) -> Path:
     return shared / "models" / "all-MiniLM-L6-v2"
 
 
+def simcse_dag_config(dest: Path) -> Path:
+    """``.test/config.yaml`` reduced to one SimCSE run at one seed, STS-B and SICK-R, no study, baseline,
+    transfer or statistics beyond what training reads: the DAG of the tests that check the DAG's
+    machinery rather than the methods (the tracked DAG, the fault matrix, Slurm). Written to
+    ``dest/config.yaml``; returns ``dest``."""
+    import yaml
+
+    cfg = yaml.safe_load((REPO / ".test" / "config.yaml").read_text())
+    cfg["seeds"] = [1]
+    cfg["runs"] = [{"method": "simcse", "backbone": "tiny-bert"}]
+    cfg["studies"] = []
+    cfg["evaluation"]["tasks"] = ["STSBenchmark", "SICKRelatedness"]
+    for key in ("transfer", "transfer_tasks", "transfer_classifier"):
+        cfg["evaluation"].pop(key, None)
+    cfg.pop("baselines", None)
+    cfg.pop("stats", None)
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return dest
+
+
+@pytest.fixture(scope="session")
+def simcse_dag_inputs(tmp_path_factory, shared) -> Path:
+    """The inputs of ``simcse_dag_config``'s DAG (``resources/``: model, corpus, SentEval;
+    ``results/stats/``: the token cache), made once for the whole suite by ``snakemake --omit-from
+    train`` and shared by the xdist workers (a lock in their common temporary folder): each test copies
+    them into its own DAGs (``sentemb.testing.copy_dag_inputs``), as a rerun finds them, so that only
+    training, evaluation and the tables run there. The SimCSE-only DAG's configs differ from this one
+    in settings that make no input (tasks, train settings, ``devices``)."""
+    import fcntl
+    import subprocess
+    import sys
+
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the workers' common folder
+    d = root / "simcse_dag_inputs"
+    with open(root / "simcse_dag_inputs.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (d / ".done").is_file():
+            import shutil
+
+            shutil.rmtree(d, ignore_errors=True)
+            simcse_dag_config(d)
+            env = {**os.environ, "SENTEMB_MIRROR": str(shared), "MLFLOW_TRACKING_URI": ""}
+            p = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(d),
+                                f"--configfile={d / 'config.yaml'}", "--cores", "2", "--omit-from", "train",
+                                "results/table1.csv"], env=env, capture_output=True, text=True, timeout=900)
+            assert p.returncode == 0, f"the SimCSE DAG's inputs:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
+            (d / ".done").touch()
+    return d
+
+
 # The tiny world of the method contract (``sentemb.testing``), so unit tests need nothing from ../shared.
 from sentemb.testing import TINY_WORDS, tiny_run, tiny_train  # noqa: E402,F401  (re-exported for the tests)
 

@@ -17,9 +17,12 @@ from conftest import REPO
 pytestmark = [pytest.mark.integration, pytest.mark.realdata]
 
 
-def test_kills_during_training_and_evaluation_recover_identically(shared, tmp_path):
+def test_kills_during_training_and_evaluation_recover_identically(shared, simcse_dag_inputs, tmp_path):
+    # the reference and both points start from the suite's inputs of the SimCSE DAG (conftest), and run
+    # side by side (the script's default)
     p = subprocess.run([sys.executable, str(REPO / "scripts" / "fault_matrix.py"), "--shared", str(shared),
-                        "--points", "train_after_save,evaluate", "--keep", str(tmp_path)],
+                        "--points", "train_after_save,evaluate", "--keep", str(tmp_path),
+                        "--inputs", str(simcse_dag_inputs)],
                        capture_output=True, text=True, timeout=1800)
     out = p.stdout + p.stderr
     assert p.returncode == 0, out[-5000:]

@@ -17,12 +17,15 @@ import socket
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pandas as pd
 import pytest
+import yaml
 
-from conftest import REPO
+from conftest import REPO, simcse_dag_config
+from sentemb.testing import copy_dag_inputs
 
 SLURMCTLD, SLURMD, MUNGED = "/usr/sbin/slurmctld", "/usr/sbin/slurmd", "/usr/sbin/munged"
 pytestmark = [pytest.mark.slurm, pytest.mark.realdata, pytest.mark.integration,
@@ -154,35 +157,34 @@ def _smk(workdir, *args, env, poll_2s=False):
     return p
 
 
-def test_tiny_dag_on_a_real_slurm_matches_the_local_run(slurm, shared, tmp_path):
+def test_tiny_dag_on_a_real_slurm_matches_the_local_run(slurm, shared, simcse_dag_inputs, tmp_path):
     # PATH keeps the venv first: Slurm jobs inherit the submitting shell's environment (slurm.md).
     env = {**slurm, "SENTEMB_MIRROR": str(shared), "MLFLOW_TRACKING_URI": "",
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     local, cluster = tmp_path / "local", tmp_path / "cluster"
-    import yaml
-
-    cfg = yaml.safe_load((REPO / ".test" / "config.yaml").read_text())
-    cfg["seeds"] = [1]  # one seed, SimCSE only: the point is the cluster path, not the methods
-    cfg["runs"] = [{k: v for k, v in r.items() if k != "seeds"} for r in cfg["runs"] if r["method"] == "simcse"]
-    cfg["studies"], cfg["baselines"] = [], {}  # one training and one evaluation job per side
-    # keyed dropout masks: the same for one process and for two (issue 26 §3)
-    cfg["train"] = {**cfg.get("train", {}), "dropout_rng": "keyed"}
+    # one SimCSE run at one seed: the point is the cluster path, not the methods; one training and one
+    # evaluation job per side, from the suite's inputs of this DAG (conftest simcse_dag_inputs: model,
+    # corpus, SentEval, the token cache): on the cluster, training, evaluation and the table are what run
+    # as Slurm jobs, and the local run's meanwhile (the cluster's jobs mostly wait on Slurm)
     for d in (local, cluster):
-        d.mkdir()
+        cfg = yaml.safe_load((simcse_dag_config(d) / "config.yaml").read_text())
+        # keyed dropout masks: the same for one process and for two (issue 26 §3)
+        cfg["train"] = {**cfg.get("train", {}), "dropout_rng": "keyed"}
         if d is cluster:  # the cluster trains each run as one Slurm job of two processes (gloo on CPU)
-            cfg = {**cfg, "train": {**cfg["train"], "devices": 2}}
+            cfg["train"]["devices"] = 2
         (d / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
-    _smk(local, "--cores", "2", "results/table1.csv", env=env)
-    # the local run's inputs (model, corpus, SentEval, the token cache), as tests/test_tracking_dag.py
-    # does: on the cluster, training, evaluation and the table are what run as Slurm jobs
-    from sentemb.testing import copy_dag_inputs
-
-    assert copy_dag_inputs(local, cluster) == ["resources", "results/stats"]
-    p = _smk(cluster, "--workflow-profile", str(REPO / "profiles" / "slurm"), "--jobs", "2",
-             # what a user without an accounting database edits: partition and status command
-             "--default-resources", "slurm_partition=debug", "runtime=10", "mem_mb=1000",
-             "--slurm-status-command", "squeue", "--slurm-init-seconds-before-status-checks", "1",
-             "--latency-wait", "5", "results/table1.csv", env=env, poll_2s=True)
+        assert copy_dag_inputs(simcse_dag_inputs, d) == ["resources", "results/stats"]
+    pool = ThreadPoolExecutor(max_workers=1)
+    local_run = pool.submit(_smk, local, "--cores", "1", "results/table1.csv", env=env)
+    try:
+        p = _smk(cluster, "--workflow-profile", str(REPO / "profiles" / "slurm"), "--jobs", "2",
+                 # what a user without an accounting database edits: partition and status command
+                 "--default-resources", "slurm_partition=debug", "runtime=10", "mem_mb=1000",
+                 "--slurm-status-command", "squeue", "--slurm-init-seconds-before-status-checks", "1",
+                 "--latency-wait", "5", "results/table1.csv", env=env, poll_2s=True)
+    finally:
+        local_run.result()
+        pool.shutdown()
     out = p.stdout + p.stderr
     # Training and evaluation ran as Slurm jobs (the plugin names the job id and the rule's log folder).
     job_ids = {}

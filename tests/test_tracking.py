@@ -10,10 +10,15 @@ from sentemb.config.settings import TrackingSettings
 from sentemb.tracking.runs import Tracker, init_store, resolve_uri
 
 
+#: metric batches per writer: eight writers' transactions interleave throughout (the suite's time budget: 200
+#: took 2.2 cores for 15 s)
+STEPS = 100
+
+
 def _job(uri: str, i: int) -> None:
     with Tracker(uri=uri, experiment="concurrent", run_name=f"job{i}", tags={"job": i},
                  params={"train": {"lr": 1e-5 * i, "batch_size": 64}}) as tr:
-        for step in range(1, 201):  # 200 metric batches per writer
+        for step in range(1, STEPS + 1):
             tr.log_metrics({"train/loss": 1.0 / step + i, "train/lr": 0.1}, step)
         tr.log_metrics({"test/avg": 70.0 + i})
 
@@ -31,7 +36,7 @@ def test_eight_concurrent_jobs(tmp_path, pre_init):
     # (This module itself cannot be preloaded: the server does not put pytest's sys.path in place, so
     # each child imports it after the fork, to find ``_job``.)
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["mlflow", "sentemb.tracking.runs"])
+    ctx.set_forkserver_preload(["mlflow", "mlflow.store.tracking.sqlalchemy_store", "sentemb.tracking.runs"])
     procs = [ctx.Process(target=_job, args=(uri, i)) for i in range(8)]
     for p in procs:
         p.start()
@@ -48,8 +53,8 @@ def test_eight_concurrent_jobs(tmp_path, pre_init):
         assert r.data.params["train.lr"] == str(1e-5 * i)
         assert r.data.metrics["test/avg"] == 70.0 + i
         hist = client.get_metric_history(r.info.run_id, "train/loss")
-        assert sorted(m.step for m in hist) == list(range(1, 201))
-        assert [m.value for m in sorted(hist, key=lambda m: m.step)] == [1.0 / st + i for st in range(1, 201)]
+        assert sorted(m.step for m in hist) == list(range(1, STEPS + 1))
+        assert [m.value for m in sorted(hist, key=lambda m: m.step)] == [1.0 / st + i for st in range(1, STEPS + 1)]
 
 
 def test_failed_block_marks_run_failed_and_disabled_tracker_is_noop(tmp_path):

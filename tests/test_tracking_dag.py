@@ -1,7 +1,8 @@
 """The tiny DAG tracked over HTTP by a real ``mlflow server`` that goes away (issue 22), and the UI
 a researcher lands on.
 
-One module fixture runs three DAGs of one small config (SimCSE, one seed, STS-B and SICK-R):
+One module fixture runs three DAGs of one small config (conftest ``simcse_dag_config``: SimCSE, one
+seed, STS-B and SICK-R), from the suite's inputs of that DAG (``simcse_dag_inputs``):
 the reference, tracked into an embedded SQLite store; ``killed``, tracked by a server that is
 SIGKILLed once the training job has created its run and restarted only after training ended
 (far longer than MLflow's own retries, lowered here as in the issue); ``away``, tracked by a server
@@ -20,9 +21,8 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
-from conftest import REPO
+from conftest import REPO, simcse_dag_config
 from sentemb.testing import copy_dag_inputs
 from sentemb.tracking.server import MlflowServer, free_port
 from sentemb.train.loop import COST_METRICS
@@ -34,20 +34,6 @@ RUN = "results/runs/simcse/tiny-bert/seed1"
 NONDETERMINISTIC = {"train/sentences_per_s", "train/tokens_per_s", "train/data_wait", "dev/eval_s",
                     *COST_METRICS.values()}
 PER_PROCESS = {*COST_METRICS, "dev_evals"}  # train.json: this process's wait, evaluations and their share
-
-
-def make_config(dest: Path) -> None:
-    cfg = yaml.safe_load((REPO / ".test" / "config.yaml").read_text())
-    cfg["seeds"] = [1]
-    cfg["runs"] = [{"method": "simcse", "backbone": "tiny-bert"}]
-    cfg["studies"] = []  # the study's extra SimCSE runs add time, not coverage, here
-    cfg["evaluation"]["tasks"] = ["STSBenchmark", "SICKRelatedness"]
-    for key in ("transfer", "transfer_tasks", "transfer_classifier"):
-        cfg["evaluation"].pop(key, None)
-    cfg.pop("baselines", None)
-    cfg.pop("stats", None)
-    dest.mkdir(parents=True, exist_ok=True)
-    (dest / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
 
 
 def smk(workdir: Path, env: dict, *args: str, cores: int = 1) -> subprocess.Popen:
@@ -74,28 +60,25 @@ def sync(workdir: Path, env: dict) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def dags(tmp_path_factory, shared):
+def dags(tmp_path_factory, shared, simcse_dag_inputs):
     root = tmp_path_factory.mktemp("tracked_dags")
     base = {**os.environ, "SENTEMB_MIRROR": str(shared), "PYTHONPATH": os.pathsep.join(
         p for p in (str(REPO / "src"), os.environ.get("PYTHONPATH")) if p),
             # a short wait before queueing, and MLflow's own retries shorter than the outage
             "SENTEMB_TRACKING_WAIT_S": "2", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1",
             "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1"}
-    inputs, ref, killed, away = root / "inputs", root / "reference", root / "killed", root / "away"
-    for d in (inputs, ref, killed, away):
-        make_config(d)
+    ref, killed, away = root / "reference", root / "killed", root / "away"
+    for d in (ref, killed, away):
+        simcse_dag_config(d)
     servers = [MlflowServer(root / "server_killed"), MlflowServer(root / "server_away", port=free_port())]
     env = {"reference": {**base, "MLFLOW_TRACKING_URI": ""}, "killed": {**base, "MLFLOW_TRACKING_URI": servers[0].uri},
            "away": {**base, "MLFLOW_TRACKING_URI": servers[1].uri}}
     t0 = time.monotonic()
     try:
-        # the inputs once (model, corpus, SentEval, token cache), while the first server starts
-        p = smk(inputs, {**base, "MLFLOW_TRACKING_URI": ""}, "--omit-from", "train", cores=2)
         servers[0].launch()
-        finish(p, inputs)
-        servers[0].ready()
         for d in (ref, killed, away):  # only training, evaluation and the table run in each DAG
-            copy_dag_inputs(inputs, d)
+            copy_dag_inputs(simcse_dag_inputs, d)  # the suite's inputs of this DAG (conftest)
+        servers[0].ready()
         pr, pk, pa = smk(ref, env["reference"]), smk(killed, env["killed"]), smk(away, env["away"])
         wait_for(lambda: (killed / RUN / ".mlflow_run.json").is_file() or pk.poll() is not None, 600,
                  "the training job's MLflow run")
