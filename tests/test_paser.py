@@ -5,8 +5,10 @@ Every reference here is computed independently of the module (explicit loops, ha
 
 from __future__ import annotations
 
+import json
 import math
 import random
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -558,6 +560,35 @@ def test_prepare_sts_corpus_on_a_tiny_tree(tiny_senteval, tmp_path):
     assert out.read_text("utf-8").count(first + "\n") == 1 and "brand new sentence" in out.read_text("utf-8")
     assert main(["prepare-sts-corpus", "--senteval", str(root), "--output", str(out), "--keep-duplicates"]) == 0
     assert out.read_text("utf-8").splitlines() == ref
+
+
+def test_a_sample_of_the_sts_corpus_is_a_seeded_subsequence(tiny_senteval, tmp_path):
+    """config ``sts_corpus.max_sentences`` (``--max-sentences``, ``--seed``): that many of the
+    sentences, in corpus order, drawn by the seed; as many or more keep all of them."""
+    from sentemb.cli import main
+    from sentemb.data.fetch import prepare_sts_corpus
+
+    full = _reference_sts(tiny_senteval, unscored=True)
+    assert len(full) > 12
+
+    def sample(n, seed, name):
+        out = tmp_path / name
+        argv = ["prepare-sts-corpus", "--senteval", str(tiny_senteval), "--output", str(out), "--unscored",
+                "--keep-duplicates", "--max-sentences", str(n), "--seed", str(seed)]
+        assert main(argv) == 0
+        return out.read_text("utf-8").splitlines(), json.loads(Path(f"{out}.json").read_text())
+
+    a, summary = sample(10, 0, "a.txt")
+    assert len(a) == 10 and summary["sentences"] == 10 and summary["sentences_before_sample"] == len(full)
+    assert (summary["max_sentences"], summary["seed"]) == (10, 0)
+    it = iter(full)
+    assert all(any(s == t for t in it) for s in a)  # a subsequence of the whole corpus: its order kept
+    assert sample(10, 0, "again.txt")[0] == a and sample(10, 1, "other.txt")[0] != a
+    assert sample(len(full), 0, "all.txt")[0] == full  # nothing to draw: every sentence
+    whole = prepare_sts_corpus(tiny_senteval, tmp_path / "whole.txt", keep_duplicates=True, unscored=True)
+    assert "max_sentences" not in whole and "seed" not in whole  # without a sample: the summary as before
+    with pytest.raises(SentembError, match="at least 2"):
+        prepare_sts_corpus(tiny_senteval, tmp_path / "one.txt", max_sentences=1)
 
 
 @pytest.mark.realdata

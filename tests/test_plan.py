@@ -637,12 +637,14 @@ def test_a_frozen_full_copy_of_the_encoder_is_counted_at_the_real_depth(tmp_path
 def test_the_sts_corpus_is_made_from_the_mirrors_senteval_data_when_not_prepared(tmp_path, shared, monkeypatch):
     """PaSeR's ``sts-unlabeled`` corpus, not prepared yet, is made for the plan's lengths and batch
     timing as the workflow makes it (config sts_corpus: ConSERT's loader), into the temporary folder: its
-    89,192 lines; with ``sts_corpus: {pairs: scored, duplicates: drop}`` 30,840."""
+    89,192 lines; with ``sts_corpus: {pairs: scored, duplicates: drop}`` 30,840; with ``max_sentences``
+    the workflow's sample."""
     import tempfile
 
     from sentemb.ops.plan import STS_UNLABELED_LINES, corpus_text_files
 
     config = _minilm_config(tmp_path, {"method": "simcse", "backbone": "tiny-bert", "seeds": [1]})
+    config.pop("sts_corpus", None)  # .test's sample of it: the default form first
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     (tmp_path / "tmp").mkdir()
     (path, what), = corpus_text_files(config, "sts-unlabeled")
@@ -654,6 +656,15 @@ def test_the_sts_corpus_is_made_from_the_mirrors_senteval_data_when_not_prepared
     config["sts_corpus"] = {"pairs": "scored", "duplicates": "drop"}
     (other, _), = corpus_text_files(config, "sts-unlabeled")
     assert other != path and len(other.read_text("utf-8").splitlines()) == 30_840
+    # sts_corpus.max_sentences: the sample the workflow's prepare-sts-corpus makes, line for line
+    from sentemb.data.fetch import prepare_sts_corpus
+
+    config["sts_corpus"] = {"max_sentences": 1000, "sample_seed": 2}
+    (sample, _), = corpus_text_files(config, "sts-unlabeled")
+    prepare_sts_corpus(shared / "data" / "senteval", tmp_path / "made.txt", keep_duplicates=True, unscored=True,
+                       max_sentences=1000, seed=2)
+    assert sample.read_text("utf-8") == (tmp_path / "made.txt").read_text("utf-8")
+    assert len(sample.read_text("utf-8").splitlines()) == 1000
 
 
 def test_a_terminated_plan_removes_its_work_folder(tmp_path):
@@ -721,6 +732,16 @@ def test_a_prepared_sts_corpus_of_another_form_is_not_read(tmp_path):
     assert corpus_lines(load_config(paper, {"resources_dir": str(tmp_path)}), "sts-unlabeled") == 89_192
     old = {"resources_dir": str(tmp_path), "sts_corpus": {"pairs": "scored", "duplicates": "drop"}}
     assert corpus_lines(load_config(paper, old), "sts-unlabeled") == 2
+    # a sample (sts_corpus.max_sentences): its size unprepared, the prepared file only for the same sample
+    sample = {"resources_dir": str(tmp_path), "sts_corpus": {"max_sentences": 500, "sample_seed": 3}}
+    assert corpus_lines(load_config(paper, sample), "sts-unlabeled") == 500  # the whole corpus not prepared
+    (tmp_path / "corpus" / "sts-unlabeled.txt.json").write_text(json.dumps(
+        {"sentences": 2, "keep_duplicates": True, "unscored": True, "max_sentences": 500, "seed": 3}))
+    assert corpus_lines(load_config(paper, sample), "sts-unlabeled") == 2
+    for other, want in (({"max_sentences": 500, "sample_seed": 4}, 500), ({"max_sentences": 400, "sample_seed": 3}, 400),
+                        ({}, 89_192)):
+        got = corpus_lines(load_config(paper, {"resources_dir": str(tmp_path), "sts_corpus": other}), "sts-unlabeled")
+        assert got == want, other
 
 
 _COUNTED_FIELDS = ("kind", "job", "params", "flops_step", "steps", "mem_gb", "host_gb", "floor_hours", "chunk",

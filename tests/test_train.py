@@ -727,3 +727,9 @@ def test_the_sts_corpus_form_is_in_the_fingerprint_of_runs_on_it():
     assert fingerprint(a) != fingerprint(b)
     s1, s2 = (resolve_run(c, "simcse", "bert-base-uncased", 42) for c in (new, old))
     assert fingerprint(s1) == fingerprint(s2)
+    # a sample of it (sts_corpus.max_sentences) is other sentences again, and another seed other ones still
+    samples = [resolve_run(load_config(root / "config" / "config.yaml", {"sts_corpus": {"max_sentences": 1000,
+                                                                                         "sample_seed": seed}}),
+                           "paser", "bert-base-uncased", 42) for seed in (0, 1)]
+    assert samples[0].paths["corpus_form"] == "pairs=all,duplicates=keep,max_sentences=1000,seed=0"
+    assert len({fingerprint(a), *map(fingerprint, samples)}) == 3

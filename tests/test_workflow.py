@@ -117,6 +117,10 @@ def test_table1_from_the_dag(ran):
     model = ran / "results/runs/promptbert/tiny-bert/seed1/model"
     assert json.loads((model / "modules.json").read_text())[0]["type"] == "promptbert_st.PromptTransformer"
     assert json.loads((model / "sentemb.json").read_text())["pooler"] == "method"
+    # PaSeR's corpus, sts_corpus.max_sentences: the rule passed the sample's options
+    sts = ran / "resources" / "corpus" / "sts-unlabeled.txt"
+    assert len(sts.read_text("utf-8").splitlines()) == 1000
+    assert json.loads(Path(f"{sts}.json").read_text())["sentences_before_sample"] == 89_192
 
 
 def test_report_end_of_the_dag(ran, env):

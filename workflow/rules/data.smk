@@ -151,8 +151,10 @@ rule prepare_sts_corpus:
         "benchmarks/data/prepare_corpus_sts-unlabeled.tsv"
     params:
         # config sts_corpus (ConSERT's loader by default); a change makes the corpus again (params trigger)
+        # sts_corpus.max_sentences adds its sample's options (none by default: the command as before)
         opts=" ".join(f for f, on in (("--unscored", CFG.sts_corpus.unscored),
-                                      ("--keep-duplicates", CFG.sts_corpus.keep_duplicates)) if on),
+                                      ("--keep-duplicates", CFG.sts_corpus.keep_duplicates),
+                                      (CFG.sts_corpus.sample_options, bool(CFG.sts_corpus.sample_options))) if on),
     localrule: True
     conda:
         "../envs/sentemb.yaml"

@@ -44,7 +44,8 @@ def _cmd_prepare_corpus(args) -> None:
 
 
 def _cmd_prepare_sts_corpus(args) -> None:
-    prepare_sts_corpus(args.senteval, args.output, keep_duplicates=args.keep_duplicates, unscored=args.unscored)
+    prepare_sts_corpus(args.senteval, args.output, keep_duplicates=args.keep_duplicates, unscored=args.unscored,
+                       max_sentences=args.max_sentences, seed=args.seed)
 
 
 def _cmd_fetch_senteval(args) -> None:
@@ -114,6 +115,11 @@ def register(subparsers) -> None:
                    help="also STS12-16's pairs without a gold score (every line of the input files); with "
                         "--keep-duplicates this is ConSERT's loader, PaSeR's corpus, what the workflow makes by "
                         "default (config sts_corpus)")
+    p.add_argument("--max-sentences", type=positive_int,
+                   help="keep a seeded random sample of this many sentences, in corpus order (default: all; config "
+                        "sts_corpus.max_sentences)")
+    p.add_argument("--seed", type=seed_int, default=0,
+                   help="seed of the --max-sentences sample (default: %(default)s; config sts_corpus.sample_seed)")
 
     p = command("fetch-senteval", _cmd_fetch_senteval, "Fetch the SentEval STS/SICK data and verify the pair counts.",
                 output={"help": "SentEval data directory to write"})

@@ -362,10 +362,13 @@ def resolve_run(config: dict | Config, name: str, backbone: str, seed: int, *, m
     from ..methods import get_method, method_source
 
     paths = Layout.of(cfg).job_paths(corpus, backbone, inputs, token_cache=settings.token_cache, weights=weights)
-    if corpus == "sts-unlabeled" and (cfg.sts_corpus.pairs, cfg.sts_corpus.duplicates) != ("scored", "drop"):
+    sts = cfg.sts_corpus
+    if corpus == "sts-unlabeled" and ((sts.pairs, sts.duplicates) != ("scored", "drop") or sts.max_sentences):
         # the same file, other sentences than before sts_corpus existed: in the fingerprint, so that a state
-        # saved on the old corpus does not resume on this one (at the old form the key is absent, as before)
-        paths["corpus_form"] = f"pairs={cfg.sts_corpus.pairs},duplicates={cfg.sts_corpus.duplicates}"
+        # saved on the old corpus does not resume on this one (at the old form the key is absent, as before);
+        # a sample (sts_corpus.max_sentences) adds its size and seed
+        paths["corpus_form"] = f"pairs={sts.pairs},duplicates={sts.duplicates}" + (
+            f",max_sentences={sts.max_sentences},seed={sts.sample_seed}" if sts.max_sentences else "")
     source = method_source(get_method(method))  # a method from the user's code: its file's digest
     if source:
         extra = {"method_module": source[0], "method_digest": source[1], **extra}

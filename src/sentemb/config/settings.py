@@ -480,6 +480,17 @@ class StsCorpusSettings:
         "with pairs all); drop - the first occurrence of each (after whitespace normalisation) only (30,840 with "
         "pairs scored, this corpus before the key existed).", choices=("keep", "drop"))
 
+    max_sentences: int | None = arg(
+        None, "Keep a seeded random sample of this many of its sentences, in corpus order (null = all, what PaSeR "
+        "trains on): a try-out's or a test's corpus; the sample is the same for every run and every statistic "
+        "of it.", minimum=2)
+    sample_seed: int = arg(0, "Seed of the max_sentences sample.", **SEED_BOUNDS)
+
+    @property
+    def sample_options(self) -> str:
+        """``sentemb prepare-sts-corpus --max-sentences N --seed S``, or nothing (all sentences)."""
+        return "" if self.max_sentences is None else f"--max-sentences {self.max_sentences} --seed {self.sample_seed}"
+
     @property
     def unscored(self) -> bool:
         """``sentemb prepare-sts-corpus --unscored`` (every line of STS12-16's input files)."""

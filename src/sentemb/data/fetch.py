@@ -499,12 +499,22 @@ def sts_sentences(senteval_dir: PathLike, keep_duplicates: bool = False, unscore
 
 
 def prepare_sts_corpus(senteval_dir: PathLike, output: PathLike, keep_duplicates: bool = False,
-                       unscored: bool = False) -> dict:
+                       unscored: bool = False, max_sentences: int | None = None, seed: int = 0) -> dict:
     """Write the ``sts-unlabeled`` corpus (``sts_sentences``), one sentence per line, and a summary
-    ``<output>.json``."""
+    ``<output>.json``. With ``max_sentences`` below their number, a seeded random sample of the
+    sentences is kept in corpus order (config ``sts_corpus.max_sentences``; drawn as
+    ``prepare_corpus`` draws the configured corpus's)."""
+    import numpy as np
+
     sents = sts_sentences(senteval_dir, keep_duplicates, unscored)
     if not sents:
         raise SentembError(f"{senteval_dir}: no STS sentences found")
+    n_all = len(sents)
+    if max_sentences is not None and max_sentences < 2:
+        raise SentembError(f"max_sentences must be at least 2, not {max_sentences}")
+    if max_sentences is not None and max_sentences < n_all:
+        keep = np.sort(np.random.default_rng(seed).choice(n_all, size=max_sentences, replace=False))
+        sents = [sents[i] for i in keep]
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
     drop_file_manifest(output)
@@ -513,6 +523,8 @@ def prepare_sts_corpus(senteval_dir: PathLike, output: PathLike, keep_duplicates
     write_file_manifest(output)  # checked when a workflow starts, as the training corpus is (data.cache)
     summary = {"corpus": "sts-unlabeled", "senteval": str(senteval_dir), "sentences": len(sents),
                "keep_duplicates": keep_duplicates, "unscored": unscored, "splits": [f"{t}/{s}" for t, s in STS_CORPUS_SPLITS]}
+    if max_sentences is not None:  # absent otherwise: a summary of all sentences reads as before the key
+        summary.update(sentences_before_sample=n_all, max_sentences=max_sentences, seed=seed)
     write_json(f"{output}.json", summary)
     log.info("sts-unlabeled: %d sentences -> %s", len(sents), output)
     return summary

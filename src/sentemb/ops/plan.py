@@ -840,7 +840,8 @@ def corpus_text_files(config: dict | Config, corpus: str, lengths_from: str | Pa
     out = [(p, what) for p, what in out if p.is_file()]
     if corpus == "sts-unlabeled" and not out:  # not prepared yet: made as the workflow makes it, from SentEval's data
         for d in [Path(Layout.of(cfg).eval_data("senteval"))] + [r / cfg.senteval.mirror_path for r in roots]:
-            made = _sts_unlabeled_text(d, cfg.sts_corpus.unscored, cfg.sts_corpus.keep_duplicates)
+            made = _sts_unlabeled_text(d, cfg.sts_corpus.unscored, cfg.sts_corpus.keep_duplicates,
+                                       cfg.sts_corpus.max_sentences, cfg.sts_corpus.sample_seed)
             if made is not None:
                 out.append((made, f"sts-unlabeled made from {d} (sentemb prepare-sts-corpus)"))
                 break
@@ -859,11 +860,14 @@ def _stale_sts_corpus(cfg: Config, corpus: str) -> bool:
         made = json.loads(Path(Layout.of(cfg).corpus_summary(corpus)).read_text("utf-8"))
     except (OSError, ValueError):
         return False
-    want = (cfg.sts_corpus.unscored, cfg.sts_corpus.keep_duplicates)
-    return (bool(made.get("unscored")), bool(made.get("keep_duplicates"))) != want
+    sts = cfg.sts_corpus
+    want = (sts.unscored, sts.keep_duplicates, sts.max_sentences, sts.sample_seed if sts.max_sentences else 0)
+    return (bool(made.get("unscored")), bool(made.get("keep_duplicates")), made.get("max_sentences"),
+            made.get("seed", 0)) != want
 
 
-def _sts_unlabeled_text(senteval_dir: Path, unscored: bool = True, keep_duplicates: bool = True) -> Path | None:
+def _sts_unlabeled_text(senteval_dir: Path, unscored: bool = True, keep_duplicates: bool = True,
+                        max_sentences: int | None = None, seed: int = 0) -> Path | None:
     """The ``sts-unlabeled`` corpus (``sentemb.data.fetch.prepare_sts_corpus``, as config ``sts_corpus``
     makes it) of ``senteval_dir``, written once to this machine's temporary folder (never the
     workflow's outputs); None where that folder holds no STS data."""
@@ -871,7 +875,8 @@ def _sts_unlabeled_text(senteval_dir: Path, unscored: bool = True, keep_duplicat
 
     if not (senteval_dir / "STS" / "STSBenchmark").is_dir():
         return None
-    key = hashlib.sha256(f"{senteval_dir.resolve()} {unscored} {keep_duplicates}".encode("utf-8")).hexdigest()[:16]
+    sample = "" if max_sentences is None else f" {max_sentences} {seed}"
+    key = hashlib.sha256(f"{senteval_dir.resolve()} {unscored} {keep_duplicates}{sample}".encode("utf-8")).hexdigest()[:16]
     out = Path(tempfile.gettempdir()) / f"sentemb-plan-sts-unlabeled-{key}.txt"
     try:  # made again unless its summary (written last) gives its line count
         summary = json.loads(Path(f"{out}.json").read_text("utf-8"))
@@ -881,7 +886,8 @@ def _sts_unlabeled_text(senteval_dir: Path, unscored: bool = True, keep_duplicat
         fresh = False
     if not fresh:
         try:
-            prepare_sts_corpus(senteval_dir, out, keep_duplicates=keep_duplicates, unscored=unscored)
+            prepare_sts_corpus(senteval_dir, out, keep_duplicates=keep_duplicates, unscored=unscored,
+                               max_sentences=max_sentences, seed=seed)
         except (SentembError, OSError) as e:
             log.warning("sentemb plan: sts-unlabeled from %s: %s", senteval_dir, e)
             return None
@@ -1136,7 +1142,8 @@ def corpus_lines(config: dict | Config, corpus: str) -> int:
     if corpus == c.name and (c.expected_lines or c.max_sentences):
         return min(int(n) for n in (c.expected_lines, c.max_sentences) if n)
     if corpus == "sts-unlabeled":
-        return STS_UNLABELED[(cfg.sts_corpus.pairs, cfg.sts_corpus.duplicates)]
+        n = STS_UNLABELED[(cfg.sts_corpus.pairs, cfg.sts_corpus.duplicates)]
+        return min(n, cfg.sts_corpus.max_sentences or n)
     raise SentembError(f"sentemb plan: the size of corpus '{corpus}' is unknown (set corpus.expected_lines or "
                        f"prepare {path})")
 
