@@ -250,6 +250,29 @@ def _minilm_config(tmp_path, run: dict, **over):
     return load_config(TEST_CONFIG, {**base, **over})
 
 
+def test_runs_that_differ_in_a_counted_train_setting_are_counted_apart(tmp_path):
+    """Within one plan a step's count is reused for runs of the same shape: not across the train
+    settings the counted step runs with (``COUNT_TRAIN_KEYS``: attention kernels, dropout, its masks,
+    the update; eager attention saves other tensors than sdpa), but across lr and the like."""
+    from sentemb.config.load import resolve_run
+    import dataclasses
+
+    from sentemb.ops.plan import COUNT_TRAIN_KEYS, Counter
+
+    assert {"attention", "dropout", "dropout_rng", "graphs"} <= set(COUNT_TRAIN_KEYS)
+    config = _minilm_config(tmp_path, {"method": "simcse", "backbone": "tiny-bert", "seeds": [1],
+                                       "train": {"batch_size": 8, "max_len": 16}})
+    r = resolve_run(config, "simcse", "tiny-bert", 1)
+    counter = Counter(config, tmp_path / "work")
+    sdpa = counter.measure(r, None, 16)
+    assert counter.measure(dataclasses.replace(r, train=dataclasses.replace(r.train, lr=1e-3)), None, 16) == sdpa
+    assert len(counter.counts) == 1
+    eager = counter.measure(dataclasses.replace(r, train=dataclasses.replace(r.train, attention="eager")), None, 16)
+    assert len(counter.counts) == 2 and eager.act_bytes != sdpa.act_bytes  # the kernels save other tensors
+    counter.measure(dataclasses.replace(r, train=dataclasses.replace(r.train, dropout=0.0)), None, 16)
+    assert len(counter.counts) == 3
+
+
 @pytest.mark.realdata
 def test_counting_corpus_lines_are_exactly_the_counted_width(tmp_path):
     """Every counting line is ``width`` tokens with its special tokens, in both stand-in families."""

@@ -276,6 +276,14 @@ class Row:
 
 
 # ---------------------------------------------------------------------------------------- measuring
+#: the train settings, beyond those ``Counter._shape`` names, that the counted step runs with and that
+#: change what it counts (saved activations: the attention kernels, dropout and its masks; the update's
+#: and the optimizer's ops and state): runs that differ in one are counted apart within a plan. A
+#: setting not here (lr, seeds, schedule, logging) leaves the count as it is.
+COUNT_TRAIN_KEYS = ("attention", "dropout", "dropout_rng", "counter_kernel", "graphs", "optimizer", "update",
+                    "compile_random")
+
+
 class Counter:
     """Counts steps and encodes on CPU, cached per distinct job shape (model dirs, corpora, inputs
     under one temporary directory)."""
@@ -397,7 +405,8 @@ class Counter:
         layers = layers_needed(run.method, args)
         t = run.train
         shape = (cls.__name__, json.dumps(_reduced(run.method, args), sort_keys=True, default=str), args.get("min_words"),
-                 json.dumps(arch, sort_keys=True), t.max_len, bool(t.sam_rho), t.unpad, _autocast_name(t.precision), layers)
+                 json.dumps(arch, sort_keys=True), t.max_len, bool(t.sam_rho), t.unpad, _autocast_name(t.precision), layers,
+                 json.dumps({k: getattr(t, k) for k in COUNT_TRAIN_KEYS}, sort_keys=True, default=str))
         return cls, args, arch, layers, shape
 
     def counted(self, run, method_cls=None, width: int | None = None) -> bool:
