@@ -7,6 +7,10 @@ statistic, sentences, workers, seconds, sentences/s, projected time for 1M sente
 machine's cores, and extrapolated to 8 cores (the 1-worker rate × 8: chunks are independent, so
 this is the ideal-scaling bound; the serial merge in the parent is included in the 1-worker time).
 
+``tokenizers`` times NLTK's ``word_tokenize`` and ``wordpunct_tokenize`` against the same compiled
+patterns run without NLTK 3.10's per-call time limit (``sentemb.stats.tfidf.word_tokens``,
+``sentemb.stats.rake.word_tokenizer``: what TF-IDF, UNA's batches and RAKE run), on the corpus once.
+
 Paraphrasing is measured with a randomly initialised Pegasus (the corpus tokenizer's vocabulary):
 by default a tiny one on CPU (plumbing cost only); with ``--pegasus-large-shape`` one of
 google/pegasus-large's shape (568M parameters, vocabulary 96,103), meant for a GPU, with bf16
@@ -15,6 +19,7 @@ projection is an upper bound on the real model's time (real paraphrases stop nea
 
     python scripts/bench_stats.py --corpus ../shared/data/wiki1m_head.txt
     python scripts/bench_stats.py --only paraphrase --pegasus-large-shape --device cuda
+    python scripts/bench_stats.py --only tokenizers --corpus resources/corpus/sts-unlabeled.txt
 """
 
 from __future__ import annotations
@@ -59,8 +64,10 @@ def main(argv=None) -> int:
     ap.add_argument("--nltk-data", default=str(shared / "nltk_data"))
     ap.add_argument("--repeat", type=int, default=2, help="repeat the corpus to amortise start-up")
     ap.add_argument("--workers", type=int, default=default_workers())
-    ap.add_argument("--only", nargs="*", choices=["freq", "tfidf", "rake", "paraphrase"],
-                    default=["freq", "tfidf", "rake", "paraphrase"])
+    ap.add_argument("--only", nargs="*", choices=["freq", "tfidf", "rake", "tokenizers", "paraphrase"],
+                    default=["freq", "tfidf", "rake", "tokenizers", "paraphrase"],
+                    help="tokenizers: NLTK's word_tokenize and wordpunct_tokenize against the same patterns without "
+                         "NLTK 3.10's per-call time limit (what TF-IDF, UNA and RAKE run), on the corpus once")
     ap.add_argument("--para-lines", type=int, default=256, help="sentences to paraphrase")
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--num-beams", type=int, default=10)
@@ -111,6 +118,17 @@ def main(argv=None) -> int:
         if a.workers > 1:
             tn = timed(write_rake, corpus, a.nltk_data, tmp / "rn.parquet", workers=a.workers)
             row("rake top-5", n, a.workers, tn, rate1=n / t1)
+    if "tokenizers" in a.only:
+        from nltk.tokenize import word_tokenize, wordpunct_tokenize
+
+        from sentemb.stats import rake, tfidf
+
+        words = rake.word_tokenizer()
+        for stat, fn in (("nltk word_tokenize(preserve_line=True)", lambda x: word_tokenize(x, preserve_line=True)),
+                         ("sentemb tfidf.word_tokens (no time limit)", tfidf.word_tokens),
+                         ("nltk wordpunct_tokenize", wordpunct_tokenize),
+                         ("sentemb rake.word_tokenizer() (no time limit)", words)):
+            row(stat, len(lines), 1, timed(lambda: [fn(x) for x in lines]))
     if "paraphrase" in a.only:
         from transformers import AutoTokenizer
 

@@ -279,9 +279,9 @@ class Row:
 #: the train settings, beyond those ``Counter._shape`` names, that the counted step runs with and that
 #: change what it counts (saved activations: the attention kernels, dropout and its masks; the update's
 #: and the optimizer's ops and state): runs that differ in one are counted apart within a plan. A
-#: setting not here (lr, seeds, schedule, logging) leaves the count as it is.
-COUNT_TRAIN_KEYS = ("attention", "dropout", "dropout_rng", "counter_kernel", "graphs", "optimizer", "update",
-                    "compile_random")
+#: setting not here (lr, seeds, schedule, logging; compile and compile_random: the count runs eager)
+#: leaves the count as it is.
+COUNT_TRAIN_KEYS = ("attention", "dropout", "dropout_rng", "counter_kernel", "graphs", "optimizer", "update")
 
 
 class Counter:
