@@ -310,12 +310,12 @@ def main(argv=None) -> int:
         ref_thread.start()
         futures.update({p: pool.submit(run_point, p, dirs[p], ref, env, ref_done) for p in points
                         if p not in INPUT_POINTS})
+        ref_thread.join()  # first: a failed reference is the error to report, not a point's missing table
+        if ref_error:
+            raise ref_error[0]
         rows = [futures[p].result() for p in points]
-        ref_thread.join()
     finally:
         pool.shutdown(wait=True)
-    if ref_error:
-        raise ref_error[0]
     failed = sum(not r[7] for r in rows)
     print(f"\n{'fault point':<18} {'hit':<4} {'recovered':<9} {'identical':<9} {'partial outputs':<16} "
           f"{'MLflow FINISHED/KILLED/RUNNING':<31} {'ok':<3}")
