@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import re
 from pathlib import Path
 
 import numpy as np
@@ -193,6 +194,112 @@ def test_eda_draw_once_augments_each_line_alike_in_every_epoch(tiny_bert_dir, se
         assert rows(a, lines)[l] == (tok(want_s)["input_ids"], tok(want_m)["input_ids"]), l
     step = make(tiny_bert_dir, corpus, rake, eda="rs")
     assert rows(step.build_batch(SENTS, lines=lines, micro=5), lines) != rows(step.build_batch(SENTS, lines=lines, micro=6), lines)
+
+
+def eda_get_only_chars(line: str) -> str:
+    """EDA's ``get_only_chars`` (jasonwei20/eda_nlp ``code/eda.py``) as its code reads, character by
+    character: the reference the module's vectorised ``eda_only_chars`` is checked against."""
+    clean_line = ""
+    line = line.replace("’", "").replace("'", "").replace("-", " ").replace("\t", " ").replace("\n", " ").lower()
+    for char in line:
+        clean_line += char if char in "qwertyuiopasdfghjklzxcvbnm " else " "
+    clean_line = re.sub(" +", " ", clean_line)
+    if clean_line[0] == " ":
+        clean_line = clean_line[1:]
+    return clean_line
+
+
+def eda_clean_reference(sentence: str) -> list[str]:
+    """``eda_clean: eda`` on a sentence with mask tokens: EDA's cleaning of the text between the masks
+    (``eda()``'s ``words = [w for w in sentence.split(' ') if w != '']``), the masks kept in place."""
+    parts = sentence.split(M)
+    out = []
+    for i, part in enumerate(parts):
+        out += [w for w in eda_get_only_chars(part + " ").split(" ") if w != ""]
+        if i < len(parts) - 1:
+            out.append(M)
+    return out
+
+
+CLEAN_CASES = ["Don't re-use 3.5 well-known items!", "It's the U.S.A.'s 2nd  try\t- isn’t it?", "42 % ...",
+               f"A {M} {M} of the café's [x] O'Neil-Smith {M}", "naïve résumé — ÜBER", "", f"{M}"]
+
+
+@pytest.mark.parametrize("sentence", CLEAN_CASES)
+def test_eda_clean_is_edas_get_only_chars_around_the_masks(sentence):
+    """``eda_clean: eda``: EDA's ``get_only_chars`` on every word but the mask tokens (apostrophes dropped,
+    hyphens to spaces, lowercase, every character outside a-z a space: accented letters and digits go),
+    under op none as under the others."""
+    from sentemb.methods.paser import eda_only_chars
+
+    want = eda_clean_reference(sentence)
+    assert EDA("none", 0.5, M, None, clean=True)(sentence, np.random.default_rng(0)).split() == want
+    assert EDA("none", 0.5, M, None)(sentence, np.random.default_rng(0)).split() == sentence.split()  # the default
+    if M not in sentence:
+        assert eda_only_chars(sentence) == want
+    for op in ("rs", "rd"):  # the operations run on the cleaned words: a permutation / a subsequence of them
+        for seed in range(20):
+            out = EDA(op, 0.5, M, None, clean=True)(sentence, np.random.default_rng(seed)).split()
+            assert out.count(M) == want.count(M)
+            if op == "rs":
+                assert sorted(out) == sorted(want)
+            else:
+                it = iter(want)
+                assert all(w in it for w in out)
+
+
+def test_eda_clean_synonym_replacement_sees_the_cleaned_words():
+    """Synonym replacement after EDA's cleaning: "DOG" and "park-side" are "dog", "park", "side", so they
+    are replaced (uncleaned they are not words of the WordNet stand-in); n counts the cleaned words."""
+    s = "The DOG's friend RUNS, in the park-side!"
+    raw = EDA("sr", 1.0, M, FakeWordNet(), stopwords={"the", "in"})(s, np.random.default_rng(0)).split()
+    assert raw == s.split()  # no word of the stand-in as written
+    out = EDA("sr", 1.0, M, FakeWordNet(), stopwords={"the", "in"}, clean=True)(s, np.random.default_rng(0)).split()
+    cleaned = eda_clean_reference(s)
+    assert cleaned == ["the", "dogs", "friend", "runs", "in", "the", "park", "side"]
+    # "dogs" has no entry; "runs" and "park" are replaced, the rest stays as cleaned
+    assert out == ["the", "dogs", "friend", "sprints", "in", "the", "green", "side"]
+
+
+@pytest.mark.realdata
+def test_eda_clean_on_real_sts_sentences(shared):
+    """The vectorised cleaning against EDA's character loop on 3,000 STS-B sentences (digits,
+    apostrophes, hyphens, non-ASCII letters), and what it takes away there."""
+    from sentemb.methods.paser import eda_only_chars
+
+    path = shared / "data" / "senteval" / "STS" / "STSBenchmark" / "sts-train.csv"
+    if not path.is_file():
+        pytest.skip(f"{path} absent")
+    sents = []
+    for line in path.read_text(encoding="utf-8").splitlines()[:1500]:
+        sents += line.split("\t")[5:7]
+    assert len(sents) == 3000
+    changed = 0
+    for s in sents:
+        want = [w for w in eda_get_only_chars(s + " ").split(" ") if w != ""]
+        assert eda_only_chars(s) == want, s
+        changed += want != s.split()
+    assert changed > 2000  # nearly every sentence has a capital letter or punctuation: cleaning is no detail
+
+
+def test_build_batch_with_eda_clean_tokenizes_the_cleaned_sentences(tiny_bert_dir, tmp_path):
+    """``eda_clean: eda`` in the method: s and s̃ are tokenized cleaned, the masks as many as before."""
+    sents = ["The Dog's park-side, 3 times!", "Red car."]
+    phrases = [["dog"], []]
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("".join(s + "\n" for s in sents))
+    rake = write_rake(tmp_path / "rake_top5.parquet", phrases)
+    m = make(tiny_bert_dir, corpus, rake, eda_clean="eda")
+    plain = make(tiny_bert_dir, corpus, rake)
+    batch = m.build_batch(sents, lines=[0, 1], micro=0)
+    tok = m.tokenizer
+    want = [eda_clean_reference(s) for s in sents] + \
+        [eda_clean_reference(mask_phrases(s, p, tok.mask_token).text) for s, p in zip(sents, phrases)]
+    ids, att = batch["input_ids"], batch["attention_mask"]
+    for i, words in enumerate(want):
+        assert ids[i][att[i] == 1].tolist() == tok(" ".join(words))["input_ids"], i
+    mask = tok.mask_token_id
+    assert (ids == mask).sum() == (plain.build_batch(sents, lines=[0, 1], micro=0)["input_ids"] == mask).sum() == 1
 
 
 @pytest.mark.realdata

@@ -55,8 +55,11 @@ Open choices (the paper and code leave them open; taken here, switches where che
 * **Cut off by ``max_len`` (32):** a phrase any of whose mask tokens falls beyond the truncated s̃
   is dropped from the target (its surviving masks stay in s̃). The target is capped at
   ``max_target_len`` tokens by dropping whole trailing phrases.
-* **EDA details:** words are whitespace-separated tokens of the (already tokenized) sentence, no
-  EDA character cleaning; stopwords (``eda_stopwords``) are NLTK's English list (179 words, the
+* **EDA details:** words are whitespace-separated tokens of the (already tokenized) sentence;
+  EDA's character cleaning (``eda_clean``): none (the default), or ``eda``, EDA's ``get_only_chars``
+  (``eda_only_chars``) on every word but the mask tokens, which EDA's ``eda()`` applies to its input
+  and outputs (whether the authors' CSV was made by ``eda()`` or by its ``synonym_replacement`` alone
+  is not known; docs/methods/paser.md); stopwords (``eda_stopwords``) are NLTK's English list (179 words, the
   default) or EDA's own (``eda``: 127 words, NLTK's list before its 2018 revision added the
   contractions and their pieces; ``eda_stopword_list``). 11 of the 52 extra words, contractions'
   pieces such as "isn", "won", "re", have WordNet synonyms: EDA replaces them, the NLTK list never
@@ -184,13 +187,31 @@ def eda_stopword_list(nltk_english: list[str]) -> list[str]:
     return [w for w in nltk_english if "'" not in w and w not in NLTK_2018_PIECES]
 
 
+#: the characters EDA's ``get_only_chars`` keeps (with the space); every other one becomes a space,
+#: after apostrophes are dropped and hyphens, tabs and newlines become spaces
+_EDA_LETTERS = frozenset("qwertyuiopasdfghjklzxcvbnm")
+_EDA_CLEAN = str.maketrans({"’": "", "'": "", **{c: " " for c in "-\t\n"}})
+
+
+def eda_only_chars(text: str) -> list[str]:
+    """EDA's ``get_only_chars`` (Wei & Zou 2019, ``eda.py``) as words: apostrophes (' and ’) dropped
+    ("don't" → "dont"), hyphens and white space → spaces, lowercased, every character but a-z a space;
+    the words of the result (digits and punctuation alone leave none)."""
+    text = text.translate(_EDA_CLEAN).lower()
+    return "".join(c if c in _EDA_LETTERS else " " for c in text).split()
+
+
 class EDA:
     """EDA operations (Wei & Zou 2019, ``eda.py``) on whitespace words that never touch ``protect``
-    tokens (the mask token). All randomness from the numpy Generator passed in."""
+    tokens (the mask token). All randomness from the numpy Generator passed in. ``clean``: EDA's
+    ``get_only_chars`` on every other word first (``eda_only_chars``; ``eda()`` cleans its input and its
+    outputs: the operations' outputs are clean already), also under op ``none``, as ``eda()`` returns
+    the cleaned original sentence too."""
 
-    def __init__(self, op: str, ratio: float, protect: str, wordnet=None, stopwords=()):
+    def __init__(self, op: str, ratio: float, protect: str, wordnet=None, stopwords=(), clean: bool = False):
         self.op, self.ratio, self.protect = op, ratio, protect
         self.wordnet, self.stop = wordnet, set(stopwords)
+        self.clean = clean
         self._syn: dict[str, list[str]] = {}
 
     def synonyms(self, word: str) -> list[str]:
@@ -210,6 +231,8 @@ class EDA:
 
     def __call__(self, sentence: str, rng: np.random.Generator) -> str:
         words = sentence.split()
+        if self.clean:
+            words = [c for w in words for c in ((w,) if w == self.protect else eda_only_chars(w))]
         free = [i for i, w in enumerate(words) if w != self.protect]
         if self.op == "none" or not free:
             return " ".join(words)
@@ -392,6 +415,11 @@ class PaSeR(Method):
         eda_stopwords: str = arg("nltk", "the words synonym replacement never replaces: nltk - NLTK's English list "
                                  "(179 words; the paper is silent); eda - EDA's own list (127 words, NLTK's before "
                                  "2018; code: EDA's eda.py made its training CSV)", choices=("nltk", "eda"))
+        eda_clean: str = arg("none", "EDA's character cleaning of s and s̃ (mask tokens kept): none - the sentence's "
+                             "words as they are (the paper is silent); eda - EDA's get_only_chars, which its eda() "
+                             "applies: lowercase, apostrophes dropped, every character but a-z a space (digits "
+                             "and punctuation go). Which one made the code's CSV is not known",
+                             choices=("none", "eda"))
         signal_m: float = arg(10.0, "m, factor of the difference part of the decoding signal")
         signal_n: float = arg(10.0, "n, factor of the product part of the decoding signal")
         signal_abs: bool = arg(True, "absolute values of difference and product (paper); false = code")
@@ -501,7 +529,7 @@ class PaSeR(Method):
             stop = load_stopwords(ctx.input("nltk"))
             if a.eda_stopwords == "eda":
                 stop = eda_stopword_list(stop)
-        self.eda = EDA(a.eda, a.eda_ratio, tokenizer.mask_token, wordnet, stop)
+        self.eda = EDA(a.eda, a.eda_ratio, tokenizer.mask_token, wordnet, stop, clean=a.eda_clean == "eda")
 
     # ------------------------------------------------------------------ batches
     def targets(self, masked: Masked, surviving: int, pieces: dict | None = None) -> list[int]:
