@@ -395,6 +395,15 @@ def test_prepare_corpus_subsample(tmp_path):
     assert json.loads((tmp_path / "a.txt.json").read_text())["lines_out"] == 10
     full = prepare_corpus(raw, tmp_path / "d.txt", max_sentences=1000)
     assert full["lines_out"] == 100
+    # the plan's length sample of the same file at the same size and seed is the same sample (one draw,
+    # sentemb.utils.seeded_sample): a plan of a config that samples its corpus sees its lines
+    from sentemb.ops.plan import _sample_lines
+
+    plain = tmp_path / "plain.txt"
+    plain.write_text("".join(f"line {i}\n" for i in range(100)))
+    prepare_corpus(plain, tmp_path / "e.txt", max_sentences=10, seed=1)
+    assert _sample_lines(plain, 10, seed=1) == ((tmp_path / "e.txt").read_text().splitlines(), 100)
+    assert [int(l.split()[1]) for l in a] == [int(l.split()[1]) for l in _sample_lines(plain, 10, seed=1)[0]]
 
 
 @pytest.mark.parametrize("bad,message,key", [(b"   \n", "line 3: empty line", "skipped_empty"),

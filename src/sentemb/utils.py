@@ -95,6 +95,17 @@ def write_text(path: str | os.PathLike, text: str) -> None:
         tmp.write_text(text, encoding="utf-8")
 
 
+def seeded_sample(items: list, size: int | None, seed: int) -> list:
+    """``size`` of ``items`` drawn without replacement by ``np.random.default_rng(seed)``, kept in their
+    order; all of them when ``size`` is None or not below their number. The one draw of the configured
+    corpus's ``corpus.max_sentences``, of ``sts_corpus.max_sentences`` (``sentemb.data.fetch``) and of
+    the plan's length sample (``sentemb.ops.plan``): a sample is the same wherever it is drawn."""
+    if size is None or size >= len(items):
+        return list(items)
+    keep = np.sort(np.random.default_rng(seed).choice(len(items), size=size, replace=False))
+    return [items[i] for i in keep]
+
+
 def seed_everything(seed: int) -> None:
     """Seed Python, NumPy and torch (CPU and CUDA) for a deterministic run."""
     import torch

@@ -23,7 +23,7 @@ from pathlib import Path, PurePosixPath
 
 from .. import SentembError
 from ..evaluate.senteval import verify_counts
-from ..utils import atomic_path, count_lines, sha256_file, write_json
+from ..utils import atomic_path, count_lines, seeded_sample, sha256_file, write_json
 from .cache import drop_file_manifest, write_file_manifest, write_manifest
 
 log = logging.getLogger(__name__)
@@ -140,10 +140,8 @@ def prepare_corpus(
     Every line must be valid UTF-8, not blank and free of NUL bytes, else an error names the line (or,
     with ``skip_bad_lines``, it is skipped and counted). Line endings and a UTF-8 byte-order mark
     opening the file are stripped, the text is kept as is. With ``max_sentences`` below the number of lines, a seeded random subsample is kept in its
-    original order. The summary is returned and written to ``<output>.json``.
+    original order (``sentemb.utils.seeded_sample``). The summary is returned and written to ``<output>.json``.
     """
-    import numpy as np
-
     lines: list[str] = []
     skipped = {"empty": 0, "non_utf8": 0, "nul": 0}
     bom = False
@@ -170,8 +168,7 @@ def prepare_corpus(
     if max_sentences is not None and max_sentences < len(lines):
         if max_sentences < 2:
             raise SentembError(f"max_sentences must be at least 2, not {max_sentences}")
-        keep = np.sort(np.random.default_rng(seed).choice(len(lines), size=max_sentences, replace=False))
-        lines = [lines[i] for i in keep]
+        lines = seeded_sample(lines, max_sentences, seed)
     summary = {
         "input": str(input), "lines_in": n_in, "lines_out": len(lines), "skipped_empty": skipped["empty"],
         "skipped_non_utf8": skipped["non_utf8"], "skipped_nul": skipped["nul"], "bom_removed": bom,
@@ -503,18 +500,14 @@ def prepare_sts_corpus(senteval_dir: PathLike, output: PathLike, keep_duplicates
     """Write the ``sts-unlabeled`` corpus (``sts_sentences``), one sentence per line, and a summary
     ``<output>.json``. With ``max_sentences`` below their number, a seeded random sample of the
     sentences is kept in corpus order (config ``sts_corpus.max_sentences``; drawn as
-    ``prepare_corpus`` draws the configured corpus's)."""
-    import numpy as np
-
+    ``prepare_corpus`` draws the configured corpus's: ``sentemb.utils.seeded_sample``)."""
     sents = sts_sentences(senteval_dir, keep_duplicates, unscored)
     if not sents:
         raise SentembError(f"{senteval_dir}: no STS sentences found")
     n_all = len(sents)
     if max_sentences is not None and max_sentences < 2:
         raise SentembError(f"max_sentences must be at least 2, not {max_sentences}")
-    if max_sentences is not None and max_sentences < n_all:
-        keep = np.sort(np.random.default_rng(seed).choice(n_all, size=max_sentences, replace=False))
-        sents = [sents[i] for i in keep]
+    sents = seeded_sample(sents, max_sentences, seed)
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
     drop_file_manifest(output)

@@ -906,15 +906,12 @@ def _sts_unlabeled_text(senteval_dir: Path, unscored: bool = True, keep_duplicat
 def _sample_lines(path: Path, n: int, seed: int = 0) -> tuple[list[str], int]:
     """Up to ``n`` non-empty lines of ``path`` drawn without replacement (seeded; all when fewer),
     in file order, and the file's line count."""
-    import numpy as np
+    from ..utils import seeded_sample
 
     with open(path, encoding="utf-8", errors="replace") as f:
         lines = [ln.rstrip("\n") for ln in f]
     lines = [ln for ln in lines if ln.strip()]
-    if len(lines) <= n:
-        return lines, len(lines)
-    keep = np.sort(np.random.default_rng(seed).choice(len(lines), n, replace=False))
-    return [lines[i] for i in keep], len(lines)
+    return seeded_sample(lines, n, seed), len(lines)
 
 
 def _tokenizer_for(config: dict | Config, backbone: str):
