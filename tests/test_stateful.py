@@ -189,7 +189,7 @@ def test_the_queue_holds_every_step_s_keys_newest_first_and_the_momentum_encoder
 
 
 @pytest.mark.parametrize("check", ["arguments", "loss", "export", "state_chunked", "state_accum", "state_sam",
-                                   "state_resume", "state_devices", "state_graphed"])
+                                   "state_resume", "state_devices", "state_graphed", "state_epoch"])
 def test_the_example_keeps_the_contract(example, h, check):
     """What ``sentemb check-method esimcse --config examples/methods/config.yaml`` runs (its other
     checks too: the weights' ``resume``, ``chunked``, ``devices`` and ``grad_norms``, which the
@@ -330,8 +330,29 @@ def _broken(example):
             if keys:
                 self.qlist.insert(0, torch.cat(keys[::-1], 0))
 
+    class CountedEpochs(ESimCSE):
+        """The queue emptied from the second epoch on, counted in a Python attribute: a resumed job's
+        first call is its first, so it keeps epoch 0's keys."""
+
+        name = "broken-counted-epochs"
+
+        def before_epoch(self, epoch):
+            self.seen = getattr(self, "seen", 0) + 1
+            if self.seen > 1:
+                self.queue.zero_()
+                self.queue_len.zero_()
+
+    class ReplacedOnEpoch(ESimCSE):
+        """The queue replaced by new tensors at each epoch: a captured step reads the old ones."""
+
+        name = "broken-replaced-on-epoch"
+
+        def before_epoch(self, epoch):
+            self.queue = torch.zeros_like(self.queue)
+            self.queue_len = torch.zeros_like(self.queue_len)
+
     return {c.name: c for c in (MomentumEveryEncode, EnqueueAtOnce, UnsavedQueue, PythonStash, ReplacedQueue,
-                                SlicedQueue, PythonTau, ListQueue)}
+                                SlicedQueue, PythonTau, ListQueue, CountedEpochs, ReplacedOnEpoch)}
 
 
 @pytest.mark.parametrize("method, check, message", [
@@ -346,6 +367,8 @@ def _broken(example):
                                            "outside the step), and its step reads it: a replayed graph keeps the value "
                                            "it read at its capture"),
     ("broken-list-queue", "state_graphed", "changed ListQueue.qlist between steps (in after_step"),
+    ("broken-counted-epochs", "state_epoch", "killed at the end of epoch 0 and resumed vs uninterrupted: state"),
+    ("broken-replaced-on-epoch", "state_epoch", "replaced queue, queue_len with new tensors since its step was captured"),
 ])
 def test_a_wrong_stateful_method_fails_a_named_check(example, h, method, check, message, tmp_path):
     cls = _broken(example)[method]
@@ -577,3 +600,81 @@ def test_after_a_failed_loss_check_the_later_crashes_say_so(example, tmp_path):
     assert res["loss"].status == "FAIL" and "not an fp32 scalar" in res["loss"].message
     assert res["chunked"].status == "FAIL" and res["chunked"].message.endswith("(the loss check failed: fix that first, "
                                                                                "the later checks train on that loss)")
+
+
+# ------------------------------------------------------------------------------------ the epoch hook
+@pytest.mark.parametrize("per_epoch, accum, steps", [(4, 1, 9), (4, 3, 7), (5, 2, 9), (2, 3, 5), (1, 2, 4)])
+def test_epochs_begun_are_the_steps_holding_each_epochs_first_micro_batch(per_epoch, accum, steps):
+    """``Method.before_epoch(e)`` runs before the optimizer step holding micro-batch e·per_epoch, the
+    epoch's first: counted here micro-batch by micro-batch."""
+    from sentemb.train.loop import epochs_begun
+
+    want: dict[int, list[int]] = {}
+    for m in range(steps * accum):  # micro-batch m belongs to epoch m // per_epoch and to step m // accum
+        if m % per_epoch == 0:
+            want.setdefault(m // accum, []).append(m // per_epoch)
+    assert {s: list(epochs_begun(s, accum, per_epoch)) for s in range(steps) if len(epochs_begun(s, accum, per_epoch))} \
+        == want
+
+
+@pytest.fixture(scope="module")
+def h_reset(example, tiny_bert_dir, tiny_senteval, tmp_path_factory):
+    """The example with ``queue_reset: epoch`` and a queue that never wraps in these runs (200 rows)."""
+    return testing.harness(example.ESimCSE, tmp_path_factory.mktemp("h_esimcse_reset"), model_dir=tiny_bert_dir,
+                           senteval=tiny_senteval, args={"queue_size": 200, "momentum": 0.5, "queue_reset": "epoch"})
+
+
+@pytest.mark.parametrize("reset", ["never", "epoch"])
+def test_queue_reset_epoch_empties_the_queue_before_each_epochs_first_step(example, h_reset, reset):
+    """``queue_reset: epoch`` (the authors' trainer sets its queue to None at the top of its epoch loop):
+    64 lines at batch 32 are 2 steps an epoch, so over 5 steps the hook runs before steps 0, 2 and 4,
+    and the queue the loss reads at each step holds the keys of that epoch's earlier steps only; with
+    ``never`` (the default) every earlier step's."""
+    from sentemb.train.loop import State, run_steps, setup
+
+    run = testing.state_run(h_reset, batch_size=32, epochs=3, max_steps=5)
+    run.method_args = {**run.method_args, "queue_reset": reset}
+    with setup(run, "/nonexistent", h_reset.cls) as job:
+        method, seen, begun = job.method, [], []
+        terms, hook = method.batch_terms, method.before_epoch
+
+        def watched(emb, batch):
+            seen.append((method.step, int(method.queue_len)))
+            return terms(emb, batch)
+
+        def epoch(e):
+            begun.append((method.step, e))
+            return hook(e)
+
+        method.batch_terms, method.before_epoch = watched, epoch
+        for _ in run_steps(job, State()):
+            pass
+    assert begun == [(0, 0), (2, 1), (4, 2)]
+    since = {0: 0, 1: 1, 2: 0, 3: 1, 4: 0} if reset == "epoch" else {s: s for s in range(5)}
+    assert seen == [(s, 32 * since[s]) for s in range(5)]
+
+
+def test_queue_reset_epoch_resumes_bit_identically_across_an_epoch_boundary(example, h_reset):
+    """Killed after step 2 (the last of epoch 0; the checkpoint is saved after ``after_step``) and
+    resumed, the hook empties the queue before step 2 as in the uninterrupted run: the whole state
+    after 4 steps is the same bit for bit; graphed (each step captured once, the hook's in-place
+    ``zero_`` outside the graph) it is the eager run's."""
+    from sentemb.train.loop import resume, run_steps, save_state, setup
+
+    over = {"batch_size": 32, "epochs": 2, "max_steps": 4}
+    out = h_reset.scratch("reset-resume")
+    with setup(testing.state_run(h_reset, **over), out, h_reset.cls) as job:
+        state = resume(job)
+        for _ in run_steps(job, state, 2):
+            pass
+        save_state(job, state)
+    with setup(testing.state_run(h_reset, **over), out, h_reset.cls) as job:
+        state = resume(job)
+        assert state.step == 2 and int(job.method.queue_len) == 64  # as saved: epoch 0's keys, before the hook
+        for _ in run_steps(job, state):
+            pass
+        got = testing.method_state(job.method)
+    whole = testing.state_after(h_reset, **over)
+    testing.same_state(got, whole, "resumed across the epoch boundary", exact=True)
+    assert int(whole["queue_len"]) == 64  # epoch 1's two steps only
+    testing.same_state(testing.state_after(h_reset, graphs=True, **over), whole, "graphed vs eager")

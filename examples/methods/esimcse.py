@@ -28,6 +28,7 @@ Where the state is and when it changes (the loop's promises, ``sentemb.methods.b
   places, each a switch (``dup_len``, ``momentum_init``, ``momentum_head``, ``momentum_phase``;
   docs/methods/esimcse.md);
 * ``queue`` (M × d) and ``queue_len``: persistent buffers (saved and resumed with the weights),
+  emptied in ``before_epoch`` under ``queue_reset: epoch`` (the authors' trainer), and
   written in ``after_step`` from the keys ``batch_terms`` stashed during the step
   (``self.stash("keys", k)``, kept per micro-batch): a repeated call (gradient caching, SAM's second
   pass, the contract's re-runs) overwrites its own stash and never sees its own keys in the queue;
@@ -142,10 +143,14 @@ class ESimCSE(SimCSE):
                                   "forward (models.py), so step t's keys come from t + 1: the same updates and one "
                                   "more, from the starting encoder, done here when the method is built (a no-op "
                                   "with momentum_init copy)", choices=("paper", "code"))
+        queue_reset: str = arg("never", "when the queue is emptied: never - it carries over from epoch to epoch (the "
+                               "paper is silent); epoch - at the start of every epoch (code: trainers.py empties it "
+                               "in its epoch loop); the same on the recipe's one epoch", choices=("never", "epoch"))
 
     # tiny encoder: a queue that fills and wraps within the contract's 3 steps of 16, and a momentum
-    # that moves visibly per update (so a wrong number of updates shows)
-    contract_args = {"queue_size": 24, "momentum": 0.5}
+    # that moves visibly per update (so a wrong number of updates shows); the queue emptied per epoch,
+    # which only state_epoch's runs reach (the others stay within epoch 0)
+    contract_args = {"queue_size": 24, "momentum": 0.5, "queue_reset": "epoch"}
 
     def __init__(self, encoder, tokenizer, args, ctx):
         super().__init__(encoder, tokenizer, args, ctx)
@@ -234,6 +239,13 @@ class ESimCSE(SimCSE):
         return {"contrastive": loss.detach(), WEIGHTED: {"contrastive": loss}}
 
     # ------------------------------------------------------------------ the state, once per step
+    def before_epoch(self, epoch: int) -> None:
+        """``queue_reset: epoch``: the queue emptied before each epoch's first step (in place: a graphed
+        step reads these buffers); never: nothing (the queue of epoch e − 1 serves epoch e)."""
+        if self.args.queue_reset == "epoch":
+            self.queue.zero_()
+            self.queue_len.zero_()
+
     def after_step(self, step: int) -> None:
         """Eq. 2 on the updated encoder, then the step's keys into the queue (micro-batch order, newest first)."""
         self.momentum_update()

@@ -45,6 +45,8 @@ state_sam      ... under SAM the second pass over a micro-batch sees the state t
 state_resume   ... killed after a step and resumed, the whole state after 3 steps is bit-identical
 state_graphed  ... ``train.graphs: true`` gives the eager run's whole state after 3 steps of 2 micro-batches,
                and what a replayed graph would not redo (Python state, host reads) is refused
+state_epoch    a method with ``Method.before_epoch``: killed at an epoch's end and resumed, its whole state
+               two epochs on is bit-identical, and graphed it is the eager run's
 =============  ==========================================================================================
 
 The ``state_*`` checks skip a method whose state is its trainable weights alone (the weights' own
@@ -1228,6 +1230,44 @@ def check_state_graphed(h: Harness) -> None:
     same_state(got, state_after(h, **over), "graphs vs eager (2 micro-batches of 8 a step)")
 
 
+#: ``state_epoch``'s runs: 64 lines at batch 32 are 2 optimizer steps an epoch, so 4 steps begin epochs 0
+#: and 1 (``Method.before_epoch`` before steps 0 and 2)
+EPOCH_RUN = {"batch_size": 32, "epochs": 2, "max_steps": 4}
+
+
+def check_state_epoch(h: Harness) -> None:
+    """A method with ``Method.before_epoch``: over two epochs (``EPOCH_RUN``), killed after step 2, the
+    last of epoch 0, and resumed (the hook then runs before step 2 in the resumed job, as it does in the
+    uninterrupted one), its whole state after 4 steps is the uninterrupted run's, bit for bit; and
+    with ``train.graphs: true`` (the hook runs between replays: its state changes in place) the eager
+    run's. It catches a hook whose effect hangs on Python state a checkpoint does not hold (a count
+    of the epochs it saw) and one that replaces a tensor a captured step reads."""
+    from .methods import Method
+    from .train.loop import resume, run_steps, save_state, setup
+
+    if getattr(h.cls, "before_epoch", Method.before_epoch) is Method.before_epoch:
+        raise CheckSkipped("no before_epoch hook")
+    out = h.scratch("state-epoch")
+    with setup(state_run(h, **EPOCH_RUN), out, h.cls) as job:
+        state = resume(job)
+        for _ in run_steps(job, state, 2):
+            pass
+        save_state(job, state)
+    with setup(state_run(h, **EPOCH_RUN), out, h.cls) as job:
+        state = resume(job)
+        _require(state.step == 2, f"the resumed job starts at step {state.step}, not 2")
+        for _ in run_steps(job, state):
+            pass
+        got = method_state(job.method)
+    whole = state_after(h, **EPOCH_RUN)
+    same_state(got, whole, "killed at the end of epoch 0 and resumed vs uninterrupted", exact=True)
+    try:
+        graphed = state_after(h, graphs=True, **EPOCH_RUN)
+    except SentembError as e:
+        raise CheckFailed(str(e)) from e
+    same_state(graphed, whole, "graphs vs eager over two epochs")
+
+
 #: name -> check, in the order ``sentemb check-method`` runs them (cheap first)
 CHECKS: dict[str, Callable[[Harness], None]] = {
     "arguments": check_arguments,
@@ -1249,6 +1289,7 @@ CHECKS: dict[str, Callable[[Harness], None]] = {
     "state_resume": check_state_resume,
     "state_devices": check_state_devices,
     "state_graphed": check_state_graphed,
+    "state_epoch": check_state_epoch,
 }
 
 

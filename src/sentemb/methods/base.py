@@ -46,13 +46,15 @@ their chunk; every random choice is made in ``build_batch`` (from ``np_rng(micro
 dimension is the number of sentences; a method with another row layout overrides it).
 
 A method that keeps state across steps (a momentum-updated copy of the encoder, a queue of keys:
-``docs/methods/writing-a-method.md``, "A method that keeps state") has three promises from the loop:
+``docs/methods/writing-a-method.md``, "A method that keeps state") has four promises from the loop:
 
 * ``self.step`` (the optimizer step being computed, 0-based: the updates done before it) and
   ``self.micro`` (the global index of the micro-batch being computed) are set before every call of
   ``encode``/``batch_terms``/``row_terms`` of a training step (``build_batch`` gets them as arguments);
 * ``after_step(step)`` is called once per optimizer step, on every process, after the update (under
   SAM after the one update, under ``grad_accum`` once for all the micro-batches);
+* ``before_epoch(epoch)`` is called on every process before the optimizer step that holds the epoch's
+  first micro-batch (epoch 0 before step 0; a resumed run calls it for the epochs it has not begun);
 * the method's ``state_dict()`` (parameters, frozen ones too, persistent buffers, ``get_extra_state``)
   is what a checkpoint saves (rank 0) and a resume loads (every rank).
 
@@ -626,6 +628,15 @@ class Method(nn.Module):
         where a method puts a function Dynamo must not compile under ``torch.compiler.disable`` (not at
         import, which would import ``torch._dynamo`` in every command). ArcCSE's ArcCon loss is the
         case. Default: nothing."""
+
+    def before_epoch(self, epoch: int) -> None:
+        """Called before the optimizer step that holds epoch ``epoch``'s first micro-batch (0-based: epoch
+        0 before step 0; ``sentemb.train.loop.epochs_begun``), on every process, with ``self.step`` that
+        step, between ``after_step`` of the step before and the step's batches' losses. With
+        ``grad_accum`` an epoch may begin inside a step: the hook then runs before the whole step. A
+        resumed run calls it for the epochs that begin from its first step on (a checkpoint is saved
+        after ``after_step``, so the resumed and the uninterrupted run call it alike). As in
+        ``after_step``, state changes here in place (``zero_``, ``fill_``). Default: nothing."""
 
     def after_step(self, step: int) -> None:
         """Called once per optimizer step ``step`` (0-based, = ``self.step`` during it), on every

@@ -76,6 +76,20 @@ def sentence_lengths(sentences: list[str]) -> np.ndarray:
     return np.fromiter((len(s.split()) for s in sentences), dtype=np.int64, count=len(sentences))
 
 
+def micro_batches_per_epoch(n: int, batch_size: int) -> int:
+    """The micro-batches of one epoch over ``n`` sentences (``batch_schedule``: a trailing batch of one
+    sentence is dropped)."""
+    return n // batch_size + (1 if n % batch_size >= 2 else 0)
+
+
+def epochs_begun(step: int, accum: int, per_epoch: int) -> range:
+    """The epochs (0-based) whose first micro-batch optimizer step ``step`` (0-based) holds: those e with
+    e·per_epoch in [step·accum, (step + 1)·accum) (one at most unless an epoch is shorter than a step);
+    ``Method.before_epoch`` is called for each before the step."""
+    first, stop = step * accum, (step + 1) * accum
+    return range(-(-first // per_epoch), -(-stop // per_epoch))
+
+
 def batch_schedule(n: int, batch_size: int, epochs: float, seed: int, lengths: "np.ndarray | None" = None
                    ) -> list[np.ndarray]:
     """Micro-batches of corpus indices, a pure function of the arguments (resume rebuilds it).
@@ -96,7 +110,7 @@ def batch_schedule(n: int, batch_size: int, epochs: float, seed: int, lengths: "
 
     if lengths is not None and len(lengths) != n:
         raise SentembError(f"batch_schedule: {len(lengths)} lengths for {n} sentences")
-    per_epoch = n // batch_size + (1 if n % batch_size >= 2 else 0)
+    per_epoch = micro_batches_per_epoch(n, batch_size)
     total = max(1, int(round(epochs * per_epoch)))
     out: list[np.ndarray] = []
     epoch = 0
@@ -266,6 +280,7 @@ class Job:
     encode_fn: Callable | None = None  # train.compile: method.encode compiled (gradient caching's chunks, fused groups); None = eager
     restore: list = field(default_factory=list)  # what close() puts back (train.attention's backend)
     attention: str = "sdpa"  # train.attention as run (resolve_attention: auto resolved on the job's device)
+    per_epoch: int = 0  # micro-batches per epoch (micro_batches_per_epoch); 0 = no before_epoch calls
 
     def close(self) -> None:
         """Stop the prefetch thread or the batch workers (``train`` does; so should a caller of ``setup``),
@@ -460,6 +475,7 @@ def setup(run: Run | dict, out_dir: str | Path, method_cls: "type[Method] | None
               meta={"method": run.method, "name": run.name, "backbone": run.backbone, "seed": seed},
               tracker=tracker if tracker is not None else Tracker(enabled=False), encode_fn=encode_fn)
     job.attention = attention
+    job.per_epoch = micro_batches_per_epoch(len(sentences), settings.batch_size)
     if tracker is not None and tracker.run_id:
         job.meta["mlflow_run_id"] = tracker.run_id  # evaluation jobs log their test scores onto this run
     # the dev embedder reads the method's modules by reference: built now, it sees the resumed weights
@@ -561,6 +577,10 @@ def optimizer_step(job: Job, state: State) -> None:
 
         torch.manual_seed(step_seed(job.seed, state.step, job.rank))
     job.method.step = state.step  # what encode/batch_terms read (the strategy sets method.micro per micro-batch)
+    begun = getattr(job.method, "before_epoch", None)  # a Method's per-epoch hook (a queue emptied), every process
+    if begun is not None and job.per_epoch:
+        for epoch in epochs_begun(state.step, job.accum, job.per_epoch):
+            begun(epoch)
     job.strategy.gradients(job, batches, state, norms=job.settings.log_grad_norms and logs_at(job, state.step + 1))
     job.strategy.update(job)
     hook = getattr(job.method, "after_step", None)  # a Method's per-step hook, on every process (an EMA, a queue)
