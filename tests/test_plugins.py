@@ -80,6 +80,50 @@ def test_the_example_loss_is_its_equation_and_infonce_at_zero_prior(clean_regist
         _reference(far.numpy(), (far.flip(0) * -1).numpy(), 0.5, 0.9), rel=1e-5)
 
 
+def test_a_plugin_s_digest_covers_the_files_of_the_user_s_code_it_imports(clean_registry, tmp_path, monkeypatch):
+    """``method_digest`` (``sentemb.methods.code_digest``): a plug-in package listed by module name whose
+    method imports a helper module of its own (its loss) gets a digest that changes when the helper is
+    edited, and not when a file it does not import is; a one-file plug-in's digest is its file's sha256;
+    installed packages (torch) and sentemb itself are not the user's code."""
+    import hashlib
+    import sys
+
+    from sentemb.methods import code_digest, get_method, import_method_module, method_files, method_source
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    pkg = tmp_path / "mymethods"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "losses.py").write_text("import torch\n\n\ndef scaled(x):\n    return 2.0 * x\n")
+    (pkg / "unused.py").write_text("RATE = 1\n")
+    (pkg / "method.py").write_text(
+        "from sentemb.methods import register_method\n"
+        "from sentemb.methods.simcse import SimCSE\n\n"
+        "from mymethods.losses import scaled\n\n\n"
+        "@register_method\n"
+        "class Scaled(SimCSE):\n"
+        "    name = 'scaled-simcse'\n")
+    try:
+        import_method_module("mymethods.method")
+        cls = get_method("scaled-simcse")
+        assert method_files(cls) == [(pkg / "method.py").resolve(), (pkg / "losses.py").resolve()]
+        spec, digest = method_source(cls)
+        assert spec == "mymethods.method" and len(digest) == 64
+        (pkg / "unused.py").write_text("RATE = 2\n")
+        assert method_source(cls)[1] == digest  # not imported: not the method's code
+        (pkg / "losses.py").write_text((pkg / "losses.py").read_text().replace("2.0", "3.0"))
+        assert method_source(cls)[1] != digest  # the helper's edit reruns the method's jobs
+        one = tmp_path / "one.py"
+        one.write_text(EXAMPLE.read_text())
+        mod = sys.modules[import_method_module(str(one))]
+        own = [v for v in vars(mod).values() if isinstance(v, type) and v.__module__ == mod.__name__ and hasattr(v, "name")]
+        assert own and code_digest(own[0]) == hashlib.sha256(one.read_bytes()).hexdigest()
+        assert method_files(own[0]) == [one.resolve()]
+    finally:
+        for m in [m for m in sys.modules if m == "mymethods" or m.startswith("mymethods.")]:
+            del sys.modules[m]
+
+
 def test_a_plugin_is_a_method_its_digest_in_its_runs_only(clean_registry, tmp_path, monkeypatch):
     """``method_modules`` (a path relative to the working directory): registered, its arguments
     validated like a built-in's, its runs carry ``method_module`` and the sha256 of its file, and

@@ -135,15 +135,98 @@ def load_method_modules(specs, where: str = "method_modules") -> None:
 
 
 def method_source(cls: type[Method]) -> tuple[str, str] | None:
-    """For a method from the user's code (not this package): (what to import it by, sha256 of its
-    file). The file is the one that defines the class; its digest goes into the run's settings, so
-    editing it reruns that method's jobs and nothing else. None for a built-in method."""
+    """For a method from the user's code (not this package): (what to import it by, ``code_digest``).
+    The digest goes into the run's settings, so editing the method's file, or a file of the user's
+    code it imports, reruns that method's jobs and nothing else. None for a built-in method."""
     mod = sys.modules.get(cls.__module__)
     if cls.__module__.startswith(__name__ + ".") or mod is None:
         return None
-    file = inspect.getsourcefile(cls) or getattr(mod, "__file__", None)
-    digest = hashlib.sha256(Path(file).read_bytes()).hexdigest() if file else ""
-    return _SPEC.get(cls.__module__, cls.__module__), digest
+    return _SPEC.get(cls.__module__, cls.__module__), code_digest(cls)
+
+
+def code_digest(cls: type) -> str:
+    """The sha256 of the code that defines ``cls``: of its file alone where ``method_files`` finds no
+    other (so a one-file plug-in's digest is its file's sha256), else of its file's digest and each
+    other file's path relative to it and digest, in path order. "" where ``cls`` has no source file."""
+    files = method_files(cls)
+    if not files:
+        return ""
+    first = hashlib.sha256(files[0].read_bytes()).hexdigest()
+    if len(files) == 1:
+        return first
+    import os
+
+    h = hashlib.sha256(first.encode())
+    for f in sorted(files[1:], key=lambda f: os.path.relpath(f, files[0].parent)):
+        h.update(f"\0{os.path.relpath(f, files[0].parent)}\0{hashlib.sha256(f.read_bytes()).hexdigest()}".encode())
+    return h.hexdigest()
+
+
+def method_files(cls: type) -> list[Path]:
+    """The files of the user's code that define ``cls``: its own file first, then every other file of
+    the user's code that its module reaches, through the modules, classes and functions in its globals
+    and its base classes, and from those modules in turn. The user's code is any Python file outside
+    the standard library, the installed packages (``site-packages``: an editable install's sources
+    count) and this package. A constant imported by value (``from helpers import RATE``) is not
+    followed; its module is, where anything else of it is imported."""
+    import types
+
+    try:
+        own = inspect.getsourcefile(cls)
+    except TypeError:  # a class defined at run time
+        own = None
+    if own is None:
+        mod = sys.modules.get(cls.__module__)
+        own = getattr(mod, "__file__", None) if mod is not None else None
+    if own is None:
+        return []
+    files, seen = [Path(own).resolve()], set()
+    stack = [sys.modules.get(c.__module__) for c in cls.__mro__]
+    while stack:
+        mod = stack.pop()
+        if mod is None or mod.__name__ in seen:
+            continue
+        seen.add(mod.__name__)
+        f = _user_file(mod)
+        if f is None:
+            continue
+        if f not in files:
+            files.append(f)
+        for v in list(vars(mod).values()):
+            if isinstance(v, types.ModuleType):
+                stack.append(v)
+            elif isinstance(v, (type, types.FunctionType)) and isinstance(getattr(v, "__module__", None), str):
+                stack.append(sys.modules.get(v.__module__))
+    return files
+
+
+def _user_file(module) -> Path | None:
+    """``module``'s file where it is the user's code (``method_files``), else None."""
+    f = getattr(module, "__file__", None)
+    if not f or not str(f).endswith(".py"):
+        return None
+    p = Path(f).resolve()
+    return None if any(p.is_relative_to(r) for r in _not_user_roots()) else p
+
+
+def _not_user_roots() -> tuple[Path, ...]:
+    """Where the standard library, the installed packages and this package live."""
+    global _ROOTS
+    if _ROOTS is None:
+        import site
+        import sysconfig
+
+        roots = {v for k, v in sysconfig.get_paths().items() if k in ("stdlib", "platstdlib", "purelib", "platlib")}
+        try:
+            roots.update(site.getsitepackages())
+            roots.add(site.getusersitepackages())
+        except AttributeError:  # a virtualenv's old site module
+            pass
+        _ROOTS = tuple(Path(r).resolve() for r in roots if r) + (Path(__file__).resolve().parent.parent,)
+    return _ROOTS
+
+
+_ROOTS: tuple[Path, ...] | None = None
 
 
 def get_method(name: str) -> type[Method]:
@@ -161,4 +244,4 @@ def get_method(name: str) -> type[Method]:
 
 
 __all__ = ["WEIGHTED", "Encoded", "Method", "MethodContext", "all_ranks_rows", "arg", "ema_", "get_method", "import_method_module", "load_method_modules",
-           "method_source", "register_method", "registry"]
+           "method_source", "code_digest", "method_files", "register_method", "registry"]

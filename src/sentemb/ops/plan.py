@@ -522,8 +522,8 @@ class CountStore:
     job's whole train settings and method arguments (``train.graphs``, ``dropout`` or ``attention``
     change what a step saves and runs, though the in-memory key leaves them out), the config's ``stats``
     section (the method inputs built on the counting corpus: RAKE's phrases, TF-IDF), and the
-    ``fingerprint``: this package's sources, the method class's own file (not other files it imports,
-    nor NLTK's data files), and the versions of Python, torch, transformers and the input builders'
+    ``fingerprint``: this package's sources, the method's code (``sentemb.methods.code_digest``: its
+    class's file and the files of the user's code it imports; not NLTK's data files), and the versions of Python, torch, transformers and the input builders'
     libraries. Each
     fingerprint has its own subfolder (an old one can be deleted whole). A class without a source file
     (defined in a notebook) is never kept. A file that cannot be read or does not hold a count is
@@ -547,15 +547,19 @@ class CountStore:
             import sys
             from importlib import metadata
 
+            from ..methods import code_digest
+
             try:
                 src = Path(inspect.getsourcefile(cls) or "")
+                if not src.is_file():
+                    raise OSError(f"{src or 'none'} is not a file")
                 h = hashlib.sha256(f"python {sys.version.split()[0]}\0".encode())
                 for lib in self.LIBRARIES:
                     try:
                         h.update(f"{lib} {metadata.version(lib)}\0".encode())
                     except metadata.PackageNotFoundError:
                         h.update(f"{lib} absent\0".encode())
-                h.update(_package_digest().encode() + b"\0" + hashlib.sha256(src.read_bytes()).digest())
+                h.update(_package_digest().encode() + b"\0" + code_digest(cls).encode())
                 self._prints[cls] = h.hexdigest()
             except (TypeError, OSError) as e:
                 log.info("sentemb plan: %s's counts are not kept (its source file: %s)", cls.__name__, e)
