@@ -351,8 +351,27 @@ def _broken(example):
             self.queue = torch.zeros_like(self.queue)
             self.queue_len = torch.zeros_like(self.queue_len)
 
+    from sentemb.methods.simcse import SimCSE
+
+    class ReplacedScale(SimCSE):
+        """No ``after_step``: a buffer its loss reads, replaced by a new tensor in ``before_epoch``."""
+
+        name = "broken-replaced-scale"
+
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            self.register_buffer("scale", torch.ones(()))
+
+        def before_epoch(self, epoch):
+            self.scale = torch.full((), 1.0 + epoch)
+
+        def batch_terms(self, emb, batch):
+            out = super().batch_terms(emb, batch)
+            loss = out[WEIGHTED]["contrastive"] * self.scale
+            return {"contrastive": loss.detach(), WEIGHTED: {"contrastive": loss}}
+
     return {c.name: c for c in (MomentumEveryEncode, EnqueueAtOnce, UnsavedQueue, PythonStash, ReplacedQueue,
-                                SlicedQueue, PythonTau, ListQueue, CountedEpochs, ReplacedOnEpoch)}
+                                SlicedQueue, PythonTau, ListQueue, CountedEpochs, ReplacedOnEpoch, ReplacedScale)}
 
 
 @pytest.mark.parametrize("method, check, message", [
@@ -369,10 +388,12 @@ def _broken(example):
     ("broken-list-queue", "state_graphed", "changed ListQueue.qlist between steps (in after_step"),
     ("broken-counted-epochs", "state_epoch", "killed at the end of epoch 0 and resumed vs uninterrupted: state"),
     ("broken-replaced-on-epoch", "state_epoch", "replaced queue, queue_len with new tensors since its step was captured"),
+    ("broken-replaced-scale", "state_epoch", "replaced scale with new tensors since its step was captured"),
 ])
 def test_a_wrong_stateful_method_fails_a_named_check(example, h, method, check, message, tmp_path):
     cls = _broken(example)[method]
-    broken = testing.Harness(cls=cls, args=h.args, model_dir=h.model_dir, corpus=h.corpus, senteval=h.senteval,
+    args = h.args if issubclass(cls, example.ESimCSE) else {}
+    broken = testing.Harness(cls=cls, args=args, model_dir=h.model_dir, corpus=h.corpus, senteval=h.senteval,
                              inputs=h.inputs, work=tmp_path)
     with pytest.raises(testing.CheckFailed, match=re.escape(message)):
         testing.run_check(cls, check, broken)

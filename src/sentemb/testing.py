@@ -1038,8 +1038,8 @@ def _short(v) -> str:
 
 
 def keeps_state(h: Harness) -> bool:
-    """Whether the method keeps state besides its trainable weights: it overrides ``after_step`` or
-    ``get_extra_state``, or its ``state_dict`` holds buffers or frozen parameters."""
+    """Whether the method keeps state besides its trainable weights: it overrides ``after_step``,
+    ``before_epoch`` or ``get_extra_state``, or its ``state_dict`` holds buffers or frozen parameters."""
     from torch import nn
 
     from .methods.base import Method
@@ -1048,6 +1048,7 @@ def keeps_state(h: Harness) -> bool:
         m = h.make()
         trainable = weight_names(m, [p for p in m.parameters() if p.requires_grad])
         h.cache["keeps_state"] = (type(m).after_step is not Method.after_step
+                                  or type(m).before_epoch is not Method.before_epoch
                                   or type(m).get_extra_state is not nn.Module.get_extra_state
                                   or any(k not in trainable for k in m.state_dict()))
     return h.cache["keeps_state"]

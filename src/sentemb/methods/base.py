@@ -636,7 +636,9 @@ class Method(nn.Module):
         ``grad_accum`` an epoch may begin inside a step: the hook then runs before the whole step. A
         resumed run calls it for the epochs that begin from its first step on (a checkpoint is saved
         after ``after_step``, so the resumed and the uninterrupted run call it alike). As in
-        ``after_step``, state changes here in place (``zero_``, ``fill_``). Default: nothing."""
+        ``after_step``, state changes here in place (``zero_``, ``fill_``). ``build_batch`` may have
+        built the step's batches already (``train.prefetch``, ``train.workers``): batches must not read
+        what the hook changes. Default: nothing."""
 
     def after_step(self, step: int) -> None:
         """Called once per optimizer step ``step`` (0-based, = ``self.step`` during it), on every

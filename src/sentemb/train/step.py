@@ -588,12 +588,12 @@ class Graphed(MicroBatches):
 
 
 def _has_hook(method) -> bool:
-    """Whether ``method`` overrides ``Method.after_step`` (keeps state across steps): the storage a
-    graph reads is checked before each step for those only (about 0.4 ms for BERT-base on a slow
-    CPU; a method without a hook changes nothing between steps)."""
+    """Whether ``method`` overrides ``Method.after_step`` or ``Method.before_epoch`` (keeps state across
+    steps): the storage a graph reads is checked before each step for those only (about 0.4 ms for
+    BERT-base on a slow CPU; a method without a hook changes nothing between steps)."""
     from ..methods.base import Method
 
-    return type(method).after_step is not Method.after_step
+    return type(method).after_step is not Method.after_step or type(method).before_epoch is not Method.before_epoch
 
 
 def _eager_if_probed(job, state, norms: bool):
