@@ -395,8 +395,8 @@ def test_prepare_corpus_subsample(tmp_path):
     assert json.loads((tmp_path / "a.txt.json").read_text())["lines_out"] == 10
     full = prepare_corpus(raw, tmp_path / "d.txt", max_sentences=1000)
     assert full["lines_out"] == 100
-    # the plan's length sample of the same file at the same size and seed is the same sample (one draw,
-    # sentemb.utils.seeded_sample): a plan of a config that samples its corpus sees its lines
+    # the plan's length sample of the same clean file at the same size and seed is the same sample (one
+    # draw, sentemb.utils.seeded_sample)
     from sentemb.ops.plan import _sample_lines
 
     plain = tmp_path / "plain.txt"

@@ -99,7 +99,8 @@ def seeded_sample(items: list, size: int | None, seed: int) -> list:
     """``size`` of ``items`` drawn without replacement by ``np.random.default_rng(seed)``, kept in their
     order; all of them when ``size`` is None or not below their number. The one draw of the configured
     corpus's ``corpus.max_sentences``, of ``sts_corpus.max_sentences`` (``sentemb.data.fetch``) and of
-    the plan's length sample (``sentemb.ops.plan``): a sample is the same wherever it is drawn."""
+    the plan's length sample (``sentemb.ops.plan``): the same items, size and seed give the same sample
+    wherever it is drawn."""
     if size is None or size >= len(items):
         return list(items)
     keep = np.sort(np.random.default_rng(seed).choice(len(items), size=size, replace=False))

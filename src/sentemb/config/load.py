@@ -369,7 +369,7 @@ def resolve_run(config: dict | Config, name: str, backbone: str, seed: int, *, m
         # a sample (sts_corpus.max_sentences) adds its size and seed
         paths["corpus_form"] = f"pairs={sts.pairs},duplicates={sts.duplicates}" + (
             f",max_sentences={sts.max_sentences},seed={sts.sample_seed}" if sts.max_sentences else "")
-    source = method_source(get_method(method))  # a method from the user's code: its file's digest
+    source = method_source(get_method(method))  # a method from the user's code: its code's digest
     if source:
         extra = {"method_module": source[0], "method_digest": source[1], **extra}
     return Run(

@@ -728,7 +728,7 @@ class Run:
     study: str | None = None  # the study this run is a point of (sentemb.config.studies), tagged on its MLflow run
     point: dict | None = None  # that point's values, {key: value}
     method_module: str | None = None  # a method from the user's code: the method_modules entry to import
-    method_digest: str | None = None  # sha256 of that method's file (editing it reruns its jobs only)
+    method_digest: str | None = None  # sentemb.methods.code_digest: its file's sha256, or of its code's files (editing one reruns its jobs only)
 
     #: the order of the mapping form (the run config JSON); None-valued optional keys are left out
     _ORDER = ("name", "method", "backbone", "backbone_hub_id", "seed", "train", "method_args", "experiment", "tracking",

@@ -146,67 +146,194 @@ def method_source(cls: type[Method]) -> tuple[str, str] | None:
 
 def code_digest(cls: type) -> str:
     """The sha256 of the code that defines ``cls``: of its file alone where ``method_files`` finds no
-    other (so a one-file plug-in's digest is its file's sha256), else of its file's digest and each
-    other file's path relative to it and digest, in path order. "" where ``cls`` has no source file."""
-    files = method_files(cls)
+    other (so a one-file plug-in's digest is its file's sha256), else of that file's digest and, for
+    each other file, its path relative to the user's folder it lies in and its digest, in that order.
+    "" where ``cls`` has no source file; a file that cannot be read counts as "missing"."""
+    files = _code_of(cls)
     if not files:
         return ""
-    first = hashlib.sha256(files[0].read_bytes()).hexdigest()
+    first = _file_digest(files[0][1])
     if len(files) == 1:
         return first
-    import os
-
     h = hashlib.sha256(first.encode())
-    for f in sorted(files[1:], key=lambda f: os.path.relpath(f, files[0].parent)):
-        h.update(f"\0{os.path.relpath(f, files[0].parent)}\0{hashlib.sha256(f.read_bytes()).hexdigest()}".encode())
+    for key, f in sorted(files[1:]):
+        h.update(f"\0{key}\0{_file_digest(f)}".encode())
     return h.hexdigest()
 
 
 def method_files(cls: type) -> list[Path]:
-    """The files of the user's code that define ``cls``: its own file first, then every other file of
-    the user's code that its module reaches, through the modules, classes and functions in its globals
-    and its base classes, and from those modules in turn. The user's code is any Python file outside
-    the standard library, the installed packages (``site-packages``: an editable install's sources
-    count) and this package. A constant imported by value (``from helpers import RATE``) is not
-    followed; its module is, where anything else of it is imported."""
-    import types
+    """The files of the user's code that define ``cls``: its own file first, then each file of the
+    user's code it imports, found in the files themselves (every ``import`` statement, in functions
+    too, and the packages an import runs) and in the loaded modules' globals (modules, classes and
+    functions bound there, such as a module loaded from a path), and from those files in turn. The
+    user's code is a Python file in the folder of the method's top-level package (a one-file plug-in:
+    its folder) or in the working directory, outside the standard library, the installed packages
+    (any ``site-packages`` or ``dist-packages`` folder) and sentemb. What it leaves out: a name bound
+    by value (``from helpers import RATE``: its module is followed where it is imported), a module
+    imported by a computed name."""
+    return [f for _, f in _code_of(cls)]
+
+
+def _file_digest(path: Path) -> str:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return "missing"
+
+
+def _code_of(cls: type) -> list[tuple[str, Path]]:
+    """(key, file) of ``method_files``: the own file first (key ""), the others keyed by their path
+    relative to the user's folder they lie in (the same on every machine with the same layout)."""
+    import os
 
     try:
         own = inspect.getsourcefile(cls)
     except TypeError:  # a class defined at run time
         own = None
-    if own is None:
-        mod = sys.modules.get(cls.__module__)
-        own = getattr(mod, "__file__", None) if mod is not None else None
-    if own is None:
+    if not own or not os.path.isabs(own) or not os.path.isfile(own):
         return []
-    files, seen = [Path(own).resolve()], set()
-    stack = [sys.modules.get(c.__module__) for c in cls.__mro__]
-    while stack:
-        mod = stack.pop()
-        if mod is None or mod.__name__ in seen:
-            continue
-        seen.add(mod.__name__)
-        f = _user_file(mod)
-        if f is None:
-            continue
-        if f not in files:
-            files.append(f)
-        for v in list(vars(mod).values()):
-            if isinstance(v, types.ModuleType):
-                stack.append(v)
-            elif isinstance(v, (type, types.FunctionType)) and isinstance(getattr(v, "__module__", None), str):
-                stack.append(sys.modules.get(v.__module__))
-    return files
+    own_path = Path(own).resolve()
+    if own_path.is_relative_to(_not_user_roots()[-1]):  # a built-in method: sentemb's digest covers the rest
+        return [("", own_path)]
+    top = cls.__module__.split(".")[0]
+    folder = own_path.parent
+    if top != "sentemb_user_methods":  # a module name: the folder above its top-level package
+        for _ in range(cls.__module__.count(".")):
+            folder = folder.parent
+    roots = [folder, Path.cwd().resolve()]
+    out: list[tuple[str, Path]] = [("", own_path)]
+    seen = {own_path}
+    queue = [(cls.__module__, own_path)] + [(c.__module__, None) for c in cls.__mro__[1:]]
+    while queue:
+        name, path = queue.pop(0)
+        if path is None:
+            path = _user_file(_module_file(name), roots)
+            if path is None or path in seen:
+                continue
+            seen.add(path)
+            out.append((_key(path, roots), path))
+        for dep in _imports_of(name, path) + _bound_in(name):
+            f = _user_file(_module_file(dep), roots)
+            if f is not None and f not in seen:
+                seen.add(f)
+                out.append((_key(f, roots), f))
+                queue.append((dep, f))
+    return out
 
 
-def _user_file(module) -> Path | None:
-    """``module``'s file where it is the user's code (``method_files``), else None."""
-    f = getattr(module, "__file__", None)
-    if not f or not str(f).endswith(".py"):
+def _key(path: Path, roots: list[Path]) -> str:
+    for r in roots:
+        if path.is_relative_to(r):
+            return str(path.relative_to(r))
+    return str(path)
+
+
+def _imports_of(module: str, path: Path) -> list[str]:
+    """The modules the file ``path`` (module ``module``) imports, anywhere in it, with the packages
+    each import runs ("a.b.c": a, a.b, a.b.c; ``from a import b``: a and a.b, which may be a module)."""
+    import ast
+
+    try:
+        tree = ast.parse(path.read_bytes(), filename=str(path))
+    except (OSError, SyntaxError, ValueError):
+        return []
+    mod = sys.modules.get(module)
+    package = getattr(mod, "__package__", None) or module.rpartition(".")[0]
+    names: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                parts = package.split(".") if package else []
+                if node.level - 1 > len(parts):
+                    continue
+                base = ".".join(parts[: len(parts) - (node.level - 1)] + ([node.module] if node.module else []))
+            else:
+                base = node.module or ""
+            if base:
+                names.append(base)
+                names += [f"{base}.{a.name}" for a in node.names if a.name != "*"]
+    out = []
+    for n in names:
+        parts = n.split(".")
+        out += [".".join(parts[: i + 1]) for i in range(len(parts))]
+    return list(dict.fromkeys(out))
+
+
+def _bound_in(module: str) -> list[str]:
+    """The modules whose modules, classes or functions the loaded ``module`` binds in its globals (a
+    module loaded from a path, as the PromptBERT example loads its sentence-transformers module), but
+    not its own submodules, which the import system binds in a package as they are imported."""
+    import types
+
+    mod = sys.modules.get(module)
+    if mod is None:
+        return []
+    out = []
+    for v in list(vars(mod).values()):
+        try:
+            t = type(v)
+            if issubclass(t, types.ModuleType):
+                name = v.__name__
+                if isinstance(name, str) and not name.startswith(module + "."):
+                    out.append(name)
+            elif issubclass(t, (type, types.FunctionType)):
+                name = v.__module__
+                if isinstance(name, str):
+                    out.append(name)
+        except Exception:  # noqa: BLE001 - an odd object (a proxy) is no code of ours to follow
+            continue
+    return out
+
+
+def _module_file(name: str) -> str | None:
+    """The file of module ``name``: the loaded module's, else where the import system would find it
+    (``find_spec``, which imports its parent packages); None for a module without one, an installed
+    or built-in top-level package, or a name that is no module (``from a import some_function``)."""
+    import importlib.util
+    import os
+
+    mod = sys.modules.get(name)
+    if mod is not None:
+        f = getattr(mod, "__file__", None)
+        return f if isinstance(f, str) else None
+    head = name.split(".")[0]
+    if head != name:  # inside an installed or built-in package: not the user's code, and not imported to see
+        top = sys.modules.get(head)
+        if top is not None:
+            tf = getattr(top, "__file__", None)
+        else:
+            try:
+                spec = importlib.util.find_spec(head)  # a top-level name: found without importing anything
+            except Exception:  # noqa: BLE001
+                return None
+            tf = spec.origin if spec is not None and spec.has_location else None
+        if not isinstance(tf, str) or not os.path.isabs(tf) or _installed(Path(tf).resolve()):
+            return None
+    try:
+        spec = importlib.util.find_spec(name)
+    except Exception:  # noqa: BLE001 - not a module (a function imported by name), or one that fails to import
+        return None
+    return spec.origin if spec is not None and spec.has_location and isinstance(spec.origin, str) else None
+
+
+def _user_file(f: str | None, roots: list[Path]) -> Path | None:
+    """``f`` resolved, where it is a Python file of the user's code (``method_files``), else None."""
+    import os
+
+    if not f or not f.endswith(".py") or not os.path.isabs(f) or not os.path.isfile(f):
         return None
     p = Path(f).resolve()
-    return None if any(p.is_relative_to(r) for r in _not_user_roots()) else p
+    if _installed(p) or not any(p.is_relative_to(r) for r in roots):
+        return None
+    return p
+
+
+def _installed(p: Path) -> bool:
+    """Whether ``p`` lies in the standard library, an installed package or sentemb."""
+    return ("site-packages" in p.parts or "dist-packages" in p.parts
+            or any(p.is_relative_to(r) for r in _not_user_roots()))
 
 
 def _not_user_roots() -> tuple[Path, ...]:

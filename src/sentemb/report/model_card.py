@@ -567,8 +567,8 @@ def render(inputs: CardInputs) -> str:
         origin, base_line = f"trained from the backbone `{run['backbone']}`", f"`{run['backbone']}`"
     if run.get("method_module"):
         summary = plugin_summary(run)
-        method_line = (f"`{run['method']}`, a plug-in method from `{run['method_module']}` (sha256 "
-                       f"`{run['method_digest'] or '?'}`)" + (f": {summary}" if summary else ""))
+        method_line = (f"`{run['method']}`, a plug-in method from `{run['method_module']}` (code "
+                       f"digest `{run['method_digest'] or '?'}`)" + (f": {summary}" if summary else ""))
         page_url = f"the plug-in's file `{run['method_module']}`"
     else:
         method_line = (f"{method.display} (`{run['method']}`)" + (f", \"{method.title}\"" if method.title else "")
