@@ -80,13 +80,13 @@ def test_the_example_loss_is_its_equation_and_infonce_at_zero_prior(clean_regist
         _reference(far.numpy(), (far.flip(0) * -1).numpy(), 0.5, 0.9), rel=1e-5)
 
 
-def test_a_plugin_s_digest_covers_the_files_of_the_user_s_code_it_imports(clean_registry, tmp_path, monkeypatch):
-    """``method_digest`` (``sentemb.methods.code_digest``): a plug-in package listed by module name whose
-    method imports modules of its own (at the top, relatively, inside a function, from a namespace
-    package) gets a digest that changes when any of them is edited, and neither when a file it does
-    not import is edited nor when another module of its package is imported later; odd globals (a proxy,
-    torch.ops, whose ``__file__`` is relative) are passed over; a one-file plug-in's digest is its file's
-    sha256; installed packages and sentemb are not the user's code."""
+def test_a_plugin_s_digest_covers_its_package_and_what_a_one_file_plugin_binds_beside_it(clean_registry, tmp_path,
+                                                                                          monkeypatch):
+    """``method_digest`` (``sentemb.methods.code_digest``): a method of a package listed by module name
+    has every Python file of its top-level package in its digest (an edit to any reruns its jobs; one
+    outside the package does not), the same whatever else was imported; a one-file plug-in's digest is
+    its file's sha256, or also covers a module it loads from beside it (the PromptBERT example's);
+    sentemb's own files never count."""
     import hashlib
     import sys
 
@@ -95,19 +95,16 @@ def test_a_plugin_s_digest_covers_the_files_of_the_user_s_code_it_imports(clean_
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.chdir(tmp_path)
     pkg = tmp_path / "mymethods"
-    (pkg / "later").mkdir(parents=True)  # "later" is a namespace package (no __init__.py)
+    (pkg / "sub").mkdir(parents=True)
     (pkg / "__init__.py").write_text("")
-    (pkg / "losses.py").write_text("import torch\n\n\ndef scaled(x):\n    return 2.0 * x\n")
-    (pkg / "relative.py").write_text("RATE = 1\n")
-    (pkg / "later" / "schedule.py").write_text("def warm(step):\n    return step\n")
-    (pkg / "unused.py").write_text("RATE = 1\n")
+    (pkg / "losses.py").write_text("def scaled(x):\n    return 2.0 * x\n")
+    (pkg / "sub" / "schedule.py").write_text("def warm(step):\n    return step\n")
     (pkg / "other.py").write_text("X = 1\n")
+    (tmp_path / "outside.py").write_text("Y = 1\n")
     (pkg / "method.py").write_text(
-        "from torch import ops\n"
         "from sentemb.methods import register_method\n"
         "from sentemb.methods.simcse import SimCSE\n\n"
-        "from mymethods.losses import scaled\n"
-        "from .relative import RATE\n\n\n"
+        "from mymethods.losses import scaled\n\n\n"
         "class Proxy:\n"
         "    @property\n"
         "    def __class__(self):\n"
@@ -115,23 +112,20 @@ def test_a_plugin_s_digest_covers_the_files_of_the_user_s_code_it_imports(clean_
         "PROXY = Proxy()\n\n\n"
         "@register_method\n"
         "class Scaled(SimCSE):\n"
-        "    name = 'scaled-simcse'\n\n"
-        "    def warm(self, step):\n"
-        "        from mymethods.later.schedule import warm\n"
-        "        return warm(step)\n")
+        "    name = 'scaled-simcse'\n")
     try:
         import_method_module("mymethods.method")
         cls = get_method("scaled-simcse")
         files = method_files(cls)
         assert files[0] == (pkg / "method.py").resolve()
-        assert set(files) == {(pkg / f).resolve() for f in ("method.py", "__init__.py", "losses.py", "relative.py",
-                                                            "later/schedule.py")}
+        assert set(files) == {(pkg / f).resolve() for f in ("method.py", "__init__.py", "losses.py", "other.py",
+                                                            "sub/schedule.py")}
         spec, digest = method_source(cls)
         assert spec == "mymethods.method" and len(digest) == 64
-        (pkg / "unused.py").write_text("RATE = 2\n")
-        import mymethods.other  # noqa: F401 - now an attribute of the package: still not the method's code
+        import mymethods.other  # noqa: F401 - imported later: the same files, the same digest
+        (tmp_path / "outside.py").write_text("Y = 2\n")
         assert method_source(cls)[1] == digest
-        for f in ("losses.py", "relative.py", "later/schedule.py"):
+        for f in ("losses.py", "other.py", "sub/schedule.py", "__init__.py"):
             (pkg / f).write_text((pkg / f).read_text() + "# an edit\n")
             assert method_source(cls)[1] != digest, f  # each one's edit reruns the method's jobs
             digest = method_source(cls)[1]
@@ -144,20 +138,25 @@ def test_a_plugin_s_digest_covers_the_files_of_the_user_s_code_it_imports(clean_
     finally:
         for m in [m for m in sys.modules if m == "mymethods" or m.startswith("mymethods.")]:
             del sys.modules[m]
+    # the examples: PromptBERT loads promptbert_st.py from beside it; ESimCSE is one file
+    import_method_module(str(REPO / "examples" / "methods" / "promptbert.py"))
+    import_method_module(str(REPO / "examples" / "methods" / "esimcse.py"))
+    ex = REPO / "examples" / "methods"
+    assert method_files(get_method("promptbert")) == [(ex / "promptbert.py").resolve(), (ex / "promptbert_st.py").resolve()]
+    assert code_digest(get_method("esimcse")) == hashlib.sha256((ex / "esimcse.py").read_bytes()).hexdigest()
+    assert method_files(get_method("simcse")) == [(REPO / "src" / "sentemb" / "methods" / "simcse.py").resolve()]
 
 
 def test_code_in_site_packages_is_not_the_user_s_code(tmp_path):
     """A package under a ``site-packages`` folder put on the path (pip --target, a module tree) is an
-    installed package, not the method's code; a file of the working directory is."""
-    from sentemb.methods import _installed, _user_file
+    installed package, not a method's code; a file of the working directory is."""
+    from sentemb.methods import _installed
 
     lib = tmp_path / "opt" / "lib" / "site-packages" / "tqdm"
     lib.mkdir(parents=True)
     (lib / "std.py").write_text("")
     (tmp_path / "mine.py").write_text("")
-    assert _installed(lib / "std.py") and _user_file(str(lib / "std.py"), [tmp_path]) is None
-    assert _user_file(str(tmp_path / "mine.py"), [tmp_path]) == (tmp_path / "mine.py").resolve()
-    assert _user_file("_ops.py", [tmp_path]) is None and _user_file(str(tmp_path / "gone.py"), [tmp_path]) is None
+    assert _installed(lib / "std.py") and _installed(lib) and not _installed(tmp_path / "mine.py")
 
 
 def test_a_plugin_is_a_method_its_digest_in_its_runs_only(clean_registry, tmp_path, monkeypatch):

@@ -136,8 +136,8 @@ def load_method_modules(specs, where: str = "method_modules") -> None:
 
 def method_source(cls: type[Method]) -> tuple[str, str] | None:
     """For a method from the user's code (not this package): (what to import it by, ``code_digest``).
-    The digest goes into the run's settings, so editing the method's file, or a file of the user's
-    code it imports, reruns that method's jobs and nothing else. None for a built-in method."""
+    The digest goes into the run's settings, so editing the method's file (or another file of its
+    package, ``method_files``) reruns that method's jobs and nothing else. None for a built-in method."""
     mod = sys.modules.get(cls.__module__)
     if cls.__module__.startswith(__name__ + ".") or mod is None:
         return None
@@ -145,9 +145,9 @@ def method_source(cls: type[Method]) -> tuple[str, str] | None:
 
 
 def code_digest(cls: type) -> str:
-    """The sha256 of the code that defines ``cls``: of its file alone where ``method_files`` finds no
+    """The sha256 of the code that defines ``cls``: of its file alone where ``method_files`` lists no
     other (so a one-file plug-in's digest is its file's sha256), else of that file's digest and, for
-    each other file, its path relative to the user's folder it lies in and its digest, in that order.
+    each other file, its path relative to its folder (``method_files``) and its digest, in path order.
     "" where ``cls`` has no source file; a file that cannot be read counts as "missing"."""
     files = _code_of(cls)
     if not files:
@@ -162,15 +162,20 @@ def code_digest(cls: type) -> str:
 
 
 def method_files(cls: type) -> list[Path]:
-    """The files of the user's code that define ``cls``: its own file first, then each file of the
-    user's code it imports, found in the files themselves (every ``import`` statement, in functions
-    too, and the packages an import runs) and in the loaded modules' globals (modules, classes and
-    functions bound there, such as a module loaded from a path), and from those files in turn. The
-    user's code is a Python file in the folder of the method's top-level package (a one-file plug-in:
-    its folder) or in the working directory, outside the standard library, the installed packages
-    (any ``site-packages`` or ``dist-packages`` folder) and sentemb. What it leaves out: a name bound
-    by value (``from helpers import RATE``: its module is followed where it is imported), a module
-    imported by a computed name."""
+    """The files of the user's code whose digest stands for ``cls`` (``code_digest``), its own file
+    first; a rule that never misses a file of the method's package and never depends on what else
+    was imported:
+
+    * a method in a package (``method_modules: [mymethods.method]``): every Python file of its
+      top-level package (``mymethods/**/*.py``), whether the method imports it or not;
+    * a one-file plug-in (a file, or a top-level module): the file, and the modules next to it (in its
+      folder or below) that it binds in its globals: a module, or a class or function of one, such as
+      the module the PromptBERT example loads from a path;
+    * a built-in method, or one in an installed package (``site-packages``, ``dist-packages``): its
+      own file.
+
+    So editing another module of a method's package reruns its jobs too, and a helper outside the
+    package (or the folder of a one-file plug-in) is not followed."""
     return [f for _, f in _code_of(cls)]
 
 
@@ -183,7 +188,7 @@ def _file_digest(path: Path) -> str:
 
 def _code_of(cls: type) -> list[tuple[str, Path]]:
     """(key, file) of ``method_files``: the own file first (key ""), the others keyed by their path
-    relative to the user's folder they lie in (the same on every machine with the same layout)."""
+    relative to the package's folder, or the one-file plug-in's (the same on every machine)."""
     import os
 
     try:
@@ -193,141 +198,49 @@ def _code_of(cls: type) -> list[tuple[str, Path]]:
     if not own or not os.path.isabs(own) or not os.path.isfile(own):
         return []
     own_path = Path(own).resolve()
-    if own_path.is_relative_to(_not_user_roots()[-1]):  # a built-in method: sentemb's digest covers the rest
+    if _installed(own_path):  # a built-in method (sentemb's digest covers the rest), or an installed one
         return [("", own_path)]
-    top = cls.__module__.split(".")[0]
-    folder = own_path.parent
-    if top != "sentemb_user_methods":  # a module name: the folder above its top-level package
-        for _ in range(cls.__module__.count(".")):
-            folder = folder.parent
-    roots = [folder, Path.cwd().resolve()]
-    out: list[tuple[str, Path]] = [("", own_path)]
-    seen = {own_path}
-    queue = [(cls.__module__, own_path)] + [(c.__module__, None) for c in cls.__mro__[1:]]
-    while queue:
-        name, path = queue.pop(0)
-        if path is None:
-            path = _user_file(_module_file(name), roots)
-            if path is None or path in seen:
+    out = [("", own_path)]
+    top = sys.modules.get(cls.__module__.split(".")[0])
+    where = getattr(top, "__path__", None) if top is not None else None
+    if where is not None and not cls.__module__.startswith("sentemb_user_methods."):  # a package's method
+        for folder in sorted({Path(w).resolve() for w in where if isinstance(w, str) and os.path.isabs(w)}):
+            if _installed(folder):
                 continue
-            seen.add(path)
-            out.append((_key(path, roots), path))
-        for dep in _imports_of(name, path) + _bound_in(name):
-            f = _user_file(_module_file(dep), roots)
-            if f is not None and f not in seen:
-                seen.add(f)
-                out.append((_key(f, roots), f))
-                queue.append((dep, f))
+            for f in sorted(folder.rglob("*.py")):
+                if f.resolve() != own_path and "__pycache__" not in f.parts:
+                    out.append((f"{folder.name}/{f.relative_to(folder)}", f.resolve()))
+        return out
+    folder = own_path.parent  # a one-file plug-in: what it binds from its folder
+    for f in _bound_files(sys.modules.get(cls.__module__)):
+        if f != own_path and f.is_relative_to(folder) and not _installed(f) and (str(f.relative_to(folder)), f) not in out:
+            out.append((str(f.relative_to(folder)), f))
     return out
 
 
-def _key(path: Path, roots: list[Path]) -> str:
-    for r in roots:
-        if path.is_relative_to(r):
-            return str(path.relative_to(r))
-    return str(path)
-
-
-def _imports_of(module: str, path: Path) -> list[str]:
-    """The modules the file ``path`` (module ``module``) imports, anywhere in it, with the packages
-    each import runs ("a.b.c": a, a.b, a.b.c; ``from a import b``: a and a.b, which may be a module)."""
-    import ast
-
-    try:
-        tree = ast.parse(path.read_bytes(), filename=str(path))
-    except (OSError, SyntaxError, ValueError):
-        return []
-    mod = sys.modules.get(module)
-    package = getattr(mod, "__package__", None) or module.rpartition(".")[0]
-    names: list[str] = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            names += [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                parts = package.split(".") if package else []
-                if node.level - 1 > len(parts):
-                    continue
-                base = ".".join(parts[: len(parts) - (node.level - 1)] + ([node.module] if node.module else []))
-            else:
-                base = node.module or ""
-            if base:
-                names.append(base)
-                names += [f"{base}.{a.name}" for a in node.names if a.name != "*"]
-    out = []
-    for n in names:
-        parts = n.split(".")
-        out += [".".join(parts[: i + 1]) for i in range(len(parts))]
-    return list(dict.fromkeys(out))
-
-
-def _bound_in(module: str) -> list[str]:
-    """The modules whose modules, classes or functions the loaded ``module`` binds in its globals (a
-    module loaded from a path, as the PromptBERT example loads its sentence-transformers module), but
-    not its own submodules, which the import system binds in a package as they are imported."""
+def _bound_files(module) -> list[Path]:
+    """The files of the modules whose modules, classes or functions ``module`` binds in its globals."""
+    import os
     import types
 
-    mod = sys.modules.get(module)
-    if mod is None:
+    if module is None:
         return []
-    out = []
-    for v in list(vars(mod).values()):
+    names = set()
+    for v in list(vars(module).values()):
         try:
             t = type(v)
             if issubclass(t, types.ModuleType):
-                name = v.__name__
-                if isinstance(name, str) and not name.startswith(module + "."):
-                    out.append(name)
+                names.add(v.__name__)
             elif issubclass(t, (type, types.FunctionType)):
-                name = v.__module__
-                if isinstance(name, str):
-                    out.append(name)
-        except Exception:  # noqa: BLE001 - an odd object (a proxy) is no code of ours to follow
+                names.add(v.__module__)
+        except Exception:  # noqa: BLE001 - an odd object (a proxy) is no code to follow
             continue
+    out = []
+    for n in sorted(n for n in names if isinstance(n, str)):
+        f = getattr(sys.modules.get(n), "__file__", None)
+        if isinstance(f, str) and f.endswith(".py") and os.path.isabs(f) and os.path.isfile(f):
+            out.append(Path(f).resolve())
     return out
-
-
-def _module_file(name: str) -> str | None:
-    """The file of module ``name``: the loaded module's, else where the import system would find it
-    (``find_spec``, which imports its parent packages); None for a module without one, an installed
-    or built-in top-level package, or a name that is no module (``from a import some_function``)."""
-    import importlib.util
-    import os
-
-    mod = sys.modules.get(name)
-    if mod is not None:
-        f = getattr(mod, "__file__", None)
-        return f if isinstance(f, str) else None
-    head = name.split(".")[0]
-    if head != name:  # inside an installed or built-in package: not the user's code, and not imported to see
-        top = sys.modules.get(head)
-        if top is not None:
-            tf = getattr(top, "__file__", None)
-        else:
-            try:
-                spec = importlib.util.find_spec(head)  # a top-level name: found without importing anything
-            except Exception:  # noqa: BLE001
-                return None
-            tf = spec.origin if spec is not None and spec.has_location else None
-        if not isinstance(tf, str) or not os.path.isabs(tf) or _installed(Path(tf).resolve()):
-            return None
-    try:
-        spec = importlib.util.find_spec(name)
-    except Exception:  # noqa: BLE001 - not a module (a function imported by name), or one that fails to import
-        return None
-    return spec.origin if spec is not None and spec.has_location and isinstance(spec.origin, str) else None
-
-
-def _user_file(f: str | None, roots: list[Path]) -> Path | None:
-    """``f`` resolved, where it is a Python file of the user's code (``method_files``), else None."""
-    import os
-
-    if not f or not f.endswith(".py") or not os.path.isabs(f) or not os.path.isfile(f):
-        return None
-    p = Path(f).resolve()
-    if _installed(p) or not any(p.is_relative_to(r) for r in roots):
-        return None
-    return p
 
 
 def _installed(p: Path) -> bool:

@@ -523,7 +523,7 @@ class CountStore:
     change what a step saves and runs, though the in-memory key leaves them out), the config's ``stats``
     section (the method inputs built on the counting corpus: RAKE's phrases, TF-IDF), and the
     ``fingerprint``: this package's sources, the method's code (``sentemb.methods.code_digest``: its
-    class's file and the files of the user's code it imports; not NLTK's data files), and the versions of Python, torch, transformers and the input builders'
+    class's file, a plug-in package's files; not NLTK's data files), and the versions of Python, torch, transformers and the input builders'
     libraries. Each
     fingerprint has its own subfolder (an old one can be deleted whole). A class without a source file
     (defined in a notebook) is never kept. A file that cannot be read or does not hold a count is
