@@ -280,6 +280,26 @@ def test_resume_with_graphs_is_bit_identical(worlds, tmp_path):
     assert 1 <= got["shapes"] <= got["replays"] == run.train.max_steps * run.train.grad_accum, got
 
 
+@pytest.mark.parametrize("graphs", [False, True])
+def test_a_compiled_run_on_the_cpu_resumes_bit_identically_at_several_widths(worlds, tmp_path, graphs):
+    """``train.compile`` on the CPU runs with torch's deterministic algorithms (``loop.cpu_deterministic``):
+    with 2 threads Inductor's CPU backward summed some gradients in a varying order, so a killed and
+    resumed compiled run differed from the uninterrupted one in its last bits. Batches of several widths
+    (padded to the longest; graphed: three buckets), 2 threads, bit for bit; the flags are put back."""
+    import torch
+
+    h = worlds("simcse")
+    over = {"graphs": True, "buckets": [8, 16, 32]} if graphs else {}
+    run = h.exact_run(dropout_rng="counter", compile=True, save_steps=1, **over)
+    threads, before = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    torch.set_num_threads(2)
+    try:
+        testing.kill_and_resume(run, tmp_path, f"compiled{' graphed' if graphs else ''} resume", method_cls=h.cls)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.are_deterministic_algorithms_enabled() == before
+
+
 def test_resume_with_the_graphed_update_is_bit_identical(worlds, tmp_path):
     """``train.update: graphed``: the learning rates are device tensors in the saved optimizer state;
     a killed run resumes to the uninterrupted run's weights, bit for bit."""

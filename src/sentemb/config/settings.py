@@ -114,9 +114,12 @@ class TrainSettings:
                         "which costs no host time inside graphs: true, but keeps Inductor from fusing the mask with its "
                         "neighbours; counter_kernel inline traces it instead (no break). keyed is refused, and with counter "
                         "so is torch's nn.MultiheadAttention with attention dropout (PaSeR's default decoder). A step whose "
-                        "per-term gradient norms are logged (log_grad_norms) runs eagerly. A resumed run equals the "
-                        "uninterrupted one to fp32 rounding, not bit for bit, where batches have several widths (Dynamo "
-                        "compiles the second width with dynamic shapes; a resumed process starts from static ones).")
+                        "per-term gradient norms are logged (log_grad_norms) runs eagerly. On the CPU the job runs with "
+                        "torch's deterministic algorithms (Inductor's multi-threaded CPU backward otherwise varies by "
+                        "~1e-8 from call to call), so a compiled run repeats and resumes bit for bit, batches of several "
+                        "widths included (checked in separate processes). On CUDA, where batches have several widths, a "
+                        "resumed process compiles its first width statically where the uninterrupted one may reuse its "
+                        "dynamic-shape kernels: it may equal it only to fp32 rounding (unmeasured).")
     compile_mode: str = arg(
         "default",
         "With compile: torch.compile's mode. default - Inductor's heuristics; max-autotune-no-cudagraphs - Inductor "

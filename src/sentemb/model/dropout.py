@@ -48,6 +48,7 @@ import math
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -471,6 +472,21 @@ def compile_inline() -> None:
     F.dropout = _dropout
     F.scaled_dot_product_attention = _sdpa
     _INSTALLED = True
+
+
+def interceptors() -> Callable[[], None]:
+    """What ``compile_safe``/``compile_inline`` are about to change (``F.dropout``,
+    ``F.scaled_dot_product_attention``, whether an interceptor is installed), as a function that puts
+    it back: a job calls it when it closes, so a later job of the process (gpu-check's rows, the tests)
+    compiles torch's own dropout again (a ``compile_safe`` left in place kept every later compiled
+    dropout out of Inductor's graph: ``compile_random: inductor`` drew the eager masks)."""
+    before = (F.dropout, F.scaled_dot_product_attention, _INSTALLED)
+
+    def put_back() -> None:
+        global _INSTALLED
+        F.dropout, F.scaled_dot_product_attention, _INSTALLED = before
+
+    return put_back
 
 
 @contextmanager

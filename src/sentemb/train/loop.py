@@ -404,7 +404,7 @@ def setup(run: Run | dict, out_dir: str | Path, method_cls: "type[Method] | None
         from ..model.unpad import install
 
         install(method.encoder, where=f"run '{run.name}': train.unpad")
-    step_fn, encode_fn = method.losses, None
+    step_fn, encode_fn, put_back = method.losses, None, None
     if settings.compile:
         import torch._inductor.config
 
@@ -413,7 +413,9 @@ def setup(run: Run | dict, out_dir: str | Path, method_cls: "type[Method] | None
         # eager one; inductor: Inductor's Philox inside its fused kernels (another random run)
         torch._inductor.config.fallback_random = settings.compile_random == "eager"
         if settings.dropout_rng == "counter":
-            from ..model.dropout import compile_inline, compile_safe
+            from ..model.dropout import compile_inline, compile_safe, interceptors
+
+            put_back = interceptors()  # at the job's close (restore): later jobs compile torch's own dropout
 
             # torch's nn.MultiheadAttention is one opaque op to Dynamo: its attention dropout would meet the
             # counter masks under fake tensors (a crash in torch's words, found with PaSeR's decoder)
@@ -492,10 +494,28 @@ def setup(run: Run | dict, out_dir: str | Path, method_cls: "type[Method] | None
         tune_dev_embedder(job.embedder, settings.eval_precision, device, settings.dev_max_len)
     if device_before is not None:
         job.restore.append(lambda: torch.cuda.set_device(device_before))
+    if put_back is not None:
+        job.restore.append(put_back)
+    if settings.compile and device.type == "cpu":
+        job.restore.append(cpu_deterministic())
     undo = sdpa_backend(attention)  # last: nothing after it can fail and leave the flags set
     if undo is not None:
         job.restore.append(undo)
     return job
+
+
+def cpu_deterministic() -> Callable[[], None]:
+    """A compiled run on the CPU (``train.compile``) with torch's deterministic algorithms on, for the
+    job: Inductor's multi-threaded CPU kernels otherwise sum some gradients in an order that varies
+    from call to call (1e-8 apart on a tiny BERT with 2 threads), so two runs of one config, or a
+    resumed run and the uninterrupted one, differed in their last bits. Returns what puts the flags
+    back. On CUDA nothing changes (torch's deterministic mode costs speed there and needs
+    ``CUBLAS_WORKSPACE_CONFIG``)."""
+    import torch
+
+    before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    return lambda: torch.use_deterministic_algorithms(before[0], warn_only=before[1])
 
 
 def run_fingerprint(run: Run | dict) -> str:
