@@ -831,6 +831,44 @@ def test_counts_kept_on_disk_are_reused_only_for_the_same_code_and_settings(tmp_
     assert not list(store.rglob("*.tmp"))
 
 
+def test_a_kept_paser_count_is_keyed_on_the_nltk_data_its_inputs_read(tmp_path, shared, monkeypatch):
+    """PaSeR's inputs (RAKE's stopwords, EDA's WordNet) read NLTK's data besides the corpus: a count
+    kept with one copy of that data is not read back once a file of it changed (another count);
+    SimCSE's counted job names no data (its kept counts are the files they were)."""
+    import shutil
+
+    from sentemb.config.load import resolve_run
+    from sentemb.ops import plan as P
+    from sentemb.stats.inputs import data_digest
+
+    resources = tmp_path / "resources"
+    shutil.copytree(shared / "nltk_data", resources / "nltk_data")
+    config = _minilm_config(tmp_path, {"method": "paser", "backbone": "tiny-bert", "seeds": [1],
+                                       "train": {"batch_size": 4, "max_len": 16}})
+    assert data_digest("tfidf", config) is None  # built from the corpus alone
+    digest = data_digest("nltk", config)
+    assert digest == data_digest("rake", config) and len(digest) == 64
+    jobs, counted = [], []
+    real_put, real_count = P.CountStore.put, P._count
+    monkeypatch.setattr(P.CountStore, "put", lambda self, *a: jobs.append(a[3]) or real_put(self, *a))
+    monkeypatch.setattr(P, "_count", lambda *a: counted.append(a[1].__name__) or real_count(*a))
+    store = P.CountStore(tmp_path / "store")
+    run = resolve_run(config, "paser", "tiny-bert", 1)
+    first = P.Counter(config, tmp_path / "w1", store=store).measure(run, None, 16)
+    assert counted == ["PaSeR"] and jobs[-1]["data"] == {"rake": digest, "nltk": digest}
+    again = P.Counter(config, tmp_path / "w2", store=store).measure(run, None, 16)
+    assert counted == ["PaSeR"] and again.flops == first.flops  # the same data: read back
+    wordnet = resources / "nltk_data" / "corpora" / "wordnet" / "lexnames"
+    wordnet.write_text(wordnet.read_text() + "\n")
+    assert data_digest("nltk", config) not in (None, digest)
+    P.Counter(config, tmp_path / "w3", store=store).measure(run, None, 16)
+    assert counted == ["PaSeR", "PaSeR"]  # other data: counted again
+    simcse = _minilm_config(tmp_path, {"method": "simcse", "backbone": "tiny-bert", "seeds": [1],
+                                       "train": {"batch_size": 4, "max_len": 16}})
+    P.Counter(simcse, tmp_path / "w4", store=store).measure(resolve_run(simcse, "simcse", "tiny-bert", 1), None, 16)
+    assert "data" not in jobs[-1]
+
+
 def test_the_count_cache_folder_is_the_option_then_the_environment_then_the_user_cache(monkeypatch, tmp_path):
     """``--count-cache DIR|none``, else ``$SENTEMB_PLAN_CACHE`` (``none``: no store), else
     ``$XDG_CACHE_HOME/sentemb/plan-counts``, else ``~/.cache/sentemb/plan-counts``."""

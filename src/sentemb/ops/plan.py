@@ -422,6 +422,7 @@ class Counter:
         method shape and batch size, whatever the width): a job of its own on a corpus of those
         sentences, with the method's inputs built from it (``_build_seconds``)."""
         from ..methods import get_method
+        from ..stats.inputs import data_digest
 
         cls, args, arch, layers, shape = self._shape(run, method_cls)
         t = run.train
@@ -445,6 +446,9 @@ class Counter:
                                     paths={"model": str(model), "corpus": "", "senteval": None, "inputs": {}})
         # what the count is of, beyond the in-memory key: the counted job's settings (for the store)
         job = {"method": run.method, "train": local.train.to_dict(), "method_args": args}
+        data = {n: d for n in needed if (d := data_digest(n, self.config)) is not None}
+        if data:  # data the inputs read besides the corpus (NLTK's for PaSeR): its digest (a job without keeps its files)
+            job["data"] = data
         if key not in self.cache and self.store is not None:
             kept = self.store.get(key, cls, self.config, job)
             if kept is not None:
@@ -521,10 +525,11 @@ class CountStore:
     same job as the one that wrote it (``path``): the shape and width (the in-memory key), the counted
     job's whole train settings and method arguments (``train.graphs``, ``dropout`` or ``attention``
     change what a step saves and runs, though the in-memory key leaves them out), the config's ``stats``
-    section (the method inputs built on the counting corpus: RAKE's phrases, TF-IDF), and the
-    ``fingerprint``: this package's sources, the method's code (``sentemb.methods.code_digest``: its
-    class's file, a plug-in package's files; not NLTK's data files), and the versions of Python, torch, transformers and the input builders'
-    libraries. Each
+    section (the method inputs built on the counting corpus: RAKE's phrases, TF-IDF), the digest of
+    the data those inputs read besides the corpus (``sentemb.stats.inputs.data_digest``: NLTK's
+    stopwords and WordNet for PaSeR; part of the counted job), and the ``fingerprint``: this package's
+    sources, the method's code (``sentemb.methods.code_digest``: its class's file, a plug-in package's
+    files), and the versions of Python, torch, transformers and the input builders' libraries. Each
     fingerprint has its own subfolder (an old one can be deleted whole). A class without a source file
     (defined in a notebook) is never kept. A file that cannot be read or does not hold a count is
     counted again and rewritten (a warning names it). Batch building is timed in every invocation,

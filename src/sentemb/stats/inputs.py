@@ -21,6 +21,7 @@ the folder its ``build`` wrote into (``folder``): ``ctx.inputs[kind]`` is that f
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -48,6 +49,10 @@ class InputKind:
     folder: bool = False
     #: made once per backbone (it reads the backbone's tokenizer), not once per corpus only
     per_backbone: bool = False
+    #: (config mapping) -> the file or folder of data that ``build`` reads besides the corpus and the
+    #: model (NLTK's stopwords and WordNet for ``rake`` and ``nltk``); None: none. ``sentemb plan``
+    #: keeps a count made with the input only under that data's digest (``data_digest``)
+    data: Callable[[dict], Path] | None = None
 
 
 INPUTS: dict[str, InputKind] = {}
@@ -101,6 +106,46 @@ def build_input(name: str, work: str | Path, corpus: str | Path, model: str | Pa
     work.mkdir(parents=True, exist_ok=True)
     out = Path(kind.build(work, Path(corpus), Path(model), config or {}))
     return work if kind.folder else out
+
+
+def data_digest(name: str, config=None) -> str | None:
+    """sha256 of the data input ``name``'s ``build`` reads besides the corpus and the model (its
+    ``data``: every file below that folder, relative path and bytes, in path order); None where the
+    kind declares none or the data is absent here (its build then fails and says so)."""
+    import dataclasses
+
+    from ..config.fields import to_dict
+
+    kind = get_input(name)
+    if kind.data is None:
+        return None
+    if dataclasses.is_dataclass(config):
+        config = to_dict(config)
+    try:
+        where = Path(kind.data(config or {})).resolve()
+    except InputUnavailable:
+        return None
+    return _tree_digest(str(where), *_tree_stamp(where))
+
+
+def _tree_stamp(root: Path) -> tuple:
+    """What ``_tree_digest``'s cache is keyed on besides the path: each file's path, size and mtime
+    (so a file replaced between two calls of one process is read again)."""
+    files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())
+    return tuple((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in files)
+
+
+@functools.lru_cache(maxsize=16)
+def _tree_digest(root: str, *stamp) -> str:
+    import hashlib
+
+    base = Path(root)
+    h = hashlib.sha256()
+    for path, _, _ in stamp:
+        p = Path(path)
+        rel = p.name if p == base else str(p.relative_to(base))
+        h.update(rel.encode() + b"\0" + p.read_bytes() + b"\0")
+    return h.hexdigest()
 
 
 # ------------------------------------------------------------------------------------ built-in kinds
@@ -169,10 +214,10 @@ BUILTIN: dict[str, InputKind] = {k.name: k for k in (
               _paraphrases),
     InputKind("rake", "RAKE phrases per corpus line, the top stats.rake_top_k (PaSeR's masking)",
               lambda layout, cfg, corpus, backbone, method: layout.rake(corpus, int(cfg.stats.rake_top_k)),
-              "stats_rake", _rake),
+              "stats_rake", _rake, data=nltk_mirror),  # RAKE's stopword list
     InputKind("nltk", "NLTK stopwords and WordNet (PaSeR's synonym replacement)",
               lambda layout, cfg, corpus, backbone, method: layout.nltk(), "fetch_nltk",
-              lambda w, c, m, cfg: nltk_mirror(cfg)),
+              lambda w, c, m, cfg: nltk_mirror(cfg), data=nltk_mirror),
     InputKind("pretrained", "the method's own pretraining stage's model (Method.pretrain_stage: InfoCSE's stage 1)",
               lambda layout, cfg, corpus, backbone, method: f"{layout.pretrain_dir(method, backbone)}/model",
               "pretrain", None),
