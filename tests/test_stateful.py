@@ -188,6 +188,26 @@ def test_the_queue_holds_every_step_s_keys_newest_first_and_the_momentum_encoder
     assert max(moved) > 0 and max(start) > 0  # neither the encoder nor its start: an EMA between them
 
 
+def test_keys_stashed_under_fp16_autocast_are_the_fp16_values_the_authors_queue_holds(example, h):
+    """``train.precision: fp16`` (the authors' ``--fp16``): every key ``batch_terms`` stashes for the
+    queue is an fp16 value (the momentum MLP's output under autocast), held exactly by the fp32
+    buffer; under fp32 they are not all fp16 values (the check can fail)."""
+    from sentemb.train.loop import autocast
+
+    m = h.make()
+    m.train()
+    batch = m.build_batch(testing.SENTS, step=0, lines=list(range(len(testing.SENTS))), micro=0)
+    for precision in ("fp16", "fp32"):
+        m.take_stash("keys")
+        with autocast(torch.device("cpu"), precision):
+            m.losses(batch)
+        (k,) = m.take_stash("keys")
+        assert k.dtype == torch.float32
+        assert bool((k.half().float() == k).all()) == (precision == "fp16"), precision
+        m.enqueue(k)
+        assert torch.equal(m.queue[: k.size(0)], k)
+
+
 @pytest.mark.parametrize("check", ["arguments", "loss", "export", "state_chunked", "state_accum", "state_sam",
                                    "state_resume", "state_devices", "state_graphed", "state_epoch"])
 def test_the_example_keeps_the_contract(example, h, check):

@@ -42,7 +42,8 @@ Where the state is and when it changes (the loop's promises, ``sentemb.methods.b
 Open choices: the momentum encoder runs in eval mode (no dropout: a key is a target, and it is then
 the same in every chunking and pass) on the *original* sentences, through a momentum copy of the
 training MLP (``momentum_head: online``: the training MLP itself, the authors' code); keys are stored in
-fp32; the queue is enqueued once per optimizer step in micro-batch order (newest first), so with
+fp32 buffers, which hold exactly the values the run's precision computes (fp16 ones under
+``train.precision: fp16``, the authors' ``--fp16``: their queue's values); the queue is enqueued once per optimizer step in micro-batch order (newest first), so with
 ``grad_accum`` the step's micro-batches all see the queue of the step before. Defaults: λ = 0.995
 (§3.2), dup_rate 0.32 and M = 160 (2.5 × the batch of 64; §4's BERT-base setting, and the authors'
 ``run.sh``'s).
