@@ -251,8 +251,9 @@ def test_paser_code_comparison_fails_with_a_switch_set_back(tiny_bert_dir, paser
 def test_paser_code_targets_stop_at_32_tokens(tiny_bert_dir, tmp_path, paper_config):
     """``max_target_len: 32`` of paser-code takes effect: a 29-word sentence (s: 31 tokens, kept by
     ``target_truncation: sentence``) whose five phrases would make a 35-token target [CLS] p1 [SEP] …
-    p5 [SEP] gets the first four (29 tokens: the code tokenizes the target with max_seq_length 32);
-    at sentemb's default 64 it keeps all five."""
+    p5 [SEP]. paser-code's ``target_cut: tokens`` cuts it as the code's tokenizer truncates its target
+    column at max_seq_length 32 (reference: the tokenizer's own truncation of "p1 [SEP] … p5");
+    ``phrases`` keeps the first four whole (29 tokens); at sentemb's default 64 all five stay."""
     from test_paser import write_rake
 
     phrases = ["the man plays the guitar piano", "in the park and the dog", "runs in the big red car",
@@ -263,14 +264,20 @@ def test_paser_code_targets_stop_at_32_tokens(tiny_bert_dir, tmp_path, paper_con
     corpus.write_text(sentence + "\n")
     rake = write_rake(tmp_path / "rake_top5.parquet", [phrases])
     args = code_args(paper_config, "paser-code")
-    assert args["max_target_len"] == 32
-    widths = {}
-    for cap in (32, 64):
-        m = make_paser(tiny_bert_dir, corpus, rake, {**args, "max_target_len": cap})
+    assert args["max_target_len"] == 32 and args["target_cut"] == "tokens"
+    targets = {}
+    for cap, cut in ((32, "tokens"), (32, "phrases"), (64, "tokens"), (64, "phrases")):
+        m = make_paser(tiny_bert_dir, corpus, rake, {**args, "max_target_len": cap, "target_cut": cut})
         batch = m.build_batch([sentence], lines=[0], micro=0)
         assert int(batch["attention_mask"][0].sum()) == 31 and batch["dec_rows"].tolist() == [0]
-        widths[cap] = int((batch["dec_labels"] != -100).sum()) + 1  # labels = target[1:]
-    assert widths == {32: 1 + 4 * 7, 64: 1 + 4 * 7 + 6}
+        labels = batch["dec_labels"][0]
+        targets[cap, cut] = [m.tokenizer.cls_token_id] + labels[labels != -100].tolist()  # labels = target[1:]
+    tok = make_paser(tiny_bert_dir, corpus, rake, args).tokenizer
+    whole = tok(f" {tok.sep_token} ".join(phrases))["input_ids"]
+    assert len(whole) == 35 and targets[64, "tokens"] == targets[64, "phrases"] == whole
+    assert targets[32, "tokens"] == tok(f" {tok.sep_token} ".join(phrases), max_length=32, truncation=True)["input_ids"]
+    assert len(targets[32, "tokens"]) == 32 and targets[32, "tokens"][-2] != tok.sep_token_id  # cut mid-phrase
+    assert targets[32, "phrases"] == whole[:29] and len(targets[32, "phrases"]) == 1 + 4 * 7
 
 
 # ------------------------------------------------------------------------------------------- InfoCSE

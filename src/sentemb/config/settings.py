@@ -793,7 +793,7 @@ ADDED_DEFAULTS = {"optimizer": "adamw", "sampler": "random", "eval_unit": "optim
 ADDED_METHOD_ARGS = {
     "paser": {"masked_linear_init": "torch", "decoder_dropout_layout": "torch", "decoder_embeddings": "word",
               "target_truncation": "phrases", "eda_draw": "step", "eda_stopwords": "nltk", "empty_target": "none",
-              "eda_clean": "none"},
+              "eda_clean": "none", "target_cut": "phrases"},
     "infocse": {"projection_init": "torch", "aux_lower_eval": True, "head_init": "pretrained"},
     "una": {"mlp_init": "normal", "selection_form": "paper", "rank_ties": "term"},
     "arccse": {"triplet_pass": "separate"},  # issue 37: what runs settled before the switch did (the default again)

@@ -33,7 +33,7 @@ the authors' code (chengzhipanpan/PaSeR @877ac00), a switch takes the code's val
 table in docs/methods/paser.md): ``decoder_embeddings: encoder`` (their ``cl_init`` hands BART's
 decoder BERT's whole embedding module as ``embed_tokens``), ``decoder_dropout_layout: bart``,
 ``decoder_ffn: null`` (the encoder's hidden size), ``masked_linear_init: normal``,
-``target_truncation: sentence``.
+``target_truncation: sentence``, ``target_cut: tokens``.
 
 Open choices (the paper and code leave them open; taken here, switches where cheap):
 
@@ -54,7 +54,10 @@ Open choices (the paper and code leave them open; taken here, switches where che
   words as written in the sentence.
 * **Cut off by ``max_len`` (32):** a phrase any of whose mask tokens falls beyond the truncated s̃
   is dropped from the target (its surviving masks stay in s̃). The target is capped at
-  ``max_target_len`` tokens by dropping whole trailing phrases.
+  ``max_target_len`` tokens by dropping whole trailing phrases (``target_cut: phrases``), or, as
+  the code's tokenizer truncates its target column, cut mid-phrase after ``max_target_len`` − 1
+  tokens and ended with [SEP] (``target_cut: tokens``; the same as truncating the tokenization of
+  "p1 [SEP] p2 [SEP] … pk" at ``max_target_len``).
 * **EDA details:** words are whitespace-separated tokens of the (already tokenized) sentence;
   EDA's character cleaning (``eda_clean``): none (the default), or ``eda``, EDA's ``get_only_chars``
   (``eda_only_chars``) on every word but the mask tokens, which EDA's ``eda()`` applies to its input
@@ -453,7 +456,12 @@ class PaSeR(Method):
                                   choices=("embeddings", "mlm_head"))
         mlm_head_tied: bool = arg(True, "the MLM head's output matrix is the encoder's word embeddings (BERT); "
                                   "false = its own trainable copy of the pretrained matrix (code)")
-        max_target_len: int = arg(64, "decoder target length cap (whole trailing phrases dropped)", minimum=2)
+        max_target_len: int = arg(64, "decoder target length cap, [CLS] and the end [SEP] included (how a longer "
+                                  "target is cut: target_cut)", minimum=2)
+        target_cut: str = arg("phrases", "a target longer than max_target_len: phrases - whole trailing phrases "
+                              "dropped (open choice); tokens - cut mid-phrase after max_target_len - 1 tokens and "
+                              "ended with [SEP], as the tokenizer's truncation (code: train.py tokenizes the target "
+                              "column with max_length=max_seq_length, truncation=True)", choices=("phrases", "tokens"))
         mlm_prob: float = arg(0.15, "MLM masking probability on s (80/10/10)", minimum=0, maximum=1)
         mlm_weight: float = arg(1.0, "weight of L_MLM in L = w·L_MLM + L_gen", minimum=0)
 
@@ -538,13 +546,16 @@ class PaSeR(Method):
         its token ids, tokenized beforehand for the whole batch (one tokenizer call instead of one per
         phrase: the same ids)."""
         tok = self.tokenizer
+        cap, cut_tokens = self.args.max_target_len, self.args.target_cut == "tokens"
         ids = [tok.cls_token_id]
         for phrase, ords in zip(masked.phrases, masked.mask_ordinals):
             if max(ords) >= surviving:
                 continue
             piece = (pieces[phrase] if pieces is not None else tok(phrase, add_special_tokens=False)["input_ids"]) \
                 + [tok.sep_token_id]
-            if len(ids) + len(piece) > self.args.max_target_len:
+            if len(ids) + len(piece) > cap:
+                if cut_tokens:  # the tokenizer's truncation: [CLS], the first cap - 2 content tokens, [SEP]
+                    ids = (ids + piece)[: cap - 1] + [tok.sep_token_id]
                 break
             ids += piece
         return ids if len(ids) > 1 else []
