@@ -539,7 +539,7 @@ def test_paraphrase_line_count_mismatch_fails_before_training(tiny_bert_dir, cor
         get_method("una")(enc, tok, {"paraphrase": True}, ctx)
 
 
-def test_empty_paraphrase_uses_the_anchor_and_is_counted(tiny_bert_dir, corpus, tfidf_para, tmp_path):
+def test_empty_paraphrase_uses_the_anchor_or_the_empty_text_and_is_counted(tiny_bert_dir, corpus, tfidf_para, tmp_path):
     lines = corpus.read_text("utf-8").splitlines()
     para = tmp_path / "paraphrases.txt"
     para.write_text("".join(("" if i in (1, 3) else "the sun") + "\n" for i in range(len(lines))), "utf-8")
@@ -550,6 +550,13 @@ def test_empty_paraphrase_uses_the_anchor_and_is_counted(tiny_bert_dir, corpus, 
     assert _decode(m, batch)[1:8:2] == ["the sun", SENTS[1], "the sun", SENTS[3]]
     assert int(batch["empty_paraphrases"]) == 2
     assert float(m.losses(batch)["empty_paraphrases"]) == 2
+    # empty_paraphrase: empty (una-code): the empty text, which the tokenizer makes [CLS] [SEP]
+    code = get_method("una")(enc, tok, {"paraphrase": True, "empty_paraphrase": "empty"}, ctx)
+    batch = code.build_batch(SENTS, step=1, lines=[0, 1, 2, 3], micro=0)
+    assert _decode(code, batch)[1:8:2] == ["the sun", "", "the sun", ""]
+    ids = batch["input_ids"][3][batch["attention_mask"][3].bool()].tolist()
+    assert ids == tok("")["input_ids"] == [tok.cls_token_id, tok.sep_token_id]
+    assert int(batch["empty_paraphrases"]) == 2
 
 
 @pytest.mark.parametrize("args, match", [

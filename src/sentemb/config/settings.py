@@ -795,7 +795,7 @@ ADDED_METHOD_ARGS = {
               "target_truncation": "phrases", "eda_draw": "step", "eda_stopwords": "nltk", "empty_target": "none",
               "eda_clean": "none", "target_cut": "phrases"},
     "infocse": {"projection_init": "torch", "aux_lower_eval": True, "head_init": "pretrained"},
-    "una": {"mlp_init": "normal", "selection_form": "paper", "rank_ties": "term"},
+    "una": {"mlp_init": "normal", "selection_form": "paper", "rank_ties": "term", "empty_paraphrase": "anchor"},
     "arccse": {"triplet_pass": "separate"},  # issue 37: what runs settled before the switch did (the default again)
 }
 

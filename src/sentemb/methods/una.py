@@ -54,7 +54,8 @@ Open choices (documented, switchable):
   attention 0, so the loss is unchanged (``tests/test_buckets.py``). The number of rows is 2B on
   steps without negatives and 4B (``loss: simcse``: 3B) on the steps with them.
 * An empty paraphrase line means "no paraphrase": the anchor's copy is used and counted
-  (logged term ``empty_paraphrases``). The paper evaluates every 100 batches: set
+  (logged term ``empty_paraphrases``); ``empty_paraphrase: empty`` makes the empty text the
+  positive instead ([CLS] [SEP]), as the authors' code, whose text loader keeps the empty line. The paper evaluates every 100 batches: set
   ``train.eval_steps: 100`` in a run.
 
 Logged terms: ``loss``, ``contrastive`` (= loss), ``negatives`` (rows added this step: 2B,
@@ -395,6 +396,11 @@ class UNA(Method):
         rank_ties: str = arg("term", "order of terms with equal s in the ranking the radius-r window runs over: "
                              "by term (the statistics file's), or first_seen: by first occurrence in the corpus "
                              "(code: a stable sort of its corpus-ordered dict)", choices=("term", "first_seen"))
+        empty_paraphrase: str = arg("anchor", "an empty paraphrase line (paraphrase: true): anchor - the anchor's copy "
+                                    "is its positive (open choice: no paraphrase); empty - the empty text, [CLS] [SEP] "
+                                    "(code: data/dataset.py reads the paraphrase file with load_dataset('text'), which "
+                                    "keeps an empty line as ''); counted as empty_paraphrases either way",
+                                    choices=("anchor", "empty"))
         write_back: str = arg("span", "span: replace character spans in the original sentence; tokens: "
                               "lowercased tokens joined by spaces (authors' code)", choices=("span", "tokens"))
         mlp_init: str = arg("normal", "the training MLP's Linear: N(0, initializer_range) weights and zero bias "
@@ -469,7 +475,7 @@ class UNA(Method):
                 p = self.paraphrases[int(i)]
                 if not p.strip():
                     n_empty += 1
-                    p = s
+                    p = s if self.args.empty_paraphrase == "anchor" else ""
                 positives.append(p)
         else:
             positives = sentences
