@@ -398,6 +398,44 @@ def test_targets_dec_inputs_and_labels(tiny_bert_dir, setup):
         assert got.split() == ref.replace(M, "[MASK]").split()
 
 
+def test_target_cut_tokens_is_the_tokenizers_truncation_at_every_cap(tiny_bert_dir, setup):
+    """``target_cut: tokens`` (paser-code) against the tokenizer's own truncation of "p1 [SEP] … pk"
+    at every cap from 2 (a first phrase longer than the cap, a cut just after a separator, an exact
+    fit, phrases dropped because their masks were cut off); ``phrases`` against whole trailing
+    phrases dropped."""
+    import dataclasses
+
+    from sentemb.methods.paser import mask_phrases
+
+    m = make(tiny_bert_dir, *setup)
+    tok = m.tokenizer
+    phrases = ["the man plays the guitar", "dog", "park bench", "a big red car"]
+    masked = mask_phrases("the man plays the guitar near the dog on a park bench by a big red car", phrases,
+                          tok.mask_token)
+    assert masked.phrases == phrases
+    pieces = [tok(p, add_special_tokens=False)["input_ids"] + [tok.sep_token_id] for p in phrases]
+    for surviving, kept in ((99, 4), (max(masked.mask_ordinals[2]), 2)):  # the third phrase's last mask cut off
+        text = f" {tok.sep_token} ".join(phrases[:kept])
+        whole = tok(text)["input_ids"]
+        for cap in range(2, len(whole) + 3):
+            m.args = dataclasses.replace(m.args, max_target_len=cap, target_cut="tokens")
+            assert m.targets(masked, surviving) == tok(text, max_length=cap, truncation=True)["input_ids"], cap
+            m.args = dataclasses.replace(m.args, target_cut="phrases")
+            ref = [tok.cls_token_id]
+            for piece in pieces[:kept]:
+                if len(ref) + len(piece) > cap:
+                    break
+                ref += piece
+            assert m.targets(masked, surviving) == (ref if len(ref) > 1 else []), cap
+    first = len(pieces[0]) + 1  # [CLS] p1 [SEP]
+    m.args = dataclasses.replace(m.args, max_target_len=first, target_cut="tokens")  # p1 alone, whole
+    assert m.targets(masked, 99) == [tok.cls_token_id, *pieces[0]]
+    m.args = dataclasses.replace(m.args, max_target_len=first + 1)  # the cut just after p1's separator
+    assert m.targets(masked, 99) == [tok.cls_token_id, *pieces[0], tok.sep_token_id]
+    m.args = dataclasses.replace(m.args, max_target_len=2)
+    assert m.targets(masked, 99) == [tok.cls_token_id, tok.sep_token_id]
+
+
 def test_phrase_cut_off_by_max_len_is_dropped(tiny_bert_dir, tmp_path):
     corpus = tmp_path / "c.txt"
     long = " ".join(["the"] * 40 + ["guitar"])

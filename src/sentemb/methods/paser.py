@@ -542,7 +542,10 @@ class PaSeR(Method):
     # ------------------------------------------------------------------ batches
     def targets(self, masked: Masked, surviving: int, pieces: dict | None = None) -> list[int]:
         """Target ids ``[CLS] p1 [SEP] p2 [SEP] …`` of the phrases whose masks all survived truncation
-        (``surviving`` = number of mask tokens in the truncated s̃); [] if none. ``pieces``: phrase →
+        (``surviving`` = number of mask tokens in the truncated s̃); [] if none. At most
+        ``max_target_len`` ids: whole trailing phrases dropped (``target_cut: phrases``), or cut
+        mid-phrase and ended with [SEP] (``tokens``: the tokenizer's truncation of "p1 [SEP] … pk",
+        so a cut just after a separator ends in [SEP] [SEP], as the tokenizer's would). ``pieces``: phrase →
         its token ids, tokenized beforehand for the whole batch (one tokenizer call instead of one per
         phrase: the same ids)."""
         tok = self.tokenizer

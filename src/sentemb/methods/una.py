@@ -396,7 +396,7 @@ class UNA(Method):
         rank_ties: str = arg("term", "order of terms with equal s in the ranking the radius-r window runs over: "
                              "by term (the statistics file's), or first_seen: by first occurrence in the corpus "
                              "(code: a stable sort of its corpus-ordered dict)", choices=("term", "first_seen"))
-        empty_paraphrase: str = arg("anchor", "an empty paraphrase line (paraphrase: true): anchor - the anchor's copy "
+        empty_paraphrase: str = arg("anchor", "an empty or whitespace-only paraphrase line (paraphrase: true): anchor - the anchor's copy "
                                     "is its positive (open choice: no paraphrase); empty - the empty text, [CLS] [SEP] "
                                     "(code: data/dataset.py reads the paraphrase file with load_dataset('text'), which "
                                     "keeps an empty line as ''); counted as empty_paraphrases either way",
