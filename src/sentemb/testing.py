@@ -131,6 +131,24 @@ def _require(cond: bool, message: str) -> None:
 DAG_INPUTS = ("resources", "results/stats")
 
 
+def simcse_dag_config(base: str | Path, tasks: tuple[str, ...] = ("STSBenchmark", "SICKRelatedness")) -> dict:
+    """The DAG config ``base`` (a YAML file, e.g. the repository's ``.test/config.yaml``) reduced to one
+    SimCSE run on its first backbone at one seed, no study, no untrained baseline, no transfer task, the
+    STS tasks ``tasks``: the DAG of the checks of the DAG's own machinery (the fault matrix, the tracked
+    DAG, Slurm) rather than of the methods. Returns the mapping; the caller adjusts and writes it."""
+    import yaml
+
+    cfg = yaml.safe_load(Path(base).read_text("utf-8"))
+    cfg["seeds"] = [1]
+    cfg["runs"] = [{"method": "simcse", "backbone": next(iter(cfg["backbones"]))}]
+    cfg["studies"] = []
+    cfg["baselines"] = {}
+    cfg["evaluation"]["tasks"] = list(tasks)
+    for key in ("transfer", "transfer_tasks", "transfer_classifier"):
+        cfg["evaluation"].pop(key, None)
+    return cfg
+
+
 def copy_dag_inputs(src: str | Path, dst: str | Path, subdirs: tuple[str, ...] = DAG_INPUTS) -> list[str]:
     """Give the DAG in ``dst`` the inputs another run of the same config made in ``src``, copied with
     their modification times (as a rerun finds them): its Snakemake then plans training, evaluation
