@@ -22,7 +22,8 @@ Training, per batch of B sentences:
   (``triplet_pass: separate``) the triplet rows get a forward of their own. ``with_views`` encodes them
   in the views' forward instead, dropout applied to the view rows only
   (``sentemb.model.dropout.dropout_rows``): one encoder pass a step, the same FLOPs and about 16%
-  fewer dispatched ops. Which is faster on a GPU is not settled: two H200 lends ranked them oppositely
+  fewer dispatched ops. On an H200 they take the same time when each runs in a process of its own
+  (144 against 140 ms/step, ``docs/gpu/h200-2026-11-28c.md``); two earlier lends ranked them oppositely
   (177 against 141 ms/step, then 112 against 136, the slower each time the first row to meet the fused
   shapes in one process; ``docs/gpu/h200-2026-11-28b.md``); on the CPU ``with_views`` is 7% slower
   (every dropout site slices and concatenates the rows).
@@ -260,9 +261,9 @@ class ArcCSE(SimCSE):
             "separate", "how the triplet rows are encoded: with_views - in the views' forward, with dropout on the "
             "views' rows only (sentemb.model.dropout.dropout_rows), one encoder pass a step instead of two, the "
             "views padded to the triplets' width where those are wider; separate - a forward of their own in "
-            "evaluation mode, the default (which is faster on a GPU is not settled: two H200 lends ranked them "
-            "oppositely, each time against the row that ran first in its process; docs/gpu/h200-2026-11-28b.md; "
-            "on the CPU with_views is 7% slower); auto - with_views where the triplet rows "
+            "evaluation mode, the default (on an H200 the two take the same time each in a process of its own, 140 "
+            "against 144 ms; two earlier lends, each against the row that ran first in its process, ranked them "
+            "oppositely; docs/gpu/h200-2026-11-28c.md; on the CPU with_views is 7% slower); auto - with_views where the triplet rows "
             "are no wider than the views, else separate (the default from 2026-11-27 to 11-28). The same "
             "embeddings with dropout off, and the same dropout masks with dropout_rng counter; with stream another "
             "random run. A compiled step (train.compile) and train.unpad encode them separately",

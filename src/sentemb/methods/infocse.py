@@ -63,8 +63,8 @@ Choices the paper leaves **open** (switches):
 Presets: the paper values are the defaults; ``infocse-code`` in ``config/config.yaml`` carries the
 code's (2 epochs, lr 7e-6, ``mlp: batchnorm``, mask 0.3 on large). Ablations: ``init: backbone``
 (Table 4, no pretraining: the auxiliary network is the backbone's lower ``skip_from`` and upper
-``head_layers`` layers), ``detach: false`` (Table 6: the lower auxiliary layers are trainable), λ and
-mask-rate studies as named runs. ``aux_checkpoint`` skips stage 1 with a directory holding a BERT
+``head_layers`` layers), ``detach: false`` (Table 6: the lower auxiliary layers are trainable); the λ
+and mask-rate sweeps (Tables 7, 8) are the studies ``infocse-lambda`` and ``infocse-mask``. ``aux_checkpoint`` skips stage 1 with a directory holding a BERT
 encoder, its MLM head and the head layers (this module's stage-1 output, or a Condenser checkpoint
 with head weights: ``c_head.*`` in ``model.pt``); a headless one is refused unless ``head_init:
 random``. ``aux_checkpoint: model`` is the model the run loads: with ``runs[].weights`` naming the

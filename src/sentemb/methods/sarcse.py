@@ -88,8 +88,8 @@ the reconstruction mask read each sentence's own N, so Z, L_I, L_R and L_R⁺ ar
 unpadded batch (``tests/test_buckets.py``), and a step has one shape per bucket.
 
 Ablations: ``self_adaptive: false`` (f ≡ 1, "w/o SAL"); ``decoder: false`` ("w/o SAL & decoder":
-PLM + TextCNN encoder, contrastive only; no token frequencies needed). The θ and batch-size studies
-are named runs with ``theta`` / ``train.batch_size`` set.
+PLM + TextCNN encoder, contrastive only; no token frequencies needed). The θ and batch-size sweeps
+are the studies ``sarcse-theta`` and ``sarcse-batch`` (``theta`` / ``train.batch_size`` varied).
 
 Export: the HF encoder + ``1_SARCSE/`` (config.json, model.safetensors of the TextCNN encoder and
 integrating conv) listed in ``modules.json`` as :class:`SarcseSTModule`, so
