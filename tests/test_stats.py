@@ -225,6 +225,32 @@ def test_rake_missing_stopwords(corpus, tmp_path):
         write_rake(corpus, tmp_path / "empty_nltk", tmp_path / "r.parquet", workers=1)
 
 
+@pytest.mark.realdata
+def test_nltk_data_is_read_from_the_directory_asked_whatever_the_process_read_before(shared, tmp_path):
+    """``load_stopwords`` and PaSeR's ``load_wordnet`` read the directory they are given, though the
+    process's ``nltk.data.path`` lists another one first (a plan counting with a config's copy of
+    the data after the mirror's, the suite's tests one after the other): the stopwords were refused
+    (found first in the other directory), WordNet was silently the other directory's."""
+    import shutil
+    import zipfile
+
+    from sentemb.methods.paser import load_wordnet
+    from sentemb.stats.rake import load_stopwords
+
+    real = shared / "nltk_data"
+    mine = tmp_path / "nltk_data"
+    (mine / "corpora").mkdir(parents=True)
+    with zipfile.ZipFile(real / "corpora" / "stopwords.zip") as z:
+        english = z.read("stopwords/english").decode("utf8")
+    with zipfile.ZipFile(mine / "corpora" / "stopwords.zip", "w") as z:  # the same form as the mirror's
+        z.writestr("stopwords/english", english + "zzmine\n")
+    shutil.copytree(real / "corpora" / "wordnet", mine / "corpora" / "wordnet")
+    theirs = load_stopwords(real)
+    assert "zzmine" in load_stopwords(mine) and "zzmine" not in theirs  # mine: first on the path now
+    assert load_stopwords(real) == theirs
+    assert str(load_wordnet(mine).root).startswith(str(mine)) and str(load_wordnet(real).root).startswith(str(real))
+
+
 # ---------------------------------------------------------------- paraphrases
 
 

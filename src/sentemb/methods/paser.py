@@ -373,9 +373,9 @@ def read_rake(path, corpus, top_k: int) -> list[list[str]]:
 
 
 def load_wordnet(nltk_data):
-    """A WordNet reader from the NLTK data directory ``nltk_data`` (no download). Loading takes
-    seconds (the lemma index), so one reader per directory is kept for the process (it is only
-    read)."""
+    """A WordNet reader from the NLTK data directory ``nltk_data`` (no download; that directory's
+    WordNet, whatever other NLTK directories the process has read). Loading takes seconds (the lemma
+    index), so one reader per directory is kept for the process (it is only read)."""
     import os
 
     return _wordnet(os.path.abspath(nltk_data))
@@ -389,7 +389,7 @@ def _wordnet(nltk_data: str):
     if nltk_data not in nltk.data.path:
         nltk.data.path.insert(0, nltk_data)
     try:
-        root = nltk.data.find("corpora/wordnet")
+        root = nltk.data.find("corpora/wordnet", paths=[nltk_data])  # this directory's, not the first on the path
     except LookupError:
         raise SentembError(f"WordNet not found in NLTK data directory {nltk_data} (expected corpora/wordnet; "
                            "the workflow's fetch_nltk rule fetches it)") from None

@@ -35,7 +35,8 @@ def load_stopwords(nltk_data: str | os.PathLike, language: str = "english") -> l
 
     The directory is prepended to ``nltk.data.path`` (NLTK 3.10 reads corpora only from there) and
     the list is read from it directly, not through the process-wide ``nltk.corpus.stopwords``
-    cache, so it is always this directory's list (plain ``corpora/stopwords/`` or the zip).
+    cache, so it is always this directory's list (plain ``corpora/stopwords/`` or the zip), whatever
+    other directories the process has read from (the search is confined to this one).
     """
     import nltk
     from nltk.corpus.reader import WordListCorpusReader
@@ -47,7 +48,7 @@ def load_stopwords(nltk_data: str | os.PathLike, language: str = "english") -> l
         nltk.data.path.insert(0, nltk_data)
     for name in ("corpora/stopwords/", "corpora/stopwords.zip/stopwords/"):
         try:
-            root = nltk.data.find(name)
+            root = nltk.data.find(name, paths=[nltk_data])  # this directory only, not the process's path order
         except LookupError:
             continue
         if str(root).startswith(nltk_data + os.sep):
