@@ -354,11 +354,12 @@ def paper_vs_reproduced(paper: pd.DataFrame | None, book):
     """Paper vs reproduced Avg (points with the seeds' 95 % interval): one panel per table (STS,
     transfer) for the trained runs and one for the untrained baselines (each on its own scale, of at
     least ``MIN_SCORE_SPAN`` points), only the rows the papers report, one line per run; the published
-    value a hollow star; "(1 seed)" after a run with one seed (no interval)."""
+    value a hollow star; "(1 seed)" after a run with one seed (no interval). 0.17 in a row, narrower
+    (to 0.13 in) where the figure would pass a page (``PAGE_HEIGHT``)."""
     import pandas as pd
     from matplotlib.lines import Line2D
 
-    from .style import TEXT_WIDTH, legend_outside, new_figure, score_limits
+    from .style import PAGE_HEIGHT, TEXT_WIDTH, legend_outside, new_figure, score_limits
 
     rows = paper[(paper["metric"] == "Avg")] if paper is not None else pd.DataFrame()
     if len(rows):
@@ -374,7 +375,10 @@ def paper_vs_reproduced(paper: pd.DataFrame | None, book):
         axes[0, 0].set_axis_off()
         return fig
     sizes = [max(2, int(((rows["table"] == t) & (base == b)).sum())) for t, b in tables]
-    fig, axes = new_figure(TEXT_WIDTH, 0.9 + 0.17 * sum(sizes) + 0.45 * len(tables), nrows=len(tables), ncols=1,
+    # 0.17 in a row, less (down to 0.13, a label's height with room) where the rows would pass a page
+    frame = 0.9 + 0.45 * len(tables)
+    row_in = min(0.17, max(0.13, (PAGE_HEIGHT - frame) / sum(sizes)))
+    fig, axes = new_figure(TEXT_WIDTH, frame + row_in * sum(sizes), nrows=len(tables), ncols=1,
                            gridspec_kw={"height_ratios": sizes})
     star = {"marker": "*", "markersize": 8, "fillstyle": "none", "color": "black", "markeredgewidth": 0.7,
             "linestyle": "none"}
