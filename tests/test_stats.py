@@ -249,6 +249,37 @@ def test_nltk_data_is_read_from_the_directory_asked_whatever_the_process_read_be
     assert "zzmine" in load_stopwords(mine) and "zzmine" not in theirs  # mine: first on the path now
     assert load_stopwords(real) == theirs
     assert str(load_wordnet(mine).root).startswith(str(mine)) and str(load_wordnet(real).root).startswith(str(real))
+    # WordNet as nltk.download leaves it, corpora/wordnet.zip only: found, and read
+    zipped = tmp_path / "zipped"
+    (zipped / "corpora").mkdir(parents=True)
+    with zipfile.ZipFile(zipped / "corpora" / "wordnet.zip", "w") as z:
+        for f in sorted((real / "corpora" / "wordnet").iterdir()):
+            z.write(f, f"wordnet/{f.name}")
+    wn = load_wordnet(zipped)
+    assert str(wn.root).startswith(str(zipped)) and "wordnet.zip" in str(wn.root)
+    assert [s.name() for s in wn.synsets("dog")][:1] == [s.name() for s in load_wordnet(real).synsets("dog")][:1]
+
+
+def test_the_plans_data_digest_is_the_datas_not_the_fetchs_manifest_and_follows_linked_folders(shared, tmp_path):
+    """``data_digest`` (the plan's key for counts made with NLTK's data): the same files give the same
+    digest whether fetched twice (the fetch's manifest records file times: left out) or linked in from
+    elsewhere (a mirror's linked folder: followed); a changed file gives another."""
+    import shutil
+
+    from sentemb.stats.inputs import data_digest
+
+    real = shared / "nltk_data" / "corpora"
+    copied, linked = tmp_path / "copied", tmp_path / "linked"
+    shutil.copytree(real, copied / "nltk_data" / "corpora")
+    (linked / "nltk_data" / "corpora").mkdir(parents=True)
+    for f in real.iterdir():
+        (linked / "nltk_data" / "corpora" / f.name).symlink_to(f, target_is_directory=f.is_dir())
+    first = data_digest("nltk", {"resources_dir": str(copied)})
+    assert first == data_digest("nltk", {"resources_dir": str(linked)})
+    (copied / "nltk_data" / ".sentemb_manifest.json").write_text('{"files": {"a": 1}}')
+    assert data_digest("nltk", {"resources_dir": str(copied)}) == first
+    (copied / "nltk_data" / "corpora" / "wordnet" / "lexnames").write_text("changed\n")
+    assert data_digest("nltk", {"resources_dir": str(copied)}) != first
 
 
 # ---------------------------------------------------------------- paraphrases

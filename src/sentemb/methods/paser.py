@@ -389,9 +389,12 @@ def _wordnet(nltk_data: str):
     if nltk_data not in nltk.data.path:
         nltk.data.path.insert(0, nltk_data)
     try:
-        root = nltk.data.find("corpora/wordnet", paths=[nltk_data])  # this directory's, not the first on the path
+        # this directory's, not the first on the path; the trailing "/" also finds corpora/wordnet.zip (what
+        # nltk.download leaves), which NLTK's zip fallback misses without it
+        root = nltk.data.find("corpora/wordnet/", paths=[nltk_data])
     except LookupError:
-        raise SentembError(f"WordNet not found in NLTK data directory {nltk_data} (expected corpora/wordnet; "
+        raise SentembError(f"WordNet not found in NLTK data directory {nltk_data} (expected corpora/wordnet/ or "
+                           "corpora/wordnet.zip; "
                            "the workflow's fetch_nltk rule fetches it)") from None
     import warnings
 

@@ -446,7 +446,12 @@ class Counter:
                                     paths={"model": str(model), "corpus": "", "senteval": None, "inputs": {}})
         # what the count is of, beyond the in-memory key: the counted job's settings (for the store)
         job = {"method": run.method, "train": local.train.to_dict(), "method_args": args}
-        data = {n: d for n in needed if (d := data_digest(n, self.config)) is not None}
+        data = {}
+        for n in needed:  # once per input and plan (the data does not change while it counts)
+            if ("data", n) not in self.cache:
+                self.cache[("data", n)] = data_digest(n, self.config)
+            if self.cache[("data", n)] is not None:
+                data[n] = self.cache[("data", n)]
         if data:  # data the inputs read besides the corpus (NLTK's for PaSeR): its digest (a job without keeps its files)
             job["data"] = data
         if key not in self.cache and self.store is not None:

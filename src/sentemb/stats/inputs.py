@@ -130,8 +130,18 @@ def data_digest(name: str, config=None) -> str | None:
 
 def _tree_stamp(root: Path) -> tuple:
     """What ``_tree_digest``'s cache is keyed on besides the path: each file's path, size and mtime
-    (so a file replaced between two calls of one process is read again)."""
-    files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())
+    (so a file replaced between two calls of one process is read again). Linked folders are followed
+    (a mirror may link its corpora); the fetch's own manifest is left out (it records file times:
+    the same data fetched twice would differ)."""
+    import os
+
+    from ..data.cache import MANIFEST
+
+    if root.is_file():
+        files = [root]
+    else:
+        files = sorted(Path(d) / f for d, _, names in os.walk(root, followlinks=True) for f in names
+                       if f != MANIFEST and (Path(d) / f).is_file())
     return tuple((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in files)
 
 
